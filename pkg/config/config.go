@@ -1,0 +1,213 @@
+// Package config loads, defaults and validates nri-gpu's configuration.
+//
+// One function, Parse, serves both the configuration file given with
+// --config and the string that NRI's Configure hands a pre-registered
+// plugin, so no caller ever holds an unvalidated configuration.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+
+	"go.yaml.in/yaml/v3"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+)
+
+// UnsupportedEdits says what to do with CDI edits that NRI cannot express.
+type UnsupportedEdits string
+
+const (
+	// UnsupportedError fails the container naming the device and the edit.
+	UnsupportedError UnsupportedEdits = "error"
+	// UnsupportedWarn skips the edit, and the plugin logs that it did.
+	UnsupportedWarn UnsupportedEdits = "warn"
+)
+
+// Config is nri-gpu's configuration. Every field is documented in the
+// README and in config/nri-gpu.yaml.
+type Config struct {
+	// CDISpecDirs are the directories CDI specs are read from; a spec in a
+	// later directory wins over one of the same name in an earlier one.
+	CDISpecDirs []string `yaml:"cdiSpecDirs"`
+	// DefaultKind is the CDI kind (vendor/class) that short device names in
+	// annotations are resolved against.
+	DefaultKind string `yaml:"defaultKind"`
+	// HonorCDIAnnotations says whether cdi.k8s.io/* container annotations
+	// request devices too.
+	HonorCDIAnnotations *bool `yaml:"honorCDIAnnotations"`
+	// UnsupportedEdits is "error" or "warn": what to do with CDI edits
+	// (additionalGids, intelRdt, netDevices) that NRI cannot express.
+	UnsupportedEdits UnsupportedEdits `yaml:"unsupportedEdits"`
+	// Policy says who may have which devices.
+	Policy Policy `yaml:"policy"`
+}
+
+// Policy is the policy block of the configuration.
+type Policy struct {
+	// Namespaces are globs of pod namespaces that may request devices
+	// through pod annotations.
+	Namespaces []string `yaml:"namespaces"`
+	// Devices are globs over qualified device names that may be requested.
+	Devices []string `yaml:"devices"`
+	// AllowAll says whether a pod may ask for a kind's "all" device.
+	AllowAll bool `yaml:"allowAll"`
+	// MaxDevicesPerPod caps the devices one pod may hold; 0 is no limit.
+	MaxDevicesPerPod int `yaml:"maxDevicesPerPod"`
+	// Exclusive says whether a device serves one pod at a time.
+	Exclusive bool `yaml:"exclusive"`
+	// HookPaths are the hook executables that specs may inject.
+	HookPaths []string `yaml:"hookPaths"`
+}
+
+// Defaults of the configuration, applied to every key not set.
+var (
+	DefaultCDISpecDirs = []string{"/etc/cdi", "/var/run/cdi"}
+	DefaultKind        = "nvidia.com/gpu"
+	DefaultNamespaces  = []string{"*"}
+	DefaultDevices     = []string{"nvidia.com/gpu=*"}
+	DefaultHookPaths   = []string{"/usr/bin/nvidia-cdi-hook", "/usr/bin/nvidia-ctk"}
+)
+
+// Default returns the configuration used when none is given.
+func Default() *Config {
+	c, err := Parse(nil)
+	if err != nil {
+		panic(fmt.Sprintf("default configuration is invalid: %v", err))
+	}
+	return c
+}
+
+// Load reads and parses the configuration file at path.
+func Load(file string) (*Config, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", file, err)
+	}
+	return c, nil
+}
+
+// Parse unmarshals data strictly (an unknown key is an error), fills in
+// defaults and validates the result. Empty data gives the defaults.
+func Parse(data []byte) (*Config, error) {
+	c := &Config{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("invalid config: %w", err)
+	}
+	var extra any
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, errors.New("invalid config: more than one YAML document")
+	}
+	c.setDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// HonorsCDIAnnotations reports whether cdi.k8s.io/* container annotations
+// request devices.
+func (c *Config) HonorsCDIAnnotations() bool {
+	return c.HonorCDIAnnotations == nil || *c.HonorCDIAnnotations
+}
+
+func (c *Config) setDefaults() {
+	if c.CDISpecDirs == nil {
+		c.CDISpecDirs = append([]string(nil), DefaultCDISpecDirs...)
+	}
+	if c.DefaultKind == "" {
+		c.DefaultKind = DefaultKind
+	}
+	if c.HonorCDIAnnotations == nil {
+		honor := true
+		c.HonorCDIAnnotations = &honor
+	}
+	if c.UnsupportedEdits == "" {
+		c.UnsupportedEdits = UnsupportedError
+	}
+	p := &c.Policy
+	if p.Namespaces == nil {
+		p.Namespaces = append([]string(nil), DefaultNamespaces...)
+	}
+	if p.Devices == nil {
+		p.Devices = append([]string(nil), DefaultDevices...)
+	}
+	if p.HookPaths == nil {
+		p.HookPaths = append([]string(nil), DefaultHookPaths...)
+	}
+}
+
+// Validate checks every key and joins all problems found into one error.
+func (c *Config) Validate() error {
+	var errs []error
+	if len(c.CDISpecDirs) == 0 {
+		errs = append(errs, errors.New("cdiSpecDirs: at least one directory is needed"))
+	}
+	for _, dir := range c.CDISpecDirs {
+		if !filepath.IsAbs(dir) {
+			errs = append(errs, fmt.Errorf("cdiSpecDirs: %q is not an absolute path", dir))
+		}
+	}
+	if _, _, err := ParseKind(c.DefaultKind); err != nil {
+		errs = append(errs, fmt.Errorf("defaultKind: %w", err))
+	}
+	switch c.UnsupportedEdits {
+	case UnsupportedError, UnsupportedWarn:
+	default:
+		errs = append(errs, fmt.Errorf("unsupportedEdits: %q is neither %q nor %q",
+			c.UnsupportedEdits, UnsupportedError, UnsupportedWarn))
+	}
+	errs = append(errs, c.Policy.validate()...)
+	if len(errs) > 0 {
+		return fmt.Errorf("invalid config: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+func (p *Policy) validate() []error {
+	var errs []error
+	for _, g := range p.Namespaces {
+		if _, err := path.Match(g, ""); err != nil {
+			errs = append(errs, fmt.Errorf("policy.namespaces: glob %q: %w", g, err))
+		}
+	}
+	for _, g := range p.Devices {
+		if _, err := path.Match(g, ""); err != nil {
+			errs = append(errs, fmt.Errorf("policy.devices: glob %q: %w", g, err))
+		}
+	}
+	if p.MaxDevicesPerPod < 0 {
+		errs = append(errs, fmt.Errorf("policy.maxDevicesPerPod: %d is negative (0 means no limit)", p.MaxDevicesPerPod))
+	}
+	for _, h := range p.HookPaths {
+		if !filepath.IsAbs(h) {
+			errs = append(errs, fmt.Errorf("policy.hookPaths: %q is not an absolute path", h))
+		}
+	}
+	return errs
+}
+
+// ParseKind splits a CDI kind ("vendor/class") and validates both parts.
+func ParseKind(kind string) (vendor, class string, err error) {
+	vendor, class = parser.ParseQualifier(kind)
+	if vendor == "" || class == "" {
+		return "", "", fmt.Errorf("kind %q is not of the form vendor/class", kind)
+	}
+	if err := parser.ValidateVendorName(vendor); err != nil {
+		return "", "", fmt.Errorf("kind %q: %w", kind, err)
+	}
+	if err := parser.ValidateClassName(class); err != nil {
+		return "", "", fmt.Errorf("kind %q: %w", kind, err)
+	}
+	return vendor, class, nil
+}

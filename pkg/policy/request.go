@@ -1,0 +1,210 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/containerd/nri/pkg/api"
+	nriplugin "github.com/containerd/nri/pkg/plugin"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+)
+
+const (
+	// AnnotationKey is the pod annotation that requests devices, in its
+	// plain form; /pod and /container.<name> scope it.
+	AnnotationKey = "gpus.nri-gpu.io"
+	// AllDevice is the device name that stands for all devices of a kind.
+	AllDevice = "all"
+	// maxItemLen bounds one request item, so that errors stay readable.
+	maxItemLen = 256
+)
+
+// ErrInvalidRequest is wrapped by every error about a malformed request.
+var ErrInvalidRequest = errors.New("invalid device request")
+
+// Source tells where a request came from.
+type Source int
+
+const (
+	// SourcePod is a gpus.nri-gpu.io pod annotation.
+	SourcePod Source = iota
+	// SourceCDI is a cdi.k8s.io/* container annotation.
+	SourceCDI
+)
+
+// Request is one device that a container asks for.
+type Request struct {
+	// Device is the qualified CDI name (vendor/class=name).
+	Device string
+	// Item is the request as written in the annotation.
+	Item string
+	// Key is the annotation key the request came from.
+	Key string
+	// Source tells whether Key is a pod or a container annotation.
+	Source Source
+}
+
+// String describes the request for error messages.
+func (r Request) String() string {
+	kind := "pod annotation"
+	if r.Source == SourceCDI {
+		kind = "container annotation"
+	}
+	if r.Item == r.Device {
+		return fmt.Sprintf("%s %q request %q", kind, r.Key, r.Item)
+	}
+	return fmt.Sprintf("%s %q request %q (%s)", kind, r.Key, r.Item, r.Device)
+}
+
+// Container is what the policy needs to know of a container being created.
+type Container struct {
+	// Namespace and Pod name the pod (sandbox) of the container.
+	Namespace, Pod string
+	// Name is the container's name within its pod.
+	Name string
+	// PodAnnotations are the pod's annotations.
+	PodAnnotations map[string]string
+	// Annotations are the container's own annotations.
+	Annotations map[string]string
+}
+
+// Parser turns annotations into requests.
+type Parser struct {
+	vendor, class string
+	honorCDI      bool
+}
+
+// NewParser returns a parser that resolves short names against kind
+// (vendor/class) and, when honorCDI is true, reads cdi.k8s.io/* container
+// annotations too.
+func NewParser(kind string, honorCDI bool) (*Parser, error) {
+	vendor, class := parser.ParseQualifier(kind)
+	if err := parser.ValidateVendorName(vendor); err != nil {
+		return nil, fmt.Errorf("default kind %q: %w", kind, err)
+	}
+	if err := parser.ValidateClassName(class); err != nil {
+		return nil, fmt.Errorf("default kind %q: %w", kind, err)
+	}
+	return &Parser{vendor: vendor, class: class, honorCDI: honorCDI}, nil
+}
+
+// Parse returns the requests of a container, merged so that each device
+// appears once, in the order first asked. A container that asks for
+// nothing gets no requests and no error.
+func (p *Parser) Parse(c Container) ([]Request, error) {
+	var reqs []Request
+	pod := &api.PodSandbox{Annotations: c.PodAnnotations}
+	if value, ok := nriplugin.GetEffectiveAnnotation(pod, AnnotationKey, c.Name); ok {
+		key := effectiveKey(c.PodAnnotations, c.Name, value)
+		r, err := p.parsePodValue(key, value)
+		if err != nil {
+			return nil, err
+		}
+		reqs = append(reqs, r...)
+	}
+	if p.honorCDI {
+		r, err := parseCDIAnnotations(c.Annotations)
+		if err != nil {
+			return nil, err
+		}
+		reqs = append(reqs, r...)
+	}
+	return dedup(reqs), nil
+}
+
+// effectiveKey names the annotation key whose value GetEffectiveAnnotation
+// returned, for error messages; the precedence itself is NRI's.
+func effectiveKey(annotations map[string]string, container, value string) string {
+	for _, k := range []string{
+		AnnotationKey + "/container." + container,
+		AnnotationKey + "/pod",
+	} {
+		if v, ok := annotations[k]; ok && v == value {
+			return k
+		}
+	}
+	return AnnotationKey
+}
+
+func (p *Parser) parsePodValue(key, value string) ([]Request, error) {
+	var reqs []Request
+	for i, raw := range strings.Split(value, ",") {
+		item := strings.TrimSpace(raw)
+		device, err := p.qualify(item)
+		if err != nil {
+			return nil, fmt.Errorf("pod annotation %q, item %d %q: %w: %w",
+				key, i+1, truncate(item), ErrInvalidRequest, err)
+		}
+		reqs = append(reqs, Request{Device: device, Item: item, Key: key, Source: SourcePod})
+	}
+	return reqs, nil
+}
+
+// qualify turns one request item into a qualified CDI name.
+func (p *Parser) qualify(item string) (string, error) {
+	switch {
+	case item == "":
+		return "", errors.New("empty device name")
+	case len(item) > maxItemLen:
+		return "", fmt.Errorf("device name is %d bytes long, more than %d", len(item), maxItemLen)
+	}
+	if vendor, _, _ := parser.ParseDevice(item); vendor != "" || strings.ContainsAny(item, "/=") {
+		if _, _, _, err := parser.ParseQualifiedName(item); err != nil {
+			return "", err
+		}
+		return item, nil
+	}
+	if err := parser.ValidateDeviceName(item); err != nil {
+		return "", err
+	}
+	return parser.QualifiedName(p.vendor, p.class, item), nil
+}
+
+// parseCDIAnnotations reads cdi.k8s.io/* annotations with CDI's own parser,
+// one key at a time (in sorted order) so that errors name the key.
+func parseCDIAnnotations(annotations map[string]string) ([]Request, error) {
+	keys := make([]string, 0, len(annotations))
+	for k := range annotations {
+		if strings.HasPrefix(k, cdi.AnnotationPrefix) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var reqs []Request
+	for _, k := range keys {
+		_, devices, err := cdi.ParseAnnotations(map[string]string{k: annotations[k]})
+		if err != nil {
+			return nil, fmt.Errorf("container annotation %q: %w: %w", k, ErrInvalidRequest, err)
+		}
+		for _, d := range devices {
+			reqs = append(reqs, Request{Device: d, Item: d, Key: k, Source: SourceCDI})
+		}
+	}
+	return reqs, nil
+}
+
+// dedup keeps the first request for each device.
+func dedup(reqs []Request) []Request {
+	seen := make(map[string]bool, len(reqs))
+	out := reqs[:0]
+	for _, r := range reqs {
+		if seen[r.Device] {
+			continue
+		}
+		seen[r.Device] = true
+		out = append(out, r)
+	}
+	return out
+}
+
+// truncate shortens s for an error message.
+func truncate(s string) string {
+	const max = 64
+	if len(s) <= max {
+		return s
+	}
+	return s[:max] + "..."
+}
