@@ -86,6 +86,7 @@ func Build(devices []*cdi.Device, opts Options) (*Result, error) {
 	if err := edits.Apply(scratch); err != nil {
 		return nil, fmt.Errorf("applying CDI edits of %s: %w", strings.Join(names, ", "), err)
 	}
+	ownDevicesAsHost(scratch.Linux.Devices, edits.DeviceNodes)
 	return &Result{Adjustment: toAdjustment(scratch), Skipped: skipped}, nil
 }
 

@@ -1,0 +1,357 @@
+package adjust_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+)
+
+// devices writes the given specs into a temp dir and resolves names.
+func devices(t *testing.T, specs map[string]string, names ...string) []*cdi.Device {
+	t.Helper()
+	dir := t.TempDir()
+	for file, yaml := range specs {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := cache.GetErrors(); len(errs) > 0 {
+		t.Fatalf("spec errors: %v", errs)
+	}
+	var out []*cdi.Device
+	for _, n := range names {
+		d := cache.GetDevice(n)
+		if d == nil {
+			t.Fatalf("device %q not found", n)
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// /dev/null (c 1:3, 0666, root) stands in for a host GPU node, so these
+// tests need no root.
+const gpuSpec = `
+cdiVersion: "0.6.0"
+kind: example.com/gpu
+containerEdits:
+  env: ["SHARED=1"]
+  deviceNodes:
+    - path: /dev/examplectl
+      hostPath: /dev/zero
+  mounts:
+    - hostPath: /usr/lib/libexample.so.1
+      containerPath: /usr/lib/libexample.so.1
+      options: [ro, nosuid, nodev, bind]
+  hooks:
+    - hookName: createContainer
+      path: /usr/bin/example-hook
+      args: [example-hook, update-ldcache]
+devices:
+  - name: "0"
+    containerEdits:
+      env: ["EXAMPLE_VISIBLE=0"]
+      deviceNodes:
+        - path: /dev/example0
+          hostPath: /dev/null
+  - name: "1"
+    containerEdits:
+      env: ["EXAMPLE_VISIBLE=1"]
+      deviceNodes:
+        - path: /dev/example1
+          hostPath: /dev/full
+`
+
+func charDev(path string, major, minor int64) *api.LinuxDevice {
+	return &api.LinuxDevice{
+		Path: path, Type: "c", Major: major, Minor: minor,
+		FileMode: api.FileMode(fileMode(0o666)), Uid: api.UInt32(uint32(0)), Gid: api.UInt32(uint32(0)),
+	}
+}
+
+func fileMode(m os.FileMode) *os.FileMode { return &m }
+
+func rule(major, minor int64, access string) *api.LinuxDeviceCgroup {
+	return &api.LinuxDeviceCgroup{Allow: true, Type: "c", Major: api.Int64(major), Minor: api.Int64(minor), Access: access}
+}
+
+func TestBuild(t *testing.T) {
+	ctlMount := &api.Mount{
+		Source: "/usr/lib/libexample.so.1", Destination: "/usr/lib/libexample.so.1",
+		Options: []string{"ro", "nosuid", "nodev", "bind"},
+	}
+	ldcache := &api.Hook{Path: "/usr/bin/example-hook", Args: []string{"example-hook", "update-ldcache"}}
+
+	tests := []struct {
+		name  string
+		specs map[string]string
+		names []string
+		want  *api.ContainerAdjustment
+	}{
+		{
+			name:  "one device: spec-level and device edits, nodes from the host",
+			specs: map[string]string{"gpu.yaml": gpuSpec},
+			names: []string{"example.com/gpu=0"},
+			want: &api.ContainerAdjustment{
+				Env: []*api.KeyValue{{Key: "SHARED", Value: "1"}, {Key: "EXAMPLE_VISIBLE", Value: "0"}},
+				Mounts: []*api.Mount{ctlMount},
+				Hooks:  &api.Hooks{CreateContainer: []*api.Hook{ldcache}},
+				Linux: &api.LinuxContainerAdjustment{
+					Devices:   []*api.LinuxDevice{charDev("/dev/examplectl", 1, 5), charDev("/dev/example0", 1, 3)},
+					Resources: &api.LinuxResources{Devices: []*api.LinuxDeviceCgroup{rule(1, 5, "rwm"), rule(1, 3, "rwm")}},
+				},
+			},
+		},
+		{
+			name:  "two devices of one spec: spec-level edits once, later env wins",
+			specs: map[string]string{"gpu.yaml": gpuSpec},
+			names: []string{"example.com/gpu=0", "example.com/gpu=1"},
+			want: &api.ContainerAdjustment{
+				Env:    []*api.KeyValue{{Key: "SHARED", Value: "1"}, {Key: "EXAMPLE_VISIBLE", Value: "1"}},
+				Mounts: []*api.Mount{ctlMount},
+				Hooks:  &api.Hooks{CreateContainer: []*api.Hook{ldcache}},
+				Linux: &api.LinuxContainerAdjustment{
+					Devices: []*api.LinuxDevice{charDev("/dev/examplectl", 1, 5), charDev("/dev/example0", 1, 3), charDev("/dev/example1", 1, 7)},
+					Resources: &api.LinuxResources{Devices: []*api.LinuxDeviceCgroup{
+						rule(1, 5, "rwm"), rule(1, 3, "rwm"), rule(1, 7, "rwm")}},
+				},
+			},
+		},
+		{
+			name: "every hook point kept apart, spec owner and mode honoured, permissions passed on",
+			specs: map[string]string{"hooks.yaml": `
+cdiVersion: "0.6.0"
+kind: example.com/hooks
+devices:
+  - name: h
+    containerEdits:
+      deviceNodes:
+        - path: /dev/owned
+          hostPath: /dev/null
+          uid: 1000
+          gid: 44
+          fileMode: 0600
+          permissions: rw
+      hooks:
+        - {hookName: prestart, path: /bin/p, args: [p], env: ["A=1"], timeout: 5}
+        - {hookName: createRuntime, path: /bin/cr}
+        - {hookName: createContainer, path: /bin/cc}
+        - {hookName: startContainer, path: /bin/sc}
+        - {hookName: poststart, path: /bin/ps}
+        - {hookName: poststop, path: /bin/pt}
+`},
+			names: []string{"example.com/hooks=h"},
+			want: &api.ContainerAdjustment{
+				Hooks: &api.Hooks{
+					Prestart:        []*api.Hook{{Path: "/bin/p", Args: []string{"p"}, Env: []string{"A=1"}, Timeout: api.Int(5)}},
+					CreateRuntime:   []*api.Hook{{Path: "/bin/cr"}},
+					CreateContainer: []*api.Hook{{Path: "/bin/cc"}},
+					StartContainer:  []*api.Hook{{Path: "/bin/sc"}},
+					Poststart:       []*api.Hook{{Path: "/bin/ps"}},
+					Poststop:        []*api.Hook{{Path: "/bin/pt"}},
+				},
+				Linux: &api.LinuxContainerAdjustment{
+					Devices: []*api.LinuxDevice{{
+						Path: "/dev/owned", Type: "c", Major: 1, Minor: 3,
+						FileMode: api.FileMode(fileMode(0o600)), Uid: api.UInt32(uint32(1000)), Gid: api.UInt32(uint32(44)),
+					}},
+					Resources: &api.LinuxResources{Devices: []*api.LinuxDeviceCgroup{rule(1, 3, "rw")}},
+				},
+			},
+		},
+		{
+			name: "devices of two specs, each spec's edits once; a later mount for a path replaces an earlier one",
+			specs: map[string]string{
+				"gpu.yaml": gpuSpec,
+				"other.yaml": `
+cdiVersion: "0.6.0"
+kind: example.com/nic
+containerEdits:
+  mounts:
+    - {hostPath: /opt/other, containerPath: /usr/lib/libexample.so.1, options: [ro, bind]}
+devices:
+  - name: x
+    containerEdits:
+      env: ["NIC=x"]
+`},
+			names: []string{"example.com/gpu=0", "example.com/nic=x"},
+			want: &api.ContainerAdjustment{
+				Env:    []*api.KeyValue{{Key: "SHARED", Value: "1"}, {Key: "EXAMPLE_VISIBLE", Value: "0"}, {Key: "NIC", Value: "x"}},
+				Mounts: []*api.Mount{{Source: "/opt/other", Destination: "/usr/lib/libexample.so.1", Options: []string{"ro", "bind"}}},
+				Hooks:  &api.Hooks{CreateContainer: []*api.Hook{ldcache}},
+				Linux: &api.LinuxContainerAdjustment{
+					Devices:   []*api.LinuxDevice{charDev("/dev/examplectl", 1, 5), charDev("/dev/example0", 1, 3)},
+					Resources: &api.LinuxResources{Devices: []*api.LinuxDeviceCgroup{rule(1, 5, "rwm"), rule(1, 3, "rwm")}},
+				},
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := adjust.Build(devices(t, tc.specs, tc.names...), adjust.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, res.Adjustment, protocmp.Transform()); diff != "" {
+				t.Errorf("adjustment (-want +got):\n%s", diff)
+			}
+			if len(res.Skipped) != 0 {
+				t.Errorf("skipped %v, want nothing", res.Skipped)
+			}
+		})
+	}
+}
+
+func TestBuildNonRootUserOwnsUnownedNodes(t *testing.T) {
+	res, err := adjust.Build(devices(t, map[string]string{"gpu.yaml": gpuSpec}, "example.com/gpu=0"),
+		adjust.Options{UID: 1000, GID: 1001})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range res.Adjustment.GetLinux().GetDevices() {
+		if d.GetUid().GetValue() != 1000 || d.GetGid().GetValue() != 1001 {
+			t.Errorf("device %s owned by %v:%v, want 1000:1001 as CDI does for a non-root process",
+				d.Path, d.GetUid(), d.GetGid())
+		}
+	}
+}
+
+const unsupportedSpec = `
+cdiVersion: "1.1.0"
+kind: example.com/odd
+containerEdits:
+  additionalGids: [44]
+devices:
+  - name: rdt
+    containerEdits:
+      env: ["ODD=rdt"]
+      intelRdt:
+        closID: gold
+  - name: net
+    containerEdits:
+      env: ["ODD=net"]
+      netDevices:
+        - {hostInterfaceName: eth9, name: net0}
+  - name: readonly
+    containerEdits:
+      deviceNodes:
+        - path: /dev/ro
+          hostPath: /dev/null
+          permissions: r
+`
+
+func TestBuildUnsupportedEdits(t *testing.T) {
+	tests := []struct {
+		name       string
+		device     string
+		skip       bool
+		wantErrs   []string
+		wantSkips  []adjust.Skipped
+		wantEnvKey string
+	}{
+		{
+			name:   "intelRdt and spec-level additionalGids fail by default, naming device and edit",
+			device: "example.com/odd=rdt",
+			wantErrs: []string{
+				`device "example.com/odd=rdt" (spec-level edits of `, "additionalGids",
+				`device "example.com/odd=rdt": CDI edit not expressible through NRI: intelRdt`,
+				"unsupportedEdits: warn",
+			},
+		},
+		{
+			name:     "netDevices fail by default",
+			device:   "example.com/odd=net",
+			wantErrs: []string{`device "example.com/odd=net": CDI edit not expressible through NRI: netDevices`},
+		},
+		{
+			name:   "warn skips them and reports each",
+			device: "example.com/odd=net",
+			skip:   true,
+			wantSkips: []adjust.Skipped{
+				{Device: "example.com/odd=net", Edit: "additionalGids", Spec: "odd.yaml"},
+				{Device: "example.com/odd=net", Edit: "netDevices"},
+			},
+			wantEnvKey: "ODD",
+		},
+		{
+			name:     "permissions narrower than rw fail even with warn",
+			device:   "example.com/odd=readonly",
+			skip:     true,
+			wantErrs: []string{`device node "/dev/ro" asks for cgroup permissions "r"`},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := adjust.Build(devices(t, map[string]string{"odd.yaml": unsupportedSpec}, tc.device),
+				adjust.Options{SkipUnsupported: tc.skip})
+			if len(tc.wantErrs) > 0 {
+				if err == nil {
+					t.Fatalf("got adjustment %v, want an error", res.Adjustment)
+				}
+				if !errors.Is(err, adjust.ErrUnsupportedEdit) {
+					t.Errorf("error %v does not wrap ErrUnsupportedEdit", err)
+				}
+				for _, want := range tc.wantErrs {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("error %q does not contain %q", err, want)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, s := range res.Skipped {
+				if s.Spec != "" {
+					res.Skipped[i].Spec = filepath.Base(s.Spec)
+				}
+			}
+			if diff := cmp.Diff(tc.wantSkips, res.Skipped); diff != "" {
+				t.Errorf("skipped (-want +got):\n%s", diff)
+			}
+			if env := res.Adjustment.GetEnv(); len(env) != 1 || env[0].Key != tc.wantEnvKey {
+				t.Errorf("env %v, want the supported edits kept", env)
+			}
+		})
+	}
+}
+
+func TestBuildDoesNotModifyCachedSpecs(t *testing.T) {
+	devs := devices(t, map[string]string{"odd.yaml": unsupportedSpec}, "example.com/odd=net")
+	if _, err := adjust.Build(devs, adjust.Options{SkipUnsupported: true}); err != nil {
+		t.Fatal(err)
+	}
+	if len(devs[0].ContainerEdits.NetDevices) != 1 || len(devs[0].GetSpec().ContainerEdits.AdditionalGIDs) != 1 {
+		t.Error("skipping edits changed the cached spec")
+	}
+}
+
+func TestBuildMissingHostNode(t *testing.T) {
+	devs := devices(t, map[string]string{"gone.yaml": `
+cdiVersion: "0.6.0"
+kind: example.com/gone
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes:
+        - path: /dev/gone0
+          hostPath: /nonexistent/gone0
+`}, "example.com/gone=0")
+	_, err := adjust.Build(devs, adjust.Options{})
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent/gone0") || !strings.Contains(err.Error(), "example.com/gone=0") {
+		t.Errorf("error %v, want one naming the device and the missing host node", err)
+	}
+}

@@ -1,0 +1,95 @@
+package adjust_test
+
+import (
+	"path/filepath"
+	"testing"
+
+	nrigen "github.com/containerd/nri/pkg/runtime-tools/generate"
+	"github.com/google/go-cmp/cmp"
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	rgen "github.com/opencontainers/runtime-tools/generate"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+)
+
+// baseSpec is a container spec as a runtime hands it to NRI and to CDI.
+func baseSpec() *oci.Spec {
+	return &oci.Spec{
+		Process: &oci.Process{Env: []string{"PATH=/bin", "SHARED=0"}},
+		Mounts:  []oci.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}},
+		Linux: &oci.Linux{Resources: &oci.LinuxResources{
+			Devices: []oci.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+		}},
+	}
+}
+
+// TestParityWithCDIInjection applies the adjustment the way a runtime's NRI
+// does, and the devices the way a runtime's own CDI support does, to the
+// same spec, and compares the results.
+func TestParityWithCDIInjection(t *testing.T) {
+	names := []string{"example.com/gpu=0", "example.com/gpu=1"}
+	devs := devices(t, map[string]string{"gpu.yaml": gpuSpec}, names...)
+
+	viaCDI := baseSpec()
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Dir(devs[0].GetSpec().GetPath())), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cache.InjectDevices(viaCDI, names...); err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := adjust.Build(devs, adjust.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaNRI := baseSpec()
+	g := rgen.NewFromSpec(viaNRI)
+	if err := nrigen.SpecGenerator(&g).Adjust(res.Adjustment); err != nil {
+		t.Fatal(err)
+	}
+	viaNRI = g.Config
+
+	if diff := cmp.Diff(viaCDI.Process.Env, viaNRI.Process.Env); diff != "" {
+		t.Errorf("env (-cdi +nri):\n%s", diff)
+	}
+	if diff := cmp.Diff(viaCDI.Mounts, viaNRI.Mounts); diff != "" {
+		t.Errorf("mounts (-cdi +nri):\n%s", diff)
+	}
+	if diff := cmp.Diff(viaCDI.Hooks, viaNRI.Hooks); diff != "" {
+		t.Errorf("hooks (-cdi +nri):\n%s", diff)
+	}
+	// CDI leaves the owner of root-owned nodes unset and a runtime reads
+	// that as root; nri-gpu sets the host owner. Compare the effective one.
+	if diff := cmp.Diff(effectiveOwners(viaCDI.Linux.Devices), viaNRI.Linux.Devices); diff != "" {
+		t.Errorf("devices (-cdi +nri):\n%s", diff)
+	}
+	// NRI adds an "rw" rule of its own for each device; apart from those,
+	// the rules must be CDI's, in CDI's order.
+	var rules []oci.LinuxDeviceCgroup
+	for _, r := range viaNRI.Linux.Resources.Devices {
+		if r.Allow && r.Access == "rw" {
+			continue
+		}
+		rules = append(rules, r)
+	}
+	if diff := cmp.Diff(viaCDI.Linux.Resources.Devices, rules); diff != "" {
+		t.Errorf("cgroup device rules (-cdi +nri):\n%s", diff)
+	}
+}
+
+func effectiveOwners(devs []oci.LinuxDevice) []oci.LinuxDevice {
+	out := make([]oci.LinuxDevice, len(devs))
+	for i, d := range devs {
+		var zero uint32
+		if d.UID == nil {
+			d.UID = &zero
+		}
+		if d.GID == nil {
+			d.GID = &zero
+		}
+		out[i] = d
+	}
+	return out
+}
