@@ -1,0 +1,425 @@
+package harness
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"text/template"
+	"time"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// Options configure a containerd run.
+type Options struct {
+	// EnableCDI turns on containerd's own CDI support (off by default, as
+	// on containerd 1.7).
+	EnableCDI bool
+	// CDISpecDirs are containerd's cdi_spec_dirs, used when EnableCDI is set.
+	CDISpecDirs []string
+	// Image is the image tar to import; BuildImage makes it.
+	Image string
+}
+
+// Containerd is a running throwaway containerd.
+type Containerd struct {
+	Dir      string
+	Tools    Tools
+	Address  string
+	NRISock  string
+	LogPath  string
+	cmd      *exec.Cmd
+	done     chan error
+	plugins  []*Plugin
+}
+
+const configTemplate = `version = 2
+root = "{{.Dir}}/root"
+state = "{{.Dir}}/state"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "{{.Dir}}/containerd.sock"
+
+[ttrpc]
+  address = "{{.Dir}}/containerd.sock.ttrpc"
+
+[debug]
+  address = "{{.Dir}}/debug.sock"
+  level = "info"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{{.Dir}}/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{{.Image}}"
+  restrict_oom_score_adj = true
+  enable_cdi = {{.EnableCDI}}
+  cdi_spec_dirs = [{{.CDIDirs}}]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{{.Runc}}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{{.Dir}}/cni/bin"
+    conf_dir = "{{.Dir}}/cni/conf"
+
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = "{{.Dir}}/nri/nri.sock"
+  plugin_path = "{{.Dir}}/nri/plugins"
+  plugin_config_path = "{{.Dir}}/nri/conf.d"
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "2s"
+`
+
+// StartContainerd writes a config under dir, starts containerd, waits for
+// CRI to answer and imports the image. On error it cleans up what it began.
+func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err error) {
+	c = &Containerd{
+		Dir:     dir,
+		Tools:   tools,
+		Address: filepath.Join(dir, "containerd.sock"),
+		NRISock: filepath.Join(dir, "nri", "nri.sock"),
+		LogPath: filepath.Join(dir, "containerd.log"),
+	}
+	for _, d := range []string{"root", "state", "opt", "nri/plugins", "nri/conf.d", "cni/bin", "cni/conf", "logs"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	quoted := make([]string, len(opts.CDISpecDirs))
+	for i, d := range opts.CDISpecDirs {
+		quoted[i] = fmt.Sprintf("%q", d)
+	}
+	var cfg bytes.Buffer
+	if err := template.Must(template.New("config").Parse(configTemplate)).Execute(&cfg, map[string]any{
+		"Dir": dir, "Image": ImageRef, "EnableCDI": opts.EnableCDI,
+		"CDIDirs": strings.Join(quoted, ", "), "Runc": tools.Runc,
+	}); err != nil {
+		return nil, err
+	}
+	cfgPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfgPath, cfg.Bytes(), 0o644); err != nil {
+		return nil, err
+	}
+	logFile, err := os.Create(c.LogPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+
+	c.cmd = exec.Command(tools.Path("containerd"), "--config", cfgPath)
+	c.cmd.Env = append(os.Environ(), "PATH="+tools.Dir+":"+os.Getenv("PATH"))
+	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := c.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting containerd: %w", err)
+	}
+	c.done = make(chan error, 1)
+	go func() { c.done <- c.cmd.Wait() }()
+	defer func() {
+		if err != nil {
+			_ = c.Stop()
+		}
+	}()
+
+	if err := c.waitReady(30 * time.Second); err != nil {
+		return c, err
+	}
+	if opts.Image != "" {
+		if out, err := c.Ctr("images", "import", "--snapshotter", "overlayfs", opts.Image); err != nil {
+			return c, fmt.Errorf("importing image: %w: %s", err, out)
+		}
+	}
+	return c, nil
+}
+
+func (c *Containerd) waitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		select {
+		case err := <-c.done:
+			c.done <- err
+			return fmt.Errorf("containerd exited: %v; log:\n%s", err, c.LogTail(40))
+		default:
+		}
+		if _, err := c.Crictl("info"); err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("containerd not ready after %s; log:\n%s", timeout, c.LogTail(40))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// LogTail returns the last n lines of containerd's log.
+func (c *Containerd) LogTail(n int) string { return tail(c.LogPath, n) }
+
+func tail(path string, n int) string {
+	data, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// run runs a tool with a timeout and returns its combined output.
+func run(timeout time.Duration, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// Crictl runs crictl against this containerd.
+func (c *Containerd) Crictl(args ...string) (string, error) {
+	ep := "unix://" + c.Address
+	return run(60*time.Second, c.Tools.Path("crictl"),
+		append([]string{"--config", c.crictlConfig(), "--runtime-endpoint", ep, "--image-endpoint", ep, "--timeout", "30s"}, args...)...)
+}
+
+// crictlConfig returns an empty crictl config of this run, so that crictl
+// reads no config of the host.
+func (c *Containerd) crictlConfig() string {
+	path := filepath.Join(c.Dir, "crictl.yaml")
+	if _, err := os.Stat(path); err != nil {
+		_ = os.WriteFile(path, nil, 0o644)
+	}
+	return path
+}
+
+// Ctr runs ctr in the k8s.io namespace against this containerd.
+func (c *Containerd) Ctr(args ...string) (string, error) {
+	return run(60*time.Second, c.Tools.Path("ctr"), append([]string{"--address", c.Address, "-n", "k8s.io"}, args...)...)
+}
+
+// Pod describes a pod sandbox for crictl.
+type Pod struct {
+	Name, Namespace string
+	Annotations     map[string]string
+}
+
+// Container describes a container for crictl.
+type Container struct {
+	Name        string
+	Annotations map[string]string
+	Command     []string
+}
+
+func (c *Containerd) writeJSON(name string, v any) (string, error) {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	f, err := os.CreateTemp(c.Dir, name+"-*.json")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	_, err = f.Write(data)
+	return f.Name(), err
+}
+
+func (p Pod) config(logDir string) map[string]any {
+	return map[string]any{
+		"metadata":      map[string]any{"name": p.Name, "namespace": p.Namespace, "uid": p.Namespace + "-" + p.Name, "attempt": 0},
+		"annotations":   p.Annotations,
+		"log_directory": logDir,
+		"linux": map[string]any{"security_context": map[string]any{
+			"namespace_options": map[string]any{"network": 2},
+		}},
+	}
+}
+
+// RunPod runs a pod sandbox and returns its id.
+func (c *Containerd) RunPod(p Pod) (string, error) {
+	path, err := c.writeJSON("pod", p.config(filepath.Join(c.Dir, "logs", p.Namespace+"-"+p.Name)))
+	if err != nil {
+		return "", err
+	}
+	out, err := c.Crictl("runp", path)
+	if err != nil {
+		return "", fmt.Errorf("crictl runp: %w: %s", err, out)
+	}
+	return lastLine(out), nil
+}
+
+// CreateContainer creates a container in a pod, never pulling, and
+// returns its id. The error carries crictl's output, which holds the
+// reason a plugin gave.
+func (c *Containerd) CreateContainer(podID string, p Pod, ctr Container) (string, error) {
+	podPath, err := c.writeJSON("pod", p.config(filepath.Join(c.Dir, "logs", p.Namespace+"-"+p.Name)))
+	if err != nil {
+		return "", err
+	}
+	cmd := ctr.Command
+	if cmd == nil {
+		cmd = []string{"/bin/sleep", "3600"}
+	}
+	ctrPath, err := c.writeJSON("container", map[string]any{
+		"metadata":    map[string]any{"name": ctr.Name},
+		"image":       map[string]any{"image": ImageRef},
+		"command":     cmd,
+		"annotations": ctr.Annotations,
+		"log_path":    ctr.Name + ".log",
+		"linux":       map[string]any{},
+	})
+	if err != nil {
+		return "", err
+	}
+	out, err := c.Crictl("create", "--no-pull", podID, ctrPath, podPath)
+	if err != nil {
+		return "", fmt.Errorf("crictl create: %w: %s", err, out)
+	}
+	return lastLine(out), nil
+}
+
+// StartContainer starts a created container.
+func (c *Containerd) StartContainer(id string) error {
+	if out, err := c.Crictl("start", id); err != nil {
+		return fmt.Errorf("crictl start: %w: %s", err, out)
+	}
+	return nil
+}
+
+// Exec runs a command in a running container and returns its output.
+func (c *Containerd) Exec(id string, cmd ...string) (string, error) {
+	return c.Crictl(append([]string{"exec", id}, cmd...)...)
+}
+
+// ContainerSpec returns the final OCI spec of a container, as
+// `ctr -n k8s.io containers info` prints it.
+func (c *Containerd) ContainerSpec(id string) (*oci.Spec, error) {
+	out, err := c.Ctr("containers", "info", id)
+	if err != nil {
+		return nil, fmt.Errorf("ctr containers info: %w: %s", err, out)
+	}
+	var info struct {
+		Spec *oci.Spec `json:"Spec"`
+	}
+	if err := json.Unmarshal([]byte(out), &info); err != nil {
+		return nil, fmt.Errorf("parsing ctr containers info: %w", err)
+	}
+	if info.Spec == nil {
+		return nil, errors.New("ctr containers info printed no spec")
+	}
+	return info.Spec, nil
+}
+
+// RemovePods stops and removes every pod.
+func (c *Containerd) RemovePods() error {
+	out, err := c.Crictl("rmp", "--force", "--all")
+	if err != nil {
+		return fmt.Errorf("crictl rmp: %w: %s", err, out)
+	}
+	return nil
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+// Stop removes the pods, stops the plugins, containerd and any shim it
+// left, and unmounts everything below Dir. It returns what went wrong,
+// after doing all it can.
+func (c *Containerd) Stop() error {
+	var errs []error
+	running := c.cmd != nil && c.cmd.Process != nil
+	if running {
+		if err := c.RemovePods(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, p := range c.plugins {
+		p.Stop()
+	}
+	if running {
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-c.done:
+		case <-time.After(15 * time.Second):
+			_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+			<-c.done
+		}
+	}
+	errs = append(errs, killShims(c.Address))
+	errs = append(errs, unmountBelow(c.Dir))
+	return errors.Join(errs...)
+}
+
+// killShims kills the shims serving this containerd (they outlive it).
+func killShims(address string) error {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if !strings.HasSuffix(args[0], "containerd-shim-runc-v2") {
+			continue
+		}
+		for i, a := range args {
+			if a == "-address" && i+1 < len(args) && args[i+1] == address {
+				var pid int
+				fmt.Sscan(e.Name(), &pid)
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	return nil
+}
+
+// unmountBelow lazily unmounts every mount point below dir, deepest first.
+func unmountBelow(dir string) error {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var points []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
+			points = append(points, fields[4])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(points)))
+	var errs []error
+	for _, p := range points {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
+}

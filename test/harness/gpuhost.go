@@ -1,0 +1,144 @@
+package harness
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// NVIDIA's character device majors: 195 for /dev/nvidiaN and /dev/nvidiactl
+// (minor 255). The uvm major is dynamic on a real host; FakeUVMMajor
+// stands in for it.
+const (
+	NvidiaMajor  = 195
+	NvidiaCtl    = 255
+	FakeUVMMajor = 510
+)
+
+// GPUHost is a fake GPU host: real character device nodes with NVIDIA's
+// numbers, a fake driver library, hooks that record that they ran, and a
+// CDI spec describing them.
+type GPUHost struct {
+	// Root holds dev/, lib/ and bin/ of the fake host.
+	Root string
+	// SpecDir holds the CDI spec (nvidia.yaml).
+	SpecDir string
+	// HookLog is where the hooks append a line each time they run.
+	HookLog string
+	// GPUs is the number of fake GPUs (devices "0".."N-1").
+	GPUs int
+}
+
+// UUID returns the fake UUID of GPU i, its second CDI name.
+func UUID(i int) string { return fmt.Sprintf("GPU-00000000-0000-0000-0000-%012d", i) }
+
+// LibraryContent is what the fake driver library holds.
+const LibraryContent = "fake libcuda for nri-gpu e2e\n"
+
+// NewGPUHost creates a fake host with n GPUs under dir. It needs root, to
+// make device nodes.
+func NewGPUHost(dir string, n int) (*GPUHost, error) {
+	h := &GPUHost{
+		Root:    filepath.Join(dir, "gpuhost"),
+		SpecDir: filepath.Join(dir, "cdi"),
+		HookLog: filepath.Join(dir, "gpuhost", "hooks.log"),
+		GPUs:    n,
+	}
+	for _, d := range []string{"dev", "lib", "bin"} {
+		if err := os.MkdirAll(filepath.Join(h.Root, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(h.SpecDir, 0o755); err != nil {
+		return nil, err
+	}
+	nodes := map[string][2]uint32{
+		"nvidiactl":  {NvidiaMajor, NvidiaCtl},
+		"nvidia-uvm": {FakeUVMMajor, 0},
+	}
+	for i := 0; i < n; i++ {
+		nodes[fmt.Sprintf("nvidia%d", i)] = [2]uint32{NvidiaMajor, uint32(i)}
+	}
+	for name, num := range nodes {
+		path := h.Dev(name)
+		if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(num[0], num[1]))); err != nil {
+			return nil, fmt.Errorf("mknod %s (needs root): %w", path, err)
+		}
+		if err := os.Chmod(path, 0o666); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(h.Root, "lib", "libcuda.so.1"), []byte(LibraryContent), 0o644); err != nil {
+		return nil, err
+	}
+	hook := fmt.Sprintf("#!/bin/sh\n# Records the hook point and the container id from the OCI state on stdin.\nstate=$(cat)\nid=${state#*\\\"id\\\":\\\"}\necho \"$1 ${id%%%%\\\"*}\" >> %s\n", h.HookLog)
+	if err := os.WriteFile(h.HookPath(), []byte(hook), 0o755); err != nil {
+		return nil, err
+	}
+	return h, os.WriteFile(filepath.Join(h.SpecDir, "nvidia.yaml"), []byte(h.Spec()), 0o644)
+}
+
+// Dev returns the host path of a fake device node.
+func (h *GPUHost) Dev(name string) string { return filepath.Join(h.Root, "dev", name) }
+
+// HookPath is the hook executable named in the spec.
+func (h *GPUHost) HookPath() string { return filepath.Join(h.Root, "bin", "record-hook") }
+
+// Spec returns the CDI spec of the fake host: per GPU a device by index and
+// one by UUID, an "all" device, and spec-level edits (control nodes, the
+// driver library, env, and a createContainer and a poststart hook) shared
+// by all.
+func (h *GPUHost) Spec() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+containerEdits:
+  env:
+    - NVIDIA_VISIBLE_DEVICES=void
+    - FAKE_DRIVER=1
+  deviceNodes:
+    - path: /dev/nvidiactl
+      hostPath: %[1]s
+    - path: /dev/nvidia-uvm
+      hostPath: %[2]s
+  mounts:
+    - hostPath: %[3]s
+      containerPath: /usr/lib/libcuda.so.1
+      options: [ro, nosuid, nodev, bind]
+  hooks:
+    - hookName: createContainer
+      path: %[4]s
+      args: [record-hook, createContainer]
+      env: [PATH=/usr/bin:/bin]
+    - hookName: poststart
+      path: %[4]s
+      args: [record-hook, poststart]
+      env: [PATH=/usr/bin:/bin]
+devices:
+`, h.Dev("nvidiactl"), h.Dev("nvidia-uvm"), filepath.Join(h.Root, "lib", "libcuda.so.1"), h.HookPath())
+	var all []string
+	for i := 0; i < h.GPUs; i++ {
+		node := fmt.Sprintf("        - path: /dev/nvidia%d\n          hostPath: %s\n", i, h.Dev(fmt.Sprintf("nvidia%d", i)))
+		all = append(all, node)
+		for _, name := range []string{fmt.Sprint(i), UUID(i)} {
+			fmt.Fprintf(&b, "  - name: %q\n    containerEdits:\n      env: [FAKE_GPU_%d=%s]\n      deviceNodes:\n%s", name, i, UUID(i), node)
+		}
+	}
+	fmt.Fprintf(&b, "  - name: all\n    containerEdits:\n      deviceNodes:\n%s", strings.Join(all, ""))
+	return b.String()
+}
+
+// HookRuns returns the lines the hooks wrote: "<hook point> <container id>".
+func (h *GPUHost) HookRuns() ([]string, error) {
+	data, err := os.ReadFile(h.HookLog)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return strings.Split(strings.TrimSpace(string(data)), "\n"), nil
+}

@@ -1,0 +1,77 @@
+package harness
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Plugin is an nri-gpu process connected to a test containerd as an
+// external plugin.
+type Plugin struct {
+	LogPath string
+	cmd     *exec.Cmd
+	done    chan error
+}
+
+// StartPlugin starts nri-gpu against this containerd's NRI socket with the
+// given extra arguments, and waits until it has registered.
+func (c *Containerd) StartPlugin(args ...string) (*Plugin, error) {
+	p := &Plugin{LogPath: filepath.Join(c.Dir, fmt.Sprintf("nri-gpu-%d.log", len(c.plugins)))}
+	logFile, err := os.Create(p.LogPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	p.cmd = exec.Command(c.Tools.Path("nri-gpu"), append([]string{"--socket-path", c.NRISock, "--log-level", "debug"}, args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting nri-gpu: %w", err)
+	}
+	p.done = make(chan error, 1)
+	go func() { p.done <- p.cmd.Wait() }()
+	c.plugins = append(c.plugins, p)
+
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(p.Log(), "Started plugin") {
+		select {
+		case err := <-p.done:
+			p.done <- err
+			return nil, fmt.Errorf("nri-gpu exited: %v; log:\n%s", err, p.Log())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("nri-gpu did not register; log:\n%s", p.Log())
+		}
+	}
+	return p, nil
+}
+
+// Log returns the plugin's log so far.
+func (p *Plugin) Log() string {
+	data, _ := os.ReadFile(p.LogPath)
+	return string(data)
+}
+
+// Stop stops the plugin with SIGTERM, then SIGKILL.
+func (p *Plugin) Stop() {
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		p.done <- err
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		p.done <- <-p.done
+	}
+}
