@@ -18,7 +18,7 @@ const ImageRef = "localhost/nri-gpu-e2e/busybox:latest"
 
 // busyboxApplets are linked to busybox in the image.
 var busyboxApplets = []string{
-	"sh", "ls", "cat", "env", "sleep", "stat", "grep", "echo", "test", "true", "mount", "head", "readlink",
+	"sh", "ls", "cat", "env", "sleep", "stat", "grep", "echo", "test", "true", "mount", "head", "readlink", "mknod",
 }
 
 // BuildImage writes an OCI image layout tar holding one layer with the

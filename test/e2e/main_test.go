@@ -1,0 +1,105 @@
+// Package e2e tests nri-gpu against a real containerd 1.7 (built from its
+// Go module), runc, crictl and a fake GPU host. It needs root; without root
+// every test is skipped and says why.
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/nri-gpu/nri-gpu/test/harness"
+)
+
+// RequiredEnv, when set to 1 (as `make test` sets it), turns missing root
+// or tools into a failure instead of a skip.
+const RequiredEnv = "NRI_GPU_E2E_REQUIRED"
+
+// env is the shared setup: one containerd with CDI off and nri-gpu
+// connected, and the fake GPU host its specs describe.
+var env struct {
+	skip  string
+	dir   string
+	tools harness.Tools
+	image string
+	host  *harness.GPUHost
+	ctd   *harness.Containerd
+	nri   *harness.Plugin
+}
+
+func TestMain(m *testing.M) {
+	code, err := setup()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e setup: %v\n", err)
+		code = 1
+	}
+	if code == 0 {
+		code = m.Run()
+	}
+	if err := teardown(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e teardown: %v\n", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+func setup() (int, error) {
+	required := os.Getenv(RequiredEnv) == "1"
+	if os.Geteuid() != 0 {
+		env.skip = "the end-to-end tests need root (device nodes, mounts, runc)"
+	} else if tools, err := harness.FindTools(""); err != nil {
+		env.skip = fmt.Sprintf("end-to-end tools missing (run make test): %v", err)
+	} else {
+		env.tools = tools
+	}
+	if env.skip != "" {
+		if required {
+			return 1, fmt.Errorf("%s, and %s=1", env.skip, RequiredEnv)
+		}
+		fmt.Fprintf(os.Stderr, "SKIP e2e: %s\n", env.skip)
+		return 0, nil
+	}
+
+	var err error
+	if env.dir, err = os.MkdirTemp("", "nri-gpu-e2e-"); err != nil {
+		return 1, err
+	}
+	env.image = filepath.Join(env.dir, "busybox.tar")
+	if err := harness.BuildImage(env.tools.Busybox, env.image); err != nil {
+		return 1, err
+	}
+	if env.host, err = harness.NewGPUHost(env.dir, 2); err != nil {
+		return 1, err
+	}
+	if env.ctd, err = harness.StartContainerd(filepath.Join(env.dir, "ctd"), env.tools, harness.Options{Image: env.image}); err != nil {
+		return 1, err
+	}
+	if env.nri, err = env.ctd.StartPlugin("--cdi-spec-dirs", env.host.SpecDir); err != nil {
+		return 1, err
+	}
+	return 0, nil
+}
+
+func teardown() error {
+	if env.dir == "" {
+		return nil
+	}
+	if env.ctd != nil {
+		if err := env.ctd.Stop(); err != nil {
+			return err
+		}
+	}
+	if os.Getenv("NRI_GPU_E2E_KEEP") == "" {
+		return os.RemoveAll(env.dir)
+	}
+	return nil
+}
+
+// needEnv skips a test when the suite could not be set up.
+func needEnv(t *testing.T) {
+	t.Helper()
+	if env.skip != "" {
+		t.Skip(env.skip)
+	}
+}
