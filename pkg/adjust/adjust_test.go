@@ -106,7 +106,7 @@ func TestBuild(t *testing.T) {
 			specs: map[string]string{"gpu.yaml": gpuSpec},
 			names: []string{"example.com/gpu=0"},
 			want: &api.ContainerAdjustment{
-				Env: []*api.KeyValue{{Key: "SHARED", Value: "1"}, {Key: "EXAMPLE_VISIBLE", Value: "0"}},
+				Env:    []*api.KeyValue{{Key: "SHARED", Value: "1"}, {Key: "EXAMPLE_VISIBLE", Value: "0"}},
 				Mounts: []*api.Mount{ctlMount},
 				Hooks:  &api.Hooks{CreateContainer: []*api.Hook{ldcache}},
 				Linux: &api.LinuxContainerAdjustment{

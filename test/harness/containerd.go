@@ -33,14 +33,14 @@ type Options struct {
 
 // Containerd is a running throwaway containerd.
 type Containerd struct {
-	Dir      string
-	Tools    Tools
-	Address  string
-	NRISock  string
-	LogPath  string
-	cmd      *exec.Cmd
-	done     chan error
-	plugins  []*Plugin
+	Dir     string
+	Tools   Tools
+	Address string
+	NRISock string
+	LogPath string
+	cmd     *exec.Cmd
+	done    chan error
+	plugins []*Plugin
 }
 
 const configTemplate = `version = 2

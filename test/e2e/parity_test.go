@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"cmp"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	gocmp "github.com/google/go-cmp/cmp"
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/test/harness"
+)
+
+// TestParityWithContainerdCDI runs the same device through containerd's own
+// CDI support (enable_cdi on, a cdi.k8s.io annotation, no nri-gpu) and
+// through nri-gpu (enable_cdi off, a pod annotation), and compares the
+// final specs.
+func TestParityWithContainerdCDI(t *testing.T) {
+	needEnv(t)
+	cdiCtd, err := harness.StartContainerd(filepath.Join(env.dir, "ctd-cdi"), env.tools, harness.Options{
+		Image: env.image, EnableCDI: true, CDISpecDirs: []string{env.host.SpecDir},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cdiCtd.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+
+	podID, pod := newPod(t, cdiCtd, nil)
+	wantID, want := runContainer(t, cdiCtd, podID, pod, harness.Container{
+		Name: "c", Annotations: map[string]string{"cdi.k8s.io/parity": "nvidia.com/gpu=0,nvidia.com/gpu=1"},
+	})
+	podID, pod = newPod(t, env.ctd, map[string]string{"gpus.nri-gpu.io": "0,1"})
+	gotID, got := runContainer(t, env.ctd, podID, pod, harness.Container{Name: "c"})
+
+	if diff := gocmp.Diff(effective(want.Linux.Devices), effective(got.Linux.Devices)); diff != "" {
+		t.Errorf("device nodes (-containerd CDI +nri-gpu):\n%s", diff)
+	}
+	if diff := gocmp.Diff(want.Process.Env, got.Process.Env); diff != "" {
+		t.Errorf("env (-containerd CDI +nri-gpu):\n%s", diff)
+	}
+	if diff := gocmp.Diff(want.Hooks, got.Hooks); diff != "" {
+		t.Errorf("hooks (-containerd CDI +nri-gpu):\n%s", diff)
+	}
+	if diff := gocmp.Diff(specMounts(want), specMounts(got)); diff != "" {
+		t.Errorf("mounts from the spec (-containerd CDI +nri-gpu):\n%s", diff)
+	}
+	// NRI on containerd 1.7 (v0.8) derives each device's cgroup rule from
+	// the device, with access "rw" for char devices, and ignores cgroup
+	// rules in adjustments; CDI's default is "rwm". The rules must cover
+	// the same devices, in the same order, and differ in nothing else.
+	if diff := gocmp.Diff(want.Linux.Resources.Devices, got.Linux.Resources.Devices, gocmp.Comparer(sameRuleBut("m"))); diff != "" {
+		t.Errorf("cgroup device rules (-containerd CDI +nri-gpu):\n%s", diff)
+	}
+
+	// And as the containers see them.
+	stat := []string{"stat", "-c", "%n %F %a %u:%g %t:%T", "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"}
+	wantOut, err := cdiCtd.Exec(wantID, stat...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotOut := inContainer(t, gotID, stat...); gotOut != wantOut {
+		t.Errorf("device nodes in the container:\n%s\nwith containerd's CDI:\n%s", gotOut, wantOut)
+	}
+}
+
+// effective fills in what a runtime (runc) uses for unset node fields:
+// owner root and mode 0666. containerd 1.7 vendors CDI v0.8, which leaves
+// both unset; nri-gpu sets the host node's mode and owner, as newer CDI
+// versions do for the mode.
+func effective(devs []oci.LinuxDevice) []oci.LinuxDevice {
+	out := slices.Clone(devs)
+	for i := range out {
+		var zero uint32
+		mode := os.FileMode(0o666)
+		out[i].UID = cmp.Or(out[i].UID, &zero)
+		out[i].GID = cmp.Or(out[i].GID, &zero)
+		out[i].FileMode = cmp.Or(out[i].FileMode, &mode)
+	}
+	return out
+}
+
+// specMounts returns the mounts that come from the CDI spec.
+func specMounts(s *oci.Spec) []oci.Mount {
+	var out []oci.Mount
+	for _, m := range s.Mounts {
+		if strings.HasPrefix(m.Source, env.host.Root) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// sameRuleBut compares cgroup rules, ignoring the given access letters.
+func sameRuleBut(letters string) func(a, b oci.LinuxDeviceCgroup) bool {
+	strip := func(s string) string {
+		return strings.Map(func(r rune) rune {
+			if strings.ContainsRune(letters, r) {
+				return -1
+			}
+			return r
+		}, s)
+	}
+	return func(a, b oci.LinuxDeviceCgroup) bool {
+		a.Access, b.Access = strip(a.Access), strip(b.Access)
+		return gocmp.Equal(a, b)
+	}
+}
