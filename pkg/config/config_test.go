@@ -1,0 +1,128 @@
+package config_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+)
+
+func TestParse(t *testing.T) {
+	honor := true
+	noHonor := false
+	defaults := &config.Config{
+		CDISpecDirs:         []string{"/etc/cdi", "/var/run/cdi"},
+		DefaultKind:         "nvidia.com/gpu",
+		HonorCDIAnnotations: &honor,
+		UnsupportedEdits:    config.UnsupportedError,
+		Policy: config.Policy{
+			Namespaces: []string{"*"},
+			Devices:    []string{"nvidia.com/gpu=*"},
+			HookPaths:  []string{"/usr/bin/nvidia-cdi-hook", "/usr/bin/nvidia-ctk"},
+		},
+	}
+	tests := []struct {
+		name    string
+		yaml    string
+		want    *config.Config
+		wantErr []string
+	}{
+		{name: "empty gives the defaults", yaml: "", want: defaults},
+		{name: "comments only give the defaults", yaml: "# nothing\n", want: defaults},
+		{
+			name: "every key",
+			yaml: `
+cdiSpecDirs: [/etc/cdi]
+defaultKind: example.com/fpga
+honorCDIAnnotations: false
+unsupportedEdits: warn
+policy:
+  namespaces: ["agents-*"]
+  devices: ["example.com/fpga=*"]
+  allowAll: true
+  maxDevicesPerPod: 2
+  exclusive: true
+  hookPaths: [/usr/local/bin/hook]
+`,
+			want: &config.Config{
+				CDISpecDirs:         []string{"/etc/cdi"},
+				DefaultKind:         "example.com/fpga",
+				HonorCDIAnnotations: &noHonor,
+				UnsupportedEdits:    config.UnsupportedWarn,
+				Policy: config.Policy{
+					Namespaces: []string{"agents-*"}, Devices: []string{"example.com/fpga=*"},
+					AllowAll: true, MaxDevicesPerPod: 2, Exclusive: true, HookPaths: []string{"/usr/local/bin/hook"},
+				},
+			},
+		},
+		{name: "unknown key", yaml: "cdiSpecDir: [/etc/cdi]\n", wantErr: []string{"line 1", `field cdiSpecDir not found`}},
+		{name: "unknown policy key", yaml: "policy:\n  allow_all: true\n", wantErr: []string{"line 2", "allow_all"}},
+		{name: "wrong type", yaml: "policy:\n  maxDevicesPerPod: many\n", wantErr: []string{"line 2", "many"}},
+		{name: "bad unsupportedEdits", yaml: "unsupportedEdits: ignore\n", wantErr: []string{`unsupportedEdits: "ignore" is neither "error" nor "warn"`}},
+		{name: "relative spec dir", yaml: "cdiSpecDirs: [cdi]\n", wantErr: []string{`cdiSpecDirs: "cdi" is not an absolute path`}},
+		{name: "empty spec dirs", yaml: "cdiSpecDirs: []\n", wantErr: []string{"cdiSpecDirs: at least one directory"}},
+		{name: "bad kind", yaml: "defaultKind: gpu\n", wantErr: []string{`defaultKind: kind "gpu" is not of the form vendor/class`}},
+		{name: "bad vendor", yaml: "defaultKind: -x/gpu\n", wantErr: []string{"defaultKind:", "invalid vendor"}},
+		{name: "bad glob", yaml: "policy:\n  devices: ['nvidia.com/gpu=[']\n", wantErr: []string{`policy.devices: glob "nvidia.com/gpu=["`}},
+		{name: "negative max", yaml: "policy:\n  maxDevicesPerPod: -1\n", wantErr: []string{"policy.maxDevicesPerPod: -1 is negative"}},
+		{name: "relative hook", yaml: "policy:\n  hookPaths: [nvidia-ctk]\n", wantErr: []string{`policy.hookPaths: "nvidia-ctk" is not an absolute path`}},
+		{name: "two documents", yaml: "defaultKind: a.com/b\n---\ndefaultKind: c.com/d\n", wantErr: []string{"more than one YAML document"}},
+		{
+			name:    "all problems at once",
+			yaml:    "unsupportedEdits: skip\ncdiSpecDirs: [rel]\n",
+			wantErr: []string{"unsupportedEdits", "cdiSpecDirs"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := config.Parse([]byte(tc.yaml))
+			if len(tc.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("got %+v, want an error", got)
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not say %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("config (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestLoadNamesTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nri-gpu.yaml")
+	if err := os.WriteFile(path, []byte("policy:\n  exclusiv: true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := config.Load(path)
+	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "exclusiv") {
+		t.Errorf("error %v, want one naming the file and the key", err)
+	}
+	if _, err := config.Load(filepath.Join(t.TempDir(), "missing.yaml")); err == nil {
+		t.Error("a missing file loaded")
+	}
+}
+
+// TestExampleConfig keeps config/nri-gpu.yaml valid and equal to the
+// defaults it documents.
+func TestExampleConfig(t *testing.T) {
+	got, err := config.Load(filepath.Join("..", "..", "config", "nri-gpu.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(config.Default(), got); diff != "" {
+		t.Errorf("config/nri-gpu.yaml differs from the defaults (-defaults +file):\n%s", diff)
+	}
+}

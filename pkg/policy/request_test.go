@@ -1,0 +1,166 @@
+package policy_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+)
+
+func TestParse(t *testing.T) {
+	pod := func(key, item, device string) policy.Request {
+		return policy.Request{Device: device, Item: item, Key: key, Source: policy.SourcePod}
+	}
+	cdiReq := func(key, device string) policy.Request {
+		return policy.Request{Device: device, Item: device, Key: key, Source: policy.SourceCDI}
+	}
+	tests := []struct {
+		name     string
+		honorCDI bool
+		podAnn   map[string]string
+		ctrAnn   map[string]string
+		want     []policy.Request
+		wantErr  []string
+	}{
+		{name: "no annotations", want: nil},
+		{name: "other annotations only", podAnn: map[string]string{"gpus.example.com": "0"}, want: nil},
+		{
+			name:   "short index",
+			podAnn: map[string]string{"gpus.nri-gpu.io": "1"},
+			want:   []policy.Request{pod("gpus.nri-gpu.io", "1", "nvidia.com/gpu=1")},
+		},
+		{
+			name:   "short UUID, MIG and all",
+			podAnn: map[string]string{"gpus.nri-gpu.io": "GPU-4f0c5d4e-1a2b,0:1,all"},
+			want: []policy.Request{
+				pod("gpus.nri-gpu.io", "GPU-4f0c5d4e-1a2b", "nvidia.com/gpu=GPU-4f0c5d4e-1a2b"),
+				pod("gpus.nri-gpu.io", "0:1", "nvidia.com/gpu=0:1"),
+				pod("gpus.nri-gpu.io", "all", "nvidia.com/gpu=all"),
+			},
+		},
+		{
+			name:   "qualified names kept, spaces trimmed, duplicates merged",
+			podAnn: map[string]string{"gpus.nri-gpu.io": " nvidia.com/gpu=0 , 0,example.com/nic=eth1 "},
+			want: []policy.Request{
+				pod("gpus.nri-gpu.io", "nvidia.com/gpu=0", "nvidia.com/gpu=0"),
+				pod("gpus.nri-gpu.io", "example.com/nic=eth1", "example.com/nic=eth1"),
+			},
+		},
+		{
+			name: "container scope beats pod scope beats plain",
+			podAnn: map[string]string{
+				"gpus.nri-gpu.io/container.main": "2", "gpus.nri-gpu.io/pod": "1", "gpus.nri-gpu.io": "0",
+			},
+			want: []policy.Request{pod("gpus.nri-gpu.io/container.main", "2", "nvidia.com/gpu=2")},
+		},
+		{
+			name:   "pod scope beats plain",
+			podAnn: map[string]string{"gpus.nri-gpu.io/container.other": "2", "gpus.nri-gpu.io/pod": "1", "gpus.nri-gpu.io": "0"},
+			want:   []policy.Request{pod("gpus.nri-gpu.io/pod", "1", "nvidia.com/gpu=1")},
+		},
+		{
+			name:   "another container's annotation does not apply",
+			podAnn: map[string]string{"gpus.nri-gpu.io/container.other": "2"},
+			want:   nil,
+		},
+		{
+			name:     "cdi.k8s.io annotations, in key order, merged with the pod's",
+			honorCDI: true,
+			podAnn:   map[string]string{"gpus.nri-gpu.io": "0"},
+			ctrAnn: map[string]string{
+				"cdi.k8s.io/b": "nvidia.com/gpu=1", "cdi.k8s.io/a": "nvidia.com/gpu=0,nvidia.com/gpu=3", "other": "x",
+			},
+			want: []policy.Request{
+				pod("gpus.nri-gpu.io", "0", "nvidia.com/gpu=0"),
+				cdiReq("cdi.k8s.io/a", "nvidia.com/gpu=3"),
+				cdiReq("cdi.k8s.io/b", "nvidia.com/gpu=1"),
+			},
+		},
+		{
+			name:   "cdi.k8s.io annotations ignored unless honoured",
+			ctrAnn: map[string]string{"cdi.k8s.io/a": "nvidia.com/gpu=0"},
+			want:   nil,
+		},
+		{
+			name:    "empty item",
+			podAnn:  map[string]string{"gpus.nri-gpu.io": "0,,1"},
+			wantErr: []string{`pod annotation "gpus.nri-gpu.io", item 2 ""`, "empty device name"},
+		},
+		{
+			name:    "empty value",
+			podAnn:  map[string]string{"gpus.nri-gpu.io/pod": ""},
+			wantErr: []string{`pod annotation "gpus.nri-gpu.io/pod", item 1`, "empty device name"},
+		},
+		{
+			name:    "malformed qualified name",
+			podAnn:  map[string]string{"gpus.nri-gpu.io": "nvidia.com/=0"},
+			wantErr: []string{`item 1 "nvidia.com/=0"`, "missing"},
+		},
+		{
+			name:    "bad short name",
+			podAnn:  map[string]string{"gpus.nri-gpu.io": "0;rm -rf"},
+			wantErr: []string{`item 1 "0;rm -rf"`, "invalid character"},
+		},
+		{
+			name:    "path traversal",
+			podAnn:  map[string]string{"gpus.nri-gpu.io": "../../dev/sda"},
+			wantErr: []string{`item 1 "../../dev/sda"`},
+		},
+		{
+			name:    "overlong item is cut in the message",
+			podAnn:  map[string]string{"gpus.nri-gpu.io": strings.Repeat("a", 20000)},
+			wantErr: []string{"20000 bytes long", strings.Repeat("a", 64) + "..."},
+		},
+		{
+			name:     "bad cdi.k8s.io value",
+			honorCDI: true,
+			ctrAnn:   map[string]string{"cdi.k8s.io/dp": "nvidia.com/gpu=0, nvidia.com/gpu=1"},
+			wantErr:  []string{`container annotation "cdi.k8s.io/dp"`, `" nvidia.com/gpu=1"`},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := policy.NewParser("nvidia.com/gpu", tc.honorCDI)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := p.Parse(policy.Container{
+				Namespace: "ns", Pod: "pod", Name: "main", PodAnnotations: tc.podAnn, Annotations: tc.ctrAnn,
+			})
+			if len(tc.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("got %v, want an error", got)
+				}
+				if !errors.Is(err, policy.ErrInvalidRequest) {
+					t.Errorf("error %v does not wrap ErrInvalidRequest", err)
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not say %q", err, w)
+					}
+				}
+				if len(err.Error()) > 1000 {
+					t.Errorf("error is %d bytes long", len(err.Error()))
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("requests (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestNewParserRejectsBadKind(t *testing.T) {
+	for _, kind := range []string{"", "gpu", "nvidia.com/", "/gpu", "nvidia.com/g=pu"} {
+		if _, err := policy.NewParser(kind, true); err == nil {
+			t.Errorf("kind %q accepted", kind)
+		}
+	}
+}

@@ -1,0 +1,113 @@
+package specs_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+func gpuSpec(env string) string {
+	return `cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+devices:
+  - name: "0"
+    containerEdits:
+      env: ["` + env + `"]
+      deviceNodes: [{path: /dev/nvidia0, hostPath: /dev/null}]
+`
+}
+
+func write(t *testing.T, dir, name, content string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func open(t *testing.T, dirs ...string) *specs.Registry {
+	t.Helper()
+	r, err := specs.Open(dirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+func TestResolve(t *testing.T) {
+	low, high := filepath.Join(t.TempDir(), "etc"), filepath.Join(t.TempDir(), "run")
+	write(t, low, "gpu.yaml", gpuSpec("FROM=etc"))
+	write(t, high, "gpu.yaml", gpuSpec("FROM=run"))
+	write(t, high, "broken.yaml", "cdiVersion: [\n")
+	r := open(t, low, high)
+
+	devs, err := r.Resolve([]string{"nvidia.com/gpu=0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := devs[0].ContainerEdits.Env; len(got) != 1 || got[0] != "FROM=run" {
+		t.Errorf("env %v: the spec of the later directory must win", got)
+	}
+
+	_, err = r.Resolve([]string{"nvidia.com/gpu=0", "nvidia.com/gpu=9", "example.com/x=1"})
+	if !errors.Is(err, specs.ErrUnresolvable) {
+		t.Fatalf("error %v does not wrap ErrUnresolvable", err)
+	}
+	for _, want := range []string{`"nvidia.com/gpu=9"`, `"example.com/x=1"`, "no CDI spec in " + low + ", " + high, "broken.yaml"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), `"nvidia.com/gpu=0"`) {
+		t.Errorf("error %q names a device that resolved", err)
+	}
+}
+
+func TestMissingDirIsNotABrokenSpec(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "absent")
+	r := open(t, missing)
+	_, err := r.Resolve([]string{"nvidia.com/gpu=0"})
+	if err == nil || strings.Contains(err.Error(), "failed to load") {
+		t.Errorf("error %v: a missing directory is no spec problem", err)
+	}
+}
+
+func TestSpecChangesArePickedUp(t *testing.T) {
+	dir := t.TempDir()
+	r := open(t, dir)
+	if _, err := r.Resolve([]string{"nvidia.com/gpu=0"}); err == nil {
+		t.Fatal("resolved a device before any spec was written")
+	}
+	write(t, dir, "gpu.yaml", gpuSpec("A=1"))
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if _, err := r.Resolve([]string{"nvidia.com/gpu=0"}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a new spec was not picked up within 2s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := os.Remove(filepath.Join(dir, "gpu.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(2 * time.Second)
+	for {
+		if _, err := r.Resolve([]string{"nvidia.com/gpu=0"}); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a removed spec still resolved after 2s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
