@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the host packages the end-to-end tests and the demo need: runc
+# and a static busybox (for the test image). Debian/Ubuntu only; does
+# nothing when they are already there.
+set -euo pipefail
+
+missing=()
+command -v runc >/dev/null 2>&1 || missing+=(runc)
+dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "install-deps: ${missing[*]} missing; run as root (or install them) to continue" >&2
+	exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+	echo "install-deps: ${missing[*]} missing and no apt-get here; install them by hand" >&2
+	exit 1
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${missing[@]}" >/dev/null
