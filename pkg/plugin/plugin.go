@@ -57,6 +57,9 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 	if len(p.specDirs) > 0 {
 		c := *cfg
 		c.CDISpecDirs = slices.Clone(p.specDirs)
+		if err := c.Validate(); err != nil {
+			return nil, fmt.Errorf("--cdi-spec-dirs: %w", err)
+		}
 		cfg = &c
 	}
 	parser, err := policy.NewParser(cfg.DefaultKind, cfg.HonorsCDIAnnotations())
