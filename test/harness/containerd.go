@@ -29,6 +29,10 @@ type Options struct {
 	CDISpecDirs []string
 	// Image is the image tar to import; BuildImage makes it.
 	Image string
+	// PreRegister, when set, installs nri-gpu as the pre-registered plugin
+	// 10-nri-gpu, which containerd starts itself and hands this
+	// configuration (plugin_config_path/10-nri-gpu.conf).
+	PreRegister string
 }
 
 // Containerd is a running throwaway containerd.
@@ -121,6 +125,11 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 	}); err != nil {
 		return nil, err
 	}
+	if opts.PreRegister != "" {
+		if err := preRegister(tools.Path("nri-gpu"), dir, opts.PreRegister); err != nil {
+			return nil, err
+		}
+	}
 	cfgPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfgPath, cfg.Bytes(), 0o644); err != nil {
 		return nil, err
@@ -155,6 +164,19 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 		}
 	}
 	return c, nil
+}
+
+// preRegister installs the plugin binary and its configuration where
+// containerd looks for pre-registered plugins.
+func preRegister(binary, dir, config string) error {
+	data, err := os.ReadFile(binary)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "nri", "plugins", "10-nri-gpu"), data, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "nri", "conf.d", "10-nri-gpu.conf"), []byte(config), 0o644)
 }
 
 func (c *Containerd) waitReady(timeout time.Duration) error {
@@ -362,11 +384,14 @@ func (c *Containerd) Stop() error {
 	if running {
 		_ = c.cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-c.done:
+		case err := <-c.done:
+			c.done <- err
 		case <-time.After(15 * time.Second):
-			_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
-			<-c.done
 		}
+		// Whatever is left of containerd's process group (containerd
+		// itself, a pre-registered plugin it started) goes too.
+		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+		c.done <- <-c.done
 	}
 	errs = append(errs, killShims(c.Address))
 	errs = append(errs, unmountBelow(c.Dir))
