@@ -3,6 +3,7 @@ package adjust
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/containerd/nri/pkg/api"
@@ -29,7 +30,14 @@ type Options struct {
 	// UID and GID are the container process's user and group. CDI gives
 	// them to device nodes whose spec sets no owner, as a runtime does.
 	UID, GID uint32
+	// HookEnv is the environment of every hook whose spec gives it none,
+	// so that no hook inherits an environment nri-gpu did not choose.
+	// Empty means DefaultHookEnv.
+	HookEnv []string
 }
+
+// DefaultHookEnv is the environment of a hook whose spec gives none.
+var DefaultHookEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 // Skipped is an unsupported edit that Build left out.
 type Skipped struct {
@@ -87,6 +95,11 @@ func Build(devices []*cdi.Device, opts Options) (*Result, error) {
 		return nil, fmt.Errorf("applying CDI edits of %s: %w", strings.Join(names, ", "), err)
 	}
 	ownDevicesAsHost(scratch.Linux.Devices, edits.DeviceNodes)
+	hookEnv := opts.HookEnv
+	if len(hookEnv) == 0 {
+		hookEnv = DefaultHookEnv
+	}
+	setHookEnv(scratch.Hooks, hookEnv)
 	return &Result{Adjustment: toAdjustment(scratch), Skipped: skipped}, nil
 }
 
@@ -125,6 +138,34 @@ func supported(raw *cdispec.ContainerEdits, device, spec string, skip bool) (*cd
 		}
 	}
 	return &cdi.ContainerEdits{ContainerEdits: &e}, skipped, errors.Join(errs...)
+}
+
+// setHookEnv gives env to every hook that has no environment of its own.
+func setHookEnv(hooks *oci.Hooks, env []string) {
+	if hooks == nil {
+		return
+	}
+	//nolint:staticcheck // Prestart is deprecated, but CDI specs may use it.
+	for _, point := range [][]oci.Hook{hooks.Prestart, hooks.CreateRuntime, hooks.CreateContainer,
+		hooks.StartContainer, hooks.Poststart, hooks.Poststop} {
+		for i := range point {
+			if len(point[i].Env) == 0 {
+				point[i].Env = slices.Clone(env)
+			}
+		}
+	}
+}
+
+// Hooks returns the paths of the hook executables a device's edits, and
+// its spec's, would inject.
+func Hooks(d *cdi.Device) []string {
+	var paths []string
+	for _, h := range append(slices.Clone(d.GetSpec().ContainerEdits.Hooks), d.ContainerEdits.Hooks...) {
+		if h != nil && !slices.Contains(paths, h.Path) {
+			paths = append(paths, h.Path)
+		}
+	}
+	return paths
 }
 
 // hasNonRootGID reports whether gids holds a GID that CDI would add (CDI

@@ -93,7 +93,10 @@ func TestBuild(t *testing.T) {
 		Source: "/usr/lib/libexample.so.1", Destination: "/usr/lib/libexample.so.1",
 		Options: []string{"ro", "nosuid", "nodev", "bind"},
 	}
-	ldcache := &api.Hook{Path: "/usr/bin/example-hook", Args: []string{"example-hook", "update-ldcache"}}
+	// A hook whose spec gives no environment gets the minimal one, never
+	// an inherited one.
+	env := adjust.DefaultHookEnv
+	ldcache := &api.Hook{Path: "/usr/bin/example-hook", Args: []string{"example-hook", "update-ldcache"}, Env: env}
 
 	tests := []struct {
 		name  string
@@ -131,7 +134,7 @@ func TestBuild(t *testing.T) {
 			},
 		},
 		{
-			name: "every hook point kept apart, spec owner and mode honoured, permissions passed on",
+			name: "every hook point kept apart, a spec's hook env kept, spec owner and mode honoured, permissions passed on",
 			specs: map[string]string{"hooks.yaml": `
 cdiVersion: "0.6.0"
 kind: example.com/hooks
@@ -157,11 +160,11 @@ devices:
 			want: &api.ContainerAdjustment{
 				Hooks: &api.Hooks{
 					Prestart:        []*api.Hook{{Path: "/bin/p", Args: []string{"p"}, Env: []string{"A=1"}, Timeout: api.Int(5)}},
-					CreateRuntime:   []*api.Hook{{Path: "/bin/cr"}},
-					CreateContainer: []*api.Hook{{Path: "/bin/cc"}},
-					StartContainer:  []*api.Hook{{Path: "/bin/sc"}},
-					Poststart:       []*api.Hook{{Path: "/bin/ps"}},
-					Poststop:        []*api.Hook{{Path: "/bin/pt"}},
+					CreateRuntime:   []*api.Hook{{Path: "/bin/cr", Env: env}},
+					CreateContainer: []*api.Hook{{Path: "/bin/cc", Env: env}},
+					StartContainer:  []*api.Hook{{Path: "/bin/sc", Env: env}},
+					Poststart:       []*api.Hook{{Path: "/bin/ps", Env: env}},
+					Poststop:        []*api.Hook{{Path: "/bin/pt", Env: env}},
 				},
 				Linux: &api.LinuxContainerAdjustment{
 					Devices: []*api.LinuxDevice{{

@@ -57,6 +57,14 @@ func TestParityWithCDIInjection(t *testing.T) {
 	if diff := cmp.Diff(viaCDI.Mounts, viaNRI.Mounts); diff != "" {
 		t.Errorf("mounts (-cdi +nri):\n%s", diff)
 	}
+	// nri-gpu gives a hook without an environment a minimal one (CDI
+	// leaves it empty, and the hook inherits the runtime's).
+	for _, h := range viaCDI.Hooks.CreateContainer {
+		if len(h.Env) != 0 {
+			t.Fatal("the test spec's hook has an env; this test needs one without")
+		}
+	}
+	viaCDI.Hooks.CreateContainer[0].Env = adjust.DefaultHookEnv
 	if diff := cmp.Diff(viaCDI.Hooks, viaNRI.Hooks); diff != "" {
 		t.Errorf("hooks (-cdi +nri):\n%s", diff)
 	}

@@ -1,7 +1,7 @@
-// Package plugin is the NRI glue of nri-gpu: it receives CreateContainer
-// requests, has pkg/policy read and judge the container's requests,
-// pkg/specs resolve them and pkg/adjust build the adjustment, and logs
-// each decision once.
+// Package plugin is the NRI glue of nri-gpu: it receives the runtime's
+// requests, has pkg/policy read and judge what a container asks for,
+// pkg/specs resolve it and pkg/adjust build the adjustment, keeps track of
+// which pod holds which devices, and logs each decision once.
 package plugin
 
 import (
@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/containerd/nri/pkg/api"
@@ -21,13 +22,24 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
-// Plugin is nri-gpu's NRI plugin. It implements the stub's Configure and
-// CreateContainer interfaces, and so subscribes to CreateContainer only,
-// an event every NRI-enabled containerd knows.
+// Annotations nri-gpu adds to each container it gives devices, from which
+// it rebuilds what pods hold after a restart.
+const (
+	// DevicesAnnotation lists the devices the container got.
+	DevicesAnnotation = "nri-gpu.io/devices"
+	// CountedAnnotation lists those of them chosen for a count request.
+	CountedAnnotation = "nri-gpu.io/counted"
+)
+
+// Plugin is nri-gpu's NRI plugin. It handles Configure, Synchronize,
+// CreateContainer, StopPodSandbox and RemovePodSandbox, all of which every
+// NRI-enabled containerd (1.7 on) knows.
 type Plugin struct {
 	log logrus.FieldLogger
 	// specDirs, when set, overrides cdiSpecDirs of every configuration.
 	specDirs []string
+	// alloc outlives configurations.
+	alloc *policy.Allocations
 
 	mu sync.RWMutex
 	st *state
@@ -44,7 +56,7 @@ type state struct {
 // New returns a plugin serving cfg. specDirs, when not empty, overrides
 // the spec directories of cfg and of any later configuration.
 func New(cfg *config.Config, specDirs []string, log logrus.FieldLogger) (*Plugin, error) {
-	p := &Plugin{log: log, specDirs: slices.Clone(specDirs)}
+	p := &Plugin{log: log, specDirs: slices.Clone(specDirs), alloc: policy.NewAllocations()}
 	st, err := p.newState(cfg)
 	if err != nil {
 		return nil, err
@@ -71,23 +83,30 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 		return nil, err
 	}
 	for path, errs := range reg.Errors() {
-		p.log.WithField("path", path).Warnf("CDI spec problem: %v", errors.Join(errs...))
+		p.log.WithField("path", path).Warnf("CDI spec not used: %v", errors.Join(errs...))
 	}
 	return &state{cfg: cfg, parser: parser, policy: policy.New(cfg.Policy), specs: reg}, nil
 }
 
+func (p *Plugin) state() *state {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.st
+}
+
 // Close stops watching the spec directories.
 func (p *Plugin) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.st.specs.Close()
+	return p.state().specs.Close()
 }
 
 // Config returns the configuration in force.
 func (p *Plugin) Config() *config.Config {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.st.cfg
+	return p.state().cfg
+}
+
+// Held returns, per pod, the devices it holds.
+func (p *Plugin) Held() map[policy.Pod][]string {
+	return p.alloc.Held()
 }
 
 // Configure is called by the runtime when the plugin registers. A
@@ -118,19 +137,64 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 	return 0, nil
 }
 
+// Synchronize rebuilds what pods hold from the annotations nri-gpu put on
+// their containers, so that a restarted plugin hands out no device twice.
+// Pods gone while the plugin was away hold nothing any more.
+func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
+	st := p.state()
+	byID := make(map[string]policy.Pod, len(pods))
+	for _, pod := range pods {
+		byID[pod.GetId()] = podOf(pod)
+	}
+	var holdings []policy.Holding
+	for _, c := range containers {
+		pod, ok := byID[c.GetPodSandboxId()]
+		devices := splitList(c.GetAnnotations()[DevicesAnnotation])
+		if !ok || len(devices) == 0 {
+			continue
+		}
+		counted := splitList(c.GetAnnotations()[CountedAnnotation])
+		named := slices.DeleteFunc(slices.Clone(devices), func(d string) bool { return slices.Contains(counted, d) })
+		holdings = append(holdings, policy.Holding{
+			Pod: pod, Named: st.specs.Footprints(named), Counted: st.specs.Footprints(counted),
+		})
+	}
+	p.alloc.Restore(holdings)
+	for pod, devices := range p.alloc.Held() {
+		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": devices}).
+			Info("restored devices held by pod")
+	}
+	return nil, nil
+}
+
+// StopPodSandbox releases the devices a pod held.
+func (p *Plugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.release(pod)
+	return nil
+}
+
+// RemovePodSandbox releases the devices a pod held, if its stop did not.
+func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.release(pod)
+	return nil
+}
+
+func (p *Plugin) release(pod *api.PodSandbox) {
+	if released := p.alloc.Release(pod.GetId()); len(released) > 0 {
+		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "devices": released}).
+			Info("released devices")
+	}
+}
+
 // CreateContainer injects the devices a container asks for, or fails its
 // creation saying why. A container that asks for nothing is left alone.
 func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
-	p.mu.RLock()
-	st := p.st
-	p.mu.RUnlock()
-
 	log := p.log.WithFields(logrus.Fields{
 		"namespace": pod.GetNamespace(),
 		"pod":       pod.GetName(),
 		"container": ctr.GetName(),
 	})
-	adj, devices, err := st.handle(pod, ctr, log)
+	adj, devices, err := p.handle(p.state(), pod, ctr, log)
 	if err != nil {
 		log.Errorf("denied: %v", err)
 		return nil, nil, fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
@@ -145,8 +209,9 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 }
 
 // handle runs one request through policy, specs and adjust.
-func (st *state) handle(pod *api.PodSandbox, ctr *api.Container, log logrus.FieldLogger) (*api.ContainerAdjustment, []string, error) {
-	reqs, err := st.parser.Parse(policy.Container{
+func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, log logrus.FieldLogger) (*api.ContainerAdjustment, []string, error) {
+	podRef := podOf(pod)
+	ask, err := st.parser.Parse(policy.Container{
 		Namespace:      pod.GetNamespace(),
 		Pod:            pod.GetName(),
 		Name:           ctr.GetName(),
@@ -156,42 +221,116 @@ func (st *state) handle(pod *api.PodSandbox, ctr *api.Container, log logrus.Fiel
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(reqs) == 0 {
+	if ask.Empty() {
 		return nil, nil, nil
 	}
-	if err := st.policy.Check(reqs); err != nil {
+	if err := st.policy.Check(podRef, ask); err != nil {
 		return nil, nil, err
 	}
 
 	var (
-		devices []*cdi.Device
-		names   []string
-		errs    []error
+		named []*cdi.Device
+		errs  []error
 	)
-	for _, r := range reqs {
-		d, err := st.specs.Resolve([]string{r.Device})
+	for _, r := range ask.Requests {
+		d, err := st.resolve(r.Device)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", r, err))
 			continue
 		}
-		devices = append(devices, d...)
-		names = append(names, r.Device)
+		named = append(named, d)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, nil, err
 	}
+	footprints := make([]specs.Device, len(named))
+	for i, d := range named {
+		footprints[i] = specs.Footprint(d)
+	}
+	var candidates []specs.Device
+	if ask.Count > 0 || st.cfg.Policy.MaxDevicesPerPod > 0 {
+		candidates = st.specs.Candidates(st.cfg.DefaultKind)
+	}
 
+	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, candidates)
+	if err != nil {
+		return nil, nil, err
+	}
+	adj, err := st.build(named, grant, ctr)
+	if err != nil {
+		p.alloc.Revert(grant)
+		return nil, nil, err
+	}
+	for _, s := range adj.skipped {
+		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
+			Warn("skipped a CDI edit that NRI cannot express (unsupportedEdits: warn)")
+	}
+	return adj.adjustment, names(grant.Devices), nil
+}
+
+// resolve looks a device up in the trusted specs and checks its hooks.
+func (st *state) resolve(name string) (*cdi.Device, error) {
+	devs, err := st.specs.Resolve([]string{name})
+	if err != nil {
+		return nil, err
+	}
+	if err := st.policy.CheckHooks(name, adjust.Hooks(devs[0])); err != nil {
+		return nil, err
+	}
+	return devs[0], nil
+}
+
+type built struct {
+	adjustment *api.ContainerAdjustment
+	skipped    []adjust.Skipped
+}
+
+// build resolves the counted devices of a grant and builds the adjustment
+// for all the container's devices, recording them in annotations.
+func (st *state) build(named []*cdi.Device, grant policy.Grant, ctr *api.Container) (built, error) {
+	devices := slices.Clone(named)
+	var errs []error
+	for _, c := range grant.Counted {
+		d, err := st.resolve(c.Name)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pod annotation %q: %w", policy.CountAnnotationKey, err))
+			continue
+		}
+		devices = append(devices, d)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return built{}, err
+	}
 	res, err := adjust.Build(devices, adjust.Options{
 		SkipUnsupported: st.cfg.UnsupportedEdits == config.UnsupportedWarn,
 		UID:             ctr.GetUser().GetUid(),
 		GID:             ctr.GetUser().GetGid(),
 	})
 	if err != nil {
-		return nil, nil, err
+		return built{}, err
 	}
-	for _, s := range res.Skipped {
-		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
-			Warn("skipped a CDI edit that NRI cannot express (unsupportedEdits: warn)")
+	res.Adjustment.AddAnnotation(DevicesAnnotation, strings.Join(names(grant.Devices), ","))
+	if len(grant.Counted) > 0 {
+		res.Adjustment.AddAnnotation(CountedAnnotation, strings.Join(names(grant.Counted), ","))
 	}
-	return res.Adjustment, names, nil
+	return built{adjustment: res.Adjustment, skipped: res.Skipped}, nil
+}
+
+func podOf(pod *api.PodSandbox) policy.Pod {
+	return policy.Pod{ID: pod.GetId(), Namespace: pod.GetNamespace(), Name: pod.GetName()}
+}
+
+func names(devs []specs.Device) []string {
+	out := make([]string, len(devs))
+	for i, d := range devs {
+		out[i] = d.Name
+	}
+	return out
+}
+
+func splitList(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
 }

@@ -3,8 +3,10 @@ package plugin_test
 import (
 	"context"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
@@ -52,32 +55,57 @@ func (m pluginCount) UpdatePluginCount(n int) {
 	}
 }
 
-// runtime starts NRI's real runtime side on a socket in a temp dir and
-// connects nri-gpu to it with the given configuration.
-func runtime(t *testing.T, cfgYAML string) *adaptation.Adaptation {
+// testRuntime is NRI's real runtime side on a socket in a temp dir, with
+// the pods and containers a runtime would report to a (re)connecting
+// plugin in Synchronize.
+type testRuntime struct {
+	*adaptation.Adaptation
+	socket, specDir string
+	counts          pluginCount
+	// stopPlugin stops the plugin connected last.
+	stopPlugin func()
+
+	mu         sync.Mutex
+	pods       map[string]*api.PodSandbox
+	containers []*api.Container
+}
+
+// runtime starts the runtime side and connects nri-gpu with cfgYAML.
+func runtime(t *testing.T, cfgYAML string) *testRuntime {
 	t.Helper()
 	dir := t.TempDir()
-	specDir := filepath.Join(dir, "cdi")
-	if err := os.MkdirAll(specDir, 0o755); err != nil {
+	r := &testRuntime{
+		socket:  filepath.Join(dir, "nri.sock"),
+		specDir: filepath.Join(dir, "cdi"),
+		counts:  pluginCount{Metrics: noMetrics{}, ch: make(chan int, 4)},
+		pods:    map[string]*api.PodSandbox{},
+	}
+	if err := os.MkdirAll(r.specDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(specDir, "gpu.yaml"), []byte(spec), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(r.specDir, "gpu.yaml"), []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	socket := filepath.Join(dir, "nri.sock")
-	counts := pluginCount{Metrics: noMetrics{}, ch: make(chan int, 4)}
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
-		_, err := cb(ctx, nil, nil)
+		r.mu.Lock()
+		var pods []*api.PodSandbox
+		for _, p := range r.pods {
+			pods = append(pods, p)
+		}
+		containers := slices.Clone(r.containers)
+		r.mu.Unlock()
+		_, err := cb(ctx, pods, containers)
 		return err
 	}
 	update := func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
 		return nil, nil
 	}
-	r, err := adaptation.New("containerd", "v1.7.35", syncFn, update,
-		adaptation.WithSocketPath(socket),
+	var err error
+	r.Adaptation, err = adaptation.New("containerd", "v1.7.35", syncFn, update,
+		adaptation.WithSocketPath(r.socket),
 		adaptation.WithPluginPath(filepath.Join(dir, "plugins")),
 		adaptation.WithPluginConfigPath(filepath.Join(dir, "conf.d")),
-		adaptation.WithMetrics(counts))
+		adaptation.WithMetrics(r.counts))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,19 +113,41 @@ func runtime(t *testing.T, cfgYAML string) *adaptation.Adaptation {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.Stop)
+	r.stopPlugin = r.connect(t, cfgYAML)
+	return r
+}
 
+// restart stops the plugin and connects a new one, with no memory of the
+// old one's state.
+func (r *testRuntime) restart(t *testing.T, cfgYAML string) {
+	t.Helper()
+	r.stopPlugin()
+	r.stopPlugin = r.connect(t, cfgYAML)
+}
+
+// connect starts a new nri-gpu, with no memory of earlier ones, and waits
+// until the runtime has synchronized it. It returns a function that stops it.
+func (r *testRuntime) connect(t *testing.T, cfgYAML string) (stop func()) {
+	t.Helper()
 	cfg, err := config.Parse([]byte(cfgYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	p, err := plugin.New(cfg, []string{specDir}, log)
+	// Forget plugin counts reported before this plugin connects.
+	for drained := false; !drained; {
+		select {
+		case <-r.counts.ch:
+		default:
+			drained = true
+		}
+	}
+	p, err := plugin.New(cfg, []string{r.specDir}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = p.Close() })
-	s, err := stub.New(p, stub.WithSocketPath(socket), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
+	s, err := stub.New(p, stub.WithSocketPath(r.socket), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,17 +155,50 @@ func runtime(t *testing.T, cfgYAML string) *adaptation.Adaptation {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = s.Run(ctx) }()
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait(); _ = p.Close() }) }
+	t.Cleanup(stop)
 
 	for registered := false; !registered; {
 		select {
-		case n := <-counts.ch:
+		case n := <-r.counts.ch:
 			registered = n > 0
 		case <-time.After(10 * time.Second):
 			t.Fatal("nri-gpu did not register with the runtime")
 		}
 	}
-	return r
+	return stop
+}
+
+// create asks the plugins to adjust a new container and, on success,
+// records it with the annotations they added, as a runtime would.
+func (r *testRuntime) create(pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, error) {
+	rpl, err := r.CreateContainer(context.Background(), &adaptation.CreateContainerRequest{Pod: pod, Container: ctr})
+	if err != nil {
+		return nil, err
+	}
+	c := proto.Clone(ctr).(*api.Container)
+	if c.Annotations == nil {
+		c.Annotations = map[string]string{}
+	}
+	maps.Copy(c.Annotations, rpl.GetAdjust().GetAnnotations())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pods[pod.Id] = pod
+	r.containers = append(r.containers, c)
+	return rpl.GetAdjust(), nil
+}
+
+// removePod tells the plugins a pod is gone, as a runtime would.
+func (r *testRuntime) removePod(t *testing.T, pod *api.PodSandbox) {
+	t.Helper()
+	if err := r.StopPodSandbox(context.Background(), &adaptation.StopPodSandboxRequest{Pod: pod}); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.pods, pod.Id)
+	r.containers = slices.DeleteFunc(r.containers, func(c *api.Container) bool { return c.PodSandboxId == pod.Id })
 }
 
 type noMetrics struct{}
@@ -202,10 +285,11 @@ func TestCreateContainerOverNRI(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			r := runtime(t, tc.config)
-			rpl, err := r.CreateContainer(context.Background(), createRequest(tc.podAnn, tc.ctrAnn))
+			req := createRequest(tc.podAnn, tc.ctrAnn)
+			adj, err := r.create(req.Pod, req.Container)
 			if len(tc.wantErr) > 0 {
 				if err == nil {
-					t.Fatalf("got %v, want an error", rpl)
+					t.Fatalf("got %v, want an error", adj)
 				}
 				for _, w := range tc.wantErr {
 					if !strings.Contains(err.Error(), w) {
@@ -217,13 +301,13 @@ func TestCreateContainerOverNRI(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := devicePaths(rpl.GetAdjust())
+			got := devicePaths(adj)
 			if strings.Join(got, ",") != strings.Join(tc.wantDevices, ",") {
 				t.Errorf("devices %v, want %v", got, tc.wantDevices)
 			}
-			hasEnv := len(rpl.GetAdjust().GetEnv()) > 0
+			hasEnv := len(adj.GetEnv()) > 0
 			if hasEnv != (len(tc.wantDevices) > 0) {
-				t.Errorf("env %v with devices %v: spec-level edits must come with the devices, and only then", rpl.GetAdjust().GetEnv(), got)
+				t.Errorf("env %v with devices %v: spec-level edits must come with the devices, and only then", adj.GetEnv(), got)
 			}
 		})
 	}
@@ -249,5 +333,60 @@ func TestConfigureFromRuntime(t *testing.T) {
 	}
 	if got := p.Config(); got.DefaultKind != "example.com/fpga" {
 		t.Error("a rejected configuration replaced the one in force")
+	}
+}
+
+func TestAllocationsSurviveRestart(t *testing.T) {
+	const cfg = "policy: {exclusive: true}"
+	r := runtime(t, cfg)
+	newPod := func(name string, ann map[string]string) *api.PodSandbox {
+		return &api.PodSandbox{Id: "id-" + name, Name: name, Namespace: "tenant", Annotations: ann}
+	}
+	ctr := func(pod *api.PodSandbox, name string) *api.Container {
+		return &api.Container{Id: pod.Id + "-" + name, PodSandboxId: pod.Id, Name: name, Linux: &api.LinuxContainer{}}
+	}
+	a := newPod("a", map[string]string{"gpu-count.nri-gpu.io": "1"})
+	b := newPod("b", map[string]string{"gpus.nri-gpu.io": "1"})
+	c := newPod("c", map[string]string{"gpus.nri-gpu.io": "0"})
+	d := newPod("d", map[string]string{"gpu-count.nri-gpu.io": "1"})
+
+	adj, err := r.create(a, ctr(a, "first"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := devicePaths(adj); !slices.Equal(got, []string{"/dev/nvidia0"}) {
+		t.Fatalf("count pod got %v, want GPU 0", got)
+	}
+	if got := adj.GetAnnotations(); got[plugin.DevicesAnnotation] != "nvidia.com/gpu=0" || got[plugin.CountedAnnotation] != "nvidia.com/gpu=0" {
+		t.Errorf("annotations %v, want the pod's devices recorded", got)
+	}
+	if _, err := r.create(b, ctr(b, "main")); err != nil {
+		t.Fatal(err)
+	}
+
+	// A new plugin process, knowing nothing but what the runtime reports.
+	r.restart(t, cfg)
+
+	if _, err := r.create(c, ctr(c, "main")); err == nil || !strings.Contains(err.Error(), "held by pod tenant/a") {
+		t.Errorf("after a restart, GPU 0 of pod a was handed out again: %v", err)
+	}
+	if _, err := r.create(d, ctr(d, "main")); err == nil || !strings.Contains(err.Error(), "0 are free and 2 held") {
+		t.Errorf("after a restart, a count request found free GPUs: %v", err)
+	}
+	adj, err = r.create(a, ctr(a, "second"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := devicePaths(adj); !slices.Equal(got, []string{"/dev/nvidia0"}) {
+		t.Errorf("a second container of the count pod got %v, want the pod's GPU 0", got)
+	}
+
+	r.removePod(t, a)
+	adj, err = r.create(d, ctr(d, "main"))
+	if err != nil {
+		t.Fatalf("after the holder was removed: %v", err)
+	}
+	if got := devicePaths(adj); !slices.Equal(got, []string{"/dev/nvidia0"}) {
+		t.Errorf("got %v, want the released GPU 0", got)
 	}
 }

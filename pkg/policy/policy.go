@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 
 	"tags.cncf.io/container-device-interface/pkg/parser"
@@ -14,36 +15,64 @@ import (
 // ErrDenied is wrapped by every policy denial.
 var ErrDenied = errors.New("denied by policy")
 
-// Policy decides which requests are allowed. This version enforces the
-// policy.devices and policy.allowAll keys.
+// Pod identifies a pod sandbox.
+type Pod struct {
+	// ID is the sandbox ID the runtime gave the pod.
+	ID string
+	// Namespace and Name are the pod's.
+	Namespace, Name string
+}
+
+// String returns namespace/name.
+func (p Pod) String() string { return p.Namespace + "/" + p.Name }
+
+// Policy holds the rules of a configuration's policy block. It has no
+// state: what pods hold lives in Allocations, which outlives a change of
+// configuration.
 type Policy struct {
-	devices  []string
-	allowAll bool
+	namespaces []string
+	devices    []string
+	allowAll   bool
+	max        int
+	exclusive  bool
+	hookPaths  []string
 }
 
 // New returns the policy of a validated configuration block.
 func New(p config.Policy) *Policy {
 	return &Policy{
-		devices:  append([]string(nil), p.Devices...),
-		allowAll: p.AllowAll,
+		namespaces: slices.Clone(p.Namespaces),
+		devices:    slices.Clone(p.Devices),
+		allowAll:   p.AllowAll,
+		max:        p.MaxDevicesPerPod,
+		exclusive:  p.Exclusive,
+		hookPaths:  slices.Clone(p.HookPaths),
 	}
 }
 
-// Check returns nil when every request is allowed, and otherwise an error
-// that wraps ErrDenied for each denied request, naming the rule, the
-// request and the config key that would allow it.
-func (p *Policy) Check(reqs []Request) error {
+// Check applies the rules that need no state to what a container of pod
+// asks for: policy.namespaces (pod annotations only: cdi.k8s.io
+// annotations come from node components), policy.devices and
+// policy.allowAll. It returns nil, or an error wrapping ErrDenied for each
+// denied request, naming the rule, the request and the key that would
+// allow it.
+func (p *Policy) Check(pod Pod, ask Ask) error {
+	fromPod := ask.Count > 0 || slices.ContainsFunc(ask.Requests, func(r Request) bool { return r.Source == SourcePod })
+	if fromPod && !matchAny(p.namespaces, pod.Namespace) {
+		return fmt.Errorf("%w: pods of namespace %q may not request devices through pod annotations: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
+			ErrDenied, pod.Namespace, strings.Join(p.namespaces, ", "))
+	}
 	var errs []error
-	for _, r := range reqs {
-		if err := p.check(r); err != nil {
+	for _, r := range ask.Requests {
+		if err := p.checkRequest(r); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (p *Policy) check(r Request) error {
-	if !p.matchesDevices(r.Device) {
+func (p *Policy) checkRequest(r Request) error {
+	if !matchAny(p.devices, r.Device) {
 		return fmt.Errorf("%s: %w: device %q matches none of policy.devices [%s]; add a glob that matches it to policy.devices",
 			r, ErrDenied, r.Device, strings.Join(p.devices, ", "))
 	}
@@ -54,10 +83,27 @@ func (p *Policy) check(r Request) error {
 	return nil
 }
 
-func (p *Policy) matchesDevices(device string) bool {
-	for _, g := range p.devices {
-		// Globs were validated with the configuration.
-		if ok, _ := path.Match(g, device); ok {
+// CheckHooks denies a device whose edits (its own, or its spec's) would
+// inject a hook executable not listed in policy.hookPaths.
+func (p *Policy) CheckHooks(device string, hookPaths []string) error {
+	var errs []error
+	for _, h := range hookPaths {
+		if !slices.Contains(p.hookPaths, h) {
+			errs = append(errs, fmt.Errorf("device %q: %w: its spec injects the hook %q, which is not in policy.hookPaths [%s]; add it to policy.hookPaths if it is trusted",
+				device, ErrDenied, h, strings.Join(p.hookPaths, ", ")))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Allowed reports whether policy.devices lets a device be given at all.
+func (p *Policy) Allowed(device string) bool { return matchAny(p.devices, device) }
+
+// matchAny reports whether s matches one of the globs, which were
+// validated with the configuration.
+func matchAny(globs []string, s string) bool {
+	for _, g := range globs {
+		if ok, _ := path.Match(g, s); ok {
 			return true
 		}
 	}

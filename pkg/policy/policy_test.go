@@ -13,62 +13,111 @@ func TestCheck(t *testing.T) {
 	req := func(device string, src policy.Source) policy.Request {
 		return policy.Request{Device: device, Item: device, Key: "k", Source: src}
 	}
+	open := config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}
+	tenants := config.Policy{Namespaces: []string{"agents-*", "ml"}, Devices: config.DefaultDevices}
 	tests := []struct {
-		name    string
-		policy  config.Policy
-		reqs    []policy.Request
-		wantErr []string
+		name      string
+		policy    config.Policy
+		namespace string
+		ask       policy.Ask
+		wantErr   []string
 	}{
 		{
 			name:   "default devices allow nvidia.com/gpu",
-			policy: config.Policy{Devices: config.DefaultDevices},
-			reqs:   []policy.Request{req("nvidia.com/gpu=0", policy.SourcePod), req("nvidia.com/gpu=GPU-1", policy.SourceCDI)},
+			policy: open,
+			ask:    policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourcePod), req("nvidia.com/gpu=GPU-1", policy.SourceCDI)}},
 		},
 		{
 			name:    "default devices deny another kind, from either source",
-			policy:  config.Policy{Devices: config.DefaultDevices},
-			reqs:    []policy.Request{req("example.com/nic=0", policy.SourcePod), req("example.com/fpga=1", policy.SourceCDI)},
+			policy:  open,
+			ask:     policy.Ask{Requests: []policy.Request{req("example.com/nic=0", policy.SourcePod), req("example.com/fpga=1", policy.SourceCDI)}},
 			wantErr: []string{`device "example.com/nic=0" matches none of policy.devices [nvidia.com/gpu=*]`, `"example.com/fpga=1"`, "add a glob"},
 		},
 		{
 			name:   "*/* allows every device",
-			policy: config.Policy{Devices: []string{"*/*"}},
-			reqs:   []policy.Request{req("example.com/nic=0", policy.SourcePod)},
+			policy: config.Policy{Namespaces: []string{"*"}, Devices: []string{"*/*"}},
+			ask:    policy.Ask{Requests: []policy.Request{req("example.com/nic=0", policy.SourcePod)}},
 		},
 		{
 			name:    "all denied without allowAll",
-			policy:  config.Policy{Devices: config.DefaultDevices},
-			reqs:    []policy.Request{req("nvidia.com/gpu=all", policy.SourcePod)},
+			policy:  open,
+			ask:     policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.SourcePod)}},
 			wantErr: []string{`device "nvidia.com/gpu=all" gives every device of its kind`, "policy.allowAll: true"},
 		},
 		{
 			name:   "all allowed with allowAll",
-			policy: config.Policy{Devices: config.DefaultDevices, AllowAll: true},
-			reqs:   []policy.Request{req("nvidia.com/gpu=all", policy.SourcePod)},
+			policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, AllowAll: true},
+			ask:    policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.SourcePod)}},
 		},
 		{
 			name:   "all from a cdi.k8s.io annotation (set by node components) is not a pod's request",
-			policy: config.Policy{Devices: config.DefaultDevices},
-			reqs:   []policy.Request{req("nvidia.com/gpu=all", policy.SourceCDI)},
+			policy: open,
+			ask:    policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.SourceCDI)}},
+		},
+		{
+			name:      "namespace allowed by a glob",
+			policy:    tenants,
+			namespace: "agents-7",
+			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourcePod)}},
+		},
+		{
+			name:      "namespace denied, naming it",
+			policy:    tenants,
+			namespace: "default",
+			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourcePod)}},
+			wantErr:   []string{`pods of namespace "default" may not request devices through pod annotations`, "policy.namespaces [agents-*, ml]"},
+		},
+		{
+			name:      "namespace denied for a count request",
+			policy:    tenants,
+			namespace: "default",
+			ask:       policy.Ask{Count: 1},
+			wantErr:   []string{`namespace "default"`},
+		},
+		{
+			name:      "cdi.k8s.io requests are not subject to namespaces",
+			policy:    tenants,
+			namespace: "kube-system",
+			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourceCDI)}},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := policy.New(tc.policy).Check(tc.reqs)
-			if len(tc.wantErr) == 0 {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
+			ns := tc.namespace
+			if ns == "" {
+				ns = "default"
 			}
-			if !errors.Is(err, policy.ErrDenied) {
-				t.Fatalf("error %v does not wrap ErrDenied", err)
-			}
-			for _, w := range tc.wantErr {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not say %q", err, w)
-				}
-			}
+			err := policy.New(tc.policy).Check(policy.Pod{ID: "id", Namespace: ns, Name: "p"}, tc.ask)
+			wantDenied(t, err, tc.wantErr...)
 		})
+	}
+}
+
+func TestCheckHooks(t *testing.T) {
+	p := policy.New(config.Policy{HookPaths: config.DefaultHookPaths})
+	if err := p.CheckHooks("nvidia.com/gpu=0", []string{"/usr/bin/nvidia-cdi-hook", "/usr/bin/nvidia-ctk"}); err != nil {
+		t.Errorf("listed hooks denied: %v", err)
+	}
+	err := p.CheckHooks("nvidia.com/gpu=0", []string{"/usr/bin/nvidia-cdi-hook", "/tmp/evil"})
+	wantDenied(t, err, `device "nvidia.com/gpu=0"`, `hook "/tmp/evil", which is not in policy.hookPaths`, "add it to policy.hookPaths")
+}
+
+// wantDenied checks that err is nil when nothing is wanted, and otherwise
+// a denial saying every wanted string.
+func wantDenied(t *testing.T, err error, want ...string) {
+	t.Helper()
+	if len(want) == 0 {
+		if err != nil {
+			t.Fatalf("denied: %v", err)
+		}
+		return
+	}
+	if !errors.Is(err, policy.ErrDenied) {
+		t.Fatalf("error %v does not wrap ErrDenied", err)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not say %q", err, w)
+		}
 	}
 }

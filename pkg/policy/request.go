@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/containerd/nri/pkg/api"
@@ -16,6 +17,11 @@ const (
 	// AnnotationKey is the pod annotation that requests devices, in its
 	// plain form; /pod and /container.<name> scope it.
 	AnnotationKey = "gpus.nri-gpu.io"
+	// CountAnnotationKey is the pod annotation that asks for a number of
+	// devices of the default kind, chosen by nri-gpu among the free ones.
+	CountAnnotationKey = "gpu-count.nri-gpu.io"
+	// maxCount bounds a count request.
+	maxCount = 1024
 	// AllDevice is the device name that stands for all devices of a kind.
 	AllDevice = "all"
 	// maxItemLen bounds one request item, so that errors stay readable.
@@ -71,6 +77,18 @@ type Container struct {
 	Annotations map[string]string
 }
 
+// Ask is everything a container asks for.
+type Ask struct {
+	// Requests are the named devices, each once.
+	Requests []Request
+	// Count is the number of devices of the default kind asked for with
+	// gpu-count.nri-gpu.io; 0 when not asked.
+	Count int
+}
+
+// Empty reports whether nothing is asked for.
+func (a Ask) Empty() bool { return len(a.Requests) == 0 && a.Count == 0 }
+
 // Parser turns annotations into requests.
 type Parser struct {
 	vendor, class string
@@ -91,10 +109,55 @@ func NewParser(kind string, honorCDI bool) (*Parser, error) {
 	return &Parser{vendor: vendor, class: class, honorCDI: honorCDI}, nil
 }
 
-// Parse returns the requests of a container, merged so that each device
-// appears once, in the order first asked. A container that asks for
-// nothing gets no requests and no error.
-func (p *Parser) Parse(c Container) ([]Request, error) {
+// Parse returns what a container asks for, named requests merged so that
+// each device appears once, in the order first asked. A container that
+// asks for nothing gets an empty Ask and no error.
+func (p *Parser) Parse(c Container) (Ask, error) {
+	var ask Ask
+	if value, ok := c.PodAnnotations[CountAnnotationKey]; ok {
+		n, err := parseCount(value)
+		if err != nil {
+			return Ask{}, fmt.Errorf("pod annotation %q: %w: %w", CountAnnotationKey, ErrInvalidRequest, err)
+		}
+		if k := namedKey(c.PodAnnotations); k != "" {
+			return Ask{}, fmt.Errorf("pod annotations %q and %q: %w: ask for a count or for named devices, not both",
+				CountAnnotationKey, k, ErrInvalidRequest)
+		}
+		ask.Count = n
+	}
+	reqs, err := p.parseNamed(c)
+	if err != nil {
+		return Ask{}, err
+	}
+	ask.Requests = reqs
+	return ask, nil
+}
+
+// parseCount reads a count: a whole number from 1 to maxCount.
+func parseCount(value string) (int, error) {
+	n, err := strconv.Atoi(strings.TrimSpace(value))
+	if err != nil || n < 1 || n > maxCount {
+		return 0, fmt.Errorf("%q is not a whole number from 1 to %d", truncate(value), maxCount)
+	}
+	return n, nil
+}
+
+// namedKey returns a pod annotation key that names devices, if any.
+func namedKey(annotations map[string]string) string {
+	keys := make([]string, 0, len(annotations))
+	for k := range annotations {
+		if k == AnnotationKey || strings.HasPrefix(k, AnnotationKey+"/") {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	if len(keys) == 0 {
+		return ""
+	}
+	return keys[0]
+}
+
+func (p *Parser) parseNamed(c Container) ([]Request, error) {
 	var reqs []Request
 	pod := &api.PodSandbox{Annotations: c.PodAnnotations}
 	if value, ok := nriplugin.GetEffectiveAnnotation(pod, AnnotationKey, c.Name); ok {

@@ -23,6 +23,7 @@ func TestParse(t *testing.T) {
 		podAnn   map[string]string
 		ctrAnn   map[string]string
 		want     []policy.Request
+		count    int
 		wantErr  []string
 	}{
 		{name: "no annotations", want: nil},
@@ -83,6 +84,39 @@ func TestParse(t *testing.T) {
 			name:   "cdi.k8s.io annotations ignored unless honoured",
 			ctrAnn: map[string]string{"cdi.k8s.io/a": "nvidia.com/gpu=0"},
 			want:   nil,
+		},
+		{
+			name:   "count",
+			podAnn: map[string]string{"gpu-count.nri-gpu.io": " 2 "},
+			count:  2,
+		},
+		{
+			name:     "count with cdi.k8s.io requests",
+			honorCDI: true,
+			podAnn:   map[string]string{"gpu-count.nri-gpu.io": "1"},
+			ctrAnn:   map[string]string{"cdi.k8s.io/a": "example.com/nic=0"},
+			count:    1,
+			want:     []policy.Request{cdiReq("cdi.k8s.io/a", "example.com/nic=0")},
+		},
+		{
+			name:    "count and named devices on one pod",
+			podAnn:  map[string]string{"gpu-count.nri-gpu.io": "1", "gpus.nri-gpu.io/container.other": "0"},
+			wantErr: []string{`pod annotations "gpu-count.nri-gpu.io" and "gpus.nri-gpu.io/container.other"`, "not both"},
+		},
+		{
+			name:    "count not a number",
+			podAnn:  map[string]string{"gpu-count.nri-gpu.io": "two"},
+			wantErr: []string{`pod annotation "gpu-count.nri-gpu.io"`, `"two" is not a whole number from 1 to 1024`},
+		},
+		{
+			name:    "count zero",
+			podAnn:  map[string]string{"gpu-count.nri-gpu.io": "0"},
+			wantErr: []string{`"0" is not a whole number`},
+		},
+		{
+			name:    "count too large",
+			podAnn:  map[string]string{"gpu-count.nri-gpu.io": "100000"},
+			wantErr: []string{`"100000" is not a whole number`},
 		},
 		{
 			name:    "empty item",
@@ -150,8 +184,11 @@ func TestParse(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
+			if diff := cmp.Diff(tc.want, got.Requests); diff != "" {
 				t.Errorf("requests (-want +got):\n%s", diff)
+			}
+			if got.Count != tc.count {
+				t.Errorf("count %d, want %d", got.Count, tc.count)
 			}
 		})
 	}

@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
 )
 
 // ErrUnresolvable is wrapped by the error for a device found in no spec.
@@ -56,9 +57,59 @@ func (r *Registry) Devices() []string {
 	return r.cache.ListDevices()
 }
 
-// Errors returns the problems of the last load, by spec file or directory.
+// Errors returns the problems of the last load, by spec file or directory,
+// including the spec files that are not trusted and why.
 func (r *Registry) Errors() map[string][]error {
-	return r.cache.GetErrors()
+	errs := r.cache.GetErrors()
+	for _, vendor := range r.cache.ListVendors() {
+		for _, spec := range r.cache.GetVendorSpecs(vendor) {
+			if err := checkTrust(spec.GetPath()); err != nil {
+				errs[spec.GetPath()] = append(errs[spec.GetPath()], err)
+			}
+		}
+	}
+	return errs
+}
+
+// Footprints returns the footprints of devices by name, whether or not
+// their specs are trusted; a name no spec defines has an empty footprint.
+// It serves to rebuild what pods held, not to inject.
+func (r *Registry) Footprints(names []string) []Device {
+	out := make([]Device, len(names))
+	for i, name := range names {
+		if d := r.cache.GetDevice(name); d != nil {
+			out[i] = Footprint(d)
+		} else {
+			out[i] = Device{Name: name}
+		}
+	}
+	return out
+}
+
+// Candidates returns the individual devices of a kind (vendor/class) that
+// come from trusted specs: every device but "all", each with its
+// footprint, sorted by name (numbers in numeric order).
+func (r *Registry) Candidates(kind string) []Device {
+	vendor, class := parser.ParseQualifier(kind)
+	var out []Device
+	for _, spec := range r.cache.GetVendorSpecs(vendor) {
+		if spec.GetClass() != class || checkTrust(spec.GetPath()) != nil {
+			continue
+		}
+		for _, raw := range spec.Devices {
+			if raw.Name == "all" {
+				continue
+			}
+			d := spec.GetDevice(raw.Name)
+			// A device of the same name in a spec of higher priority wins.
+			if d == nil || r.cache.GetDevice(d.GetQualifiedName()) != d {
+				continue
+			}
+			out = append(out, Footprint(d))
+		}
+	}
+	slices.SortFunc(out, func(a, b Device) int { return naturalCompare(a.Name, b.Name) })
+	return out
 }
 
 // Resolve looks up each qualified name. It returns the devices in the
@@ -72,6 +123,10 @@ func (r *Registry) Resolve(names []string) ([]*cdi.Device, error) {
 		if d == nil {
 			errs = append(errs, fmt.Errorf("%w %q: no CDI spec in %s defines it%s",
 				ErrUnresolvable, name, strings.Join(r.dirs, ", "), r.specErrorHint()))
+			continue
+		}
+		if err := checkTrust(d.GetSpec().GetPath()); err != nil {
+			errs = append(errs, fmt.Errorf("device %q: %w", name, err))
 			continue
 		}
 		devices = append(devices, d)

@@ -111,3 +111,96 @@ func TestSpecChangesArePickedUp(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+func TestUntrustedSpecs(t *testing.T) {
+	tests := []struct {
+		name    string
+		prepare func(t *testing.T, dir, file string)
+		want    string
+	}{
+		{
+			name:    "world-writable file",
+			prepare: func(t *testing.T, _, file string) { chmod(t, file, 0o666) },
+			want:    "is writable by group or others (mode 0666)",
+		},
+		{
+			name:    "group-writable directory",
+			prepare: func(t *testing.T, dir, _ string) { chmod(t, dir, 0o775) },
+			want:    "is writable by group or others (mode 0775)",
+		},
+		{
+			name: "file owned by another user",
+			prepare: func(t *testing.T, _, file string) {
+				if os.Geteuid() != 0 {
+					t.Skip("changing a file's owner needs root")
+				}
+				if err := os.Chown(file, 4242, 4242); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: "is owned by uid 4242, neither root nor this plugin's user",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "cdi")
+			write(t, dir, "gpu.yaml", gpuSpec("A=1"))
+			chmod(t, dir, 0o755)
+			tc.prepare(t, dir, filepath.Join(dir, "gpu.yaml"))
+			r := open(t, dir)
+			_, err := r.Resolve([]string{"nvidia.com/gpu=0"})
+			if !errors.Is(err, specs.ErrUntrusted) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), `device "nvidia.com/gpu=0"`) {
+				t.Errorf("error %v, want one wrapping ErrUntrusted naming the device and saying %q", err, tc.want)
+			}
+			if c := r.Candidates("nvidia.com/gpu"); len(c) != 0 {
+				t.Errorf("candidates %v from an untrusted spec", c)
+			}
+			found := false
+			for path, errs := range r.Errors() {
+				if strings.HasSuffix(path, "gpu.yaml") && strings.Contains(errors.Join(errs...).Error(), tc.want) {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("Errors() %v does not report the untrusted spec", r.Errors())
+			}
+		})
+	}
+}
+
+func chmod(t *testing.T, path string, mode os.FileMode) {
+	t.Helper()
+	if err := os.Chmod(path, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCandidates(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "gpu.yaml", `cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+devices:
+  - name: "10"
+    containerEdits: {deviceNodes: [{path: /dev/nvidia10, hostPath: /dev/null}]}
+  - name: "2"
+    containerEdits: {deviceNodes: [{path: /dev/nvidia2, hostPath: /dev/zero}]}
+  - name: GPU-2
+    containerEdits: {deviceNodes: [{path: /dev/nvidia2, hostPath: /dev/zero}]}
+  - name: all
+    containerEdits: {deviceNodes: [{path: /dev/nvidia2, hostPath: /dev/zero}, {path: /dev/nvidia10, hostPath: /dev/null}]}
+`)
+	write(t, dir, "nic.yaml", `cdiVersion: "0.6.0"
+kind: example.com/nic
+devices:
+  - name: "0"
+    containerEdits: {env: [A=1]}
+`)
+	var got []string
+	for _, d := range open(t, dir).Candidates("nvidia.com/gpu") {
+		got = append(got, d.Name+"@"+strings.Join(d.Nodes, ","))
+	}
+	want := []string{"nvidia.com/gpu=2@/dev/zero", "nvidia.com/gpu=10@/dev/null", "nvidia.com/gpu=GPU-2@/dev/zero"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("candidates %v, want %v (no all, numbers in numeric order, footprints from host paths)", got, want)
+	}
+}

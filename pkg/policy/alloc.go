@@ -1,0 +1,289 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// Allocations records which pod holds which devices. Devices given for a
+// count request are always held by their pod alone; devices asked for by
+// name are held by their pod alone when policy.exclusive is true. Its
+// methods are safe for concurrent use, and an admission is atomic: two
+// pods asking at once never both get a device one of them holds.
+type Allocations struct {
+	mu   sync.Mutex
+	pods map[string]*holding
+}
+
+// holding is what one pod holds.
+type holding struct {
+	pod     Pod
+	named   []specs.Device
+	counted []specs.Device
+}
+
+func (h *holding) all() []specs.Device { return append(slices.Clone(h.named), h.counted...) }
+
+// NewAllocations returns empty allocations.
+func NewAllocations() *Allocations {
+	return &Allocations{pods: map[string]*holding{}}
+}
+
+// Grant is what Admit gives a container.
+type Grant struct {
+	// Pod is the pod the grant is for.
+	Pod Pod
+	// Devices are the named devices and then the counted ones.
+	Devices []specs.Device
+	// Counted are the devices chosen for the pod's count request.
+	Counted []specs.Device
+
+	// added and addedCount say what this grant added to the pod's
+	// holding, for Revert.
+	added      []string
+	addedCount bool
+}
+
+// Admit decides, under p's rules, whether a container of pod may have the
+// named devices and, for a count request, chooses count devices among the
+// candidates (the individual devices of the default kind). On success it
+// records them as the pod's. Containers of one pod share its devices: a
+// pod's count request is answered with the same devices every time.
+func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int, candidates []specs.Device) (Grant, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+
+	own := a.pods[pod.ID]
+	if own == nil {
+		own = &holding{pod: pod}
+	}
+	var errs []error
+	for _, d := range named {
+		if other, held := a.heldByOther(pod.ID, d, p.exclusive); held != nil {
+			errs = append(errs, fmt.Errorf("%w: device %q is held by pod %s (as %q)%s",
+				ErrDenied, d.Name, other, held.Name, heldHint(p.exclusive, other)))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Grant{}, err
+	}
+
+	counted := own.counted
+	if count > 0 && counted == nil {
+		var err error
+		if counted, err = a.choose(p, pod.ID, count, candidates); err != nil {
+			return Grant{}, err
+		}
+	}
+
+	all := append(own.all(), named...)
+	all = append(all, counted...)
+	if n := units(all, candidates); p.max > 0 && n > p.max {
+		return Grant{}, fmt.Errorf("%w: pod %s would hold %d devices, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
+			ErrDenied, pod, n, p.max)
+	}
+
+	g := Grant{Pod: pod, Devices: append(slices.Clone(named), counted...), Counted: slices.Clone(counted)}
+	for _, d := range named {
+		if !slices.ContainsFunc(own.named, func(h specs.Device) bool { return h.Name == d.Name }) {
+			own.named = append(own.named, d)
+			g.added = append(g.added, d.Name)
+		}
+	}
+	g.addedCount = own.counted == nil && counted != nil
+	own.counted = counted
+	a.pods[pod.ID] = own
+	return g, nil
+}
+
+// Revert undoes what a grant added, when the container it was for could
+// not be given its devices after all.
+func (a *Allocations) Revert(g Grant) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	own := a.pods[g.Pod.ID]
+	if own == nil {
+		return
+	}
+	own.named = slices.DeleteFunc(own.named, func(d specs.Device) bool { return slices.Contains(g.added, d.Name) })
+	if g.addedCount {
+		own.counted = nil
+	}
+	if len(own.named) == 0 && own.counted == nil {
+		delete(a.pods, g.Pod.ID)
+	}
+}
+
+func heldHint(exclusive bool, other Pod) string {
+	if exclusive {
+		return fmt.Sprintf(" and policy.exclusive is true; it is free again when pod %s is removed", other)
+	}
+	return fmt.Sprintf(", which got it for a count request; it is free again when pod %s is removed", other)
+}
+
+// heldByOther returns a pod other than podID holding a device that
+// overlaps d, and the device it holds. Counted devices always count;
+// named ones only when exclusive.
+func (a *Allocations) heldByOther(podID string, d specs.Device, exclusive bool) (Pod, *specs.Device) {
+	for id, h := range a.pods {
+		if id == podID {
+			continue
+		}
+		held := h.counted
+		if exclusive {
+			held = h.all()
+		}
+		for i := range held {
+			if overlaps(held[i], d) {
+				return h.pod, &held[i]
+			}
+		}
+	}
+	return Pod{}, nil
+}
+
+// choose picks count free candidates, one name per device, in order.
+func (a *Allocations) choose(p *Policy, podID string, count int, candidates []specs.Device) ([]specs.Device, error) {
+	var free, seen []specs.Device
+	held := 0
+	for _, c := range candidates {
+		if !p.Allowed(c.Name) || slices.ContainsFunc(seen, func(s specs.Device) bool { return overlaps(s, c) }) {
+			continue
+		}
+		seen = append(seen, c)
+		// A device held by another pod in any way is not free.
+		if _, h := a.heldByOther(podID, c, true); h != nil {
+			held++
+			continue
+		}
+		free = append(free, c)
+	}
+	if len(free) < count {
+		kind := "devices"
+		if len(candidates) > 0 {
+			v, c, _ := parser.ParseDevice(candidates[0].Name)
+			kind = v + "/" + c + " devices"
+		}
+		return nil, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices); they are free again when their pods are removed",
+			CountAnnotationKey, ErrDenied, count, kind, len(free), held, len(seen))
+	}
+	return free[:count], nil
+}
+
+// Release forgets what a pod holds, and returns the names it held.
+func (a *Allocations) Release(podID string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h := a.pods[podID]
+	delete(a.pods, podID)
+	if h == nil {
+		return nil
+	}
+	return names(h.all())
+}
+
+// Holding is what a pod was found to hold, for Restore.
+type Holding struct {
+	Pod     Pod
+	Named   []specs.Device
+	Counted []specs.Device
+}
+
+// Restore replaces all allocations with the given holdings, as rebuilt
+// from the runtime's containers after a restart of the plugin. Pods not
+// among them hold nothing any more.
+func (a *Allocations) Restore(holdings []Holding) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pods = map[string]*holding{}
+	for _, h := range holdings {
+		own := a.pods[h.Pod.ID]
+		if own == nil {
+			own = &holding{pod: h.Pod}
+			a.pods[h.Pod.ID] = own
+		}
+		for _, d := range h.Named {
+			if !slices.ContainsFunc(own.named, func(x specs.Device) bool { return x.Name == d.Name }) {
+				own.named = append(own.named, d)
+			}
+		}
+		if own.counted == nil && len(h.Counted) > 0 {
+			own.counted = slices.Clone(h.Counted)
+		}
+	}
+}
+
+// Held returns, per pod, the names of the devices it holds.
+func (a *Allocations) Held() map[Pod][]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[Pod][]string, len(a.pods))
+	for _, h := range a.pods {
+		out[h.pod] = names(h.all())
+	}
+	return out
+}
+
+func names(devs []specs.Device) []string {
+	out := make([]string, len(devs))
+	for i, d := range devs {
+		out[i] = d.Name
+	}
+	return out
+}
+
+// overlaps reports whether two devices share hardware: the same name, or
+// the footprint of one within the other's (a GPU by index and by UUID; a
+// GPU and "all"; a GPU and its MIG devices).
+func overlaps(a, b specs.Device) bool {
+	return a.Name == b.Name || covers(a, b) || covers(b, a)
+}
+
+// covers reports whether b's footprint is within a's.
+func covers(a, b specs.Device) bool {
+	if len(b.Nodes) == 0 {
+		return false
+	}
+	for _, n := range b.Nodes {
+		if !slices.Contains(a.Nodes, n) {
+			return false
+		}
+	}
+	return true
+}
+
+// units counts the devices a set of devices amounts to: names of one
+// device count once, and a kind's "all" device counts as every candidate
+// it covers.
+func units(devs, candidates []specs.Device) int {
+	keys := map[string]bool{}
+	key := func(d specs.Device) string {
+		if len(d.Nodes) == 0 {
+			return "name:" + d.Name
+		}
+		return strings.Join(d.Nodes, "\x00")
+	}
+	for _, d := range devs {
+		if _, _, name := parser.ParseDevice(d.Name); name == AllDevice {
+			covered := false
+			for _, c := range candidates {
+				if covers(d, c) {
+					keys[key(c)] = true
+					covered = true
+				}
+			}
+			if covered {
+				continue
+			}
+		}
+		keys[key(d)] = true
+	}
+	return len(keys)
+}

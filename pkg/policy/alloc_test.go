@@ -1,0 +1,235 @@
+package policy_test
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// gpus returns four GPUs, each by index and by UUID, the way Candidates
+// lists them, and an "all" device covering them.
+func gpus() (candidates []specs.Device, byName map[string]specs.Device) {
+	byName = map[string]specs.Device{}
+	var allNodes []string
+	for i := 0; i < 4; i++ {
+		node := fmt.Sprintf("/dev/nvidia%d", i)
+		allNodes = append(allNodes, node)
+		for _, n := range []string{fmt.Sprint(i), fmt.Sprintf("GPU-%d", i)} {
+			d := specs.Device{Name: "nvidia.com/gpu=" + n, Nodes: []string{node}}
+			candidates = append(candidates, d)
+			byName[n] = d
+		}
+	}
+	byName["all"] = specs.Device{Name: "nvidia.com/gpu=all", Nodes: allNodes}
+	return candidates, byName
+}
+
+func pod(name string) policy.Pod { return policy.Pod{ID: "id-" + name, Namespace: "ns", Name: name} }
+
+// step is one admission or release in a scenario.
+type step struct {
+	pod     string
+	named   []string
+	count   int
+	release bool
+	want    []string // names granted
+	wantErr []string
+}
+
+func TestAdmit(t *testing.T) {
+	tests := []struct {
+		name   string
+		policy config.Policy
+		steps  []step
+	}{
+		{
+			name:   "exclusive: another pod is denied, naming the holder, until it is removed",
+			policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true},
+			steps: []step{
+				{pod: "a", named: []string{"0"}, want: []string{"0"}},
+				{pod: "a", named: []string{"0"}, want: []string{"0"}},
+				{pod: "b", named: []string{"GPU-0"}, wantErr: []string{`device "nvidia.com/gpu=GPU-0" is held by pod ns/a (as "nvidia.com/gpu=0")`, "policy.exclusive is true", "when pod ns/a is removed"}},
+				{pod: "b", named: []string{"1"}, want: []string{"1"}},
+				{pod: "a", release: true},
+				{pod: "b", named: []string{"GPU-0"}, want: []string{"GPU-0"}},
+			},
+		},
+		{
+			name:   "exclusive: all overlaps every GPU",
+			policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true, AllowAll: true},
+			steps: []step{
+				{pod: "a", named: []string{"all"}, want: []string{"all"}},
+				{pod: "b", named: []string{"3"}, wantErr: []string{"held by pod ns/a"}},
+			},
+		},
+		{
+			name:   "not exclusive: named devices are shared",
+			policy: config.Policy{Devices: config.DefaultDevices},
+			steps: []step{
+				{pod: "a", named: []string{"0"}, want: []string{"0"}},
+				{pod: "b", named: []string{"0"}, want: []string{"0"}},
+			},
+		},
+		{
+			name:   "count: distinct devices, the same ones for the pod, exhaustion, release",
+			policy: config.Policy{Devices: config.DefaultDevices},
+			steps: []step{
+				{pod: "a", count: 2, want: []string{"0", "1"}},
+				{pod: "b", count: 2, want: []string{"2", "3"}},
+				{pod: "a", count: 2, want: []string{"0", "1"}},
+				{pod: "c", count: 1, wantErr: []string{`pod annotation "gpu-count.nri-gpu.io"`, "asks for 1 nvidia.com/gpu devices, but 0 are free and 4 held by other pods"}},
+				{pod: "a", release: true},
+				{pod: "c", count: 3, wantErr: []string{"asks for 3", "2 are free and 2 held"}},
+				{pod: "c", count: 1, want: []string{"0"}},
+			},
+		},
+		{
+			name:   "count skips devices held by name, and counted devices are never shared",
+			policy: config.Policy{Devices: config.DefaultDevices},
+			steps: []step{
+				{pod: "a", named: []string{"GPU-0"}, want: []string{"GPU-0"}},
+				{pod: "b", count: 1, want: []string{"1"}},
+				{pod: "c", named: []string{"1"}, wantErr: []string{`device "nvidia.com/gpu=1" is held by pod ns/b`, "count request"}},
+			},
+		},
+		{
+			name:   "count only gives devices policy.devices allows",
+			policy: config.Policy{Devices: []string{"nvidia.com/gpu=2", "nvidia.com/gpu=3"}},
+			steps: []step{
+				{pod: "a", count: 2, want: []string{"2", "3"}},
+				{pod: "b", count: 1, wantErr: []string{"0 are free and 2 held by other pods (of 2 allowed by policy.devices)"}},
+			},
+		},
+		{
+			name:   "maxDevicesPerPod counts devices, not names",
+			policy: config.Policy{Devices: config.DefaultDevices, MaxDevicesPerPod: 2, AllowAll: true},
+			steps: []step{
+				{pod: "a", named: []string{"0", "GPU-0", "1"}, want: []string{"0", "GPU-0", "1"}},
+				{pod: "a", named: []string{"2"}, wantErr: []string{"pod ns/a would hold 3 devices, more than policy.maxDevicesPerPod (2)"}},
+				{pod: "b", named: []string{"all"}, wantErr: []string{"would hold 4 devices"}},
+				{pod: "a", release: true},
+				{pod: "c", count: 3, wantErr: []string{"would hold 3 devices"}},
+				{pod: "c", count: 2, want: []string{"0", "1"}},
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			candidates, byName := gpus()
+			p := policy.New(tc.policy)
+			a := policy.NewAllocations()
+			for i, s := range tc.steps {
+				if s.release {
+					a.Release(pod(s.pod).ID)
+					continue
+				}
+				var named []specs.Device
+				for _, n := range s.named {
+					named = append(named, byName[n])
+				}
+				g, err := a.Admit(p, pod(s.pod), named, s.count, candidates)
+				if len(s.wantErr) > 0 {
+					wantDenied(t, err, s.wantErr...)
+					continue
+				}
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				var got []string
+				for _, d := range g.Devices {
+					got = append(got, d.Name)
+				}
+				var want []string
+				for _, n := range s.want {
+					want = append(want, byName[n].Name)
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("step %d: pod %s got %v, want %v", i, s.pod, got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestRevertAndRestore(t *testing.T) {
+	candidates, byName := gpus()
+	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	a := policy.NewAllocations()
+
+	g, err := a.Admit(p, pod("a"), []specs.Device{byName["0"]}, 1, candidates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Revert(g)
+	if held := a.Held(); len(held) != 0 {
+		t.Fatalf("after Revert, held %v", held)
+	}
+
+	// A restarted plugin learns from the runtime that a holds GPU 0 by
+	// name and GPU 1 by count; pod z, gone meanwhile, is not mentioned.
+	a.Admit(p, pod("z"), []specs.Device{byName["3"]}, 0, candidates)
+	a.Restore([]policy.Holding{
+		{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
+		{Pod: pod("a"), Counted: []specs.Device{byName["1"]}},
+	})
+	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["GPU-0"]}, 0, candidates); err == nil {
+		t.Error("a restored holding was handed out again")
+	}
+	g, err = a.Admit(p, pod("a"), nil, 1, candidates)
+	if err != nil || len(g.Counted) != 1 || g.Counted[0].Name != byName["1"].Name {
+		t.Errorf("the restored pod's count request got %v, %v; want its GPU 1 again", g.Counted, err)
+	}
+	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["3"]}, 0, candidates); err != nil {
+		t.Errorf("a device of a pod gone while the plugin was away is still held: %v", err)
+	}
+}
+
+// TestConcurrentAdmissions has many pods ask at once: no device is ever
+// given to two of them.
+func TestConcurrentAdmissions(t *testing.T) {
+	candidates, byName := gpus()
+	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	a := policy.NewAllocations()
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		owner = map[string]string{} // node -> pod
+	)
+	for i := 0; i < 64; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			pd := pod(fmt.Sprint(i))
+			var named []specs.Device
+			count := 0
+			if i%2 == 0 {
+				named = []specs.Device{byName[[]string{"0", "GPU-1", "2", "GPU-3"}[i%4]]}
+			} else {
+				count = 1
+			}
+			g, err := a.Admit(p, pd, named, count, candidates)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, d := range g.Devices {
+				for _, n := range d.Nodes {
+					if o, taken := owner[n]; taken && o != pd.Name {
+						t.Errorf("%s given to pods %s and %s", n, o, pd.Name)
+					}
+					owner[n] = pd.Name
+				}
+			}
+		}(i)
+	}
+	wg.Wait()
+	if len(owner) != 4 {
+		t.Errorf("%d of 4 GPUs given out, want all", len(owner))
+	}
+}
