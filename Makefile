@@ -8,7 +8,7 @@ CONTAINERD17   := $(CURDIR)/test/tools/containerd17
 
 export NRI_GPU_TOOLS := $(BIN)
 
-.PHONY: all build test unit e2e lint demo e2e-tools deps clean
+.PHONY: all build test unit fuzz lint demo e2e-tools deps clean
 
 all: build
 
@@ -40,6 +40,12 @@ lint:
 # containerd 1.7). The end-to-end tests need root; here they must run.
 test: lint e2e-tools
 	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 ./...
+	$(MAKE) fuzz
+
+# The fuzz targets, briefly (FUZZTIME=5m for a longer run).
+FUZZTIME ?= 15s
+fuzz:
+	$(GO) test -run='^$$' -fuzz=FuzzParseAndCheck -fuzztime=$(FUZZTIME) ./pkg/policy
 
 # Unit and protocol tests only: no root, no tools.
 unit:

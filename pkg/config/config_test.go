@@ -126,3 +126,16 @@ func TestExampleConfig(t *testing.T) {
 		t.Errorf("config/nri-gpu.yaml differs from the defaults (-defaults +file):\n%s", diff)
 	}
 }
+
+// TestShippedConfigs keeps every configuration under config/ valid.
+func TestShippedConfigs(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "..", "config", "nri-gpu*.yaml"))
+	if err != nil || len(files) < 2 {
+		t.Fatalf("found %v (%v), want the shipped configurations", files, err)
+	}
+	for _, f := range files {
+		if _, err := config.Load(f); err != nil {
+			t.Error(err)
+		}
+	}
+}

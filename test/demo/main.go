@@ -62,7 +62,11 @@ func run() (err error) {
 			err = stopErr
 		}
 	}()
-	plugin, err := ctd.StartPlugin("--cdi-spec-dirs", host.SpecDir)
+	config := filepath.Join(dir, "nri-gpu.yaml")
+	if err := os.WriteFile(config, []byte(host.PluginConfig("exclusive: true")), 0o644); err != nil {
+		return err
+	}
+	plugin, err := ctd.StartPlugin("--config", config)
 	if err != nil {
 		return err
 	}

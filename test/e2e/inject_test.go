@@ -28,7 +28,8 @@ func newPod(t *testing.T, ctd *harness.Containerd, annotations map[string]string
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if out, err := ctd.Crictl("rmp", "--force", id); err != nil {
+		// A test may have removed the pod itself.
+		if out, err := ctd.Crictl("rmp", "--force", id); err != nil && !strings.Contains(out, "NotFound") {
 			t.Errorf("removing pod: %v: %s", err, out)
 		}
 	})

@@ -19,13 +19,22 @@ const RequiredEnv = "NRI_GPU_E2E_REQUIRED"
 // env is the shared setup: one containerd with CDI off and nri-gpu
 // connected, and the fake GPU host its specs describe.
 var env struct {
-	skip  string
-	dir   string
-	tools harness.Tools
-	image string
-	host  *harness.GPUHost
-	ctd   *harness.Containerd
-	nri   *harness.Plugin
+	skip   string
+	dir    string
+	tools  harness.Tools
+	image  string
+	host   *harness.GPUHost
+	config string
+	ctd    *harness.Containerd
+	nri    *harness.Plugin
+}
+
+// suitePolicy is the policy of the suite's nri-gpu: a multi-tenant one.
+var suitePolicy = []string{
+	"namespaces: [e2e, tenant-*]",
+	"devices: [nvidia.com/gpu=*, " + harness.BadHookKind + "=*, " + harness.UntrustedKind + "=*]",
+	"maxDevicesPerPod: 3",
+	"exclusive: true",
 }
 
 func TestMain(m *testing.M) {
@@ -69,13 +78,17 @@ func setup() (int, error) {
 	if err := harness.BuildImage(env.tools.Busybox, env.image); err != nil {
 		return 1, err
 	}
-	if env.host, err = harness.NewGPUHost(env.dir, 2); err != nil {
+	if env.host, err = harness.NewGPUHost(env.dir, 4); err != nil {
+		return 1, err
+	}
+	env.config = filepath.Join(env.dir, "nri-gpu.yaml")
+	if err := os.WriteFile(env.config, []byte(env.host.PluginConfig(suitePolicy...)), 0o644); err != nil {
 		return 1, err
 	}
 	if env.ctd, err = harness.StartContainerd(filepath.Join(env.dir, "ctd"), env.tools, harness.Options{Image: env.image}); err != nil {
 		return 1, err
 	}
-	if env.nri, err = env.ctd.StartPlugin("--cdi-spec-dirs", env.host.SpecDir); err != nil {
+	if env.nri, err = env.ctd.StartPlugin("--config", env.config); err != nil {
 		return 1, err
 	}
 	return 0, nil

@@ -251,6 +251,7 @@ type Container struct {
 	Name        string
 	Annotations map[string]string
 	Command     []string
+	Env         map[string]string
 }
 
 func (c *Containerd) writeJSON(name string, v any) (string, error) {
@@ -303,7 +304,12 @@ func (c *Containerd) CreateContainer(podID string, p Pod, ctr Container) (string
 	if cmd == nil {
 		cmd = []string{"/bin/sleep", "3600"}
 	}
+	var envs []map[string]string
+	for k, v := range ctr.Env {
+		envs = append(envs, map[string]string{"key": k, "value": v})
+	}
 	ctrPath, err := c.writeJSON("container", map[string]any{
+		"envs":        envs,
 		"metadata":    map[string]any{"name": ctr.Name},
 		"image":       map[string]any{"image": ImageRef},
 		"command":     cmd,

@@ -74,11 +74,55 @@ func NewGPUHost(dir string, n int) (*GPUHost, error) {
 	if err := os.WriteFile(filepath.Join(h.Root, "lib", "libcuda.so.1"), []byte(LibraryContent), 0o644); err != nil {
 		return nil, err
 	}
-	hook := fmt.Sprintf("#!/bin/sh\n# Records the hook point and the container id from the OCI state on stdin.\nstate=$(cat)\nid=${state#*\\\"id\\\":\\\"}\necho \"$1 ${id%%%%\\\"*}\" >> %s\n", h.HookLog)
+	hook := fmt.Sprintf(`#!/bin/sh
+# Records the hook point and the container id from the OCI state on stdin,
+# and a leak line if the hook sees an LD_PRELOAD.
+state=$(cat)
+id=${state#*\"id\":\"}
+id=${id%%%%\"*}
+echo "$1 $id" >> %[1]s
+if [ -n "${LD_PRELOAD+set}" ]; then echo "LD_PRELOAD-LEAK $1 $id" >> %[1]s; fi
+`, h.HookLog)
 	if err := os.WriteFile(h.HookPath(), []byte(hook), 0o755); err != nil {
 		return nil, err
 	}
-	return h, os.WriteFile(filepath.Join(h.SpecDir, "nvidia.yaml"), []byte(h.Spec()), 0o644)
+	if err := os.WriteFile(filepath.Join(h.SpecDir, "nvidia.yaml"), []byte(h.Spec()), 0o644); err != nil {
+		return nil, err
+	}
+	return h, h.writeOddSpecs()
+}
+
+// Kinds of the odd specs beside the GPU spec.
+const (
+	// BadHookKind's device injects a hook at BadHookPath.
+	BadHookKind = "example.com/badhook"
+	BadHookPath = "/usr/bin/evil-hook"
+	// UntrustedKind's spec file is writable by everyone.
+	UntrustedKind = "example.com/untrusted"
+)
+
+// writeOddSpecs writes a spec whose device injects a hook nobody allowed,
+// and a world-writable spec.
+func (h *GPUHost) writeOddSpecs() error {
+	node := fmt.Sprintf("      deviceNodes: [{path: /dev/odd0, hostPath: %s}]\n", h.Dev("nvidia0"))
+	badHook := fmt.Sprintf("cdiVersion: \"0.6.0\"\nkind: %s\ndevices:\n  - name: \"0\"\n    containerEdits:\n%s      hooks: [{hookName: createContainer, path: %s}]\n",
+		BadHookKind, node, BadHookPath)
+	if err := os.WriteFile(filepath.Join(h.SpecDir, "badhook.yaml"), []byte(badHook), 0o644); err != nil {
+		return err
+	}
+	untrusted := filepath.Join(h.SpecDir, "untrusted.yaml")
+	spec := fmt.Sprintf("cdiVersion: \"0.6.0\"\nkind: %s\ndevices:\n  - name: \"0\"\n    containerEdits:\n%s", UntrustedKind, node)
+	if err := os.WriteFile(untrusted, []byte(spec), 0o644); err != nil {
+		return err
+	}
+	return os.Chmod(untrusted, 0o666)
+}
+
+// PluginConfig returns an nri-gpu configuration for this host: its spec
+// dir, and a policy that allows its hook, with the given policy keys
+// (YAML lines indented under policy:) added.
+func (h *GPUHost) PluginConfig(policy ...string) string {
+	return fmt.Sprintf("cdiSpecDirs: [%s]\npolicy:\n  hookPaths: [%s]\n  %s\n", h.SpecDir, h.HookPath(), strings.Join(policy, "\n  "))
 }
 
 // Dev returns the host path of a fake device node.
@@ -89,8 +133,8 @@ func (h *GPUHost) HookPath() string { return filepath.Join(h.Root, "bin", "recor
 
 // Spec returns the CDI spec of the fake host: per GPU a device by index and
 // one by UUID, an "all" device, and spec-level edits (control nodes, the
-// driver library, env, and a createContainer and a poststart hook) shared
-// by all.
+// driver library, env, and a createContainer hook with an environment and
+// a poststart hook without one) shared by all.
 func (h *GPUHost) Spec() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `cdiVersion: "0.6.0"
@@ -116,7 +160,6 @@ containerEdits:
     - hookName: poststart
       path: %[4]s
       args: [record-hook, poststart]
-      env: [PATH=/usr/bin:/bin]
 devices:
 `, h.Dev("nvidiactl"), h.Dev("nvidia-uvm"), filepath.Join(h.Root, "lib", "libcuda.so.1"), h.HookPath())
 	var all []string

@@ -58,6 +58,12 @@ func (p *Plugin) Log() string {
 	return string(data)
 }
 
+// Kill kills the plugin with SIGKILL, as a crash or an OOM kill would.
+func (p *Plugin) Kill() {
+	_ = p.cmd.Process.Kill()
+	p.done <- <-p.done
+}
+
 // Stop stops the plugin with SIGTERM, then SIGKILL.
 func (p *Plugin) Stop() {
 	select {

@@ -1,0 +1,176 @@
+package e2e
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/test/harness"
+)
+
+// createFails creates a container that must be refused, and checks that
+// the error says every wanted string.
+func createFails(t *testing.T, podID string, pod harness.Pod, want ...string) {
+	t.Helper()
+	id, err := env.ctd.CreateContainer(podID, pod, harness.Container{Name: "c"})
+	if err == nil {
+		t.Fatalf("container %s was created, want creation to fail", id)
+	}
+	msg := strings.ReplaceAll(err.Error(), `\"`, `"`)
+	for _, w := range want {
+		if !strings.Contains(msg, w) {
+			t.Errorf("error does not say %q:\n%s", w, msg)
+		}
+	}
+}
+
+// gpuNodes returns the /dev/nvidiaN nodes of a spec (not ctl or uvm).
+func gpuNodes(s *oci.Spec) []string {
+	return slices.DeleteFunc(devicePaths(s), func(p string) bool {
+		return p == "/dev/nvidiactl" || p == "/dev/nvidia-uvm"
+	})
+}
+
+func removePod(t *testing.T, podID string) {
+	t.Helper()
+	if out, err := env.ctd.Crictl("rmp", "--force", podID); err != nil {
+		t.Fatalf("removing pod: %v: %s", err, out)
+	}
+}
+
+func TestPolicyDenials(t *testing.T) {
+	needEnv(t)
+	tests := []struct {
+		name      string
+		namespace string
+		ann       map[string]string
+		want      []string
+	}{
+		{
+			name:      "namespace not in policy.namespaces",
+			namespace: "default",
+			ann:       map[string]string{"gpus.nri-gpu.io": "0"},
+			want:      []string{"denied by policy", `pods of namespace "default" may not request devices`, "policy.namespaces [e2e, tenant-*]"},
+		},
+		{
+			name: "more than maxDevicesPerPod",
+			ann:  map[string]string{"gpus.nri-gpu.io": "0,1,2,3"},
+			want: []string{"denied by policy", "would hold 4 devices, more than policy.maxDevicesPerPod (3)"},
+		},
+		{
+			name: "hook outside hookPaths",
+			ann:  map[string]string{"gpus.nri-gpu.io": harness.BadHookKind + "=0"},
+			want: []string{"denied by policy", `injects the hook "` + harness.BadHookPath + `", which is not in policy.hookPaths`},
+		},
+		{
+			name: "world-writable spec",
+			ann:  map[string]string{"gpus.nri-gpu.io": harness.UntrustedKind + "=0"},
+			want: []string{`device "` + harness.UntrustedKind + `=0"`, "CDI spec not trusted", "untrusted.yaml is writable by group or others (mode 0666)"},
+		},
+		{
+			name: "count and named devices together",
+			ann:  map[string]string{"gpus.nri-gpu.io": "0", "gpu-count.nri-gpu.io": "1"},
+			want: []string{"not both"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := harness.Pod{Name: "deny-" + strings.ReplaceAll(tc.name, " ", "-"), Namespace: cmpOr(tc.namespace, "e2e"), Annotations: tc.ann}
+			podID, err := env.ctd.RunPod(pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { removePod(t, podID) })
+			createFails(t, podID, pod, tc.want...)
+		})
+	}
+	if !strings.Contains(env.nri.Log(), "untrusted.yaml") {
+		t.Error("nri-gpu did not log the untrusted spec")
+	}
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func TestExclusiveUntilTheHolderIsRemoved(t *testing.T) {
+	needEnv(t)
+	holderID, holder := newPod(t, env.ctd, map[string]string{"gpus.nri-gpu.io": "2"})
+	runContainer(t, env.ctd, holderID, holder, harness.Container{Name: "a"})
+	// Another container of the holder pod shares the device.
+	runContainer(t, env.ctd, holderID, holder, harness.Container{Name: "b"})
+
+	otherID, other := newPod(t, env.ctd, map[string]string{"gpus.nri-gpu.io": harness.UUID(2)})
+	createFails(t, otherID, other, "denied by policy", `device "nvidia.com/gpu=`+harness.UUID(2)+`" is held by pod e2e/`+holder.Name, "policy.exclusive")
+
+	removePod(t, holderID)
+	_, spec := runContainer(t, env.ctd, otherID, other, harness.Container{Name: "c"})
+	if got := gpuNodes(spec); !slices.Equal(got, []string{"/dev/nvidia2"}) {
+		t.Errorf("after the holder was removed, got %v, want /dev/nvidia2", got)
+	}
+}
+
+func TestCountRequests(t *testing.T) {
+	needEnv(t)
+	count := func(n string) map[string]string { return map[string]string{"gpu-count.nri-gpu.io": n} }
+	aID, a := newPod(t, env.ctd, count("2"))
+	_, aSpec := runContainer(t, env.ctd, aID, a, harness.Container{Name: "first"})
+	bID, b := newPod(t, env.ctd, count("2"))
+	_, bSpec := runContainer(t, env.ctd, bID, b, harness.Container{Name: "main"})
+	aGPUs, bGPUs := gpuNodes(aSpec), gpuNodes(bSpec)
+	if len(aGPUs) != 2 || len(bGPUs) != 2 || slices.ContainsFunc(aGPUs, func(n string) bool { return slices.Contains(bGPUs, n) }) {
+		t.Fatalf("pods got %v and %v, want two distinct GPUs each", aGPUs, bGPUs)
+	}
+
+	cID, c := newPod(t, env.ctd, count("1"))
+	createFails(t, cID, c, "denied by policy", "asks for 1 nvidia.com/gpu devices, but 0 are free and 4 held by other pods")
+
+	// SIGKILL the plugin and start it again: it rebuilds what pods hold
+	// from the runtime, and hands out nothing twice.
+	env.nri.Kill()
+	var err error
+	if env.nri, err = env.ctd.StartPlugin("--config", env.config); err != nil {
+		t.Fatal(err)
+	}
+	_, again := runContainer(t, env.ctd, aID, a, harness.Container{Name: "second"})
+	if got := gpuNodes(again); !slices.Equal(got, aGPUs) {
+		t.Errorf("after the plugin restarted, a second container of pod a got %v, want the pod's %v", got, aGPUs)
+	}
+	createFails(t, cID, c, "0 are free and 4 held")
+
+	removePod(t, aID)
+	_, cSpec := runContainer(t, env.ctd, cID, c, harness.Container{Name: "c"})
+	if got := gpuNodes(cSpec); len(got) != 1 || !slices.Contains(aGPUs, got[0]) {
+		t.Errorf("after pod a was removed, pod c got %v, want one of a's %v", got, aGPUs)
+	}
+}
+
+func TestHooksGetAnExplicitEnvironment(t *testing.T) {
+	needEnv(t)
+	podID, pod := newPod(t, env.ctd, map[string]string{"gpus.nri-gpu.io": "3"})
+	id, spec := runContainer(t, env.ctd, podID, pod, harness.Container{
+		Name: "c", Env: map[string]string{"LD_PRELOAD": "/tmp/evil.so"},
+	})
+	for _, h := range append(slices.Clone(spec.Hooks.CreateContainer), spec.Hooks.Poststart...) {
+		if len(h.Env) == 0 || slices.ContainsFunc(h.Env, func(e string) bool { return strings.HasPrefix(e, "LD_PRELOAD") }) {
+			t.Errorf("hook %v has env %v, want an explicit one without LD_PRELOAD", h.Args, h.Env)
+		}
+	}
+	runs, err := env.host.HookRuns()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range runs {
+		if strings.HasPrefix(r, "LD_PRELOAD-LEAK") && strings.HasSuffix(r, id) {
+			t.Errorf("a hook saw the container's LD_PRELOAD: %s", r)
+		}
+	}
+	if !slices.Contains(runs, "poststart "+id) {
+		t.Errorf("the poststart hook did not run: %v", runs)
+	}
+}
