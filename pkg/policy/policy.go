@@ -57,10 +57,9 @@ func New(p config.Policy) *Policy {
 // denied request, naming the rule, the request and the key that would
 // allow it.
 func (p *Policy) Check(pod Pod, ask Ask) error {
-	fromPod := ask.Count > 0 || slices.ContainsFunc(ask.Requests, func(r Request) bool { return r.Source == SourcePod })
-	if fromPod && !matchAny(p.namespaces, pod.Namespace) {
-		return fmt.Errorf("%w: pods of namespace %q may not request devices through pod annotations: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
-			ErrDenied, pod.Namespace, strings.Join(p.namespaces, ", "))
+	if what := podRequest(ask); what != "" && !matchAny(p.namespaces, pod.Namespace) {
+		return fmt.Errorf("%s: %w: pods of namespace %q may not request devices through pod annotations: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
+			what, ErrDenied, pod.Namespace, strings.Join(p.namespaces, ", "))
 	}
 	var errs []error
 	for _, r := range ask.Requests {
@@ -69,6 +68,18 @@ func (p *Policy) Check(pod Pod, ask Ask) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// podRequest describes the first request of ask made through a pod
+// annotation, or returns "" when there is none.
+func podRequest(ask Ask) string {
+	if ask.Count > 0 {
+		return fmt.Sprintf("pod annotation %q request for %d devices", CountAnnotationKey, ask.Count)
+	}
+	if i := slices.IndexFunc(ask.Requests, func(r Request) bool { return r.Source == SourcePod }); i >= 0 {
+		return ask.Requests[i].String()
+	}
+	return ""
 }
 
 func (p *Policy) checkRequest(r Request) error {

@@ -65,14 +65,14 @@ func TestCheck(t *testing.T) {
 			policy:    tenants,
 			namespace: "default",
 			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourcePod)}},
-			wantErr:   []string{`pods of namespace "default" may not request devices through pod annotations`, "policy.namespaces [agents-*, ml]"},
+			wantErr:   []string{`pod annotation "k" request "nvidia.com/gpu=0"`, `pods of namespace "default" may not request devices through pod annotations`, "policy.namespaces [agents-*, ml]"},
 		},
 		{
 			name:      "namespace denied for a count request",
 			policy:    tenants,
 			namespace: "default",
 			ask:       policy.Ask{Count: 1},
-			wantErr:   []string{`namespace "default"`},
+			wantErr:   []string{`pod annotation "gpu-count.nri-gpu.io" request for 1 devices`, `namespace "default"`},
 		},
 		{
 			name:      "cdi.k8s.io requests are not subject to namespaces",

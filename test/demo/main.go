@@ -133,7 +133,17 @@ func run() (err error) {
 	}
 	fmt.Printf("hook runs recorded on the host: %d\n", len(runs))
 
-	step("nri-gpu's log of the decision")
+	step("Pod 'agent-2' asks for the same GPU by UUID: refused, GPU 1 is agent-1's (policy.exclusive)")
+	pod2 := harness.Pod{Name: "agent-2", Namespace: "demo", Annotations: map[string]string{"gpus.nri-gpu.io": harness.UUID(1)}}
+	pod2ID, err := ctd.RunPod(pod2)
+	if err != nil {
+		return err
+	}
+	if _, err := ctd.CreateContainer(pod2ID, pod2, harness.Container{Name: "worker"}); err == nil {
+		return fmt.Errorf("agent-2 got agent-1's GPU")
+	}
+
+	step("nri-gpu's log of the decisions")
 	for _, line := range strings.Split(plugin.Log(), "\n") {
 		if strings.Contains(line, "injected devices") || strings.Contains(line, "denied") {
 			fmt.Println(line)
