@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 )
 
@@ -81,14 +82,7 @@ policy:
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := config.Parse([]byte(tc.yaml))
 			if len(tc.wantErr) > 0 {
-				if err == nil {
-					t.Fatalf("got %+v, want an error", got)
-				}
-				for _, w := range tc.wantErr {
-					if !strings.Contains(err.Error(), w) {
-						t.Errorf("error %q does not say %q", err, w)
-					}
-				}
+				testutil.ErrorSays(t, err, tc.wantErr...)
 				return
 			}
 			if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 )
@@ -288,14 +289,7 @@ func TestCreateContainerOverNRI(t *testing.T) {
 			req := createRequest(tc.podAnn, tc.ctrAnn)
 			adj, err := r.create(req.Pod, req.Container)
 			if len(tc.wantErr) > 0 {
-				if err == nil {
-					t.Fatalf("got %v, want an error", adj)
-				}
-				for _, w := range tc.wantErr {
-					if !strings.Contains(err.Error(), w) {
-						t.Errorf("error %q does not say %q", err, w)
-					}
-				}
+				testutil.ErrorSays(t, err, tc.wantErr...)
 				return
 			}
 			if err != nil {

@@ -2,9 +2,9 @@ package policy_test
 
 import (
 	"errors"
-	"strings"
 	"testing"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
@@ -112,12 +112,8 @@ func wantDenied(t *testing.T, err error, want ...string) {
 		}
 		return
 	}
+	testutil.ErrorSays(t, err, want...)
 	if !errors.Is(err, policy.ErrDenied) {
-		t.Fatalf("error %v does not wrap ErrDenied", err)
-	}
-	for _, w := range want {
-		if !strings.Contains(err.Error(), w) {
-			t.Errorf("error %q does not say %q", err, w)
-		}
+		t.Errorf("error %v does not wrap ErrDenied", err)
 	}
 }

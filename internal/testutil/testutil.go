@@ -1,0 +1,21 @@
+// Package testutil holds the checks nri-gpu's tests share.
+package testutil
+
+import (
+	"strings"
+	"testing"
+)
+
+// ErrorSays fails the test at once when err is nil, and otherwise reports
+// each wanted string its message lacks.
+func ErrorSays(t testing.TB, err error, want ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error, want one saying %q", want)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not say %q", err, w)
+		}
+	}
+}
