@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -98,17 +97,11 @@ func run(args []string, stderr io.Writer) int {
 	if set["socket-path"] {
 		opts = append(opts, stub.WithSocketPath(*socketPath))
 	}
-	s, err := stub.New(p, opts...)
-	if err != nil {
-		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
-		return exitUsage
-	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := s.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-		log.Errorf("plugin stopped: %v", err)
-		return exitError
+	if err := p.Serve(ctx, opts...); err != nil {
+		log.Errorf("nri-gpu: %v", err)
+		return exitUsage
 	}
 	log.Info("plugin stopped")
 	return exitOK

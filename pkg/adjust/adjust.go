@@ -10,6 +10,8 @@ import (
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // ErrUnsupportedEdit is wrapped by the error for an edit NRI cannot express.
@@ -58,9 +60,11 @@ type Result struct {
 }
 
 // Build collects the edits of devices, spec-level edits once per spec,
-// applies them as CDI does and returns them as one NRI adjustment.
-// Nothing is returned unless every device's edits can be expressed.
-func Build(devices []*cdi.Device, opts Options) (*Result, error) {
+// applies them as CDI does and returns them as one NRI adjustment. Device
+// nodes take their host information from nodes, stat'ed when the specs
+// were loaded, so Build does not touch the disk. Nothing is returned
+// unless every device's edits can be expressed.
+func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options) (*Result, error) {
 	var (
 		edits   = &cdi.ContainerEdits{ContainerEdits: &cdispec.ContainerEdits{}}
 		seen    = map[*cdi.Spec]bool{}
@@ -91,10 +95,16 @@ func Build(devices []*cdi.Device, opts Options) (*Result, error) {
 		Process: &oci.Process{User: oci.User{UID: opts.UID, GID: opts.GID}},
 		Linux:   &oci.Linux{},
 	}
+	// CDI applies everything but the device nodes (which it would stat);
+	// addDeviceNodes does their part of ContainerEdits.Apply from nodes.
+	deviceNodes := edits.DeviceNodes
+	edits.DeviceNodes = nil
 	if err := edits.Apply(scratch); err != nil {
 		return nil, fmt.Errorf("applying CDI edits of %s: %w", strings.Join(names, ", "), err)
 	}
-	ownDevicesAsHost(scratch.Linux.Devices, edits.DeviceNodes)
+	if err := addDeviceNodes(scratch, deviceNodes, nodes); err != nil {
+		return nil, fmt.Errorf("applying CDI edits of %s: %w", strings.Join(names, ", "), err)
+	}
 	hookEnv := opts.HookEnv
 	if len(hookEnv) == 0 {
 		hookEnv = DefaultHookEnv
@@ -154,18 +164,6 @@ func setHookEnv(hooks *oci.Hooks, env []string) {
 			}
 		}
 	}
-}
-
-// Hooks returns the paths of the hook executables a device's edits, and
-// its spec's, would inject.
-func Hooks(d *cdi.Device) []string {
-	var paths []string
-	for _, h := range append(slices.Clone(d.GetSpec().ContainerEdits.Hooks), d.ContainerEdits.Hooks...) {
-		if h != nil && !slices.Contains(paths, h.Path) {
-			paths = append(paths, h.Path)
-		}
-	}
-	return paths
 }
 
 // hasNonRootGID reports whether gids holds a GID that CDI would add (CDI

@@ -14,33 +14,44 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
-// devices writes the given specs into a temp dir and resolves names.
-func devices(t *testing.T, specs map[string]string, names ...string) []*cdi.Device {
+// devices writes the given specs into a temp dir, loads them as the
+// plugin does, and resolves names.
+func devices(t *testing.T, yamls map[string]string, names ...string) ([]*cdi.Device, map[string]specs.HostNode) {
 	t.Helper()
 	dir := t.TempDir()
-	for file, yaml := range specs {
+	for file, yaml := range yamls {
 		if err := os.WriteFile(filepath.Join(dir, file), []byte(yaml), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	reg, err := specs.Open([]string{dir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if errs := cache.GetErrors(); len(errs) > 0 {
-		t.Fatalf("spec errors: %v", errs)
+	t.Cleanup(func() { _ = reg.Close() })
+	snap := reg.Snapshot()
+	if len(snap.Problems) > 0 {
+		t.Fatalf("spec problems: %v", snap.Problems)
+	}
+	entries, err := snap.Resolve(names)
+	if err != nil {
+		t.Fatal(err)
 	}
 	var out []*cdi.Device
-	for _, n := range names {
-		d := cache.GetDevice(n)
-		if d == nil {
-			t.Fatalf("device %q not found", n)
-		}
-		out = append(out, d)
+	for _, e := range entries {
+		out = append(out, e.Device)
 	}
-	return out
+	return out, snap.HostNodes
+}
+
+// build builds the adjustment for names of the given specs.
+func build(t *testing.T, yamls map[string]string, opts adjust.Options, names ...string) (*adjust.Result, error) {
+	t.Helper()
+	devs, nodes := devices(t, yamls, names...)
+	return adjust.Build(devs, nodes, opts)
 }
 
 // /dev/null (c 1:3, 0666, root) stands in for a host GPU node, so these
@@ -205,7 +216,7 @@ devices:
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := adjust.Build(devices(t, tc.specs, tc.names...), adjust.Options{})
+			res, err := build(t, tc.specs, adjust.Options{}, tc.names...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -220,8 +231,7 @@ devices:
 }
 
 func TestBuildNonRootUserOwnsUnownedNodes(t *testing.T) {
-	res, err := adjust.Build(devices(t, map[string]string{"gpu.yaml": gpuSpec}, "example.com/gpu=0"),
-		adjust.Options{UID: 1000, GID: 1001})
+	res, err := build(t, map[string]string{"gpu.yaml": gpuSpec}, adjust.Options{UID: 1000, GID: 1001}, "example.com/gpu=0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,8 +309,7 @@ func TestBuildUnsupportedEdits(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := adjust.Build(devices(t, map[string]string{"odd.yaml": unsupportedSpec}, tc.device),
-				adjust.Options{SkipUnsupported: tc.skip})
+			res, err := build(t, map[string]string{"odd.yaml": unsupportedSpec}, adjust.Options{SkipUnsupported: tc.skip}, tc.device)
 			if len(tc.wantErrs) > 0 {
 				testutil.ErrorSays(t, err, tc.wantErrs...)
 				if !errors.Is(err, adjust.ErrUnsupportedEdit) {
@@ -327,8 +336,8 @@ func TestBuildUnsupportedEdits(t *testing.T) {
 }
 
 func TestBuildDoesNotModifyCachedSpecs(t *testing.T) {
-	devs := devices(t, map[string]string{"odd.yaml": unsupportedSpec}, "example.com/odd=net")
-	if _, err := adjust.Build(devs, adjust.Options{SkipUnsupported: true}); err != nil {
+	devs, nodes := devices(t, map[string]string{"odd.yaml": unsupportedSpec}, "example.com/odd=net")
+	if _, err := adjust.Build(devs, nodes, adjust.Options{SkipUnsupported: true}); err != nil {
 		t.Fatal(err)
 	}
 	if len(devs[0].ContainerEdits.NetDevices) != 1 || len(devs[0].GetSpec().ContainerEdits.AdditionalGIDs) != 1 {
@@ -337,7 +346,7 @@ func TestBuildDoesNotModifyCachedSpecs(t *testing.T) {
 }
 
 func TestBuildMissingHostNode(t *testing.T) {
-	devs := devices(t, map[string]string{"gone.yaml": `
+	_, err := build(t, map[string]string{"gone.yaml": `
 cdiVersion: "0.6.0"
 kind: example.com/gone
 devices:
@@ -346,8 +355,7 @@ devices:
       deviceNodes:
         - path: /dev/gone0
           hostPath: /nonexistent/gone0
-`}, "example.com/gone=0")
-	_, err := adjust.Build(devs, adjust.Options{})
+`}, adjust.Options{}, "example.com/gone=0")
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/gone0") || !strings.Contains(err.Error(), "example.com/gone=0") {
 		t.Errorf("error %v, want one naming the device and the missing host node", err)
 	}

@@ -1,51 +1,91 @@
 package adjust
 
 import (
-	"os"
-	"syscall"
+	"fmt"
+	"slices"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
-// ownDevicesAsHost gives each device node that neither its spec nor a
-// non-root container user gave an owner the owner of its host node, so
-// that a node appears in the container as it is on the host. (A runtime
-// treats a missing owner as root, which is what host GPU nodes have.)
-func ownDevicesAsHost(devices []oci.LinuxDevice, nodes []*cdispec.DeviceNode) {
-	hostPaths := make(map[string]string, len(nodes))
-	for _, n := range nodes {
-		if n == nil {
+// addDeviceNodes adds device nodes and their cgroup rules to s exactly as
+// CDI's ContainerEdits.Apply does (fillMissingInfo, then the process's
+// user as owner, a node replacing one of the same path, a rule with the
+// spec's permissions or "rwm"), but with host information stat'ed at spec
+// load instead of now. A node whose spec and the container's user give it
+// no owner gets the host node's, so that it appears as on the host.
+func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]specs.HostNode) error {
+	for _, raw := range nodes {
+		if raw == nil {
 			continue
 		}
-		host := n.HostPath
-		if host == "" {
-			host = n.Path
+		n := *raw
+		if n.HostPath == "" {
+			n.HostPath = n.Path
 		}
-		hostPaths[n.Path] = host
-	}
-	for i := range devices {
-		d := &devices[i]
-		if d.UID != nil && d.GID != nil {
-			continue
-		}
-		fi, err := os.Stat(hostPaths[d.Path])
-		if err != nil {
-			// CDI accepts a fully specified node without a host node; its
-			// owner stays unset, as CDI leaves it.
-			continue
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
+		host, ok := hosts[n.HostPath]
 		if !ok {
-			continue
+			host = specs.HostNode{Err: fmt.Errorf("not stat'ed when the specs were loaded")}
 		}
-		if d.UID == nil {
-			uid := st.Uid
-			d.UID = &uid
+		// CDI's fillMissingInfo.
+		minimal := n.Type != "" && (n.Major != 0 || n.Type == "p")
+		if host.Err != nil && !minimal {
+			return fmt.Errorf("failed to stat CDI host device %q: %w", n.HostPath, host.Err)
 		}
-		if d.GID == nil {
-			gid := st.Gid
-			d.GID = &gid
+		if host.Err == nil {
+			if n.FileMode == nil {
+				mode := host.Mode
+				n.FileMode = &mode
+			}
+			if !minimal {
+				if n.Type == "" {
+					n.Type = host.Type
+				}
+				if n.Type != host.Type {
+					return fmt.Errorf("CDI device (%q, %q), host type mismatch (%s, %s)", n.Path, n.HostPath, n.Type, host.Type)
+				}
+				if n.Type != "p" && n.Major == 0 {
+					n.Major, n.Minor = host.Major, host.Minor
+				}
+			}
+		}
+		dev := oci.LinuxDevice{Path: n.Path, Type: n.Type, Major: n.Major, Minor: n.Minor, FileMode: n.FileMode, UID: n.UID, GID: n.GID}
+		if uid := s.Process.User.UID; dev.UID == nil && uid > 0 {
+			dev.UID = &uid
+		}
+		if gid := s.Process.User.GID; dev.GID == nil && gid > 0 {
+			dev.GID = &gid
+		}
+		if host.Err == nil {
+			if dev.UID == nil {
+				dev.UID = &host.UID
+			}
+			if dev.GID == nil {
+				dev.GID = &host.GID
+			}
+		}
+
+		s.Linux.Devices = slices.DeleteFunc(s.Linux.Devices, func(d oci.LinuxDevice) bool { return d.Path == dev.Path })
+		s.Linux.Devices = append(s.Linux.Devices, dev)
+		if dev.Type == "b" || dev.Type == "c" {
+			access := n.Permissions
+			switch access {
+			case "":
+				access = "rwm"
+			case cdi.NoPermissions:
+				access = ""
+			}
+			if s.Linux.Resources == nil {
+				s.Linux.Resources = &oci.LinuxResources{}
+			}
+			major, minor := dev.Major, dev.Minor
+			s.Linux.Resources.Devices = append(s.Linux.Resources.Devices, oci.LinuxDeviceCgroup{
+				Allow: true, Type: dev.Type, Major: &major, Minor: &minor, Access: access,
+			})
 		}
 	}
+	return nil
 }

@@ -29,7 +29,7 @@ func baseSpec() *oci.Spec {
 // same spec, and compares the results.
 func TestParityWithCDIInjection(t *testing.T) {
 	names := []string{"example.com/gpu=0", "example.com/gpu=1"}
-	devs := devices(t, map[string]string{"gpu.yaml": gpuSpec}, names...)
+	devs, nodes := devices(t, map[string]string{"gpu.yaml": gpuSpec}, names...)
 
 	viaCDI := baseSpec()
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Dir(devs[0].GetSpec().GetPath())), cdi.WithAutoRefresh(false))
@@ -40,7 +40,7 @@ func TestParityWithCDIInjection(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	res, err := adjust.Build(devs, adjust.Options{})
+	res, err := adjust.Build(devs, nodes, adjust.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

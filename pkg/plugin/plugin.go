@@ -43,6 +43,14 @@ type Plugin struct {
 
 	mu sync.RWMutex
 	st *state
+	// configured counts successful Configure calls, one per connection.
+	configured int
+	// configErr is the last rejected configuration from the runtime.
+	configErr error
+
+	problemsMu sync.Mutex
+	// problems are the spec problems logged, by spec file.
+	problems map[string]string
 }
 
 // state is everything a request needs, replaced whole on reconfiguration.
@@ -78,14 +86,33 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 	if err != nil {
 		return nil, err
 	}
-	reg, err := specs.Open(cfg.CDISpecDirs)
+	reg, err := specs.Open(cfg.CDISpecDirs, specs.WithNotify(p.logProblems))
 	if err != nil {
 		return nil, err
 	}
-	for path, errs := range reg.Errors() {
-		p.log.WithField("path", path).Warnf("CDI spec not used: %v", errors.Join(errs...))
-	}
+	p.logProblems(reg.Snapshot())
 	return &state{cfg: cfg, parser: parser, policy: policy.New(cfg.Policy), specs: reg}, nil
+}
+
+// logProblems logs each spec problem once, when it appears, and when it
+// is gone.
+func (p *Plugin) logProblems(s *specs.Snapshot) {
+	p.problemsMu.Lock()
+	defer p.problemsMu.Unlock()
+	current := map[string]string{}
+	for path, errs := range s.Problems {
+		msg := errors.Join(errs...).Error()
+		current[path] = msg
+		if p.problems[path] != msg {
+			p.log.WithField("spec", path).Warnf("CDI spec not used: %s", msg)
+		}
+	}
+	for path := range p.problems {
+		if _, ok := current[path]; !ok {
+			p.log.WithField("spec", path).Info("CDI spec problem gone")
+		}
+	}
+	p.problems = current
 }
 
 func (p *Plugin) state() *state {
@@ -115,20 +142,22 @@ func (p *Plugin) Held() map[policy.Pod][]string {
 func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api.EventMask, error) {
 	log := p.log.WithFields(logrus.Fields{"runtime": runtime, "version": version})
 	if cfg == "" {
+		p.mu.Lock()
+		p.configured++
+		p.mu.Unlock()
 		log.Info("connected to runtime")
 		return 0, nil
 	}
-	c, err := config.Parse([]byte(cfg))
-	if err != nil {
-		return 0, fmt.Errorf("configuration from runtime: %w", err)
-	}
-	st, err := p.newState(c)
-	if err != nil {
-		return 0, fmt.Errorf("configuration from runtime: %w", err)
-	}
+	st, err := p.parseRuntimeConfig(cfg)
 	p.mu.Lock()
+	if err != nil {
+		p.configErr = err
+		p.mu.Unlock()
+		return 0, err
+	}
 	old := p.st
 	p.st = st
+	p.configured++
 	p.mu.Unlock()
 	if err := old.specs.Close(); err != nil {
 		log.Warnf("stopping the old spec watch: %v", err)
@@ -137,11 +166,39 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 	return 0, nil
 }
 
+func (p *Plugin) parseRuntimeConfig(cfg string) (*state, error) {
+	c, err := config.Parse([]byte(cfg))
+	if err != nil {
+		return nil, fmt.Errorf("configuration from runtime: %w", err)
+	}
+	st, err := p.newState(c)
+	if err != nil {
+		return nil, fmt.Errorf("configuration from runtime: %w", err)
+	}
+	return st, nil
+}
+
+// connections returns how many connections the runtime configured.
+func (p *Plugin) connections() int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.configured
+}
+
+// takeConfigError returns and forgets the last rejected configuration.
+func (p *Plugin) takeConfigError() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	err := p.configErr
+	p.configErr = nil
+	return err
+}
+
 // Synchronize rebuilds what pods hold from the annotations nri-gpu put on
 // their containers, so that a restarted plugin hands out no device twice.
 // Pods gone while the plugin was away hold nothing any more.
 func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
-	st := p.state()
+	snap := p.state().specs.Snapshot()
 	byID := make(map[string]policy.Pod, len(pods))
 	for _, pod := range pods {
 		byID[pod.GetId()] = podOf(pod)
@@ -156,7 +213,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		counted := splitList(c.GetAnnotations()[CountedAnnotation])
 		named := slices.DeleteFunc(slices.Clone(devices), func(d string) bool { return slices.Contains(counted, d) })
 		holdings = append(holdings, policy.Holding{
-			Pod: pod, Named: st.specs.Footprints(named), Counted: st.specs.Footprints(counted),
+			Pod: pod, Named: snap.Footprints(named), Counted: snap.Footprints(counted),
 		})
 	}
 	p.alloc.Restore(holdings)
@@ -211,6 +268,7 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 // handle runs one request through policy, specs and adjust.
 func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, log logrus.FieldLogger) (*api.ContainerAdjustment, []string, error) {
 	podRef := podOf(pod)
+	snap := st.specs.Snapshot() // one snapshot for the whole request
 	ask, err := st.parser.Parse(policy.Container{
 		Namespace:      pod.GetNamespace(),
 		Pod:            pod.GetName(),
@@ -229,34 +287,34 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, log 
 	}
 
 	var (
-		named []*cdi.Device
+		named []*specs.Entry
 		errs  []error
 	)
 	for _, r := range ask.Requests {
-		d, err := st.resolve(r.Device)
+		e, err := st.resolve(snap, r.Device)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", r, err))
 			continue
 		}
-		named = append(named, d)
+		named = append(named, e)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, nil, err
 	}
 	footprints := make([]specs.Device, len(named))
-	for i, d := range named {
-		footprints[i] = specs.Footprint(d)
+	for i, e := range named {
+		footprints[i] = e.Footprint
 	}
 	var candidates []specs.Device
 	if ask.Count > 0 || st.cfg.Policy.MaxDevicesPerPod > 0 {
-		candidates = st.specs.Candidates(st.cfg.DefaultKind)
+		candidates = snap.Candidates(st.cfg.DefaultKind)
 	}
 
 	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, candidates)
 	if err != nil {
 		return nil, nil, err
 	}
-	adj, err := st.build(named, grant, ctr)
+	adj, err := st.build(snap, named, grant, ctr)
 	if err != nil {
 		p.alloc.Revert(grant)
 		return nil, nil, err
@@ -269,15 +327,15 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, log 
 }
 
 // resolve looks a device up in the trusted specs and checks its hooks.
-func (st *state) resolve(name string) (*cdi.Device, error) {
-	devs, err := st.specs.Resolve([]string{name})
+func (st *state) resolve(snap *specs.Snapshot, name string) (*specs.Entry, error) {
+	entries, err := snap.Resolve([]string{name})
 	if err != nil {
 		return nil, err
 	}
-	if err := st.policy.CheckHooks(name, adjust.Hooks(devs[0])); err != nil {
+	if err := st.policy.CheckHooks(name, entries[0].Hooks); err != nil {
 		return nil, err
 	}
-	return devs[0], nil
+	return entries[0], nil
 }
 
 type built struct {
@@ -287,21 +345,24 @@ type built struct {
 
 // build resolves the counted devices of a grant and builds the adjustment
 // for all the container's devices, recording them in annotations.
-func (st *state) build(named []*cdi.Device, grant policy.Grant, ctr *api.Container) (built, error) {
-	devices := slices.Clone(named)
+func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, grant policy.Grant, ctr *api.Container) (built, error) {
+	devices := make([]*cdi.Device, 0, len(named)+len(grant.Counted))
+	for _, e := range named {
+		devices = append(devices, e.Device)
+	}
 	var errs []error
 	for _, c := range grant.Counted {
-		d, err := st.resolve(c.Name)
+		e, err := st.resolve(snap, c.Name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pod annotation %q: %w", policy.CountAnnotationKey, err))
 			continue
 		}
-		devices = append(devices, d)
+		devices = append(devices, e.Device)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return built{}, err
 	}
-	res, err := adjust.Build(devices, adjust.Options{
+	res, err := adjust.Build(devices, snap.HostNodes, adjust.Options{
 		SkipUnsupported: st.cfg.UnsupportedEdits == config.UnsupportedWarn,
 		UID:             ctr.GetUser().GetUid(),
 		GID:             ctr.GetUser().GetGid(),

@@ -1,10 +1,14 @@
-// Package specs finds, loads and watches CDI specs, and resolves qualified
-// device names against them.
+// Package specs finds, loads, trusts and watches CDI specs, and resolves
+// qualified device names against them.
 //
-// It is a thin layer over CDI's own cache (tags.cncf.io/container-device-interface/pkg/cdi):
-// the cache parses and validates spec files, gives later directories
-// priority over earlier ones, and refreshes itself when a spec directory
-// changes. This package adds errors that say why a device did not resolve.
+// It builds on CDI's own cache (tags.cncf.io/container-device-interface/pkg/cdi),
+// which parses and validates spec files and gives later directories
+// priority over earlier ones. A Registry loads the specs in the
+// background, whenever a spec directory changes (and, as a safety net,
+// every ResyncInterval), into an immutable Snapshot: the devices, whether
+// their spec is trusted, their footprints and hooks, and the host device
+// nodes they name, stat'ed at load. Requests read the current snapshot and
+// never touch the disk.
 package specs
 
 import (
@@ -13,6 +17,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
@@ -21,64 +27,143 @@ import (
 // ErrUnresolvable is wrapped by the error for a device found in no spec.
 var ErrUnresolvable = errors.New("unresolvable CDI device")
 
-// Registry holds the CDI specs of a set of directories, kept current by
-// watching the directories.
+// Intervals of the background loading.
+const (
+	// PollInterval is how often missing spec directories are looked for,
+	// so that a directory deleted and created again is watched again.
+	PollInterval = time.Second
+	// ResyncInterval is how often everything is loaded again regardless.
+	ResyncInterval = 30 * time.Second
+	// settle is how long loading waits for a burst of changes to end.
+	settle = 50 * time.Millisecond
+)
+
+// Registry holds the current snapshot of the CDI specs of a set of
+// directories, kept current by watching them.
 type Registry struct {
-	dirs  []string
-	cache *cdi.Cache
+	dirs   []string
+	cache  *cdi.Cache
+	snap   atomic.Pointer[Snapshot]
+	notify func(*Snapshot)
+	poll   time.Duration
+	stop   chan struct{}
+	done   chan struct{}
 }
 
+// Option tunes a Registry.
+type Option func(*Registry)
+
+// WithNotify has fn called, from the loading goroutine, with each new
+// snapshot.
+func WithNotify(fn func(*Snapshot)) Option { return func(r *Registry) { r.notify = fn } }
+
+// WithPollInterval changes PollInterval.
+func WithPollInterval(d time.Duration) Option { return func(r *Registry) { r.poll = d } }
+
 // Open loads the specs in dirs, a later directory winning over an earlier
-// one, and watches the directories for changes. Missing directories are
-// not an error: they are watched for, and reported by Errors.
-func Open(dirs []string) (*Registry, error) {
+// one, and keeps loading them as they change until Close. Missing
+// directories are not an error: they are looked for.
+func Open(dirs []string, opts ...Option) (*Registry, error) {
 	if len(dirs) == 0 {
 		return nil, errors.New("no CDI spec directories")
 	}
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(dirs...), cdi.WithAutoRefresh(true))
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(dirs...), cdi.WithAutoRefresh(false))
 	if err != nil {
 		return nil, fmt.Errorf("loading CDI specs from %s: %w", strings.Join(dirs, ", "), err)
 	}
-	return &Registry{dirs: slices.Clone(dirs), cache: cache}, nil
+	r := &Registry{
+		dirs:  slices.Clone(dirs),
+		cache: cache,
+		poll:  PollInterval,
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(r)
+	}
+	// Watch first, so that no change after the first load is missed.
+	w := newWatcher(r.dirs)
+	r.snap.Store(load(r.cache, r.dirs))
+	go r.watch(w)
+	return r, nil
 }
 
-// Close stops watching the spec directories.
+// Close stops loading.
 func (r *Registry) Close() error {
-	return r.cache.Configure(cdi.WithAutoRefresh(false))
+	select {
+	case <-r.stop:
+	default:
+		close(r.stop)
+	}
+	<-r.done
+	return nil
 }
 
 // Dirs returns the spec directories, lowest priority first.
-func (r *Registry) Dirs() []string {
-	return slices.Clone(r.dirs)
+func (r *Registry) Dirs() []string { return slices.Clone(r.dirs) }
+
+// Snapshot returns the current snapshot.
+func (r *Registry) Snapshot() *Snapshot { return r.snap.Load() }
+
+// reload loads the specs again and publishes the new snapshot.
+func (r *Registry) reload() {
+	s := load(r.cache, r.dirs)
+	r.snap.Store(s)
+	if r.notify != nil {
+		r.notify(s)
+	}
+}
+
+// Errors returns the problems of the current snapshot by spec file: parse
+// and validation errors, conflicts, and specs that are not trusted.
+func (r *Registry) Errors() map[string][]error {
+	return maps.Clone(r.Snapshot().Problems)
 }
 
 // Devices lists the qualified names of all devices that resolve.
-func (r *Registry) Devices() []string {
-	return r.cache.ListDevices()
-}
-
-// Errors returns the problems of the last load, by spec file or directory,
-// including the spec files that are not trusted and why.
-func (r *Registry) Errors() map[string][]error {
-	errs := r.cache.GetErrors()
-	for _, vendor := range r.cache.ListVendors() {
-		for _, spec := range r.cache.GetVendorSpecs(vendor) {
-			if err := checkTrust(spec.GetPath()); err != nil {
-				errs[spec.GetPath()] = append(errs[spec.GetPath()], err)
-			}
+func (s *Snapshot) Devices() []string {
+	var out []string
+	for name, e := range s.devices {
+		if e.Untrusted == nil {
+			out = append(out, name)
 		}
 	}
-	return errs
+	slices.Sort(out)
+	return out
+}
+
+// Resolve looks up each qualified name in the snapshot. It returns
+// the entries in the order asked, or an error naming every name that did
+// not resolve, or whose spec is not trusted, and why.
+func (s *Snapshot) Resolve(names []string) ([]*Entry, error) {
+	entries := make([]*Entry, 0, len(names))
+	var errs []error
+	for _, name := range names {
+		e := s.devices[name]
+		switch {
+		case e == nil:
+			errs = append(errs, fmt.Errorf("%w %q: no CDI spec in %s defines it%s",
+				ErrUnresolvable, name, strings.Join(s.dirs, ", "), s.problemHint()))
+		case e.Untrusted != nil:
+			errs = append(errs, fmt.Errorf("device %q: %w", name, e.Untrusted))
+		default:
+			entries = append(entries, e)
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return entries, nil
 }
 
 // Footprints returns the footprints of devices by name, whether or not
 // their specs are trusted; a name no spec defines has an empty footprint.
 // It serves to rebuild what pods held, not to inject.
-func (r *Registry) Footprints(names []string) []Device {
+func (s *Snapshot) Footprints(names []string) []Device {
 	out := make([]Device, len(names))
 	for i, name := range names {
-		if d := r.cache.GetDevice(name); d != nil {
-			out[i] = Footprint(d)
+		if e := s.devices[name]; e != nil {
+			out[i] = e.Footprint
 		} else {
 			out[i] = Device{Name: name}
 		}
@@ -89,66 +174,19 @@ func (r *Registry) Footprints(names []string) []Device {
 // Candidates returns the individual devices of a kind (vendor/class) that
 // come from trusted specs: every device but "all", each with its
 // footprint, sorted by name (numbers in numeric order).
-func (r *Registry) Candidates(kind string) []Device {
+func (s *Snapshot) Candidates(kind string) []Device {
 	vendor, class := parser.ParseQualifier(kind)
 	var out []Device
-	for _, spec := range r.cache.GetVendorSpecs(vendor) {
-		if spec.GetClass() != class || checkTrust(spec.GetPath()) != nil {
+	for _, e := range s.devices {
+		spec := e.Device.GetSpec()
+		if spec.GetVendor() != vendor || spec.GetClass() != class || e.Untrusted != nil {
 			continue
 		}
-		for _, raw := range spec.Devices {
-			if raw.Name == "all" {
-				continue
-			}
-			d := spec.GetDevice(raw.Name)
-			// A device of the same name in a spec of higher priority wins.
-			if d == nil || r.cache.GetDevice(d.GetQualifiedName()) != d {
-				continue
-			}
-			out = append(out, Footprint(d))
+		if _, _, name := parser.ParseDevice(e.Footprint.Name); name == "all" {
+			continue
 		}
+		out = append(out, e.Footprint)
 	}
 	slices.SortFunc(out, func(a, b Device) int { return naturalCompare(a.Name, b.Name) })
 	return out
-}
-
-// Resolve looks up each qualified name. It returns the devices in the
-// order asked, or an error naming every name that did not resolve and the
-// spec files that failed to load, which may be why.
-func (r *Registry) Resolve(names []string) ([]*cdi.Device, error) {
-	devices := make([]*cdi.Device, 0, len(names))
-	var errs []error
-	for _, name := range names {
-		d := r.cache.GetDevice(name)
-		if d == nil {
-			errs = append(errs, fmt.Errorf("%w %q: no CDI spec in %s defines it%s",
-				ErrUnresolvable, name, strings.Join(r.dirs, ", "), r.specErrorHint()))
-			continue
-		}
-		if err := checkTrust(d.GetSpec().GetPath()); err != nil {
-			errs = append(errs, fmt.Errorf("device %q: %w", name, err))
-			continue
-		}
-		devices = append(devices, d)
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	return devices, nil
-}
-
-// specErrorHint describes the spec files that failed to load, if any.
-func (r *Registry) specErrorHint() string {
-	specErrs := r.cache.GetErrors()
-	var b strings.Builder
-	for _, path := range slices.Sorted(maps.Keys(specErrs)) {
-		if slices.Contains(r.dirs, path) {
-			continue // a missing directory is not a broken spec
-		}
-		fmt.Fprintf(&b, "; spec %s: %v", path, errors.Join(specErrs[path]...))
-	}
-	if b.Len() == 0 {
-		return ""
-	}
-	return " (it may be in a spec that failed to load" + b.String() + ")"
 }

@@ -49,15 +49,15 @@ func TestResolve(t *testing.T) {
 	write(t, high, "broken.yaml", "cdiVersion: [\n")
 	r := open(t, low, high)
 
-	devs, err := r.Resolve([]string{"nvidia.com/gpu=0"})
+	devs, err := r.Snapshot().Resolve([]string{"nvidia.com/gpu=0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := devs[0].ContainerEdits.Env; len(got) != 1 || got[0] != "FROM=run" {
+	if got := devs[0].Device.ContainerEdits.Env; len(got) != 1 || got[0] != "FROM=run" {
 		t.Errorf("env %v: the spec of the later directory must win", got)
 	}
 
-	_, err = r.Resolve([]string{"nvidia.com/gpu=0", "nvidia.com/gpu=9", "example.com/x=1"})
+	_, err = r.Snapshot().Resolve([]string{"nvidia.com/gpu=0", "nvidia.com/gpu=9", "example.com/x=1"})
 	if !errors.Is(err, specs.ErrUnresolvable) {
 		t.Fatalf("error %v does not wrap ErrUnresolvable", err)
 	}
@@ -74,7 +74,7 @@ func TestResolve(t *testing.T) {
 func TestMissingDirIsNotABrokenSpec(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "absent")
 	r := open(t, missing)
-	_, err := r.Resolve([]string{"nvidia.com/gpu=0"})
+	_, err := r.Snapshot().Resolve([]string{"nvidia.com/gpu=0"})
 	if err == nil || strings.Contains(err.Error(), "failed to load") {
 		t.Errorf("error %v: a missing directory is no spec problem", err)
 	}
@@ -83,13 +83,13 @@ func TestMissingDirIsNotABrokenSpec(t *testing.T) {
 func TestSpecChangesArePickedUp(t *testing.T) {
 	dir := t.TempDir()
 	r := open(t, dir)
-	if _, err := r.Resolve([]string{"nvidia.com/gpu=0"}); err == nil {
+	if _, err := r.Snapshot().Resolve([]string{"nvidia.com/gpu=0"}); err == nil {
 		t.Fatal("resolved a device before any spec was written")
 	}
 	write(t, dir, "gpu.yaml", gpuSpec("A=1"))
 	deadline := time.Now().Add(2 * time.Second)
 	for {
-		if _, err := r.Resolve([]string{"nvidia.com/gpu=0"}); err == nil {
+		if _, err := r.Snapshot().Resolve([]string{"nvidia.com/gpu=0"}); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -102,7 +102,7 @@ func TestSpecChangesArePickedUp(t *testing.T) {
 	}
 	deadline = time.Now().Add(2 * time.Second)
 	for {
-		if _, err := r.Resolve([]string{"nvidia.com/gpu=0"}); err != nil {
+		if _, err := r.Snapshot().Resolve([]string{"nvidia.com/gpu=0"}); err != nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -148,11 +148,11 @@ func TestUntrustedSpecs(t *testing.T) {
 			chmod(t, dir, 0o755)
 			tc.prepare(t, dir, filepath.Join(dir, "gpu.yaml"))
 			r := open(t, dir)
-			_, err := r.Resolve([]string{"nvidia.com/gpu=0"})
+			_, err := r.Snapshot().Resolve([]string{"nvidia.com/gpu=0"})
 			if !errors.Is(err, specs.ErrUntrusted) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), `device "nvidia.com/gpu=0"`) {
 				t.Errorf("error %v, want one wrapping ErrUntrusted naming the device and saying %q", err, tc.want)
 			}
-			if c := r.Candidates("nvidia.com/gpu"); len(c) != 0 {
+			if c := r.Snapshot().Candidates("nvidia.com/gpu"); len(c) != 0 {
 				t.Errorf("candidates %v from an untrusted spec", c)
 			}
 			found := false
@@ -196,11 +196,86 @@ devices:
     containerEdits: {env: [A=1]}
 `)
 	var got []string
-	for _, d := range open(t, dir).Candidates("nvidia.com/gpu") {
+	for _, d := range open(t, dir).Snapshot().Candidates("nvidia.com/gpu") {
 		got = append(got, d.Name+"@"+strings.Join(d.Nodes, ","))
 	}
 	want := []string{"nvidia.com/gpu=2@/dev/zero", "nvidia.com/gpu=10@/dev/null", "nvidia.com/gpu=GPU-2@/dev/zero"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("candidates %v, want %v (no all, numbers in numeric order, footprints from host paths)", got, want)
 	}
+}
+
+// eventually waits up to 2s for cond, the pick-up time nri-gpu promises.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 2s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestSpecChurn(t *testing.T) {
+	envOf := func(r *specs.Registry) string {
+		e, err := r.Snapshot().Resolve([]string{"nvidia.com/gpu=0"})
+		if err != nil {
+			return ""
+		}
+		return e[0].Device.ContainerEdits.Env[0]
+	}
+	root := t.TempDir()
+	dir := filepath.Join(root, "cdi")
+	write(t, dir, "gpu.yaml", gpuSpec("V=1"))
+	write(t, dir, "nic.yaml", `cdiVersion: "0.6.0"
+kind: example.com/nic
+devices: [{name: "0", containerEdits: {env: [NIC=0]}}]
+`)
+	r := open(t, dir)
+	if got := envOf(r); got != "V=1" {
+		t.Fatalf("env %q at start", got)
+	}
+
+	// Replaced by an atomic rename.
+	write(t, root, "gpu.yaml.tmp", gpuSpec("V=2"))
+	if err := os.Rename(filepath.Join(root, "gpu.yaml.tmp"), filepath.Join(dir, "gpu.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a spec replaced by rename", func() bool { return envOf(r) == "V=2" })
+
+	// Edited in place.
+	write(t, dir, "gpu.yaml", gpuSpec("V=3"))
+	eventually(t, "a spec edited in place", func() bool { return envOf(r) == "V=3" })
+
+	// Broken: logged by file name with the parse error; others unaffected.
+	write(t, dir, "gpu.yaml", "cdiVersion: [\n")
+	eventually(t, "a broken spec", func() bool { return envOf(r) == "" })
+	if _, err := r.Snapshot().Resolve([]string{"example.com/nic=0"}); err != nil {
+		t.Errorf("a broken spec affected another: %v", err)
+	}
+	if errs := r.Errors()[filepath.Join(dir, "gpu.yaml")]; len(errs) == 0 {
+		t.Errorf("the broken spec is not reported by file name: %v", r.Errors())
+	}
+
+	// Removed.
+	write(t, dir, "gpu.yaml", gpuSpec("V=4"))
+	eventually(t, "a spec mended", func() bool { return envOf(r) == "V=4" })
+	if err := os.Remove(filepath.Join(dir, "gpu.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a spec removed", func() bool { return envOf(r) == "" })
+
+	// The directory deleted and created again.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a spec dir deleted", func() bool {
+		_, err := r.Snapshot().Resolve([]string{"example.com/nic=0"})
+		return err != nil
+	})
+	write(t, dir, "gpu.yaml", gpuSpec("V=5"))
+	eventually(t, "a spec dir created again", func() bool { return envOf(r) == "V=5" })
+	write(t, dir, "gpu.yaml", gpuSpec("V=6"))
+	eventually(t, "a change in the recreated dir", func() bool { return envOf(r) == "V=6" })
 }

@@ -1,0 +1,65 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
+)
+
+// Backoff bounds between reconnection attempts.
+const (
+	MinBackoff = 500 * time.Millisecond
+	MaxBackoff = 5 * time.Second
+)
+
+// ErrConfig is wrapped by Serve's error when the runtime handed the plugin
+// a configuration it rejected.
+var ErrConfig = errors.New("invalid configuration")
+
+// Serve connects the plugin to the runtime and serves it until ctx is
+// done. An external plugin whose connection fails or closes (containerd
+// restarted or upgraded) connects again after a backoff doubling from
+// MinBackoff to MaxBackoff, logging each attempt: it never gives up. A
+// pre-registered plugin (started by containerd, on a socket containerd
+// passed it) cannot reconnect: it returns, and containerd starts it anew.
+//
+// Serve returns nil when ctx is done or a pre-registered connection
+// closed, and an error only for bad stub options or a configuration the
+// runtime handed over that was rejected (wrapping ErrConfig).
+func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
+	preRegistered := os.Getenv(api.PluginSocketEnvVar) != ""
+	delay := MinBackoff
+	for attempt := 1; ; attempt++ {
+		s, err := stub.New(p, opts...)
+		if err != nil {
+			return fmt.Errorf("creating the NRI stub: %w", err)
+		}
+		before := p.connections()
+		err = s.Run(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if cfgErr := p.takeConfigError(); cfgErr != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, cfgErr)
+		}
+		if preRegistered {
+			p.log.Warnf("connection to the runtime lost (%v); a pre-registered plugin exits and is started again by the runtime", err)
+			return nil
+		}
+		if p.connections() != before {
+			delay = MinBackoff // it was connected: start the backoff anew
+		}
+		p.log.Warnf("NRI connection failed or lost (%v); reconnecting in %s (attempt %d)", err, delay, attempt)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, MaxBackoff)
+	}
+}

@@ -1,0 +1,160 @@
+package specs
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+)
+
+// Snapshot is the state of the specs at one load. It is never modified
+// once published.
+type Snapshot struct {
+	dirs    []string
+	devices map[string]*Entry
+	// Problems are, by spec file, why it or some of its devices are not
+	// used: parse and validation errors, conflicts, no trust.
+	Problems map[string][]error
+	// HostNodes are the host device nodes the devices name, by host path,
+	// as stat'ed at load.
+	HostNodes map[string]HostNode
+}
+
+// Entry is a device of a snapshot.
+type Entry struct {
+	// Device is the device as the CDI cache resolved it.
+	Device *cdi.Device
+	// Footprint is its name and own host device nodes.
+	Footprint Device
+	// Hooks are the hook executables its edits and its spec's inject.
+	Hooks []string
+	// Untrusted says why its spec is not trusted; nil when it is.
+	Untrusted error
+}
+
+// HostNode is a host device node as stat'ed at load.
+type HostNode struct {
+	// Type is "c", "b" or "p".
+	Type         string
+	Major, Minor int64
+	// Mode holds the permission bits.
+	Mode     os.FileMode
+	UID, GID uint32
+	// Err is why the node could not be stat'ed, or is not a device.
+	Err error
+}
+
+// Len returns the number of devices in the snapshot.
+func (s *Snapshot) Len() int { return len(s.devices) }
+
+// load refreshes the cache from disk and builds a snapshot of it.
+func load(cache *cdi.Cache, dirs []string) *Snapshot {
+	_ = cache.Refresh() // the errors are read below, per spec
+	s := &Snapshot{
+		dirs:      dirs,
+		devices:   map[string]*Entry{},
+		Problems:  map[string][]error{},
+		HostNodes: map[string]HostNode{},
+	}
+	for path, errs := range cache.GetErrors() {
+		if !slices.Contains(dirs, path) {
+			s.Problems[path] = errs
+		}
+	}
+	trust := map[string]error{}
+	for _, name := range cache.ListDevices() {
+		d := cache.GetDevice(name)
+		if d == nil {
+			continue
+		}
+		spec := d.GetSpec()
+		untrusted, seen := trust[spec.GetPath()]
+		if !seen {
+			untrusted = checkTrust(spec.GetPath())
+			trust[spec.GetPath()] = untrusted
+			if untrusted != nil {
+				s.Problems[spec.GetPath()] = append(s.Problems[spec.GetPath()], untrusted)
+			}
+		}
+		s.devices[name] = &Entry{Device: d, Footprint: Footprint(d), Hooks: hooks(d), Untrusted: untrusted}
+		for _, edits := range []*cdispec.ContainerEdits{&spec.ContainerEdits, &d.ContainerEdits} {
+			for _, n := range edits.DeviceNodes {
+				if host := hostPath(n); host != "" {
+					if _, ok := s.HostNodes[host]; !ok {
+						s.HostNodes[host] = statNode(host)
+					}
+				}
+			}
+		}
+	}
+	return s
+}
+
+// problemHint describes the spec files that failed to load, if any.
+func (s *Snapshot) problemHint() string {
+	var b strings.Builder
+	for _, path := range slices.Sorted(maps.Keys(s.Problems)) {
+		fmt.Fprintf(&b, "; spec %s: %v", path, errors.Join(s.Problems[path]...))
+	}
+	if b.Len() == 0 {
+		return ""
+	}
+	return " (it may be in a spec that is not used" + b.String() + ")"
+}
+
+// hooks returns the hook executables a device's edits, and its spec's,
+// inject.
+func hooks(d *cdi.Device) []string {
+	var paths []string
+	for _, h := range append(slices.Clone(d.GetSpec().ContainerEdits.Hooks), d.ContainerEdits.Hooks...) {
+		if h != nil && !slices.Contains(paths, h.Path) {
+			paths = append(paths, h.Path)
+		}
+	}
+	return paths
+}
+
+// hostPath returns the host path of a device node ("" for none).
+func hostPath(n *cdispec.DeviceNode) string {
+	if n == nil {
+		return ""
+	}
+	if n.HostPath != "" {
+		return n.HostPath
+	}
+	return n.Path
+}
+
+// statNode reads a host device node as CDI does (lstat: a link is not a
+// device node).
+func statNode(path string) HostNode {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return HostNode{Err: err}
+	}
+	var typ string
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFBLK:
+		typ = "b"
+	case unix.S_IFCHR:
+		typ = "c"
+	case unix.S_IFIFO:
+		typ = "p"
+	default:
+		return HostNode{Err: errors.New("not a device node")}
+	}
+	rdev := uint64(st.Rdev) //nolint:unconvert // Rdev's type differs between architectures.
+	return HostNode{
+		Type:  typ,
+		Major: int64(unix.Major(rdev)), Minor: int64(unix.Minor(rdev)),
+		// The raw mode bits less the type, as CDI takes them.
+		Mode: os.FileMode(st.Mode &^ unix.S_IFMT),
+		UID:  st.Uid, GID: st.Gid,
+	}
+}
