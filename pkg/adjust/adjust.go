@@ -32,6 +32,10 @@ type Options struct {
 	// UID and GID are the container process's user and group. CDI gives
 	// them to device nodes whose spec sets no owner, as a runtime does.
 	UID, GID uint32
+	// Injected are devices the runtime itself already injected (its own
+	// CDI support, for a cdi.k8s.io annotation): the spec-level edits of
+	// their specs are not applied again.
+	Injected []*cdi.Device
 	// HookEnv is the environment of every hook whose spec gives it none,
 	// so that no hook inherits an environment nri-gpu did not choose.
 	// Empty means DefaultHookEnv.
@@ -72,6 +76,9 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 		errs    []error
 		names   = make([]string, 0, len(devices))
 	)
+	for _, d := range opts.Injected {
+		seen[d.GetSpec()] = true
+	}
 	for _, d := range devices {
 		name := d.GetQualifiedName()
 		names = append(names, name)

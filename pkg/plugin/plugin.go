@@ -287,8 +287,8 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, log 
 	}
 
 	var (
-		named []*specs.Entry
-		errs  []error
+		named, injected []*specs.Entry
+		errs            []error
 	)
 	for _, r := range ask.Requests {
 		e, err := st.resolve(snap, r.Device)
@@ -297,6 +297,10 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, log 
 			continue
 		}
 		named = append(named, e)
+		if r.Source == policy.SourceCDI && injectedByRuntime(e, ctr) {
+			injected = append(injected, e)
+			log.WithField("device", r.Device).Info("device already injected by the runtime's own CDI support; not injected again")
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, nil, err
@@ -314,7 +318,7 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, log 
 	if err != nil {
 		return nil, nil, err
 	}
-	adj, err := st.build(snap, named, grant, ctr)
+	adj, err := st.build(snap, named, injected, grant, ctr)
 	if err != nil {
 		p.alloc.Revert(grant)
 		return nil, nil, err
@@ -345,9 +349,14 @@ type built struct {
 
 // build resolves the counted devices of a grant and builds the adjustment
 // for all the container's devices, recording them in annotations.
-func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, grant policy.Grant, ctr *api.Container) (built, error) {
+func (st *state) build(snap *specs.Snapshot, named, injected []*specs.Entry, grant policy.Grant, ctr *api.Container) (built, error) {
 	devices := make([]*cdi.Device, 0, len(named)+len(grant.Counted))
+	var already []*cdi.Device
 	for _, e := range named {
+		if slices.Contains(injected, e) {
+			already = append(already, e.Device)
+			continue
+		}
 		devices = append(devices, e.Device)
 	}
 	var errs []error
@@ -364,6 +373,7 @@ func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, grant policy.
 	}
 	res, err := adjust.Build(devices, snap.HostNodes, adjust.Options{
 		SkipUnsupported: st.cfg.UnsupportedEdits == config.UnsupportedWarn,
+		Injected:        already,
 		UID:             ctr.GetUser().GetUid(),
 		GID:             ctr.GetUser().GetGid(),
 	})
@@ -375,6 +385,29 @@ func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, grant policy.
 		res.Adjustment.AddAnnotation(CountedAnnotation, strings.Join(names(grant.Counted), ","))
 	}
 	return built{adjustment: res.Adjustment, skipped: res.Skipped}, nil
+}
+
+// injectedByRuntime reports whether the runtime already injected a device
+// into the container (containerd's own CDI support, enable_cdi, acting on
+// a cdi.k8s.io annotation before NRI is called): every device node and
+// env entry of the device's own edits is already there. A device with
+// neither cannot be told apart and counts as not injected.
+func injectedByRuntime(e *specs.Entry, ctr *api.Container) bool {
+	edits := e.Device.ContainerEdits
+	if len(edits.DeviceNodes) == 0 && len(edits.Env) == 0 {
+		return false
+	}
+	for _, n := range edits.DeviceNodes {
+		if n != nil && !slices.ContainsFunc(ctr.GetLinux().GetDevices(), func(d *api.LinuxDevice) bool { return d.GetPath() == n.Path }) {
+			return false
+		}
+	}
+	for _, kv := range edits.Env {
+		if !slices.Contains(ctr.GetEnv(), kv) {
+			return false
+		}
+	}
+	return true
 }
 
 func podOf(pod *api.PodSandbox) policy.Pod {

@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"maps"
 	"os"
@@ -233,7 +234,9 @@ func TestCreateContainerOverNRI(t *testing.T) {
 		config      string
 		podAnn      map[string]string
 		ctrAnn      map[string]string
+		ctrDevices  []string // already in the container, as a runtime's own CDI injection leaves them
 		wantDevices []string
+		noEnv       bool // the spec-level env came with the runtime's injection
 		wantErr     []string
 	}{
 		{
@@ -256,6 +259,19 @@ func TestCreateContainerOverNRI(t *testing.T) {
 			name:   "cdi.k8s.io ignored when honorCDIAnnotations is false",
 			config: "honorCDIAnnotations: false",
 			ctrAnn: map[string]string{"cdi.k8s.io/dp": "nvidia.com/gpu=1"},
+		},
+		{
+			name:       "a device the runtime already injected is not injected again, nor its spec's edits",
+			ctrAnn:     map[string]string{"cdi.k8s.io/dp": "nvidia.com/gpu=1"},
+			ctrDevices: []string{"/dev/nvidia1"},
+		},
+		{
+			name:        "a pod request beside one the runtime injected gets only its own device",
+			podAnn:      map[string]string{"gpus.nri-gpu.io": "0"},
+			ctrAnn:      map[string]string{"cdi.k8s.io/dp": "nvidia.com/gpu=1"},
+			ctrDevices:  []string{"/dev/nvidia1"},
+			wantDevices: []string{"/dev/nvidia0"},
+			noEnv:       true,
 		},
 		{
 			name:   "no request, no adjustment",
@@ -287,6 +303,9 @@ func TestCreateContainerOverNRI(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := runtime(t, tc.config)
 			req := createRequest(tc.podAnn, tc.ctrAnn)
+			for _, d := range tc.ctrDevices {
+				req.Container.Linux.Devices = append(req.Container.Linux.Devices, &api.LinuxDevice{Path: d, Type: "c"})
+			}
 			adj, err := r.create(req.Pod, req.Container)
 			if len(tc.wantErr) > 0 {
 				testutil.ErrorSays(t, err, tc.wantErr...)
@@ -300,7 +319,7 @@ func TestCreateContainerOverNRI(t *testing.T) {
 				t.Errorf("devices %v, want %v", got, tc.wantDevices)
 			}
 			hasEnv := len(adj.GetEnv()) > 0
-			if hasEnv != (len(tc.wantDevices) > 0) {
+			if hasEnv != (len(tc.wantDevices) > 0 && !tc.noEnv) {
 				t.Errorf("env %v with devices %v: spec-level edits must come with the devices, and only then", adj.GetEnv(), got)
 			}
 		})
@@ -382,5 +401,41 @@ func TestAllocationsSurviveRestart(t *testing.T) {
 	}
 	if got := devicePaths(adj); !slices.Equal(got, []string{"/dev/nvidia0"}) {
 		t.Errorf("got %v, want the released GPU 0", got)
+	}
+}
+
+// TestThousandSpecs has nri-gpu serve a request with 1000 spec files
+// loaded, through the runtime side, whose request timeout (NRI's default,
+// 2 s) fails a plugin that is too slow. Speed itself is measured by the
+// benchmarks, not here.
+func TestThousandSpecs(t *testing.T) {
+	r := runtime(t, "")
+	for i := 0; i < 1000; i++ {
+		spec := fmt.Sprintf(`cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+devices:
+  - name: "x%d"
+    containerEdits:
+      env: ["X=%d"]
+      deviceNodes: [{path: /dev/x%d, hostPath: /dev/null}]
+`, i, i, i)
+		if err := os.WriteFile(filepath.Join(r.specDir, fmt.Sprintf("x%04d.yaml", i)), []byte(spec), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := createRequest(map[string]string{"gpus.nri-gpu.io": "x999,0"}, nil)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		adj, err := r.create(req.Pod, req.Container)
+		if err == nil {
+			if got := devicePaths(adj); !slices.Equal(got, []string{"/dev/x999", "/dev/nvidia0"}) {
+				t.Errorf("devices %v", got)
+			}
+			return
+		}
+		if !strings.Contains(err.Error(), "unresolvable") || time.Now().After(deadline) {
+			t.Fatalf("with 1000 specs: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -26,6 +26,8 @@ const (
 	AllDevice = "all"
 	// maxItemLen bounds one request item, so that errors stay readable.
 	maxItemLen = 256
+	// maxItems bounds the devices one annotation may name.
+	maxItems = 256
 )
 
 // ErrInvalidRequest is wrapped by every error about a malformed request.
@@ -193,6 +195,9 @@ func effectiveKey(annotations map[string]string, container, value string) string
 }
 
 func (p *Parser) parsePodValue(key, value string) ([]Request, error) {
+	if n := strings.Count(value, ",") + 1; n > maxItems {
+		return nil, fmt.Errorf("pod annotation %q: %w: %d items, more than %d", key, ErrInvalidRequest, n, maxItems)
+	}
 	var reqs []Request
 	for i, raw := range strings.Split(value, ",") {
 		item := strings.TrimSpace(raw)
@@ -238,6 +243,9 @@ func parseCDIAnnotations(annotations map[string]string) ([]Request, error) {
 	sort.Strings(keys)
 	var reqs []Request
 	for _, k := range keys {
+		if n := strings.Count(annotations[k], ",") + 1; n > maxItems {
+			return nil, fmt.Errorf("container annotation %q: %w: %d items, more than %d", k, ErrInvalidRequest, n, maxItems)
+		}
 		_, devices, err := cdi.ParseAnnotations(map[string]string{k: annotations[k]})
 		if err != nil {
 			return nil, fmt.Errorf("container annotation %q: %w: %w", k, ErrInvalidRequest, err)

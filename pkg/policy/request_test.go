@@ -150,6 +150,27 @@ func TestParse(t *testing.T) {
 			wantErr: []string{"20000 bytes long", strings.Repeat("a", 64) + "..."},
 		},
 		{
+			name:    "too many items",
+			podAnn:  map[string]string{"gpus.nri-gpu.io": strings.Repeat("0,", 300) + "0"},
+			wantErr: []string{`pod annotation "gpus.nri-gpu.io"`, "301 items, more than 256"},
+		},
+		{
+			name:     "too many cdi.k8s.io items",
+			honorCDI: true,
+			ctrAnn:   map[string]string{"cdi.k8s.io/x": strings.Repeat("nvidia.com/gpu=0,", 299) + "nvidia.com/gpu=0"},
+			wantErr:  []string{`container annotation "cdi.k8s.io/x"`, "300 items"},
+		},
+		{
+			name:    "invalid UTF-8",
+			podAnn:  map[string]string{"gpus.nri-gpu.io": "0,\xff\xfe"},
+			wantErr: []string{`item 2 "\xff\xfe"`},
+		},
+		{
+			name:    "shell metacharacters",
+			podAnn:  map[string]string{"gpus.nri-gpu.io": "$(reboot)"},
+			wantErr: []string{`item 1 "$(reboot)"`},
+		},
+		{
 			name:     "bad cdi.k8s.io value",
 			honorCDI: true,
 			ctrAnn:   map[string]string{"cdi.k8s.io/dp": "nvidia.com/gpu=0, nvidia.com/gpu=1"},
