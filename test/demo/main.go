@@ -63,7 +63,7 @@ func run() (err error) {
 		}
 	}()
 	config := filepath.Join(dir, "nri-gpu.yaml")
-	if err := os.WriteFile(config, []byte(host.PluginConfig("exclusive: true")), 0o644); err != nil {
+	if err := os.WriteFile(config, []byte(host.PluginConfig(nil, "exclusive: true")), 0o644); err != nil {
 		return err
 	}
 	plugin, err := ctd.StartPlugin("--config", config)

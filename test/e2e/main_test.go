@@ -25,14 +25,16 @@ var env struct {
 	image  string
 	host   *harness.GPUHost
 	config string
-	ctd    *harness.Containerd
-	nri    *harness.Plugin
+	// churnDir is a second spec dir, the tests' to change.
+	churnDir string
+	ctd      *harness.Containerd
+	nri      *harness.Plugin
 }
 
 // suitePolicy is the policy of the suite's nri-gpu: a multi-tenant one.
 var suitePolicy = []string{
 	"namespaces: [e2e, tenant-*]",
-	"devices: [nvidia.com/gpu=*, " + harness.BadHookKind + "=*, " + harness.UntrustedKind + "=*]",
+	"devices: [nvidia.com/gpu=*, " + harness.BadHookKind + "=*, " + harness.UntrustedKind + "=*, " + churnKind + "=*]",
 	"maxDevicesPerPod: 3",
 	"exclusive: true",
 }
@@ -81,8 +83,9 @@ func setup() (int, error) {
 	if env.host, err = harness.NewGPUHost(env.dir, 4); err != nil {
 		return 1, err
 	}
+	env.churnDir = filepath.Join(env.dir, "cdi-churn")
 	env.config = filepath.Join(env.dir, "nri-gpu.yaml")
-	if err := os.WriteFile(env.config, []byte(env.host.PluginConfig(suitePolicy...)), 0o644); err != nil {
+	if err := os.WriteFile(env.config, []byte(env.host.PluginConfig([]string{env.churnDir}, suitePolicy...)), 0o644); err != nil {
 		return 1, err
 	}
 	if env.ctd, err = harness.StartContainerd(filepath.Join(env.dir, "ctd"), env.tools, harness.Options{Image: env.image}); err != nil {

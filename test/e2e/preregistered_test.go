@@ -16,7 +16,7 @@ func TestPreRegisteredPlugin(t *testing.T) {
 	needEnv(t)
 	ctd, err := harness.StartContainerd(filepath.Join(env.dir, "ctd-prereg"), env.tools, harness.Options{
 		Image:       env.image,
-		PreRegister: env.host.PluginConfig("allowAll: true"),
+		PreRegister: env.host.PluginConfig(nil, "allowAll: true"),
 	})
 	if err != nil {
 		t.Fatal(err)

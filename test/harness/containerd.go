@@ -42,6 +42,7 @@ type Containerd struct {
 	Address string
 	NRISock string
 	LogPath string
+	cfgPath string
 	cmd     *exec.Cmd
 	done    chan error
 	plugins []*Plugin
@@ -134,28 +135,13 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 	if err := os.WriteFile(cfgPath, cfg.Bytes(), 0o644); err != nil {
 		return nil, err
 	}
-	logFile, err := os.Create(c.LogPath)
-	if err != nil {
-		return nil, err
-	}
-	defer logFile.Close()
-
-	c.cmd = exec.Command(tools.Path("containerd"), "--config", cfgPath)
-	c.cmd.Env = append(os.Environ(), "PATH="+tools.Dir+":"+os.Getenv("PATH"))
-	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := c.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting containerd: %w", err)
-	}
-	c.done = make(chan error, 1)
-	go func() { c.done <- c.cmd.Wait() }()
+	c.cfgPath = cfgPath
 	defer func() {
 		if err != nil {
 			_ = c.Stop()
 		}
 	}()
-
-	if err := c.waitReady(30 * time.Second); err != nil {
+	if err := c.start(); err != nil {
 		return c, err
 	}
 	if opts.Image != "" {
@@ -164,6 +150,39 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 		}
 	}
 	return c, nil
+}
+
+// start starts the containerd process and waits until CRI answers.
+func (c *Containerd) start() error {
+	logFile, err := os.OpenFile(c.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	c.cmd = exec.Command(c.Tools.Path("containerd"), "--config", c.cfgPath)
+	c.cmd.Env = append(os.Environ(), "PATH="+c.Tools.Dir+":"+os.Getenv("PATH"))
+	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := c.cmd.Start(); err != nil {
+		return fmt.Errorf("starting containerd: %w", err)
+	}
+	c.done = make(chan error, 1)
+	go func(cmd *exec.Cmd, done chan error) { done <- cmd.Wait() }(c.cmd, c.done)
+	return c.waitReady(30 * time.Second)
+}
+
+// Restart stops containerd with SIGTERM, as an upgrade or a restart by
+// systemd does, leaving pods, shims and plugins running, and starts it
+// again.
+func (c *Containerd) Restart() error {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-c.done:
+		c.done <- err
+	case <-time.After(15 * time.Second):
+		return fmt.Errorf("containerd did not stop on SIGTERM")
+	}
+	return c.start()
 }
 
 // preRegister installs the plugin binary and its configuration where

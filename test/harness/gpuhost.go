@@ -119,10 +119,12 @@ func (h *GPUHost) writeOddSpecs() error {
 }
 
 // PluginConfig returns an nri-gpu configuration for this host: its spec
-// dir, and a policy that allows its hook, with the given policy keys
-// (YAML lines indented under policy:) added.
-func (h *GPUHost) PluginConfig(policy ...string) string {
-	return fmt.Sprintf("cdiSpecDirs: [%s]\npolicy:\n  hookPaths: [%s]\n  %s\n", h.SpecDir, h.HookPath(), strings.Join(policy, "\n  "))
+// dir (and extraDirs after it), and a policy that allows its hook, with
+// the given policy keys (YAML lines indented under policy:) added.
+func (h *GPUHost) PluginConfig(extraDirs []string, policy ...string) string {
+	dirs := append([]string{h.SpecDir}, extraDirs...)
+	return fmt.Sprintf("cdiSpecDirs: [%s]\npolicy:\n  hookPaths: [%s]\n  %s\n",
+		strings.Join(dirs, ", "), h.HookPath(), strings.Join(policy, "\n  "))
 }
 
 // Dev returns the host path of a fake device node.

@@ -58,6 +58,22 @@ func (p *Plugin) Log() string {
 	return string(data)
 }
 
+// Terminate sends SIGTERM and returns the exit status, or an error if the
+// plugin did not exit within timeout.
+func (p *Plugin) Terminate(timeout time.Duration) (int, error) {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return p.cmd.ProcessState.ExitCode(), nil
+	case <-time.After(timeout):
+		return -1, fmt.Errorf("nri-gpu did not exit within %s of SIGTERM", timeout)
+	}
+}
+
+// Registrations counts how often the plugin registered with the runtime.
+func (p *Plugin) Registrations() int { return strings.Count(p.Log(), "Started plugin") }
+
 // Kill kills the plugin with SIGKILL, as a crash or an OOM kill would.
 func (p *Plugin) Kill() {
 	_ = p.cmd.Process.Kill()
