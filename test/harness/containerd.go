@@ -29,6 +29,9 @@ type Options struct {
 	CDISpecDirs []string
 	// Image is the image tar to import; BuildImage makes it.
 	Image string
+	// DefaultValidator enables NRI's default validator (containerd 2.2+),
+	// which fails containers whose pods require a plugin that is absent.
+	DefaultValidator bool
 	// PreRegister, when set, installs nri-gpu as the pre-registered plugin
 	// 10-nri-gpu, which containerd starts itself and hands this
 	// configuration (plugin_config_path/10-nri-gpu.conf).
@@ -100,6 +103,65 @@ disabled_plugins = [
   plugin_request_timeout = "2s"
 `
 
+const configTemplateV3 = `version = 3
+root = "{{.Dir}}/root"
+state = "{{.Dir}}/state"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "{{.Dir}}/containerd.sock"
+
+[ttrpc]
+  address = "{{.Dir}}/containerd.sock.ttrpc"
+
+[debug]
+  address = "{{.Dir}}/debug.sock"
+  level = "info"
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{{.Dir}}/opt"
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{{.Image}}"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_cdi = {{.EnableCDI}}
+  cdi_spec_dirs = [{{.CDIDirs}}]
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "{{.Runc}}"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{{.Dir}}/cni/bin"]
+    conf_dir = "{{.Dir}}/cni/conf"
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[plugins.'io.containerd.nri.v1.nri']
+  disable = false
+  socket_path = "{{.Dir}}/nri/nri.sock"
+  plugin_path = "{{.Dir}}/nri/plugins"
+  plugin_config_path = "{{.Dir}}/nri/conf.d"
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "2s"
+  [plugins.'io.containerd.nri.v1.nri'.default_validator]
+    enable = {{.Validator}}
+`
+
 // StartContainerd writes a config under dir, starts containerd, waits for
 // CRI to answer and imports the image. On error it cleans up what it began.
 func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err error) {
@@ -120,9 +182,15 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 		quoted[i] = fmt.Sprintf("%q", d)
 	}
 	var cfg bytes.Buffer
-	if err := template.Must(template.New("config").Parse(configTemplate)).Execute(&cfg, map[string]any{
+	tmpl := configTemplate
+	if tools.Containerd2() {
+		tmpl = configTemplateV3
+	} else if opts.DefaultValidator {
+		return nil, fmt.Errorf("containerd %s has no NRI default validator", tools.ContainerdVersion)
+	}
+	if err := template.Must(template.New("config").Parse(tmpl)).Execute(&cfg, map[string]any{
 		"Dir": dir, "Image": ImageRef, "EnableCDI": opts.EnableCDI,
-		"CDIDirs": strings.Join(quoted, ", "), "Runc": tools.Runc,
+		"CDIDirs": strings.Join(quoted, ", "), "Runc": tools.Runc, "Validator": opts.DefaultValidator,
 	}); err != nil {
 		return nil, err
 	}
@@ -229,12 +297,18 @@ func tail(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// run runs a tool with a timeout and returns its combined output.
+// run runs a tool with a timeout and returns its output: standard output
+// when it succeeds, and standard error after it when it fails.
 func run(timeout time.Duration, name string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-	return strings.TrimSpace(string(out)), err
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return strings.TrimSpace(stdout.String() + "\n" + stderr.String()), err
+	}
+	return strings.TrimSpace(stdout.String()), nil
 }
 
 // Crictl runs crictl against this containerd.

@@ -6,24 +6,44 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 )
 
 // ToolsEnv names the directory holding the test binaries, which
-// `make e2e-tools` builds.
-const ToolsEnv = "NRI_GPU_TOOLS"
+// `make e2e-tools` builds. ContainerdEnv, when set, names another
+// directory to take containerd, ctr and containerd-shim-runc-v2 from (a
+// different containerd version).
+const (
+	ToolsEnv      = "NRI_GPU_TOOLS"
+	ContainerdEnv = "NRI_GPU_CONTAINERD"
+)
 
 // Tools locates the binaries a run needs.
 type Tools struct {
-	// Dir holds containerd, ctr, containerd-shim-runc-v2, crictl and nri-gpu.
+	// Dir holds crictl and nri-gpu (and containerd's binaries, unless
+	// ContainerdDir is set).
 	Dir string
+	// ContainerdDir holds containerd, ctr and containerd-shim-runc-v2.
+	ContainerdDir string
+	// ContainerdVersion is what containerd --version says, e.g. "1.7.35".
+	ContainerdVersion string
 	// Runc is the runc binary.
 	Runc string
 	// Busybox is a statically linked busybox for the image.
 	Busybox string
 }
 
-// Path returns the path of a binary in the tools directory.
-func (t Tools) Path(name string) string { return filepath.Join(t.Dir, name) }
+// Path returns the path of a binary of the tools.
+func (t Tools) Path(name string) string {
+	switch name {
+	case "containerd", "ctr", "containerd-shim-runc-v2":
+		return filepath.Join(t.ContainerdDir, name)
+	}
+	return filepath.Join(t.Dir, name)
+}
+
+// Containerd2 reports whether the containerd is 2.x (config version 3).
+func (t Tools) Containerd2() bool { return strings.HasPrefix(t.ContainerdVersion, "2.") }
 
 // FindTools finds the tools in dir (or $NRI_GPU_TOOLS when dir is empty)
 // and on the host, and says which are missing.
@@ -34,11 +54,20 @@ func FindTools(dir string) (Tools, error) {
 	if dir == "" {
 		return Tools{}, fmt.Errorf("no tools directory: set %s (make e2e-tools builds it)", ToolsEnv)
 	}
-	t := Tools{Dir: dir}
+	t := Tools{Dir: dir, ContainerdDir: os.Getenv(ContainerdEnv)}
+	if t.ContainerdDir == "" {
+		t.ContainerdDir = dir
+	}
 	var errs []error
 	for _, name := range []string{"containerd", "ctr", "containerd-shim-runc-v2", "crictl", "nri-gpu"} {
 		if _, err := os.Stat(t.Path(name)); err != nil {
 			errs = append(errs, fmt.Errorf("tool %s: %w", name, err))
+		}
+	}
+	if out, err := exec.Command(t.Path("containerd"), "--version").Output(); err == nil {
+		// "containerd <module> 1.7.35+unknown <commit>"
+		if f := strings.Fields(string(out)); len(f) >= 3 {
+			t.ContainerdVersion = strings.TrimPrefix(strings.SplitN(f[2], "+", 2)[0], "v")
 		}
 	}
 	var err error
