@@ -5,6 +5,10 @@ OUT       := $(CURDIR)/_output
 BIN       := $(OUT)/bin
 CRICTL_VERSION := v1.34.0
 CONTAINERD17   := $(CURDIR)/test/tools/containerd17
+CONTAINERD17_OLD := 1.7.25
+CONTAINERD17OLD  := $(OUT)/containerd-$(CONTAINERD17_OLD)
+CONTAINERD2_VERSION := v2.3.7
+CONTAINERD2    := $(OUT)/containerd-$(CONTAINERD2_VERSION:v%=%)
 
 export NRI_GPU_TOOLS := $(BIN)
 
@@ -23,23 +27,40 @@ $(BIN)/containerd: $(CONTAINERD17)/go.mod $(CONTAINERD17)/go.sum $(wildcard $(CO
 	cd $(CONTAINERD17) && $(GO) build -o $(BIN)/ ./...
 	touch $@
 
+# An older containerd 1.7 (NRI v0.6.1), from the same sources with its own
+# go.mod (go.$(CONTAINERD17_OLD).mod).
+$(CONTAINERD17OLD)/containerd: $(CONTAINERD17)/go.$(CONTAINERD17_OLD).mod $(CONTAINERD17)/go.$(CONTAINERD17_OLD).sum
+	cd $(CONTAINERD17) && $(GO) build -modfile=go.$(CONTAINERD17_OLD).mod -o $(CONTAINERD17OLD)/ ./...
+	touch $@
+
+# containerd 2.x needs no module of its own: it installs from its module.
+$(CONTAINERD2)/containerd:
+	GOBIN=$(CONTAINERD2) $(GO) install \
+		github.com/containerd/containerd/v2/cmd/containerd@$(CONTAINERD2_VERSION) \
+		github.com/containerd/containerd/v2/cmd/ctr@$(CONTAINERD2_VERSION) \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$(CONTAINERD2_VERSION)
+
 $(BIN)/crictl:
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
 
 deps:
 	./hack/install-deps.sh
 
-e2e-tools: deps build $(BIN)/containerd $(BIN)/crictl
+e2e-tools: deps build $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd
 
 lint:
-	@out=$$(gofmt -l cmd pkg test); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l cmd pkg test internal); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	cd $(CONTAINERD17) && $(GO) vet ./...
+	cd $(CONTAINERD17) && $(GO) vet -modfile=go.$(CONTAINERD17_OLD).mod ./...
 
-# Every test: unit, protocol (NRI's runtime side) and end-to-end (a real
-# containerd 1.7). The end-to-end tests need root; here they must run.
+# Every test: unit, protocol (NRI's runtime side) and end-to-end, on
+# containerd 1.7.35, then again on 2.x and on an older 1.7. The end-to-end
+# tests need root; here they must run.
 test: lint e2e-tools
 	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 ./...
+	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD2) $(GO) test -race -count=1 ./test/e2e/
+	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD17OLD) $(GO) test -race -count=1 ./test/e2e/
 	$(MAKE) fuzz
 
 # The fuzz targets, briefly (FUZZTIME=5m for a longer run).
