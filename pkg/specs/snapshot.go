@@ -50,9 +50,6 @@ type HostNode struct {
 	Err error
 }
 
-// Len returns the number of devices in the snapshot.
-func (s *Snapshot) Len() int { return len(s.devices) }
-
 // load refreshes the cache from disk and builds a snapshot of it.
 func load(cache *cdi.Cache, dirs []string) *Snapshot {
 	_ = cache.Refresh() // the errors are read below, per spec

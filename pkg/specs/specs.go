@@ -99,9 +99,6 @@ func (r *Registry) Close() error {
 	return nil
 }
 
-// Dirs returns the spec directories, lowest priority first.
-func (r *Registry) Dirs() []string { return slices.Clone(r.dirs) }
-
 // Snapshot returns the current snapshot.
 func (r *Registry) Snapshot() *Snapshot { return r.snap.Load() }
 

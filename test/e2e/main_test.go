@@ -119,3 +119,35 @@ func needEnv(t *testing.T) {
 		t.Skip(env.skip)
 	}
 }
+
+// extraContainerd starts another containerd for one test (the image
+// imported), stopped when the test ends. name names its directory.
+func extraContainerd(t *testing.T, name string, opts harness.Options) *harness.Containerd {
+	t.Helper()
+	opts.Image = env.image
+	ctd, err := harness.StartContainerd(filepath.Join(env.dir, name), env.tools, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := ctd.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return ctd
+}
+
+// startPlugin starts nri-gpu on ctd with the fake host's specs and the
+// given policy keys.
+func startPlugin(t *testing.T, ctd *harness.Containerd, policy ...string) *harness.Plugin {
+	t.Helper()
+	config := filepath.Join(ctd.Dir, "nri-gpu.yaml")
+	if err := os.WriteFile(config, []byte(env.host.PluginConfig(nil, policy...)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := ctd.StartPlugin("--config", config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

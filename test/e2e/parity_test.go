@@ -3,7 +3,6 @@ package e2e
 import (
 	"cmp"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -21,17 +20,7 @@ import (
 // final specs.
 func TestParityWithContainerdCDI(t *testing.T) {
 	needEnv(t)
-	cdiCtd, err := harness.StartContainerd(filepath.Join(env.dir, "ctd-cdi"), env.tools, harness.Options{
-		Image: env.image, EnableCDI: true, CDISpecDirs: []string{env.host.SpecDir},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cdiCtd.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	cdiCtd := extraContainerd(t, "ctd-cdi", harness.Options{EnableCDI: true, CDISpecDirs: []string{env.host.SpecDir}})
 
 	podID, pod := newPod(t, cdiCtd, nil)
 	wantID, want := runContainer(t, cdiCtd, podID, pod, harness.Container{

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -14,18 +13,7 @@ import (
 // configuration containerd handed it (cdiSpecDirs) was applied.
 func TestPreRegisteredPlugin(t *testing.T) {
 	needEnv(t)
-	ctd, err := harness.StartContainerd(filepath.Join(env.dir, "ctd-prereg"), env.tools, harness.Options{
-		Image:       env.image,
-		PreRegister: env.host.PluginConfig(nil, "allowAll: true"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ctd.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	ctd := extraContainerd(t, "ctd-prereg", harness.Options{PreRegister: env.host.PluginConfig(nil, "allowAll: true")})
 	podID, pod := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "all"})
 	_, spec := runContainer(t, ctd, podID, pod, harness.Container{Name: "c"})
 	for _, want := range []string{"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"} {

@@ -202,22 +202,8 @@ func TestSIGTERMExitsCleanly(t *testing.T) {
 // exactly the GPU its pod asked for.
 func TestConcurrentCreations(t *testing.T) {
 	needEnv(t)
-	ctd, err := harness.StartContainerd(filepath.Join(env.dir, "ctd-load"), env.tools, harness.Options{Image: env.image})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ctd.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	config := filepath.Join(env.dir, "nri-gpu-shared.yaml")
-	if err := os.WriteFile(config, []byte(env.host.PluginConfig(nil)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ctd.StartPlugin("--config", config); err != nil {
-		t.Fatal(err)
-	}
+	ctd := extraContainerd(t, "ctd-load", harness.Options{})
+	startPlugin(t, ctd)
 
 	const pods, parallel = 100, 20
 	var (

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,25 +15,8 @@ import (
 // still is.
 func TestNoDoubleInjectionWithRuntimeCDI(t *testing.T) {
 	needEnv(t)
-	ctd, err := harness.StartContainerd(filepath.Join(env.dir, "ctd-both"), env.tools, harness.Options{
-		Image: env.image, EnableCDI: true, CDISpecDirs: []string{env.host.SpecDir},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ctd.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	config := filepath.Join(env.dir, "nri-gpu-both.yaml")
-	if err := os.WriteFile(config, []byte(env.host.PluginConfig(nil)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	p, err := ctd.StartPlugin("--config", config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctd := extraContainerd(t, "ctd-both", harness.Options{EnableCDI: true, CDISpecDirs: []string{env.host.SpecDir}})
+	p := startPlugin(t, ctd)
 
 	podID, pod := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "1"})
 	_, spec := runContainer(t, ctd, podID, pod, harness.Container{
@@ -67,17 +48,7 @@ func TestRequiredPluginFailsClosed(t *testing.T) {
 	if !env.tools.Containerd2() {
 		t.Skipf("containerd %s has no NRI default validator (2.2+): the gap is documented", env.tools.ContainerdVersion)
 	}
-	ctd, err := harness.StartContainerd(filepath.Join(env.dir, "ctd-required"), env.tools, harness.Options{
-		Image: env.image, DefaultValidator: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ctd.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	ctd := extraContainerd(t, "ctd-required", harness.Options{DefaultValidator: true})
 	annotations := map[string]string{
 		"gpus.nri-gpu.io":                   "0",
 		"required-plugins.noderesource.dev": `["nri-gpu"]`,
@@ -91,13 +62,7 @@ func TestRequiredPluginFailsClosed(t *testing.T) {
 		t.Errorf("error does not name the missing plugin: %v", err)
 	}
 
-	config := filepath.Join(env.dir, "nri-gpu-required.yaml")
-	if err := os.WriteFile(config, []byte(env.host.PluginConfig(nil)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ctd.StartPlugin("--config", config); err != nil {
-		t.Fatal(err)
-	}
+	startPlugin(t, ctd)
 	_, spec := runContainer(t, ctd, podID, pod, harness.Container{Name: "with"})
 	if !slices.Contains(devicePaths(spec), "/dev/nvidia0") {
 		t.Errorf("with nri-gpu running, devices %v", devicePaths(spec))

@@ -51,6 +51,22 @@ type Containerd struct {
 	plugins []*Plugin
 }
 
+// configCommon is what the configurations of every version share: where
+// containerd keeps its state and sockets, all below the run's directory.
+const configCommon = `{{define "common"}}[grpc]
+  address = "{{.Dir}}/containerd.sock"
+
+[ttrpc]
+  address = "{{.Dir}}/containerd.sock.ttrpc"
+
+[debug]
+  address = "{{.Dir}}/debug.sock"
+  level = "info"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{{.Dir}}/opt"
+{{end}}`
+
 const configTemplate = `version = 2
 root = "{{.Dir}}/root"
 state = "{{.Dir}}/state"
@@ -63,18 +79,7 @@ disabled_plugins = [
   "io.containerd.internal.v1.tracing",
 ]
 
-[grpc]
-  address = "{{.Dir}}/containerd.sock"
-
-[ttrpc]
-  address = "{{.Dir}}/containerd.sock.ttrpc"
-
-[debug]
-  address = "{{.Dir}}/debug.sock"
-  level = "info"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{{.Dir}}/opt"
+{{template "common" .}}
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{{.Image}}"
@@ -115,18 +120,7 @@ disabled_plugins = [
   "io.containerd.internal.v1.tracing",
 ]
 
-[grpc]
-  address = "{{.Dir}}/containerd.sock"
-
-[ttrpc]
-  address = "{{.Dir}}/containerd.sock.ttrpc"
-
-[debug]
-  address = "{{.Dir}}/debug.sock"
-  level = "info"
-
-[plugins.'io.containerd.internal.v1.opt']
-  path = "{{.Dir}}/opt"
+{{template "common" .}}
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
@@ -188,7 +182,7 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 	} else if opts.DefaultValidator {
 		return nil, fmt.Errorf("containerd %s has no NRI default validator", tools.ContainerdVersion)
 	}
-	if err := template.Must(template.New("config").Parse(tmpl)).Execute(&cfg, map[string]any{
+	if err := template.Must(template.Must(template.New("config").Parse(configCommon)).Parse(tmpl)).Execute(&cfg, map[string]any{
 		"Dir": dir, "Image": ImageRef, "EnableCDI": opts.EnableCDI,
 		"CDIDirs": strings.Join(quoted, ", "), "Runc": tools.Runc, "Validator": opts.DefaultValidator,
 	}); err != nil {
