@@ -1,0 +1,126 @@
+package nvidia
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// ErrNVML is wrapped by the error for NVML being unavailable: no driver,
+// or no libnvidia-ml.
+var ErrNVML = errors.New("NVML is not available (is the NVIDIA driver installed and loaded?)")
+
+// Inventory is what NVML reports of a node.
+type Inventory struct {
+	// DriverVersion is the version of the kernel driver, e.g. "550.54.15".
+	DriverVersion string
+	// GPUs are the full GPUs by index.
+	GPUs []GPU
+}
+
+// GPU is a full GPU.
+type GPU struct {
+	Index int
+	UUID  string
+	// Minor is the minor number of /dev/nvidia<Minor>.
+	Minor int
+	Model string
+	// MemoryBytes is the total memory.
+	MemoryBytes uint64
+	// MIGEnabled says whether MIG mode is on (current mode).
+	MIGEnabled bool
+	MIGs       []MIG
+}
+
+// MIG is a MIG device of a GPU.
+type MIG struct {
+	// Index is its index among its GPU's MIG devices.
+	Index int
+	UUID  string
+	// GI and CI are its GPU and compute instance ids.
+	GI, CI int
+}
+
+// Discover asks NVML for the driver version and the GPUs with their MIG
+// devices. It initialises and shuts down NVML itself.
+func Discover(lib nvml.Interface) (*Inventory, error) {
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("%w: %w", ErrNVML, ret)
+	}
+	defer lib.Shutdown()
+
+	inv := &Inventory{}
+	var ret nvml.Return
+	if inv.DriverVersion, ret = lib.SystemGetDriverVersion(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("NVML: driver version: %w", ret)
+	}
+	count, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("NVML: device count: %w", ret)
+	}
+	for i := 0; i < count; i++ {
+		gpu, err := discoverGPU(lib, i)
+		if err != nil {
+			return nil, err
+		}
+		inv.GPUs = append(inv.GPUs, gpu)
+	}
+	return inv, nil
+}
+
+func discoverGPU(lib nvml.Interface, i int) (GPU, error) {
+	g := GPU{Index: i}
+	d, ret := lib.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return g, fmt.Errorf("NVML: GPU %d: %w", i, ret)
+	}
+	if g.UUID, ret = d.GetUUID(); ret != nvml.SUCCESS {
+		return g, fmt.Errorf("NVML: GPU %d: UUID: %w", i, ret)
+	}
+	if g.Minor, ret = d.GetMinorNumber(); ret != nvml.SUCCESS {
+		return g, fmt.Errorf("NVML: GPU %d: minor number: %w", i, ret)
+	}
+	if g.Model, ret = d.GetName(); ret != nvml.SUCCESS {
+		return g, fmt.Errorf("NVML: GPU %d: name: %w", i, ret)
+	}
+	if mem, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
+		g.MemoryBytes = mem.Total
+	}
+	mode, _, ret := d.GetMigMode()
+	switch ret {
+	case nvml.SUCCESS:
+		g.MIGEnabled = mode == nvml.DEVICE_MIG_ENABLE
+	case nvml.ERROR_NOT_SUPPORTED:
+	default:
+		return g, fmt.Errorf("NVML: GPU %d: MIG mode: %w", i, ret)
+	}
+	if !g.MIGEnabled {
+		return g, nil
+	}
+	max, ret := d.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return g, fmt.Errorf("NVML: GPU %d: MIG device count: %w", i, ret)
+	}
+	for j := 0; j < max; j++ {
+		m, ret := d.GetMigDeviceHandleByIndex(j)
+		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue
+		}
+		if ret != nvml.SUCCESS {
+			return g, fmt.Errorf("NVML: GPU %d: MIG device %d: %w", i, j, ret)
+		}
+		mig := MIG{Index: j}
+		if mig.UUID, ret = m.GetUUID(); ret != nvml.SUCCESS {
+			return g, fmt.Errorf("NVML: GPU %d: MIG device %d: UUID: %w", i, j, ret)
+		}
+		if mig.GI, ret = m.GetGpuInstanceId(); ret != nvml.SUCCESS {
+			return g, fmt.Errorf("NVML: GPU %d: MIG device %d: GPU instance: %w", i, j, ret)
+		}
+		if mig.CI, ret = m.GetComputeInstanceId(); ret != nvml.SUCCESS {
+			return g, fmt.Errorf("NVML: GPU %d: MIG device %d: compute instance: %w", i, j, ret)
+		}
+		g.MIGs = append(g.MIGs, mig)
+	}
+	return g, nil
+}

@@ -1,0 +1,66 @@
+package nvidia
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"sigs.k8s.io/yaml"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+)
+
+// Marshal renders a spec as "yaml" or "json".
+func Marshal(spec *cdispec.Spec, format string) ([]byte, error) {
+	switch format {
+	case "yaml":
+		return yaml.Marshal(spec)
+	case "json":
+		data, err := json.MarshalIndent(spec, "", "  ")
+		return append(data, '\n'), err
+	}
+	return nil, fmt.Errorf("format %q is neither yaml nor json", format)
+}
+
+// Write validates a spec with the CDI library and writes it to path
+// atomically (a temp file in the same directory, then a rename), or to w
+// when path is "-". Nothing is written unless the spec is valid.
+func Write(spec *cdispec.Spec, path, format string, w io.Writer) error {
+	data, err := Marshal(spec, format)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(path)
+	if path == "-" {
+		dir = ""
+	}
+	tmp, err := os.CreateTemp(dir, ".nri-gpu-spec-*."+format)
+	if err != nil {
+		return fmt.Errorf("writing the spec: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("writing the spec: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("writing the spec: %w", err)
+	}
+	// CDI reads only .yaml and .json files, and validates as it reads.
+	if _, err := cdi.ReadSpec(tmp.Name(), 0); err != nil {
+		return fmt.Errorf("the generated spec is not valid: %w", err)
+	}
+	if path == "-" {
+		_, err := w.Write(data)
+		return err
+	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return fmt.Errorf("writing the spec: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("writing the spec: %w", err)
+	}
+	return nil
+}

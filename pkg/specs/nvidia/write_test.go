@@ -1,0 +1,100 @@
+package nvidia_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/containerd/nri/pkg/api"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
+)
+
+func TestWrite(t *testing.T) {
+	s := server(2)
+	spec, err := nvidia.Generate(s, nvidia.Options{DriverRoot: "testdata/minimal-root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, format := range []string{"yaml", "json"} {
+		t.Run(format, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "nvidia.com-gpu."+format)
+			if err := nvidia.Write(spec, path, format, nil); err != nil {
+				t.Fatal(err)
+			}
+			entries, _ := os.ReadDir(dir)
+			if len(entries) != 1 {
+				t.Errorf("dir holds %v, want the spec alone (no temp files left)", entries)
+			}
+			if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o644 {
+				t.Errorf("spec file: %v, %v; want mode 0644 (trusted by nri-gpu)", fi, err)
+			}
+		})
+	}
+
+	var out bytes.Buffer
+	if err := nvidia.Write(spec, "-", "yaml", &out); err != nil || !bytes.Contains(out.Bytes(), []byte("kind: nvidia.com/gpu")) {
+		t.Errorf("to stdout: %v\n%s", err, out.String())
+	}
+
+	bad := *spec
+	bad.Devices = append(slices.Clone(spec.Devices), cdispec.Device{Name: "bad name!", ContainerEdits: spec.Devices[0].ContainerEdits})
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	testutil.ErrorSays(t, nvidia.Write(&bad, path, "yaml", nil), "the generated spec is not valid")
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Error("an invalid spec was written")
+	}
+}
+
+// TestGeneratedSpecInjects feeds a generated spec back through nri-gpu's
+// own injection path: the spec registry, then the adjustment.
+func TestGeneratedSpecInjects(t *testing.T) {
+	s := server(2)
+	spec, err := nvidia.Generate(s, nvidia.Options{DriverRoot: abs(t, "testdata/minimal-root")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := nvidia.Write(spec, filepath.Join(dir, "nvidia.com-gpu.yaml"), "yaml", nil); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := specs.Open([]string{dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	snap := reg.Snapshot()
+	entries, err := snap.Resolve([]string{"nvidia.com/gpu=1", "nvidia.com/gpu=" + uuidOf(t, s, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := adjust.Build([]*cdi.Device{entries[0].Device, entries[1].Device}, snap.HostNodes, adjust.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adj := res.Adjustment
+	var got []string
+	for _, d := range adj.GetLinux().GetDevices() {
+		got = append(got, d.Path)
+		if d.Type != "c" || d.Major != 195 {
+			t.Errorf("device %+v, want a char device of major 195", d)
+		}
+	}
+	if !slices.Equal(got, []string{"/dev/nvidia1", "/dev/nvidia0"}) {
+		t.Errorf("devices %v", got)
+	}
+	if !slices.ContainsFunc(adj.GetMounts(), func(m *api.Mount) bool { return m.Destination == "/usr/lib64/libcuda.so.550.54.15" }) {
+		t.Errorf("mounts %v lack libcuda", adj.GetMounts())
+	}
+	if !slices.ContainsFunc(adj.GetEnv(), func(kv *api.KeyValue) bool { return kv.Key == "NVIDIA_VISIBLE_DEVICES" && kv.Value == "void" }) {
+		t.Errorf("env %v", adj.GetEnv())
+	}
+}
