@@ -3,7 +3,10 @@
 // relying on the runtime's own CDI support.
 //
 // With no subcommand it runs the plugin: this is how containerd starts a
-// pre-registered plugin from its plugin_path.
+// pre-registered plugin from its plugin_path. Subcommands:
+//
+//	nri-gpu generate   write the CDI spec of this node's NVIDIA GPUs (NVML)
+//	nri-gpu devices    list the devices nri-gpu can inject, and the GPUs
 package main
 
 import (
@@ -32,11 +35,24 @@ const (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// run runs the plugin with the given command-line arguments.
-func run(args []string, stderr io.Writer) int {
+// run runs a subcommand, or the plugin when there is none.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "generate":
+			return runGenerate(args[1:], stdout, stderr)
+		case "devices":
+			return runDevices(args[1:], stdout, stderr)
+		}
+	}
+	return runPlugin(args, stderr)
+}
+
+// runPlugin runs the plugin with the given command-line arguments.
+func runPlugin(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nri-gpu", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
@@ -46,6 +62,7 @@ func run(args []string, stderr io.Writer) int {
 		idx        = fs.String("idx", "10", "plugin index, which orders plugins in the runtime")
 		name       = fs.String("name", "nri-gpu", "plugin name")
 		logLevel   = fs.String("log-level", "info", "log level: debug, info, warn or error")
+		generate   = fs.Bool("generate-specs", false, "generate the CDI spec of the node's NVIDIA GPUs with NVML (config generateSpecs)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
@@ -70,6 +87,9 @@ func run(args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
 			return exitUsage
 		}
+	}
+	if *generate {
+		cfg.GenerateSpecs = true
 	}
 	var dirs []string
 	if *specDirs != "" {

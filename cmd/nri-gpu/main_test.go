@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,7 +32,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 			var stderr bytes.Buffer
 			// Never the host's NRI socket, should a case get that far.
 			args := append([]string{"--socket-path", filepath.Join(dir, "nri.sock")}, tc.args...)
-			if code := run(args, &stderr); code != exitUsage {
+			if code := run(args, io.Discard, &stderr); code != exitUsage {
 				t.Errorf("exit code %d, want %d; stderr:\n%s", code, exitUsage, stderr.String())
 			}
 			for _, w := range tc.want {
@@ -40,5 +41,54 @@ func TestRunRejectsBadInput(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestGenerateWithoutDriver(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "nvidia.com-gpu.yaml")
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"generate", "--output", out}, &stdout, &stderr)
+	if _, err := os.Stat(out); code == exitOK {
+		// A machine with an NVIDIA driver: the spec must be there.
+		if err != nil {
+			t.Errorf("exit 0 but no spec: %v", err)
+		}
+		return
+	} else if err == nil {
+		t.Errorf("exit %d but a spec was written", code)
+	}
+	if code != exitError || !strings.Contains(stderr.String(), "NVML is not available") || !strings.Contains(stderr.String(), "NVIDIA driver") {
+		t.Errorf("exit %d, stderr %q; want 1 and a message naming NVML and the driver", code, stderr.String())
+	}
+}
+
+func TestGenerateRejectsBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"generate", "--format", "toml"},
+		{"generate", "--device-name-strategy", "serial", "--output", "-"},
+		{"generate", "extra"},
+	} {
+		var stderr bytes.Buffer
+		code := run(args, io.Discard, &stderr)
+		if code != exitUsage {
+			t.Errorf("%v: exit %d, want %d; stderr %s", args, code, exitUsage, stderr.String())
+		}
+	}
+}
+
+func TestDevices(t *testing.T) {
+	dir := t.TempDir()
+	spec := "cdiVersion: \"0.6.0\"\nkind: example.com/nic\ndevices:\n  - name: \"0\"\n    containerEdits: {env: [A=1]}\n"
+	if err := os.WriteFile(filepath.Join(dir, "nic.yaml"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"devices", "--cdi-spec-dirs", dir}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	for _, want := range []string{"DEVICE", "example.com/nic=0", filepath.Join(dir, "nic.yaml"), "GPUs"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 	"tags.cncf.io/container-device-interface/pkg/parser"
@@ -43,6 +44,14 @@ type Config struct {
 	// UnsupportedEdits is "error" or "warn": what to do with CDI edits
 	// (additionalGids, intelRdt, netDevices) that NRI cannot express.
 	UnsupportedEdits UnsupportedEdits `yaml:"unsupportedEdits"`
+	// GenerateSpecs has the plugin generate the CDI spec of the node's
+	// NVIDIA GPUs with NVML, at start and whenever the GPUs change, into
+	// the last spec directory.
+	GenerateSpecs bool `yaml:"generateSpecs"`
+	// GenerateInterval is how often the GPUs are checked for changes.
+	GenerateInterval time.Duration `yaml:"generateInterval"`
+	// DriverRoot is where the NVIDIA driver's files are, for generation.
+	DriverRoot string `yaml:"driverRoot"`
 	// Policy says who may have which devices.
 	Policy Policy `yaml:"policy"`
 }
@@ -66,11 +75,13 @@ type Policy struct {
 
 // Defaults of the configuration, applied to every key not set.
 var (
-	DefaultCDISpecDirs = []string{"/etc/cdi", "/var/run/cdi"}
-	DefaultKind        = "nvidia.com/gpu"
-	DefaultNamespaces  = []string{"*"}
-	DefaultDevices     = []string{"nvidia.com/gpu=*"}
-	DefaultHookPaths   = []string{"/usr/bin/nvidia-cdi-hook", "/usr/bin/nvidia-ctk"}
+	DefaultCDISpecDirs      = []string{"/etc/cdi", "/var/run/cdi"}
+	DefaultKind             = "nvidia.com/gpu"
+	DefaultNamespaces       = []string{"*"}
+	DefaultDevices          = []string{"nvidia.com/gpu=*"}
+	DefaultHookPaths        = []string{"/usr/bin/nvidia-cdi-hook", "/usr/bin/nvidia-ctk"}
+	DefaultGenerateInterval = 60 * time.Second
+	DefaultDriverRoot       = "/"
 )
 
 // Default returns the configuration used when none is given.
@@ -135,6 +146,12 @@ func (c *Config) setDefaults() {
 	if c.UnsupportedEdits == "" {
 		c.UnsupportedEdits = UnsupportedError
 	}
+	if c.GenerateInterval == 0 {
+		c.GenerateInterval = DefaultGenerateInterval
+	}
+	if c.DriverRoot == "" {
+		c.DriverRoot = DefaultDriverRoot
+	}
 	p := &c.Policy
 	if p.Namespaces == nil {
 		p.Namespaces = append([]string(nil), DefaultNamespaces...)
@@ -166,6 +183,12 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("unsupportedEdits: %q is neither %q nor %q",
 			c.UnsupportedEdits, UnsupportedError, UnsupportedWarn))
+	}
+	if c.GenerateInterval < 0 {
+		errs = append(errs, fmt.Errorf("generateInterval: %s is negative", c.GenerateInterval))
+	}
+	if !filepath.IsAbs(c.DriverRoot) {
+		errs = append(errs, fmt.Errorf("driverRoot: %q is not an absolute path", c.DriverRoot))
 	}
 	errs = append(errs, c.Policy.validate()...)
 	if len(errs) > 0 {

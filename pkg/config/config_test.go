@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -20,6 +21,8 @@ func TestParse(t *testing.T) {
 		DefaultKind:         "nvidia.com/gpu",
 		HonorCDIAnnotations: &honor,
 		UnsupportedEdits:    config.UnsupportedError,
+		GenerateInterval:    time.Minute,
+		DriverRoot:          "/",
 		Policy: config.Policy{
 			Namespaces: []string{"*"},
 			Devices:    []string{"nvidia.com/gpu=*"},
@@ -41,6 +44,9 @@ cdiSpecDirs: [/etc/cdi]
 defaultKind: example.com/fpga
 honorCDIAnnotations: false
 unsupportedEdits: warn
+generateSpecs: true
+generateInterval: 5m
+driverRoot: /run/nvidia/driver
 policy:
   namespaces: ["agents-*"]
   devices: ["example.com/fpga=*"]
@@ -54,6 +60,9 @@ policy:
 				DefaultKind:         "example.com/fpga",
 				HonorCDIAnnotations: &noHonor,
 				UnsupportedEdits:    config.UnsupportedWarn,
+				GenerateSpecs:       true,
+				GenerateInterval:    5 * time.Minute,
+				DriverRoot:          "/run/nvidia/driver",
 				Policy: config.Policy{
 					Namespaces: []string{"agents-*"}, Devices: []string{"example.com/fpga=*"},
 					AllowAll: true, MaxDevicesPerPod: 2, Exclusive: true, HookPaths: []string{"/usr/local/bin/hook"},
@@ -71,6 +80,9 @@ policy:
 		{name: "bad glob", yaml: "policy:\n  devices: ['nvidia.com/gpu=[']\n", wantErr: []string{`policy.devices: glob "nvidia.com/gpu=["`}},
 		{name: "negative max", yaml: "policy:\n  maxDevicesPerPod: -1\n", wantErr: []string{"policy.maxDevicesPerPod: -1 is negative"}},
 		{name: "relative hook", yaml: "policy:\n  hookPaths: [nvidia-ctk]\n", wantErr: []string{`policy.hookPaths: "nvidia-ctk" is not an absolute path`}},
+		{name: "bad interval", yaml: "generateInterval: soon\n", wantErr: []string{"line 1", "soon"}},
+		{name: "negative interval", yaml: "generateInterval: -1s\n", wantErr: []string{"generateInterval: -1s is negative"}},
+		{name: "relative driver root", yaml: "driverRoot: run/nvidia\n", wantErr: []string{`driverRoot: "run/nvidia" is not an absolute path`}},
 		{name: "two documents", yaml: "defaultKind: a.com/b\n---\ndefaultKind: c.com/d\n", wantErr: []string{"more than one YAML document"}},
 		{
 			name:    "all problems at once",

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
@@ -48,6 +49,9 @@ type Plugin struct {
 	// configErr is the last rejected configuration from the runtime.
 	configErr error
 
+	// nvml, when set, replaces the driver's NVML for spec generation.
+	nvml nvml.Interface
+
 	problemsMu sync.Mutex
 	// problems are the spec problems logged, by spec file.
 	problems map[string]string
@@ -63,8 +67,11 @@ type state struct {
 
 // New returns a plugin serving cfg. specDirs, when not empty, overrides
 // the spec directories of cfg and of any later configuration.
-func New(cfg *config.Config, specDirs []string, log logrus.FieldLogger) (*Plugin, error) {
+func New(cfg *config.Config, specDirs []string, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
 	p := &Plugin{log: log, specDirs: slices.Clone(specDirs), alloc: policy.NewAllocations()}
+	for _, o := range opts {
+		o(p)
+	}
 	st, err := p.newState(cfg)
 	if err != nil {
 		return nil, err

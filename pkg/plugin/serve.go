@@ -33,6 +33,9 @@ var ErrConfig = errors.New("invalid configuration")
 // runtime handed over that was rejected (wrapping ErrConfig).
 func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 	preRegistered := os.Getenv(api.PluginSocketEnvVar) != ""
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the generator whenever Serve returns
+	go p.keepGenerating(ctx)
 	delay := MinBackoff
 	for attempt := 1; ; attempt++ {
 		s, err := stub.New(p, opts...)

@@ -117,15 +117,11 @@ func (r *Registry) Errors() map[string][]error {
 	return maps.Clone(r.Snapshot().Problems)
 }
 
-// Devices lists the qualified names of all devices that resolve.
-func (s *Snapshot) Devices() []string {
-	var out []string
-	for name, e := range s.devices {
-		if e.Untrusted == nil {
-			out = append(out, name)
-		}
-	}
-	slices.Sort(out)
+// Entries returns every device of the snapshot, trusted or not, sorted by
+// name (numbers in numeric order).
+func (s *Snapshot) Entries() []*Entry {
+	out := slices.Collect(maps.Values(s.devices))
+	slices.SortFunc(out, func(a, b *Entry) int { return naturalCompare(a.Footprint.Name, b.Footprint.Name) })
 	return out
 }
 

@@ -1,6 +1,7 @@
 package nvidia
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -20,6 +21,9 @@ const (
 	NameUUID = "uuid"
 )
 
+// ErrOptions is wrapped by the error for bad Options.
+var ErrOptions = errors.New("invalid options")
+
 // Options tune Generate.
 type Options struct {
 	// DriverRoot is where the driver's files are: "/" on most nodes, or
@@ -36,6 +40,13 @@ type Options struct {
 }
 
 func (o *Options) defaults() error {
+	if err := o.fill(); err != nil {
+		return fmt.Errorf("%w: %w", ErrOptions, err)
+	}
+	return nil
+}
+
+func (o *Options) fill() error {
 	if o.DriverRoot == "" {
 		o.DriverRoot = "/"
 	}

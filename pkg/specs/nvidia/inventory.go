@@ -3,6 +3,7 @@ package nvidia
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -123,4 +124,20 @@ func discoverGPU(lib nvml.Interface, i int) (GPU, error) {
 		g.MIGs = append(g.MIGs, mig)
 	}
 	return g, nil
+}
+
+// Library returns NVML, loaded from the driver root: the system's
+// libnvidia-ml.so.1 when the root is "/", else the one found under the
+// root's library directories.
+func Library(driverRoot string) nvml.Interface {
+	r := hostRoot(driverRoot)
+	if r == "/" || r == "." {
+		return nvml.New()
+	}
+	for _, d := range append(ldCacheDirs(r), libraryDirs...) {
+		if p := r.host(filepath.Join(d, "libnvidia-ml.so.1")); exists(p) {
+			return nvml.New(nvml.WithLibraryPath(p))
+		}
+	}
+	return nvml.New()
 }

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
+)
+
+// runDevices prints the devices nri-gpu can inject and, where NVML
+// answers, the GPUs it sees and whether each has a CDI device.
+func runDevices(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("nri-gpu devices", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		configFile = fs.String("config", "", "YAML configuration file (for cdiSpecDirs and defaultKind)")
+		specDirs   = fs.String("cdi-spec-dirs", "", "comma-separated CDI spec directories (overrides the config)")
+		driverRoot = fs.String("driver-root", "/", "root of the driver's files, for NVML")
+	)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	cfg := config.Default()
+	if *configFile != "" {
+		var err error
+		if cfg, err = config.Load(*configFile); err != nil {
+			fmt.Fprintf(stderr, "nri-gpu devices: %v\n", err)
+			return exitUsage
+		}
+	}
+	if *specDirs != "" {
+		cfg.CDISpecDirs = strings.Split(*specDirs, ",")
+		if err := cfg.Validate(); err != nil {
+			fmt.Fprintf(stderr, "nri-gpu devices: --cdi-spec-dirs: %v\n", err)
+			return exitUsage
+		}
+	}
+	reg, err := specs.Open(cfg.CDISpecDirs)
+	if err != nil {
+		fmt.Fprintf(stderr, "nri-gpu devices: %v\n", err)
+		return exitError
+	}
+	snap := reg.Snapshot()
+	_ = reg.Close()
+
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "DEVICE\tSPEC\tSTATUS\n")
+	cdiNames := map[string]bool{}
+	for _, e := range snap.Entries() {
+		status := "ok"
+		if e.Untrusted != nil {
+			status = "not trusted"
+		} else {
+			cdiNames[e.Footprint.Name] = true
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\n", e.Footprint.Name, e.Device.GetSpec().GetPath(), status)
+	}
+	_ = w.Flush()
+	for path, errs := range snap.Problems {
+		for _, err := range errs {
+			fmt.Fprintf(stdout, "spec %s not used: %v\n", path, err)
+		}
+	}
+
+	inv, err := nvidia.Discover(nvidia.Library(*driverRoot))
+	if err != nil {
+		fmt.Fprintf(stdout, "\nGPUs: %v\n", err)
+		return exitOK
+	}
+	fmt.Fprintf(stdout, "\nGPUs (NVIDIA driver %s):\n", inv.DriverVersion)
+	w = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "INDEX\tUUID\tMODEL\tMEMORY\tMIG\tCDI DEVICE\n")
+	for _, g := range inv.GPUs {
+		mig := "off"
+		if g.MIGEnabled {
+			mig = fmt.Sprintf("on (%d devices)", len(g.MIGs))
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%d MiB\t%s\t%s\n", g.Index, g.UUID, g.Model, g.MemoryBytes>>20, mig,
+			cdiDevice(cdiNames, cfg.DefaultKind, fmt.Sprint(g.Index), g.UUID))
+	}
+	_ = w.Flush()
+	return exitOK
+}
+
+// cdiDevice names the CDI device of a GPU, by index or UUID, or says
+// there is none.
+func cdiDevice(names map[string]bool, kind string, ids ...string) string {
+	var found []string
+	for _, id := range ids {
+		if name := kind + "=" + id; names[name] {
+			found = append(found, name)
+		}
+	}
+	if len(found) == 0 {
+		return "none (run nri-gpu generate)"
+	}
+	return strings.Join(found, ", ")
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
+)
+
+// DefaultSpecPath is where generate writes by default.
+const DefaultSpecPath = "/var/run/cdi/nvidia.com-gpu.yaml"
+
+// runGenerate writes the CDI spec of the node's NVIDIA GPUs.
+func runGenerate(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("nri-gpu generate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		output     = fs.String("output", DefaultSpecPath, `spec file to write, or "-" for standard output`)
+		driverRoot = fs.String("driver-root", "/", "root of the driver's files (device nodes, libraries, /proc)")
+		kind       = fs.String("kind", "nvidia.com/gpu", "the spec's kind, vendor/class")
+		strategies = fs.String("device-name-strategy", "index,uuid", "device names: index, uuid, or both")
+		hookPath   = fs.String("hook-path", "", "an nvidia-cdi-hook whose update-ldcache and create-symlinks hooks the spec carries")
+		format     = fs.String("format", "", "yaml or json (default: from the file name, else yaml)")
+	)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "nri-gpu generate: unexpected argument %q\n", fs.Arg(0))
+		return exitUsage
+	}
+	if *format == "" {
+		*format = "yaml"
+		if filepath.Ext(*output) == ".json" {
+			*format = "json"
+		}
+	}
+	if *format != "yaml" && *format != "json" {
+		fmt.Fprintf(stderr, "nri-gpu generate: --format %q is neither yaml nor json\n", *format)
+		return exitUsage
+	}
+	opts := nvidia.Options{
+		DriverRoot: *driverRoot, Kind: *kind, HookPath: *hookPath,
+		NameStrategies: strings.Split(*strategies, ","),
+	}
+	spec, err := nvidia.Generate(nvidia.Library(*driverRoot), opts)
+	if err != nil {
+		fmt.Fprintf(stderr, "nri-gpu generate: %v\n", err)
+		if errors.Is(err, nvidia.ErrOptions) {
+			return exitUsage
+		}
+		return exitError
+	}
+	if err := nvidia.Write(spec, *output, *format, stdout); err != nil {
+		fmt.Fprintf(stderr, "nri-gpu generate: %v\n", err)
+		return exitError
+	}
+	if *output != "-" {
+		fmt.Fprintf(stderr, "nri-gpu generate: wrote %s (%d devices, CDI %s)\n", *output, len(spec.Devices), spec.Version)
+	}
+	return exitOK
+}

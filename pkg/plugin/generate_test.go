@@ -1,0 +1,96 @@
+package plugin_test
+
+import (
+	"context"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/containerd/nri/pkg/stub"
+	"github.com/sirupsen/logrus"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// TestGenerateSpecs runs the plugin with generateSpecs on a mock DGX A100
+// (while it has no runtime to connect to): it writes the spec into the
+// last spec dir, and writes it again when a GPU appears.
+func TestGenerateSpecs(t *testing.T) {
+	root, err := filepath.Abs("../specs/nvidia/testdata/minimal-root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse([]byte("generateSpecs: true\ngenerateInterval: 50ms\ndriverRoot: " + root + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gpus atomic.Int32
+	gpus.Store(2)
+	lib := dgxa100.New()
+	lib.DeviceGetCountFunc = func() (int, nvml.Return) { return int(gpus.Load()), nvml.SUCCESS }
+
+	low, high := t.TempDir(), filepath.Join(t.TempDir(), "run-cdi")
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	p, err := plugin.New(cfg, []string{low, high}, log, plugin.WithNVML(lib))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- p.Serve(ctx, stub.WithSocketPath(filepath.Join(t.TempDir(), "none.sock")),
+		stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10")) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve after cancel: %v", err)
+		}
+	}()
+
+	reg, err := specs.Open([]string{high})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	resolves := func(name string) func() bool {
+		return func() bool {
+			_, err := reg.Snapshot().Resolve([]string{name})
+			return err == nil
+		}
+	}
+	eventually(t, "the generated spec of 2 GPUs", resolves("nvidia.com/gpu=1"))
+	if resolves("nvidia.com/gpu=2")() {
+		t.Fatal("GPU 2 before it appeared")
+	}
+	uuid, _ := lib.Devices[0].GetUUID()
+	if !resolves("nvidia.com/gpu=" + uuid)() {
+		t.Errorf("GPU 0 not named by its UUID %s", uuid)
+	}
+	if _, err := reg.Snapshot().Resolve([]string{"nvidia.com/gpu=all"}); err != nil {
+		t.Error(err)
+	}
+	gpus.Store(3)
+	eventually(t, "the spec regenerated for a third GPU", resolves("nvidia.com/gpu=2"))
+	if path := filepath.Join(high, plugin.GeneratedSpecName); !strings.HasSuffix(path, "run-cdi/nvidia.com-gpu.yaml") {
+		t.Errorf("spec written to %s", path)
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 5s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
