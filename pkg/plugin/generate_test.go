@@ -46,8 +46,10 @@ func TestGenerateSpecs(t *testing.T) {
 	defer p.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
-	go func() { done <- p.Serve(ctx, stub.WithSocketPath(filepath.Join(t.TempDir(), "none.sock")),
-		stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10")) }()
+	go func() {
+		done <- p.Serve(ctx, stub.WithSocketPath(filepath.Join(t.TempDir(), "none.sock")),
+			stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
+	}()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

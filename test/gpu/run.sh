@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Checks nri-gpu's spec generation on a real NVIDIA host. Run it in a root
+# shell on a node with the NVIDIA driver (no Container Toolkit needed):
+#
+#   make build && test/gpu/run.sh
+#
+# It generates the spec of the node's GPUs with NVML, has the CDI library
+# load it (nri-gpu devices), and checks that every device node and file
+# the spec names exists. It writes nothing outside a temp dir, and exits
+# non-zero with the reason on any miss.
+set -euo pipefail
+
+bin=${NRI_GPU:-$(cd "$(dirname "$0")/../.." && pwd)/_output/bin/nri-gpu}
+[ -x "$bin" ] || { echo "run.sh: $bin missing; run make build first" >&2; exit 1; }
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+spec=$out/nvidia.com-gpu.yaml
+
+echo "== nri-gpu generate"
+"$bin" generate --output "$spec" ${DRIVER_ROOT:+--driver-root "$DRIVER_ROOT"}
+echo "== spec ($(grep -c '^- ' "$spec" || true) top-level entries)"
+cat "$spec"
+
+echo "== nri-gpu devices"
+devices=$("$bin" devices --cdi-spec-dirs "$out" ${DRIVER_ROOT:+--driver-root "$DRIVER_ROOT"})
+echo "$devices"
+if grep -q "not used" <<<"$devices"; then
+	echo "FAIL: the CDI library did not load the generated spec" >&2
+	exit 1
+fi
+if grep -q "none (run nri-gpu generate)" <<<"$devices"; then
+	echo "FAIL: a GPU NVML reports has no CDI device in the generated spec" >&2
+	exit 1
+fi
+
+echo "== every host path the spec names exists"
+missing=0
+while read -r path; do
+	if [ -e "$path" ]; then
+		echo "ok       $path"
+	else
+		echo "MISSING  $path"
+		missing=1
+	fi
+done < <(sed -n 's/^ *hostPath: *//p' "$spec" | sort -u)
+[ "$missing" -eq 0 ] || { echo "FAIL: the spec names host paths that do not exist" >&2; exit 1; }
+echo "PASS"
