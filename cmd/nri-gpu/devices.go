@@ -7,7 +7,6 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
@@ -25,20 +24,10 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	cfg := config.Default()
-	if *configFile != "" {
-		var err error
-		if cfg, err = config.Load(*configFile); err != nil {
-			fmt.Fprintf(stderr, "nri-gpu devices: %v\n", err)
-			return exitUsage
-		}
-	}
-	if *specDirs != "" {
-		cfg.CDISpecDirs = strings.Split(*specDirs, ",")
-		if err := cfg.Validate(); err != nil {
-			fmt.Fprintf(stderr, "nri-gpu devices: --cdi-spec-dirs: %v\n", err)
-			return exitUsage
-		}
+	cfg, err := loadConfig(*configFile, *specDirs)
+	if err != nil {
+		fmt.Fprintf(stderr, "nri-gpu devices: %v\n", err)
+		return exitUsage
 	}
 	reg, err := specs.Open(cfg.CDISpecDirs)
 	if err != nil {

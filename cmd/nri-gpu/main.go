@@ -7,6 +7,10 @@
 //
 //	nri-gpu generate   write the CDI spec of this node's NVIDIA GPUs (NVML)
 //	nri-gpu devices    list the devices nri-gpu can inject, and the GPUs
+//	nri-gpu explain    show what nri-gpu would do for a pod, or why it refuses
+//	nri-gpu access     what a sandbox must reach for some devices (JSON)
+//	nri-gpu check      check a node: NRI, containerd config, specs, hooks
+//	nri-gpu validate   check configuration files
 package main
 
 import (
@@ -46,6 +50,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runGenerate(args[1:], stdout, stderr)
 		case "devices":
 			return runDevices(args[1:], stdout, stderr)
+		case "validate":
+			return runValidate(args[1:], stdout, stderr)
+		case "explain":
+			return runExplain(args[1:], stdout, stderr)
+		case "access":
+			return runAccess(args[1:], stdout, stderr)
+		case "check":
+			return runCheck(args[1:], stdout, stderr)
 		}
 	}
 	return runPlugin(args, stderr)

@@ -166,6 +166,14 @@ func (c *Config) setDefaults() {
 
 // Validate checks every key and joins all problems found into one error.
 func (c *Config) Validate() error {
+	if errs := c.problems(); len(errs) > 0 {
+		return fmt.Errorf("invalid config: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// problems checks every key; each error starts with the key's path.
+func (c *Config) problems() []error {
 	var errs []error
 	if len(c.CDISpecDirs) == 0 {
 		errs = append(errs, errors.New("cdiSpecDirs: at least one directory is needed"))
@@ -190,11 +198,7 @@ func (c *Config) Validate() error {
 	if !filepath.IsAbs(c.DriverRoot) {
 		errs = append(errs, fmt.Errorf("driverRoot: %q is not an absolute path", c.DriverRoot))
 	}
-	errs = append(errs, c.Policy.validate()...)
-	if len(errs) > 0 {
-		return fmt.Errorf("invalid config: %w", errors.Join(errs...))
-	}
-	return nil
+	return append(errs, c.Policy.validate()...)
 }
 
 func (p *Policy) validate() []error {

@@ -145,3 +145,36 @@ func TestShippedConfigs(t *testing.T) {
 		}
 	}
 }
+
+func TestProblems(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want []string
+	}{
+		{name: "valid", yaml: "defaultKind: a.com/b\n"},
+		{name: "unknown key", yaml: "defaultKind: a.com/b\npolicy:\n  alowAll: true\n", want: []string{"line 3: field alowAll not found"}},
+		{
+			name: "several semantic problems, each at its key's line",
+			yaml: "cdiSpecDirs: [rel]\npolicy:\n  devices: ['[']\n  maxDevicesPerPod: -2\n",
+			want: []string{`line 1: cdiSpecDirs: "rel" is not an absolute path`, "line 3: policy.devices: glob", "line 4: policy.maxDevicesPerPod: -2 is negative"},
+		},
+		{name: "wrong type", yaml: "\n\nhonorCDIAnnotations: maybe\n", want: []string{"line 3: cannot unmarshal !!str `maybe`"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, p := range config.Problems([]byte(tc.yaml)) {
+				got = append(got, p.String())
+			}
+			if len(got) != len(tc.want) {
+				t.Fatalf("problems %q, want %d like %q", got, len(tc.want), tc.want)
+			}
+			for i, w := range tc.want {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("problem %q does not say %q", got[i], w)
+				}
+			}
+		})
+	}
+}

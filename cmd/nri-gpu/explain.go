@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/containerd/nri/pkg/api"
+
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+)
+
+// runExplain runs the plugin's own CreateContainer for a described pod and
+// container and prints the adjustment it would return, or the denial.
+func runExplain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("nri-gpu explain", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	podAnn, ctrAnn := keyValues{}, keyValues{}
+	fs.Var(podAnn, "annotation", "pod annotation KEY=VALUE (repeatable)")
+	fs.Var(ctrAnn, "container-annotation", "container annotation KEY=VALUE (repeatable)")
+	var (
+		namespace  = fs.String("namespace", "default", "pod namespace")
+		pod        = fs.String("pod", "pod", "pod name")
+		container  = fs.String("container", "main", "container name")
+		configFile = fs.String("config", "", "YAML configuration file")
+		specDirs   = fs.String("cdi-spec-dirs", "", "comma-separated CDI spec directories (overrides the config)")
+		output     = fs.String("output", "text", "text or json")
+	)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if *output != "text" && *output != "json" {
+		fmt.Fprintf(stderr, "nri-gpu explain: --output %q is neither text nor json\n", *output)
+		return exitUsage
+	}
+	cfg, err := loadConfig(*configFile, *specDirs)
+	if err != nil {
+		fmt.Fprintf(stderr, "nri-gpu explain: %v\n", err)
+		return exitUsage
+	}
+	p, err := plugin.New(cfg, nil, quietLogger())
+	if err != nil {
+		fmt.Fprintf(stderr, "nri-gpu explain: %v\n", err)
+		return exitUsage
+	}
+	defer p.Close()
+
+	adj, _, err := p.CreateContainer(context.Background(),
+		&api.PodSandbox{Id: "explain", Name: *pod, Namespace: *namespace, Annotations: podAnn},
+		&api.Container{Id: "explain", PodSandboxId: "explain", Name: *container, Annotations: ctrAnn, Linux: &api.LinuxContainer{}})
+	if err != nil {
+		if *output == "json" {
+			_ = json.NewEncoder(stdout).Encode(map[string]string{"denied": err.Error()})
+		} else {
+			fmt.Fprintf(stdout, "denied: %v\n", err)
+		}
+		return exitError
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(map[string]any{"adjustment": adj})
+		return exitOK
+	}
+	printAdjustment(stdout, adj)
+	return exitOK
+}
+
+// printAdjustment prints an adjustment for a person.
+func printAdjustment(w io.Writer, adj *api.ContainerAdjustment) {
+	if adj == nil {
+		fmt.Fprintln(w, "no devices requested: the container is left alone")
+		return
+	}
+	for _, d := range adj.GetLinux().GetDevices() {
+		fmt.Fprintf(w, "device   %s  %s %d:%d mode %v uid %d gid %d\n", d.Path, d.Type, d.Major, d.Minor,
+			d.FileMode.Get(), d.Uid.GetValue(), d.Gid.GetValue())
+		fmt.Fprintf(w, "cgroup   allow %s %d:%d %s\n", d.Type, d.Major, d.Minor, d.AccessString())
+	}
+	for _, r := range adj.GetLinux().GetResources().GetDevices() {
+		fmt.Fprintf(w, "cgroup   allow %s %d:%d %s (where the runtime applies CDI's rules)\n", r.Type, r.Major.GetValue(), r.Minor.GetValue(), r.Access)
+	}
+	for _, m := range adj.GetMounts() {
+		fmt.Fprintf(w, "mount    %s -> %s (%s)\n", m.Source, m.Destination, strings.Join(m.Options, ","))
+	}
+	for _, kv := range adj.GetEnv() {
+		fmt.Fprintf(w, "env      %s=%s\n", kv.Key, kv.Value)
+	}
+	h := adj.GetHooks()
+	for _, point := range []struct {
+		name  string
+		hooks []*api.Hook
+	}{{"prestart", h.GetPrestart()}, {"createRuntime", h.GetCreateRuntime()}, {"createContainer", h.GetCreateContainer()},
+		{"startContainer", h.GetStartContainer()}, {"poststart", h.GetPoststart()}, {"poststop", h.GetPoststop()}} {
+		for _, hook := range point.hooks {
+			fmt.Fprintf(w, "hook     %s %s %s (env %s)\n", point.name, hook.Path, strings.Join(hook.Args, " "), strings.Join(hook.Env, " "))
+		}
+	}
+	for k, v := range adj.GetAnnotations() {
+		fmt.Fprintf(w, "annotate %s=%s\n", k, v)
+	}
+}
+

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+)
+
+// runValidate checks plugin configuration files, printing each problem
+// as FILE:LINE: message.
+func runValidate(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: nri-gpu validate FILE...")
+		return exitUsage
+	}
+	code := exitOK
+	for _, file := range args {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", file, err)
+			code = exitError
+			continue
+		}
+		problems := config.Problems(data)
+		for _, p := range problems {
+			if p.Line > 0 {
+				fmt.Fprintf(stderr, "%s:%d: %s\n", file, p.Line, p.Message)
+			} else {
+				fmt.Fprintf(stderr, "%s: %s\n", file, p.Message)
+			}
+		}
+		if len(problems) > 0 {
+			code = exitError
+			continue
+		}
+		fmt.Fprintf(stdout, "%s: ok\n", file)
+	}
+	return code
+}

@@ -1,0 +1,93 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Problem is one thing wrong with a configuration, at a line of it.
+type Problem struct {
+	// Line is the 1-based line the problem is at; 0 when unknown.
+	Line int
+	// Message says what is wrong, starting with the key.
+	Message string
+}
+
+// String returns "line N: message".
+func (p Problem) String() string {
+	if p.Line == 0 {
+		return p.Message
+	}
+	return fmt.Sprintf("line %d: %s", p.Line, p.Message)
+}
+
+var yamlLine = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
+
+// Problems lists everything wrong with a configuration, each at its
+// line: what Parse would reject, one problem at a time.
+func Problems(data []byte) []Problem {
+	c := &Config{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			var out []Problem
+			for _, e := range te.Errors {
+				out = append(out, lineProblem(e))
+			}
+			return out
+		}
+		return []Problem{lineProblem(err.Error())}
+	}
+	var root yaml.Node
+	_ = yaml.Unmarshal(data, &root)
+	c.setDefaults()
+	var out []Problem
+	for _, err := range c.problems() {
+		key, _, _ := strings.Cut(err.Error(), ":")
+		out = append(out, Problem{Line: lineOf(&root, strings.Split(key, ".")), Message: err.Error()})
+	}
+	return out
+}
+
+func lineProblem(msg string) Problem {
+	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		return Problem{Line: n, Message: m[2]}
+	}
+	return Problem{Message: msg}
+}
+
+// lineOf returns the line of the key at path in a YAML document, or 0.
+func lineOf(n *yaml.Node, path []string) int {
+	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = n.Content[0]
+	}
+	for i, key := range path {
+		if n.Kind != yaml.MappingNode {
+			return 0
+		}
+		found := false
+		for j := 0; j+1 < len(n.Content); j += 2 {
+			if n.Content[j].Value == key {
+				if i == len(path)-1 {
+					return n.Content[j].Line
+				}
+				n, found = n.Content[j+1], true
+				break
+			}
+		}
+		if !found {
+			return 0
+		}
+	}
+	return 0
+}
