@@ -1,5 +1,49 @@
 package main
 
-import "io"
+import (
+	"flag"
+	"fmt"
+	"io"
 
-func runCheck(args []string, stdout, stderr io.Writer) int { return exitUsage }
+	"github.com/containerd/nri/pkg/api"
+
+	"github.com/nri-gpu/nri-gpu/pkg/doctor"
+)
+
+// runCheck checks the node and prints each finding; it exits 1 on a FAIL.
+func runCheck(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("nri-gpu check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		socketPath = fs.String("socket-path", api.DefaultSocketPath, "NRI socket")
+		configFile = fs.String("config", "", "nri-gpu's YAML configuration file")
+		specDirs   = fs.String("cdi-spec-dirs", "", "comma-separated CDI spec directories (overrides the config)")
+		ctdConfig  = fs.String("containerd-config", "/etc/containerd/config.toml", `containerd's config.toml ("" to skip)`)
+	)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	in := doctor.Input{SocketPath: *socketPath, ContainerdConfig: *ctdConfig, ConfigFile: *configFile}
+	cfg, err := loadConfig(*configFile, *specDirs)
+	if err != nil {
+		// The configuration's problems are a finding; the rest is checked
+		// with the defaults.
+		cfg, err = loadConfig("", *specDirs)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "nri-gpu check: %v\n", err)
+		return exitUsage
+	}
+	in.Config = cfg
+	findings := doctor.Run(in)
+	for _, f := range findings {
+		fmt.Fprintf(stdout, "%-4s  %-22s %s\n", f.Status, f.Check, f.Detail)
+		if f.Fix != "" {
+			fmt.Fprintf(stdout, "      %-22s fix: %s\n", "", f.Fix)
+		}
+	}
+	if doctor.Failed(findings) {
+		return exitError
+	}
+	return exitOK
+}

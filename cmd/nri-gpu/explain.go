@@ -103,4 +103,3 @@ func printAdjustment(w io.Writer, adj *api.ContainerAdjustment) {
 		fmt.Fprintf(w, "annotate %s=%s\n", k, v)
 	}
 }
-

@@ -247,6 +247,9 @@ func (c *Containerd) Restart() error {
 	return c.start()
 }
 
+// ConfigPath returns the path of this containerd's config.toml.
+func (c *Containerd) ConfigPath() string { return c.cfgPath }
+
 // preRegister installs the plugin binary and its configuration where
 // containerd looks for pre-registered plugins.
 func preRegister(binary, dir, config string) error {

@@ -1,0 +1,200 @@
+// Package doctor checks a node for what nri-gpu needs: the NRI socket
+// answering, NRI enabled in containerd's configuration (and what its CDI
+// setting implies), trusted and valid CDI specs, devices, hook executables
+// present and allowed, and a valid nri-gpu configuration. Each finding is
+// OK, WARN or FAIL, with a fix for the latter two.
+package doctor
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// Status is the outcome of one check.
+type Status string
+
+// Statuses, from good to bad.
+const (
+	OK   Status = "OK"
+	Warn Status = "WARN"
+	Fail Status = "FAIL"
+)
+
+// Finding is the result of one check.
+type Finding struct {
+	Status Status
+	// Check names what was checked.
+	Check string
+	// Detail says what was found.
+	Detail string
+	// Fix says what to do, for WARN and FAIL.
+	Fix string
+}
+
+// Input is what to check.
+type Input struct {
+	// SocketPath is the NRI socket.
+	SocketPath string
+	// ContainerdConfig is containerd's config.toml; "" skips it.
+	ContainerdConfig string
+	// Config is nri-gpu's configuration, and ConfigFile where it came
+	// from ("" for the defaults).
+	Config     *config.Config
+	ConfigFile string
+}
+
+// Run runs every check.
+func Run(in Input) []Finding {
+	var out []Finding
+	out = append(out, checkConfigFile(in.ConfigFile))
+	out = append(out, checkSocket(in.SocketPath))
+	if in.ContainerdConfig != "" {
+		out = append(out, checkContainerd(in.ContainerdConfig, in.SocketPath)...)
+	}
+	out = append(out, checkSpecs(in.Config)...)
+	return out
+}
+
+// Failed reports whether any finding failed.
+func Failed(fs []Finding) bool {
+	return slices.ContainsFunc(fs, func(f Finding) bool { return f.Status == Fail })
+}
+
+func checkConfigFile(file string) Finding {
+	if file == "" {
+		return Finding{OK, "nri-gpu config", "none given: the defaults apply", ""}
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return Finding{Fail, "nri-gpu config", err.Error(), "give --config a readable file"}
+	}
+	if problems := config.Problems(data); len(problems) > 0 {
+		var msgs []string
+		for _, p := range problems {
+			msgs = append(msgs, p.String())
+		}
+		return Finding{Fail, "nri-gpu config", file + ": " + strings.Join(msgs, "; "), "run nri-gpu validate " + file + " and mend what it says"}
+	}
+	return Finding{OK, "nri-gpu config", file + " is valid", ""}
+}
+
+func checkSocket(path string) Finding {
+	conn, err := net.DialTimeout("unix", path, 2*time.Second)
+	if err != nil {
+		return Finding{Fail, "NRI socket", fmt.Sprintf("%s does not answer: %v", path, err),
+			"enable NRI in containerd (config/containerd-1.7.toml, on by default in 2.x), restart containerd, and point --socket-path at its socket_path"}
+	}
+	_ = conn.Close()
+	return Finding{OK, "NRI socket", path + " answers", ""}
+}
+
+// checkContainerd reads containerd's config.toml: NRI must be on, and its
+// socket the one nri-gpu uses; enable_cdi is reported with what it means.
+func checkContainerd(file, socketPath string) []Finding {
+	var raw map[string]any
+	if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
+		return []Finding{{Warn, "containerd config", file + " does not exist", "pass --containerd-config with containerd's config.toml (k3s: /var/lib/rancher/k3s/agent/etc/containerd/config.toml)"}}
+	}
+	if _, err := toml.DecodeFile(file, &raw); err != nil {
+		return []Finding{{Fail, "containerd config", fmt.Sprintf("%s: %v", file, err), "mend the TOML of " + file}}
+	}
+	version, _ := raw["version"].(int64)
+	plugins, _ := raw["plugins"].(map[string]any)
+	nri, _ := plugins["io.containerd.nri.v1.nri"].(map[string]any)
+	var out []Finding
+	disabled, set := nri["disable"].(bool)
+	switch {
+	case version >= 3 && !(set && disabled):
+		out = append(out, Finding{OK, "containerd NRI", fmt.Sprintf("config version %d (containerd 2.x): NRI is on", version), ""})
+	case version < 3 && set && !disabled:
+		out = append(out, Finding{OK, "containerd NRI", fmt.Sprintf("config version %d (containerd 1.x): NRI is on", version), ""})
+	default:
+		out = append(out, Finding{Fail, "containerd NRI", fmt.Sprintf("NRI is off in %s", file),
+			`set disable = false under [plugins."io.containerd.nri.v1.nri"] (config/containerd-1.7.toml) and restart containerd`})
+	}
+	if sp, ok := nri["socket_path"].(string); ok && sp != socketPath {
+		out = append(out, Finding{Warn, "containerd NRI socket", fmt.Sprintf("containerd listens on %s, nri-gpu connects to %s", sp, socketPath),
+			"run nri-gpu with --socket-path " + sp})
+	}
+	cri := "io.containerd.grpc.v1.cri"
+	cdiDefault := false
+	if version >= 3 {
+		cri, cdiDefault = "io.containerd.cri.v1.runtime", true
+	}
+	criCfg, _ := plugins[cri].(map[string]any)
+	enableCDI, ok := criCfg["enable_cdi"].(bool)
+	if !ok {
+		enableCDI = cdiDefault
+	}
+	if enableCDI {
+		out = append(out, Finding{OK, "containerd CDI", "enable_cdi is on: containerd injects cdi.k8s.io devices itself, and nri-gpu does not inject those again; pod annotations are nri-gpu's", ""})
+	} else {
+		out = append(out, Finding{OK, "containerd CDI", "enable_cdi is off: nri-gpu injects every device, from pod and cdi.k8s.io annotations", ""})
+	}
+	return out
+}
+
+// checkSpecs loads the spec dirs as the plugin does.
+func checkSpecs(cfg *config.Config) []Finding {
+	var out []Finding
+	for _, dir := range cfg.CDISpecDirs {
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			out = append(out, Finding{Warn, "spec dir", dir + " does not exist", "fine if no spec is to be there; nri-gpu picks it up once it is created"})
+		}
+	}
+	reg, err := specs.Open(cfg.CDISpecDirs)
+	if err != nil {
+		return append(out, Finding{Fail, "specs", err.Error(), "check cdiSpecDirs"})
+	}
+	snap := reg.Snapshot()
+	_ = reg.Close()
+	for _, path := range slices.Sorted(maps.Keys(snap.Problems)) {
+		fix := "mend or remove the spec"
+		if errors.Is(errors.Join(snap.Problems[path]...), specs.ErrUntrusted) {
+			fix = "make the spec and its directory owned by root and writable by root only (chmod go-w)"
+		}
+		out = append(out, Finding{Fail, "spec", fmt.Sprintf("%s: %v", path, errors.Join(snap.Problems[path]...)), fix})
+	}
+	hooks := map[string][]string{} // hook path -> devices
+	n := 0
+	for _, e := range snap.Entries() {
+		if e.Untrusted != nil {
+			continue
+		}
+		n++
+		for _, h := range e.Hooks {
+			hooks[h] = append(hooks[h], e.Footprint.Name)
+		}
+	}
+	if n == 0 {
+		out = append(out, Finding{Warn, "devices", "no device in " + strings.Join(cfg.CDISpecDirs, ", "),
+			"run nri-gpu generate (or --generate-specs), or install the NVIDIA Container Toolkit"})
+	} else {
+		out = append(out, Finding{OK, "devices", fmt.Sprintf("%d devices can be injected", n), ""})
+	}
+	for _, h := range slices.Sorted(maps.Keys(hooks)) {
+		devs := strings.Join(hooks[h], ", ")
+		switch fi, err := os.Stat(h); {
+		case err != nil:
+			out = append(out, Finding{Fail, "hook", fmt.Sprintf("%s (for %s) does not exist", h, devs), "install it, or regenerate the specs"})
+		case fi.Mode()&0o111 == 0:
+			out = append(out, Finding{Fail, "hook", fmt.Sprintf("%s (for %s) is not executable", h, devs), "chmod +x " + h})
+		case !slices.Contains(cfg.Policy.HookPaths, h):
+			out = append(out, Finding{Fail, "hook", fmt.Sprintf("%s (for %s) is not in policy.hookPaths: those devices are refused", h, devs), "add it to policy.hookPaths if it is trusted"})
+		default:
+			out = append(out, Finding{OK, "hook", h + " exists and is allowed", ""})
+		}
+	}
+	return out
+}
