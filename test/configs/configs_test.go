@@ -1,0 +1,174 @@
+// Package configs checks the deployment files under config/: each parses,
+// plugin configurations pass nri-gpu's own validation, containerd's turn
+// NRI on, and the DaemonSet mounts what nri-gpu needs, no more.
+package configs
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/BurntSushi/toml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+)
+
+const dir = "../../config"
+
+func read(t *testing.T, name string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// templateLine matches a line of Go template markup (k3s's config.toml.tmpl).
+var templateLine = regexp.MustCompile(`(?m)^\s*\{\{.*\}\}\s*$`)
+
+func TestContainerdConfigsEnableNRI(t *testing.T) {
+	for _, name := range []string{"containerd-1.7.toml", "containerd-2.x.toml", "k3s/config.toml.tmpl"} {
+		t.Run(name, func(t *testing.T) {
+			data := templateLine.ReplaceAll(read(t, name), nil)
+			var cfg struct {
+				Plugins map[string]struct {
+					Disable    *bool  `toml:"disable"`
+					SocketPath string `toml:"socket_path"`
+				} `toml:"plugins"`
+			}
+			if _, err := toml.Decode(string(data), &cfg); err != nil {
+				t.Fatalf("not TOML: %v", err)
+			}
+			nri, ok := cfg.Plugins["io.containerd.nri.v1.nri"]
+			if !ok || nri.Disable == nil || *nri.Disable || nri.SocketPath != "/var/run/nri/nri.sock" {
+				t.Errorf("NRI section %+v: want disable = false and the default socket", nri)
+			}
+		})
+	}
+}
+
+func TestPluginConfigsValidate(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join(dir, "nri-gpu*.yaml"))
+	files = append(files, filepath.Join(dir, "preregistered", "10-nri-gpu.conf"))
+	for _, f := range files {
+		if problems := config.Problems(mustRead(t, f)); len(problems) > 0 {
+			t.Errorf("%s: %v", f, problems)
+		}
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func TestSystemdUnit(t *testing.T) {
+	unit := string(read(t, "systemd/nri-gpu.service"))
+	for _, want := range []string{"After=containerd.service", "Restart=always", "ExecStart=/usr/local/bin/nri-gpu --config /etc/nri-gpu/config.yaml", "WantedBy=multi-user.target"} {
+		if !strings.Contains(unit, want+"\n") {
+			t.Errorf("unit lacks %q", want)
+		}
+	}
+}
+
+// daemonSet is the part of a DaemonSet this test reads.
+type daemonSet struct {
+	Kind string
+	Spec struct {
+		UpdateStrategy struct {
+			RollingUpdate struct {
+				MaxSurge any `json:"maxSurge"`
+			} `json:"rollingUpdate"`
+		} `json:"updateStrategy"`
+		Template struct {
+			Spec struct {
+				PriorityClassName string `json:"priorityClassName"`
+				Containers        []struct {
+					SecurityContext struct {
+						Privileged *bool `json:"privileged"`
+					} `json:"securityContext"`
+					VolumeMounts []struct {
+						Name, MountPath string
+						ReadOnly        bool `json:"readOnly"`
+					} `json:"volumeMounts"`
+				}
+				Volumes []struct {
+					Name     string
+					HostPath *struct{ Path string } `json:"hostPath"`
+				}
+			}
+		}
+	}
+}
+
+func TestDaemonSet(t *testing.T) {
+	var ds daemonSet
+	var configMap struct {
+		Kind string
+		Data map[string]string
+	}
+	for _, doc := range strings.Split(string(read(t, "kubernetes/daemonset.yaml")), "\n---\n") {
+		var kind struct{ Kind string }
+		if err := yaml.Unmarshal([]byte(doc), &kind); err != nil {
+			t.Fatalf("not YAML: %v", err)
+		}
+		switch kind.Kind {
+		case "DaemonSet":
+			if err := yaml.Unmarshal([]byte(doc), &ds); err != nil {
+				t.Fatal(err)
+			}
+		case "ConfigMap":
+			if err := yaml.Unmarshal([]byte(doc), &configMap); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if problems := config.Problems([]byte(configMap.Data["config.yaml"])); len(problems) > 0 {
+		t.Errorf("the ConfigMap's config.yaml: %v", problems)
+	}
+	pod := ds.Spec.Template.Spec
+	if pod.PriorityClassName != "system-node-critical" || ds.Spec.UpdateStrategy.RollingUpdate.MaxSurge != float64(0) {
+		t.Errorf("priority %q, maxSurge %v: want system-node-critical and 0", pod.PriorityClassName, ds.Spec.UpdateStrategy.RollingUpdate.MaxSurge)
+	}
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	if p := c.SecurityContext.Privileged; p == nil || *p {
+		t.Error("the container must say privileged: false")
+	}
+	hostPaths := map[string]string{}
+	for _, v := range pod.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	want := map[string]bool{"/var/run/nri": false, "/etc/cdi": true, "/var/run/cdi": true, "/dev": true} // path -> read-only
+	var got []string
+	for _, m := range c.VolumeMounts {
+		path, ok := hostPaths[m.Name]
+		if !ok {
+			continue
+		}
+		got = append(got, path)
+		if ro, known := want[path]; !known {
+			t.Errorf("mounts host path %s, which nri-gpu does not need", path)
+		} else if ro != m.ReadOnly {
+			t.Errorf("host path %s mounted readOnly=%v, want %v", path, m.ReadOnly, ro)
+		}
+	}
+	for path := range want {
+		if !slices.Contains(got, path) {
+			t.Errorf("does not mount host path %s", path)
+		}
+	}
+}
