@@ -10,6 +10,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
@@ -22,6 +23,9 @@ func WithNVML(lib nvml.Interface) Option { return func(p *Plugin) { p.nvml = lib
 
 // Option tunes a Plugin.
 type Option func(*Plugin)
+
+// WithMetrics has the plugin record its metrics in m.
+func WithMetrics(m *metrics.Metrics) Option { return func(p *Plugin) { p.metrics = m } }
 
 // keepGenerating, while generateSpecs is on, generates the spec of the
 // node's GPUs now and again whenever they change (checked every

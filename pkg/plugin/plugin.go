@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/nri/pkg/api"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -51,6 +53,8 @@ type Plugin struct {
 
 	// nvml, when set, replaces the driver's NVML for spec generation.
 	nvml nvml.Interface
+	// metrics is nil when metrics are off.
+	metrics *metrics.Metrics
 
 	problemsMu sync.Mutex
 	// problems are the spec problems logged, by spec file.
@@ -120,6 +124,7 @@ func (p *Plugin) logProblems(s *specs.Snapshot) {
 		}
 	}
 	p.problems = current
+	p.metrics.SpecErrors(len(current))
 }
 
 func (p *Plugin) state() *state {
@@ -224,6 +229,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		})
 	}
 	p.alloc.Restore(holdings)
+	p.countHeld()
 	for pod, devices := range p.alloc.Held() {
 		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": devices}).
 			Info("restored devices held by pod")
@@ -244,6 +250,7 @@ func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error 
 }
 
 func (p *Plugin) release(pod *api.PodSandbox) {
+	defer p.countHeld()
 	if released := p.alloc.Release(pod.GetId()); len(released) > 0 {
 		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "devices": released}).
 			Info("released devices")
@@ -253,12 +260,22 @@ func (p *Plugin) release(pod *api.PodSandbox) {
 // CreateContainer injects the devices a container asks for, or fails its
 // creation saying why. A container that asks for nothing is left alone.
 func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	start := time.Now()
 	log := p.log.WithFields(logrus.Fields{
 		"namespace": pod.GetNamespace(),
 		"pod":       pod.GetName(),
 		"container": ctr.GetName(),
 	})
 	adj, devices, err := p.handle(p.state(), pod, ctr, log)
+	result := metrics.ResultInjected
+	switch {
+	case err != nil:
+		result = metrics.ResultDenied
+	case adj == nil:
+		result = metrics.ResultNone
+	}
+	p.metrics.Request(result, err, time.Since(start))
+	p.countHeld()
 	if err != nil {
 		log.Errorf("denied: %v", err)
 		return nil, nil, fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
@@ -392,6 +409,18 @@ func (st *state) build(snap *specs.Snapshot, named, injected []*specs.Entry, gra
 		res.Adjustment.AddAnnotation(CountedAnnotation, strings.Join(names(grant.Counted), ","))
 	}
 	return built{adjustment: res.Adjustment, skipped: res.Skipped}, nil
+}
+
+// countHeld updates the devices-held metric.
+func (p *Plugin) countHeld() {
+	if p.metrics == nil {
+		return
+	}
+	n := 0
+	for _, devices := range p.alloc.Held() {
+		n += len(devices)
+	}
+	p.metrics.DevicesHeld(n)
 }
 
 // injectedByRuntime reports whether the runtime already injected a device

@@ -67,8 +67,8 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 	var errs []error
 	for _, d := range named {
 		if other, held := a.heldByOther(pod.ID, d, p.exclusive); held != nil {
-			errs = append(errs, fmt.Errorf("%w: device %q is held by pod %s (as %q)%s",
-				ErrDenied, d.Name, other, held.Name, heldHint(p.exclusive, other)))
+			errs = append(errs, deny(RuleExclusive, fmt.Errorf("%w: device %q is held by pod %s (as %q)%s",
+				ErrDenied, d.Name, other, held.Name, heldHint(p.exclusive, other))))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -86,8 +86,8 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 	all := append(own.all(), named...)
 	all = append(all, counted...)
 	if n := units(all, candidates); p.max > 0 && n > p.max {
-		return Grant{}, fmt.Errorf("%w: pod %s would hold %d devices, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
-			ErrDenied, pod, n, p.max)
+		return Grant{}, deny(RuleMax, fmt.Errorf("%w: pod %s would hold %d devices, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
+			ErrDenied, pod, n, p.max))
 	}
 
 	g := Grant{Pod: pod, Devices: append(slices.Clone(named), counted...), Counted: slices.Clone(counted)}
@@ -171,8 +171,8 @@ func (a *Allocations) choose(p *Policy, podID string, count int, candidates []sp
 			v, c, _ := parser.ParseDevice(candidates[0].Name)
 			kind = v + "/" + c + " devices"
 		}
-		return nil, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices); they are free again when their pods are removed",
-			CountAnnotationKey, ErrDenied, count, kind, len(free), held, len(seen))
+		return nil, deny(RuleCount, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices); they are free again when their pods are removed",
+			CountAnnotationKey, ErrDenied, count, kind, len(free), held, len(seen)))
 	}
 	return free[:count], nil
 }

@@ -15,6 +15,32 @@ import (
 // ErrDenied is wrapped by every policy denial.
 var ErrDenied = errors.New("denied by policy")
 
+// Rules, as a Denial names them: the config key that decided, or "count"
+// for a count request that found too few free devices.
+const (
+	RuleNamespaces = "namespaces"
+	RuleDevices    = "devices"
+	RuleAllowAll   = "allowAll"
+	RuleMax        = "maxDevicesPerPod"
+	RuleExclusive  = "exclusive"
+	RuleCount      = "count"
+	RuleHookPaths  = "hookPaths"
+)
+
+// Denial is a policy denial: it wraps ErrDenied and says which rule
+// decided, for callers that count denials by rule.
+type Denial struct {
+	Rule string
+	err  error
+}
+
+func (d *Denial) Error() string { return d.err.Error() }
+
+// Unwrap returns the message's error, which wraps ErrDenied.
+func (d *Denial) Unwrap() error { return d.err }
+
+func deny(rule string, err error) error { return &Denial{Rule: rule, err: err} }
+
 // Pod identifies a pod sandbox.
 type Pod struct {
 	// ID is the sandbox ID the runtime gave the pod.
@@ -58,8 +84,8 @@ func New(p config.Policy) *Policy {
 // allow it.
 func (p *Policy) Check(pod Pod, ask Ask) error {
 	if what := podRequest(ask); what != "" && !matchAny(p.namespaces, pod.Namespace) {
-		return fmt.Errorf("%s: %w: pods of namespace %q may not request devices through pod annotations: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
-			what, ErrDenied, pod.Namespace, strings.Join(p.namespaces, ", "))
+		return deny(RuleNamespaces, fmt.Errorf("%s: %w: pods of namespace %q may not request devices through pod annotations: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
+			what, ErrDenied, pod.Namespace, strings.Join(p.namespaces, ", ")))
 	}
 	var errs []error
 	for _, r := range ask.Requests {
@@ -84,12 +110,12 @@ func podRequest(ask Ask) string {
 
 func (p *Policy) checkRequest(r Request) error {
 	if !matchAny(p.devices, r.Device) {
-		return fmt.Errorf("%s: %w: device %q matches none of policy.devices [%s]; add a glob that matches it to policy.devices",
-			r, ErrDenied, r.Device, strings.Join(p.devices, ", "))
+		return deny(RuleDevices, fmt.Errorf("%s: %w: device %q matches none of policy.devices [%s]; add a glob that matches it to policy.devices",
+			r, ErrDenied, r.Device, strings.Join(p.devices, ", ")))
 	}
 	if _, _, name := parser.ParseDevice(r.Device); name == AllDevice && r.Source == SourcePod && !p.allowAll {
-		return fmt.Errorf("%s: %w: device %q gives every device of its kind; set policy.allowAll: true to allow it",
-			r, ErrDenied, r.Device)
+		return deny(RuleAllowAll, fmt.Errorf("%s: %w: device %q gives every device of its kind; set policy.allowAll: true to allow it",
+			r, ErrDenied, r.Device))
 	}
 	return nil
 }
@@ -100,8 +126,8 @@ func (p *Policy) CheckHooks(device string, hookPaths []string) error {
 	var errs []error
 	for _, h := range hookPaths {
 		if !slices.Contains(p.hookPaths, h) {
-			errs = append(errs, fmt.Errorf("device %q: %w: its spec injects the hook %q, which is not in policy.hookPaths [%s]; add it to policy.hookPaths if it is trusted",
-				device, ErrDenied, h, strings.Join(p.hookPaths, ", ")))
+			errs = append(errs, deny(RuleHookPaths, fmt.Errorf("device %q: %w: its spec injects the hook %q, which is not in policy.hookPaths [%s]; add it to policy.hookPaths if it is trusted",
+				device, ErrDenied, h, strings.Join(p.hookPaths, ", "))))
 		}
 	}
 	return errors.Join(errs...)

@@ -116,4 +116,8 @@ func wantDenied(t *testing.T, err error, want ...string) {
 	if !errors.Is(err, policy.ErrDenied) {
 		t.Errorf("error %v does not wrap ErrDenied", err)
 	}
+	var d *policy.Denial
+	if !errors.As(err, &d) || d.Rule == "" {
+		t.Errorf("error %v is not a Denial naming its rule", err)
+	}
 }

@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -135,5 +138,36 @@ func TestSmokeScript(t *testing.T) {
 	out, err = smoke("9")
 	if err == nil || !strings.Contains(out, "SMOKE FAIL: the container was not created") {
 		t.Errorf("smoke.sh with an unknown device: %v\n%s", err, out)
+	}
+}
+
+// TestMetrics scrapes the suite's nri-gpu after an injection and a denial.
+func TestMetrics(t *testing.T) {
+	needEnv(t)
+	podID, pod := newPod(t, env.ctd, map[string]string{"gpus.nri-gpu.io": "1"})
+	runContainer(t, env.ctd, podID, pod, harness.Container{Name: "c"})
+	deniedID, denied := newPod(t, env.ctd, map[string]string{"gpus.nri-gpu.io": "all"})
+	createFails(t, deniedID, denied, "policy.allowAll")
+
+	m := regexp.MustCompile(`serving metrics at (http://\S+/metrics)`).FindStringSubmatch(env.nri.Log())
+	if m == nil {
+		t.Fatalf("nri-gpu did not log its metrics address:\n%s", env.nri.Log())
+	}
+	resp, err := http.Get(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`nri_gpu_requests_total\{result="injected"\} [1-9]`),
+		regexp.MustCompile(`nri_gpu_denials_total\{rule="allowAll"\} [1-9]`),
+		regexp.MustCompile(`nri_gpu_request_duration_seconds_count [1-9]`),
+		regexp.MustCompile(`nri_gpu_devices_held [1-9]`),
+		regexp.MustCompile(`nri_gpu_spec_errors [1-9]`), // the untrusted spec
+	} {
+		if !want.Match(body) {
+			t.Errorf("metrics do not match %s:\n%s", want, body)
+		}
 	}
 }

@@ -39,6 +39,12 @@ var suitePolicy = []string{
 	"exclusive: true",
 }
 
+// suiteArgs are the arguments of the suite's nri-gpu: its config, and
+// metrics on a free port of the loopback.
+func suiteArgs() []string {
+	return []string{"--config", env.config, "--metrics-address", "127.0.0.1:0"}
+}
+
 func TestMain(m *testing.M) {
 	code, err := setup()
 	if err != nil {
@@ -91,7 +97,7 @@ func setup() (int, error) {
 	if env.ctd, err = harness.StartContainerd(filepath.Join(env.dir, "ctd"), env.tools, harness.Options{Image: env.image}); err != nil {
 		return 1, err
 	}
-	if env.nri, err = env.ctd.StartPlugin("--config", env.config); err != nil {
+	if env.nri, err = env.ctd.StartPlugin(suiteArgs()...); err != nil {
 		return 1, err
 	}
 	return 0, nil

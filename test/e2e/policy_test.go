@@ -134,7 +134,7 @@ func TestCountRequests(t *testing.T) {
 	// from the runtime, and hands out nothing twice.
 	env.nri.Kill()
 	var err error
-	if env.nri, err = env.ctd.StartPlugin("--config", env.config); err != nil {
+	if env.nri, err = env.ctd.StartPlugin(suiteArgs()...); err != nil {
 		t.Fatal(err)
 	}
 	_, again := runContainer(t, env.ctd, aID, a, harness.Container{Name: "second"})

@@ -1,0 +1,126 @@
+// Package metrics exposes nri-gpu's Prometheus metrics: requests by
+// result, denials by rule, injection latency, devices held and spec
+// problems.
+package metrics
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// Results of a CreateContainer request.
+const (
+	ResultInjected = "injected"
+	ResultDenied   = "denied"
+	ResultNone     = "none" // the container asked for nothing
+)
+
+// Metrics records nri-gpu's metrics in a registry of its own.
+type Metrics struct {
+	registry *prometheus.Registry
+	requests *prometheus.CounterVec
+	denials  *prometheus.CounterVec
+	latency  prometheus.Histogram
+	held     prometheus.Gauge
+	specErrs prometheus.Gauge
+}
+
+// New returns metrics registered in a new registry.
+func New() *Metrics {
+	m := &Metrics{
+		registry: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nri_gpu_requests_total", Help: "CreateContainer requests, by result (injected, denied, none).",
+		}, []string{"result"}),
+		denials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nri_gpu_denials_total", Help: "Containers refused, by the rule or reason that refused them.",
+		}, []string{"rule"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "nri_gpu_request_duration_seconds",
+			Help:    "Time nri-gpu spends on a CreateContainer request.",
+			Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 5e-3, 25e-3, 100e-3, 1},
+		}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nri_gpu_devices_held", Help: "Devices held by pods (exclusive or counted allocations).",
+		}),
+		specErrs: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nri_gpu_spec_errors", Help: "CDI spec files not used: broken, conflicting or not trusted.",
+		}),
+	}
+	m.registry.MustRegister(m.requests, m.denials, m.latency, m.held, m.specErrs)
+	return m
+}
+
+// Request records a request's result and duration; err is the denial.
+// Like every method, it does nothing on nil Metrics (metrics off).
+func (m *Metrics) Request(result string, err error, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(result).Inc()
+	m.latency.Observe(d.Seconds())
+	if err != nil {
+		m.denials.WithLabelValues(Rule(err)).Inc()
+	}
+}
+
+// DevicesHeld sets the number of devices pods hold.
+func (m *Metrics) DevicesHeld(n int) {
+	if m != nil {
+		m.held.Set(float64(n))
+	}
+}
+
+// SpecErrors sets the number of spec files not used.
+func (m *Metrics) SpecErrors(n int) {
+	if m != nil {
+		m.specErrs.Set(float64(n))
+	}
+}
+
+// Rule names what refused a container: a policy rule, or the kind of
+// problem with the request.
+func Rule(err error) string {
+	var d *policy.Denial
+	switch {
+	case errors.As(err, &d):
+		return d.Rule
+	case errors.Is(err, policy.ErrInvalidRequest):
+		return "invalidRequest"
+	case errors.Is(err, specs.ErrUntrusted):
+		return "untrustedSpec"
+	case errors.Is(err, specs.ErrUnresolvable):
+		return "unresolvable"
+	case errors.Is(err, adjust.ErrUnsupportedEdit):
+		return "unsupportedEdits"
+	}
+	return "other"
+}
+
+// Handler serves the metrics.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+}
+
+// Serve serves the metrics at /metrics on addr until the listener fails.
+func (m *Metrics) Serve(addr string) (net.Addr, <-chan error, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	errs := make(chan error, 1)
+	go func() { errs <- srv.Serve(l) }()
+	return l.Addr(), errs, nil
+}
