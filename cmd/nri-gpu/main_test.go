@@ -92,3 +92,30 @@ func TestDevices(t *testing.T) {
 		}
 	}
 }
+
+func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.yaml"), filepath.Join(dir, "bad.conf")
+	if err := os.WriteFile(good, []byte("policy:\n  exclusive: true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("policy:\n  exclusive: true\n  maxDevicesPerPod: -1\n  alowAll: true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"validate", good}, &stdout, &stderr); code != exitOK || !strings.Contains(stdout.String(), good+": ok") {
+		t.Errorf("good file: exit %d, %s%s", code, stdout.String(), stderr.String())
+	}
+	stdout.Reset()
+	code := run([]string{"validate", good, bad}, &stdout, &stderr)
+	if code != exitError || !strings.Contains(stderr.String(), bad+":4: field alowAll not found") {
+		t.Errorf("bad file: exit %d, stderr %s", code, stderr.String())
+	}
+	stderr.Reset()
+	if err := os.WriteFile(bad, []byte("policy:\n  maxDevicesPerPod: -1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := run([]string{"validate", bad}, &stdout, &stderr); code != exitError || !strings.Contains(stderr.String(), bad+":2: policy.maxDevicesPerPod: -1 is negative") {
+		t.Errorf("semantic problem: exit %d, stderr %s", code, stderr.String())
+	}
+}
