@@ -14,7 +14,7 @@ export NRI_GPU_TOOLS := $(BIN)
 # go-nvml's cgo bindings declare functions the NVML headers deprecate.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit fuzz lint demo e2e-tools deps clean
+.PHONY: all build test unit fuzz bench lint demo e2e-tools deps clean
 
 all: build
 
@@ -63,6 +63,7 @@ test: lint e2e-tools
 	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 ./...
 	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD2) $(GO) test -race -count=1 ./test/e2e/
 	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD17OLD) $(GO) test -race -count=1 ./test/e2e/
+	$(GO) test -run '^$$' -bench . -benchtime=1x ./pkg/...
 	$(MAKE) fuzz
 
 # The fuzz targets, briefly (FUZZTIME=5m for a longer run).
@@ -83,6 +84,11 @@ fuzz:
 # Unit and protocol tests only: no root, no tools.
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/)
+
+# Benchmarks: writes BENCHMARKS.md (needs root for the end-to-end part).
+bench: e2e-tools
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./pkg/plugin ./pkg/specs > $(OUT)/bench-go.txt
+	$(GO) run ./test/bench -go-bench $(OUT)/bench-go.txt -out BENCHMARKS.md
 
 demo: e2e-tools
 	$(GO) run ./test/demo

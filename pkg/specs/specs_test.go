@@ -2,6 +2,7 @@ package specs_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
 func gpuSpec(env string) string {
@@ -22,7 +24,7 @@ devices:
 `
 }
 
-func write(t *testing.T, dir, name, content string) {
+func write(t testing.TB, dir, name, content string) {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -278,4 +280,28 @@ devices: [{name: "0", containerEdits: {env: [NIC=0]}}]
 	eventually(t, "a spec dir created again", func() bool { return envOf(r) == "V=5" })
 	write(t, dir, "gpu.yaml", gpuSpec("V=6"))
 	eventually(t, "a change in the recreated dir", func() bool { return envOf(r) == "V=6" })
+}
+
+// BenchmarkLoad measures a full load of the spec dirs (what every refresh
+// does) with 10, 100 and 1000 spec files.
+func BenchmarkLoad(b *testing.B) {
+	for _, n := range []int{10, 100, 1000} {
+		dir := b.TempDir()
+		if err := harness.WriteBenchSpecs(dir, n); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("specs=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				r, err := specs.Open([]string{dir})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if got := len(r.Snapshot().Entries()); got != n-1+64 {
+					b.Fatalf("%d devices, want %d", got, n)
+				}
+				_ = r.Close()
+			}
+		})
+	}
 }

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/nri/pkg/adaptation"
+	"github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
+	"github.com/sirupsen/logrus"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/test/harness"
+)
+
+const samples = 2000
+
+func quiet() *logrus.Logger {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	return l
+}
+
+// newPlugin loads n bench spec files into a temp dir and returns nri-gpu
+// serving them.
+func newPlugin(n int) (*plugin.Plugin, func()) {
+	dir, err := os.MkdirTemp("", "nri-gpu-bench-")
+	must(err)
+	must(harness.WriteBenchSpecs(dir, n))
+	p, err := plugin.New(config.Default(), []string{dir}, quiet())
+	must(err)
+	return p, func() { _ = p.Close(); _ = os.RemoveAll(dir) }
+}
+
+func must(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func request(n int) (*api.PodSandbox, *api.Container) {
+	return &api.PodSandbox{Id: "p", Name: "p", Namespace: "ns", Annotations: map[string]string{"gpus.nri-gpu.io": harness.BenchRequest(n)}},
+		&api.Container{Id: "c", PodSandboxId: "p", Name: "c", Linux: &api.LinuxContainer{}}
+}
+
+// requestPath times CreateContainer in process, without NRI.
+func (r *report) requestPath(goBench string) {
+	r.printf("## Request path\n\nnri-gpu's `CreateContainer` in process (annotation, policy, resolution in the spec snapshot, adjustment), %d requests per cell after a warm-up.\n\n", samples)
+	r.printf("| spec files | devices | p50 | p99 |\n|---|---|---|---|\n")
+	var worst time.Duration
+	for _, specs := range []int{10, 100, 1000} {
+		p, done := newPlugin(specs)
+		for _, n := range []int{1, 8, 64} {
+			pod, ctr := request(n)
+			var ds []time.Duration
+			for i := 0; i < samples+200; i++ {
+				start := time.Now()
+				_, _, err := p.CreateContainer(context.Background(), pod, ctr)
+				d := time.Since(start)
+				must(err)
+				if i >= 200 {
+					ds = append(ds, d)
+				}
+			}
+			r.printf("| %d | %d | %s | %s |\n", specs, n, us(percentile(ds, 50)), us(percentile(ds, 99)))
+			if specs == 1000 && n == 64 {
+				worst = percentile(ds, 99)
+			}
+		}
+		done()
+	}
+	r.results = append(r.results, target{"request path p99, 64 devices, 1000 specs", "< 100 µs", us(worst), worst < 100*time.Microsecond,
+		"the CDI library's ContainerEdits.Apply (env merged and mounts sorted per call) and building the NRI messages, linear in the devices; 64 devices in one container is far beyond a GPU node"})
+	if goBench != "" {
+		r.printf("\nGo benchmarks (`go test -bench . -benchmem`), mean per request and allocations:\n\n```\n%s```\n\n", grepBench(goBench, "BenchmarkCreateContainer"))
+	}
+}
+
+func grepBench(file, prefix string) string {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return err.Error() + "\n"
+	}
+	var b strings.Builder
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, prefix) {
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String()
+}
+
+type noop struct{}
+
+func (noop) CreateContainer(context.Context, *api.PodSandbox, *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	return nil, nil, nil
+}
+
+// runtimeWith starts NRI's runtime side on a socket and connects plugin
+// p to it; it returns the runtime and a stop function.
+func runtimeWith(p any) (*adaptation.Adaptation, func()) {
+	dir, err := os.MkdirTemp("", "nri-gpu-bench-rt-")
+	must(err)
+	sock := filepath.Join(dir, "nri.sock")
+	sync := func(ctx context.Context, cb adaptation.SyncCB) error { _, err := cb(ctx, nil, nil); return err }
+	upd := func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) { return nil, nil }
+	rt, err := adaptation.New("containerd", "v1.7.35", sync, upd, adaptation.WithSocketPath(sock),
+		adaptation.WithPluginPath(filepath.Join(dir, "p")), adaptation.WithPluginConfigPath(filepath.Join(dir, "c")))
+	must(err)
+	must(rt.Start())
+	s, err := stub.New(p, stub.WithSocketPath(sock), stub.WithPluginName("bench"), stub.WithPluginIdx("10"))
+	must(err)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { _ = s.Run(ctx) }()
+	// Wait until the plugin is there: a request comes back adjusted or not.
+	time.Sleep(500 * time.Millisecond)
+	return rt, func() { cancel(); rt.Stop(); _ = os.RemoveAll(dir) }
+}
+
+// protocol times CreateContainer round trips through NRI's runtime side
+// over a socket: a no-op plugin against nri-gpu, interleaved in blocks.
+func (r *report) protocol() {
+	p, done := newPlugin(100)
+	defer done()
+	rtNoop, stopNoop := runtimeWith(noop{})
+	defer stopNoop()
+	rtGPU, stopGPU := runtimeWith(p)
+	defer stopGPU()
+	pod, ctr := request(1)
+	req := &adaptation.CreateContainerRequest{Pod: pod, Container: ctr}
+	var noopDs, gpuDs []time.Duration
+	for block := 0; block < samples/100+2; block++ {
+		for _, rt := range []*adaptation.Adaptation{rtNoop, rtGPU} {
+			for i := 0; i < 100; i++ {
+				start := time.Now()
+				rpl, err := rt.CreateContainer(context.Background(), req)
+				d := time.Since(start)
+				must(err)
+				if rt == rtGPU && len(rpl.GetAdjust().GetLinux().GetDevices()) != 1 {
+					must(fmt.Errorf("nri-gpu did not answer through NRI"))
+				}
+				if block < 2 {
+					continue // warm-up
+				}
+				if rt == rtNoop {
+					noopDs = append(noopDs, d)
+				} else {
+					gpuDs = append(gpuDs, d)
+				}
+			}
+		}
+	}
+	r.printf("## NRI protocol round trip\n\n`CreateContainer` through NRI's real runtime side (`pkg/adaptation`) over a unix socket, %d requests each, interleaved in blocks of 100; nri-gpu with 100 spec files, one device asked for.\n\n", len(gpuDs))
+	r.printf("| plugin | p50 | p99 |\n|---|---|---|\n| no-op (the floor) | %s | %s |\n| nri-gpu | %s | %s |\n\n",
+		us(percentile(noopDs, 50)), us(percentile(noopDs, 99)), us(percentile(gpuDs, 50)), us(percentile(gpuDs, 99)))
+	ratio := float64(percentile(gpuDs, 99)) / float64(percentile(noopDs, 99))
+	r.results = append(r.results, target{"protocol p99 / no-op p99", "≤ 1.5", fmt.Sprintf("%.2f", ratio), ratio <= 1.5,
+		"the adjustment's size on the wire (protobuf of the devices, mounts, env, hooks) against an empty reply"})
+}
+
+// specs reports full loads from the Go benchmark and times the pick-up of
+// a change with 1000 spec files.
+func (r *report) specs(goBench string) {
+	r.printf("## Spec load and refresh\n\n")
+	if goBench != "" {
+		r.printf("A full load of the spec dirs (what every refresh does: CDI's cache rescans, then trust, footprints and host nodes):\n\n```\n%s```\n\n", grepBench(goBench, "BenchmarkLoad"))
+	}
+	dir, err := os.MkdirTemp("", "nri-gpu-bench-specs-")
+	must(err)
+	defer os.RemoveAll(dir)
+	must(harness.WriteBenchSpecs(dir, 1000))
+	reg, err := specs.Open([]string{dir})
+	must(err)
+	defer reg.Close()
+	var ds []time.Duration
+	for i := 0; i < 10; i++ {
+		name := fmt.Sprintf("example.com/new%d=0", i)
+		spec := fmt.Sprintf("cdiVersion: \"0.6.0\"\nkind: example.com/new%d\ndevices: [{name: \"0\", containerEdits: {env: [A=1]}}]\n", i)
+		start := time.Now()
+		must(os.WriteFile(filepath.Join(dir, fmt.Sprintf("new%d.yaml", i)), []byte(spec), 0o644))
+		for {
+			if _, err := reg.Snapshot().Resolve([]string{name}); err == nil {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		ds = append(ds, time.Since(start))
+	}
+	med := percentile(ds, 50)
+	r.printf("A spec added beside 1000 others is injectable after (median of 10): **%s** (of which 50 ms is the wait for a burst of changes to settle).\n\n", ms(med))
+	refresh := med - 50*time.Millisecond
+	r.results = append(r.results, target{"refresh of 1000 specs", "< 200 ms", ms(refresh) + " (pick-up less the 50 ms settle)", refresh < 200*time.Millisecond,
+		"parsing and validating 1000 YAML files in CDI's cache"})
+}
+
+// memory runs the nri-gpu binary with 1000 specs loaded and reads its RSS.
+func (r *report) memory() {
+	bin := filepath.Join(os.Getenv(harness.ToolsEnv), "nri-gpu")
+	dir, err := os.MkdirTemp("", "nri-gpu-bench-rss-")
+	must(err)
+	defer os.RemoveAll(dir)
+	must(harness.WriteBenchSpecs(dir, 1000))
+	cmd := exec.Command(bin, "--cdi-spec-dirs", dir, "--socket-path", filepath.Join(dir, "none.sock"))
+	if err := cmd.Start(); err != nil {
+		r.printf("## Memory\n\nnot measured: %v\n\n", err)
+		return
+	}
+	time.Sleep(3 * time.Second)
+	rss := status(cmd.Process.Pid, "VmRSS")
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	r.printf("## Memory\n\nThe nri-gpu binary with 1000 spec files loaded (RSS after 3 s): **%d MiB**.\n\n", rss/1024)
+	r.results = append(r.results, target{"RSS with 1000 specs", "< 40 MiB", fmt.Sprintf("%d MiB", rss/1024), rss < 40*1024,
+		"the CDI cache keeps every parsed spec, and the snapshot an entry per device"})
+}
+
+// status reads a kB field of /proc/PID/status.
+func status(pid int, field string) int {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && k == field {
+			var kb int
+			fmt.Sscan(v, &kb)
+			return kb
+		}
+	}
+	return 0
+}
