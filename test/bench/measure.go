@@ -113,7 +113,9 @@ func runtimeWith(p any) (*adaptation.Adaptation, func()) {
 	must(err)
 	sock := filepath.Join(dir, "nri.sock")
 	sync := func(ctx context.Context, cb adaptation.SyncCB) error { _, err := cb(ctx, nil, nil); return err }
-	upd := func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) { return nil, nil }
+	upd := func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
+		return nil, nil
+	}
 	rt, err := adaptation.New("containerd", "v1.7.35", sync, upd, adaptation.WithSocketPath(sock),
 		adaptation.WithPluginPath(filepath.Join(dir, "p")), adaptation.WithPluginConfigPath(filepath.Join(dir, "c")))
 	must(err)
