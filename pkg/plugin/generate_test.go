@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -68,7 +69,7 @@ func TestGenerateSpecs(t *testing.T) {
 			return err == nil
 		}
 	}
-	eventually(t, "the generated spec of 2 GPUs", resolves("nvidia.com/gpu=1"))
+	testutil.Within(t, 5*time.Second, "the generated spec of 2 GPUs", resolves("nvidia.com/gpu=1"))
 	if resolves("nvidia.com/gpu=2")() {
 		t.Fatal("GPU 2 before it appeared")
 	}
@@ -80,19 +81,8 @@ func TestGenerateSpecs(t *testing.T) {
 		t.Error(err)
 	}
 	gpus.Store(3)
-	eventually(t, "the spec regenerated for a third GPU", resolves("nvidia.com/gpu=2"))
+	testutil.Within(t, 5*time.Second, "the spec regenerated for a third GPU", resolves("nvidia.com/gpu=2"))
 	if path := filepath.Join(high, plugin.GeneratedSpecName); !strings.HasSuffix(path, "run-cdi/nvidia.com-gpu.yaml") {
 		t.Errorf("spec written to %s", path)
-	}
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 5s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
@@ -207,18 +208,6 @@ devices:
 	}
 }
 
-// eventually waits up to 2s for cond, the pick-up time nri-gpu promises.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 2s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestSpecChurn(t *testing.T) {
 	envOf := func(r *specs.Registry) string {
 		e, err := r.Snapshot().Resolve([]string{"nvidia.com/gpu=0"})
@@ -244,15 +233,15 @@ devices: [{name: "0", containerEdits: {env: [NIC=0]}}]
 	if err := os.Rename(filepath.Join(root, "gpu.yaml.tmp"), filepath.Join(dir, "gpu.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a spec replaced by rename", func() bool { return envOf(r) == "V=2" })
+	testutil.Within(t, 2*time.Second, "a spec replaced by rename", func() bool { return envOf(r) == "V=2" })
 
 	// Edited in place.
 	write(t, dir, "gpu.yaml", gpuSpec("V=3"))
-	eventually(t, "a spec edited in place", func() bool { return envOf(r) == "V=3" })
+	testutil.Within(t, 2*time.Second, "a spec edited in place", func() bool { return envOf(r) == "V=3" })
 
 	// Broken: logged by file name with the parse error; others unaffected.
 	write(t, dir, "gpu.yaml", "cdiVersion: [\n")
-	eventually(t, "a broken spec", func() bool { return envOf(r) == "" })
+	testutil.Within(t, 2*time.Second, "a broken spec", func() bool { return envOf(r) == "" })
 	if _, err := r.Snapshot().Resolve([]string{"example.com/nic=0"}); err != nil {
 		t.Errorf("a broken spec affected another: %v", err)
 	}
@@ -262,24 +251,24 @@ devices: [{name: "0", containerEdits: {env: [NIC=0]}}]
 
 	// Removed.
 	write(t, dir, "gpu.yaml", gpuSpec("V=4"))
-	eventually(t, "a spec mended", func() bool { return envOf(r) == "V=4" })
+	testutil.Within(t, 2*time.Second, "a spec mended", func() bool { return envOf(r) == "V=4" })
 	if err := os.Remove(filepath.Join(dir, "gpu.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a spec removed", func() bool { return envOf(r) == "" })
+	testutil.Within(t, 2*time.Second, "a spec removed", func() bool { return envOf(r) == "" })
 
 	// The directory deleted and created again.
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a spec dir deleted", func() bool {
+	testutil.Within(t, 2*time.Second, "a spec dir deleted", func() bool {
 		_, err := r.Snapshot().Resolve([]string{"example.com/nic=0"})
 		return err != nil
 	})
 	write(t, dir, "gpu.yaml", gpuSpec("V=5"))
-	eventually(t, "a spec dir created again", func() bool { return envOf(r) == "V=5" })
+	testutil.Within(t, 2*time.Second, "a spec dir created again", func() bool { return envOf(r) == "V=5" })
 	write(t, dir, "gpu.yaml", gpuSpec("V=6"))
-	eventually(t, "a change in the recreated dir", func() bool { return envOf(r) == "V=6" })
+	testutil.Within(t, 2*time.Second, "a change in the recreated dir", func() bool { return envOf(r) == "V=6" })
 }
 
 // BenchmarkLoad measures a full load of the spec dirs (what every refresh
