@@ -114,7 +114,7 @@ func startSetups() ([]*setup, func(), error) {
 			if err := os.WriteFile(cfg, []byte(host.PluginConfig(nil)), 0o644); err != nil {
 				return nil, cleanup, err
 			}
-			if _, err := ctd.StartPlugin("--config", cfg, "--log-level", "warn"); err != nil {
+			if _, err := ctd.StartPlugin("--config", cfg); err != nil {
 				return nil, cleanup, err
 			}
 		}
