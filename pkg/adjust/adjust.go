@@ -122,8 +122,13 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 
 // supported returns the edits without the unsupported ones when skip is
 // true, or an error naming each unsupported edit when it is false. The
-// cached edits are never modified.
+// cached edits are never modified (Append and Apply only read them).
 func supported(raw *cdispec.ContainerEdits, device, spec string, skip bool) (*cdi.ContainerEdits, []Skipped, error) {
+	// Most edits are supported: the cached ones are passed on as they are.
+	if !hasNonRootGID(raw.AdditionalGIDs) && raw.IntelRdt == nil && len(raw.NetDevices) == 0 &&
+		!slices.ContainsFunc(raw.DeviceNodes, func(n *cdispec.DeviceNode) bool { return n != nil && !grantsReadWrite(n.Permissions) }) {
+		return &cdi.ContainerEdits{ContainerEdits: raw}, nil, nil
+	}
 	where := fmt.Sprintf("device %q", device)
 	if spec != "" {
 		where = fmt.Sprintf("device %q (spec-level edits of %s)", device, spec)

@@ -18,6 +18,11 @@ import (
 // load instead of now. A node whose spec and the container's user give it
 // no owner gets the host node's, so that it appears as on the host.
 func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]specs.HostNode) error {
+	s.Linux.Devices = slices.Grow(s.Linux.Devices, len(nodes))
+	if s.Linux.Resources == nil {
+		s.Linux.Resources = &oci.LinuxResources{}
+	}
+	s.Linux.Resources.Devices = slices.Grow(s.Linux.Resources.Devices, len(nodes))
 	for _, raw := range nodes {
 		if raw == nil {
 			continue
@@ -77,9 +82,6 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 				access = "rwm"
 			case cdi.NoPermissions:
 				access = ""
-			}
-			if s.Linux.Resources == nil {
-				s.Linux.Resources = &oci.LinuxResources{}
 			}
 			major, minor := dev.Major, dev.Minor
 			s.Linux.Resources.Devices = append(s.Linux.Resources.Devices, oci.LinuxDeviceCgroup{

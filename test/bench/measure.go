@@ -83,7 +83,7 @@ func (r *report) requestPath(goBench string) {
 		done()
 	}
 	r.results = append(r.results, target{"request path p99, 64 devices, 1000 specs", "< 100 µs", us(worst), worst < 100*time.Microsecond,
-		"the CDI library's ContainerEdits.Apply (env merged and mounts sorted per call) and building the NRI messages, linear in the devices; 64 devices in one container is far beyond a GPU node"})
+		"profiled with pprof: the median grows by about 3 µs a device, in the CDI library's ContainerEdits.Apply (it validates every edit and merges env and sorts mounts on each call) and in NRI's OCI converters (a heap object per optional field), and the p99 adds the garbage collections that the 125 KB a 64-device request allocates bring on 2 cores. Fixed so far: supported edits are no longer copied and the spec's slices are grown once (15% fewer bytes). Next: build each device's NRI devices, rules and mounts once at spec load and only concatenate them per request"})
 	if goBench != "" {
 		r.printf("\nGo benchmarks (`go test -bench . -benchmem`), mean per request and allocations:\n\n```\n%s```\n\n", grepBench(goBench, "BenchmarkCreateContainer"))
 	}
