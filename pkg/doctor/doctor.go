@@ -151,6 +151,12 @@ func checkSpecs(cfg *config.Config) []Finding {
 	for _, dir := range cfg.CDISpecDirs {
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 			out = append(out, Finding{Warn, "spec dir", dir + " does not exist", "fine if no spec is to be there; nri-gpu picks it up once it is created"})
+			continue
+		}
+		if err := specs.CheckDir(dir); err != nil {
+			out = append(out, Finding{Fail, "spec dir", err.Error(), "make " + dir + " owned by root and writable by root only (chmod go-w)"})
+		} else {
+			out = append(out, Finding{OK, "spec dir", dir + " exists and is trusted", ""})
 		}
 	}
 	reg, err := specs.Open(cfg.CDISpecDirs)

@@ -18,7 +18,17 @@ var ErrUntrusted = errors.New("CDI spec not trusted")
 // user: otherwise someone other than the node's administrator could make
 // the plugin inject what they like.
 func checkTrust(path string) error {
-	for _, p := range []string{path, filepath.Dir(path)} {
+	return trusted(path, filepath.Dir(path))
+}
+
+// CheckDir says why a spec directory is not to be trusted (writable by
+// group or others, or owned by another user than root or this process's),
+// or returns nil: the specs in it would not be.
+func CheckDir(dir string) error { return trusted(dir) }
+
+// trusted checks each path as checkTrust describes.
+func trusted(paths ...string) error {
+	for _, p := range paths {
 		fi, err := os.Stat(p)
 		if err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrUntrusted, p, err)
