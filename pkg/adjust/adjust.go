@@ -125,8 +125,7 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 // cached edits are never modified (Append and Apply only read them).
 func supported(raw *cdispec.ContainerEdits, device, spec string, skip bool) (*cdi.ContainerEdits, []Skipped, error) {
 	// Most edits are supported: the cached ones are passed on as they are.
-	if !hasNonRootGID(raw.AdditionalGIDs) && raw.IntelRdt == nil && len(raw.NetDevices) == 0 &&
-		!slices.ContainsFunc(raw.DeviceNodes, func(n *cdispec.DeviceNode) bool { return n != nil && !grantsReadWrite(n.Permissions) }) {
+	if expressible(raw) {
 		return &cdi.ContainerEdits{ContainerEdits: raw}, nil, nil
 	}
 	where := fmt.Sprintf("device %q", device)
@@ -206,8 +205,8 @@ func toAdjustment(s *oci.Spec) *api.ContainerAdjustment {
 		adj.AddDevice(d)
 	}
 	// NRI derives an "rw" cgroup rule from each device; the rules CDI
-	// computes (default "rwm") are passed as well, for runtimes that apply
-	// cgroup rules from adjustments (NRI v0.9 and later).
+	// computes (default "rwm") are passed as well, for runtimes whose NRI
+	// applies cgroup rules from adjustments (containerd 2.x).
 	if r := api.FromOCILinuxResources(s.Linux.Resources, nil); r != nil && len(r.Devices) > 0 {
 		if adj.Linux == nil {
 			adj.Linux = &api.LinuxContainerAdjustment{}

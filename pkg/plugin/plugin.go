@@ -55,6 +55,8 @@ type Plugin struct {
 	nvml nvml.Interface
 	// metrics is nil when metrics are off.
 	metrics *metrics.Metrics
+	// fragments holds the edits of the current spec snapshot prepared.
+	fragments adjust.Cache
 
 	problemsMu sync.Mutex
 	// problems are the spec problems logged, by spec file.
@@ -342,7 +344,7 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, log 
 	if err != nil {
 		return nil, nil, err
 	}
-	adj, err := st.build(snap, named, injected, grant, ctr)
+	adj, err := st.build(&p.fragments, snap, named, injected, grant, ctr)
 	if err != nil {
 		p.alloc.Revert(grant)
 		return nil, nil, err
@@ -373,7 +375,7 @@ type built struct {
 
 // build resolves the counted devices of a grant and builds the adjustment
 // for all the container's devices, recording them in annotations.
-func (st *state) build(snap *specs.Snapshot, named, injected []*specs.Entry, grant policy.Grant, ctr *api.Container) (built, error) {
+func (st *state) build(cache *adjust.Cache, snap *specs.Snapshot, named, injected []*specs.Entry, grant policy.Grant, ctr *api.Container) (built, error) {
 	devices := make([]*cdi.Device, 0, len(named)+len(grant.Counted))
 	var already []*cdi.Device
 	for _, e := range named {
@@ -395,7 +397,7 @@ func (st *state) build(snap *specs.Snapshot, named, injected []*specs.Entry, gra
 	if err := errors.Join(errs...); err != nil {
 		return built{}, err
 	}
-	res, err := adjust.Build(devices, snap.HostNodes, adjust.Options{
+	res, err := adjust.BuildCached(cache, snap, devices, snap.HostNodes, adjust.Options{
 		SkipUnsupported: st.cfg.UnsupportedEdits == config.UnsupportedWarn,
 		Injected:        already,
 		UID:             ctr.GetUser().GetUid(),
