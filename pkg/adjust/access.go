@@ -58,14 +58,11 @@ type AccessHook struct {
 // AccessOf returns what devices need, host nodes as stat'ed at load.
 func AccessOf(devices []*cdi.Device, nodes map[string]specs.HostNode) *Access {
 	a := &Access{Devices: []string{}, DeviceNodes: []AccessNode{}, Mounts: []AccessMount{}, Hooks: []AccessHook{}, AdditionalGIDs: []uint32{}, Env: []string{}}
-	seen := map[*cdi.Spec]bool{}
 	for _, d := range devices {
 		a.Devices = append(a.Devices, d.GetQualifiedName())
-		if spec := d.GetSpec(); !seen[spec] {
-			seen[spec] = true
-			a.add(&spec.ContainerEdits, nodes)
-		}
-		a.add(&d.ContainerEdits, nodes)
+	}
+	for _, set := range inOrder(devices, nil) {
+		a.add(set.edits, nodes)
 	}
 	return a
 }

@@ -71,25 +71,15 @@ type Result struct {
 func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options) (*Result, error) {
 	var (
 		edits   = &cdi.ContainerEdits{ContainerEdits: &cdispec.ContainerEdits{}}
-		seen    = map[*cdi.Spec]bool{}
 		skipped []Skipped
 		errs    []error
 		names   = make([]string, 0, len(devices))
 	)
-	for _, d := range opts.Injected {
-		seen[d.GetSpec()] = true
-	}
 	for _, d := range devices {
-		name := d.GetQualifiedName()
-		names = append(names, name)
-		if spec := d.GetSpec(); !seen[spec] {
-			seen[spec] = true
-			e, s, err := supported(&spec.ContainerEdits, name, spec.GetPath(), opts.SkipUnsupported)
-			errs = append(errs, err)
-			skipped = append(skipped, s...)
-			edits.Append(e)
-		}
-		e, s, err := supported(&d.ContainerEdits, name, "", opts.SkipUnsupported)
+		names = append(names, d.GetQualifiedName())
+	}
+	for _, set := range inOrder(devices, opts.Injected) {
+		e, s, err := supported(set.edits, set.device, set.spec, opts.SkipUnsupported)
 		errs = append(errs, err)
 		skipped = append(skipped, s...)
 		edits.Append(e)

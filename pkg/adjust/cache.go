@@ -71,20 +71,9 @@ func BuildCached(c *Cache, snapshot any, devices []*cdi.Device, nodes map[string
 	if opts.UID != 0 || opts.GID != 0 || len(opts.HookEnv) > 0 {
 		return Build(devices, nodes, opts)
 	}
-	seen := map[*cdi.Spec]bool{}
-	for _, d := range opts.Injected {
-		seen[d.GetSpec()] = true
-	}
-	var all []*cdispec.ContainerEdits
-	for _, d := range devices {
-		if spec := d.GetSpec(); !seen[spec] {
-			seen[spec] = true
-			all = append(all, &spec.ContainerEdits)
-		}
-		all = append(all, &d.ContainerEdits)
-	}
 	m := merger{envIndex: map[string]int{}}
-	for _, e := range all {
+	for _, set := range inOrder(devices, opts.Injected) {
+		e := set.edits
 		if !expressible(e) {
 			return Build(devices, nodes, opts)
 		}
