@@ -46,13 +46,11 @@ func runAccess(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nri-gpu access: %v\n", err)
 		return exitUsage
 	}
-	reg, err := specs.Open(cfg.CDISpecDirs)
+	snap, err := specs.Load(cfg.CDISpecDirs)
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu access: %v\n", err)
 		return exitError
 	}
-	snap := reg.Snapshot()
-	_ = reg.Close()
 	var names []string
 	for _, r := range ask.Requests {
 		names = append(names, r.Device)

@@ -29,13 +29,11 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nri-gpu devices: %v\n", err)
 		return exitUsage
 	}
-	reg, err := specs.Open(cfg.CDISpecDirs)
+	snap, err := specs.Load(cfg.CDISpecDirs)
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu devices: %v\n", err)
 		return exitError
 	}
-	snap := reg.Snapshot()
-	_ = reg.Close()
 
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "DEVICE\tSPEC\tSTATUS\n")

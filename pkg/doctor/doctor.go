@@ -159,12 +159,10 @@ func checkSpecs(cfg *config.Config) []Finding {
 			out = append(out, Finding{OK, "spec dir", dir + " exists and is trusted", ""})
 		}
 	}
-	reg, err := specs.Open(cfg.CDISpecDirs)
+	snap, err := specs.Load(cfg.CDISpecDirs)
 	if err != nil {
 		return append(out, Finding{Fail, "specs", err.Error(), "check cdiSpecDirs"})
 	}
-	snap := reg.Snapshot()
-	_ = reg.Close()
 	for _, path := range slices.Sorted(maps.Keys(snap.Problems)) {
 		fix := "mend or remove the spec"
 		if errors.Is(errors.Join(snap.Problems[path]...), specs.ErrUntrusted) {

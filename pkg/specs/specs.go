@@ -64,12 +64,9 @@ func WithPollInterval(d time.Duration) Option { return func(r *Registry) { r.pol
 // one, and keeps loading them as they change until Close. Missing
 // directories are not an error: they are looked for.
 func Open(dirs []string, opts ...Option) (*Registry, error) {
-	if len(dirs) == 0 {
-		return nil, errors.New("no CDI spec directories")
-	}
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(dirs...), cdi.WithAutoRefresh(false))
+	cache, err := newCache(dirs)
 	if err != nil {
-		return nil, fmt.Errorf("loading CDI specs from %s: %w", strings.Join(dirs, ", "), err)
+		return nil, err
 	}
 	r := &Registry{
 		dirs:  slices.Clone(dirs),
@@ -86,6 +83,28 @@ func Open(dirs []string, opts ...Option) (*Registry, error) {
 	r.snap.Store(load(r.cache, r.dirs))
 	go r.watch(w)
 	return r, nil
+}
+
+// Load loads the specs in dirs once, without watching them: for commands
+// that read the specs and exit.
+func Load(dirs []string) (*Snapshot, error) {
+	cache, err := newCache(dirs)
+	if err != nil {
+		return nil, err
+	}
+	return load(cache, dirs), nil
+}
+
+// newCache returns a CDI cache of dirs that loads only when told to.
+func newCache(dirs []string) (*cdi.Cache, error) {
+	if len(dirs) == 0 {
+		return nil, errors.New("no CDI spec directories")
+	}
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(dirs...), cdi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("loading CDI specs from %s: %w", strings.Join(dirs, ", "), err)
+	}
+	return cache, nil
 }
 
 // Close stops loading.
