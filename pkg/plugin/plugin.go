@@ -145,11 +145,6 @@ func (p *Plugin) Config() *config.Config {
 	return p.state().cfg
 }
 
-// Held returns, per pod, the devices it holds.
-func (p *Plugin) Held() map[policy.Pod][]string {
-	return p.alloc.Held()
-}
-
 // Configure is called by the runtime when the plugin registers. A
 // non-empty config (what containerd passes a pre-registered plugin from
 // its plugin_config_path) replaces the configuration, parsed as a file is.
