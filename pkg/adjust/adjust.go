@@ -79,7 +79,7 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 		names = append(names, d.GetQualifiedName())
 	}
 	for _, set := range inOrder(devices, opts.Injected) {
-		e, s, err := supported(set.edits, set.device, set.spec, opts.SkipUnsupported)
+		e, s, err := supported(set.edits, set.name(), set.specPath(), opts.SkipUnsupported)
 		errs = append(errs, err)
 		skipped = append(skipped, s...)
 		edits.Append(e)

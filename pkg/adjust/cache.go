@@ -19,9 +19,9 @@ import (
 // device's edits applied by CDI on their own and converted to NRI objects,
 // so that a request only merges them. Safe for concurrent use.
 type Cache struct {
-	mu        sync.Mutex
-	snapshot  any
-	fragments map[*cdispec.ContainerEdits]*fragment
+	mu       sync.Mutex
+	snapshot any
+	prepared map[*cdispec.ContainerEdits]*fragment
 }
 
 // fragment is one set of edits as NRI objects. It is shared between
@@ -31,19 +31,37 @@ type fragment struct {
 	devices []*api.LinuxDevice
 	rules   []*api.LinuxDeviceCgroup
 	mounts  []*api.Mount
-	hooks   *api.Hooks
+	// depths are the mounts' depths, as CDI sorts mounts by.
+	depths []int
+	hooks  *api.Hooks
 }
 
-// fragment returns the prepared edits e of the given snapshot.
-func (c *Cache) fragment(snapshot any, e *cdispec.ContainerEdits, nodes map[string]specs.HostNode) (*fragment, error) {
+// fragments returns the prepared edits of each set, preparing those of
+// the snapshot not prepared yet, under one lock.
+func (c *Cache) fragments(snapshot any, sets []editSet, nodes map[string]specs.HostNode) ([]*fragment, error) {
+	out := make([]*fragment, len(sets))
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.snapshot != snapshot || c.fragments == nil {
-		c.snapshot, c.fragments = snapshot, map[*cdispec.ContainerEdits]*fragment{}
+	if c.snapshot != snapshot || c.prepared == nil {
+		c.snapshot, c.prepared = snapshot, map[*cdispec.ContainerEdits]*fragment{}
 	}
-	if f, ok := c.fragments[e]; ok {
-		return f, nil
+	for i, set := range sets {
+		f, ok := c.prepared[set.edits]
+		if !ok {
+			var err error
+			if f, err = prepare(set.edits, nodes); err != nil {
+				return nil, err
+			}
+			c.prepared[set.edits] = f
+		}
+		out[i] = f
 	}
+	return out, nil
+}
+
+// prepare applies edits e on their own, as Build does, and keeps the
+// result as NRI objects.
+func prepare(e *cdispec.ContainerEdits, nodes map[string]specs.HostNode) (*fragment, error) {
 	scratch := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
 	rest := *e
 	rest.DeviceNodes = nil
@@ -59,7 +77,9 @@ func (c *Cache) fragment(snapshot any, e *cdispec.ContainerEdits, nodes map[stri
 		env: adj.GetEnv(), devices: adj.GetLinux().GetDevices(), rules: adj.GetLinux().GetResources().GetDevices(),
 		mounts: adj.GetMounts(), hooks: adj.GetHooks(),
 	}
-	c.fragments[e] = f
+	for _, m := range f.mounts {
+		f.depths = append(f.depths, depth(m.Destination))
+	}
 	return f, nil
 }
 
@@ -71,78 +91,176 @@ func BuildCached(c *Cache, snapshot any, devices []*cdi.Device, nodes map[string
 	if opts.UID != 0 || opts.GID != 0 || len(opts.HookEnv) > 0 {
 		return Build(devices, nodes, opts)
 	}
-	m := merger{envIndex: map[string]int{}}
-	for _, set := range inOrder(devices, opts.Injected) {
-		e := set.edits
-		if !expressible(e) {
+	sets := inOrder(devices, opts.Injected)
+	for _, set := range sets {
+		if !expressible(set.edits) {
 			return Build(devices, nodes, opts)
 		}
-		f, err := c.fragment(snapshot, e, nodes)
-		if err != nil {
-			return Build(devices, nodes, opts) // for Build's error
-		}
-		m.add(f)
 	}
-	return &Result{Adjustment: m.adjustment()}, nil
+	frags, err := c.fragments(snapshot, sets, nodes)
+	if err != nil {
+		return Build(devices, nodes, opts) // for Build's error
+	}
+	return &Result{Adjustment: merge(frags)}, nil
 }
 
-// merger merges fragments as one ContainerEdits.Apply would apply their
+// merge merges fragments as one ContainerEdits.Apply would apply their
 // edits: a later env value replaces an earlier one in place; a later device
 // node or mount of the same path replaces the earlier one and goes last;
 // cgroup rules and hooks accumulate; mounts end sorted by depth (stable).
-type merger struct {
-	env      []*api.KeyValue
-	envIndex map[string]int
-	devices  []*api.LinuxDevice
-	rules    []*api.LinuxDeviceCgroup
-	mounts   []*api.Mount
-	hooks    api.Hooks
-	anyHook  bool
-}
-
-func (m *merger) add(f *fragment) {
-	for _, kv := range f.env {
-		if i, ok := m.envIndex[kv.Key]; ok {
-			m.env[i] = kv
-			continue
-		}
-		m.envIndex[kv.Key] = len(m.env)
-		m.env = append(m.env, kv)
-	}
-	for _, d := range f.devices {
-		m.devices = slices.DeleteFunc(m.devices, func(o *api.LinuxDevice) bool { return o.Path == d.Path })
-		m.devices = append(m.devices, d)
-	}
-	m.rules = append(m.rules, f.rules...)
-	for _, mnt := range f.mounts {
-		m.mounts = slices.DeleteFunc(m.mounts, func(o *api.Mount) bool { return o.Destination == mnt.Destination })
-		m.mounts = append(m.mounts, mnt)
-	}
-	if h := f.hooks; h != nil {
-		m.anyHook = true
-		m.hooks.Prestart = append(m.hooks.Prestart, h.Prestart...)
-		m.hooks.CreateRuntime = append(m.hooks.CreateRuntime, h.CreateRuntime...)
-		m.hooks.CreateContainer = append(m.hooks.CreateContainer, h.CreateContainer...)
-		m.hooks.StartContainer = append(m.hooks.StartContainer, h.StartContainer...)
-		m.hooks.Poststart = append(m.hooks.Poststart, h.Poststart...)
-		m.hooks.Poststop = append(m.hooks.Poststop, h.Poststop...)
-	}
-}
-
-func (m *merger) adjustment() *api.ContainerAdjustment {
-	adj := &api.ContainerAdjustment{Env: m.env}
-	if len(m.devices) > 0 || len(m.rules) > 0 {
-		adj.Linux = &api.LinuxContainerAdjustment{Devices: m.devices}
-		if len(m.rules) > 0 {
-			adj.Linux.Resources = &api.LinuxResources{Devices: m.rules}
+// Each list is allocated once, at its final size or just above.
+func merge(frags []*fragment) *api.ContainerAdjustment {
+	var nEnv, nDevices, nRules, nMounts int
+	var hooks *api.Hooks
+	for _, f := range frags {
+		nEnv, nDevices, nRules, nMounts = nEnv+len(f.env), nDevices+len(f.devices), nRules+len(f.rules), nMounts+len(f.mounts)
+		if f.hooks != nil && hooks == nil {
+			hooks = &api.Hooks{}
 		}
 	}
-	slices.SortStableFunc(m.mounts, func(a, b *api.Mount) int { return depth(a.Destination) - depth(b.Destination) })
-	adj.Mounts = m.mounts
-	if m.anyHook {
-		adj.Hooks = &m.hooks
+	var seen index
+	seen.init(max(nEnv, nDevices, nMounts))
+	defer seen.free()
+
+	adj := &api.ContainerAdjustment{}
+	if nEnv > 0 {
+		adj.Env = make([]*api.KeyValue, 0, nEnv)
+		for _, f := range frags {
+			for _, kv := range f.env {
+				if i, ok := seen.get(kv.Key); ok {
+					adj.Env[i] = kv
+					continue
+				}
+				seen.put(kv.Key, len(adj.Env))
+				adj.Env = append(adj.Env, kv)
+			}
+		}
+	}
+	if nDevices > 0 || nRules > 0 {
+		adj.Linux = &api.LinuxContainerAdjustment{}
+	}
+	if nDevices > 0 {
+		// The last node of each path wins and takes its place: walk back
+		// keeping the first of each path seen, then turn the list around.
+		seen.reset()
+		devices := make([]*api.LinuxDevice, 0, nDevices)
+		for i := len(frags) - 1; i >= 0; i-- {
+			for j := len(frags[i].devices) - 1; j >= 0; j-- {
+				if d := frags[i].devices[j]; seen.add(d.Path) {
+					devices = append(devices, d)
+				}
+			}
+		}
+		slices.Reverse(devices)
+		adj.Linux.Devices = devices
+	}
+	if nRules > 0 {
+		rules := make([]*api.LinuxDeviceCgroup, 0, nRules)
+		for _, f := range frags {
+			rules = append(rules, f.rules...)
+		}
+		adj.Linux.Resources = &api.LinuxResources{Devices: rules}
+	}
+	if nMounts > 0 {
+		seen.reset()
+		type placed struct {
+			m     *api.Mount
+			depth int
+		}
+		mounts := make([]placed, 0, nMounts)
+		for i := len(frags) - 1; i >= 0; i-- {
+			for j := len(frags[i].mounts) - 1; j >= 0; j-- {
+				if m := frags[i].mounts[j]; seen.add(m.Destination) {
+					mounts = append(mounts, placed{m, frags[i].depths[j]})
+				}
+			}
+		}
+		slices.Reverse(mounts)
+		slices.SortStableFunc(mounts, func(a, b placed) int { return a.depth - b.depth })
+		adj.Mounts = make([]*api.Mount, len(mounts))
+		for i, p := range mounts {
+			adj.Mounts[i] = p.m
+		}
+	}
+	if hooks != nil {
+		for _, f := range frags {
+			if h := f.hooks; h != nil {
+				hooks.Prestart = append(hooks.Prestart, h.Prestart...)
+				hooks.CreateRuntime = append(hooks.CreateRuntime, h.CreateRuntime...)
+				hooks.CreateContainer = append(hooks.CreateContainer, h.CreateContainer...)
+				hooks.StartContainer = append(hooks.StartContainer, h.StartContainer...)
+				hooks.Poststart = append(hooks.Poststart, h.Poststart...)
+				hooks.Poststop = append(hooks.Poststop, h.Poststop...)
+			}
+		}
+		adj.Hooks = hooks
 	}
 	return adj
+}
+
+// index finds strings seen before without allocating: the few of most
+// requests in a list, more in a pooled map.
+type index struct {
+	keys [smallIndex]string
+	pos  [smallIndex]int
+	n    int
+	m    map[string]int
+}
+
+// smallIndex is the number of keys up to which a list is searched.
+const smallIndex = 16
+
+var indexMaps = sync.Pool{New: func() any { return map[string]int{} }}
+
+// init readies x for up to n keys.
+func (x *index) init(n int) {
+	if n > smallIndex {
+		x.m = indexMaps.Get().(map[string]int)
+	}
+}
+
+func (x *index) get(k string) (int, bool) {
+	if x.m != nil {
+		i, ok := x.m[k]
+		return i, ok
+	}
+	if i := slices.Index(x.keys[:x.n], k); i >= 0 {
+		return x.pos[i], true
+	}
+	return 0, false
+}
+
+// put records k at i; init made room for it.
+func (x *index) put(k string, i int) {
+	if x.m != nil {
+		x.m[k] = i
+		return
+	}
+	x.keys[x.n], x.pos[x.n] = k, i
+	x.n++
+}
+
+// add records k and reports whether it is new.
+func (x *index) add(k string) bool {
+	if _, ok := x.get(k); ok {
+		return false
+	}
+	x.put(k, 0)
+	return true
+}
+
+func (x *index) reset() {
+	clear(x.m)
+	x.n = 0
+}
+
+// free returns the map, if any, to the pool.
+func (x *index) free() {
+	if x.m != nil {
+		clear(x.m)
+		indexMaps.Put(x.m)
+		x.m = nil
+	}
 }
 
 // depth is the number of parts of a path, as CDI sorts mounts by.

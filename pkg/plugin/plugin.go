@@ -258,12 +258,7 @@ func (p *Plugin) release(pod *api.PodSandbox) {
 // creation saying why. A container that asks for nothing is left alone.
 func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	start := time.Now()
-	log := p.log.WithFields(logrus.Fields{
-		"namespace": pod.GetNamespace(),
-		"pod":       pod.GetName(),
-		"container": ctr.GetName(),
-	})
-	adj, devices, err := p.handle(p.state(), pod, ctr, log)
+	adj, devices, err := p.handle(p.state(), pod, ctr)
 	result := metrics.ResultInjected
 	switch {
 	case err != nil:
@@ -274,21 +269,46 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	p.metrics.Request(result, err, time.Since(start))
 	p.countHeld()
 	if err != nil {
-		log.Errorf("denied: %v", err)
+		logFor(p.log, pod, ctr).Errorf("denied: %v", err)
 		return nil, nil, fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
 			ctr.GetName(), pod.GetNamespace(), pod.GetName(), err)
 	}
 	if adj == nil {
-		log.Debug("no devices requested")
+		if debugEnabled(p.log) {
+			logFor(p.log, pod, ctr).Debug("no devices requested")
+		}
 		return nil, nil, nil
 	}
-	log.WithField("devices", devices).Info("injected devices")
+	logFor(p.log, pod, ctr).WithField("devices", devices).Info("injected devices")
 	return adj, nil, nil
 }
 
-// handle runs one request through policy, specs and adjust.
-func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, log logrus.FieldLogger) (*api.ContainerAdjustment, []string, error) {
-	podRef := podOf(pod)
+// logFor returns log with the fields naming a container. Requests build
+// it only when they log.
+func logFor(log logrus.FieldLogger, pod *api.PodSandbox, ctr *api.Container) logrus.FieldLogger {
+	return log.WithFields(logrus.Fields{
+		"namespace": pod.GetNamespace(),
+		"pod":       pod.GetName(),
+		"container": ctr.GetName(),
+	})
+}
+
+// debugEnabled reports whether log writes debug messages, so that a
+// request that asks for nothing builds no log entry otherwise.
+func debugEnabled(log logrus.FieldLogger) bool {
+	switch l := log.(type) {
+	case *logrus.Logger:
+		return l.IsLevelEnabled(logrus.DebugLevel)
+	case *logrus.Entry:
+		return l.Logger.IsLevelEnabled(logrus.DebugLevel)
+	}
+	return true
+}
+
+// handle runs one request through policy, specs and adjust. It returns
+// the adjustment (nil when nothing is asked for) and the names of the
+// devices given, comma-separated as in DevicesAnnotation.
+func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, string, error) {
 	snap := st.specs.Snapshot() // one snapshot for the whole request
 	ask, err := st.parser.Parse(policy.Container{
 		Namespace:      pod.GetNamespace(),
@@ -298,18 +318,21 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, log 
 		Annotations:    ctr.GetAnnotations(),
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, "", err
 	}
 	if ask.Empty() {
-		return nil, nil, nil
+		return nil, "", nil
 	}
+	podRef := podOf(pod)
 	if err := st.policy.Check(podRef, ask); err != nil {
-		return nil, nil, err
+		return nil, "", err
 	}
 
 	var (
-		named, injected []*specs.Entry
-		errs            []error
+		named      = make([]*specs.Entry, 0, len(ask.Requests))
+		footprints = make([]specs.Device, 0, len(ask.Requests))
+		injected   []*specs.Entry
+		errs       []error
 	)
 	for _, r := range ask.Requests {
 		e, err := st.resolve(snap, r.Device)
@@ -318,17 +341,14 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, log 
 			continue
 		}
 		named = append(named, e)
+		footprints = append(footprints, e.Footprint)
 		if r.Source == policy.SourceCDI && injectedByRuntime(e, ctr) {
 			injected = append(injected, e)
-			log.WithField("device", r.Device).Info("device already injected by the runtime's own CDI support; not injected again")
+			logFor(p.log, pod, ctr).WithField("device", r.Device).Info("device already injected by the runtime's own CDI support; not injected again")
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, nil, err
-	}
-	footprints := make([]specs.Device, len(named))
-	for i, e := range named {
-		footprints[i] = e.Footprint
+		return nil, "", err
 	}
 	var candidates []specs.Device
 	if ask.Count > 0 || st.cfg.Policy.MaxDevicesPerPod > 0 {
@@ -337,35 +357,37 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, log 
 
 	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, candidates)
 	if err != nil {
-		return nil, nil, err
+		return nil, "", err
 	}
 	adj, err := st.build(&p.fragments, snap, named, injected, grant, ctr)
 	if err != nil {
 		p.alloc.Revert(grant)
-		return nil, nil, err
+		return nil, "", err
 	}
 	for _, s := range adj.skipped {
-		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
+		logFor(p.log, pod, ctr).WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
 			Warn("skipped a CDI edit that NRI cannot express (unsupportedEdits: warn)")
 	}
-	return adj.adjustment, names(grant.Devices), nil
+	return adj.adjustment, adj.devices, nil
 }
 
 // resolve looks a device up in the trusted specs and checks its hooks.
 func (st *state) resolve(snap *specs.Snapshot, name string) (*specs.Entry, error) {
-	entries, err := snap.Resolve([]string{name})
+	e, err := snap.Lookup(name)
 	if err != nil {
 		return nil, err
 	}
-	if err := st.policy.CheckHooks(name, entries[0].Hooks); err != nil {
+	if err := st.policy.CheckHooks(name, e.Hooks); err != nil {
 		return nil, err
 	}
-	return entries[0], nil
+	return e, nil
 }
 
 type built struct {
 	adjustment *api.ContainerAdjustment
 	skipped    []adjust.Skipped
+	// devices are the names of the devices given, comma-separated.
+	devices string
 }
 
 // build resolves the counted devices of a grant and builds the adjustment
@@ -401,11 +423,12 @@ func (st *state) build(cache *adjust.Cache, snap *specs.Snapshot, named, injecte
 	if err != nil {
 		return built{}, err
 	}
-	res.Adjustment.AddAnnotation(DevicesAnnotation, strings.Join(names(grant.Devices), ","))
+	given := joinNames(grant.Devices)
+	res.Adjustment.AddAnnotation(DevicesAnnotation, given)
 	if len(grant.Counted) > 0 {
-		res.Adjustment.AddAnnotation(CountedAnnotation, strings.Join(names(grant.Counted), ","))
+		res.Adjustment.AddAnnotation(CountedAnnotation, joinNames(grant.Counted))
 	}
-	return built{adjustment: res.Adjustment, skipped: res.Skipped}, nil
+	return built{adjustment: res.Adjustment, skipped: res.Skipped, devices: given}, nil
 }
 
 // countHeld updates the devices-held metric.
@@ -413,11 +436,7 @@ func (p *Plugin) countHeld() {
 	if p.metrics == nil {
 		return
 	}
-	n := 0
-	for _, devices := range p.alloc.Held() {
-		n += len(devices)
-	}
-	p.metrics.DevicesHeld(n)
+	p.metrics.DevicesHeld(p.alloc.Count())
 }
 
 // injectedByRuntime reports whether the runtime already injected a device
@@ -447,12 +466,21 @@ func podOf(pod *api.PodSandbox) policy.Pod {
 	return policy.Pod{ID: pod.GetId(), Namespace: pod.GetNamespace(), Name: pod.GetName()}
 }
 
-func names(devs []specs.Device) []string {
-	out := make([]string, len(devs))
-	for i, d := range devs {
-		out[i] = d.Name
+// joinNames returns the names of devs, comma-separated.
+func joinNames(devs []specs.Device) string {
+	n := len(devs)
+	for _, d := range devs {
+		n += len(d.Name)
 	}
-	return out
+	var b strings.Builder
+	b.Grow(n)
+	for i, d := range devs {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(d.Name)
+	}
+	return b.String()
 }
 
 func splitList(s string) []string {

@@ -55,7 +55,8 @@ type Grant struct {
 // named devices and, for a count request, chooses count devices among the
 // candidates (the individual devices of the default kind). On success it
 // records them as the pod's. Containers of one pod share its devices: a
-// pod's count request is answered with the same devices every time.
+// pod's count request is answered with the same devices every time. The
+// grant's Devices may share named's array: callers leave it as it is.
 func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int, candidates []specs.Device) (Grant, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -83,24 +84,43 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 		}
 	}
 
-	all := append(own.all(), named...)
-	all = append(all, counted...)
-	if n := units(all, candidates); p.max > 0 && n > p.max {
-		return Grant{}, deny(RuleMax, fmt.Errorf("%w: pod %s would hold %d devices, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
-			ErrDenied, pod, n, p.max))
+	if p.max > 0 {
+		all := slices.Concat(own.named, own.counted, named, counted)
+		if n := units(all, candidates); n > p.max {
+			return Grant{}, deny(RuleMax, fmt.Errorf("%w: pod %s would hold %d devices, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
+				ErrDenied, pod, n, p.max))
+		}
 	}
 
-	g := Grant{Pod: pod, Devices: append(slices.Clone(named), counted...), Counted: slices.Clone(counted)}
-	for _, d := range named {
-		if !slices.ContainsFunc(own.named, func(h specs.Device) bool { return h.Name == d.Name }) {
-			own.named = append(own.named, d)
-			g.added = append(g.added, d.Name)
+	// The pod's counted devices are replaced whole, never modified in
+	// place, so the grant may share them.
+	g := Grant{Pod: pod, Devices: named[:len(named):len(named)], Counted: counted}
+	if len(counted) > 0 {
+		g.Devices = slices.Concat(named, counted)
+	}
+	if !sameNames(own.named, named) { // not a second container asking the same
+		var held nameSet
+		held.init(len(own.named) + len(named))
+		defer held.free()
+		for _, d := range own.named {
+			held.add(d.Name)
+		}
+		for _, d := range named {
+			if held.add(d.Name) {
+				own.named = append(own.named, d)
+				g.added = append(g.added, d.Name)
+			}
 		}
 	}
 	g.addedCount = own.counted == nil && counted != nil
 	own.counted = counted
 	a.pods[pod.ID] = own
 	return g, nil
+}
+
+// sameNames reports whether a and b name the same devices in the same order.
+func sameNames(a, b []specs.Device) bool {
+	return slices.EqualFunc(a, b, func(x, y specs.Device) bool { return x.Name == y.Name })
 }
 
 // Revert undoes what a grant added, when the container it was for could
@@ -136,13 +156,17 @@ func (a *Allocations) heldByOther(podID string, d specs.Device, exclusive bool) 
 		if id == podID {
 			continue
 		}
-		held := h.counted
-		if exclusive {
-			held = h.all()
+		for i := range h.counted {
+			if overlaps(h.counted[i], d) {
+				return h.pod, &h.counted[i]
+			}
 		}
-		for i := range held {
-			if overlaps(held[i], d) {
-				return h.pod, &held[i]
+		if !exclusive {
+			continue
+		}
+		for i := range h.named {
+			if overlaps(h.named[i], d) {
+				return h.pod, &h.named[i]
 			}
 		}
 	}
@@ -231,6 +255,17 @@ func (a *Allocations) Held() map[Pod][]string {
 	return out
 }
 
+// Count returns how many device names all pods hold together.
+func (a *Allocations) Count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, h := range a.pods {
+		n += len(h.named) + len(h.counted)
+	}
+	return n
+}
+
 func names(devs []specs.Device) []string {
 	out := make([]string, len(devs))
 	for i, d := range devs {
@@ -265,8 +300,11 @@ func covers(a, b specs.Device) bool {
 func units(devs, candidates []specs.Device) int {
 	keys := map[string]bool{}
 	key := func(d specs.Device) string {
-		if len(d.Nodes) == 0 {
+		switch len(d.Nodes) {
+		case 0:
 			return "name:" + d.Name
+		case 1:
+			return d.Nodes[0]
 		}
 		return strings.Join(d.Nodes, "\x00")
 	}

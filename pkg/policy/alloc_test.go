@@ -187,6 +187,14 @@ func TestRevertAndRestore(t *testing.T) {
 	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["3"]}, 0, candidates); err != nil {
 		t.Errorf("a device of a pod gone while the plugin was away is still held: %v", err)
 	}
+	// What the devices-held metric reports: a holds GPU 0 and GPU 1, b GPU 3.
+	if n := a.Count(); n != 3 {
+		t.Errorf("Count() = %d, want 3 (held: %v)", n, a.Held())
+	}
+	a.Release(pod("a").ID)
+	if n := a.Count(); n != 1 {
+		t.Errorf("after releasing pod a, Count() = %d, want 1", n)
+	}
 }
 
 // TestConcurrentAdmissions has many pods ask at once: no device is ever

@@ -58,21 +58,25 @@ func (p Pod) String() string { return p.Namespace + "/" + p.Name }
 type Policy struct {
 	namespaces []string
 	devices    []string
-	allowAll   bool
-	max        int
-	exclusive  bool
-	hookPaths  []string
+	// namespaceGlobs and deviceGlobs are namespaces and devices, compiled.
+	namespaceGlobs, deviceGlobs []glob
+	allowAll                    bool
+	max                         int
+	exclusive                   bool
+	hookPaths                   []string
 }
 
 // New returns the policy of a validated configuration block.
 func New(p config.Policy) *Policy {
 	return &Policy{
-		namespaces: slices.Clone(p.Namespaces),
-		devices:    slices.Clone(p.Devices),
-		allowAll:   p.AllowAll,
-		max:        p.MaxDevicesPerPod,
-		exclusive:  p.Exclusive,
-		hookPaths:  slices.Clone(p.HookPaths),
+		namespaces:     slices.Clone(p.Namespaces),
+		devices:        slices.Clone(p.Devices),
+		namespaceGlobs: compile(p.Namespaces),
+		deviceGlobs:    compile(p.Devices),
+		allowAll:       p.AllowAll,
+		max:            p.MaxDevicesPerPod,
+		exclusive:      p.Exclusive,
+		hookPaths:      slices.Clone(p.HookPaths),
 	}
 }
 
@@ -83,9 +87,11 @@ func New(p config.Policy) *Policy {
 // denied request, naming the rule, the request and the key that would
 // allow it.
 func (p *Policy) Check(pod Pod, ask Ask) error {
-	if what := podRequest(ask); what != "" && !matchAny(p.namespaces, pod.Namespace) {
-		return deny(RuleNamespaces, fmt.Errorf("%s: %w: pods of namespace %q may not request devices through pod annotations: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
-			what, ErrDenied, pod.Namespace, strings.Join(p.namespaces, ", ")))
+	if !matchCompiled(p.namespaceGlobs, pod.Namespace) {
+		if what := podRequest(ask); what != "" {
+			return deny(RuleNamespaces, fmt.Errorf("%s: %w: pods of namespace %q may not request devices through pod annotations: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
+				what, ErrDenied, pod.Namespace, strings.Join(p.namespaces, ", ")))
+		}
 	}
 	var errs []error
 	for _, r := range ask.Requests {
@@ -109,7 +115,7 @@ func podRequest(ask Ask) string {
 }
 
 func (p *Policy) checkRequest(r Request) error {
-	if !matchAny(p.devices, r.Device) {
+	if !matchCompiled(p.deviceGlobs, r.Device) {
 		return deny(RuleDevices, fmt.Errorf("%s: %w: device %q matches none of policy.devices [%s]; add a glob that matches it to policy.devices",
 			r, ErrDenied, r.Device, strings.Join(p.devices, ", ")))
 	}
@@ -134,13 +140,44 @@ func (p *Policy) CheckHooks(device string, hookPaths []string) error {
 }
 
 // Allowed reports whether policy.devices lets a device be given at all.
-func (p *Policy) Allowed(device string) bool { return matchAny(p.devices, device) }
+func (p *Policy) Allowed(device string) bool { return matchCompiled(p.deviceGlobs, device) }
 
-// matchAny reports whether s matches one of the globs, which were
-// validated with the configuration.
-func matchAny(globs []string, s string) bool {
+// glob is a validated path.Match pattern. The usual kind of pattern, a
+// literal prefix and one "*" at the end ("nvidia.com/gpu=*"), is matched
+// without path.Match.
+type glob struct {
+	pattern string
+	// prefix is set for a prefix-and-star pattern: the pattern without
+	// its "*".
+	prefix string
+	star   bool
+}
+
+func compile(patterns []string) []glob {
+	out := make([]glob, len(patterns))
+	for i, p := range patterns {
+		out[i] = glob{pattern: p}
+		if rest, ok := strings.CutSuffix(p, "*"); ok && !strings.ContainsAny(rest, `*?[\`) {
+			out[i].prefix, out[i].star = rest, true
+		}
+	}
+	return out
+}
+
+// match reports whether s matches g as path.Match would: "*" matches any
+// run of characters but "/".
+func (g glob) match(s string) bool {
+	if g.star {
+		return strings.HasPrefix(s, g.prefix) && !strings.Contains(s[len(g.prefix):], "/")
+	}
+	ok, _ := path.Match(g.pattern, s)
+	return ok
+}
+
+// matchCompiled reports whether s matches one of the globs.
+func matchCompiled(globs []glob, s string) bool {
 	for _, g := range globs {
-		if ok, _ := path.Match(g, s); ok {
+		if g.match(s) {
 			return true
 		}
 	}

@@ -168,7 +168,7 @@ func (p *Parser) parseNamed(c Container) ([]Request, error) {
 		if err != nil {
 			return nil, err
 		}
-		reqs = append(reqs, r...)
+		reqs = r
 	}
 	if p.honorCDI {
 		r, err := parseCDIAnnotations(c.Annotations)
@@ -195,11 +195,14 @@ func effectiveKey(annotations map[string]string, container, value string) string
 }
 
 func (p *Parser) parsePodValue(key, value string) ([]Request, error) {
-	if n := strings.Count(value, ",") + 1; n > maxItems {
+	n := strings.Count(value, ",") + 1
+	if n > maxItems {
 		return nil, fmt.Errorf("pod annotation %q: %w: %d items, more than %d", key, ErrInvalidRequest, n, maxItems)
 	}
-	var reqs []Request
-	for i, raw := range strings.Split(value, ",") {
+	reqs := make([]Request, 0, n)
+	for i := 0; i < n; i++ {
+		raw, rest, _ := strings.Cut(value, ",")
+		value = rest
 		item := strings.TrimSpace(raw)
 		device, err := p.qualify(item)
 		if err != nil {
@@ -234,7 +237,7 @@ func (p *Parser) qualify(item string) (string, error) {
 // parseCDIAnnotations reads cdi.k8s.io/* annotations with CDI's own parser,
 // one key at a time (in sorted order) so that errors name the key.
 func parseCDIAnnotations(annotations map[string]string) ([]Request, error) {
-	keys := make([]string, 0, len(annotations))
+	var keys []string
 	for k := range annotations {
 		if strings.HasPrefix(k, cdi.AnnotationPrefix) {
 			keys = append(keys, k)
@@ -259,14 +262,14 @@ func parseCDIAnnotations(annotations map[string]string) ([]Request, error) {
 
 // dedup keeps the first request for each device.
 func dedup(reqs []Request) []Request {
-	seen := make(map[string]bool, len(reqs))
+	var seen nameSet
+	seen.init(len(reqs))
+	defer seen.free()
 	out := reqs[:0]
 	for _, r := range reqs {
-		if seen[r.Device] {
-			continue
+		if seen.add(r.Device) {
+			out = append(out, r)
 		}
-		seen[r.Device] = true
-		out = append(out, r)
 	}
 	return out
 }

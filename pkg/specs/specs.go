@@ -151,21 +151,30 @@ func (s *Snapshot) Resolve(names []string) ([]*Entry, error) {
 	entries := make([]*Entry, 0, len(names))
 	var errs []error
 	for _, name := range names {
-		e := s.devices[name]
-		switch {
-		case e == nil:
-			errs = append(errs, fmt.Errorf("%w %q: no CDI spec in %s defines it%s",
-				ErrUnresolvable, name, strings.Join(s.dirs, ", "), s.problemHint()))
-		case e.Untrusted != nil:
-			errs = append(errs, fmt.Errorf("device %q: %w", name, e.Untrusted))
-		default:
-			entries = append(entries, e)
+		e, err := s.Lookup(name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
+		entries = append(entries, e)
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	return entries, nil
+}
+
+// Lookup is Resolve for one name.
+func (s *Snapshot) Lookup(name string) (*Entry, error) {
+	e := s.devices[name]
+	switch {
+	case e == nil:
+		return nil, fmt.Errorf("%w %q: no CDI spec in %s defines it%s",
+			ErrUnresolvable, name, strings.Join(s.dirs, ", "), s.problemHint())
+	case e.Untrusted != nil:
+		return nil, fmt.Errorf("device %q: %w", name, e.Untrusted)
+	}
+	return e, nil
 }
 
 // Footprints returns the footprints of devices by name, whether or not

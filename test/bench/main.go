@@ -22,15 +22,35 @@ func main() {
 		goBench = flag.String("go-bench", "", "output of go test -bench for the request path and spec loads")
 		out     = flag.String("out", "BENCHMARKS.md", "file to write")
 		e2eRuns = flag.Int("e2e-runs", 40, "crictl create runs per setup")
+		only    = flag.String("only", "", "run only this section (request, protocol, specs, memory, e2e) and print it; for profiling")
 	)
 	flag.Parse()
 	r := &report{}
+	sections := []struct {
+		name string
+		run  func()
+	}{
+		{"request", func() { r.requestPath(*goBench) }},
+		{"protocol", r.protocol},
+		{"specs", func() { r.specs(*goBench) }},
+		{"memory", r.memory},
+		{"e2e", func() { r.endToEnd(*e2eRuns) }},
+	}
+	if *only != "" {
+		for _, s := range sections {
+			if s.name == *only {
+				s.run()
+				fmt.Print(r.buf.String())
+				return
+			}
+		}
+		fmt.Fprintf(os.Stderr, "bench: -only %q: no such section\n", *only)
+		os.Exit(2)
+	}
 	r.header()
-	r.requestPath(*goBench)
-	r.protocol()
-	r.specs(*goBench)
-	r.memory()
-	r.endToEnd(*e2eRuns)
+	for _, s := range sections {
+		s.run()
+	}
 	r.targets()
 	if err := os.WriteFile(*out, r.buf.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
