@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -41,6 +42,9 @@ func runPlugin(args []string, stderr io.Writer) int {
 		return exitUsage
 	}
 
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(plugin.GCPercent)
+	}
 	log := logrus.StandardLogger()
 	log.SetOutput(stderr)
 	level, err := logrus.ParseLevel(*logLevel)

@@ -61,7 +61,8 @@ func AccessOf(devices []*cdi.Device, nodes map[string]specs.HostNode) *Access {
 	for _, d := range devices {
 		a.Devices = append(a.Devices, d.GetQualifiedName())
 	}
-	for _, set := range inOrder(devices, nil) {
+	o := inOrder(devices, nil)
+	for set, ok := o.Next(); ok; set, ok = o.Next() {
 		a.add(set.edits, nodes)
 	}
 	return a

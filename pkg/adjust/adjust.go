@@ -78,7 +78,8 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 	for _, d := range devices {
 		names = append(names, d.GetQualifiedName())
 	}
-	for _, set := range inOrder(devices, opts.Injected) {
+	o := inOrder(devices, opts.Injected)
+	for set, ok := o.Next(); ok; set, ok = o.Next() {
 		e, s, err := supported(set.edits, set.name(), set.specPath(), opts.SkipUnsupported)
 		errs = append(errs, err)
 		skipped = append(skipped, s...)

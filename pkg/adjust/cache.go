@@ -36,16 +36,15 @@ type fragment struct {
 	hooks  *api.Hooks
 }
 
-// fragments returns the prepared edits of each set, preparing those of
-// the snapshot not prepared yet, under one lock.
-func (c *Cache) fragments(snapshot any, sets []editSet, nodes map[string]specs.HostNode) ([]*fragment, error) {
-	out := make([]*fragment, len(sets))
+// fragments returns the prepared edits of sets, preparing those of the
+// snapshot not prepared yet, under one lock.
+func (c *Cache) fragments(out []*fragment, snapshot any, sets *order, nodes map[string]specs.HostNode) ([]*fragment, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.snapshot != snapshot || c.prepared == nil {
 		c.snapshot, c.prepared = snapshot, map[*cdispec.ContainerEdits]*fragment{}
 	}
-	for i, set := range sets {
+	for set, more := sets.Next(); more; set, more = sets.Next() {
 		f, ok := c.prepared[set.edits]
 		if !ok {
 			var err error
@@ -54,7 +53,7 @@ func (c *Cache) fragments(snapshot any, sets []editSet, nodes map[string]specs.H
 			}
 			c.prepared[set.edits] = f
 		}
-		out[i] = f
+		out = append(out, f)
 	}
 	return out, nil
 }
@@ -91,18 +90,31 @@ func BuildCached(c *Cache, snapshot any, devices []*cdi.Device, nodes map[string
 	if opts.UID != 0 || opts.GID != 0 || len(opts.HookEnv) > 0 {
 		return Build(devices, nodes, opts)
 	}
-	sets := inOrder(devices, opts.Injected)
-	for _, set := range sets {
+	n := 0
+	o := inOrder(devices, opts.Injected)
+	for set, ok := o.Next(); ok; set, ok = o.Next() {
 		if !expressible(set.edits) {
 			return Build(devices, nodes, opts)
 		}
+		n++
 	}
-	frags, err := c.fragments(snapshot, sets, nodes)
+	buf := fragmentLists.Get().(*[]*fragment)
+	defer func() {
+		clear(*buf)
+		*buf = (*buf)[:0]
+		fragmentLists.Put(buf)
+	}()
+	o = inOrder(devices, opts.Injected)
+	frags, err := c.fragments(slices.Grow((*buf)[:0], n), snapshot, &o, nodes)
+	*buf = frags
 	if err != nil {
 		return Build(devices, nodes, opts) // for Build's error
 	}
 	return &Result{Adjustment: merge(frags)}, nil
 }
+
+// fragmentLists are lists of fragments for BuildCached to reuse.
+var fragmentLists = sync.Pool{New: func() any { return new([]*fragment) }}
 
 // merge merges fragments as one ContainerEdits.Apply would apply their
 // edits: a later env value replaces an earlier one in place; a later device

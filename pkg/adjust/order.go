@@ -27,23 +27,46 @@ func (s editSet) specPath() string {
 	return s.device.GetSpec().GetPath()
 }
 
-// inOrder lists the edits of devices in the order CDI's
+// order walks the edits of devices in the order CDI's
 // Cache.InjectDevices applies them: a spec's own edits once, before those
 // of its first device, then each device's. The specs of devices in
-// applied count as applied already.
-func inOrder(devices, applied []*cdi.Device) []editSet {
-	// A request names few specs: a list is cheaper than a map.
-	seen := make([]*cdi.Spec, 0, len(applied)+4)
-	for _, d := range applied {
-		seen = append(seen, d.GetSpec())
+// applied count as applied already. It allocates nothing for requests of
+// up to a few specs, so it is walked again rather than kept.
+type order struct {
+	devices, applied []*cdi.Device
+	// few and more are the specs whose edits were given.
+	few  [8]*cdi.Spec
+	nFew int
+	more []*cdi.Spec
+	// next is the index of the device whose edits come next.
+	next int
+}
+
+// inOrder starts an order over devices.
+func inOrder(devices, applied []*cdi.Device) order {
+	return order{devices: devices, applied: applied}
+}
+
+// Next returns the next set of edits, or false at the end.
+func (o *order) Next() (editSet, bool) {
+	if o.next >= len(o.devices) {
+		return editSet{}, false
 	}
-	sets := make([]editSet, 0, 2*len(devices))
-	for _, d := range devices {
-		if spec := d.GetSpec(); !slices.Contains(seen, spec) {
-			seen = append(seen, spec)
-			sets = append(sets, editSet{edits: &spec.ContainerEdits, device: d, specLevel: true})
+	d := o.devices[o.next]
+	if spec := d.GetSpec(); !o.seen(spec) {
+		if o.nFew < len(o.few) {
+			o.few[o.nFew] = spec
+			o.nFew++
+		} else {
+			o.more = append(o.more, spec)
 		}
-		sets = append(sets, editSet{edits: &d.ContainerEdits, device: d})
+		return editSet{edits: &spec.ContainerEdits, device: d, specLevel: true}, true
 	}
-	return sets
+	o.next++
+	return editSet{edits: &d.ContainerEdits, device: d}, true
+}
+
+func (o *order) seen(spec *cdi.Spec) bool {
+	return slices.Contains(o.few[:o.nFew], spec) || slices.Contains(o.more, spec) ||
+		slices.ContainsFunc(o.applied, func(d *cdi.Device) bool { return d.GetSpec() == spec })
 }

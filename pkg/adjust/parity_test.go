@@ -1,6 +1,7 @@
 package adjust_test
 
 import (
+	"fmt"
 	"path/filepath"
 	"testing"
 
@@ -100,4 +101,58 @@ func effectiveOwners(devs []oci.LinuxDevice) []oci.LinuxDevice {
 		out[i] = d
 	}
 	return out
+}
+
+// TestParityManySpecs asks for devices of more specs than a request
+// usually names, each spec's own edits setting the same variable, in an
+// order that comes back to earlier specs: a spec's own edits are applied
+// once, when its first device is, as CDI's own injection does, by both
+// Build and BuildCached.
+func TestParityManySpecs(t *testing.T) {
+	const specs = 11
+	yamls := map[string]string{}
+	var names []string
+	for i := 0; i < specs; i++ {
+		yamls[fmt.Sprintf("s%02d.yaml", i)] = fmt.Sprintf(`
+cdiVersion: "0.6.0"
+kind: example.com/s%d
+containerEdits:
+  env: ["LAST_SPEC=%d", "SPEC_%d=1"]
+devices:
+  - {name: a, containerEdits: {env: ["LAST_DEVICE=%d/a"]}}
+  - {name: b, containerEdits: {env: ["LAST_DEVICE=%d/b"]}}
+`, i, i, i, i, i)
+		names = append(names, fmt.Sprintf("example.com/s%d=a", i))
+	}
+	for i := specs - 2; i >= 0; i -= 3 { // 9 first: a spec beyond the first 8
+		names = append(names, fmt.Sprintf("example.com/s%d=b", i))
+	}
+	devs, nodes := devices(t, yamls, names...)
+
+	viaCDI := baseSpec()
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Dir(devs[0].GetSpec().GetPath())), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cache.InjectDevices(viaCDI, names...); err != nil {
+		t.Fatal(err)
+	}
+	plain, err := adjust.Build(devs, nodes, adjust.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached, err := adjust.BuildCached(&adjust.Cache{}, t.Name(), devs, nodes, adjust.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, res := range map[string]*adjust.Result{"Build": plain, "BuildCached": cached} {
+		viaNRI := baseSpec()
+		g := rgen.NewFromSpec(viaNRI)
+		if err := nrigen.SpecGenerator(&g).Adjust(res.Adjustment); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(viaCDI.Process.Env, g.Config.Process.Env); diff != "" {
+			t.Errorf("%s: env (-cdi +nri):\n%s", name, diff)
+		}
+	}
 }

@@ -228,7 +228,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	p.alloc.Restore(holdings)
 	p.countHeld()
 	for pod, devices := range p.alloc.Held() {
-		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": devices}).
+		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": logNames(devices, identity)}).
 			Info("restored devices held by pod")
 	}
 	return nil, nil
@@ -249,7 +249,7 @@ func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error 
 func (p *Plugin) release(pod *api.PodSandbox) {
 	defer p.countHeld()
 	if released := p.alloc.Release(pod.GetId()); len(released) > 0 {
-		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "devices": released}).
+		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "devices": logNames(released, identity)}).
 			Info("released devices")
 	}
 }
@@ -258,7 +258,9 @@ func (p *Plugin) release(pod *api.PodSandbox) {
 // creation saying why. A container that asks for nothing is left alone.
 func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	start := time.Now()
-	adj, devices, err := p.handle(p.state(), pod, ctr)
+	sc := scratches.Get().(*scratch)
+	defer sc.release()
+	adj, devices, err := p.handle(p.state(), pod, ctr, sc)
 	result := metrics.ResultInjected
 	switch {
 	case err != nil:
@@ -279,7 +281,7 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		}
 		return nil, nil, nil
 	}
-	logFor(p.log, pod, ctr).WithField("devices", devices).Info("injected devices")
+	logFor(p.log, pod, ctr).WithField("devices", logNames(devices, deviceName)).Info("injected devices")
 	return adj, nil, nil
 }
 
@@ -306,11 +308,10 @@ func debugEnabled(log logrus.FieldLogger) bool {
 }
 
 // handle runs one request through policy, specs and adjust. It returns
-// the adjustment (nil when nothing is asked for) and the names of the
-// devices given, comma-separated as in DevicesAnnotation.
-func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, string, error) {
+// the adjustment (nil when nothing is asked for) and the devices given.
+func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, sc *scratch) (*api.ContainerAdjustment, []specs.Device, error) {
 	snap := st.specs.Snapshot() // one snapshot for the whole request
-	ask, err := st.parser.Parse(policy.Container{
+	ask, err := st.parser.ParseAppend(sc.requests, policy.Container{
 		Namespace:      pod.GetNamespace(),
 		Pod:            pod.GetName(),
 		Name:           ctr.GetName(),
@@ -318,19 +319,20 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container) (*ap
 		Annotations:    ctr.GetAnnotations(),
 	})
 	if err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
+	sc.requests = ask.Requests
 	if ask.Empty() {
-		return nil, "", nil
+		return nil, nil, nil
 	}
 	podRef := podOf(pod)
 	if err := st.policy.Check(podRef, ask); err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
 
 	var (
-		named      = make([]*specs.Entry, 0, len(ask.Requests))
-		footprints = make([]specs.Device, 0, len(ask.Requests))
+		named      = sc.named[:0]
+		footprints = sc.footprints[:0]
 		injected   []*specs.Entry
 		errs       []error
 	)
@@ -347,8 +349,9 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container) (*ap
 			logFor(p.log, pod, ctr).WithField("device", r.Device).Info("device already injected by the runtime's own CDI support; not injected again")
 		}
 	}
+	sc.named, sc.footprints = named, footprints
 	if err := errors.Join(errs...); err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
 	var candidates []specs.Device
 	if ask.Count > 0 || st.cfg.Policy.MaxDevicesPerPod > 0 {
@@ -357,18 +360,40 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container) (*ap
 
 	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, candidates)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
-	adj, err := st.build(&p.fragments, snap, named, injected, grant, ctr)
+	adj, err := st.build(&p.fragments, snap, named, injected, grant, ctr, sc)
 	if err != nil {
 		p.alloc.Revert(grant)
-		return nil, "", err
+		return nil, nil, err
 	}
 	for _, s := range adj.skipped {
 		logFor(p.log, pod, ctr).WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
 			Warn("skipped a CDI edit that NRI cannot express (unsupportedEdits: warn)")
 	}
 	return adj.adjustment, adj.devices, nil
+}
+
+// scratch holds the lists a request builds and drops, kept for the next
+// request so that serving one allocates little beyond its adjustment.
+type scratch struct {
+	requests   []policy.Request
+	named      []*specs.Entry
+	footprints []specs.Device
+	devices    []*cdi.Device
+}
+
+var scratches = sync.Pool{New: func() any { return new(scratch) }}
+
+// release empties the lists, so that they hold on to no snapshot, and
+// returns them to the pool. Nothing of the request may use them after.
+func (sc *scratch) release() {
+	clear(sc.requests)
+	clear(sc.named)
+	clear(sc.footprints)
+	clear(sc.devices)
+	sc.requests, sc.named, sc.footprints, sc.devices = sc.requests[:0], sc.named[:0], sc.footprints[:0], sc.devices[:0]
+	scratches.Put(sc)
 }
 
 // resolve looks a device up in the trusted specs and checks its hooks.
@@ -386,14 +411,15 @@ func (st *state) resolve(snap *specs.Snapshot, name string) (*specs.Entry, error
 type built struct {
 	adjustment *api.ContainerAdjustment
 	skipped    []adjust.Skipped
-	// devices are the names of the devices given, comma-separated.
-	devices string
+	// devices are the devices given.
+	devices []specs.Device
 }
 
 // build resolves the counted devices of a grant and builds the adjustment
 // for all the container's devices, recording them in annotations.
-func (st *state) build(cache *adjust.Cache, snap *specs.Snapshot, named, injected []*specs.Entry, grant policy.Grant, ctr *api.Container) (built, error) {
-	devices := make([]*cdi.Device, 0, len(named)+len(grant.Counted))
+func (st *state) build(cache *adjust.Cache, snap *specs.Snapshot, named, injected []*specs.Entry, grant policy.Grant, ctr *api.Container, sc *scratch) (built, error) {
+	devices := sc.devices[:0]
+	defer func() { sc.devices = devices }()
 	var already []*cdi.Device
 	for _, e := range named {
 		if slices.Contains(injected, e) {
@@ -423,12 +449,11 @@ func (st *state) build(cache *adjust.Cache, snap *specs.Snapshot, named, injecte
 	if err != nil {
 		return built{}, err
 	}
-	given := joinNames(grant.Devices)
-	res.Adjustment.AddAnnotation(DevicesAnnotation, given)
+	res.Adjustment.AddAnnotation(DevicesAnnotation, joinNames(grant.Devices))
 	if len(grant.Counted) > 0 {
 		res.Adjustment.AddAnnotation(CountedAnnotation, joinNames(grant.Counted))
 	}
-	return built{adjustment: res.Adjustment, skipped: res.Skipped, devices: given}, nil
+	return built{adjustment: res.Adjustment, skipped: res.Skipped, devices: grant.Devices}, nil
 }
 
 // countHeld updates the devices-held metric.
@@ -465,6 +490,41 @@ func injectedByRuntime(e *specs.Entry, ctr *api.Container) bool {
 func podOf(pod *api.PodSandbox) policy.Pod {
 	return policy.Pod{ID: pod.GetId(), Namespace: pod.GetNamespace(), Name: pod.GetName()}
 }
+
+// logNames writes names for a log line: a kind once for a run of names
+// of that kind, as in "nvidia.com/gpu=0,1,2;example.com/nic=a", which
+// also keeps a many-device line short and cheap to format.
+func logNames[T any](items []T, name func(T) string) string {
+	var b strings.Builder
+	size := 0
+	for _, it := range items {
+		size += len(name(it)) + 1
+	}
+	b.Grow(size)
+	kind := ""
+	for _, it := range items {
+		n := name(it)
+		k, dev, ok := strings.Cut(n, "=")
+		switch {
+		case ok && k == kind:
+			b.WriteByte(',')
+			b.WriteString(dev)
+			continue
+		case b.Len() > 0:
+			b.WriteByte(';')
+		}
+		b.WriteString(n)
+		kind = k
+		if !ok {
+			kind = ""
+		}
+	}
+	return b.String()
+}
+
+func identity(s string) string { return s }
+
+func deviceName(d specs.Device) string { return d.Name }
 
 // joinNames returns the names of devs, comma-separated.
 func joinNames(devs []specs.Device) string {

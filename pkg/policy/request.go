@@ -3,9 +3,12 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/containerd/nri/pkg/api"
 	nriplugin "github.com/containerd/nri/pkg/plugin"
@@ -95,7 +98,15 @@ func (a Ask) Empty() bool { return len(a.Requests) == 0 && a.Count == 0 }
 type Parser struct {
 	vendor, class string
 	honorCDI      bool
+	// qualified maps short names (the GPU indices and UUIDs asked for
+	// again and again) to their qualified names, so that a request does
+	// not build them anew; interned counts its entries, up to maxInterned.
+	qualified sync.Map
+	interned  atomic.Int64
 }
+
+// maxInterned bounds the short names a Parser remembers.
+const maxInterned = 4096
 
 // NewParser returns a parser that resolves short names against kind
 // (vendor/class) and, when honorCDI is true, reads cdi.k8s.io/* container
@@ -114,7 +125,11 @@ func NewParser(kind string, honorCDI bool) (*Parser, error) {
 // Parse returns what a container asks for, named requests merged so that
 // each device appears once, in the order first asked. A container that
 // asks for nothing gets an empty Ask and no error.
-func (p *Parser) Parse(c Container) (Ask, error) {
+func (p *Parser) Parse(c Container) (Ask, error) { return p.ParseAppend(nil, c) }
+
+// ParseAppend is Parse with the requests appended to reqs[:0], so that a
+// caller serving many requests can reuse one list.
+func (p *Parser) ParseAppend(reqs []Request, c Container) (Ask, error) {
 	var ask Ask
 	if value, ok := c.PodAnnotations[CountAnnotationKey]; ok {
 		n, err := parseCount(value)
@@ -127,7 +142,7 @@ func (p *Parser) Parse(c Container) (Ask, error) {
 		}
 		ask.Count = n
 	}
-	reqs, err := p.parseNamed(c)
+	reqs, err := p.parseNamed(reqs[:0], c)
 	if err != nil {
 		return Ask{}, err
 	}
@@ -159,16 +174,14 @@ func namedKey(annotations map[string]string) string {
 	return keys[0]
 }
 
-func (p *Parser) parseNamed(c Container) ([]Request, error) {
-	var reqs []Request
+func (p *Parser) parseNamed(reqs []Request, c Container) ([]Request, error) {
 	pod := &api.PodSandbox{Annotations: c.PodAnnotations}
 	if value, ok := nriplugin.GetEffectiveAnnotation(pod, AnnotationKey, c.Name); ok {
 		key := effectiveKey(c.PodAnnotations, c.Name, value)
-		r, err := p.parsePodValue(key, value)
-		if err != nil {
+		var err error
+		if reqs, err = p.parsePodValue(reqs, key, value); err != nil {
 			return nil, err
 		}
-		reqs = r
 	}
 	if p.honorCDI {
 		r, err := parseCDIAnnotations(c.Annotations)
@@ -194,12 +207,12 @@ func effectiveKey(annotations map[string]string, container, value string) string
 	return AnnotationKey
 }
 
-func (p *Parser) parsePodValue(key, value string) ([]Request, error) {
+func (p *Parser) parsePodValue(reqs []Request, key, value string) ([]Request, error) {
 	n := strings.Count(value, ",") + 1
 	if n > maxItems {
 		return nil, fmt.Errorf("pod annotation %q: %w: %d items, more than %d", key, ErrInvalidRequest, n, maxItems)
 	}
-	reqs := make([]Request, 0, n)
+	reqs = slices.Grow(reqs, n)
 	for i := 0; i < n; i++ {
 		raw, rest, _ := strings.Cut(value, ",")
 		value = rest
@@ -216,6 +229,9 @@ func (p *Parser) parsePodValue(key, value string) ([]Request, error) {
 
 // qualify turns one request item into a qualified CDI name.
 func (p *Parser) qualify(item string) (string, error) {
+	if q, ok := p.qualified.Load(item); ok { // a valid short name seen before
+		return q.(string), nil
+	}
 	switch {
 	case item == "":
 		return "", errors.New("empty device name")
@@ -231,7 +247,11 @@ func (p *Parser) qualify(item string) (string, error) {
 	if err := parser.ValidateDeviceName(item); err != nil {
 		return "", err
 	}
-	return parser.QualifiedName(p.vendor, p.class, item), nil
+	q := parser.QualifiedName(p.vendor, p.class, item)
+	if p.interned.Add(1) <= maxInterned {
+		p.qualified.Store(strings.Clone(item), q)
+	}
+	return q, nil
 }
 
 // parseCDIAnnotations reads cdi.k8s.io/* annotations with CDI's own parser,
