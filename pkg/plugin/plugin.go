@@ -271,28 +271,32 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	p.metrics.Request(result, err, time.Since(start))
 	p.countHeld()
 	if err != nil {
-		logFor(p.log, pod, ctr).Errorf("denied: %v", err)
+		logFor(p.log, pod, ctr, "", nil).Errorf("denied: %v", err)
 		return nil, nil, fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
 			ctr.GetName(), pod.GetNamespace(), pod.GetName(), err)
 	}
 	if adj == nil {
 		if debugEnabled(p.log) {
-			logFor(p.log, pod, ctr).Debug("no devices requested")
+			logFor(p.log, pod, ctr, "", nil).Debug("no devices requested")
 		}
 		return nil, nil, nil
 	}
-	logFor(p.log, pod, ctr).WithField("devices", logNames(devices, deviceName)).Info("injected devices")
+	logFor(p.log, pod, ctr, "devices", logNames(devices, deviceName)).Info("injected devices")
 	return adj, nil, nil
 }
 
-// logFor returns log with the fields naming a container. Requests build
-// it only when they log.
-func logFor(log logrus.FieldLogger, pod *api.PodSandbox, ctr *api.Container) logrus.FieldLogger {
-	return log.WithFields(logrus.Fields{
+// logFor returns log with the fields naming a container and, when key is
+// not empty, one more. Requests build it only when they log.
+func logFor(log logrus.FieldLogger, pod *api.PodSandbox, ctr *api.Container, key string, value any) logrus.FieldLogger {
+	fields := logrus.Fields{
 		"namespace": pod.GetNamespace(),
 		"pod":       pod.GetName(),
 		"container": ctr.GetName(),
-	})
+	}
+	if key != "" {
+		fields[key] = value
+	}
+	return log.WithFields(fields)
 }
 
 // debugEnabled reports whether log writes debug messages, so that a
@@ -346,7 +350,7 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, sc *
 		footprints = append(footprints, e.Footprint)
 		if r.Source == policy.SourceCDI && injectedByRuntime(e, ctr) {
 			injected = append(injected, e)
-			logFor(p.log, pod, ctr).WithField("device", r.Device).Info("device already injected by the runtime's own CDI support; not injected again")
+			logFor(p.log, pod, ctr, "device", r.Device).Info("device already injected by the runtime's own CDI support; not injected again")
 		}
 	}
 	sc.named, sc.footprints = named, footprints
@@ -368,7 +372,7 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, sc *
 		return nil, nil, err
 	}
 	for _, s := range adj.skipped {
-		logFor(p.log, pod, ctr).WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
+		logFor(p.log, pod, ctr, "", nil).WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
 			Warn("skipped a CDI edit that NRI cannot express (unsupportedEdits: warn)")
 	}
 	return adj.adjustment, adj.devices, nil
@@ -495,29 +499,41 @@ func podOf(pod *api.PodSandbox) policy.Pod {
 // of that kind, as in "nvidia.com/gpu=0,1,2;example.com/nic=a", which
 // also keeps a many-device line short and cheap to format.
 func logNames[T any](items []T, name func(T) string) string {
-	var b strings.Builder
-	size := 0
-	for _, it := range items {
-		size += len(name(it)) + 1
+	// The first pass measures, the second writes.
+	var (
+		b          strings.Builder
+		size, pass int
+	)
+	add := func(s string) {
+		if pass == 0 {
+			size += len(s)
+			return
+		}
+		b.WriteString(s)
 	}
-	b.Grow(size)
-	kind := ""
-	for _, it := range items {
-		n := name(it)
-		k, dev, ok := strings.Cut(n, "=")
-		switch {
-		case ok && k == kind:
-			b.WriteByte(',')
-			b.WriteString(dev)
-			continue
-		case b.Len() > 0:
-			b.WriteByte(';')
+	for ; pass < 2; pass++ {
+		kind := ""
+		for i, it := range items {
+			n := name(it)
+			k, dev, ok := strings.Cut(n, "=")
+			switch {
+			case ok && k == kind:
+				add(",")
+				add(dev)
+				continue
+			case i > 0:
+				add(";")
+			}
+			add(n)
+			kind = k
+			if !ok {
+				kind = ""
+			}
 		}
-		b.WriteString(n)
-		kind = k
-		if !ok {
-			kind = ""
+		if size == 0 {
+			break
 		}
+		b.Grow(size)
 	}
 	return b.String()
 }

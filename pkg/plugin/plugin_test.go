@@ -439,3 +439,62 @@ devices:
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestConcurrentRequests has many containers of many pods created at
+// once, each asking for its own devices: every one gets exactly those, in
+// its devices and in its annotation, whatever the others asked for (the
+// lists a request builds are reused between requests).
+func TestConcurrentRequests(t *testing.T) {
+	const gpus = 8
+	var b strings.Builder
+	b.WriteString("cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ncontainerEdits: {env: [NVIDIA_VISIBLE_DEVICES=void]}\ndevices:\n")
+	for i := 0; i < gpus; i++ {
+		fmt.Fprintf(&b, "  - {name: \"%d\", containerEdits: {deviceNodes: [{path: /dev/nvidia%d, hostPath: /dev/null}]}}\n", i, i)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "gpu.yaml"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := plugin.New(config.Default(), []string{dir}, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 100; i++ {
+				// Worker w asks for w%gpus+1 devices starting at GPU i%gpus.
+				var items, names, paths []string
+				for k := 0; k <= w%gpus; k++ {
+					g := (i + k) % gpus
+					items = append(items, fmt.Sprint(g))
+					names = append(names, fmt.Sprintf("nvidia.com/gpu=%d", g))
+					paths = append(paths, fmt.Sprintf("/dev/nvidia%d", g))
+				}
+				id := fmt.Sprintf("pod-%d-%d", w, i)
+				pod := &api.PodSandbox{Id: id, Name: id, Namespace: "ns", Annotations: map[string]string{"gpus.nri-gpu.io": strings.Join(items, ",")}}
+				ctr := &api.Container{Id: id + "-c", PodSandboxId: id, Name: "c", Linux: &api.LinuxContainer{}}
+				adj, _, err := p.CreateContainer(context.Background(), pod, ctr)
+				if err != nil {
+					t.Errorf("%s: %v", id, err)
+					return
+				}
+				slices.Sort(paths)
+				got := devicePaths(adj)
+				slices.Sort(got)
+				if !slices.Equal(got, paths) {
+					t.Errorf("%s asked for %v, got devices %v", id, items, got)
+				}
+				if ann := adj.GetAnnotations()[plugin.DevicesAnnotation]; ann != strings.Join(names, ",") {
+					t.Errorf("%s asked for %v, annotated %q", id, items, ann)
+				}
+				_ = p.RemovePodSandbox(context.Background(), pod)
+			}
+		}()
+	}
+	wg.Wait()
+}

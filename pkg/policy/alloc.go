@@ -66,10 +66,12 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 		own = &holding{pod: pod}
 	}
 	var errs []error
-	for _, d := range named {
-		if other, held := a.heldByOther(pod.ID, d, p.exclusive); held != nil {
-			errs = append(errs, deny(RuleExclusive, fmt.Errorf("%w: device %q is held by pod %s (as %q)%s",
-				ErrDenied, d.Name, other, held.Name, heldHint(p.exclusive, other))))
+	if a.othersHold(pod.ID) {
+		for _, d := range named {
+			if other, held := a.heldByOther(pod.ID, d, p.exclusive); held != nil {
+				errs = append(errs, deny(RuleExclusive, fmt.Errorf("%w: device %q is held by pod %s (as %q)%s",
+					ErrDenied, d.Name, other, held.Name, heldHint(p.exclusive, other))))
+			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -146,6 +148,12 @@ func heldHint(exclusive bool, other Pod) string {
 		return fmt.Sprintf(" and policy.exclusive is true; it is free again when pod %s is removed", other)
 	}
 	return fmt.Sprintf(", which got it for a count request; it is free again when pod %s is removed", other)
+}
+
+// othersHold reports whether pods other than podID hold anything.
+func (a *Allocations) othersHold(podID string) bool {
+	_, own := a.pods[podID]
+	return len(a.pods) > 1 || (len(a.pods) == 1 && !own)
 }
 
 // heldByOther returns a pod other than podID holding a device that

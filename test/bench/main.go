@@ -12,9 +12,12 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 )
 
 func main() {
@@ -25,6 +28,8 @@ func main() {
 		only    = flag.String("only", "", "run only this section (request, protocol, specs, memory, e2e) and print it; for profiling")
 	)
 	flag.Parse()
+	// In process, nri-gpu runs as in its binary.
+	debug.SetGCPercent(plugin.GCPercent)
 	r := &report{}
 	sections := []struct {
 		name string
