@@ -22,7 +22,31 @@ type Cache struct {
 	mu       sync.Mutex
 	snapshot any
 	prepared map[*cdispec.ContainerEdits]*fragment
+	// ids numbers the env keys, device paths and mount destinations of
+	// the snapshot's fragments, each kind on its own, so that merging
+	// finds repeats by number instead of hashing strings.
+	ids [3]map[string]int32
 }
+
+// Kinds of numbered keys.
+const (
+	envKey = iota
+	pathKey
+	mountKey
+)
+
+// id returns the number of key of a kind, numbering it if new.
+func (c *Cache) id(kind int, key string) int32 {
+	i, ok := c.ids[kind][key]
+	if !ok {
+		i = int32(len(c.ids[kind]))
+		c.ids[kind][key] = i
+	}
+	return i
+}
+
+// keys returns the count of the most numerous kind of key.
+func (c *Cache) keys() int { return max(len(c.ids[envKey]), len(c.ids[pathKey]), len(c.ids[mountKey])) }
 
 // fragment is one set of edits as NRI objects. It is shared between
 // adjustments and never modified.
@@ -34,28 +58,44 @@ type fragment struct {
 	// depths are the mounts' depths, as CDI sorts mounts by.
 	depths []int
 	hooks  *api.Hooks
+	// envIDs, deviceIDs and mountIDs number env's keys, devices' paths and
+	// mounts' destinations in the Cache.
+	envIDs, deviceIDs, mountIDs []int32
 }
 
 // fragments returns the prepared edits of sets, preparing those of the
 // snapshot not prepared yet, under one lock.
-func (c *Cache) fragments(out []*fragment, snapshot any, sets *order, nodes map[string]specs.HostNode) ([]*fragment, error) {
+// It also returns how many keys of a kind are numbered at most.
+func (c *Cache) fragments(out []*fragment, snapshot any, sets *order, nodes map[string]specs.HostNode) ([]*fragment, int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.snapshot != snapshot || c.prepared == nil {
 		c.snapshot, c.prepared = snapshot, map[*cdispec.ContainerEdits]*fragment{}
+		for i := range c.ids {
+			c.ids[i] = map[string]int32{}
+		}
 	}
 	for set, more := sets.Next(); more; set, more = sets.Next() {
 		f, ok := c.prepared[set.edits]
 		if !ok {
 			var err error
 			if f, err = prepare(set.edits, nodes); err != nil {
-				return nil, err
+				return nil, 0, err
+			}
+			for _, kv := range f.env {
+				f.envIDs = append(f.envIDs, c.id(envKey, kv.Key))
+			}
+			for _, d := range f.devices {
+				f.deviceIDs = append(f.deviceIDs, c.id(pathKey, d.Path))
+			}
+			for _, m := range f.mounts {
+				f.mountIDs = append(f.mountIDs, c.id(mountKey, m.Destination))
 			}
 			c.prepared[set.edits] = f
 		}
 		out = append(out, f)
 	}
-	return out, nil
+	return out, c.keys(), nil
 }
 
 // prepare applies edits e on their own, as Build does, and keeps the
@@ -105,23 +145,33 @@ func BuildCached(c *Cache, snapshot any, devices []*cdi.Device, nodes map[string
 		fragmentLists.Put(buf)
 	}()
 	o = inOrder(devices, opts.Injected)
-	frags, err := c.fragments(slices.Grow((*buf)[:0], n), snapshot, &o, nodes)
+	frags, keys, err := c.fragments(slices.Grow((*buf)[:0], n), snapshot, &o, nodes)
 	*buf = frags
 	if err != nil {
 		return Build(devices, nodes, opts) // for Build's error
 	}
-	return &Result{Adjustment: merge(frags)}, nil
+	seen := seenTables.Get().(*[]int32)
+	defer seenTables.Put(seen)
+	if len(*seen) < keys {
+		*seen = make([]int32, keys)
+	}
+	return &Result{Adjustment: merge(frags, *seen)}, nil
 }
 
 // fragmentLists are lists of fragments for BuildCached to reuse.
 var fragmentLists = sync.Pool{New: func() any { return new([]*fragment) }}
 
+// seenTables are tables for merge to reuse, all zero between uses.
+var seenTables = sync.Pool{New: func() any { return new([]int32) }}
+
 // merge merges fragments as one ContainerEdits.Apply would apply their
 // edits: a later env value replaces an earlier one in place; a later device
 // node or mount of the same path replaces the earlier one and goes last;
 // cgroup rules and hooks accumulate; mounts end sorted by depth (stable).
-// Each list is allocated once, at its final size or just above.
-func merge(frags []*fragment) *api.ContainerAdjustment {
+// Each list is allocated once, at its final size or just above. seen, as
+// long as the keys are numerous and all zero, records where a key went
+// (its place plus one); merge leaves it all zero again.
+func merge(frags []*fragment, seen []int32) *api.ContainerAdjustment {
 	var nEnv, nDevices, nRules, nMounts int
 	var hooks *api.Hooks
 	for _, f := range frags {
@@ -130,23 +180,29 @@ func merge(frags []*fragment) *api.ContainerAdjustment {
 			hooks = &api.Hooks{}
 		}
 	}
-	var seen index
-	seen.init(max(nEnv, nDevices, nMounts))
-	defer seen.free()
+	// forget sets seen back to zero for the keys of one kind.
+	forget := func(ids func(*fragment) []int32) {
+		for _, f := range frags {
+			for _, id := range ids(f) {
+				seen[id] = 0
+			}
+		}
+	}
 
 	adj := &api.ContainerAdjustment{}
 	if nEnv > 0 {
 		adj.Env = make([]*api.KeyValue, 0, nEnv)
 		for _, f := range frags {
-			for _, kv := range f.env {
-				if i, ok := seen.get(kv.Key); ok {
-					adj.Env[i] = kv
+			for j, kv := range f.env {
+				if at := seen[f.envIDs[j]]; at > 0 {
+					adj.Env[at-1] = kv
 					continue
 				}
-				seen.put(kv.Key, len(adj.Env))
 				adj.Env = append(adj.Env, kv)
+				seen[f.envIDs[j]] = int32(len(adj.Env))
 			}
 		}
+		forget(func(f *fragment) []int32 { return f.envIDs })
 	}
 	if nDevices > 0 || nRules > 0 {
 		adj.Linux = &api.LinuxContainerAdjustment{}
@@ -154,15 +210,17 @@ func merge(frags []*fragment) *api.ContainerAdjustment {
 	if nDevices > 0 {
 		// The last node of each path wins and takes its place: walk back
 		// keeping the first of each path seen, then turn the list around.
-		seen.reset()
 		devices := make([]*api.LinuxDevice, 0, nDevices)
 		for i := len(frags) - 1; i >= 0; i-- {
-			for j := len(frags[i].devices) - 1; j >= 0; j-- {
-				if d := frags[i].devices[j]; seen.add(d.Path) {
-					devices = append(devices, d)
+			f := frags[i]
+			for j := len(f.devices) - 1; j >= 0; j-- {
+				if id := f.deviceIDs[j]; seen[id] == 0 {
+					seen[id] = 1
+					devices = append(devices, f.devices[j])
 				}
 			}
 		}
+		forget(func(f *fragment) []int32 { return f.deviceIDs })
 		slices.Reverse(devices)
 		adj.Linux.Devices = devices
 	}
@@ -174,19 +232,21 @@ func merge(frags []*fragment) *api.ContainerAdjustment {
 		adj.Linux.Resources = &api.LinuxResources{Devices: rules}
 	}
 	if nMounts > 0 {
-		seen.reset()
 		type placed struct {
 			m     *api.Mount
 			depth int
 		}
 		mounts := make([]placed, 0, nMounts)
 		for i := len(frags) - 1; i >= 0; i-- {
-			for j := len(frags[i].mounts) - 1; j >= 0; j-- {
-				if m := frags[i].mounts[j]; seen.add(m.Destination) {
-					mounts = append(mounts, placed{m, frags[i].depths[j]})
+			f := frags[i]
+			for j := len(f.mounts) - 1; j >= 0; j-- {
+				if id := f.mountIDs[j]; seen[id] == 0 {
+					seen[id] = 1
+					mounts = append(mounts, placed{f.mounts[j], f.depths[j]})
 				}
 			}
 		}
+		forget(func(f *fragment) []int32 { return f.mountIDs })
 		slices.Reverse(mounts)
 		slices.SortStableFunc(mounts, func(a, b placed) int { return a.depth - b.depth })
 		adj.Mounts = make([]*api.Mount, len(mounts))
@@ -208,71 +268,6 @@ func merge(frags []*fragment) *api.ContainerAdjustment {
 		adj.Hooks = hooks
 	}
 	return adj
-}
-
-// index finds strings seen before without allocating: the few of most
-// requests in a list, more in a pooled map.
-type index struct {
-	keys [smallIndex]string
-	pos  [smallIndex]int
-	n    int
-	m    map[string]int
-}
-
-// smallIndex is the number of keys up to which a list is searched.
-const smallIndex = 16
-
-var indexMaps = sync.Pool{New: func() any { return map[string]int{} }}
-
-// init readies x for up to n keys.
-func (x *index) init(n int) {
-	if n > smallIndex {
-		x.m = indexMaps.Get().(map[string]int)
-	}
-}
-
-func (x *index) get(k string) (int, bool) {
-	if x.m != nil {
-		i, ok := x.m[k]
-		return i, ok
-	}
-	if i := slices.Index(x.keys[:x.n], k); i >= 0 {
-		return x.pos[i], true
-	}
-	return 0, false
-}
-
-// put records k at i; init made room for it.
-func (x *index) put(k string, i int) {
-	if x.m != nil {
-		x.m[k] = i
-		return
-	}
-	x.keys[x.n], x.pos[x.n] = k, i
-	x.n++
-}
-
-// add records k and reports whether it is new.
-func (x *index) add(k string) bool {
-	if _, ok := x.get(k); ok {
-		return false
-	}
-	x.put(k, 0)
-	return true
-}
-
-func (x *index) reset() {
-	clear(x.m)
-	x.n = 0
-}
-
-// free returns the map, if any, to the pool.
-func (x *index) free() {
-	if x.m != nil {
-		clear(x.m)
-		indexMaps.Put(x.m)
-		x.m = nil
-	}
 }
 
 // depth is the number of parts of a path, as CDI sorts mounts by.

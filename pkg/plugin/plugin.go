@@ -530,10 +530,12 @@ func logNames[T any](items []T, name func(T) string) string {
 				kind = ""
 			}
 		}
-		if size == 0 {
-			break
+		if pass == 0 {
+			if size == 0 {
+				break
+			}
+			b.Grow(size)
 		}
-		b.Grow(size)
 	}
 	return b.String()
 }

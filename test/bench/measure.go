@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"time"
 
@@ -59,6 +60,7 @@ func request(n int) (*api.PodSandbox, *api.Container) {
 func (r *report) requestPath(goBench string) {
 	r.printf("## Request path\n\nnri-gpu's `CreateContainer` in process (annotation, policy, resolution in the spec snapshot, adjustment, the decision's log line), %d requests per cell after %d of warm-up, so that the heap has reached its steady size; the garbage collector's target is the one the nri-gpu binary runs with, GOGC=%d (`plugin.GCPercent`).\n\n", samples, samples, plugin.GCPercent)
 	r.printf("| spec files | devices | p50 | p99 |\n|---|---|---|---|\n")
+	warmUp()
 	var worst time.Duration
 	for _, specs := range []int{10, 100, 1000} {
 		p, done := newPlugin(specs)
@@ -85,6 +87,22 @@ func (r *report) requestPath(goBench string) {
 		"the garbage collector's mark assists and the 2-core machine's scheduling: see the request path section"})
 	if goBench != "" {
 		r.printf("\nGo benchmarks (`go test -bench . -benchmem`, at Go's default GOGC), mean per request and allocations:\n\n```\n%s```\n\n", grepBench(goBench, "BenchmarkCreateContainer"))
+	}
+}
+
+// warmUp serves requests until the garbage collector has run twice, so
+// that the heap has grown to its steady size and its memory was touched.
+func warmUp() {
+	p, done := newPlugin(10)
+	defer done()
+	pod, ctr := request(64)
+	cycles := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(cycles)
+	start := cycles[0].Value.Uint64()
+	for i := 0; i < 100000 && cycles[0].Value.Uint64() < start+2; i++ {
+		_, _, err := p.CreateContainer(context.Background(), pod, ctr)
+		must(err)
+		metrics.Read(cycles)
 	}
 }
 
