@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -28,9 +27,11 @@ import (
 // Annotations nri-gpu adds to each container it gives devices, from which
 // it rebuilds what pods hold after a restart.
 const (
-	// DevicesAnnotation lists the devices the container got.
+	// DevicesAnnotation lists the devices the container got, a kind
+	// written once for a run of its devices: "nvidia.com/gpu=0,1".
 	DevicesAnnotation = "nri-gpu.io/devices"
-	// CountedAnnotation lists those of them chosen for a count request.
+	// CountedAnnotation lists those of them chosen for a count request,
+	// written the same way.
 	CountedAnnotation = "nri-gpu.io/counted"
 )
 
@@ -215,11 +216,11 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	var holdings []policy.Holding
 	for _, c := range containers {
 		pod, ok := byID[c.GetPodSandboxId()]
-		devices := splitList(c.GetAnnotations()[DevicesAnnotation])
+		devices := expandNames(c.GetAnnotations()[DevicesAnnotation])
 		if !ok || len(devices) == 0 {
 			continue
 		}
-		counted := splitList(c.GetAnnotations()[CountedAnnotation])
+		counted := expandNames(c.GetAnnotations()[CountedAnnotation])
 		named := slices.DeleteFunc(slices.Clone(devices), func(d string) bool { return slices.Contains(counted, d) })
 		holdings = append(holdings, policy.Holding{
 			Pod: pod, Named: snap.Footprints(named), Counted: snap.Footprints(counted),
@@ -228,7 +229,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	p.alloc.Restore(holdings)
 	p.countHeld()
 	for pod, devices := range p.alloc.Held() {
-		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": logNames(devices, identity)}).
+		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": compactNames(devices, identity)}).
 			Info("restored devices held by pod")
 	}
 	return nil, nil
@@ -249,7 +250,7 @@ func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error 
 func (p *Plugin) release(pod *api.PodSandbox) {
 	defer p.countHeld()
 	if released := p.alloc.Release(pod.GetId()); len(released) > 0 {
-		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "devices": logNames(released, identity)}).
+		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "devices": compactNames(released, identity)}).
 			Info("released devices")
 	}
 }
@@ -281,7 +282,7 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		}
 		return nil, nil, nil
 	}
-	logFor(p.log, pod, ctr, "devices", logNames(devices, deviceName)).Info("injected devices")
+	logFor(p.log, pod, ctr, "devices", devices).Info("injected devices")
 	return adj, nil, nil
 }
 
@@ -312,8 +313,9 @@ func debugEnabled(log logrus.FieldLogger) bool {
 }
 
 // handle runs one request through policy, specs and adjust. It returns
-// the adjustment (nil when nothing is asked for) and the devices given.
-func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, sc *scratch) (*api.ContainerAdjustment, []specs.Device, error) {
+// the adjustment (nil when nothing is asked for) and the devices given, as
+// in DevicesAnnotation.
+func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, sc *scratch) (*api.ContainerAdjustment, string, error) {
 	snap := st.specs.Snapshot() // one snapshot for the whole request
 	ask, err := st.parser.ParseAppend(sc.requests, policy.Container{
 		Namespace:      pod.GetNamespace(),
@@ -323,15 +325,15 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, sc *
 		Annotations:    ctr.GetAnnotations(),
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, "", err
 	}
 	sc.requests = ask.Requests
 	if ask.Empty() {
-		return nil, nil, nil
+		return nil, "", nil
 	}
 	podRef := podOf(pod)
 	if err := st.policy.Check(podRef, ask); err != nil {
-		return nil, nil, err
+		return nil, "", err
 	}
 
 	var (
@@ -355,7 +357,7 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, sc *
 	}
 	sc.named, sc.footprints = named, footprints
 	if err := errors.Join(errs...); err != nil {
-		return nil, nil, err
+		return nil, "", err
 	}
 	var candidates []specs.Device
 	if ask.Count > 0 || st.cfg.Policy.MaxDevicesPerPod > 0 {
@@ -364,12 +366,12 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, sc *
 
 	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, candidates)
 	if err != nil {
-		return nil, nil, err
+		return nil, "", err
 	}
 	adj, err := st.build(&p.fragments, snap, named, injected, grant, ctr, sc)
 	if err != nil {
 		p.alloc.Revert(grant)
-		return nil, nil, err
+		return nil, "", err
 	}
 	for _, s := range adj.skipped {
 		logFor(p.log, pod, ctr, "", nil).WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
@@ -415,8 +417,8 @@ func (st *state) resolve(snap *specs.Snapshot, name string) (*specs.Entry, error
 type built struct {
 	adjustment *api.ContainerAdjustment
 	skipped    []adjust.Skipped
-	// devices are the devices given.
-	devices []specs.Device
+	// devices are the devices given, as in DevicesAnnotation.
+	devices string
 }
 
 // build resolves the counted devices of a grant and builds the adjustment
@@ -453,11 +455,12 @@ func (st *state) build(cache *adjust.Cache, snap *specs.Snapshot, named, injecte
 	if err != nil {
 		return built{}, err
 	}
-	res.Adjustment.AddAnnotation(DevicesAnnotation, joinNames(grant.Devices))
+	given := compactNames(grant.Devices, deviceName)
+	res.Adjustment.AddAnnotation(DevicesAnnotation, given)
 	if len(grant.Counted) > 0 {
-		res.Adjustment.AddAnnotation(CountedAnnotation, joinNames(grant.Counted))
+		res.Adjustment.AddAnnotation(CountedAnnotation, compactNames(grant.Counted, deviceName))
 	}
-	return built{adjustment: res.Adjustment, skipped: res.Skipped, devices: grant.Devices}, nil
+	return built{adjustment: res.Adjustment, skipped: res.Skipped, devices: given}, nil
 }
 
 // countHeld updates the devices-held metric.
@@ -493,77 +496,4 @@ func injectedByRuntime(e *specs.Entry, ctr *api.Container) bool {
 
 func podOf(pod *api.PodSandbox) policy.Pod {
 	return policy.Pod{ID: pod.GetId(), Namespace: pod.GetNamespace(), Name: pod.GetName()}
-}
-
-// logNames writes names for a log line: a kind once for a run of names
-// of that kind, as in "nvidia.com/gpu=0,1,2;example.com/nic=a", which
-// also keeps a many-device line short and cheap to format.
-func logNames[T any](items []T, name func(T) string) string {
-	// The first pass measures, the second writes.
-	var (
-		b          strings.Builder
-		size, pass int
-	)
-	add := func(s string) {
-		if pass == 0 {
-			size += len(s)
-			return
-		}
-		b.WriteString(s)
-	}
-	for ; pass < 2; pass++ {
-		kind := ""
-		for i, it := range items {
-			n := name(it)
-			k, dev, ok := strings.Cut(n, "=")
-			switch {
-			case ok && k == kind:
-				add(",")
-				add(dev)
-				continue
-			case i > 0:
-				add(";")
-			}
-			add(n)
-			kind = k
-			if !ok {
-				kind = ""
-			}
-		}
-		if pass == 0 {
-			if size == 0 {
-				break
-			}
-			b.Grow(size)
-		}
-	}
-	return b.String()
-}
-
-func identity(s string) string { return s }
-
-func deviceName(d specs.Device) string { return d.Name }
-
-// joinNames returns the names of devs, comma-separated.
-func joinNames(devs []specs.Device) string {
-	n := len(devs)
-	for _, d := range devs {
-		n += len(d.Name)
-	}
-	var b strings.Builder
-	b.Grow(n)
-	for i, d := range devs {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(d.Name)
-	}
-	return b.String()
-}
-
-func splitList(s string) []string {
-	if s == "" {
-		return nil
-	}
-	return strings.Split(s, ",")
 }

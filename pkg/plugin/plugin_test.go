@@ -468,11 +468,10 @@ func TestConcurrentRequests(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < 100; i++ {
 				// Worker w asks for w%gpus+1 devices starting at GPU i%gpus.
-				var items, names, paths []string
+				var items, paths []string
 				for k := 0; k <= w%gpus; k++ {
 					g := (i + k) % gpus
 					items = append(items, fmt.Sprint(g))
-					names = append(names, fmt.Sprintf("nvidia.com/gpu=%d", g))
 					paths = append(paths, fmt.Sprintf("/dev/nvidia%d", g))
 				}
 				id := fmt.Sprintf("pod-%d-%d", w, i)
@@ -489,7 +488,7 @@ func TestConcurrentRequests(t *testing.T) {
 				if !slices.Equal(got, paths) {
 					t.Errorf("%s asked for %v, got devices %v", id, items, got)
 				}
-				if ann := adj.GetAnnotations()[plugin.DevicesAnnotation]; ann != strings.Join(names, ",") {
+				if ann := adj.GetAnnotations()[plugin.DevicesAnnotation]; ann != "nvidia.com/gpu="+strings.Join(items, ",") {
 					t.Errorf("%s asked for %v, annotated %q", id, items, ann)
 				}
 				_ = p.RemovePodSandbox(context.Background(), pod)

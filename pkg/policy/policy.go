@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"tags.cncf.io/container-device-interface/pkg/parser"
-
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 )
 
@@ -119,7 +117,8 @@ func (p *Policy) checkRequest(r Request) error {
 		return deny(RuleDevices, fmt.Errorf("%s: %w: device %q matches none of policy.devices [%s]; add a glob that matches it to policy.devices",
 			r, ErrDenied, r.Device, strings.Join(p.devices, ", ")))
 	}
-	if _, _, name := parser.ParseDevice(r.Device); name == AllDevice && r.Source == SourcePod && !p.allowAll {
+	// A qualified name's device part follows its only "=".
+	if strings.HasSuffix(r.Device, "="+AllDevice) && r.Source == SourcePod && !p.allowAll {
 		return deny(RuleAllowAll, fmt.Errorf("%s: %w: device %q gives every device of its kind; set policy.allowAll: true to allow it",
 			r, ErrDenied, r.Device))
 	}

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"github.com/containerd/nri/pkg/api"
 	nriplugin "github.com/containerd/nri/pkg/plugin"
@@ -100,9 +99,9 @@ type Parser struct {
 	honorCDI      bool
 	// qualified maps short names (the GPU indices and UUIDs asked for
 	// again and again) to their qualified names, so that a request does
-	// not build them anew; interned counts its entries, up to maxInterned.
-	qualified sync.Map
-	interned  atomic.Int64
+	// not build them anew; it holds up to maxInterned.
+	mu        sync.RWMutex
+	qualified map[string]string
 }
 
 // maxInterned bounds the short names a Parser remembers.
@@ -119,7 +118,7 @@ func NewParser(kind string, honorCDI bool) (*Parser, error) {
 	if err := parser.ValidateClassName(class); err != nil {
 		return nil, fmt.Errorf("default kind %q: %w", kind, err)
 	}
-	return &Parser{vendor: vendor, class: class, honorCDI: honorCDI}, nil
+	return &Parser{vendor: vendor, class: class, honorCDI: honorCDI, qualified: map[string]string{}}, nil
 }
 
 // Parse returns what a container asks for, named requests merged so that
@@ -229,8 +228,11 @@ func (p *Parser) parsePodValue(reqs []Request, key, value string) ([]Request, er
 
 // qualify turns one request item into a qualified CDI name.
 func (p *Parser) qualify(item string) (string, error) {
-	if q, ok := p.qualified.Load(item); ok { // a valid short name seen before
-		return q.(string), nil
+	p.mu.RLock()
+	q, ok := p.qualified[item] // a valid short name seen before
+	p.mu.RUnlock()
+	if ok {
+		return q, nil
 	}
 	switch {
 	case item == "":
@@ -247,10 +249,12 @@ func (p *Parser) qualify(item string) (string, error) {
 	if err := parser.ValidateDeviceName(item); err != nil {
 		return "", err
 	}
-	q := parser.QualifiedName(p.vendor, p.class, item)
-	if p.interned.Add(1) <= maxInterned {
-		p.qualified.Store(strings.Clone(item), q)
+	q = parser.QualifiedName(p.vendor, p.class, item)
+	p.mu.Lock()
+	if len(p.qualified) < maxInterned {
+		p.qualified[strings.Clone(item)] = q
 	}
+	p.mu.Unlock()
 	return q, nil
 }
 
