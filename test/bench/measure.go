@@ -80,7 +80,7 @@ func (r *report) requestPath(goBench string) {
 		ds := timeRequests(p, 64)
 		debug.SetGCPercent(old)
 		done()
-		r.printf("\nThe last cell again at Go's default GOGC=100: p50 %s, p99 %s. The live heap is small (a few MiB), so at 100 the collector runs every few MiB allocated and its mark assists land on requests; at %d collections are rare (see `plugin.GCPercent`; `GOGC` in the plugin's environment overrides it).\n",
+		r.printf("\nThe last cell again at Go's default GOGC=100: p50 %s, p99 %s. The live heap is small (a few MiB), so at 100 the collector runs every few MiB allocated, and each collection stalls a few requests; at %d collections are rare (see `plugin.GCPercent`; `GOGC` in the plugin's environment overrides it).\n",
 			us(percentile(ds, 50)), us(percentile(ds, 99)), plugin.GCPercent)
 	}
 	r.results = append(r.results, target{"request path p99, 64 devices, 1000 specs", "< 100 µs", us(worst), worst < 100*time.Microsecond,
