@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/containerd/nri/pkg/api"
 	nrigen "github.com/containerd/nri/pkg/runtime-tools/generate"
 	"github.com/google/go-cmp/cmp"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
@@ -32,25 +33,12 @@ func TestParityWithCDIInjection(t *testing.T) {
 	names := []string{"example.com/gpu=0", "example.com/gpu=1"}
 	devs, nodes := devices(t, map[string]string{"gpu.yaml": gpuSpec}, names...)
 
-	viaCDI := baseSpec()
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Dir(devs[0].GetSpec().GetPath())), cdi.WithAutoRefresh(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cache.InjectDevices(viaCDI, names...); err != nil {
-		t.Fatal(err)
-	}
-
+	viaCDI := injectedByCDI(t, devs, names)
 	res, err := adjust.Build(devs, nodes, adjust.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	viaNRI := baseSpec()
-	g := rgen.NewFromSpec(viaNRI)
-	if err := nrigen.SpecGenerator(&g).Adjust(res.Adjustment); err != nil {
-		t.Fatal(err)
-	}
-	viaNRI = g.Config
+	viaNRI := adjustedByNRI(t, res.Adjustment)
 
 	if diff := cmp.Diff(viaCDI.Process.Env, viaNRI.Process.Env); diff != "" {
 		t.Errorf("env (-cdi +nri):\n%s", diff)
@@ -86,6 +74,31 @@ func TestParityWithCDIInjection(t *testing.T) {
 	if diff := cmp.Diff(viaCDI.Linux.Resources.Devices, rules); diff != "" {
 		t.Errorf("cgroup device rules (-cdi +nri):\n%s", diff)
 	}
+}
+
+// injectedByCDI injects the named devices into a base spec as a runtime's
+// own CDI support does, from the spec directory of devs.
+func injectedByCDI(t *testing.T, devs []*cdi.Device, names []string) *oci.Spec {
+	t.Helper()
+	spec := baseSpec()
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Dir(devs[0].GetSpec().GetPath())), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cache.InjectDevices(spec, names...); err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}
+
+// adjustedByNRI applies an adjustment to a base spec as a runtime's NRI does.
+func adjustedByNRI(t *testing.T, adj *api.ContainerAdjustment) *oci.Spec {
+	t.Helper()
+	g := rgen.NewFromSpec(baseSpec())
+	if err := nrigen.SpecGenerator(&g).Adjust(adj); err != nil {
+		t.Fatal(err)
+	}
+	return g.Config
 }
 
 func effectiveOwners(devs []oci.LinuxDevice) []oci.LinuxDevice {
@@ -129,14 +142,7 @@ devices:
 	}
 	devs, nodes := devices(t, yamls, names...)
 
-	viaCDI := baseSpec()
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Dir(devs[0].GetSpec().GetPath())), cdi.WithAutoRefresh(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cache.InjectDevices(viaCDI, names...); err != nil {
-		t.Fatal(err)
-	}
+	viaCDI := injectedByCDI(t, devs, names)
 	plain, err := adjust.Build(devs, nodes, adjust.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -146,12 +152,7 @@ devices:
 		t.Fatal(err)
 	}
 	for name, res := range map[string]*adjust.Result{"Build": plain, "BuildCached": cached} {
-		viaNRI := baseSpec()
-		g := rgen.NewFromSpec(viaNRI)
-		if err := nrigen.SpecGenerator(&g).Adjust(res.Adjustment); err != nil {
-			t.Fatal(err)
-		}
-		if diff := cmp.Diff(viaCDI.Process.Env, g.Config.Process.Env); diff != "" {
+		if diff := cmp.Diff(viaCDI.Process.Env, adjustedByNRI(t, res.Adjustment).Process.Env); diff != "" {
 			t.Errorf("%s: env (-cdi +nri):\n%s", name, diff)
 		}
 	}
