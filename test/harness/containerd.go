@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -450,13 +451,27 @@ func (c *Containerd) ContainerSpec(id string) (*oci.Spec, error) {
 }
 
 // RemovePods stops and removes every pod.
+//
+// crictl removes the pods it is given at once, each call with its own
+// timeout; a hundred at once on 2 cores can outlast it, so they go a few
+// at a time.
 func (c *Containerd) RemovePods() error {
-	out, err := c.Crictl("rmp", "--force", "--all")
+	out, err := c.Crictl("pods", "-q")
 	if err != nil {
-		return fmt.Errorf("crictl rmp: %w: %s", err, out)
+		return fmt.Errorf("crictl pods: %w: %s", err, out)
 	}
-	return nil
+	ids := strings.Fields(out)
+	var errs []error
+	for batch := range slices.Chunk(ids, removeBatch) {
+		if out, err := c.Crictl(append([]string{"rmp", "--force"}, batch...)...); err != nil {
+			errs = append(errs, fmt.Errorf("crictl rmp: %w: %s", err, out))
+		}
+	}
+	return errors.Join(errs...)
 }
+
+// removeBatch is how many pods RemovePods removes at once.
+const removeBatch = 10
 
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
