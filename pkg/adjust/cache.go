@@ -1,6 +1,7 @@
 package adjust
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -65,7 +66,8 @@ type fragment struct {
 
 // fragments returns the prepared edits of sets, preparing those of the
 // snapshot not prepared yet, under one lock.
-// It also returns how many keys of a kind are numbered at most.
+// It also returns how many keys of a kind are numbered at most. Edits that
+// NRI cannot express are not prepared: they are errUnexpressible.
 func (c *Cache) fragments(out []*fragment, snapshot any, sets *order, nodes map[string]specs.HostNode) ([]*fragment, int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -76,6 +78,9 @@ func (c *Cache) fragments(out []*fragment, snapshot any, sets *order, nodes map[
 		}
 	}
 	for set, more := sets.Next(); more; set, more = sets.Next() {
+		if !expressible(set.edits) {
+			return nil, 0, errUnexpressible
+		}
 		f, ok := c.prepared[set.edits]
 		if !ok {
 			var err error
@@ -130,25 +135,18 @@ func BuildCached(c *Cache, snapshot any, devices []*cdi.Device, nodes map[string
 	if opts.UID != 0 || opts.GID != 0 || len(opts.HookEnv) > 0 {
 		return Build(devices, nodes, opts)
 	}
-	n := 0
-	o := inOrder(devices, opts.Injected)
-	for set, ok := o.Next(); ok; set, ok = o.Next() {
-		if !expressible(set.edits) {
-			return Build(devices, nodes, opts)
-		}
-		n++
-	}
 	buf := fragmentLists.Get().(*[]*fragment)
 	defer func() {
 		clear(*buf)
 		*buf = (*buf)[:0]
 		fragmentLists.Put(buf)
 	}()
-	o = inOrder(devices, opts.Injected)
-	frags, keys, err := c.fragments(slices.Grow((*buf)[:0], n), snapshot, &o, nodes)
+	// A device gives at most two sets of edits: its spec's and its own.
+	o := inOrder(devices, opts.Injected)
+	frags, keys, err := c.fragments(slices.Grow((*buf)[:0], 2*len(devices)), snapshot, &o, nodes)
 	*buf = frags
 	if err != nil {
-		return Build(devices, nodes, opts) // for Build's error
+		return Build(devices, nodes, opts) // for Build's error, or its handling of unsupported edits
 	}
 	seen := seenTables.Get().(*[]int32)
 	defer seenTables.Put(seen)
@@ -157,6 +155,10 @@ func BuildCached(c *Cache, snapshot any, devices []*cdi.Device, nodes map[string
 	}
 	return &Result{Adjustment: merge(frags, *seen)}, nil
 }
+
+// errUnexpressible is the error of fragments for edits that NRI cannot
+// express, which Build reports or skips.
+var errUnexpressible = errors.New("edits not expressible through NRI")
 
 // fragmentLists are lists of fragments for BuildCached to reuse.
 var fragmentLists = sync.Pool{New: func() any { return new([]*fragment) }}
