@@ -19,10 +19,7 @@ import (
 func runAccess(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nri-gpu access", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var (
-		configFile = fs.String("config", "", "YAML configuration file (for cdiSpecDirs and defaultKind)")
-		specDirs   = fs.String("cdi-spec-dirs", "", "comma-separated CDI spec directories (overrides the config)")
-	)
+	flags := addConfigFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -30,7 +27,7 @@ func runAccess(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: nri-gpu access [--cdi-spec-dirs DIR,...] DEVICE...")
 		return exitUsage
 	}
-	cfg, err := loadConfig(*configFile, *specDirs)
+	cfg, err := flags.load()
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu access: %v\n", err)
 		return exitUsage

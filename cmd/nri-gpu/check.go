@@ -14,21 +14,20 @@ import (
 func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nri-gpu check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	flags := addConfigFlags(fs)
 	var (
 		socketPath = fs.String("socket-path", api.DefaultSocketPath, "NRI socket")
-		configFile = fs.String("config", "", "nri-gpu's YAML configuration file")
-		specDirs   = fs.String("cdi-spec-dirs", "", "comma-separated CDI spec directories (overrides the config)")
 		ctdConfig  = fs.String("containerd-config", "/etc/containerd/config.toml", `containerd's config.toml ("" to skip)`)
 	)
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	in := doctor.Input{SocketPath: *socketPath, ContainerdConfig: *ctdConfig, ConfigFile: *configFile}
-	cfg, err := loadConfig(*configFile, *specDirs)
+	in := doctor.Input{SocketPath: *socketPath, ContainerdConfig: *ctdConfig, ConfigFile: *flags.file}
+	cfg, err := flags.load()
 	if err != nil {
 		// The configuration's problems are a finding; the rest is checked
 		// with the defaults.
-		cfg, err = loadConfig("", *specDirs)
+		cfg, err = loadConfig("", *flags.specDirs)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu check: %v\n", err)

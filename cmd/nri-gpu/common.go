@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -9,6 +10,24 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 )
+
+// configFlags are the flags of every command that reads nri-gpu's
+// configuration.
+type configFlags struct {
+	file, specDirs *string
+}
+
+// addConfigFlags defines --config and --cdi-spec-dirs on fs.
+func addConfigFlags(fs *flag.FlagSet) configFlags {
+	return configFlags{
+		file: fs.String("config", "", "nri-gpu's YAML configuration file (default: the built-in defaults)"),
+		specDirs: fs.String("cdi-spec-dirs", "", "comma-separated CDI spec directories, later ones winning (overrides cdiSpecDirs; default "+
+			strings.Join(config.DefaultCDISpecDirs, ",")+")"),
+	}
+}
+
+// load loads the configuration the flags name.
+func (f configFlags) load() (*config.Config, error) { return loadConfig(*f.file, *f.specDirs) }
 
 // loadConfig loads the configuration file (the defaults when file is
 // empty) and applies a --cdi-spec-dirs override.

@@ -16,15 +16,14 @@ import (
 func runDevices(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nri-gpu devices", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	flags := addConfigFlags(fs)
 	var (
-		configFile = fs.String("config", "", "YAML configuration file (for cdiSpecDirs and defaultKind)")
-		specDirs   = fs.String("cdi-spec-dirs", "", "comma-separated CDI spec directories (overrides the config)")
 		driverRoot = fs.String("driver-root", "/", "root of the driver's files, for NVML")
 	)
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	cfg, err := loadConfig(*configFile, *specDirs)
+	cfg, err := flags.load()
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu devices: %v\n", err)
 		return exitUsage

@@ -18,16 +18,15 @@ import (
 func runExplain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nri-gpu explain", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	flags := addConfigFlags(fs)
 	podAnn, ctrAnn := keyValues{}, keyValues{}
 	fs.Var(podAnn, "annotation", "pod annotation KEY=VALUE (repeatable)")
 	fs.Var(ctrAnn, "container-annotation", "container annotation KEY=VALUE (repeatable)")
 	var (
-		namespace  = fs.String("namespace", "default", "pod namespace")
-		pod        = fs.String("pod", "pod", "pod name")
-		container  = fs.String("container", "main", "container name")
-		configFile = fs.String("config", "", "YAML configuration file")
-		specDirs   = fs.String("cdi-spec-dirs", "", "comma-separated CDI spec directories (overrides the config)")
-		output     = fs.String("output", "text", "text or json")
+		namespace = fs.String("namespace", "default", "pod namespace")
+		pod       = fs.String("pod", "pod", "pod name")
+		container = fs.String("container", "main", "container name")
+		output    = fs.String("output", "text", "text or json")
 	)
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
@@ -36,12 +35,12 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nri-gpu explain: --output %q is neither text nor json\n", *output)
 		return exitUsage
 	}
-	cfg, err := loadConfig(*configFile, *specDirs)
+	cfg, err := flags.load()
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu explain: %v\n", err)
 		return exitUsage
 	}
-	p, err := plugin.New(cfg, nil, quietLogger())
+	p, err := plugin.New(cfg, quietLogger())
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu explain: %v\n", err)
 		return exitUsage

@@ -2,20 +2,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
-	"strings"
 	"syscall"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
 
-	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 )
@@ -24,10 +22,9 @@ import (
 func runPlugin(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nri-gpu", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	flags := addConfigFlags(fs)
 	var (
 		socketPath = fs.String("socket-path", api.DefaultSocketPath, "NRI socket to connect to")
-		configFile = fs.String("config", "", "YAML configuration file")
-		specDirs   = fs.String("cdi-spec-dirs", "", "comma-separated CDI spec directories, later ones winning (overrides cdiSpecDirs; default "+strings.Join(config.DefaultCDISpecDirs, ",")+")")
 		idx        = fs.String("idx", "10", "plugin index, which orders plugins in the runtime")
 		name       = fs.String("name", "nri-gpu", "plugin name")
 		logLevel   = fs.String("log-level", "info", "log level: debug, info, warn or error")
@@ -41,10 +38,6 @@ func runPlugin(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nri-gpu: unknown command %q\n", fs.Arg(0))
 		return exitUsage
 	}
-
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(plugin.GCPercent)
-	}
 	log := logrus.StandardLogger()
 	log.SetOutput(stderr)
 	level, err := logrus.ParseLevel(*logLevel)
@@ -53,60 +46,68 @@ func runPlugin(args []string, stderr io.Writer) int {
 		return exitUsage
 	}
 	log.SetLevel(level)
-
-	cfg := config.Default()
-	if *configFile != "" {
-		if cfg, err = config.Load(*configFile); err != nil {
-			fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
-			return exitUsage
-		}
+	cfg, err := flags.load()
+	if err != nil {
+		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
+		return exitUsage
 	}
 	if *generate {
 		cfg.GenerateSpecs = true
 	}
-	var dirs []string
-	if *specDirs != "" {
-		dirs = strings.Split(*specDirs, ",")
-	}
 
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
 	var popts []plugin.Option
+	if *flags.specDirs != "" {
+		popts = append(popts, plugin.WithSpecDirs(cfg.CDISpecDirs))
+	}
 	if *metricsAt != "" {
 		m := metrics.New()
-		addr, _, err := m.Serve(*metricsAt)
+		addr, serveErr, err := m.Serve(*metricsAt)
 		if err != nil {
 			fmt.Fprintf(stderr, "nri-gpu: --metrics-address: %v\n", err)
-			return exitUsage
+			return exitError
 		}
 		log.Infof("serving metrics at http://%s/metrics", addr)
+		go func() { fail(fmt.Errorf("metrics server at %s: %w", addr, <-serveErr)) }()
 		popts = append(popts, plugin.WithMetrics(m))
 	}
-	p, err := plugin.New(cfg, dirs, log, popts...)
+	p, err := plugin.New(cfg, log, popts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
 		return exitUsage
 	}
 	defer p.Close()
 
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var opts []stub.Option
-	// A pre-registered plugin gets its name and index from the runtime's
-	// environment; the flags' defaults apply only without it.
-	if set["name"] || os.Getenv(api.PluginNameEnvVar) == "" {
-		opts = append(opts, stub.WithPluginName(*name))
-	}
-	if set["idx"] || os.Getenv(api.PluginIdxEnvVar) == "" {
-		opts = append(opts, stub.WithPluginIdx(*idx))
-	}
-	if set["socket-path"] {
-		opts = append(opts, stub.WithSocketPath(*socketPath))
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := p.Serve(ctx, opts...); err != nil {
+	if err := p.Serve(ctx, stubOptions(fs, *name, *idx, *socketPath)...); err != nil {
 		log.Errorf("nri-gpu: %v", err)
 		return exitUsage
 	}
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		log.Errorf("nri-gpu: %v", err)
+		return exitError
+	}
 	log.Info("plugin stopped")
 	return exitOK
+}
+
+// stubOptions passes NRI's stub the flags that were set. A pre-registered
+// plugin gets its name and index from the runtime's environment; the
+// flags' defaults apply only without it.
+func stubOptions(fs *flag.FlagSet, name, idx, socketPath string) []stub.Option {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var opts []stub.Option
+	if set["name"] || os.Getenv(api.PluginNameEnvVar) == "" {
+		opts = append(opts, stub.WithPluginName(name))
+	}
+	if set["idx"] || os.Getenv(api.PluginIdxEnvVar) == "" {
+		opts = append(opts, stub.WithPluginIdx(idx))
+	}
+	if set["socket-path"] {
+		opts = append(opts, stub.WithSocketPath(socketPath))
+	}
+	return opts
 }

@@ -61,8 +61,7 @@ func AccessOf(devices []*cdi.Device, nodes map[string]specs.HostNode) *Access {
 	for _, d := range devices {
 		a.Devices = append(a.Devices, d.GetQualifiedName())
 	}
-	o := inOrder(devices, nil)
-	for set, ok := o.Next(); ok; set, ok = o.Next() {
+	for _, set := range inOrder(devices, nil) {
 		a.add(set.edits, nodes)
 	}
 	return a
@@ -74,10 +73,7 @@ func (a *Access) add(e *cdispec.ContainerEdits, nodes map[string]specs.HostNode)
 		if n == nil {
 			continue
 		}
-		node := AccessNode{Path: n.Path, HostPath: n.HostPath, Type: n.Type, Major: n.Major, Minor: n.Minor, Permissions: n.Permissions}
-		if node.HostPath == "" {
-			node.HostPath = n.Path
-		}
+		node := AccessNode{Path: n.Path, HostPath: specs.HostPath(n), Type: n.Type, Major: n.Major, Minor: n.Minor, Permissions: n.Permissions}
 		if host, ok := nodes[node.HostPath]; ok && host.Err == nil && node.Major == 0 {
 			node.Type, node.Major, node.Minor = host.Type, host.Major, host.Minor
 		}

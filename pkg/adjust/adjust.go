@@ -36,14 +36,7 @@ type Options struct {
 	// CDI support, for a cdi.k8s.io annotation): the spec-level edits of
 	// their specs are not applied again.
 	Injected []*cdi.Device
-	// HookEnv is the environment of every hook whose spec gives it none,
-	// so that no hook inherits an environment nri-gpu did not choose.
-	// Empty means DefaultHookEnv.
-	HookEnv []string
 }
-
-// DefaultHookEnv is the environment of a hook whose spec gives none.
-var DefaultHookEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 // Skipped is an unsupported edit that Build left out.
 type Skipped struct {
@@ -66,21 +59,21 @@ type Result struct {
 // Build collects the edits of devices, spec-level edits once per spec,
 // applies them as CDI does and returns them as one NRI adjustment. Device
 // nodes take their host information from nodes, stat'ed when the specs
-// were loaded, so Build does not touch the disk. Nothing is returned
-// unless every device's edits can be expressed.
+// were loaded, so Build does not touch the disk. A hook whose spec gives
+// it no environment gets specs.HookEnv. Nothing is returned unless every
+// device's edits can be expressed.
 func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options) (*Result, error) {
 	var (
 		edits   = &cdi.ContainerEdits{ContainerEdits: &cdispec.ContainerEdits{}}
 		skipped []Skipped
 		errs    []error
-		names   = make([]string, 0, len(devices))
+		names   []string
 	)
 	for _, d := range devices {
 		names = append(names, d.GetQualifiedName())
 	}
-	o := inOrder(devices, opts.Injected)
-	for set, ok := o.Next(); ok; set, ok = o.Next() {
-		e, s, err := supported(set.edits, set.name(), set.specPath(), opts.SkipUnsupported)
+	for _, set := range inOrder(devices, opts.Injected) {
+		e, s, err := supported(set, opts.SkipUnsupported)
 		errs = append(errs, err)
 		skipped = append(skipped, s...)
 		edits.Append(e)
@@ -103,27 +96,19 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 	if err := addDeviceNodes(scratch, deviceNodes, nodes); err != nil {
 		return nil, fmt.Errorf("applying CDI edits of %s: %w", strings.Join(names, ", "), err)
 	}
-	hookEnv := opts.HookEnv
-	if len(hookEnv) == 0 {
-		hookEnv = DefaultHookEnv
-	}
-	setHookEnv(scratch.Hooks, hookEnv)
+	setHookEnv(scratch.Hooks, []string{specs.HookEnv})
 	return &Result{Adjustment: toAdjustment(scratch), Skipped: skipped}, nil
 }
 
-// supported returns the edits without the unsupported ones when skip is
-// true, or an error naming each unsupported edit when it is false. The
-// cached edits are never modified (Append and Apply only read them).
-func supported(raw *cdispec.ContainerEdits, device, spec string, skip bool) (*cdi.ContainerEdits, []Skipped, error) {
-	// Most edits are supported: the cached ones are passed on as they are.
-	if expressible(raw) {
-		return &cdi.ContainerEdits{ContainerEdits: raw}, nil, nil
+// supported returns a set's edits without the unsupported ones when skip
+// is true, or an error naming each unsupported edit when it is false. The
+// set's edits, which belong to the spec snapshot, are not modified.
+func supported(set editSet, skip bool) (*cdi.ContainerEdits, []Skipped, error) {
+	where := fmt.Sprintf("device %q", set.device)
+	if set.spec != "" {
+		where = fmt.Sprintf("device %q (spec-level edits of %s)", set.device, set.spec)
 	}
-	where := fmt.Sprintf("device %q", device)
-	if spec != "" {
-		where = fmt.Sprintf("device %q (spec-level edits of %s)", device, spec)
-	}
-	e := *raw
+	e := *set.edits
 	var (
 		skipped []Skipped
 		errs    []error
@@ -134,13 +119,14 @@ func supported(raw *cdispec.ContainerEdits, device, spec string, skip bool) (*cd
 		}
 		if skip {
 			clear()
-			skipped = append(skipped, Skipped{Device: device, Edit: edit, Spec: spec})
+			skipped = append(skipped, Skipped{Device: set.device, Edit: edit, Spec: set.spec})
 			return
 		}
 		errs = append(errs, fmt.Errorf("%s: %w: %s (set unsupportedEdits: warn to skip it)",
 			where, ErrUnsupportedEdit, edit))
 	}
-	drop(EditAdditionalGIDs, hasNonRootGID(e.AdditionalGIDs), func() { e.AdditionalGIDs = nil })
+	drop(EditAdditionalGIDs, slices.ContainsFunc(e.AdditionalGIDs, func(g uint32) bool { return g != 0 }), // CDI ignores GID 0
+		func() { e.AdditionalGIDs = nil })
 	drop(EditIntelRdt, e.IntelRdt != nil, func() { e.IntelRdt = nil })
 	drop(EditNetDevices, len(e.NetDevices) > 0, func() { e.NetDevices = nil })
 	for _, n := range e.DeviceNodes {
@@ -166,17 +152,6 @@ func setHookEnv(hooks *oci.Hooks, env []string) {
 			}
 		}
 	}
-}
-
-// hasNonRootGID reports whether gids holds a GID that CDI would add (CDI
-// ignores GID 0).
-func hasNonRootGID(gids []uint32) bool {
-	for _, g := range gids {
-		if g != 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // grantsReadWrite reports whether CDI permissions include read and write;

@@ -107,7 +107,7 @@ func TestBuild(t *testing.T) {
 	}
 	// A hook whose spec gives no environment gets the minimal one, never
 	// an inherited one.
-	env := adjust.DefaultHookEnv
+	env := []string{specs.HookEnv}
 	ldcache := &api.Hook{Path: "/usr/bin/example-hook", Args: []string{"example-hook", "update-ldcache"}, Env: env}
 
 	tests := []struct {

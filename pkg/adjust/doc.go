@@ -9,13 +9,6 @@
 // mounts, env and hooks (each at its own hook point) are those that a
 // runtime's own CDI injection would produce.
 //
-// BuildCached gives the same result faster: each spec's and device's
-// edits are applied by CDI on their own once per snapshot of the specs,
-// converted, and kept; a request merges them as one Apply of all of them
-// would (a later env value, device node or mount replaces an earlier one;
-// rules and hooks accumulate; mounts sorted by depth). A test compares
-// the two on overlapping devices.
-//
 // Some edits have no NRI counterpart on containerd 1.7 (NRI v0.8):
 // additionalGids, intelRdt and netDevices. Build fails on them, naming the
 // device and the edit, unless told to skip them. Device-node cgroup

@@ -18,19 +18,15 @@ import (
 // load instead of now. A node whose spec and the container's user give it
 // no owner gets the host node's, so that it appears as on the host.
 func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]specs.HostNode) error {
-	s.Linux.Devices = slices.Grow(s.Linux.Devices, len(nodes))
 	if s.Linux.Resources == nil {
 		s.Linux.Resources = &oci.LinuxResources{}
 	}
-	s.Linux.Resources.Devices = slices.Grow(s.Linux.Resources.Devices, len(nodes))
 	for _, raw := range nodes {
 		if raw == nil {
 			continue
 		}
 		n := *raw
-		if n.HostPath == "" {
-			n.HostPath = n.Path
-		}
+		n.HostPath = specs.HostPath(raw)
 		host, ok := hosts[n.HostPath]
 		if !ok {
 			host = specs.HostNode{Err: fmt.Errorf("not stat'ed when the specs were loaded")}

@@ -4,17 +4,12 @@
 package metrics
 
 import (
-	"errors"
 	"net"
 	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
-	"github.com/nri-gpu/nri-gpu/pkg/adjust"
-	"github.com/nri-gpu/nri-gpu/pkg/policy"
-	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // Results of a CreateContainer request.
@@ -60,16 +55,17 @@ func New() *Metrics {
 	return m
 }
 
-// Request records a request's result and duration; err is the denial.
-// Like every method, it does nothing on nil Metrics (metrics off).
-func (m *Metrics) Request(result string, err error, d time.Duration) {
+// Request records a request's result and duration and, for a denied
+// request, the rule or reason that denied it. Like every method, it does
+// nothing on nil Metrics (metrics off).
+func (m *Metrics) Request(result, rule string, d time.Duration) {
 	if m == nil {
 		return
 	}
 	m.requests.WithLabelValues(result).Inc()
 	m.latency.Observe(d.Seconds())
-	if err != nil {
-		m.denials.WithLabelValues(Rule(err)).Inc()
+	if result == ResultDenied {
+		m.denials.WithLabelValues(rule).Inc()
 	}
 }
 
@@ -87,31 +83,14 @@ func (m *Metrics) SpecErrors(n int) {
 	}
 }
 
-// Rule names what refused a container: a policy rule, or the kind of
-// problem with the request.
-func Rule(err error) string {
-	var d *policy.Denial
-	switch {
-	case errors.As(err, &d):
-		return d.Rule
-	case errors.Is(err, policy.ErrInvalidRequest):
-		return "invalidRequest"
-	case errors.Is(err, specs.ErrUntrusted):
-		return "untrustedSpec"
-	case errors.Is(err, specs.ErrUnresolvable):
-		return "unresolvable"
-	case errors.Is(err, adjust.ErrUnsupportedEdit):
-		return "unsupportedEdits"
-	}
-	return "other"
-}
-
 // Handler serves the metrics.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
 }
 
-// Serve serves the metrics at /metrics on addr until the listener fails.
+// Serve listens on addr and serves the metrics at /metrics. It returns
+// the address listened on and a channel that receives the error the
+// server stops with, or the error of listening.
 func (m *Metrics) Serve(addr string) (net.Addr, <-chan error, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -1,48 +1,22 @@
 package metrics_test
 
 import (
-	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nri-gpu/nri-gpu/pkg/adjust"
-	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
-	"github.com/nri-gpu/nri-gpu/pkg/policy"
-	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
-
-func TestRule(t *testing.T) {
-	denial := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}).Check(policy.Pod{}, policy.Ask{Requests: []policy.Request{{Device: "x.com/y=0"}}})
-	tests := []struct {
-		err  error
-		want string
-	}{
-		{denial, policy.RuleDevices},
-		{fmt.Errorf("pod: %w", policy.ErrInvalidRequest), "invalidRequest"},
-		{fmt.Errorf("x: %w", specs.ErrUntrusted), "untrustedSpec"},
-		{fmt.Errorf("x: %w", specs.ErrUnresolvable), "unresolvable"},
-		{fmt.Errorf("x: %w", adjust.ErrUnsupportedEdit), "unsupportedEdits"},
-		{errors.New("something else"), "other"},
-	}
-	for _, tc := range tests {
-		if got := metrics.Rule(tc.err); got != tc.want {
-			t.Errorf("Rule(%v) = %q, want %q", tc.err, got, tc.want)
-		}
-	}
-}
 
 func TestServe(t *testing.T) {
 	var off *metrics.Metrics
-	off.Request(metrics.ResultInjected, nil, time.Millisecond) // metrics off: no panic
+	off.Request(metrics.ResultInjected, "", time.Millisecond) // metrics off: no panic
 
 	m := metrics.New()
-	m.Request(metrics.ResultInjected, nil, 30*time.Microsecond)
-	m.Request(metrics.ResultDenied, fmt.Errorf("x: %w", specs.ErrUnresolvable), time.Millisecond)
+	m.Request(metrics.ResultInjected, "", 30*time.Microsecond)
+	m.Request(metrics.ResultDenied, "unresolvable", time.Millisecond)
 	m.DevicesHeld(3)
 	m.SpecErrors(1)
 	addr, _, err := m.Serve("127.0.0.1:0")

@@ -23,7 +23,7 @@ func BenchmarkCreateContainer(b *testing.B) {
 		if err := harness.WriteBenchSpecs(dir, specs); err != nil {
 			b.Fatal(err)
 		}
-		p, err := plugin.New(config.Default(), []string{dir}, quiet())
+		p, err := plugin.New(config.Default(), quiet(), plugin.WithSpecDirs([]string{dir}))
 		if err != nil {
 			b.Fatal(err)
 		}

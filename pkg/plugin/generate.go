@@ -10,22 +10,11 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 // GeneratedSpecName is the file generateSpecs writes in the last spec dir.
 const GeneratedSpecName = "nvidia.com-gpu.yaml"
-
-// WithNVML has the plugin use lib for spec generation instead of the
-// driver's NVML (tests use go-nvml's mock servers).
-func WithNVML(lib nvml.Interface) Option { return func(p *Plugin) { p.nvml = lib } }
-
-// Option tunes a Plugin.
-type Option func(*Plugin)
-
-// WithMetrics has the plugin record its metrics in m.
-func WithMetrics(m *metrics.Metrics) Option { return func(p *Plugin) { p.metrics = m } }
 
 // keepGenerating, while generateSpecs is on, generates the spec of the
 // node's GPUs now and again whenever they change (checked every

@@ -40,7 +40,7 @@ func TestGenerateSpecs(t *testing.T) {
 	low, high := t.TempDir(), filepath.Join(t.TempDir(), "run-cdi")
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	p, err := plugin.New(cfg, []string{low, high}, log, plugin.WithNVML(lib))
+	p, err := plugin.New(cfg, log, plugin.WithSpecDirs([]string{low, high}), plugin.WithNVML(lib))
 	if err != nil {
 		t.Fatal(err)
 	}

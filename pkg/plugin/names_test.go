@@ -5,33 +5,30 @@ import (
 	"testing"
 )
 
-func TestCompactNames(t *testing.T) {
+func TestReadNames(t *testing.T) {
 	tests := []struct {
-		names []string
-		want  string
+		name  string
+		value string
+		want  []string
 	}{
-		{nil, ""},
-		{[]string{"nvidia.com/gpu=0"}, "nvidia.com/gpu=0"},
-		{[]string{"nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=GPU-a"}, "nvidia.com/gpu=0,1,GPU-a"},
-		{[]string{"nvidia.com/gpu=0", "example.com/nic=a", "example.com/nic=b", "nvidia.com/gpu=1:0"},
-			"nvidia.com/gpu=0,example.com/nic=a,b,nvidia.com/gpu=1:0"},
+		{name: "empty", value: "", want: nil},
+		{name: "one", value: "nvidia.com/gpu=0", want: []string{"nvidia.com/gpu=0"}},
+		{
+			name:  "qualified names, as nri-gpu writes them",
+			value: "nvidia.com/gpu=0,nvidia.com/gpu=1,example.com/nic=a",
+			want:  []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1", "example.com/nic=a"},
+		},
+		{
+			name:  "a kind once for a run of names, as earlier releases wrote them",
+			value: "nvidia.com/gpu=0,1,GPU-a,example.com/nic=a,b,nvidia.com/gpu=1:0",
+			want:  []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=GPU-a", "example.com/nic=a", "example.com/nic=b", "nvidia.com/gpu=1:0"},
+		},
 	}
-	for _, tt := range tests {
-		got := compactNames(tt.names, identity)
-		if got != tt.want {
-			t.Errorf("compactNames(%q) = %q, want %q", tt.names, got, tt.want)
-		}
-		if back := expandNames(got); !slices.Equal(back, tt.names) {
-			t.Errorf("expandNames(%q) = %q, want %q back", got, back, tt.names)
-		}
-	}
-}
-
-// TestExpandNamesReadsFullNames reads annotations written with every name
-// in full, as nri-gpu wrote them before it wrote a kind once.
-func TestExpandNamesReadsFullNames(t *testing.T) {
-	want := []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1", "example.com/nic=a"}
-	if got := expandNames("nvidia.com/gpu=0,nvidia.com/gpu=1,example.com/nic=a"); !slices.Equal(got, want) {
-		t.Errorf("got %q, want %q", got, want)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := readNames(tc.value); !slices.Equal(got, tc.want) {
+				t.Errorf("readNames(%q) = %q, want %q", tc.value, got, tc.want)
+			}
+		})
 	}
 }

@@ -9,11 +9,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
@@ -27,12 +29,22 @@ import (
 // Annotations nri-gpu adds to each container it gives devices, from which
 // it rebuilds what pods hold after a restart.
 const (
-	// DevicesAnnotation lists the devices the container got, a kind
-	// written once for a run of its devices: "nvidia.com/gpu=0,1".
+	// DevicesAnnotation lists the devices the container got, qualified
+	// CDI names separated by commas: "nvidia.com/gpu=0,nvidia.com/gpu=1".
 	DevicesAnnotation = "nri-gpu.io/devices"
 	// CountedAnnotation lists those of them chosen for a count request,
 	// written the same way.
 	CountedAnnotation = "nri-gpu.io/counted"
+)
+
+// The NRI events the plugin handles. A method whose signature drifted
+// from the stub's would otherwise silently not be called.
+var (
+	_ stub.ConfigureInterface       = (*Plugin)(nil)
+	_ stub.SynchronizeInterface     = (*Plugin)(nil)
+	_ stub.CreateContainerInterface = (*Plugin)(nil)
+	_ stub.StopPodInterface         = (*Plugin)(nil)
+	_ stub.RemovePodInterface       = (*Plugin)(nil)
 )
 
 // Plugin is nri-gpu's NRI plugin. It handles Configure, Synchronize,
@@ -56,8 +68,6 @@ type Plugin struct {
 	nvml nvml.Interface
 	// metrics is nil when metrics are off.
 	metrics *metrics.Metrics
-	// fragments holds the edits of the current spec snapshot prepared.
-	fragments adjust.Cache
 
 	problemsMu sync.Mutex
 	// problems are the spec problems logged, by spec file.
@@ -72,10 +82,9 @@ type state struct {
 	specs  *specs.Registry
 }
 
-// New returns a plugin serving cfg. specDirs, when not empty, overrides
-// the spec directories of cfg and of any later configuration.
-func New(cfg *config.Config, specDirs []string, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
-	p := &Plugin{log: log, specDirs: slices.Clone(specDirs), alloc: policy.NewAllocations()}
+// New returns a plugin serving cfg.
+func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
+	p := &Plugin{log: log, alloc: policy.NewAllocations()}
 	for _, o := range opts {
 		o(p)
 	}
@@ -216,11 +225,11 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	var holdings []policy.Holding
 	for _, c := range containers {
 		pod, ok := byID[c.GetPodSandboxId()]
-		devices := expandNames(c.GetAnnotations()[DevicesAnnotation])
+		devices := readNames(c.GetAnnotations()[DevicesAnnotation])
 		if !ok || len(devices) == 0 {
 			continue
 		}
-		counted := expandNames(c.GetAnnotations()[CountedAnnotation])
+		counted := readNames(c.GetAnnotations()[CountedAnnotation])
 		named := slices.DeleteFunc(slices.Clone(devices), func(d string) bool { return slices.Contains(counted, d) })
 		holdings = append(holdings, policy.Holding{
 			Pod: pod, Named: snap.Footprints(named), Counted: snap.Footprints(counted),
@@ -229,7 +238,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	p.alloc.Restore(holdings)
 	p.countHeld()
 	for pod, devices := range p.alloc.Held() {
-		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": compactNames(devices, identity)}).
+		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": strings.Join(devices, ",")}).
 			Info("restored devices held by pod")
 	}
 	return nil, nil
@@ -250,7 +259,7 @@ func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error 
 func (p *Plugin) release(pod *api.PodSandbox) {
 	defer p.countHeld()
 	if released := p.alloc.Release(pod.GetId()); len(released) > 0 {
-		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "devices": compactNames(released, identity)}).
+		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "devices": strings.Join(released, ",")}).
 			Info("released devices")
 	}
 }
@@ -259,9 +268,8 @@ func (p *Plugin) release(pod *api.PodSandbox) {
 // creation saying why. A container that asks for nothing is left alone.
 func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	start := time.Now()
-	sc := scratches.Get().(*scratch)
-	defer sc.release()
-	adj, devices, err := p.handle(p.state(), pod, ctr, sc)
+	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
+	adj, devices, err := p.handle(p.state(), log, pod, ctr)
 	result := metrics.ResultInjected
 	switch {
 	case err != nil:
@@ -269,77 +277,44 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	case adj == nil:
 		result = metrics.ResultNone
 	}
-	p.metrics.Request(result, err, time.Since(start))
+	p.metrics.Request(result, rule(err), time.Since(start))
 	p.countHeld()
 	if err != nil {
-		logFor(p.log, pod, ctr, "", nil).Errorf("denied: %v", err)
+		log.Errorf("denied: %v", err)
 		return nil, nil, fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
 			ctr.GetName(), pod.GetNamespace(), pod.GetName(), err)
 	}
 	if adj == nil {
-		if debugEnabled(p.log) {
-			logFor(p.log, pod, ctr, "", nil).Debug("no devices requested")
-		}
+		log.Debug("no devices requested")
 		return nil, nil, nil
 	}
-	logFor(p.log, pod, ctr, "devices", devices).Info("injected devices")
+	log.WithField("devices", strings.Join(devices, ",")).Info("injected devices")
 	return adj, nil, nil
 }
 
-// logFor returns log with the fields naming a container and, when key is
-// not empty, one more. Requests build it only when they log.
-func logFor(log logrus.FieldLogger, pod *api.PodSandbox, ctr *api.Container, key string, value any) logrus.FieldLogger {
-	fields := logrus.Fields{
-		"namespace": pod.GetNamespace(),
-		"pod":       pod.GetName(),
-		"container": ctr.GetName(),
-	}
-	if key != "" {
-		fields[key] = value
-	}
-	return log.WithFields(fields)
-}
-
-// debugEnabled reports whether log writes debug messages, so that a
-// request that asks for nothing builds no log entry otherwise.
-func debugEnabled(log logrus.FieldLogger) bool {
-	switch l := log.(type) {
-	case *logrus.Logger:
-		return l.IsLevelEnabled(logrus.DebugLevel)
-	case *logrus.Entry:
-		return l.Logger.IsLevelEnabled(logrus.DebugLevel)
-	}
-	return true
-}
-
 // handle runs one request through policy, specs and adjust. It returns
-// the adjustment (nil when nothing is asked for) and the devices given, as
-// in DevicesAnnotation.
-func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, sc *scratch) (*api.ContainerAdjustment, string, error) {
+// the adjustment (nil when nothing is asked for) and the devices given.
+func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []string, error) {
 	snap := st.specs.Snapshot() // one snapshot for the whole request
-	ask, err := st.parser.ParseAppend(sc.requests, policy.Container{
+	ask, err := st.parser.Parse(policy.Container{
 		Namespace:      pod.GetNamespace(),
 		Pod:            pod.GetName(),
 		Name:           ctr.GetName(),
 		PodAnnotations: pod.GetAnnotations(),
 		Annotations:    ctr.GetAnnotations(),
 	})
-	if err != nil {
-		return nil, "", err
-	}
-	sc.requests = ask.Requests
-	if ask.Empty() {
-		return nil, "", nil
+	if err != nil || ask.Empty() {
+		return nil, nil, err
 	}
 	podRef := podOf(pod)
 	if err := st.policy.Check(podRef, ask); err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
 
 	var (
-		named      = sc.named[:0]
-		footprints = sc.footprints[:0]
-		injected   []*specs.Entry
+		named      []*specs.Entry
+		footprints []specs.Device
+		injected   []*cdi.Device
 		errs       []error
 	)
 	for _, r := range ask.Requests {
@@ -351,55 +326,33 @@ func (p *Plugin) handle(st *state, pod *api.PodSandbox, ctr *api.Container, sc *
 		named = append(named, e)
 		footprints = append(footprints, e.Footprint)
 		if r.Source == policy.SourceCDI && injectedByRuntime(e, ctr) {
-			injected = append(injected, e)
-			logFor(p.log, pod, ctr, "device", r.Device).Info("device already injected by the runtime's own CDI support; not injected again")
+			injected = append(injected, e.Device)
+			log.WithField("device", r.Device).Info("device already injected by the runtime's own CDI support; not injected again")
 		}
 	}
-	sc.named, sc.footprints = named, footprints
 	if err := errors.Join(errs...); err != nil {
-		return nil, "", err
-	}
-	var candidates []specs.Device
-	if ask.Count > 0 || st.cfg.Policy.MaxDevicesPerPod > 0 {
-		candidates = snap.Candidates(st.cfg.DefaultKind)
+		return nil, nil, err
 	}
 
-	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, candidates)
+	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, snap.Candidates(st.cfg.DefaultKind))
 	if err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
-	adj, err := st.build(&p.fragments, snap, named, injected, grant, ctr, sc)
+	res, err := st.build(snap, named, injected, grant, ctr)
 	if err != nil {
 		p.alloc.Revert(grant)
-		return nil, "", err
+		return nil, nil, err
 	}
-	for _, s := range adj.skipped {
-		logFor(p.log, pod, ctr, "", nil).WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
+	for _, s := range res.Skipped {
+		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
 			Warn("skipped a CDI edit that NRI cannot express (unsupportedEdits: warn)")
 	}
-	return adj.adjustment, adj.devices, nil
-}
-
-// scratch holds the lists a request builds and drops, kept for the next
-// request so that serving one allocates little beyond its adjustment.
-type scratch struct {
-	requests   []policy.Request
-	named      []*specs.Entry
-	footprints []specs.Device
-	devices    []*cdi.Device
-}
-
-var scratches = sync.Pool{New: func() any { return new(scratch) }}
-
-// release empties the lists, so that they hold on to no snapshot, and
-// returns them to the pool. Nothing of the request may use them after.
-func (sc *scratch) release() {
-	clear(sc.requests)
-	clear(sc.named)
-	clear(sc.footprints)
-	clear(sc.devices)
-	sc.requests, sc.named, sc.footprints, sc.devices = sc.requests[:0], sc.named[:0], sc.footprints[:0], sc.devices[:0]
-	scratches.Put(sc)
+	given := names(grant.Devices)
+	res.Adjustment.AddAnnotation(DevicesAnnotation, strings.Join(given, ","))
+	if len(grant.Counted) > 0 {
+		res.Adjustment.AddAnnotation(CountedAnnotation, strings.Join(names(grant.Counted), ","))
+	}
+	return res.Adjustment, given, nil
 }
 
 // resolve looks a device up in the trusted specs and checks its hooks.
@@ -414,25 +367,14 @@ func (st *state) resolve(snap *specs.Snapshot, name string) (*specs.Entry, error
 	return e, nil
 }
 
-type built struct {
-	adjustment *api.ContainerAdjustment
-	skipped    []adjust.Skipped
-	// devices are the devices given, as in DevicesAnnotation.
-	devices string
-}
-
 // build resolves the counted devices of a grant and builds the adjustment
-// for all the container's devices, recording them in annotations.
-func (st *state) build(cache *adjust.Cache, snap *specs.Snapshot, named, injected []*specs.Entry, grant policy.Grant, ctr *api.Container, sc *scratch) (built, error) {
-	devices := sc.devices[:0]
-	defer func() { sc.devices = devices }()
-	var already []*cdi.Device
+// for all the container's devices but those the runtime injected itself.
+func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, injected []*cdi.Device, grant policy.Grant, ctr *api.Container) (*adjust.Result, error) {
+	var devices []*cdi.Device
 	for _, e := range named {
-		if slices.Contains(injected, e) {
-			already = append(already, e.Device)
-			continue
+		if !slices.Contains(injected, e.Device) {
+			devices = append(devices, e.Device)
 		}
-		devices = append(devices, e.Device)
 	}
 	var errs []error
 	for _, c := range grant.Counted {
@@ -444,23 +386,14 @@ func (st *state) build(cache *adjust.Cache, snap *specs.Snapshot, named, injecte
 		devices = append(devices, e.Device)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return built{}, err
+		return nil, err
 	}
-	res, err := adjust.BuildCached(cache, snap, devices, snap.HostNodes, adjust.Options{
+	return adjust.Build(devices, snap.HostNodes, adjust.Options{
 		SkipUnsupported: st.cfg.UnsupportedEdits == config.UnsupportedWarn,
-		Injected:        already,
+		Injected:        injected,
 		UID:             ctr.GetUser().GetUid(),
 		GID:             ctr.GetUser().GetGid(),
 	})
-	if err != nil {
-		return built{}, err
-	}
-	given := compactNames(grant.Devices, deviceName)
-	res.Adjustment.AddAnnotation(DevicesAnnotation, given)
-	if len(grant.Counted) > 0 {
-		res.Adjustment.AddAnnotation(CountedAnnotation, compactNames(grant.Counted, deviceName))
-	}
-	return built{adjustment: res.Adjustment, skipped: res.Skipped, devices: given}, nil
 }
 
 // countHeld updates the devices-held metric.
@@ -496,4 +429,25 @@ func injectedByRuntime(e *specs.Entry, ctr *api.Container) bool {
 
 func podOf(pod *api.PodSandbox) policy.Pod {
 	return policy.Pod{ID: pod.GetId(), Namespace: pod.GetNamespace(), Name: pod.GetName()}
+}
+
+// rule names what refused a container, for the denials metric: a policy
+// rule, or the kind of problem with the request.
+func rule(err error) string {
+	var d *policy.Denial
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &d):
+		return d.Rule
+	case errors.Is(err, policy.ErrInvalidRequest):
+		return "invalidRequest"
+	case errors.Is(err, specs.ErrUntrusted):
+		return "untrustedSpec"
+	case errors.Is(err, specs.ErrUnresolvable):
+		return "unresolvable"
+	case errors.Is(err, adjust.ErrUnsupportedEdit):
+		return "unsupportedEdits"
+	}
+	return "other"
 }

@@ -145,7 +145,7 @@ func (r *testRuntime) connect(t *testing.T, cfgYAML string) (stop func()) {
 			drained = true
 		}
 	}
-	p, err := plugin.New(cfg, []string{r.specDir}, log)
+	p, err := plugin.New(cfg, log, plugin.WithSpecDirs([]string{r.specDir}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +329,7 @@ func TestCreateContainerOverNRI(t *testing.T) {
 func TestConfigureFromRuntime(t *testing.T) {
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	p, err := plugin.New(config.Default(), []string{t.TempDir()}, log)
+	p, err := plugin.New(config.Default(), log, plugin.WithSpecDirs([]string{t.TempDir()}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,8 +442,7 @@ devices:
 
 // TestConcurrentRequests has many containers of many pods created at
 // once, each asking for its own devices: every one gets exactly those, in
-// its devices and in its annotation, whatever the others asked for (the
-// lists a request builds are reused between requests).
+// its devices and in its annotation, whatever the others asked for.
 func TestConcurrentRequests(t *testing.T) {
 	const gpus = 8
 	var b strings.Builder
@@ -455,7 +454,7 @@ func TestConcurrentRequests(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "gpu.yaml"), []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p, err := plugin.New(config.Default(), []string{dir}, quiet())
+	p, err := plugin.New(config.Default(), quiet(), plugin.WithSpecDirs([]string{dir}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -488,7 +487,7 @@ func TestConcurrentRequests(t *testing.T) {
 				if !slices.Equal(got, paths) {
 					t.Errorf("%s asked for %v, got devices %v", id, items, got)
 				}
-				if ann := adj.GetAnnotations()[plugin.DevicesAnnotation]; ann != "nvidia.com/gpu="+strings.Join(items, ",") {
+				if ann := adj.GetAnnotations()[plugin.DevicesAnnotation]; ann != "nvidia.com/gpu="+strings.Join(items, ",nvidia.com/gpu=") {
 					t.Errorf("%s asked for %v, annotated %q", id, items, ann)
 				}
 				_ = p.RemovePodSandbox(context.Background(), pod)

@@ -17,17 +17,6 @@ const (
 	MaxBackoff = 5 * time.Second
 )
 
-// GCPercent is the garbage collector's target (GOGC) that the nri-gpu
-// binary runs with when GOGC is not set. The plugin's live heap is a few
-// MiB even with 1000 specs loaded, and at Go's default of 100 the collector
-// then runs every couple of MiB allocated, each collection stalling a few
-// of the requests being served (BENCHMARKS.md shows the request path's p99
-// at both). 300 lets the heap grow to four times what is live before a
-// collection, and collections become rare. Higher values cost more memory
-// than they save time: while a spec reload holds old and new specs, the
-// heap may grow to four times that.
-const GCPercent = 300
-
 // ErrConfig is wrapped by Serve's error when the runtime handed the plugin
 // a configuration it rejected.
 var ErrConfig = errors.New("invalid configuration")

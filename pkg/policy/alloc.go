@@ -55,8 +55,7 @@ type Grant struct {
 // named devices and, for a count request, chooses count devices among the
 // candidates (the individual devices of the default kind). On success it
 // records them as the pod's. Containers of one pod share its devices: a
-// pod's count request is answered with the same devices every time. The
-// grant's Devices may share named's array: callers leave it as it is.
+// pod's count request is answered with the same devices every time.
 func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int, candidates []specs.Device) (Grant, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -66,12 +65,10 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 		own = &holding{pod: pod}
 	}
 	var errs []error
-	if a.othersHold(pod.ID) {
-		for _, d := range named {
-			if other, held := a.heldByOther(pod.ID, d, p.exclusive); held != nil {
-				errs = append(errs, deny(RuleExclusive, fmt.Errorf("%w: device %q is held by pod %s (as %q)%s",
-					ErrDenied, d.Name, other, held.Name, heldHint(p.exclusive, other))))
-			}
+	for _, d := range named {
+		if other, held := a.heldByOther(pod.ID, d, p.exclusive); held != nil {
+			errs = append(errs, deny(RuleExclusive, fmt.Errorf("%w: device %q is held by pod %s (as %q)%s",
+				ErrDenied, d.Name, other, held.Name, heldHint(p.exclusive, other))))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -96,33 +93,17 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 
 	// The pod's counted devices are replaced whole, never modified in
 	// place, so the grant may share them.
-	g := Grant{Pod: pod, Devices: named[:len(named):len(named)], Counted: counted}
-	if len(counted) > 0 {
-		g.Devices = slices.Concat(named, counted)
-	}
-	if !sameNames(own.named, named) { // not a second container asking the same
-		var held nameSet
-		held.init(len(own.named) + len(named))
-		defer held.free()
-		for _, d := range own.named {
-			held.add(d.Name)
-		}
-		for _, d := range named {
-			if held.add(d.Name) {
-				own.named = append(own.named, d)
-				g.added = append(g.added, d.Name)
-			}
+	g := Grant{Pod: pod, Devices: slices.Concat(named, counted), Counted: counted}
+	for _, d := range named {
+		if !slices.ContainsFunc(own.named, func(h specs.Device) bool { return h.Name == d.Name }) {
+			own.named = append(own.named, d)
+			g.added = append(g.added, d.Name)
 		}
 	}
 	g.addedCount = own.counted == nil && counted != nil
 	own.counted = counted
 	a.pods[pod.ID] = own
 	return g, nil
-}
-
-// sameNames reports whether a and b name the same devices in the same order.
-func sameNames(a, b []specs.Device) bool {
-	return slices.EqualFunc(a, b, func(x, y specs.Device) bool { return x.Name == y.Name })
 }
 
 // Revert undoes what a grant added, when the container it was for could
@@ -148,12 +129,6 @@ func heldHint(exclusive bool, other Pod) string {
 		return fmt.Sprintf(" and policy.exclusive is true; it is free again when pod %s is removed", other)
 	}
 	return fmt.Sprintf(", which got it for a count request; it is free again when pod %s is removed", other)
-}
-
-// othersHold reports whether pods other than podID hold anything.
-func (a *Allocations) othersHold(podID string) bool {
-	_, own := a.pods[podID]
-	return len(a.pods) > 1 || (len(a.pods) == 1 && !own)
 }
 
 // heldByOther returns a pod other than podID holding a device that

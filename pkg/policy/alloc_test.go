@@ -38,6 +38,7 @@ type step struct {
 	count   int
 	release bool
 	want    []string // names granted
+	rule    string   // the rule that denies
 	wantErr []string
 }
 
@@ -53,7 +54,7 @@ func TestAdmit(t *testing.T) {
 			steps: []step{
 				{pod: "a", named: []string{"0"}, want: []string{"0"}},
 				{pod: "a", named: []string{"0"}, want: []string{"0"}},
-				{pod: "b", named: []string{"GPU-0"}, wantErr: []string{`device "nvidia.com/gpu=GPU-0" is held by pod ns/a (as "nvidia.com/gpu=0")`, "policy.exclusive is true", "when pod ns/a is removed"}},
+				{pod: "b", named: []string{"GPU-0"}, rule: policy.RuleExclusive, wantErr: []string{`device "nvidia.com/gpu=GPU-0" is held by pod ns/a (as "nvidia.com/gpu=0")`, "policy.exclusive is true", "when pod ns/a is removed"}},
 				{pod: "b", named: []string{"1"}, want: []string{"1"}},
 				{pod: "a", release: true},
 				{pod: "b", named: []string{"GPU-0"}, want: []string{"GPU-0"}},
@@ -64,7 +65,7 @@ func TestAdmit(t *testing.T) {
 			policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true, AllowAll: true},
 			steps: []step{
 				{pod: "a", named: []string{"all"}, want: []string{"all"}},
-				{pod: "b", named: []string{"3"}, wantErr: []string{"held by pod ns/a"}},
+				{pod: "b", named: []string{"3"}, rule: policy.RuleExclusive, wantErr: []string{"held by pod ns/a"}},
 			},
 		},
 		{
@@ -82,9 +83,9 @@ func TestAdmit(t *testing.T) {
 				{pod: "a", count: 2, want: []string{"0", "1"}},
 				{pod: "b", count: 2, want: []string{"2", "3"}},
 				{pod: "a", count: 2, want: []string{"0", "1"}},
-				{pod: "c", count: 1, wantErr: []string{`pod annotation "gpu-count.nri-gpu.io"`, "asks for 1 nvidia.com/gpu devices, but 0 are free and 4 held by other pods"}},
+				{pod: "c", count: 1, rule: policy.RuleCount, wantErr: []string{`pod annotation "gpu-count.nri-gpu.io"`, "asks for 1 nvidia.com/gpu devices, but 0 are free and 4 held by other pods"}},
 				{pod: "a", release: true},
-				{pod: "c", count: 3, wantErr: []string{"asks for 3", "2 are free and 2 held"}},
+				{pod: "c", count: 3, rule: policy.RuleCount, wantErr: []string{"asks for 3", "2 are free and 2 held"}},
 				{pod: "c", count: 1, want: []string{"0"}},
 			},
 		},
@@ -94,7 +95,7 @@ func TestAdmit(t *testing.T) {
 			steps: []step{
 				{pod: "a", named: []string{"GPU-0"}, want: []string{"GPU-0"}},
 				{pod: "b", count: 1, want: []string{"1"}},
-				{pod: "c", named: []string{"1"}, wantErr: []string{`device "nvidia.com/gpu=1" is held by pod ns/b`, "count request"}},
+				{pod: "c", named: []string{"1"}, rule: policy.RuleExclusive, wantErr: []string{`device "nvidia.com/gpu=1" is held by pod ns/b`, "count request"}},
 			},
 		},
 		{
@@ -102,7 +103,7 @@ func TestAdmit(t *testing.T) {
 			policy: config.Policy{Devices: []string{"nvidia.com/gpu=2", "nvidia.com/gpu=3"}},
 			steps: []step{
 				{pod: "a", count: 2, want: []string{"2", "3"}},
-				{pod: "b", count: 1, wantErr: []string{"0 are free and 2 held by other pods (of 2 allowed by policy.devices)"}},
+				{pod: "b", count: 1, rule: policy.RuleCount, wantErr: []string{"0 are free and 2 held by other pods (of 2 allowed by policy.devices)"}},
 			},
 		},
 		{
@@ -110,10 +111,10 @@ func TestAdmit(t *testing.T) {
 			policy: config.Policy{Devices: config.DefaultDevices, MaxDevicesPerPod: 2, AllowAll: true},
 			steps: []step{
 				{pod: "a", named: []string{"0", "GPU-0", "1"}, want: []string{"0", "GPU-0", "1"}},
-				{pod: "a", named: []string{"2"}, wantErr: []string{"pod ns/a would hold 3 devices, more than policy.maxDevicesPerPod (2)"}},
-				{pod: "b", named: []string{"all"}, wantErr: []string{"would hold 4 devices"}},
+				{pod: "a", named: []string{"2"}, rule: policy.RuleMax, wantErr: []string{"pod ns/a would hold 3 devices, more than policy.maxDevicesPerPod (2)"}},
+				{pod: "b", named: []string{"all"}, rule: policy.RuleMax, wantErr: []string{"would hold 4 devices"}},
 				{pod: "a", release: true},
-				{pod: "c", count: 3, wantErr: []string{"would hold 3 devices"}},
+				{pod: "c", count: 3, rule: policy.RuleMax, wantErr: []string{"would hold 3 devices"}},
 				{pod: "c", count: 2, want: []string{"0", "1"}},
 			},
 		},
@@ -134,7 +135,7 @@ func TestAdmit(t *testing.T) {
 				}
 				g, err := a.Admit(p, pod(s.pod), named, s.count, candidates)
 				if len(s.wantErr) > 0 {
-					wantDenied(t, err, s.wantErr...)
+					wantDenied(t, err, s.rule, s.wantErr...)
 					continue
 				}
 				if err != nil {

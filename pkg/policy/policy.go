@@ -56,25 +56,21 @@ func (p Pod) String() string { return p.Namespace + "/" + p.Name }
 type Policy struct {
 	namespaces []string
 	devices    []string
-	// namespaceGlobs and deviceGlobs are namespaces and devices, compiled.
-	namespaceGlobs, deviceGlobs []glob
-	allowAll                    bool
-	max                         int
-	exclusive                   bool
-	hookPaths                   []string
+	allowAll   bool
+	max        int
+	exclusive  bool
+	hookPaths  []string
 }
 
 // New returns the policy of a validated configuration block.
 func New(p config.Policy) *Policy {
 	return &Policy{
-		namespaces:     slices.Clone(p.Namespaces),
-		devices:        slices.Clone(p.Devices),
-		namespaceGlobs: compile(p.Namespaces),
-		deviceGlobs:    compile(p.Devices),
-		allowAll:       p.AllowAll,
-		max:            p.MaxDevicesPerPod,
-		exclusive:      p.Exclusive,
-		hookPaths:      slices.Clone(p.HookPaths),
+		namespaces: slices.Clone(p.Namespaces),
+		devices:    slices.Clone(p.Devices),
+		allowAll:   p.AllowAll,
+		max:        p.MaxDevicesPerPod,
+		exclusive:  p.Exclusive,
+		hookPaths:  slices.Clone(p.HookPaths),
 	}
 }
 
@@ -85,7 +81,7 @@ func New(p config.Policy) *Policy {
 // denied request, naming the rule, the request and the key that would
 // allow it.
 func (p *Policy) Check(pod Pod, ask Ask) error {
-	if !matchCompiled(p.namespaceGlobs, pod.Namespace) {
+	if !matchAny(p.namespaces, pod.Namespace) {
 		if what := podRequest(ask); what != "" {
 			return deny(RuleNamespaces, fmt.Errorf("%s: %w: pods of namespace %q may not request devices through pod annotations: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
 				what, ErrDenied, pod.Namespace, strings.Join(p.namespaces, ", ")))
@@ -113,7 +109,7 @@ func podRequest(ask Ask) string {
 }
 
 func (p *Policy) checkRequest(r Request) error {
-	if !matchCompiled(p.deviceGlobs, r.Device) {
+	if !matchAny(p.devices, r.Device) {
 		return deny(RuleDevices, fmt.Errorf("%s: %w: device %q matches none of policy.devices [%s]; add a glob that matches it to policy.devices",
 			r, ErrDenied, r.Device, strings.Join(p.devices, ", ")))
 	}
@@ -139,44 +135,13 @@ func (p *Policy) CheckHooks(device string, hookPaths []string) error {
 }
 
 // Allowed reports whether policy.devices lets a device be given at all.
-func (p *Policy) Allowed(device string) bool { return matchCompiled(p.deviceGlobs, device) }
+func (p *Policy) Allowed(device string) bool { return matchAny(p.devices, device) }
 
-// glob is a validated path.Match pattern. The usual kind of pattern, a
-// literal prefix and one "*" at the end ("nvidia.com/gpu=*"), is matched
-// without path.Match.
-type glob struct {
-	pattern string
-	// prefix is set for a prefix-and-star pattern: the pattern without
-	// its "*".
-	prefix string
-	star   bool
-}
-
-func compile(patterns []string) []glob {
-	out := make([]glob, len(patterns))
-	for i, p := range patterns {
-		out[i] = glob{pattern: p}
-		if rest, ok := strings.CutSuffix(p, "*"); ok && !strings.ContainsAny(rest, `*?[\`) {
-			out[i].prefix, out[i].star = rest, true
-		}
-	}
-	return out
-}
-
-// match reports whether s matches g as path.Match would: "*" matches any
-// run of characters but "/".
-func (g glob) match(s string) bool {
-	if g.star {
-		return strings.HasPrefix(s, g.prefix) && !strings.Contains(s[len(g.prefix):], "/")
-	}
-	ok, _ := path.Match(g.pattern, s)
-	return ok
-}
-
-// matchCompiled reports whether s matches one of the globs.
-func matchCompiled(globs []glob, s string) bool {
+// matchAny reports whether s matches one of the globs (path.Match
+// patterns, validated with the configuration).
+func matchAny(globs []string, s string) bool {
 	for _, g := range globs {
-		if g.match(s) {
+		if ok, _ := path.Match(g, s); ok {
 			return true
 		}
 	}

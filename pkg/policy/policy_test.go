@@ -20,6 +20,7 @@ func TestCheck(t *testing.T) {
 		policy    config.Policy
 		namespace string
 		ask       policy.Ask
+		wantRule  string // the rule that denies; "" when allowed
 		wantErr   []string
 	}{
 		{
@@ -28,10 +29,11 @@ func TestCheck(t *testing.T) {
 			ask:    policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourcePod), req("nvidia.com/gpu=GPU-1", policy.SourceCDI)}},
 		},
 		{
-			name:    "default devices deny another kind, from either source",
-			policy:  open,
-			ask:     policy.Ask{Requests: []policy.Request{req("example.com/nic=0", policy.SourcePod), req("example.com/fpga=1", policy.SourceCDI)}},
-			wantErr: []string{`device "example.com/nic=0" matches none of policy.devices [nvidia.com/gpu=*]`, `"example.com/fpga=1"`, "add a glob"},
+			name:     "default devices deny another kind, from either source",
+			policy:   open,
+			ask:      policy.Ask{Requests: []policy.Request{req("example.com/nic=0", policy.SourcePod), req("example.com/fpga=1", policy.SourceCDI)}},
+			wantRule: policy.RuleDevices,
+			wantErr:  []string{`device "example.com/nic=0" matches none of policy.devices [nvidia.com/gpu=*]`, `"example.com/fpga=1"`, "add a glob"},
 		},
 		{
 			name:   "*/* allows every device",
@@ -39,10 +41,11 @@ func TestCheck(t *testing.T) {
 			ask:    policy.Ask{Requests: []policy.Request{req("example.com/nic=0", policy.SourcePod)}},
 		},
 		{
-			name:    "all denied without allowAll",
-			policy:  open,
-			ask:     policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.SourcePod)}},
-			wantErr: []string{`device "nvidia.com/gpu=all" gives every device of its kind`, "policy.allowAll: true"},
+			name:     "all denied without allowAll",
+			policy:   open,
+			ask:      policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.SourcePod)}},
+			wantRule: policy.RuleAllowAll,
+			wantErr:  []string{`device "nvidia.com/gpu=all" gives every device of its kind`, "policy.allowAll: true"},
 		},
 		{
 			name:   "all allowed with allowAll",
@@ -65,6 +68,7 @@ func TestCheck(t *testing.T) {
 			policy:    tenants,
 			namespace: "default",
 			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourcePod)}},
+			wantRule:  policy.RuleNamespaces,
 			wantErr:   []string{`pod annotation "k" request "nvidia.com/gpu=0"`, `pods of namespace "default" may not request devices through pod annotations`, "policy.namespaces [agents-*, ml]"},
 		},
 		{
@@ -72,6 +76,7 @@ func TestCheck(t *testing.T) {
 			policy:    tenants,
 			namespace: "default",
 			ask:       policy.Ask{Count: 1},
+			wantRule:  policy.RuleNamespaces,
 			wantErr:   []string{`pod annotation "gpu-count.nri-gpu.io" request for 1 devices`, `namespace "default"`},
 		},
 		{
@@ -88,7 +93,7 @@ func TestCheck(t *testing.T) {
 				ns = "default"
 			}
 			err := policy.New(tc.policy).Check(policy.Pod{ID: "id", Namespace: ns, Name: "p"}, tc.ask)
-			wantDenied(t, err, tc.wantErr...)
+			wantDenied(t, err, tc.wantRule, tc.wantErr...)
 		})
 	}
 }
@@ -99,14 +104,14 @@ func TestCheckHooks(t *testing.T) {
 		t.Errorf("listed hooks denied: %v", err)
 	}
 	err := p.CheckHooks("nvidia.com/gpu=0", []string{"/usr/bin/nvidia-cdi-hook", "/tmp/evil"})
-	wantDenied(t, err, `device "nvidia.com/gpu=0"`, `hook "/tmp/evil", which is not in policy.hookPaths`, "add it to policy.hookPaths")
+	wantDenied(t, err, policy.RuleHookPaths, `device "nvidia.com/gpu=0"`, `hook "/tmp/evil", which is not in policy.hookPaths`, "add it to policy.hookPaths")
 }
 
-// wantDenied checks that err is nil when nothing is wanted, and otherwise
-// a denial saying every wanted string.
-func wantDenied(t *testing.T, err error, want ...string) {
+// wantDenied checks that err is nil when no rule is wanted, and otherwise
+// a denial by that rule, wrapping ErrDenied and saying every wanted string.
+func wantDenied(t *testing.T, err error, rule string, want ...string) {
 	t.Helper()
-	if len(want) == 0 {
+	if rule == "" {
 		if err != nil {
 			t.Fatalf("denied: %v", err)
 		}
@@ -117,7 +122,9 @@ func wantDenied(t *testing.T, err error, want ...string) {
 		t.Errorf("error %v does not wrap ErrDenied", err)
 	}
 	var d *policy.Denial
-	if !errors.As(err, &d) || d.Rule == "" {
-		t.Errorf("error %v is not a Denial naming its rule", err)
+	if !errors.As(err, &d) {
+		t.Errorf("error %v is not a Denial", err)
+	} else if d.Rule != rule {
+		t.Errorf("denied by rule %q, want %q: %v", d.Rule, rule, err)
 	}
 }

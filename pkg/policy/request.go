@@ -3,16 +3,16 @@ package policy
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/containerd/nri/pkg/api"
 	nriplugin "github.com/containerd/nri/pkg/plugin"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 )
 
 const (
@@ -97,38 +97,23 @@ func (a Ask) Empty() bool { return len(a.Requests) == 0 && a.Count == 0 }
 type Parser struct {
 	vendor, class string
 	honorCDI      bool
-	// qualified maps short names (the GPU indices and UUIDs asked for
-	// again and again) to their qualified names, so that a request does
-	// not build them anew; it holds up to maxInterned.
-	mu        sync.RWMutex
-	qualified map[string]string
 }
-
-// maxInterned bounds the short names a Parser remembers.
-const maxInterned = 4096
 
 // NewParser returns a parser that resolves short names against kind
 // (vendor/class) and, when honorCDI is true, reads cdi.k8s.io/* container
 // annotations too.
 func NewParser(kind string, honorCDI bool) (*Parser, error) {
-	vendor, class := parser.ParseQualifier(kind)
-	if err := parser.ValidateVendorName(vendor); err != nil {
-		return nil, fmt.Errorf("default kind %q: %w", kind, err)
+	vendor, class, err := config.ParseKind(kind)
+	if err != nil {
+		return nil, fmt.Errorf("default %w", err)
 	}
-	if err := parser.ValidateClassName(class); err != nil {
-		return nil, fmt.Errorf("default kind %q: %w", kind, err)
-	}
-	return &Parser{vendor: vendor, class: class, honorCDI: honorCDI, qualified: map[string]string{}}, nil
+	return &Parser{vendor: vendor, class: class, honorCDI: honorCDI}, nil
 }
 
 // Parse returns what a container asks for, named requests merged so that
 // each device appears once, in the order first asked. A container that
 // asks for nothing gets an empty Ask and no error.
-func (p *Parser) Parse(c Container) (Ask, error) { return p.ParseAppend(nil, c) }
-
-// ParseAppend is Parse with the requests appended to reqs[:0], so that a
-// caller serving many requests can reuse one list.
-func (p *Parser) ParseAppend(reqs []Request, c Container) (Ask, error) {
+func (p *Parser) Parse(c Container) (Ask, error) {
 	var ask Ask
 	if value, ok := c.PodAnnotations[CountAnnotationKey]; ok {
 		n, err := parseCount(value)
@@ -141,7 +126,7 @@ func (p *Parser) ParseAppend(reqs []Request, c Container) (Ask, error) {
 		}
 		ask.Count = n
 	}
-	reqs, err := p.parseNamed(reqs[:0], c)
+	reqs, err := p.parseNamed(c)
 	if err != nil {
 		return Ask{}, err
 	}
@@ -173,12 +158,13 @@ func namedKey(annotations map[string]string) string {
 	return keys[0]
 }
 
-func (p *Parser) parseNamed(reqs []Request, c Container) ([]Request, error) {
+func (p *Parser) parseNamed(c Container) ([]Request, error) {
+	var reqs []Request
 	pod := &api.PodSandbox{Annotations: c.PodAnnotations}
 	if value, ok := nriplugin.GetEffectiveAnnotation(pod, AnnotationKey, c.Name); ok {
 		key := effectiveKey(c.PodAnnotations, c.Name, value)
 		var err error
-		if reqs, err = p.parsePodValue(reqs, key, value); err != nil {
+		if reqs, err = p.parsePodValue(key, value); err != nil {
 			return nil, err
 		}
 	}
@@ -206,15 +192,12 @@ func effectiveKey(annotations map[string]string, container, value string) string
 	return AnnotationKey
 }
 
-func (p *Parser) parsePodValue(reqs []Request, key, value string) ([]Request, error) {
-	n := strings.Count(value, ",") + 1
-	if n > maxItems {
+func (p *Parser) parsePodValue(key, value string) ([]Request, error) {
+	if n := strings.Count(value, ",") + 1; n > maxItems {
 		return nil, fmt.Errorf("pod annotation %q: %w: %d items, more than %d", key, ErrInvalidRequest, n, maxItems)
 	}
-	reqs = slices.Grow(reqs, n)
-	for i := 0; i < n; i++ {
-		raw, rest, _ := strings.Cut(value, ",")
-		value = rest
+	var reqs []Request
+	for i, raw := range strings.Split(value, ",") {
 		item := strings.TrimSpace(raw)
 		device, err := p.qualify(item)
 		if err != nil {
@@ -228,12 +211,6 @@ func (p *Parser) parsePodValue(reqs []Request, key, value string) ([]Request, er
 
 // qualify turns one request item into a qualified CDI name.
 func (p *Parser) qualify(item string) (string, error) {
-	p.mu.RLock()
-	q, ok := p.qualified[item] // a valid short name seen before
-	p.mu.RUnlock()
-	if ok {
-		return q, nil
-	}
 	switch {
 	case item == "":
 		return "", errors.New("empty device name")
@@ -249,13 +226,7 @@ func (p *Parser) qualify(item string) (string, error) {
 	if err := parser.ValidateDeviceName(item); err != nil {
 		return "", err
 	}
-	q = parser.QualifiedName(p.vendor, p.class, item)
-	p.mu.Lock()
-	if len(p.qualified) < maxInterned {
-		p.qualified[strings.Clone(item)] = q
-	}
-	p.mu.Unlock()
-	return q, nil
+	return parser.QualifiedName(p.vendor, p.class, item), nil
 }
 
 // parseCDIAnnotations reads cdi.k8s.io/* annotations with CDI's own parser,
@@ -286,12 +257,11 @@ func parseCDIAnnotations(annotations map[string]string) ([]Request, error) {
 
 // dedup keeps the first request for each device.
 func dedup(reqs []Request) []Request {
-	var seen nameSet
-	seen.init(len(reqs))
-	defer seen.free()
-	out := reqs[:0]
+	seen := map[string]bool{}
+	var out []Request
 	for _, r := range reqs {
-		if seen.add(r.Device) {
+		if !seen[r.Device] {
+			seen[r.Device] = true
 			out = append(out, r)
 		}
 	}

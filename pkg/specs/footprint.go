@@ -24,14 +24,9 @@ type Device struct {
 func Footprint(d *cdi.Device) Device {
 	var nodes []string
 	for _, n := range d.ContainerEdits.DeviceNodes {
-		if n == nil {
-			continue
+		if n != nil {
+			nodes = append(nodes, HostPath(n))
 		}
-		host := n.HostPath
-		if host == "" {
-			host = n.Path
-		}
-		nodes = append(nodes, host)
 	}
 	slices.Sort(nodes)
 	return Device{Name: d.GetQualifiedName(), Nodes: slices.Compact(nodes)}

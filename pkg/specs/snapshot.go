@@ -82,7 +82,7 @@ func load(cache *cdi.Cache, dirs []string) *Snapshot {
 		s.devices[name] = &Entry{Device: d, Footprint: Footprint(d), Hooks: hooks(d), Untrusted: untrusted}
 		for _, edits := range []*cdispec.ContainerEdits{&spec.ContainerEdits, &d.ContainerEdits} {
 			for _, n := range edits.DeviceNodes {
-				if host := hostPath(n); host != "" {
+				if host := HostPath(n); host != "" {
 					if _, ok := s.HostNodes[host]; !ok {
 						s.HostNodes[host] = statNode(host)
 					}
@@ -117,8 +117,9 @@ func hooks(d *cdi.Device) []string {
 	return paths
 }
 
-// hostPath returns the host path of a device node ("" for none).
-func hostPath(n *cdispec.DeviceNode) string {
+// HostPath returns the host path of a device node: its hostPath, or its
+// path when hostPath is empty, as CDI reads it ("" for a nil node).
+func HostPath(n *cdispec.DeviceNode) string {
 	if n == nil {
 		return ""
 	}

@@ -27,6 +27,12 @@ import (
 // ErrUnresolvable is wrapped by the error for a device found in no spec.
 var ErrUnresolvable = errors.New("unresolvable CDI device")
 
+// HookEnv is the environment of a hook whose spec gives it none: nri-gpu
+// gives it to every such hook it injects, and writes it into the hooks of
+// the specs it generates, so that no hook inherits an environment nri-gpu
+// did not choose.
+const HookEnv = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 // Intervals of the background loading.
 const (
 	// PollInterval is how often missing spec directories are looked for,

@@ -12,12 +12,9 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 )
 
 func main() {
@@ -28,8 +25,6 @@ func main() {
 		only    = flag.String("only", "", "run only this section (request, protocol, specs, memory, e2e) and print it; for profiling")
 	)
 	flag.Parse()
-	// In process, nri-gpu runs as in its binary.
-	debug.SetGCPercent(plugin.GCPercent)
 	r := &report{}
 	sections := []struct {
 		name string
@@ -57,6 +52,7 @@ func main() {
 		s.run()
 	}
 	r.targets()
+	r.history(*out)
 	if err := os.WriteFile(*out, r.buf.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -127,4 +123,19 @@ func memTotal() string {
 		}
 	}
 	return "?"
+}
+
+// historyHeading starts the part of BENCHMARKS.md that people write: what
+// changes did to the numbers. A run keeps it as it is.
+const historyHeading = "\n## History\n"
+
+// history copies the history of the file the report replaces.
+func (r *report) history(file string) {
+	old, err := os.ReadFile(file)
+	if err != nil {
+		return
+	}
+	if i := bytes.Index(old, []byte(historyHeading)); i >= 0 {
+		r.buf.Write(old[i:])
+	}
 }

@@ -10,7 +10,7 @@ import (
 	gocmp "github.com/google/go-cmp/cmp"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
@@ -40,7 +40,7 @@ func TestParityWithContainerdCDI(t *testing.T) {
 	for _, h := range [][]oci.Hook{want.Hooks.CreateContainer, want.Hooks.Poststart} {
 		for i := range h {
 			if len(h[i].Env) == 0 {
-				h[i].Env = adjust.DefaultHookEnv
+				h[i].Env = []string{specs.HookEnv}
 			}
 		}
 	}

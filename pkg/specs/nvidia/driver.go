@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // Optional control nodes, added where present.
@@ -36,10 +38,6 @@ var (
 	utilities = []string{"/usr/bin/nvidia-smi", "/usr/bin/nvidia-debugdump", "/usr/bin/nvidia-persistenced"}
 	sockets   = []string{"/run/nvidia-persistenced/socket", "/run/nvidia-fabricmanager/socket"}
 )
-
-// hookEnv is the explicit environment of the hooks the spec carries, so
-// that no container environment reaches them.
-var hookEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 var (
 	readOnly     = []string{"ro", "nosuid", "nodev", "rbind", "rprivate"}
@@ -100,7 +98,7 @@ func ldcacheHooks(hookPath string, libs []string) []*cdispec.Hook {
 	var hooks []*cdispec.Hook
 	if len(links) > 0 {
 		hooks = append(hooks, &cdispec.Hook{
-			HookName: "createContainer", Path: hookPath, Env: hookEnv,
+			HookName: "createContainer", Path: hookPath, Env: []string{specs.HookEnv},
 			Args: append([]string{"nvidia-cdi-hook", "create-symlinks"}, links...),
 		})
 	}
@@ -108,7 +106,7 @@ func ldcacheHooks(hookPath string, libs []string) []*cdispec.Hook {
 	for _, d := range dirs {
 		args = append(args, "--folder", d)
 	}
-	return append(hooks, &cdispec.Hook{HookName: "createContainer", Path: hookPath, Env: hookEnv, Args: args})
+	return append(hooks, &cdispec.Hook{HookName: "createContainer", Path: hookPath, Env: []string{specs.HookEnv}, Args: args})
 }
 
 // findLibraries returns the container paths of the driver's compute

@@ -1,0 +1,26 @@
+package plugin
+
+import (
+	"slices"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/nri-gpu/nri-gpu/pkg/metrics"
+)
+
+// Option tunes a Plugin.
+type Option func(*Plugin)
+
+// WithSpecDirs has the plugin read CDI specs from dirs, whatever
+// cdiSpecDirs its configuration, or a later one from the runtime, says
+// (the --cdi-spec-dirs flag).
+func WithSpecDirs(dirs []string) Option {
+	return func(p *Plugin) { p.specDirs = slices.Clone(dirs) }
+}
+
+// WithMetrics has the plugin record its metrics in m.
+func WithMetrics(m *metrics.Metrics) Option { return func(p *Plugin) { p.metrics = m } }
+
+// WithNVML has the plugin use lib for spec generation instead of the
+// driver's NVML (tests use go-nvml's mock servers).
+func WithNVML(lib nvml.Interface) Option { return func(p *Plugin) { p.nvml = lib } }
