@@ -7,6 +7,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
@@ -18,7 +19,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	flags := addConfigFlags(fs)
 	var (
-		driverRoot = fs.String("driver-root", "/", "root of the driver's files, for NVML")
+		driverRoot = fs.String("driver-root", config.DefaultDriverRoot, "root of the driver's files, for NVML")
 	)
 	if err := fs.Parse(args); err != nil {
 		return exitUsage

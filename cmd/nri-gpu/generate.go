@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
@@ -20,8 +21,8 @@ func runGenerate(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	var (
 		output     = fs.String("output", DefaultSpecPath, `spec file to write, or "-" for standard output`)
-		driverRoot = fs.String("driver-root", "/", "root of the driver's files (device nodes, libraries, /proc)")
-		kind       = fs.String("kind", "nvidia.com/gpu", "the spec's kind, vendor/class")
+		driverRoot = fs.String("driver-root", config.DefaultDriverRoot, "root of the driver's files (device nodes, libraries, /proc)")
+		kind       = fs.String("kind", config.DefaultKind, "the spec's kind, vendor/class")
 		strategies = fs.String("device-name-strategy", "index,uuid", "device names: index, uuid, or both")
 		hookPath   = fs.String("hook-path", "", "an nvidia-cdi-hook whose update-ldcache and create-symlinks hooks the spec carries")
 		format     = fs.String("format", "", "yaml or json (default: from the file name, else yaml)")

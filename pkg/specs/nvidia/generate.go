@@ -8,8 +8,9 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
-	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 )
 
 // Name strategies: how devices are named in the spec.
@@ -48,10 +49,10 @@ func (o *Options) defaults() error {
 
 func (o *Options) fill() error {
 	if o.DriverRoot == "" {
-		o.DriverRoot = "/"
+		o.DriverRoot = config.DefaultDriverRoot
 	}
 	if o.Kind == "" {
-		o.Kind = "nvidia.com/gpu"
+		o.Kind = config.DefaultKind
 	}
 	if len(o.NameStrategies) == 0 {
 		o.NameStrategies = []string{NameIndex, NameUUID}
@@ -61,12 +62,8 @@ func (o *Options) fill() error {
 			return fmt.Errorf("device name strategy %q is neither %q nor %q", s, NameIndex, NameUUID)
 		}
 	}
-	vendor, class := parser.ParseQualifier(o.Kind)
-	if err := parser.ValidateVendorName(vendor); err != nil {
-		return fmt.Errorf("kind %q: %w", o.Kind, err)
-	}
-	if err := parser.ValidateClassName(class); err != nil {
-		return fmt.Errorf("kind %q: %w", o.Kind, err)
+	if _, _, err := config.ParseKind(o.Kind); err != nil {
+		return err
 	}
 	if o.HookPath != "" && !filepath.IsAbs(o.HookPath) {
 		return fmt.Errorf("hook path %q is not absolute", o.HookPath)
