@@ -83,7 +83,10 @@ func runPlugin(args []string, stderr io.Writer) int {
 
 	if err := p.Serve(ctx, stubOptions(fs, *name, *idx, *socketPath)...); err != nil {
 		log.Errorf("nri-gpu: %v", err)
-		return exitUsage
+		if errors.Is(err, plugin.ErrConfig) {
+			return exitUsage
+		}
+		return exitError
 	}
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		log.Errorf("nri-gpu: %v", err)

@@ -31,7 +31,7 @@ func devices(t *testing.T, yamls map[string]string, names ...string) ([]*cdi.Dev
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = reg.Close() })
+	t.Cleanup(func() { reg.Close() })
 	snap := reg.Snapshot()
 	if len(snap.Problems) > 0 {
 		t.Fatalf("spec problems: %v", snap.Problems)

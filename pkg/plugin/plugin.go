@@ -146,13 +146,8 @@ func (p *Plugin) state() *state {
 }
 
 // Close stops watching the spec directories.
-func (p *Plugin) Close() error {
-	return p.state().specs.Close()
-}
-
-// Config returns the configuration in force.
-func (p *Plugin) Config() *config.Config {
-	return p.state().cfg
+func (p *Plugin) Close() {
+	p.state().specs.Close()
 }
 
 // Configure is called by the runtime when the plugin registers. A
@@ -178,9 +173,7 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 	p.st = st
 	p.configured++
 	p.mu.Unlock()
-	if err := old.specs.Close(); err != nil {
-		log.Warnf("stopping the old spec watch: %v", err)
-	}
+	old.specs.Close()
 	log.Info("connected to runtime, using the configuration it passed")
 	return 0, nil
 }

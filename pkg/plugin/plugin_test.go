@@ -158,7 +158,7 @@ func (r *testRuntime) connect(t *testing.T, cfgYAML string) (stop func()) {
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = s.Run(ctx) }()
 	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); wg.Wait(); _ = p.Close() }) }
+	stop = func() { once.Do(func() { cancel(); wg.Wait(); p.Close() }) }
 	t.Cleanup(stop)
 
 	for registered := false; !registered; {
@@ -326,26 +326,45 @@ func TestCreateContainerOverNRI(t *testing.T) {
 	}
 }
 
+// TestConfigureFromRuntime has the runtime hand the plugin a configuration
+// (as containerd does for a pre-registered plugin): it is applied to the
+// requests that follow, and one that is rejected leaves it in force.
 func TestConfigureFromRuntime(t *testing.T) {
-	log := logrus.New()
-	log.SetOutput(io.Discard)
-	p, err := plugin.New(config.Default(), log, plugin.WithSpecDirs([]string{t.TempDir()}))
+	dir := t.TempDir()
+	const fpga = "cdiVersion: \"0.6.0\"\nkind: example.com/fpga\ndevices: [{name: \"0\", containerEdits: {env: [FPGA=0]}}]\n"
+	if err := os.WriteFile(filepath.Join(dir, "fpga.yaml"), []byte(fpga), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := plugin.New(config.Default(), quiet(), plugin.WithSpecDirs([]string{dir}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	if _, err := p.Configure(context.Background(), "defaultKind: example.com/fpga\nunsupportedEdits: warn\n", "containerd", "1.7.35"); err != nil {
+	req := createRequest(map[string]string{"gpus.nri-gpu.io": "0"}, nil)
+	create := func() (*api.ContainerAdjustment, error) {
+		adj, _, err := p.CreateContainer(context.Background(), req.Pod, req.Container)
+		return adj, err
+	}
+	if _, err := create(); err == nil || !strings.Contains(err.Error(), "nvidia.com/gpu=0") {
+		t.Fatalf("before Configure, short names are not nvidia.com/gpu ones: %v", err)
+	}
+
+	cfg := "defaultKind: example.com/fpga\npolicy: {devices: [\"example.com/fpga=*\"]}\n"
+	if _, err := p.Configure(context.Background(), cfg, "containerd", "1.7.35"); err != nil {
 		t.Fatal(err)
 	}
-	if got := p.Config(); got.DefaultKind != "example.com/fpga" || got.UnsupportedEdits != config.UnsupportedWarn {
-		t.Errorf("configuration from the runtime not applied: %+v", got)
+	adj, err := create()
+	if err != nil {
+		t.Fatalf("the runtime's configuration was not applied: %v", err)
 	}
+	if got := adj.GetAnnotations()[plugin.DevicesAnnotation]; got != "example.com/fpga=0" {
+		t.Errorf("devices %q, want example.com/fpga=0", got)
+	}
+
 	_, err = p.Configure(context.Background(), "bogus: 1\n", "containerd", "1.7.35")
-	if err == nil || !strings.Contains(err.Error(), "bogus") {
-		t.Errorf("unknown key from the runtime: error %v, want one naming the key", err)
-	}
-	if got := p.Config(); got.DefaultKind != "example.com/fpga" {
-		t.Error("a rejected configuration replaced the one in force")
+	testutil.ErrorSays(t, err, "configuration from runtime", "bogus")
+	if _, err := create(); err != nil {
+		t.Errorf("a rejected configuration replaced the one in force: %v", err)
 	}
 }
 
@@ -458,7 +477,7 @@ func TestConcurrentRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = p.Close() })
+	t.Cleanup(func() { p.Close() })
 
 	var wg sync.WaitGroup
 	for w := 0; w < 16; w++ {

@@ -51,7 +51,6 @@ type Registry struct {
 	cache  *cdi.Cache
 	snap   atomic.Pointer[Snapshot]
 	notify func(*Snapshot)
-	poll   time.Duration
 	stop   chan struct{}
 	done   chan struct{}
 }
@@ -62,9 +61,6 @@ type Option func(*Registry)
 // WithNotify has fn called, from the loading goroutine, with each new
 // snapshot.
 func WithNotify(fn func(*Snapshot)) Option { return func(r *Registry) { r.notify = fn } }
-
-// WithPollInterval changes PollInterval.
-func WithPollInterval(d time.Duration) Option { return func(r *Registry) { r.poll = d } }
 
 // Open loads the specs in dirs, a later directory winning over an earlier
 // one, and keeps loading them as they change until Close. Missing
@@ -77,7 +73,6 @@ func Open(dirs []string, opts ...Option) (*Registry, error) {
 	r := &Registry{
 		dirs:  slices.Clone(dirs),
 		cache: cache,
-		poll:  PollInterval,
 		stop:  make(chan struct{}),
 		done:  make(chan struct{}),
 	}
@@ -114,14 +109,13 @@ func newCache(dirs []string) (*cdi.Cache, error) {
 }
 
 // Close stops loading.
-func (r *Registry) Close() error {
+func (r *Registry) Close() {
 	select {
 	case <-r.stop:
 	default:
 		close(r.stop)
 	}
 	<-r.done
-	return nil
 }
 
 // Snapshot returns the current snapshot.
@@ -134,12 +128,6 @@ func (r *Registry) reload() {
 	if r.notify != nil {
 		r.notify(s)
 	}
-}
-
-// Errors returns the problems of the current snapshot by spec file: parse
-// and validation errors, conflicts, and specs that are not trusted.
-func (r *Registry) Errors() map[string][]error {
-	return maps.Clone(r.Snapshot().Problems)
 }
 
 // Entries returns every device of the snapshot, trusted or not, sorted by

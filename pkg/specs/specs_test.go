@@ -41,7 +41,7 @@ func open(t *testing.T, dirs ...string) *specs.Registry {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = r.Close() })
+	t.Cleanup(func() { r.Close() })
 	return r
 }
 
@@ -159,13 +159,13 @@ func TestUntrustedSpecs(t *testing.T) {
 				t.Errorf("candidates %v from an untrusted spec", c)
 			}
 			found := false
-			for path, errs := range r.Errors() {
+			for path, errs := range r.Snapshot().Problems {
 				if strings.HasSuffix(path, "gpu.yaml") && strings.Contains(errors.Join(errs...).Error(), tc.want) {
 					found = true
 				}
 			}
 			if !found {
-				t.Errorf("Errors() %v does not report the untrusted spec", r.Errors())
+				t.Errorf("Problems %v does not report the untrusted spec", r.Snapshot().Problems)
 			}
 		})
 	}
@@ -245,8 +245,8 @@ devices: [{name: "0", containerEdits: {env: [NIC=0]}}]
 	if _, err := r.Snapshot().Resolve([]string{"example.com/nic=0"}); err != nil {
 		t.Errorf("a broken spec affected another: %v", err)
 	}
-	if errs := r.Errors()[filepath.Join(dir, "gpu.yaml")]; len(errs) == 0 {
-		t.Errorf("the broken spec is not reported by file name: %v", r.Errors())
+	if errs := r.Snapshot().Problems[filepath.Join(dir, "gpu.yaml")]; len(errs) == 0 {
+		t.Errorf("the broken spec is not reported by file name: %v", r.Snapshot().Problems)
 	}
 
 	// Removed.
@@ -289,7 +289,7 @@ func BenchmarkLoad(b *testing.B) {
 				if got := len(r.Snapshot().Entries()); got != n-1+64 {
 					b.Fatalf("%d devices, want %d", got, n)
 				}
-				_ = r.Close()
+				r.Close()
 			}
 		})
 	}

@@ -64,7 +64,7 @@ func (r *Registry) watch(wt *watcher) {
 	if w != nil {
 		events, errs = w.Events, w.Errors
 	}
-	poll := time.NewTicker(r.poll)
+	poll := time.NewTicker(PollInterval)
 	defer poll.Stop()
 	resync := time.NewTicker(ResyncInterval)
 	defer resync.Stop()

@@ -39,7 +39,7 @@ func newPlugin(n int) (*plugin.Plugin, func()) {
 	must(harness.WriteBenchSpecs(dir, n))
 	p, err := plugin.New(config.Default(), quiet(), plugin.WithSpecDirs([]string{dir}))
 	must(err)
-	return p, func() { _ = p.Close(); _ = os.RemoveAll(dir) }
+	return p, func() { p.Close(); _ = os.RemoveAll(dir) }
 }
 
 func must(err error) {

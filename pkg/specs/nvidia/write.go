@@ -12,8 +12,8 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
-// Marshal renders a spec as "yaml" or "json".
-func Marshal(spec *cdispec.Spec, format string) ([]byte, error) {
+// marshal renders a spec as "yaml" or "json".
+func marshal(spec *cdispec.Spec, format string) ([]byte, error) {
 	switch format {
 	case "yaml":
 		return yaml.Marshal(spec)
@@ -28,7 +28,7 @@ func Marshal(spec *cdispec.Spec, format string) ([]byte, error) {
 // atomically (a temp file in the same directory, then a rename), or to w
 // when path is "-". Nothing is written unless the spec is valid.
 func Write(spec *cdispec.Spec, path, format string, w io.Writer) error {
-	data, err := Marshal(spec, format)
+	data, err := marshal(spec, format)
 	if err != nil {
 		return err
 	}
