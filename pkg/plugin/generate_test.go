@@ -4,7 +4,7 @@ import (
 	"context"
 	"io"
 	"path/filepath"
-	"strings"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -82,7 +82,15 @@ func TestGenerateSpecs(t *testing.T) {
 	}
 	gpus.Store(3)
 	testutil.Within(t, 5*time.Second, "the spec regenerated for a third GPU", resolves("nvidia.com/gpu=2"))
-	if path := filepath.Join(high, plugin.GeneratedSpecName); !strings.HasSuffix(path, "run-cdi/nvidia.com-gpu.yaml") {
-		t.Errorf("spec written to %s", path)
+	// The spec came from the file generateSpecs writes, in the last dir.
+	e, err := reg.Snapshot().Lookup("nvidia.com/gpu=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := e.Device.GetSpec().GetPath(), filepath.Join(high, "nvidia.com-gpu.yaml"); got != want {
+		t.Errorf("spec read from %s, want %s", got, want)
+	}
+	if entries, _ := os.ReadDir(low); len(entries) != 0 {
+		t.Errorf("the first spec dir holds %v; the spec belongs in the last one", entries)
 	}
 }

@@ -16,8 +16,10 @@ import (
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
+	"github.com/google/go-cmp/cmp"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
@@ -228,32 +230,91 @@ func devicePaths(adj *api.ContainerAdjustment) []string {
 	return paths
 }
 
+// adjustment is what nri-gpu returns for GPUs of the test spec: the
+// spec's env (unless the runtime's own CDI injection brought it), the
+// GPUs' nodes as on the host (/dev/null and /dev/zero), CDI's cgroup rules
+// for them, and the record of the devices given, those the runtime
+// injected included.
+func adjustment(specEnv bool, given []int, gpus ...int) *api.ContainerAdjustment {
+	adj := &api.ContainerAdjustment{}
+	if specEnv {
+		adj.AddEnv("NVIDIA_VISIBLE_DEVICES", "void")
+	}
+	mode := os.FileMode(0o666)
+	var rules []*api.LinuxDeviceCgroup
+	for _, g := range gpus {
+		minor := []int64{3, 5}[g] // /dev/null, /dev/zero
+		adj.AddDevice(&api.LinuxDevice{
+			Path: fmt.Sprintf("/dev/nvidia%d", g), Type: "c", Major: 1, Minor: minor,
+			FileMode: api.FileMode(&mode), Uid: api.UInt32(uint32(0)), Gid: api.UInt32(uint32(0)),
+		})
+		rules = append(rules, &api.LinuxDeviceCgroup{Allow: true, Type: "c", Major: api.Int64(int64(1)), Minor: api.Int64(minor), Access: "rwm"})
+	}
+	if len(rules) > 0 {
+		adj.Linux.Resources = &api.LinuxResources{Devices: rules}
+	}
+	var names []string
+	for _, g := range given {
+		names = append(names, fmt.Sprintf("nvidia.com/gpu=%d", g))
+	}
+	adj.AddAnnotation(plugin.DevicesAnnotation, strings.Join(names, ","))
+	return adj
+}
+
+// withoutScaffolding drops the empty messages that NRI's runtime side
+// puts in every adjustment it returns (hooks, RDT, CPU and memory
+// resources), which are no part of what a plugin asked for.
+func withoutScaffolding(adj *api.ContainerAdjustment) *api.ContainerAdjustment {
+	if proto.Size(adj.Hooks) == 0 {
+		adj.Hooks = nil
+	}
+	if l := adj.Linux; l != nil {
+		if proto.Size(l.Rdt) == 0 {
+			l.Rdt = nil
+		}
+		if r := l.Resources; r != nil {
+			if proto.Size(r.Cpu) == 0 {
+				r.Cpu = nil
+			}
+			if proto.Size(r.Memory) == 0 {
+				r.Memory = nil
+			}
+			if proto.Size(r) == 0 {
+				l.Resources = nil
+			}
+		}
+		if proto.Size(l) == 0 {
+			adj.Linux = nil
+		}
+	}
+	return adj
+}
+
 func TestCreateContainerOverNRI(t *testing.T) {
 	tests := []struct {
-		name        string
-		config      string
-		podAnn      map[string]string
-		ctrAnn      map[string]string
-		ctrDevices  []string // already in the container, as a runtime's own CDI injection leaves them
-		wantDevices []string
-		noEnv       bool // the spec-level env came with the runtime's injection
-		wantErr     []string
+		name       string
+		config     string
+		podAnn     map[string]string
+		ctrAnn     map[string]string
+		ctrDevices []string // already in the container, as a runtime's own CDI injection leaves them
+		want       *api.ContainerAdjustment
+		wantErr    []string
 	}{
 		{
-			name:        "pod annotation",
-			podAnn:      map[string]string{"gpus.nri-gpu.io": "0"},
-			wantDevices: []string{"/dev/nvidia0"},
+			name:   "pod annotation",
+			podAnn: map[string]string{"gpus.nri-gpu.io": "0"},
+			want:   adjustment(true, []int{0}, 0),
 		},
 		{
-			name:        "container-scoped pod annotation wins",
-			podAnn:      map[string]string{"gpus.nri-gpu.io": "0", "gpus.nri-gpu.io/container.main": "1"},
-			wantDevices: []string{"/dev/nvidia1"},
+			name:   "container-scoped pod annotation wins",
+			podAnn: map[string]string{"gpus.nri-gpu.io": "0", "gpus.nri-gpu.io/container.main": "1"},
+			want:   adjustment(true, []int{1}, 1),
 		},
 		{
-			name:        "pod and cdi.k8s.io requests merged",
-			podAnn:      map[string]string{"gpus.nri-gpu.io": "0"},
-			ctrAnn:      map[string]string{"cdi.k8s.io/dp": "nvidia.com/gpu=1,nvidia.com/gpu=0"},
-			wantDevices: []string{"/dev/nvidia0", "/dev/nvidia1"},
+			name:   "pod and cdi.k8s.io requests merged",
+			podAnn: map[string]string{"gpus.nri-gpu.io": "0"},
+			ctrAnn: map[string]string{"cdi.k8s.io/dp": "nvidia.com/gpu=1,nvidia.com/gpu=0"},
+			want:   adjustment(true, []int{0, 1}, 0, 1),
 		},
 		{
 			name:   "cdi.k8s.io ignored when honorCDIAnnotations is false",
@@ -264,24 +325,28 @@ func TestCreateContainerOverNRI(t *testing.T) {
 			name:       "a device the runtime already injected is not injected again, nor its spec's edits",
 			ctrAnn:     map[string]string{"cdi.k8s.io/dp": "nvidia.com/gpu=1"},
 			ctrDevices: []string{"/dev/nvidia1"},
+			want:       adjustment(false, []int{1}),
 		},
 		{
-			name:        "a pod request beside one the runtime injected gets only its own device",
-			podAnn:      map[string]string{"gpus.nri-gpu.io": "0"},
-			ctrAnn:      map[string]string{"cdi.k8s.io/dp": "nvidia.com/gpu=1"},
-			ctrDevices:  []string{"/dev/nvidia1"},
-			wantDevices: []string{"/dev/nvidia0"},
-			noEnv:       true,
+			name:       "a pod request beside one the runtime injected gets only its own device",
+			podAnn:     map[string]string{"gpus.nri-gpu.io": "0"},
+			ctrAnn:     map[string]string{"cdi.k8s.io/dp": "nvidia.com/gpu=1"},
+			ctrDevices: []string{"/dev/nvidia1"},
+			want:       adjustment(false, []int{0, 1}, 0),
 		},
 		{
 			name:   "no request, no adjustment",
 			podAnn: map[string]string{"other": "0"},
 		},
 		{
-			name:        "all with allowAll",
-			config:      "policy: {allowAll: true}",
-			podAnn:      map[string]string{"gpus.nri-gpu.io": "all"},
-			wantDevices: []string{"/dev/nvidia0", "/dev/nvidia1"},
+			name:   "all with allowAll",
+			config: "policy: {allowAll: true}",
+			podAnn: map[string]string{"gpus.nri-gpu.io": "all"},
+			want: func() *api.ContainerAdjustment {
+				adj := adjustment(true, nil, 0, 1)
+				adj.Annotations[plugin.DevicesAnnotation] = "nvidia.com/gpu=all"
+				return adj
+			}(),
 		},
 		{
 			name:    "all without allowAll",
@@ -314,13 +379,12 @@ func TestCreateContainerOverNRI(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := devicePaths(adj)
-			if strings.Join(got, ",") != strings.Join(tc.wantDevices, ",") {
-				t.Errorf("devices %v, want %v", got, tc.wantDevices)
+			want := tc.want
+			if want == nil {
+				want = &api.ContainerAdjustment{} // what NRI's runtime side makes of no adjustment
 			}
-			hasEnv := len(adj.GetEnv()) > 0
-			if hasEnv != (len(tc.wantDevices) > 0 && !tc.noEnv) {
-				t.Errorf("env %v with devices %v: spec-level edits must come with the devices, and only then", adj.GetEnv(), got)
+			if diff := cmp.Diff(want, withoutScaffolding(adj), protocmp.Transform()); diff != "" {
+				t.Errorf("adjustment (-want +got):\n%s", diff)
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
+	"github.com/google/go-cmp/cmp"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -36,6 +37,14 @@ func TestWrite(t *testing.T) {
 			}
 			if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o644 {
 				t.Errorf("spec file: %v, %v; want mode 0644 (trusted by nri-gpu)", fi, err)
+			}
+			// What was written is the spec, as CDI reads it back.
+			read, err := cdi.ReadSpec(path, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(spec, read.Spec); diff != "" {
+				t.Errorf("written spec (-generated +read):\n%s", diff)
 			}
 		})
 	}
