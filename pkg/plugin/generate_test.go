@@ -3,8 +3,8 @@ package plugin_test
 import (
 	"context"
 	"io"
-	"path/filepath"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
