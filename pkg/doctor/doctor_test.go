@@ -1,6 +1,7 @@
 package doctor_test
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -62,6 +63,79 @@ func TestRun(t *testing.T) {
 	for _, f := range fs {
 		if f.Status != doctor.OK && f.Fix == "" {
 			t.Errorf("%s %s has no fix", f.Status, f.Check)
+		}
+	}
+}
+
+// TestContainerdConfig reads containerd configurations of both versions
+// (1.x: version 2, 2.x: version 3) with NRI and enable_cdi on, off and
+// left to the default, and NRI's socket the one nri-gpu uses or another.
+func TestContainerdConfig(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "nri.sock") // answers, so only the config can fail
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	// What containerd does with each setting, by config version.
+	nriOn := map[string]map[string]bool{
+		"2": {"on": true, "off": false, "default": false}, // 1.7: off unless disable = false
+		"3": {"on": true, "off": false, "default": true},  // 2.x: on unless disable = true
+	}
+	cdiOn := map[string]map[string]bool{
+		"2": {"on": true, "off": false, "default": false},
+		"3": {"on": true, "off": false, "default": true},
+	}
+	criPlugin := map[string]string{"2": "io.containerd.grpc.v1.cri", "3": "io.containerd.cri.v1.runtime"}
+	setting := map[string]string{"on": "false", "off": "true"} // NRI's key is disable
+	cdiSetting := map[string]string{"on": "true", "off": "false"}
+
+	for _, version := range []string{"2", "3"} {
+		for _, nri := range []string{"on", "off", "default"} {
+			for _, cdi := range []string{"on", "off", "default"} {
+				for _, socket := range []string{sock, "/run/other/nri.sock"} {
+					name := fmt.Sprintf("version %s, NRI %s, enable_cdi %s, same socket %v", version, nri, cdi, socket == sock)
+					t.Run(name, func(t *testing.T) {
+						toml := fmt.Sprintf("version = %s\n[plugins.\"io.containerd.nri.v1.nri\"]\n  socket_path = %q\n", version, socket)
+						if v, ok := setting[nri]; ok {
+							toml += "  disable = " + v + "\n"
+						}
+						if v, ok := cdiSetting[cdi]; ok {
+							toml += fmt.Sprintf("[plugins.%q]\n  enable_cdi = %s\n", criPlugin[version], v)
+						}
+						file := filepath.Join(t.TempDir(), "config.toml")
+						if err := os.WriteFile(file, []byte(toml), 0o644); err != nil {
+							t.Fatal(err)
+						}
+						cfg := config.Default()
+						cfg.CDISpecDirs = []string{t.TempDir()}
+						fs := doctor.Run(doctor.Input{SocketPath: sock, ContainerdConfig: file, Config: cfg})
+
+						wantNRI := doctor.Fail
+						if nriOn[version][nri] {
+							wantNRI = doctor.OK
+						}
+						if got := find(fs, "containerd NRI"); len(got) != 1 || got[0].Status != wantNRI {
+							t.Errorf("containerd NRI: %+v, want one %s", got, wantNRI)
+						}
+						if got := find(fs, "containerd NRI socket"); (socket == sock) != (len(got) == 0) {
+							t.Errorf("containerd NRI socket: %+v with containerd on %s and nri-gpu on %s", got, socket, sock)
+						} else if len(got) == 1 && (got[0].Status != doctor.Warn || !strings.Contains(got[0].Fix, "--socket-path "+socket)) {
+							t.Errorf("containerd NRI socket: %+v, want a WARN whose fix names %s", got[0], socket)
+						}
+						wantCDI := "enable_cdi is off"
+						if cdiOn[version][cdi] {
+							wantCDI = "enable_cdi is on"
+						}
+						if got := find(fs, "containerd CDI"); len(got) != 1 || !strings.HasPrefix(got[0].Detail, wantCDI) {
+							t.Errorf("containerd CDI: %+v, want %q", got, wantCDI)
+						}
+						if doctor.Failed(fs) != !nriOn[version][nri] {
+							t.Errorf("Failed() = %v with NRI %s on version %s", doctor.Failed(fs), nri, version)
+						}
+					})
+				}
+			}
 		}
 	}
 }
