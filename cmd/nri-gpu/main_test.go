@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -117,5 +118,22 @@ func TestValidate(t *testing.T) {
 	}
 	if code := run([]string{"validate", bad}, &stdout, &stderr); code != exitError || !strings.Contains(stderr.String(), bad+":2: policy.maxDevicesPerPod: -1 is negative") {
 		t.Errorf("semantic problem: exit %d, stderr %s", code, stderr.String())
+	}
+}
+
+// TestMetricsAddressInUse: a metrics address nri-gpu cannot listen on
+// stops it with status 1 and a message naming the flag, before it serves.
+func TestMetricsAddressInUse(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dir := t.TempDir()
+	var stderr bytes.Buffer
+	code := run([]string{"--socket-path", filepath.Join(dir, "nri.sock"), "--cdi-spec-dirs", dir,
+		"--metrics-address", l.Addr().String()}, io.Discard, &stderr)
+	if code != exitError || !strings.Contains(stderr.String(), "--metrics-address") || !strings.Contains(stderr.String(), "address already in use") {
+		t.Errorf("exit %d, stderr %q; want 1 and a message naming --metrics-address and why", code, stderr.String())
 	}
 }
