@@ -579,3 +579,39 @@ func TestConcurrentRequests(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestFailedInjectionHoldsNothing: a container whose devices are admitted
+// but cannot be injected (here an edit NRI cannot express) leaves its pod
+// holding none of them, so another pod may have them.
+func TestFailedInjectionHoldsNothing(t *testing.T) {
+	dir := t.TempDir()
+	const spec = `cdiVersion: "0.7.0"
+kind: nvidia.com/gpu
+devices:
+  - {name: "0", containerEdits: {deviceNodes: [{path: /dev/nvidia0, hostPath: /dev/null}]}}
+  - {name: "1", containerEdits: {deviceNodes: [{path: /dev/nvidia1, hostPath: /dev/zero}], additionalGids: [44]}}
+`
+	if err := os.WriteFile(filepath.Join(dir, "gpu.yaml"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse([]byte("policy: {exclusive: true}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{dir}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	create := func(podName, devices string) error {
+		pod := &api.PodSandbox{Id: podName, Name: podName, Namespace: "ns", Annotations: map[string]string{"gpus.nri-gpu.io": devices}}
+		ctr := &api.Container{Id: podName + "-c", PodSandboxId: podName, Name: "c", Linux: &api.LinuxContainer{}}
+		_, _, err := p.CreateContainer(context.Background(), pod, ctr)
+		return err
+	}
+	err = create("a", "0,1")
+	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=1"`, "additionalGids")
+	if err := create("b", "0"); err != nil {
+		t.Errorf("GPU 0 is still held by the pod whose container failed: %v", err)
+	}
+}

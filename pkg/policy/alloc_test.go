@@ -171,6 +171,24 @@ func TestRevertAndRestore(t *testing.T) {
 		t.Fatalf("after Revert, held %v", held)
 	}
 
+	// A second container of a pod asks for the device its first one has:
+	// held once, and reverting the second leaves the first's.
+	if _, err := a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, candidates); err != nil {
+		t.Fatal(err)
+	}
+	g, err = a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, candidates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := a.Count(); n != 1 {
+		t.Errorf("a device two containers of a pod asked for is counted %d times", n)
+	}
+	a.Revert(g)
+	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["2"]}, 0, candidates); err == nil {
+		t.Error("reverting a second container's grant released the first one's device")
+	}
+	a.Release(pod("a").ID)
+
 	// A restarted plugin learns from the runtime that a holds GPU 0 by
 	// name and GPU 1 by count; pod z, gone meanwhile, is not mentioned.
 	a.Admit(p, pod("z"), []specs.Device{byName["3"]}, 0, candidates)

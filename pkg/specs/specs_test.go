@@ -189,6 +189,8 @@ devices:
     containerEdits: {deviceNodes: [{path: /dev/nvidia2, hostPath: /dev/zero}]}
   - name: GPU-2
     containerEdits: {deviceNodes: [{path: /dev/nvidia2, hostPath: /dev/zero}]}
+  - name: "3"
+    containerEdits: {deviceNodes: [{path: /dev/full}]}
   - name: all
     containerEdits: {deviceNodes: [{path: /dev/nvidia2, hostPath: /dev/zero}, {path: /dev/nvidia10, hostPath: /dev/null}]}
 `)
@@ -202,9 +204,9 @@ devices:
 	for _, d := range open(t, dir).Snapshot().Candidates("nvidia.com/gpu") {
 		got = append(got, d.Name+"@"+strings.Join(d.Nodes, ","))
 	}
-	want := []string{"nvidia.com/gpu=2@/dev/zero", "nvidia.com/gpu=10@/dev/null", "nvidia.com/gpu=GPU-2@/dev/zero"}
+	want := []string{"nvidia.com/gpu=2@/dev/zero", "nvidia.com/gpu=3@/dev/full", "nvidia.com/gpu=10@/dev/null", "nvidia.com/gpu=GPU-2@/dev/zero"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
-		t.Errorf("candidates %v, want %v (no all, numbers in numeric order, footprints from host paths)", got, want)
+		t.Errorf("candidates %v, want %v (no all, numbers in numeric order, footprints from host paths, the path where no host path is given)", got, want)
 	}
 }
 
