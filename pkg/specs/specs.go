@@ -158,7 +158,9 @@ func (s *Snapshot) Resolve(names []string) ([]*Entry, error) {
 	return entries, nil
 }
 
-// Lookup is Resolve for one name.
+// Lookup returns the entry of a qualified name, or an error saying that
+// no spec defines it (naming the specs that failed to load) or that its
+// spec is not trusted.
 func (s *Snapshot) Lookup(name string) (*Entry, error) {
 	e := s.devices[name]
 	switch {
