@@ -90,7 +90,7 @@ devices:
 func charDev(path string, major, minor int64) *api.LinuxDevice {
 	return &api.LinuxDevice{
 		Path: path, Type: "c", Major: major, Minor: minor,
-		FileMode: api.FileMode(fileMode(0o666)), Uid: api.UInt32(uint32(0)), Gid: api.UInt32(uint32(0)),
+		FileMode: api.FileMode(fileMode(0o666)),
 	}
 }
 

@@ -15,8 +15,9 @@ import (
 // CDI's ContainerEdits.Apply does (fillMissingInfo, then the process's
 // user as owner, a node replacing one of the same path, a rule with the
 // spec's permissions or "rwm"), but with host information stat'ed at spec
-// load instead of now. A node whose spec and the container's user give it
-// no owner gets the host node's, so that it appears as on the host.
+// load instead of now. Like CDI, it takes the type, numbers and file
+// mode of a node from the host node, never its owner: a node whose spec
+// gives no uid or gid gets the container's user, or none (root).
 func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]specs.HostNode) error {
 	if s.Linux.Resources == nil {
 		s.Linux.Resources = &oci.LinuxResources{}
@@ -59,14 +60,6 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 		}
 		if gid := s.Process.User.GID; dev.GID == nil && gid > 0 {
 			dev.GID = &gid
-		}
-		if host.Err == nil {
-			if dev.UID == nil {
-				dev.UID = &host.UID
-			}
-			if dev.GID == nil {
-				dev.GID = &host.GID
-			}
 		}
 
 		s.Linux.Devices = slices.DeleteFunc(s.Linux.Devices, func(d oci.LinuxDevice) bool { return d.Path == dev.Path })

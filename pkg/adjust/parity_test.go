@@ -93,10 +93,7 @@ func TestParityWithCDIInjection(t *testing.T) {
 			if diff := cmp.Diff(viaCDI.Hooks, viaNRI.Hooks); diff != "" {
 				t.Errorf("hooks (-cdi +nri):\n%s", diff)
 			}
-			// CDI leaves the owner of root-owned nodes unset and a runtime
-			// reads that as root; nri-gpu sets the host owner. Compare the
-			// effective one.
-			if diff := cmp.Diff(effectiveOwners(viaCDI.Linux.Devices), viaNRI.Linux.Devices); diff != "" {
+			if diff := cmp.Diff(viaCDI.Linux.Devices, viaNRI.Linux.Devices); diff != "" {
 				t.Errorf("devices (-cdi +nri):\n%s", diff)
 			}
 			// NRI adds an "rw" rule of its own for each device it adds;
@@ -143,20 +140,6 @@ func adjustedByNRI(t *testing.T, adj *api.ContainerAdjustment) *oci.Spec {
 	return g.Config
 }
 
-func effectiveOwners(devs []oci.LinuxDevice) []oci.LinuxDevice {
-	out := make([]oci.LinuxDevice, len(devs))
-	for i, d := range devs {
-		var zero uint32
-		if d.UID == nil {
-			d.UID = &zero
-		}
-		if d.GID == nil {
-			d.GID = &zero
-		}
-		out[i] = d
-	}
-	return out
-}
 
 // TestParityManySpecs asks for devices of more specs than a request
 // usually names, each spec's own edits setting the same variable, in an

@@ -246,7 +246,7 @@ func adjustment(specEnv bool, given []int, gpus ...int) *api.ContainerAdjustment
 		minor := []int64{3, 5}[g] // /dev/null, /dev/zero
 		adj.AddDevice(&api.LinuxDevice{
 			Path: fmt.Sprintf("/dev/nvidia%d", g), Type: "c", Major: 1, Minor: minor,
-			FileMode: api.FileMode(&mode), Uid: api.UInt32(uint32(0)), Gid: api.UInt32(uint32(0)),
+			FileMode: api.FileMode(&mode),
 		})
 		rules = append(rules, &api.LinuxDeviceCgroup{Allow: true, Type: "c", Major: api.Int64(int64(1)), Minor: api.Int64(minor), Access: "rwm"})
 	}

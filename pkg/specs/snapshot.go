@@ -44,8 +44,7 @@ type HostNode struct {
 	Type         string
 	Major, Minor int64
 	// Mode holds the permission bits.
-	Mode     os.FileMode
-	UID, GID uint32
+	Mode os.FileMode
 	// Err is why the node could not be stat'ed, or is not a device.
 	Err error
 }
@@ -153,6 +152,5 @@ func statNode(path string) HostNode {
 		Major: int64(unix.Major(rdev)), Minor: int64(unix.Minor(rdev)),
 		// The raw mode bits less the type, as CDI takes them.
 		Mode: os.FileMode(st.Mode &^ unix.S_IFMT),
-		UID:  st.Uid, GID: st.Gid,
 	}
 }
