@@ -32,10 +32,15 @@ type Options struct {
 	// UID and GID are the container process's user and group. CDI gives
 	// them to device nodes whose spec sets no owner, as a runtime does.
 	UID, GID uint32
+	// AdditionalGIDs are the groups the container's process has already.
+	AdditionalGIDs []uint32
 	// Injected are devices the runtime itself already injected (its own
 	// CDI support, for a cdi.k8s.io annotation): the spec-level edits of
 	// their specs are not applied again.
 	Injected []*cdi.Device
+	// Runtime is what the connected runtime applies; the zero value
+	// applies none of cgroup rules, net devices and RDT.
+	Runtime Runtime
 }
 
 // Skipped is an unsupported edit that Build left out.
@@ -54,6 +59,10 @@ type Result struct {
 	Adjustment *api.ContainerAdjustment
 	// Skipped lists the unsupported edits left out.
 	Skipped []Skipped
+	// Unneeded lists the edits the runtime cannot apply that were left
+	// out because they change nothing for this container: additional
+	// groups for a process that runs as root or has them already.
+	Unneeded []Skipped
 }
 
 // Build collects the edits of devices, spec-level edits once per spec,
@@ -64,18 +73,17 @@ type Result struct {
 // device's edits can be expressed.
 func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options) (*Result, error) {
 	var (
-		edits   = &cdi.ContainerEdits{ContainerEdits: &cdispec.ContainerEdits{}}
-		skipped []Skipped
-		errs    []error
-		names   []string
+		edits = &cdi.ContainerEdits{ContainerEdits: &cdispec.ContainerEdits{}}
+		res   = &Result{}
+		errs  []error
+		names []string
 	)
 	for _, d := range devices {
 		names = append(names, d.GetQualifiedName())
 	}
 	for _, set := range inOrder(devices, opts.Injected) {
-		e, s, err := supported(set, opts.SkipUnsupported)
+		e, err := supported(set, opts, res)
 		errs = append(errs, err)
-		skipped = append(skipped, s...)
 		edits.Append(e)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -97,45 +105,64 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 		return nil, fmt.Errorf("applying CDI edits of %s: %w", strings.Join(names, ", "), err)
 	}
 	setHookEnv(scratch.Hooks, []string{specs.HookEnv})
-	return &Result{Adjustment: toAdjustment(scratch), Skipped: skipped}, nil
+	res.Adjustment = toAdjustment(scratch, opts.Runtime)
+	return res, nil
 }
 
-// supported returns a set's edits without the unsupported ones when skip
-// is true, or an error naming each unsupported edit when it is false. The
-// set's edits, which belong to the spec snapshot, are not modified.
-func supported(set editSet, skip bool) (*cdi.ContainerEdits, []Skipped, error) {
+// supported returns a set's edits less those the runtime cannot apply.
+// One whose absence changes nothing for the container is left out and
+// recorded in res.Unneeded. Any other is left out and recorded in
+// res.Skipped when opts.SkipUnsupported is set, and is an error naming
+// the device, the edit and the runtime otherwise; device permissions
+// narrower than "rw" are always an error where the runtime applies no
+// cgroup rules, as leaving them out would widen access. The set's edits,
+// which belong to the spec snapshot, are not modified.
+func supported(set editSet, opts Options, res *Result) (*cdi.ContainerEdits, error) {
 	where := fmt.Sprintf("device %q", set.device)
 	if set.spec != "" {
 		where = fmt.Sprintf("device %q (spec-level edits of %s)", set.device, set.spec)
 	}
+	runtime := strings.TrimSpace(opts.Runtime.Name + " " + opts.Runtime.Version)
+	if runtime == "" {
+		runtime = "this runtime"
+	}
 	e := *set.edits
-	var (
-		skipped []Skipped
-		errs    []error
-	)
-	drop := func(edit string, present bool, clear func()) {
-		if !present {
-			return
-		}
-		if skip {
+	var errs []error
+	unsupported := func(edit string, clear func()) {
+		if opts.SkipUnsupported {
 			clear()
-			skipped = append(skipped, Skipped{Device: set.device, Edit: edit, Spec: set.spec})
+			res.Skipped = append(res.Skipped, Skipped{Device: set.device, Edit: edit, Spec: set.spec})
 			return
 		}
-		errs = append(errs, fmt.Errorf("%s: %w: %s (set unsupportedEdits: warn to skip it)",
-			where, ErrUnsupportedEdit, edit))
+		errs = append(errs, fmt.Errorf("%s: %w: %s cannot apply %s (set unsupportedEdits: warn to skip it)",
+			where, ErrUnsupportedEdit, runtime, edit))
 	}
-	drop(EditAdditionalGIDs, slices.ContainsFunc(e.AdditionalGIDs, func(g uint32) bool { return g != 0 }), // CDI ignores GID 0
-		func() { e.AdditionalGIDs = nil })
-	drop(EditIntelRdt, e.IntelRdt != nil, func() { e.IntelRdt = nil })
-	drop(EditNetDevices, len(e.NetDevices) > 0, func() { e.NetDevices = nil })
-	for _, n := range e.DeviceNodes {
-		if n != nil && !grantsReadWrite(n.Permissions) {
-			errs = append(errs, fmt.Errorf("%s: %w: device node %q asks for cgroup permissions %q, but NRI grants \"rw\" to every device it adds",
-				where, ErrUnsupportedEdit, n.Path, n.Permissions))
+	if slices.ContainsFunc(e.AdditionalGIDs, func(g uint32) bool { return g != 0 }) { // CDI ignores GID 0
+		if opts.UID == 0 || !slices.ContainsFunc(e.AdditionalGIDs, func(g uint32) bool { return lacksGroup(g, opts) }) {
+			e.AdditionalGIDs = nil
+			res.Unneeded = append(res.Unneeded, Skipped{Device: set.device, Edit: EditAdditionalGIDs, Spec: set.spec})
+		} else {
+			unsupported(EditAdditionalGIDs, func() { e.AdditionalGIDs = nil })
 		}
 	}
-	return &cdi.ContainerEdits{ContainerEdits: &e}, skipped, errors.Join(errs...)
+	if e.IntelRdt != nil && !opts.Runtime.RDT {
+		unsupported(EditIntelRdt, func() { e.IntelRdt = nil })
+	}
+	if len(e.NetDevices) > 0 && !opts.Runtime.NetDevices {
+		unsupported(EditNetDevices, func() { e.NetDevices = nil })
+	}
+	for _, n := range e.DeviceNodes {
+		if n != nil && !grantsReadWrite(n.Permissions) && !opts.Runtime.CgroupRules {
+			errs = append(errs, fmt.Errorf("%s: %w: device node %q asks for cgroup permissions %q, but %s grants \"rw\" to every device NRI adds",
+				where, ErrUnsupportedEdit, n.Path, n.Permissions, runtime))
+		}
+	}
+	return &cdi.ContainerEdits{ContainerEdits: &e}, errors.Join(errs...)
+}
+
+// lacksGroup reports whether the container's process lacks group g.
+func lacksGroup(g uint32, opts Options) bool {
+	return g != 0 && g != opts.GID && !slices.Contains(opts.AdditionalGIDs, g)
 }
 
 // setHookEnv gives env to every hook that has no environment of its own.
@@ -160,9 +187,28 @@ func grantsReadWrite(perm string) bool {
 	return perm == "" || (strings.Contains(perm, "r") && strings.Contains(perm, "w"))
 }
 
+// beyond returns what NRI's own rule for an allowed device grants beyond
+// the rule: NRI grants "rw" to a character device and "rwm" to a block
+// device it adds.
+func beyond(rule *api.LinuxDeviceCgroup) string {
+	if !rule.Allow {
+		return ""
+	}
+	grant := "rw"
+	if rule.Type == "b" {
+		grant = "rwm"
+	}
+	return strings.Map(func(r rune) rune {
+		if strings.ContainsRune(rule.Access, r) {
+			return -1
+		}
+		return r
+	}, grant)
+}
+
 // toAdjustment converts what the edits did to an empty OCI spec into an
-// NRI adjustment, with NRI's own converters.
-func toAdjustment(s *oci.Spec) *api.ContainerAdjustment {
+// NRI adjustment, with NRI's own converters where NRI has them.
+func toAdjustment(s *oci.Spec, rt Runtime) *api.ContainerAdjustment {
 	adj := &api.ContainerAdjustment{}
 	for _, kv := range api.FromOCIEnv(s.Process.Env) {
 		adj.AddEnv(kv.Key, kv.Value)
@@ -172,12 +218,44 @@ func toAdjustment(s *oci.Spec) *api.ContainerAdjustment {
 	}
 	// NRI derives an "rw" cgroup rule from each device; the rules CDI
 	// computes (default "rwm") are passed as well, for runtimes whose NRI
-	// applies cgroup rules from adjustments (containerd 2.x).
+	// applies cgroup rules from adjustments (containerd 2.x). There, a
+	// rule narrower than "rw" is followed by one denying what NRI's own
+	// rule allowed beyond it, so that the container's access is CDI's.
 	if r := api.FromOCILinuxResources(s.Linux.Resources, nil); r != nil && len(r.Devices) > 0 {
 		if adj.Linux == nil {
 			adj.Linux = &api.LinuxContainerAdjustment{}
 		}
-		adj.Linux.Resources = &api.LinuxResources{Devices: r.Devices}
+		var rules []*api.LinuxDeviceCgroup
+		for _, rule := range r.Devices {
+			rules = append(rules, rule)
+			if deny := beyond(rule); rt.CgroupRules && deny != "" {
+				rules = append(rules, &api.LinuxDeviceCgroup{Type: rule.Type, Major: rule.Major, Minor: rule.Minor, Access: deny})
+			}
+		}
+		adj.Linux.Resources = &api.LinuxResources{Devices: rules}
+	}
+	for host, d := range api.FromOCILinuxNetDevices(s.Linux.NetDevices) {
+		adj.AddLinuxNetDevice(host, d)
+	}
+	if r := s.Linux.IntelRdt; r != nil {
+		// NRI has no fields of their own for the L3 cache and memory
+		// bandwidth schemas; runc writes them to the same schemata file
+		// as the other lines, before them.
+		if r.ClosID != "" {
+			adj.SetLinuxRDTClosID(r.ClosID)
+		}
+		var schemata []string
+		for _, line := range append([]string{r.L3CacheSchema, r.MemBwSchema}, r.Schemata...) {
+			if line != "" {
+				schemata = append(schemata, line)
+			}
+		}
+		if len(schemata) > 0 {
+			adj.SetLinuxRDTSchemata(schemata)
+		}
+		if r.EnableMonitoring {
+			adj.SetLinuxRDTEnableMonitoring(true)
+		}
 	}
 	for _, m := range api.FromOCIMounts(s.Mounts) {
 		adj.AddMount(m)

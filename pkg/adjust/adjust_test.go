@@ -268,32 +268,59 @@ devices:
 `
 
 func TestBuildUnsupportedEdits(t *testing.T) {
+	containerd17 := adjust.RuntimeOf("containerd", "1.7.35")
+	containerd2 := adjust.RuntimeOf("containerd", "v2.3.7")
+	user := adjust.Options{UID: 1000, GID: 1000}
 	tests := []struct {
-		name       string
-		device     string
-		skip       bool
-		wantErrs   []string
-		wantSkips  []adjust.Skipped
-		wantEnvKey string
+		name         string
+		device       string
+		opts         adjust.Options
+		wantErrs     []string
+		wantSkips    []adjust.Skipped
+		wantUnneeded []adjust.Skipped
+		wantEnvKey   string
 	}{
 		{
-			name:   "intelRdt and spec-level additionalGids fail by default, naming device and edit",
+			name:   "1.7: intelRdt fails by default, naming device, edit, runtime and setting",
 			device: "example.com/odd=rdt",
+			opts:   adjust.Options{Runtime: containerd17},
 			wantErrs: []string{
-				`device "example.com/odd=rdt" (spec-level edits of `, "additionalGids",
-				`device "example.com/odd=rdt": CDI edit not expressible through NRI: intelRdt`,
+				`device "example.com/odd=rdt": CDI edit not expressible through NRI: containerd 1.7.35 cannot apply intelRdt`,
 				"unsupportedEdits: warn",
 			},
 		},
 		{
-			name:     "netDevices fail by default",
-			device:   "example.com/odd=net",
-			wantErrs: []string{`device "example.com/odd=net": CDI edit not expressible through NRI: netDevices`},
+			name:     "1.7: additionalGids for a process without the group fail by default",
+			device:   "example.com/odd=rdt",
+			opts:     adjust.Options{Runtime: containerd17, UID: 1000, GID: 1000},
+			wantErrs: []string{`device "example.com/odd=rdt" (spec-level edits of `, "cannot apply additionalGids"},
 		},
 		{
-			name:   "warn skips them and reports each",
+			name:         "1.7: additionalGids for a root process change nothing: left out, reported",
+			device:       "example.com/odd=net",
+			opts:         adjust.Options{Runtime: containerd17, SkipUnsupported: true},
+			wantSkips:    []adjust.Skipped{{Device: "example.com/odd=net", Edit: "netDevices"}},
+			wantUnneeded: []adjust.Skipped{{Device: "example.com/odd=net", Edit: "additionalGids", Spec: "odd.yaml"}},
+			wantEnvKey:   "ODD",
+		},
+		{
+			name:         "1.7: additionalGids the process has already change nothing",
+			device:       "example.com/odd=net",
+			opts:         adjust.Options{Runtime: containerd17, SkipUnsupported: true, UID: 1000, GID: 1000, AdditionalGIDs: []uint32{44}},
+			wantSkips:    []adjust.Skipped{{Device: "example.com/odd=net", Edit: "netDevices"}},
+			wantUnneeded: []adjust.Skipped{{Device: "example.com/odd=net", Edit: "additionalGids", Spec: "odd.yaml"}},
+			wantEnvKey:   "ODD",
+		},
+		{
+			name:     "1.7: netDevices fail by default",
+			device:   "example.com/odd=net",
+			opts:     adjust.Options{Runtime: containerd17},
+			wantErrs: []string{`device "example.com/odd=net": CDI edit not expressible through NRI: containerd 1.7.35 cannot apply netDevices`},
+		},
+		{
+			name:   "1.7: warn skips them and reports each",
 			device: "example.com/odd=net",
-			skip:   true,
+			opts:   adjust.Options{Runtime: containerd17, SkipUnsupported: true, UID: user.UID, GID: user.GID},
 			wantSkips: []adjust.Skipped{
 				{Device: "example.com/odd=net", Edit: "additionalGids", Spec: "odd.yaml"},
 				{Device: "example.com/odd=net", Edit: "netDevices"},
@@ -301,15 +328,41 @@ func TestBuildUnsupportedEdits(t *testing.T) {
 			wantEnvKey: "ODD",
 		},
 		{
-			name:     "permissions narrower than rw fail even with warn",
+			name:     "1.7: permissions narrower than rw fail even with warn",
 			device:   "example.com/odd=readonly",
-			skip:     true,
-			wantErrs: []string{`device node "/dev/ro" asks for cgroup permissions "r"`},
+			opts:     adjust.Options{Runtime: containerd17, SkipUnsupported: true},
+			wantErrs: []string{`device node "/dev/ro" asks for cgroup permissions "r", but containerd 1.7.35 grants "rw"`},
+		},
+		{
+			name:         "2.x: net devices are applied",
+			device:       "example.com/odd=net",
+			opts:         adjust.Options{Runtime: containerd2},
+			wantEnvKey:   "ODD",
+			wantUnneeded: []adjust.Skipped{{Device: "example.com/odd=net", Edit: "additionalGids", Spec: "odd.yaml"}},
+		},
+		{
+			name:         "2.x: RDT is applied",
+			device:       "example.com/odd=rdt",
+			opts:         adjust.Options{Runtime: containerd2},
+			wantEnvKey:   "ODD",
+			wantUnneeded: []adjust.Skipped{{Device: "example.com/odd=rdt", Edit: "additionalGids", Spec: "odd.yaml"}},
+		},
+		{
+			name:     "2.x: additionalGids a non-root process lacks still fail by default",
+			device:   "example.com/odd=rdt",
+			opts:     adjust.Options{Runtime: containerd2, UID: 1000, GID: 1000},
+			wantErrs: []string{"containerd v2.3.7 cannot apply additionalGids"},
+		},
+		{
+			name:         "2.x: narrower permissions are applied",
+			device:       "example.com/odd=readonly",
+			opts:         adjust.Options{Runtime: containerd2},
+			wantUnneeded: []adjust.Skipped{{Device: "example.com/odd=readonly", Edit: "additionalGids", Spec: "odd.yaml"}},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := build(t, map[string]string{"odd.yaml": unsupportedSpec}, adjust.Options{SkipUnsupported: tc.skip}, tc.device)
+			res, err := build(t, map[string]string{"odd.yaml": unsupportedSpec}, tc.opts, tc.device)
 			if len(tc.wantErrs) > 0 {
 				testutil.ErrorSays(t, err, tc.wantErrs...)
 				if !errors.Is(err, adjust.ErrUnsupportedEdit) {
@@ -320,18 +373,43 @@ func TestBuildUnsupportedEdits(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for i, s := range res.Skipped {
-				if s.Spec != "" {
-					res.Skipped[i].Spec = filepath.Base(s.Spec)
+			for _, list := range [][]adjust.Skipped{res.Skipped, res.Unneeded} {
+				for i, s := range list {
+					if s.Spec != "" {
+						list[i].Spec = filepath.Base(s.Spec)
+					}
 				}
 			}
 			if diff := cmp.Diff(tc.wantSkips, res.Skipped); diff != "" {
 				t.Errorf("skipped (-want +got):\n%s", diff)
 			}
-			if env := res.Adjustment.GetEnv(); len(env) != 1 || env[0].Key != tc.wantEnvKey {
+			if diff := cmp.Diff(tc.wantUnneeded, res.Unneeded); diff != "" {
+				t.Errorf("left out as unneeded (-want +got):\n%s", diff)
+			}
+			if env := res.Adjustment.GetEnv(); tc.wantEnvKey != "" && (len(env) != 1 || env[0].Key != tc.wantEnvKey) {
 				t.Errorf("env %v, want the supported edits kept", env)
 			}
 		})
+	}
+}
+
+func TestRuntimeOf(t *testing.T) {
+	tests := []struct {
+		name, version string
+		want          bool
+	}{
+		{"containerd", "1.7.35", false},
+		{"containerd", "v1.7.25", false},
+		{"containerd", "v2.3.7", true},
+		{"containerd", "2.0.0", true},
+		{"cri-o", "1.33.0", false},
+		{"containerd", "", false},
+	}
+	for _, tc := range tests {
+		rt := adjust.RuntimeOf(tc.name, tc.version)
+		if rt.CgroupRules != tc.want || rt.NetDevices != tc.want || rt.RDT != tc.want {
+			t.Errorf("RuntimeOf(%q, %q) = %+v, want all capabilities %v", tc.name, tc.version, rt, tc.want)
+		}
 	}
 }
 

@@ -140,7 +140,6 @@ func adjustedByNRI(t *testing.T, adj *api.ContainerAdjustment) *oci.Spec {
 	return g.Config
 }
 
-
 // TestParityManySpecs asks for devices of more specs than a request
 // usually names, each spec's own edits setting the same variable, in an
 // order that comes back to earlier specs: a spec's own edits are applied
