@@ -63,6 +63,8 @@ type Plugin struct {
 	configured int
 	// configErr is the last rejected configuration from the runtime.
 	configErr error
+	// runtime is what the connected runtime applies, decided at Configure.
+	runtime adjust.Runtime
 
 	// nvml, when set, replaces the driver's NVML for spec generation.
 	nvml nvml.Interface
@@ -145,6 +147,13 @@ func (p *Plugin) state() *state {
 	return p.st
 }
 
+// connectedRuntime returns what the connected runtime applies.
+func (p *Plugin) connectedRuntime() adjust.Runtime {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.runtime
+}
+
 // Close stops watching the spec directories.
 func (p *Plugin) Close() {
 	p.state().specs.Close()
@@ -155,6 +164,11 @@ func (p *Plugin) Close() {
 // its plugin_config_path) replaces the configuration, parsed as a file is.
 func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api.EventMask, error) {
 	log := p.log.WithFields(logrus.Fields{"runtime": runtime, "version": version})
+	rt := adjust.RuntimeOf(runtime, version)
+	p.mu.Lock()
+	p.runtime = rt
+	p.mu.Unlock()
+	log.Infof("what the runtime can apply: %s", rt)
 	if cfg == "" {
 		p.mu.Lock()
 		p.configured++
@@ -331,14 +345,18 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 	if err != nil {
 		return nil, nil, err
 	}
-	res, err := st.build(snap, named, injected, grant, ctr)
+	res, err := st.build(snap, named, injected, grant, ctr, p.connectedRuntime())
 	if err != nil {
 		p.alloc.Revert(grant)
 		return nil, nil, err
 	}
 	for _, s := range res.Skipped {
 		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
-			Warn("skipped a CDI edit that NRI cannot express (unsupportedEdits: warn)")
+			Warn("skipped a CDI edit the runtime cannot apply (unsupportedEdits: warn)")
+	}
+	for _, s := range res.Unneeded {
+		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
+			Info("left out a CDI edit the runtime cannot apply and the container does not need (its process runs as root or has the groups)")
 	}
 	given := names(grant.Devices)
 	res.Adjustment.AddAnnotation(DevicesAnnotation, strings.Join(given, ","))
@@ -362,7 +380,7 @@ func (st *state) resolve(snap *specs.Snapshot, name string) (*specs.Entry, error
 
 // build resolves the counted devices of a grant and builds the adjustment
 // for all the container's devices but those the runtime injected itself.
-func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, injected []*cdi.Device, grant policy.Grant, ctr *api.Container) (*adjust.Result, error) {
+func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, injected []*cdi.Device, grant policy.Grant, ctr *api.Container, rt adjust.Runtime) (*adjust.Result, error) {
 	var devices []*cdi.Device
 	for _, e := range named {
 		if !slices.Contains(injected, e.Device) {
@@ -386,6 +404,8 @@ func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, injected []*c
 		Injected:        injected,
 		UID:             ctr.GetUser().GetUid(),
 		GID:             ctr.GetUser().GetGid(),
+		AdditionalGIDs:  ctr.GetUser().GetAdditionalGids(),
+		Runtime:         rt,
 	})
 }
 

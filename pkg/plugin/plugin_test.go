@@ -605,7 +605,8 @@ devices:
 	defer p.Close()
 	create := func(podName, devices string) error {
 		pod := &api.PodSandbox{Id: podName, Name: podName, Namespace: "ns", Annotations: map[string]string{"gpus.nri-gpu.io": devices}}
-		ctr := &api.Container{Id: podName + "-c", PodSandboxId: podName, Name: "c", Linux: &api.LinuxContainer{}}
+		ctr := &api.Container{Id: podName + "-c", PodSandboxId: podName, Name: "c", Linux: &api.LinuxContainer{},
+			User: &api.User{Uid: 1000, Gid: 1000}} // lacks group 44, which the spec adds
 		_, _, err := p.CreateContainer(context.Background(), pod, ctr)
 		return err
 	}

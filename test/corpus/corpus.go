@@ -11,10 +11,12 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/yaml"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
@@ -106,6 +108,15 @@ func (s Spec) Install(dir, root, hook string) (string, error) {
 			h.Path = hook
 		}
 	}
+	// A node named by its path alone now has a host path, which CDI
+	// specs have had since 0.5.0: an older spec gets that version.
+	minVersion, err := cdi.MinimumRequiredVersion(out)
+	if err != nil {
+		return "", err
+	}
+	if older(out.Version, minVersion) {
+		out.Version = minVersion
+	}
 	data, err = yaml.Marshal(out)
 	if err != nil {
 		return "", err
@@ -115,6 +126,19 @@ func (s Spec) Install(dir, root, hook string) (string, error) {
 		return "", err
 	}
 	return file, os.WriteFile(file, data, 0o644)
+}
+
+// older reports whether version a comes before version b.
+func older(a, b string) bool {
+	pa, pb := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(pa) && i < len(pb); i++ {
+		x, _ := strconv.Atoi(pa[i])
+		y, _ := strconv.Atoi(pb[i])
+		if x != y {
+			return x < y
+		}
+	}
+	return len(pa) < len(pb)
 }
 
 // localMajor is a character device major reserved for local use, for
