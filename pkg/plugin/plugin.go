@@ -309,6 +309,7 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		Name:           ctr.GetName(),
 		PodAnnotations: pod.GetAnnotations(),
 		Annotations:    ctr.GetAnnotations(),
+		CDIDevices:     cdiDeviceNames(ctr),
 	})
 	if err != nil || ask.Empty() {
 		return nil, nil, err
@@ -325,6 +326,15 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		errs       []error
 	)
 	for _, r := range ask.Requests {
+		if r.Source == policy.SourceRuntime {
+			// The runtime injects it from its own spec dirs: it is held
+			// by the pod, and its spec's edits are not applied again.
+			footprints = append(footprints, snap.Footprints([]string{r.Device})...)
+			if e, err := snap.Lookup(r.Device); err == nil {
+				injected = append(injected, e.Device)
+			}
+			continue
+		}
 		e, err := st.resolve(snap, r.Device)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", r, err))
@@ -417,12 +427,27 @@ func (p *Plugin) countHeld() {
 	p.metrics.DevicesHeld(p.alloc.Count())
 }
 
+// cdiDeviceNames returns the CDI devices the runtime reports it injects
+// into the container.
+func cdiDeviceNames(ctr *api.Container) []string {
+	var out []string
+	for _, d := range ctr.GetCDIDevices() {
+		out = append(out, d.GetName())
+	}
+	return out
+}
+
 // injectedByRuntime reports whether the runtime already injected a device
 // into the container (containerd's own CDI support, enable_cdi, acting on
-// a cdi.k8s.io annotation before NRI is called): every device node and
-// env entry of the device's own edits is already there. A device with
-// neither cannot be told apart and counts as not injected.
+// a cdi.k8s.io annotation before NRI is called): the runtime reports it
+// among the CDI devices it injects (containerd 2.x), or every device node
+// and env entry of the device's own edits is there already. A device the
+// runtime does not report and whose edits have neither cannot be told
+// apart and counts as not injected.
 func injectedByRuntime(e *specs.Entry, ctr *api.Container) bool {
+	if slices.Contains(cdiDeviceNames(ctr), e.Footprint.Name) {
+		return true
+	}
 	edits := e.Device.ContainerEdits
 	if len(edits.DeviceNodes) == 0 && len(edits.Env) == 0 {
 		return false

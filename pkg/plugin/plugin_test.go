@@ -297,6 +297,7 @@ func TestCreateContainerOverNRI(t *testing.T) {
 		podAnn     map[string]string
 		ctrAnn     map[string]string
 		ctrDevices []string // already in the container, as a runtime's own CDI injection leaves them
+		cdiDevices []string // the CDI devices the runtime reports injecting
 		want       *api.ContainerAdjustment
 		wantErr    []string
 	}{
@@ -335,6 +336,18 @@ func TestCreateContainerOverNRI(t *testing.T) {
 			want:       adjustment(false, []int{0, 1}, 0),
 		},
 		{
+			name:       "a device the runtime reports injecting (the CRI request's CDI devices) is held, not injected",
+			podAnn:     map[string]string{"gpus.nri-gpu.io": "0"},
+			cdiDevices: []string{"nvidia.com/gpu=1"},
+			want:       adjustment(false, []int{0, 1}, 0),
+		},
+		{
+			name:       "a cdi.k8s.io device the runtime reports injecting is not injected again, whatever the container holds",
+			ctrAnn:     map[string]string{"cdi.k8s.io/dp": "nvidia.com/gpu=1"},
+			cdiDevices: []string{"nvidia.com/gpu=1"},
+			want:       adjustment(false, []int{1}),
+		},
+		{
 			name:   "no request, no adjustment",
 			podAnn: map[string]string{"other": "0"},
 		},
@@ -370,6 +383,9 @@ func TestCreateContainerOverNRI(t *testing.T) {
 			req := createRequest(tc.podAnn, tc.ctrAnn)
 			for _, d := range tc.ctrDevices {
 				req.Container.Linux.Devices = append(req.Container.Linux.Devices, &api.LinuxDevice{Path: d, Type: "c"})
+			}
+			for _, d := range tc.cdiDevices {
+				req.Container.CDIDevices = append(req.Container.CDIDevices, &api.CDIDevice{Name: d})
 			}
 			adj, err := r.create(req.Pod, req.Container)
 			if len(tc.wantErr) > 0 {
@@ -615,4 +631,25 @@ devices:
 	if err := create("b", "0"); err != nil {
 		t.Errorf("GPU 0 is still held by the pod whose container failed: %v", err)
 	}
+}
+
+// TestRuntimeCDIDevicesAreHeld: a device the runtime injects itself (the
+// CRI request's CDI devices, from a device plugin) is held by its pod
+// like one nri-gpu injected, so that policy.exclusive keeps other pods
+// off it.
+func TestRuntimeCDIDevicesAreHeld(t *testing.T) {
+	r := runtime(t, "policy: {exclusive: true}")
+	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant"}
+	ctrA := &api.Container{Id: "a-c", PodSandboxId: a.Id, Name: "c", Linux: &api.LinuxContainer{},
+		CDIDevices: []*api.CDIDevice{{Name: "nvidia.com/gpu=1"}}}
+	adj, err := r.create(a, ctrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(adj.GetLinux().GetDevices()) != 0 || adj.GetAnnotations()[plugin.DevicesAnnotation] != "nvidia.com/gpu=1" {
+		t.Errorf("adjustment %v: want nothing injected and GPU 1 recorded as the pod's", adj)
+	}
+	b := &api.PodSandbox{Id: "id-b", Name: "b", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
+	_, err = r.create(b, &api.Container{Id: "b-c", PodSandboxId: b.Id, Name: "c", Linux: &api.LinuxContainer{}})
+	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=1" is held by pod tenant/a`)
 }

@@ -89,6 +89,9 @@ func (p *Policy) Check(pod Pod, ask Ask) error {
 	}
 	var errs []error
 	for _, r := range ask.Requests {
+		if r.Source == SourceRuntime {
+			continue // node components chose it; it is held, not checked
+		}
 		if err := p.checkRequest(r); err != nil {
 			errs = append(errs, err)
 		}

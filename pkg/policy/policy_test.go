@@ -80,6 +80,12 @@ func TestCheck(t *testing.T) {
 			wantErr:   []string{`pod annotation "gpu-count.nri-gpu.io" request for 1 devices`, `namespace "default"`},
 		},
 		{
+			name:      "the runtime's CDI devices are subject to no rule here: node components chose them",
+			policy:    tenants,
+			namespace: "default",
+			ask:       policy.Ask{Requests: []policy.Request{req("example.com/nic=all", policy.SourceRuntime)}},
+		},
+		{
 			name:      "cdi.k8s.io requests are not subject to namespaces",
 			policy:    tenants,
 			namespace: "kube-system",

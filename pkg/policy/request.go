@@ -43,6 +43,11 @@ const (
 	SourcePod Source = iota
 	// SourceCDI is a cdi.k8s.io/* container annotation.
 	SourceCDI
+	// SourceRuntime is a CDI device the runtime reports it injects itself
+	// (the CDI devices of the CRI request, which kubelet fills from
+	// device plugins and DRA drivers). It is held like any other, and
+	// injected by the runtime, not by nri-gpu.
+	SourceRuntime
 )
 
 // Request is one device that a container asks for.
@@ -59,6 +64,9 @@ type Request struct {
 
 // String describes the request for error messages.
 func (r Request) String() string {
+	if r.Source == SourceRuntime {
+		return fmt.Sprintf("CDI device %q of the container's CRI request", r.Device)
+	}
 	kind := "pod annotation"
 	if r.Source == SourceCDI {
 		kind = "container annotation"
@@ -79,6 +87,9 @@ type Container struct {
 	PodAnnotations map[string]string
 	// Annotations are the container's own annotations.
 	Annotations map[string]string
+	// CDIDevices are the CDI devices the runtime reports it injects itself
+	// (NRI's Container.CDIDevices, on containerd 2.x).
+	CDIDevices []string
 }
 
 // Ask is everything a container asks for.
@@ -174,6 +185,15 @@ func (p *Parser) parseNamed(c Container) ([]Request, error) {
 			return nil, err
 		}
 		reqs = append(reqs, r...)
+	}
+	if len(c.CDIDevices) > maxItems {
+		return nil, fmt.Errorf("CDI devices of the container's CRI request: %w: %d, more than %d", ErrInvalidRequest, len(c.CDIDevices), maxItems)
+	}
+	for _, d := range c.CDIDevices {
+		if _, _, _, err := parser.ParseQualifiedName(d); err != nil {
+			return nil, fmt.Errorf("CDI device %q of the container's CRI request: %w: %w", truncate(d), ErrInvalidRequest, err)
+		}
+		reqs = append(reqs, Request{Device: d, Item: d, Source: SourceRuntime})
 	}
 	return dedup(reqs), nil
 }

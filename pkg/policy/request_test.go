@@ -23,6 +23,7 @@ func TestParse(t *testing.T) {
 		honorCDI bool
 		podAnn   map[string]string
 		ctrAnn   map[string]string
+		cdiDevs  []string
 		want     []policy.Request
 		count    int
 		wantErr  []string
@@ -85,6 +86,21 @@ func TestParse(t *testing.T) {
 			name:   "cdi.k8s.io annotations ignored unless honoured",
 			ctrAnn: map[string]string{"cdi.k8s.io/a": "nvidia.com/gpu=0"},
 			want:   nil,
+		},
+		{
+			name:     "the runtime's CDI devices after the annotations, a device asked for twice once",
+			honorCDI: true,
+			podAnn:   map[string]string{"gpus.nri-gpu.io": "0"},
+			cdiDevs:  []string{"nvidia.com/gpu=1", "nvidia.com/gpu=0"},
+			want: []policy.Request{
+				pod("gpus.nri-gpu.io", "0", "nvidia.com/gpu=0"),
+				{Device: "nvidia.com/gpu=1", Item: "nvidia.com/gpu=1", Source: policy.SourceRuntime},
+			},
+		},
+		{
+			name:    "a malformed CDI device of the runtime",
+			cdiDevs: []string{"gpu0"},
+			wantErr: []string{`CDI device "gpu0" of the container's CRI request`},
 		},
 		{
 			name:   "count",
@@ -184,7 +200,7 @@ func TestParse(t *testing.T) {
 				t.Fatal(err)
 			}
 			got, err := p.Parse(policy.Container{
-				Namespace: "ns", Pod: "pod", Name: "main", PodAnnotations: tc.podAnn, Annotations: tc.ctrAnn,
+				Namespace: "ns", Pod: "pod", Name: "main", PodAnnotations: tc.podAnn, Annotations: tc.ctrAnn, CDIDevices: tc.cdiDevs,
 			})
 			if len(tc.wantErr) > 0 {
 				testutil.ErrorSays(t, err, tc.wantErr...)
