@@ -11,6 +11,8 @@ CONTAINERD2_VERSION := v2.3.7
 CONTAINERD2    := $(OUT)/containerd-$(CONTAINERD2_VERSION:v%=%)
 
 export NRI_GPU_TOOLS := $(BIN)
+# The containerd whose own CDI injection the corpus is compared with.
+export NRI_GPU_REFERENCE_CONTAINERD := $(CONTAINERD2)
 # go-nvml's cgo bindings declare functions the NVML headers deprecate.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 

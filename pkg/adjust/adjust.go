@@ -145,7 +145,9 @@ func supported(set editSet, opts Options, res *Result) (*cdi.ContainerEdits, err
 			unsupported(EditAdditionalGIDs, func() { e.AdditionalGIDs = nil })
 		}
 	}
-	if e.IntelRdt != nil && !opts.Runtime.RDT {
+	if r := e.IntelRdt; r != nil && (!opts.Runtime.RDT || r.L3CacheSchema != "" || r.MemBwSchema != "") {
+		// NRI's RDT adjustment has a CLOS, schemata and monitoring, but
+		// no L3 cache or memory bandwidth schema of their own.
 		unsupported(EditIntelRdt, func() { e.IntelRdt = nil })
 	}
 	if len(e.NetDevices) > 0 && !opts.Runtime.NetDevices {
@@ -219,7 +221,7 @@ func toAdjustment(s *oci.Spec, rt Runtime) *api.ContainerAdjustment {
 	// NRI derives an "rw" cgroup rule from each device; the rules CDI
 	// computes (default "rwm") are passed as well, for runtimes whose NRI
 	// applies cgroup rules from adjustments (containerd 2.x). There, a
-	// rule narrower than "rw" is followed by one denying what NRI's own
+	// rule narrower than NRI's own is followed by one denying what NRI's
 	// rule allowed beyond it, so that the container's access is CDI's.
 	if r := api.FromOCILinuxResources(s.Linux.Resources, nil); r != nil && len(r.Devices) > 0 {
 		if adj.Linux == nil {
@@ -227,7 +229,12 @@ func toAdjustment(s *oci.Spec, rt Runtime) *api.ContainerAdjustment {
 		}
 		var rules []*api.LinuxDeviceCgroup
 		for _, rule := range r.Devices {
-			rules = append(rules, rule)
+			// An allow rule with no access (CDI's permissions "none")
+			// allows nothing, and runc refuses it: the deny rule below
+			// is all it takes.
+			if !rule.Allow || rule.Access != "" {
+				rules = append(rules, rule)
+			}
 			if deny := beyond(rule); rt.CgroupRules && deny != "" {
 				rules = append(rules, &api.LinuxDeviceCgroup{Type: rule.Type, Major: rule.Major, Minor: rule.Minor, Access: deny})
 			}
@@ -237,21 +244,12 @@ func toAdjustment(s *oci.Spec, rt Runtime) *api.ContainerAdjustment {
 	for host, d := range api.FromOCILinuxNetDevices(s.Linux.NetDevices) {
 		adj.AddLinuxNetDevice(host, d)
 	}
-	if r := s.Linux.IntelRdt; r != nil {
-		// NRI has no fields of their own for the L3 cache and memory
-		// bandwidth schemas; runc writes them to the same schemata file
-		// as the other lines, before them.
+	if r := s.Linux.IntelRdt; r != nil { // no L3 cache or memory bandwidth schema: supported refuses them
 		if r.ClosID != "" {
 			adj.SetLinuxRDTClosID(r.ClosID)
 		}
-		var schemata []string
-		for _, line := range append([]string{r.L3CacheSchema, r.MemBwSchema}, r.Schemata...) {
-			if line != "" {
-				schemata = append(schemata, line)
-			}
-		}
-		if len(schemata) > 0 {
-			adj.SetLinuxRDTSchemata(schemata)
+		if len(r.Schemata) > 0 {
+			adj.SetLinuxRDTSchemata(r.Schemata)
 		}
 		if r.EnableMonitoring {
 			adj.SetLinuxRDTEnableMonitoring(true)

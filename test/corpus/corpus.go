@@ -66,9 +66,11 @@ func (s Spec) Devices() []string {
 // Install writes the spec into dir, as published but for host paths moved
 // under root and hook paths replaced by hook, and makes under root what
 // it names: device nodes (mknod, so it needs root; the spec's type and
-// numbers, else a character device with a number of its own, and nodes
+// numbers, else those of the published path where this machine has that
+// character device, else a number of its own; nodes
 // under /dev/dri group-owned by video, 0660, as GPU drivers make them) and
 // mount sources (empty files). It returns the spec file written.
+// Published host paths are only read (stat), never written.
 func (s Spec) Install(dir, root, hook string) (string, error) {
 	out := &cdispec.Spec{}
 	data, err := yaml.Marshal(s.Spec)
@@ -92,7 +94,7 @@ func (s Spec) Install(dir, root, hook string) (string, error) {
 			}
 			n.HostPath = filepath.Join(root, host)
 			if !made[n.HostPath] {
-				if err := makeNode(n.HostPath, n, len(made)); err != nil {
+				if err := makeNode(n.HostPath, host, n, len(made)); err != nil {
 					return "", fmt.Errorf("%s: device node %s: %w", s.File, host, err)
 				}
 				made[n.HostPath] = true
@@ -145,12 +147,18 @@ func older(a, b string) bool {
 // nodes whose spec gives no numbers.
 const localMajor = 240
 
-// makeNode makes the host node of n at host.
-func makeNode(host string, n *cdispec.DeviceNode, index int) error {
+// makeNode makes the host node of n at host. A node the spec gives no
+// numbers for takes those of the published host path where this machine
+// has that device (/dev/null), else a number of its own.
+func makeNode(host, published string, n *cdispec.DeviceNode, index int) error {
 	if err := os.MkdirAll(filepath.Dir(host), 0o755); err != nil {
 		return err
 	}
 	typ, major, minor := n.Type, n.Major, n.Minor
+	var st unix.Stat_t
+	if major == 0 && typ != "p" && unix.Stat(published, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR && typ != "b" {
+		typ, major, minor = "c", int64(unix.Major(uint64(st.Rdev))), int64(unix.Minor(uint64(st.Rdev))) //nolint:unconvert // Rdev's type differs between architectures
+	}
 	if typ == "" {
 		typ = "c"
 	}

@@ -64,12 +64,7 @@ func FindTools(dir string) (Tools, error) {
 			errs = append(errs, fmt.Errorf("tool %s: %w", name, err))
 		}
 	}
-	if out, err := exec.Command(t.Path("containerd"), "--version").Output(); err == nil {
-		// "containerd <module> 1.7.35+unknown <commit>"
-		if f := strings.Fields(string(out)); len(f) >= 3 {
-			t.ContainerdVersion = strings.TrimPrefix(strings.SplitN(f[2], "+", 2)[0], "v")
-		}
-	}
+	t.ContainerdVersion = containerdVersion(t.Path("containerd"))
 	var err error
 	if t.Runc, err = exec.LookPath("runc"); err != nil {
 		errs = append(errs, fmt.Errorf("runc: %w", err))
@@ -79,4 +74,28 @@ func FindTools(dir string) (Tools, error) {
 		errs = append(errs, fmt.Errorf("busybox-static: %w", err))
 	}
 	return t, errors.Join(errs...)
+}
+
+// WithContainerd returns the tools with containerd, ctr and the shim
+// taken from dir instead (another containerd version).
+func (t Tools) WithContainerd(dir string) (Tools, error) {
+	t.ContainerdDir = dir
+	if t.ContainerdVersion = containerdVersion(t.Path("containerd")); t.ContainerdVersion == "" {
+		return t, fmt.Errorf("no containerd in %s", dir)
+	}
+	return t, nil
+}
+
+// containerdVersion returns what a containerd binary says its version is
+// ("1.7.35"), or "".
+func containerdVersion(path string) string {
+	out, err := exec.Command(path, "--version").Output()
+	if err != nil {
+		return ""
+	}
+	// "containerd <module> 1.7.35+unknown <commit>"
+	if f := strings.Fields(string(out)); len(f) >= 3 {
+		return strings.TrimPrefix(strings.SplitN(f[2], "+", 2)[0], "v")
+	}
+	return ""
 }
