@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // ErrorSays fails the test at once when err is nil, and otherwise reports
@@ -31,4 +33,27 @@ func Within(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// DeviceAccess evaluates a container spec's device cgroup rules for one of
+// its devices, as the kernel does (later rules win, letter by letter), and
+// returns the access it has, such as "rw".
+func DeviceAccess(s *oci.Spec, d oci.LinuxDevice) string {
+	allowed := map[rune]bool{}
+	for _, r := range s.Linux.Resources.Devices {
+		if (r.Type != "" && r.Type != "a" && r.Type != d.Type) ||
+			(r.Major != nil && *r.Major != d.Major) || (r.Minor != nil && *r.Minor != d.Minor) {
+			continue
+		}
+		for _, c := range r.Access {
+			allowed[c] = r.Allow
+		}
+	}
+	var out string
+	for _, c := range "rwm" {
+		if allowed[c] {
+			out += string(c)
+		}
+	}
+	return out
 }

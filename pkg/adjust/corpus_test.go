@@ -10,6 +10,7 @@ import (
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/test/corpus"
@@ -147,7 +148,7 @@ func compare(t *testing.T, viaCDI, viaNRI *oci.Spec, rt adjust.Runtime, res *adj
 	// where the runtime applies cgroup rules; without them, NRI's "rw"
 	// (and "m" for block devices) instead of CDI's "rwm".
 	for _, d := range viaCDI.Linux.Devices {
-		want, got := access(viaCDI, d), access(viaNRI, d)
+		want, got := testutil.DeviceAccess(viaCDI, d), testutil.DeviceAccess(viaNRI, d)
 		if !rt.CgroupRules && d.Type == "c" && want == "rwm" {
 			want = "rw"
 		}
@@ -155,26 +156,4 @@ func compare(t *testing.T, viaCDI, viaNRI *oci.Spec, rt adjust.Runtime, res *adj
 			t.Errorf("device %s (%s %d:%d): access %q through nri-gpu, %q through CDI", d.Path, d.Type, d.Major, d.Minor, got, want)
 		}
 	}
-}
-
-// access evaluates a spec's device cgroup rules for a device, as the
-// kernel does: later rules win, letter by letter.
-func access(s *oci.Spec, d oci.LinuxDevice) string {
-	allowed := map[rune]bool{}
-	for _, r := range s.Linux.Resources.Devices {
-		if (r.Type != "" && r.Type != "a" && r.Type != d.Type) ||
-			(r.Major != nil && *r.Major != d.Major) || (r.Minor != nil && *r.Minor != d.Minor) {
-			continue
-		}
-		for _, c := range r.Access {
-			allowed[c] = r.Allow
-		}
-	}
-	var out string
-	for _, c := range "rwm" {
-		if allowed[c] {
-			out += string(c)
-		}
-	}
-	return out
 }

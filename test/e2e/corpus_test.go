@@ -107,8 +107,8 @@ func TestCorpusParity(t *testing.T) {
 						for _, d := range got.spec.Linux.Devices {
 							if slices.ContainsFunc(edits, func(e cdispec.ContainerEdits) bool {
 								return slices.ContainsFunc(e.DeviceNodes, func(n *cdispec.DeviceNode) bool { return n.Path == d.Path })
-							}) && accessOf(got.spec, d) != "" {
-								t.Errorf("device %s: access %q, want none", d.Path, accessOf(got.spec, d))
+							}) && testutil.DeviceAccess(got.spec, d) != "" {
+								t.Errorf("device %s: access %q, want none", d.Path, testutil.DeviceAccess(got.spec, d))
 							}
 						}
 						testutil.ErrorSays(t, wantErr, "unresolvable CDI devices")
@@ -148,22 +148,6 @@ func groups(all []corpus.Spec) [][]corpus.Spec {
 		}
 	}
 	return out
-}
-
-// extraContainerdWith is extraContainerd with other tools.
-func extraContainerdWith(t *testing.T, tools harness.Tools, name string, opts harness.Options) *harness.Containerd {
-	t.Helper()
-	opts.Image = env.image
-	ctd, err := harness.StartContainerd(filepath.Join(env.dir, name), tools, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ctd.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	return ctd
 }
 
 // corpusContainer runs a container asking for a device; it returns the
@@ -264,7 +248,7 @@ func compareCorpus(t *testing.T, want, got corpusRun, edits []cdispec.ContainerE
 		t.Errorf("device nodes (-containerd CDI +nri-gpu):\n%s", diff)
 	}
 	for _, d := range wantDevices {
-		w, g := accessOf(want.spec, d), accessOf(got.spec, d)
+		w, g := testutil.DeviceAccess(want.spec, d), testutil.DeviceAccess(got.spec, d)
 		if !env.tools.Containerd2() && d.Type == "c" && w == "rwm" {
 			w = "rw" // NRI v0.8 and earlier: only its own rule per device
 		}
@@ -320,27 +304,5 @@ func runs(t *testing.T, log, id string) []string {
 		}
 	}
 	slices.Sort(out)
-	return out
-}
-
-// accessOf evaluates a spec's device cgroup rules for a device, as the
-// kernel does: later rules win, letter by letter.
-func accessOf(s *oci.Spec, d oci.LinuxDevice) string {
-	allowed := map[rune]bool{}
-	for _, r := range s.Linux.Resources.Devices {
-		if (r.Type != "" && r.Type != "a" && r.Type != d.Type) ||
-			(r.Major != nil && *r.Major != d.Major) || (r.Minor != nil && *r.Minor != d.Minor) {
-			continue
-		}
-		for _, c := range r.Access {
-			allowed[c] = r.Allow
-		}
-	}
-	var out string
-	for _, c := range "rwm" {
-		if allowed[c] {
-			out += string(c)
-		}
-	}
 	return out
 }

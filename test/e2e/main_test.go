@@ -130,8 +130,15 @@ func needEnv(t *testing.T) {
 // imported), stopped when the test ends. name names its directory.
 func extraContainerd(t *testing.T, name string, opts harness.Options) *harness.Containerd {
 	t.Helper()
+	return extraContainerdWith(t, env.tools, name, opts)
+}
+
+// extraContainerdWith is extraContainerd with other tools (another
+// containerd version).
+func extraContainerdWith(t *testing.T, tools harness.Tools, name string, opts harness.Options) *harness.Containerd {
+	t.Helper()
 	opts.Image = env.image
-	ctd, err := harness.StartContainerd(filepath.Join(env.dir, name), env.tools, opts)
+	ctd, err := harness.StartContainerd(filepath.Join(env.dir, name), tools, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
