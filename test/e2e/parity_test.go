@@ -75,17 +75,14 @@ func TestParityWithContainerdCDI(t *testing.T) {
 	}
 }
 
-// effective fills in what a runtime (runc) uses for unset node fields:
-// owner root and mode 0666. containerd 1.7 vendors CDI v0.8, which leaves
-// both unset; nri-gpu sets the host node's mode and owner, as newer CDI
-// versions do for the mode.
+// effective fills in the mode a runtime (runc) uses for a node with none:
+// 0666. containerd 1.7 vendors CDI v0.8, which leaves it unset; nri-gpu
+// sets the host node's, as newer CDI versions do. Owners are compared as
+// they are: neither sets one the spec does not give.
 func effective(devs []oci.LinuxDevice) []oci.LinuxDevice {
 	out := slices.Clone(devs)
 	for i := range out {
-		var zero uint32
 		mode := os.FileMode(0o666)
-		out[i].UID = cmp.Or(out[i].UID, &zero)
-		out[i].GID = cmp.Or(out[i].GID, &zero)
 		out[i].FileMode = cmp.Or(out[i].FileMode, &mode)
 	}
 	return out
