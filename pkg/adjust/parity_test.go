@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
@@ -41,7 +42,7 @@ containerEdits:
     - {hostPath: /opt/deep, containerPath: /a/b/c/d, options: [ro, bind]}
     - {hostPath: /opt/top, containerPath: /top, options: [ro, bind]}
   hooks:
-    - {hookName: poststop, path: /bin/cleanup}
+    - {hookName: poststop, path: /bin/cleanup, timeout: 5}
 devices:
   - name: x
     containerEdits:
@@ -172,5 +173,46 @@ devices:
 	}
 	if diff := cmp.Diff(viaCDI.Process.Env, adjustedByNRI(t, plain.Adjustment).Process.Env); diff != "" {
 		t.Errorf("env (-cdi +nri):\n%s", diff)
+	}
+}
+
+// TestParityManyMounts injects a spec of our own with hundreds of mounts,
+// some sharing a destination and at several depths, as no published spec
+// of the corpus has: the mounts must be CDI's (a later mount of a
+// destination replaces an earlier one; shallower ones first). NRI orders
+// mounts of one depth by destination where CDI keeps the spec's order;
+// as none of them can cover another, the container sees the same.
+func TestParityManyMounts(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("cdiVersion: \"0.6.0\"\nkind: example.com/mounts\ncontainerEdits:\n  mounts:\n")
+	for i := 0; i < 300; i++ {
+		dest := fmt.Sprintf("/usr/lib/%slib%d.so", strings.Repeat("d/", i%5), i%250) // 50 destinations twice
+		fmt.Fprintf(&b, "    - {hostPath: /opt/m%d, containerPath: %s, options: [ro, nosuid, nodev, bind]}\n", i, dest)
+	}
+	b.WriteString("devices:\n  - {name: x, containerEdits: {env: [X=1]}}\n")
+	names := []string{"example.com/mounts=x"}
+	devs, nodes := devices(t, map[string]string{"mounts.yaml": b.String()}, names...)
+	viaCDI := injectedByCDI(t, devs, names)
+	res, err := adjust.Build(devs, nodes, adjust.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaNRI := adjustedByNRI(t, res.Adjustment)
+	if len(viaCDI.Mounts) < 250 {
+		t.Fatalf("CDI gave %d mounts; the test spec is wrong", len(viaCDI.Mounts))
+	}
+	byDepth := func(ms []oci.Mount) []oci.Mount {
+		out := slices.Clone(ms)
+		slices.SortStableFunc(out, func(a, b oci.Mount) int {
+			da, db := strings.Count(filepath.Clean(a.Destination), "/"), strings.Count(filepath.Clean(b.Destination), "/")
+			if da != db {
+				return da - db
+			}
+			return strings.Compare(a.Destination, b.Destination)
+		})
+		return out
+	}
+	if diff := cmp.Diff(byDepth(viaCDI.Mounts), viaNRI.Mounts); diff != "" {
+		t.Errorf("mounts (-cdi +nri):\n%s", diff)
 	}
 }
