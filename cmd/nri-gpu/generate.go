@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -24,7 +25,8 @@ func runGenerate(args []string, stdout, stderr io.Writer) int {
 		driverRoot = fs.String("driver-root", config.DefaultDriverRoot, "root of the driver's files (device nodes, libraries, /proc)")
 		kind       = fs.String("kind", config.DefaultKind, "the spec's kind, vendor/class")
 		strategies = fs.String("device-name-strategy", "index,uuid", "device names: index, uuid, or both")
-		hookPath   = fs.String("hook-path", "", "an nvidia-cdi-hook whose update-ldcache and create-symlinks hooks the spec carries")
+		devRoot    = fs.String("dev-root", "", "root of the driver's /dev (default: the driver root)")
+		hookPath   = fs.String("hook-path", selfPath(), "the CDI hook the spec's hooks run: nri-gpu itself (the default), nvidia-cdi-hook, or nvidia-ctk")
 		format     = fs.String("format", "", "yaml or json (default: from the file name, else yaml)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -45,7 +47,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	opts := nvidia.Options{
-		DriverRoot: *driverRoot, Kind: *kind, HookPath: *hookPath,
+		DriverRoot: *driverRoot, DevRoot: *devRoot, Kind: *kind, HookPath: *hookPath,
 		NameStrategies: strings.Split(*strategies, ","),
 	}
 	spec, err := nvidia.Generate(nvidia.Library(*driverRoot), opts)
@@ -64,4 +66,14 @@ func runGenerate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nri-gpu generate: wrote %s (%d devices, CDI %s)\n", *output, len(spec.Devices), spec.Version)
 	}
 	return exitOK
+}
+
+// selfPath returns the path of the running nri-gpu, the default hook of
+// the specs it generates.
+func selfPath() string {
+	p, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return p
 }

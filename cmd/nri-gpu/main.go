@@ -11,6 +11,7 @@
 //	nri-gpu access     what a sandbox must reach for some devices (JSON)
 //	nri-gpu check      check a node: NRI, containerd config, specs, hooks
 //	nri-gpu validate   check configuration files
+//	nri-gpu hook       the CDI hooks of the specs nri-gpu generates (nvidia-cdi-hook's)
 package main
 
 import (
@@ -45,6 +46,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runAccess(args[1:], stdout, stderr)
 		case "check":
 			return runCheck(args[1:], stdout, stderr)
+		case "hook":
+			return runHook(args[1:], stderr)
+		}
+		// The hooks of the specs nri-gpu generates run it as
+		// nvidia-cdi-hook is run: "nri-gpu create-symlinks ...".
+		if isHook(args[0]) {
+			return runHook(args, stderr)
 		}
 	}
 	return runPlugin(args, stderr)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -56,4 +58,16 @@ func DeviceAccess(s *oci.Spec, d oci.LinuxDevice) string {
 		}
 	}
 	return out
+}
+
+// NVML returns go-nvml's mock of a DGX A100 cut to n GPUs, with the calls
+// NVIDIA's CDI library makes that the mock leaves out (the MIG device
+// count) filled in: no MIG devices.
+func NVML(n int) *dgxa100.Server {
+	s := dgxa100.New()
+	s.DeviceGetCountFunc = func() (int, nvml.Return) { return n, nvml.SUCCESS }
+	for _, d := range s.Devices {
+		d.(*dgxa100.Device).GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 0, nvml.SUCCESS }
+	}
+	return s
 }

@@ -67,7 +67,7 @@ func (p *Plugin) generate(lib nvml.Interface, path, last string) (string, error)
 		return fingerprint, nil
 	}
 	cfg := p.state().cfg
-	spec, err := nvidia.FromInventory(inv, nvidia.Options{DriverRoot: cfg.DriverRoot, Kind: cfg.DefaultKind})
+	spec, err := nvidia.Generate(lib, nvidia.Options{DriverRoot: cfg.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.hookPath})
 	if err != nil {
 		return "", err
 	}

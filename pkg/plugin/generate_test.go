@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
 
@@ -34,7 +34,7 @@ func TestGenerateSpecs(t *testing.T) {
 	}
 	var gpus atomic.Int32
 	gpus.Store(2)
-	lib := dgxa100.New()
+	lib := testutil.NVML(8)
 	lib.DeviceGetCountFunc = func() (int, nvml.Return) { return int(gpus.Load()), nvml.SUCCESS }
 
 	low, high := t.TempDir(), filepath.Join(t.TempDir(), "run-cdi")
@@ -82,6 +82,23 @@ func TestGenerateSpecs(t *testing.T) {
 	}
 	gpus.Store(3)
 	testutil.Within(t, 5*time.Second, "the spec regenerated for a third GPU", resolves("nvidia.com/gpu=2"))
+	// Its hooks run the plugin's own executable, which the policy allows
+	// though policy.hookPaths does not list it: a container gets GPU 1.
+	self, _ := os.Executable()
+	pod := &api.PodSandbox{Id: "p", Name: "p", Namespace: "ns", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
+	ctr := &api.Container{Id: "c", PodSandboxId: "p", Name: "c", Linux: &api.LinuxContainer{}}
+	testutil.Within(t, 5*time.Second, "the plugin's snapshot of the generated spec", func() bool {
+		_, _, err := p.CreateContainer(context.Background(), pod, ctr)
+		return err == nil
+	})
+	adj, _, err := p.CreateContainer(context.Background(), pod, ctr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hooks := adj.GetHooks().GetCreateContainer(); len(hooks) == 0 || hooks[0].Path != self {
+		t.Errorf("hooks %v, want the plugin's own executable %s", hooks, self)
+	}
+
 	// The spec came from the file generateSpecs writes, in the last dir.
 	e, err := reg.Snapshot().Lookup("nvidia.com/gpu=2")
 	if err != nil {

@@ -24,3 +24,7 @@ func WithMetrics(m *metrics.Metrics) Option { return func(p *Plugin) { p.metrics
 // WithNVML has the plugin use lib for spec generation instead of the
 // driver's NVML (tests use go-nvml's mock servers).
 func WithNVML(lib nvml.Interface) Option { return func(p *Plugin) { p.nvml = lib } }
+
+// WithHookPath has the specs the plugin generates name path as their CDI
+// hook, instead of the plugin's own executable.
+func WithHookPath(path string) Option { return func(p *Plugin) { p.hookPath = path } }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -68,6 +69,9 @@ type Plugin struct {
 
 	// nvml, when set, replaces the driver's NVML for spec generation.
 	nvml nvml.Interface
+	// hookPath is the CDI hook that the specs the plugin generates name
+	// (nri-gpu itself, by default), which the policy allows.
+	hookPath string
 	// metrics is nil when metrics are off.
 	metrics *metrics.Metrics
 
@@ -87,6 +91,9 @@ type state struct {
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
 	p := &Plugin{log: log, alloc: policy.NewAllocations()}
+	if self, err := os.Executable(); err == nil {
+		p.hookPath = self
+	}
 	for _, o := range opts {
 		o(p)
 	}
@@ -116,7 +123,13 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 		return nil, err
 	}
 	p.logProblems(reg.Snapshot())
-	return &state{cfg: cfg, parser: parser, policy: policy.New(cfg.Policy), specs: reg}, nil
+	// The hook of the specs nri-gpu generates, nri-gpu itself by
+	// default, is as trusted as the plugin.
+	rules := cfg.Policy
+	if p.hookPath != "" && !slices.Contains(rules.HookPaths, p.hookPath) {
+		rules.HookPaths = append(slices.Clone(rules.HookPaths), p.hookPath)
+	}
+	return &state{cfg: cfg, parser: parser, policy: policy.New(rules), specs: reg}, nil
 }
 
 // logProblems logs each spec problem once, when it appears, and when it

@@ -3,23 +3,27 @@ package nvidia
 import (
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
-	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi"
+	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/transform"
+	"github.com/sirupsen/logrus"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 )
 
-// Name strategies: how devices are named in the spec.
+// Name strategies: how devices are named in the spec, as nvidia-ctk's
+// --device-name-strategy names them.
 const (
 	// NameIndex names a GPU by its index ("0") and a MIG device by
 	// "<gpu>:<mig>" ("0:1").
-	NameIndex = "index"
+	NameIndex = nvcdi.DeviceNameStrategyIndex
 	// NameUUID names devices by their UUID.
-	NameUUID = "uuid"
+	NameUUID = nvcdi.DeviceNameStrategyUUID
 )
 
 // ErrOptions is wrapped by the error for bad Options.
@@ -28,15 +32,18 @@ var ErrOptions = errors.New("invalid options")
 // Options tune Generate.
 type Options struct {
 	// DriverRoot is where the driver's files are: "/" on most nodes, or
-	// the root of a containerized driver. Device nodes, libraries and
-	// /proc are looked for under it; the container paths are the host's.
+	// the root of a containerized driver.
 	DriverRoot string
+	// DevRoot is where the driver's /dev is; empty means DriverRoot.
+	DevRoot string
 	// Kind is the spec's kind, vendor/class. Default "nvidia.com/gpu".
 	Kind string
 	// NameStrategies are the names each device gets. Default both.
 	NameStrategies []string
-	// HookPath, when set, is an nvidia-cdi-hook whose update-ldcache and
-	// create-symlinks hooks the spec then carries.
+	// HookPath is the CDI hook executable the spec's hooks run, which
+	// make the driver libraries loadable by soname in the container:
+	// nvidia-cdi-hook, nvidia-ctk (its hooks then run as "nvidia-ctk hook
+	// ..."), or nri-gpu itself, which is a CDI hook too.
 	HookPath string
 }
 
@@ -50,6 +57,9 @@ func (o *Options) defaults() error {
 func (o *Options) fill() error {
 	if o.DriverRoot == "" {
 		o.DriverRoot = config.DefaultDriverRoot
+	}
+	if o.DevRoot == "" {
+		o.DevRoot = o.DriverRoot
 	}
 	if o.Kind == "" {
 		o.Kind = config.DefaultKind
@@ -65,88 +75,67 @@ func (o *Options) fill() error {
 	if _, _, err := config.ParseKind(o.Kind); err != nil {
 		return err
 	}
-	if o.HookPath != "" && !filepath.IsAbs(o.HookPath) {
+	if o.HookPath == "" {
+		return errors.New("no hook path: the spec's hooks make the driver libraries loadable")
+	}
+	if !filepath.IsAbs(o.HookPath) {
 		return fmt.Errorf("hook path %q is not absolute", o.HookPath)
 	}
 	return nil
 }
 
 // Generate discovers the GPUs with NVML and returns the CDI spec that
-// describes them: a device per GPU and per MIG device under each name
-// strategy, an "all" device, and the edits they share. The spec has the
-// lowest CDI version its content needs.
+// describes them, as NVIDIA's own library (nvcdi, the one behind
+// nvidia-ctk cdi generate) writes it: a device per GPU and per MIG device
+// under each name strategy, an "all" device, and the edits they share
+// (control nodes, the driver's libraries, utilities, firmware, sockets,
+// config files, and the hooks that make the libraries loadable).
 func Generate(lib nvml.Interface, opts Options) (*cdispec.Spec, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	inv, err := Discover(lib)
-	if err != nil {
-		return nil, err
+	// NVML's absence gets nri-gpu's own message, before nvcdi's.
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("%w: %w", ErrNVML, ret)
 	}
-	return FromInventory(inv, opts)
-}
+	_ = lib.Shutdown()
 
-// FromInventory builds the spec of an inventory.
-func FromInventory(inv *Inventory, opts Options) (*cdispec.Spec, error) {
-	if err := opts.defaults(); err != nil {
-		return nil, err
-	}
-	root := hostRoot(opts.DriverRoot)
-	migMinors, err := readMIGMinors(root)
-	if err != nil {
-		return nil, err
-	}
-	spec := &cdispec.Spec{Kind: opts.Kind}
-	var allNodes []*cdispec.DeviceNode
-	for _, g := range inv.GPUs {
-		devs, err := gpuDevices(root, g, opts.NameStrategies)
+	vendor, class, _ := config.ParseKind(opts.Kind)
+	var namers []nvcdi.DeviceNamer
+	for _, s := range opts.NameStrategies {
+		n, err := nvcdi.NewDeviceNamer(s)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", ErrOptions, err)
 		}
-		spec.Devices = append(spec.Devices, devs...)
-		allNodes = append(allNodes, devs[0].ContainerEdits.DeviceNodes...)
-		for _, m := range g.MIGs {
-			devs, err := migDevices(root, g, m, migMinors, opts.NameStrategies)
-			if err != nil {
-				return nil, err
-			}
-			spec.Devices = append(spec.Devices, devs...)
-			allNodes = append(allNodes, devs[0].ContainerEdits.DeviceNodes...)
-		}
+		namers = append(namers, n)
 	}
-	if len(spec.Devices) > 0 {
-		spec.Devices = append(spec.Devices, cdispec.Device{
-			Name:           "all",
-			ContainerEdits: cdispec.ContainerEdits{DeviceNodes: uniqueNodes(allNodes)},
-		})
-	}
-	shared, err := sharedEdits(root, inv.DriverVersion, opts.HookPath)
+	quiet := logrus.New()
+	quiet.SetOutput(io.Discard)
+	cdilib, err := nvcdi.New(
+		nvcdi.WithLogger(quiet),
+		nvcdi.WithNvmlLib(lib),
+		nvcdi.WithMode(nvcdi.ModeNvml),
+		nvcdi.WithDriverRoot(opts.DriverRoot),
+		nvcdi.WithDevRoot(opts.DevRoot),
+		nvcdi.WithVendor(vendor),
+		nvcdi.WithClass(class),
+		nvcdi.WithDeviceNamers(namers...),
+		nvcdi.WithNVIDIACDIHookPath(opts.HookPath),
+		// An "all" device, as nvidia-ctk cdi generate adds it.
+		nvcdi.WithMergedDeviceOptions(transform.WithName("all"), transform.WithSkipIfExists(true)),
+	)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("NVIDIA's CDI library: %w", err)
 	}
-	spec.ContainerEdits = *shared
-
-	if spec.Version, err = cdi.MinimumRequiredVersion(spec); err != nil {
+	spec, err := cdilib.GetSpec()
+	if err != nil {
+		return nil, fmt.Errorf("generating the CDI spec: %w", err)
+	}
+	raw := spec.Raw()
+	// The lowest CDI version the content needs, so that older readers
+	// (containerd 1.7's own CDI) read it too.
+	if raw.Version, err = cdi.MinimumRequiredVersion(raw); err != nil {
 		return nil, fmt.Errorf("CDI version of the generated spec: %w", err)
 	}
-	return spec, nil
+	return raw, nil
 }
-
-// uniqueNodes drops later nodes of a path already listed.
-func uniqueNodes(nodes []*cdispec.DeviceNode) []*cdispec.DeviceNode {
-	var out []*cdispec.DeviceNode
-	for _, n := range nodes {
-		if !slices.ContainsFunc(out, func(o *cdispec.DeviceNode) bool { return o.Path == n.Path }) {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
-// root maps container paths to host paths under the driver root.
-type root string
-
-func hostRoot(driverRoot string) root { return root(filepath.Clean(driverRoot)) }
-
-// host returns the host path of a path of the driver root.
-func (r root) host(path string) string { return filepath.Join(string(r), path) }

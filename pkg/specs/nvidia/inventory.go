@@ -3,6 +3,7 @@ package nvidia
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -126,16 +127,24 @@ func discoverGPU(lib nvml.Interface, i int) (GPU, error) {
 	return g, nil
 }
 
+// libraryDirs are where NVML's library is looked for under a driver root
+// other than "/".
+var libraryDirs = []string{
+	"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/lib/x86_64-linux-gnu",
+	"/lib/aarch64-linux-gnu", "/lib64", "/usr/lib", "/lib",
+}
+
 // Library returns NVML, loaded from the driver root: the system's
-// libnvidia-ml.so.1 when the root is "/", else the one found under the
+// libnvidia-ml.so.1 when the root is "/", else the first found under the
 // root's library directories.
 func Library(driverRoot string) nvml.Interface {
-	r := hostRoot(driverRoot)
-	if r == "/" || r == "." {
+	root := filepath.Clean(driverRoot)
+	if root == "/" || root == "." {
 		return nvml.New()
 	}
-	for _, d := range append(ldCacheDirs(r), libraryDirs...) {
-		if p := r.host(filepath.Join(d, "libnvidia-ml.so.1")); exists(p) {
+	for _, d := range libraryDirs {
+		p := filepath.Join(root, d, "libnvidia-ml.so.1")
+		if _, err := os.Stat(p); err == nil {
 			return nvml.New(nvml.WithLibraryPath(p))
 		}
 	}

@@ -2,6 +2,7 @@ package nvidia_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -20,7 +22,7 @@ import (
 
 func TestWrite(t *testing.T) {
 	s := server(2)
-	spec, err := nvidia.Generate(s, nvidia.Options{DriverRoot: "testdata/minimal-root"})
+	spec, err := nvidia.Generate(s, nvidia.Options{DriverRoot: "testdata/minimal-root", HookPath: "/usr/bin/nvidia-cdi-hook"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +69,8 @@ func TestWrite(t *testing.T) {
 // own injection path: the spec registry, then the adjustment.
 func TestGeneratedSpecInjects(t *testing.T) {
 	s := server(2)
-	spec, err := nvidia.Generate(s, nvidia.Options{DriverRoot: abs(t, "testdata/minimal-root")})
+	root := gpuRoot(t, 2)
+	spec, err := nvidia.Generate(s, nvidia.Options{DriverRoot: root, HookPath: "/usr/bin/nvidia-cdi-hook"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +100,7 @@ func TestGeneratedSpecInjects(t *testing.T) {
 			t.Errorf("device %+v, want a char device of major 195", d)
 		}
 	}
-	if !slices.Equal(got, []string{"/dev/nvidia1", "/dev/nvidia0"}) {
+	if !slices.Equal(got, []string{"/dev/nvidiactl", "/dev/nvidia1", "/dev/nvidia0"}) {
 		t.Errorf("devices %v", got)
 	}
 	if !slices.ContainsFunc(adj.GetMounts(), func(m *api.Mount) bool { return m.Destination == "/usr/lib64/libcuda.so.550.54.15" }) {
@@ -106,4 +109,36 @@ func TestGeneratedSpecInjects(t *testing.T) {
 	if !slices.ContainsFunc(adj.GetEnv(), func(kv *api.KeyValue) bool { return kv.Key == "NVIDIA_VISIBLE_DEVICES" && kv.Value == "void" }) {
 		t.Errorf("env %v", adj.GetEnv())
 	}
+}
+
+// gpuRoot makes a driver root with n GPUs' device nodes and nvidiactl
+// (real character devices, major 195, so it needs root) and the driver
+// libraries of testdata/minimal-root.
+func gpuRoot(t *testing.T, n int) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("making device nodes needs root")
+	}
+	root := t.TempDir()
+	nodes := map[string]int{"nvidiactl": 255}
+	for i := 0; i < n; i++ {
+		nodes[fmt.Sprintf("nvidia%d", i)] = i
+	}
+	if err := os.MkdirAll(filepath.Join(root, "dev"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, minor := range nodes {
+		if err := unix.Mknod(filepath.Join(root, "dev", name), unix.S_IFCHR|0o666, int(unix.Mkdev(195, uint32(minor)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, lib := range []string{"libcuda.so.550.54.15", "libnvidia-ml.so.550.54.15"} {
+		if err := os.MkdirAll(filepath.Join(root, "usr/lib64"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, "usr/lib64", lib), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
 }

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"context"
+	"io"
+
+	"github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook/commands"
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v3"
+)
+
+// hookCommand returns NVIDIA's CDI hook commands (create-symlinks,
+// update-ldcache, enable-cuda-compat, disable-device-node-modification,
+// ...), as nvidia-cdi-hook runs them: the specs nri-gpu generates name
+// nri-gpu itself as their hook, so that a node needs no NVIDIA Container
+// Toolkit for the driver's libraries to load in a container.
+func hookCommand(stderr io.Writer) *cli.Command {
+	log := logrus.New()
+	log.SetOutput(stderr)
+	return commands.ConfigureCDIHookCommand(log, &cli.Command{
+		Name:  "nri-gpu hook",
+		Usage: "CDI hooks for NVIDIA devices (nvidia-cdi-hook's), run by the runtime for the specs nri-gpu generates",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "debug", Sources: cli.EnvVars("NVIDIA_CTK_DEBUG")},
+			&cli.BoolFlag{Name: "quiet", Sources: cli.EnvVars("NVIDIA_CTK_QUIET")},
+		},
+	})
+}
+
+// isHook reports whether name is one of the hook commands.
+func isHook(name string) bool {
+	return name != "" && hookCommand(io.Discard).Command(name) != nil
+}
+
+// runHook runs a hook command with its arguments.
+func runHook(args []string, stderr io.Writer) int {
+	if err := hookCommand(stderr).Run(context.Background(), append([]string{"nri-gpu"}, args...)); err != nil {
+		logrus.New().WithField("hook", args).Error(err)
+		return exitError
+	}
+	return exitOK
+}
