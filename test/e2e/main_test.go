@@ -137,7 +137,9 @@ func extraContainerd(t *testing.T, name string, opts harness.Options) *harness.C
 // containerd version).
 func extraContainerdWith(t *testing.T, tools harness.Tools, name string, opts harness.Options) *harness.Containerd {
 	t.Helper()
-	opts.Image = env.image
+	if opts.Image == "" {
+		opts.Image = env.image
+	}
 	ctd, err := harness.StartContainerd(filepath.Join(env.dir, name), tools, opts)
 	if err != nil {
 		t.Fatal(err)

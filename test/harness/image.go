@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"runtime"
+	"slices"
 	"time"
 )
 
@@ -21,14 +23,23 @@ var busyboxApplets = []string{
 	"sh", "ls", "cat", "env", "sleep", "stat", "grep", "echo", "test", "true", "mount", "head", "readlink", "mknod",
 }
 
+// File is a file to put in an image.
+type File struct {
+	// Name is its path in the image, without the leading "/".
+	Name string
+	Data []byte
+	Mode int64
+}
+
 // BuildImage writes an OCI image layout tar holding one layer with the
-// static busybox at /bin/busybox and its applets, named ImageRef.
-func BuildImage(busybox, out string) error {
+// static busybox at /bin/busybox and its applets, and the extra files,
+// named ImageRef.
+func BuildImage(busybox, out string, extra ...File) error {
 	bin, err := os.ReadFile(busybox)
 	if err != nil {
 		return fmt.Errorf("reading busybox: %w", err)
 	}
-	layer, diffID, err := busyboxLayer(bin)
+	layer, diffID, err := busyboxLayer(bin, extra)
 	if err != nil {
 		return err
 	}
@@ -92,11 +103,25 @@ func BuildImage(busybox, out string) error {
 	return f.Close()
 }
 
-func busyboxLayer(bin []byte) (layer []byte, diffID string, err error) {
+func busyboxLayer(bin []byte, extra []File) (layer []byte, diffID string, err error) {
 	var raw bytes.Buffer
 	tw := tar.NewWriter(&raw)
-	for _, dir := range []string{"bin/", "dev/", "proc/", "sys/", "tmp/", "etc/", "usr/", "usr/lib/"} {
+	dirs := []string{"bin/", "dev/", "proc/", "sys/", "tmp/", "etc/", "usr/", "usr/lib/"}
+	for _, f := range extra {
+		for d := path.Dir(f.Name); d != "." && d != "/"; d = path.Dir(d) {
+			if !slices.Contains(dirs, d+"/") {
+				dirs = append(dirs, d+"/")
+			}
+		}
+	}
+	slices.Sort(dirs) // parents first
+	for _, dir := range dirs {
 		if err := tw.WriteHeader(&tar.Header{Name: dir, Typeflag: tar.TypeDir, Mode: 0o755, ModTime: time.Unix(0, 0)}); err != nil {
+			return nil, "", err
+		}
+	}
+	for _, f := range extra {
+		if err := writeFile(tw, f.Name, f.Data, f.Mode); err != nil {
 			return nil, "", err
 		}
 	}

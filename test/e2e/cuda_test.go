@@ -1,0 +1,221 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"golang.org/x/sys/unix"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
+	"github.com/nri-gpu/nri-gpu/test/harness"
+)
+
+// driverVersion is the version of the fake driver's libraries.
+const driverVersion = "570.133.20"
+
+// fakeLibs are the driver libraries the fake driver builds: the file name
+// stem, its soname, and the function a program calls, which returns a
+// marker.
+var fakeLibs = []struct{ stem, soname, fn, ret string }{
+	{"libcuda.so", "libcuda.so.1", "cuInit", "42"},
+	{"libnvidia-ml.so", "libnvidia-ml.so.1", "nvmlInit_v2", "43"},
+	{"libnvidia-ptxjitcompiler.so", "libnvidia-ptxjitcompiler.so.1", "__cuda_ptx_jit_marker", "44"},
+}
+
+// probe dlopens the driver's libraries by soname, as CUDA programs and
+// nvidia-smi do, and prints what their functions return.
+const probe = `#include <dlfcn.h>
+#include <stdio.h>
+int main(void) {
+	const char *libs[][2] = {%s};
+	int failed = 0;
+	for (int i = 0; i < %d; i++) {
+		void *h = dlopen(libs[i][0], RTLD_NOW);
+		if (!h) { printf("dlopen %%s: %%s\n", libs[i][0], dlerror()); failed = 1; continue; }
+		int (*fn)(unsigned) = (int (*)(unsigned))dlsym(h, libs[i][1]);
+		if (!fn) { printf("dlsym %%s: %%s\n", libs[i][1], dlerror()); failed = 1; continue; }
+		printf("%%s=%%d\n", libs[i][1], fn(0));
+	}
+	return failed;
+}
+`
+
+// TestCUDALoads proves, without a GPU, that a container given an NVIDIA
+// GPU through a spec nri-gpu generated loads the driver's libraries by
+// soname: a fake driver whose libcuda, libnvidia-ml and
+// libnvidia-ptxjitcompiler are real shared objects (right sonames, a
+// function returning a marker), laid out as Debian/Ubuntu multiarch and as
+// /usr/lib64, NVML mocked, and a dynamically linked program in the image
+// that dlopens them by soname. nri-gpu, named by the spec as its hook,
+// makes the links; without the hooks the same program cannot load them.
+func TestCUDALoads(t *testing.T) {
+	needEnv(t)
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Fatalf("a C compiler is needed (make test needs one for cgo too): %v", err)
+	}
+	dir := filepath.Join(env.dir, "cuda")
+	build := filepath.Join(dir, "build")
+	if err := os.MkdirAll(build, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	compile := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
+			t.Fatalf("cc %v: %v\n%s", args, err, out)
+		}
+	}
+	var libsC []string
+	for _, l := range fakeLibs {
+		src := filepath.Join(build, l.stem+".c")
+		if err := os.WriteFile(src, []byte(fmt.Sprintf("int %s(unsigned f) { (void)f; return %s; }\n", l.fn, l.ret)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		compile("-shared", "-fPIC", "-Wl,-soname,"+l.soname, "-o", filepath.Join(build, l.stem+"."+driverVersion), src)
+		libsC = append(libsC, fmt.Sprintf("{%q, %q}", l.soname, l.fn))
+	}
+	probeC := filepath.Join(build, "probe.c")
+	if err := os.WriteFile(probeC, []byte(fmt.Sprintf(probe, strings.Join(libsC, ", "), len(fakeLibs))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	compile("-o", filepath.Join(build, "probe"), probeC, "-ldl")
+
+	image := filepath.Join(dir, "image.tar")
+	if err := harness.BuildImage(env.tools.Busybox, image, probeFiles(t, filepath.Join(build, "probe"))...); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, layout := range []struct{ name, libDir string }{
+		{"multiarch", "/usr/lib/x86_64-linux-gnu"},
+		{"lib64", "/usr/lib64"},
+	} {
+		t.Run(layout.name, func(t *testing.T) {
+			root := filepath.Join(dir, layout.name, "driver")
+			fakeDriver(t, root, build, layout.libDir)
+			specDir := filepath.Join(dir, layout.name, "cdi")
+			writeSpecs(t, root, specDir)
+
+			ctd := extraContainerd(t, "cuda-"+layout.name, harness.Options{Image: image})
+			config := filepath.Join(ctd.Dir, "nri-gpu.yaml")
+			if err := os.WriteFile(config, []byte(fmt.Sprintf("cdiSpecDirs: [%s]\npolicy:\n  devices: [\"*/*\"]\n", specDir)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ctd.StartPlugin("--config", config); err != nil {
+				t.Fatal(err)
+			}
+
+			podID, pod := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "0"})
+			id, _ := runContainer(t, ctd, podID, pod, harness.Container{Name: "cuda"})
+			out, err := ctd.Exec(id, "/probe")
+			if err != nil {
+				t.Fatalf("the probe could not load the driver: %v\n%s", err, out)
+			}
+			t.Logf("the probe in a container given GPU 0:\n%s", out)
+			for _, l := range fakeLibs {
+				testutil.ErrorSays(t, fmt.Errorf("%s", out), l.fn+"="+l.ret)
+			}
+
+			// The same spec without its hooks: nothing makes the links,
+			// and the probe cannot load the driver.
+			podID, pod = newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "example.com/nohooks=0"})
+			id, _ = runContainer(t, ctd, podID, pod, harness.Container{Name: "cuda"})
+			out, err = ctd.Exec(id, "/probe")
+			t.Logf("the probe without the hooks:\n%s", out)
+			if err == nil || !strings.Contains(out, "libcuda.so.1: cannot open shared object file") {
+				t.Errorf("without the hooks the probe said %q (%v); want it unable to load libcuda.so.1", out, err)
+			}
+		})
+	}
+}
+
+// fakeDriver lays out a driver root: the GPU's and nvidiactl's device
+// nodes, and the built libraries in libDir.
+func fakeDriver(t *testing.T, root, build, libDir string) {
+	t.Helper()
+	for name, minor := range map[string]uint32{"nvidia0": 0, "nvidiactl": 255} {
+		p := filepath.Join(root, "dev", name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(harness.NvidiaMajor, minor))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(root, libDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range fakeLibs {
+		data, err := os.ReadFile(filepath.Join(build, l.stem+"."+driverVersion))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, libDir, l.stem+"."+driverVersion), data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// writeSpecs generates the spec of one mocked GPU on the driver root, as
+// nri-gpu generate does, with the nri-gpu under test as its hook, and a
+// copy without hooks of kind example.com/nohooks.
+func writeSpecs(t *testing.T, root, specDir string) {
+	t.Helper()
+	lib := testutil.NVML(1)
+	lib.SystemGetDriverVersionFunc = func() (string, nvml.Return) { return driverVersion, nvml.SUCCESS }
+	spec, err := nvidia.Generate(lib, nvidia.Options{DriverRoot: root, HookPath: env.tools.Path("nri-gpu")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(specDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := nvidia.Write(spec, filepath.Join(specDir, "nvidia.yaml"), "yaml", nil); err != nil {
+		t.Fatal(err)
+	}
+	spec.Kind = "example.com/nohooks"
+	spec.ContainerEdits.Hooks = nil
+	for i := range spec.Devices {
+		spec.Devices[i].ContainerEdits.Hooks = nil
+	}
+	if err := nvidia.Write(spec, filepath.Join(specDir, "nohooks.yaml"), "yaml", nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// probeFiles returns the probe and the C library and loader it needs, at
+// the paths ldd names, for the image.
+func probeFiles(t *testing.T, probe string) []harness.File {
+	t.Helper()
+	data, err := os.ReadFile(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := []harness.File{{Name: "probe", Data: data, Mode: 0o755}}
+	out, err := exec.Command("ldd", probe).Output()
+	if err != nil {
+		t.Fatalf("ldd: %v", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		var p string
+		if _, after, ok := strings.Cut(line, "=> "); ok {
+			p, _, _ = strings.Cut(after, " ")
+		} else if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "/") {
+			p = f[0]
+		}
+		if !strings.HasPrefix(p, "/") {
+			continue
+		}
+		data, err := os.ReadFile(p) // through links: the file itself
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, harness.File{Name: strings.TrimPrefix(p, "/"), Data: data, Mode: 0o755})
+	}
+	return files
+}
