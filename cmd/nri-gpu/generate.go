@@ -26,6 +26,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) int {
 		kind       = fs.String("kind", config.DefaultKind, "the spec's kind, vendor/class")
 		strategies = fs.String("device-name-strategy", "index,uuid", "device names: index, uuid, or both")
 		devRoot    = fs.String("dev-root", "", "root of the driver's /dev (default: the driver root)")
+		mkNodes    = fs.Bool("create-device-nodes", true, "make the control device nodes the loaded driver has but the dev root lacks (nvidia-uvm before the first CUDA call)")
 		hookPath   = fs.String("hook-path", selfPath(), "the CDI hook the spec's hooks run: nri-gpu itself (the default), nvidia-cdi-hook, or nvidia-ctk")
 		format     = fs.String("format", "", "yaml or json (default: from the file name, else yaml)")
 	)
@@ -47,7 +48,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	opts := nvidia.Options{
-		DriverRoot: *driverRoot, DevRoot: *devRoot, Kind: *kind, HookPath: *hookPath,
+		DriverRoot: *driverRoot, DevRoot: *devRoot, Kind: *kind, HookPath: *hookPath, CreateControlNodes: *mkNodes,
 		NameStrategies: strings.Split(*strategies, ","),
 	}
 	spec, err := nvidia.Generate(nvidia.Library(*driverRoot), opts)

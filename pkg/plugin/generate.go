@@ -62,12 +62,12 @@ func (p *Plugin) generate(lib nvml.Interface, path, last string) (string, error)
 	if err != nil {
 		return "", err
 	}
-	fingerprint := fmt.Sprintf("driver %s, GPUs %s", inv.DriverVersion, gpuList(inv))
+	cfg := p.state().cfg
+	fingerprint := fmt.Sprintf("driver %s, GPUs %s, control nodes %s", inv.DriverVersion, gpuList(inv), controlNodes(cfg.DriverRoot))
 	if _, err := os.Stat(path); err == nil && fingerprint == last {
 		return fingerprint, nil
 	}
-	cfg := p.state().cfg
-	spec, err := nvidia.Generate(lib, nvidia.Options{DriverRoot: cfg.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.hookPath})
+	spec, err := nvidia.Generate(lib, nvidia.Options{DriverRoot: cfg.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.hookPath, CreateControlNodes: true})
 	if err != nil {
 		return "", err
 	}
@@ -91,4 +91,20 @@ func gpuList(inv *nvidia.Inventory) string {
 		return "none"
 	}
 	return strings.Join(ids, ", ")
+}
+
+// controlNodes lists the driver's control nodes present under root, so
+// that one appearing (nvidia-uvm, at the first CUDA call) makes the spec
+// be written again.
+func controlNodes(root string) string {
+	var present []string
+	for _, n := range nvidia.ControlNodes {
+		if _, err := os.Stat(filepath.Join(root, "dev", n)); err == nil {
+			present = append(present, n)
+		}
+	}
+	if len(present) == 0 {
+		return "none"
+	}
+	return strings.Join(present, " ")
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/transform"
+	"github.com/NVIDIA/nvidia-container-toolkit/pkg/system/nvdevices"
 	"github.com/sirupsen/logrus"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -40,6 +41,12 @@ type Options struct {
 	Kind string
 	// NameStrategies are the names each device gets. Default both.
 	NameStrategies []string
+	// CreateControlNodes has the control device nodes (nvidiactl,
+	// nvidia-modeset, nvidia-uvm, nvidia-uvm-tools) that the loaded driver
+	// has but the dev root lacks made first, as the toolkit's
+	// create-device-nodes does: /dev/nvidia-uvm, for one, appears only at
+	// the first CUDA call, and a spec written before would lack it.
+	CreateControlNodes bool
 	// HookPath is the CDI hook executable the spec's hooks run, which
 	// make the driver libraries loadable by soname in the container:
 	// nvidia-cdi-hook, nvidia-ctk (its hooks then run as "nvidia-ctk hook
@@ -100,6 +107,12 @@ func Generate(lib nvml.Interface, opts Options) (*cdispec.Spec, error) {
 	}
 	_ = lib.Shutdown()
 
+	if opts.CreateControlNodes {
+		if err := createControlNodes(opts.DevRoot); err != nil {
+			return nil, err
+		}
+	}
+
 	vendor, class, _ := config.ParseKind(opts.Kind)
 	var namers []nvcdi.DeviceNamer
 	for _, s := range opts.NameStrategies {
@@ -138,4 +151,29 @@ func Generate(lib nvml.Interface, opts Options) (*cdispec.Spec, error) {
 		return nil, fmt.Errorf("CDI version of the generated spec: %w", err)
 	}
 	return raw, nil
+}
+
+// ControlNodes are the control device nodes of NVIDIA's driver.
+var ControlNodes = []string{"nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools"}
+
+// createControlNodes makes, under devRoot, the control nodes whose driver
+// module is loaded (its major is in /proc/devices) and that are missing,
+// with NVIDIA's own device-node code. A node whose module is not loaded is
+// left out.
+func createControlNodes(devRoot string) error {
+	quiet := logrus.New()
+	quiet.SetOutput(io.Discard)
+	nodes, err := nvdevices.New(nvdevices.WithLogger(quiet), nvdevices.WithDevRoot(devRoot))
+	if err != nil {
+		return nil // no NVIDIA driver loaded: nothing to make
+	}
+	for _, n := range ControlNodes {
+		if _, err := nodes.Major(n); err != nil {
+			continue
+		}
+		if err := nodes.CreateNVIDIADevice(n); err != nil {
+			return fmt.Errorf("creating /dev/%s under %s: %w", n, devRoot, err)
+		}
+	}
+	return nil
 }
