@@ -87,7 +87,11 @@ func TestCUDALoads(t *testing.T) {
 	compile("-o", filepath.Join(build, "probe"), probeC, "-ldl")
 
 	image := filepath.Join(dir, "image.tar")
-	if err := harness.BuildImage(env.tools.Busybox, image, probeFiles(t, filepath.Join(build, "probe"))...); err != nil {
+	files, err := harness.ProgramFiles(filepath.Join(build, "probe"), "probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := harness.BuildImage(env.tools.Busybox, image, files...); err != nil {
 		t.Fatal(err)
 	}
 
@@ -186,36 +190,4 @@ func writeSpecs(t *testing.T, root, specDir string) {
 	if err := nvidia.Write(spec, filepath.Join(specDir, "nohooks.yaml"), "yaml", nil); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// probeFiles returns the probe and the C library and loader it needs, at
-// the paths ldd names, for the image.
-func probeFiles(t *testing.T, probe string) []harness.File {
-	t.Helper()
-	data, err := os.ReadFile(probe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := []harness.File{{Name: "probe", Data: data, Mode: 0o755}}
-	out, err := exec.Command("ldd", probe).Output()
-	if err != nil {
-		t.Fatalf("ldd: %v", err)
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		var p string
-		if _, after, ok := strings.Cut(line, "=> "); ok {
-			p, _, _ = strings.Cut(after, " ")
-		} else if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "/") {
-			p = f[0]
-		}
-		if !strings.HasPrefix(p, "/") {
-			continue
-		}
-		data, err := os.ReadFile(p) // through links: the file itself
-		if err != nil {
-			t.Fatal(err)
-		}
-		files = append(files, harness.File{Name: strings.TrimPrefix(p, "/"), Data: data, Mode: 0o755})
-	}
-	return files
 }

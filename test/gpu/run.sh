@@ -2,12 +2,15 @@
 # Checks nri-gpu's spec generation on a real NVIDIA host. Run it in a root
 # shell on a node with the NVIDIA driver (no Container Toolkit needed):
 #
-#   make build && test/gpu/run.sh
+#   make e2e-tools && test/gpu/run.sh
 #
 # It generates the spec of the node's GPUs with NVML, has the CDI library
-# load it (nri-gpu devices), and checks that every device node and file
-# the spec names exists. It writes nothing outside a temp dir, and exits
-# non-zero with the reason on any miss.
+# load it (nri-gpu devices), checks that every device node and file the
+# spec names exists, then (TestRealGPU in test/gpu) runs nri-gpu on a
+# throwaway containerd and gives GPU 0 to a container that loads
+# libcuda.so.1, calls cuInit and cuDeviceGetCount, and runs nvidia-smi -L.
+# It writes nothing outside temp dirs, and exits non-zero with the reason
+# on any miss.
 set -euo pipefail
 
 bin=${NRI_GPU:-$(cd "$(dirname "$0")/../.." && pwd)/_output/bin/nri-gpu}
@@ -44,4 +47,8 @@ while read -r path; do
 	fi
 done < <(sed -n 's/^ *hostPath: *//p' "$spec" | sort -u)
 [ "$missing" -eq 0 ] || { echo "FAIL: the spec names host paths that do not exist" >&2; exit 1; }
+
+echo "== a container given GPU 0: CUDA loads, nvidia-smi -L"
+cd "$(dirname "$0")/../.."
+NRI_GPU_REAL=1 NRI_GPU_TOOLS="$(dirname "$bin")" go test -count=1 -v -run TestRealGPU ./test/gpu/
 echo "PASS"

@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -166,4 +168,36 @@ func descriptor(mediaType string, b []byte, annotations map[string]string) map[s
 		d["annotations"] = annotations
 	}
 	return d
+}
+
+// ProgramFiles returns a dynamically linked program, at name in the image,
+// and the C library and loader it needs, at the paths ldd names, so that
+// it runs in the busybox image.
+func ProgramFiles(program, name string) ([]File, error) {
+	data, err := os.ReadFile(program)
+	if err != nil {
+		return nil, err
+	}
+	files := []File{{Name: name, Data: data, Mode: 0o755}}
+	out, err := exec.Command("ldd", program).Output()
+	if err != nil {
+		return nil, fmt.Errorf("ldd %s: %w", program, err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		var p string
+		if _, after, ok := strings.Cut(line, "=> "); ok {
+			p, _, _ = strings.Cut(after, " ")
+		} else if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "/") {
+			p = f[0]
+		}
+		if !strings.HasPrefix(p, "/") {
+			continue
+		}
+		data, err := os.ReadFile(p) // through links: the file itself
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, File{Name: strings.TrimPrefix(p, "/"), Data: data, Mode: 0o755})
+	}
+	return files, nil
 }

@@ -1,0 +1,119 @@
+// Package gpu checks nri-gpu on a real NVIDIA host (test/gpu/run.sh runs
+// it there); elsewhere its test skips and says why.
+package gpu
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/nri-gpu/nri-gpu/test/harness"
+)
+
+// RealEnv, set to 1 by run.sh, says that the host has an NVIDIA GPU.
+const RealEnv = "NRI_GPU_REAL"
+
+// probe loads libcuda.so.1 by soname, as CUDA programs do, and calls
+// cuInit and cuDeviceGetCount.
+const probe = `#include <dlfcn.h>
+#include <stdio.h>
+int main(void) {
+	void *h = dlopen("libcuda.so.1", RTLD_NOW);
+	if (!h) { printf("dlopen libcuda.so.1: %s\n", dlerror()); return 1; }
+	int (*init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
+	int (*count)(int *) = (int (*)(int *))dlsym(h, "cuDeviceGetCount");
+	if (!init || !count) { printf("dlsym: %s\n", dlerror()); return 1; }
+	int n = -1;
+	int r = init(0);
+	int c = count(&n);
+	printf("cuInit=%d cuDeviceGetCount=%d devices=%d\n", r, c, n);
+	return r != 0 || c != 0;
+}
+`
+
+// TestRealGPU generates the spec of the host's GPUs with nri-gpu (real
+// NVML), runs nri-gpu on a throwaway containerd 1.7, and gives GPU 0 to a
+// container that loads libcuda.so.1, calls cuInit and cuDeviceGetCount,
+// and runs nvidia-smi -L, printing what it saw.
+func TestRealGPU(t *testing.T) {
+	if os.Getenv(RealEnv) != "1" {
+		t.Skipf("needs an NVIDIA GPU and root: run test/gpu/run.sh on a GPU node (it sets %s=1)", RealEnv)
+	}
+	tools, err := harness.FindTools("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "probe.c")
+	if err := os.WriteFile(src, []byte(probe), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cc", "-o", filepath.Join(dir, "probe"), src, "-ldl").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, out)
+	}
+	files, err := harness.ProgramFiles(filepath.Join(dir, "probe"), "probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// nvidia-smi comes from the spec; the C libraries it needs from here.
+	if smi, err := exec.LookPath("nvidia-smi"); err == nil {
+		more, err := harness.ProgramFiles(smi, "tmp/nvidia-smi-of-the-host")
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, more[1:]...)
+	}
+	image := filepath.Join(dir, "image.tar")
+	if err := harness.BuildImage(tools.Busybox, image, files...); err != nil {
+		t.Fatal(err)
+	}
+
+	specDir := filepath.Join(dir, "cdi")
+	if err := os.MkdirAll(specDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(tools.Path("nri-gpu"), "generate", "--output", filepath.Join(specDir, "nvidia.yaml")).CombinedOutput(); err != nil {
+		t.Fatalf("nri-gpu generate: %v\n%s", err, out)
+	}
+	ctd, err := harness.StartContainerd(filepath.Join(dir, "ctd"), tools, harness.Options{Image: image})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := ctd.Stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	config := filepath.Join(dir, "nri-gpu.yaml")
+	if err := os.WriteFile(config, []byte("cdiSpecDirs: ["+specDir+"]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctd.StartPlugin("--config", config); err != nil {
+		t.Fatal(err)
+	}
+	pod := harness.Pod{Name: "gpu", Namespace: "default", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+	podID, err := ctd.RunPod(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := ctd.CreateContainer(podID, pod, harness.Container{Name: "cuda"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctd.StartContainer(id); err != nil {
+		t.Fatal(err)
+	}
+	out, err := ctd.Exec(id, "/probe")
+	t.Logf("the probe in the container:\n%s", out)
+	if err != nil || !regexp.MustCompile(`cuInit=0 cuDeviceGetCount=0 devices=[1-9]`).MatchString(out) {
+		t.Errorf("CUDA did not load or found no device: %v", err)
+	}
+	out, err = ctd.Exec(id, "nvidia-smi", "-L")
+	t.Logf("nvidia-smi -L in the container:\n%s", out)
+	if err != nil || !strings.Contains(out, "GPU 0:") {
+		t.Errorf("nvidia-smi -L: %v", err)
+	}
+}
