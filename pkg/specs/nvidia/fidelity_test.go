@@ -18,17 +18,34 @@ import (
 )
 
 // TestFidelity generates the spec of a host laid out as a published
-// nvidia-ctk spec describes it (test/corpus: a Tesla T4 with driver
-// 570.133.20, as Docker's documentation publishes it), with NVML mocked to
-// match, and checks that nri-gpu's spec has every device, device node,
-// mount and hook of the real one. What nri-gpu's has beyond it comes from
-// the toolkit version nri-gpu builds on (v1.20) being newer than the one
-// that wrote the published spec, and is listed below.
+// nvidia-ctk spec describes it (from test/corpus: a Tesla T4 with driver
+// 570.133.20, as Docker's documentation publishes it; the toolkit's own
+// expected output of nvidia-ctk cdi generate on its test root), with NVML
+// mocked to match, and checks that nri-gpu's spec has every device, device
+// node, mount and hook of the real one. What nri-gpu's has beyond it comes
+// from the toolkit version nri-gpu builds on (v1.20) being newer than the
+// one that wrote the published spec, and is listed below.
 func TestFidelity(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("making device nodes needs root")
 	}
-	data, err := os.ReadFile("../../../test/corpus/specs/nvidia-ctk-tesla-t4.yaml")
+	tests := []struct {
+		file, kind, driver, uuid string
+		strategies               []string
+	}{
+		{file: "nvidia-ctk-tesla-t4.yaml", kind: "nvidia.com/gpu", driver: "570.133.20",
+			uuid: "GPU-6cf00fa7-59ac-16f2-3e83-d24ccdc56f84", strategies: []string{nvidia.NameIndex, nvidia.NameUUID}},
+		{file: "nvidia-ctk-generate.yaml", kind: "example.com/device", driver: "999.88.77", strategies: []string{nvidia.NameIndex}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.file, func(t *testing.T) {
+			fidelity(t, tc.file, tc.kind, tc.driver, tc.uuid, tc.strategies)
+		})
+	}
+}
+
+func fidelity(t *testing.T, file, kind, driver, uuid string, strategies []string) {
+	data, err := os.ReadFile(filepath.Join("../../../test/corpus/specs", file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +60,16 @@ func TestFidelity(t *testing.T) {
 		"/dev/nvidia0": {195, 0}, "/dev/nvidiactl": {195, 255}, "/dev/nvidia-modeset": {195, 254},
 		"/dev/nvidia-uvm": {511, 0}, "/dev/nvidia-uvm-tools": {511, 1},
 	}
+	named := map[string]bool{}
+	for _, e := range append([]cdispec.ContainerEdits{pub.ContainerEdits}, edits(pub)...) {
+		for _, n := range e.DeviceNodes {
+			named[n.Path] = true
+		}
+	}
 	for path, n := range numbers {
+		if !named[path] {
+			continue
+		}
 		full := filepath.Join(root, path)
 		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
 			t.Fatal(err)
@@ -67,12 +93,14 @@ func TestFidelity(t *testing.T) {
 		}
 	}
 	s := server(1)
-	s.SystemGetDriverVersionFunc = func() (string, nvml.Return) { return "570.133.20", nvml.SUCCESS }
-	gpu := s.Devices[0].(*dgxa100.Device)
-	gpu.UUID = "GPU-6cf00fa7-59ac-16f2-3e83-d24ccdc56f84" // the published GPU's
-	gpu.GetUUIDFunc = func() (string, nvml.Return) { return gpu.UUID, nvml.SUCCESS }
+	s.SystemGetDriverVersionFunc = func() (string, nvml.Return) { return driver, nvml.SUCCESS }
+	if uuid != "" {
+		gpu := s.Devices[0].(*dgxa100.Device)
+		gpu.UUID = uuid // the published GPU's
+		gpu.GetUUIDFunc = func() (string, nvml.Return) { return gpu.UUID, nvml.SUCCESS }
+	}
 
-	got, err := nvidia.Generate(s, nvidia.Options{DriverRoot: root, HookPath: "/usr/bin/nvidia-cdi-hook"})
+	got, err := nvidia.Generate(s, nvidia.Options{DriverRoot: root, HookPath: "/usr/bin/nvidia-cdi-hook", Kind: kind, NameStrategies: strategies})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +150,8 @@ func TestFidelity(t *testing.T) {
 			t.Errorf("hook %s of the published spec missing from %v", want, hooks)
 		}
 	}
-	// Differences allowed, each the newer toolkit's: mount options rbind
+	// Differences allowed, each the newer toolkit's (or its test root's):
+	// mount options rbind
 	// and rprivate where the older wrote bind, an env of its own for every
 	// hook, the disable-device-node-modification, update-application-
 	// profile and (per GPU) apply-cuda-memory-limits hooks, the void mount
@@ -140,4 +169,13 @@ func TestFidelity(t *testing.T) {
 			t.Errorf("mount %s beyond the published spec's", m.ContainerPath)
 		}
 	}
+}
+
+// edits returns the edits of a spec's devices.
+func edits(s *cdispec.Spec) []cdispec.ContainerEdits {
+	var out []cdispec.ContainerEdits
+	for _, d := range s.Devices {
+		out = append(out, d.ContainerEdits)
+	}
+	return out
 }
