@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -9,10 +10,14 @@ import (
 // readNames reads a DevicesAnnotation or CountedAnnotation: qualified CDI
 // names separated by commas. Earlier releases wrote a kind once for a run
 // of names of that kind ("nvidia.com/gpu=0,1"): an item without a kind
-// takes the kind of the item before it.
-func readNames(s string) []string {
+// takes the kind of the item before it. A list of more than maxRecorded
+// names is an error: no container holds that many devices.
+func readNames(s string) ([]string, error) {
 	if s == "" {
-		return nil
+		return nil, nil
+	}
+	if n := strings.Count(s, ",") + 1; n > maxRecorded {
+		return nil, fmt.Errorf("%d names, more than %d", n, maxRecorded)
 	}
 	var (
 		out  []string
@@ -29,8 +34,11 @@ func readNames(s string) []string {
 		}
 		out = append(out, kind+"="+item)
 	}
-	return out
+	return out, nil
 }
+
+// maxRecorded bounds the names read from one annotation.
+const maxRecorded = 1024
 
 // names returns the names of devices.
 func names(devices []specs.Device) []string {

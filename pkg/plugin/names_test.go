@@ -26,7 +26,7 @@ func TestReadNames(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := readNames(tc.value); !slices.Equal(got, tc.want) {
+			if got, err := readNames(tc.value); err != nil || !slices.Equal(got, tc.want) {
 				t.Errorf("readNames(%q) = %q, want %q", tc.value, got, tc.want)
 			}
 		})

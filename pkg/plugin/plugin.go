@@ -245,12 +245,24 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	var holdings []policy.Holding
 	for _, c := range containers {
 		pod, ok := byID[c.GetPodSandboxId()]
-		devices := readNames(c.GetAnnotations()[DevicesAnnotation])
-		if !ok || len(devices) == 0 {
+		if !ok {
 			continue
 		}
-		counted := readNames(c.GetAnnotations()[CountedAnnotation])
-		named := slices.DeleteFunc(slices.Clone(devices), func(d string) bool { return slices.Contains(counted, d) })
+		devices, err := readNames(c.GetAnnotations()[DevicesAnnotation])
+		if err == nil && len(devices) == 0 {
+			continue
+		}
+		counted, cerr := readNames(c.GetAnnotations()[CountedAnnotation])
+		if err = errors.Join(err, cerr); err != nil {
+			p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "container": c.GetName()}).
+				Warnf("devices not restored: annotations %s and %s: %v", DevicesAnnotation, CountedAnnotation, err)
+			continue
+		}
+		isCounted := map[string]bool{}
+		for _, d := range counted {
+			isCounted[d] = true
+		}
+		named := slices.DeleteFunc(slices.Clone(devices), func(d string) bool { return isCounted[d] })
 		holdings = append(holdings, policy.Holding{
 			Pod: pod, Named: snap.Footprints(named), Counted: snap.Footprints(counted),
 		})
@@ -301,8 +313,8 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	p.countHeld()
 	if err != nil {
 		log.Errorf("denied: %v", err)
-		return nil, nil, fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
-			ctr.GetName(), pod.GetNamespace(), pod.GetName(), err)
+		return nil, nil, bounded(fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
+			ctr.GetName(), pod.GetNamespace(), pod.GetName(), err))
 	}
 	if adj == nil {
 		log.Debug("no devices requested")
@@ -480,6 +492,31 @@ func injectedByRuntime(e *specs.Entry, ctr *api.Container) bool {
 
 func podOf(pod *api.PodSandbox) policy.Pod {
 	return policy.Pod{ID: pod.GetId(), Namespace: pod.GetNamespace(), Name: pod.GetName()}
+}
+
+// maxErrorLen bounds the error returned to the runtime, which shows it to
+// users (crictl, kubelet events) and must fit in one ttrpc message.
+const maxErrorLen = 4096
+
+// boundedError is an error whose message was cut to maxErrorLen.
+type boundedError struct {
+	msg string
+	err error
+}
+
+func (e *boundedError) Error() string { return e.msg }
+
+// Unwrap returns the whole error, for errors.Is and errors.As.
+func (e *boundedError) Unwrap() error { return e.err }
+
+// bounded returns err with its message cut to maxErrorLen.
+func bounded(err error) error {
+	msg := err.Error()
+	if len(msg) <= maxErrorLen {
+		return err
+	}
+	cut := fmt.Sprintf(" ... (%d more bytes; the plugin's log has all of it)", len(msg)-(maxErrorLen-64))
+	return &boundedError{msg: msg[:maxErrorLen-64] + cut, err: err}
 }
 
 // rule names what refused a container, for the denials metric: a policy

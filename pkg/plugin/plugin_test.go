@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -24,6 +25,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // /dev/null and /dev/zero stand in for GPU nodes, so no root is needed.
@@ -652,4 +654,64 @@ func TestRuntimeCDIDevicesAreHeld(t *testing.T) {
 	b := &api.PodSandbox{Id: "id-b", Name: "b", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
 	_, err = r.create(b, &api.Container{Id: "b-c", PodSandboxId: b.Id, Name: "c", Linux: &api.LinuxContainer{}})
 	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=1" is held by pod tenant/a`)
+}
+
+// TestErrorsStayShort asks for the most devices an annotation may name,
+// none of them defined, while many spec files are broken: the error the
+// runtime gets is short (it must fit a ttrpc message and a kubelet
+// event), names the spec problems by count, and keeps its cause.
+func TestErrorsStayShort(t *testing.T) {
+	dir := t.TempDir()
+	for i := 0; i < 50; i++ {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("broken%02d.yaml", i)), []byte("cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ndevices: [{name: \"x\"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := plugin.New(config.Default(), quiet(), plugin.WithSpecDirs([]string{dir}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var items []string
+	for i := 0; i < 256; i++ {
+		items = append(items, fmt.Sprint(1000+i))
+	}
+	pod := &api.PodSandbox{Id: "p", Name: "p", Namespace: "ns", Annotations: map[string]string{"gpus.nri-gpu.io": strings.Join(items, ",")}}
+	_, _, err = p.CreateContainer(context.Background(), pod, &api.Container{Id: "c", PodSandboxId: "p", Name: "c", Linux: &api.LinuxContainer{}})
+	testutil.ErrorSays(t, err, `request "1000" (nvidia.com/gpu=1000)`, "one of 50 spec files not used", "more bytes")
+	if n := len(err.Error()); n > 4096 {
+		t.Errorf("the error is %d bytes long", n)
+	}
+	if !errors.Is(err, specs.ErrUnresolvable) {
+		t.Errorf("error %v does not wrap ErrUnresolvable", err)
+	}
+}
+
+// TestRestoreSkipsOverlongRecords has the runtime report a container
+// whose devices annotation is longer than any container's could be: its
+// holding is not restored, the plugin registers in time, and the others
+// are restored.
+func TestRestoreSkipsOverlongRecords(t *testing.T) {
+	const cfg = "policy: {exclusive: true}"
+	r := runtime(t, cfg)
+	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant"}
+	huge := &api.Container{Id: "huge", PodSandboxId: a.Id, Name: "huge", Linux: &api.LinuxContainer{},
+		Annotations: map[string]string{plugin.DevicesAnnotation: strings.Repeat("nvidia.com/gpu=0,", 200000) + "nvidia.com/gpu=0"}}
+	b := &api.PodSandbox{Id: "id-b", Name: "b", Namespace: "tenant"}
+	held := &api.Container{Id: "held", PodSandboxId: b.Id, Name: "held", Linux: &api.LinuxContainer{},
+		Annotations: map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=1"}}
+	r.mu.Lock()
+	r.pods[a.Id], r.pods[b.Id] = a, b
+	r.containers = append(r.containers, huge, held)
+	r.mu.Unlock()
+
+	r.restart(t, cfg) // Synchronize within NRI's timeout, or the plugin would not register
+
+	c := &api.PodSandbox{Id: "id-c", Name: "c", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+	if _, err := r.create(c, &api.Container{Id: "c", PodSandboxId: c.Id, Name: "c", Linux: &api.LinuxContainer{}}); err != nil {
+		t.Errorf("GPU 0, named only by the overlong record, is held: %v", err)
+	}
+	d := &api.PodSandbox{Id: "id-d", Name: "d", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
+	_, err := r.create(d, &api.Container{Id: "d", PodSandboxId: d.Id, Name: "d", Linux: &api.LinuxContainer{}})
+	testutil.ErrorSays(t, err, "held by pod tenant/b")
 }

@@ -210,14 +210,17 @@ func (a *Allocations) Restore(holdings []Holding) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.pods = map[string]*holding{}
+	named := map[string]map[string]bool{} // pod ID -> names held, so that restoring is linear
 	for _, h := range holdings {
 		own := a.pods[h.Pod.ID]
 		if own == nil {
 			own = &holding{pod: h.Pod}
 			a.pods[h.Pod.ID] = own
+			named[h.Pod.ID] = map[string]bool{}
 		}
 		for _, d := range h.Named {
-			if !slices.ContainsFunc(own.named, func(x specs.Device) bool { return x.Name == d.Name }) {
+			if !named[h.Pod.ID][d.Name] {
+				named[h.Pod.ID][d.Name] = true
 				own.named = append(own.named, d)
 			}
 		}

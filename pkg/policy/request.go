@@ -28,7 +28,9 @@ const (
 	AllDevice = "all"
 	// maxItemLen bounds one request item, so that errors stay readable.
 	maxItemLen = 256
-	// maxItems bounds the devices one annotation may name.
+	// maxItems bounds the devices one annotation may name, and the
+	// devices a container may ask for through all its annotations and
+	// its CRI request together.
 	maxItems = 256
 )
 
@@ -189,6 +191,9 @@ func (p *Parser) parseNamed(c Container) ([]Request, error) {
 	if len(c.CDIDevices) > maxItems {
 		return nil, fmt.Errorf("CDI devices of the container's CRI request: %w: %d, more than %d", ErrInvalidRequest, len(c.CDIDevices), maxItems)
 	}
+	if n := len(reqs) + len(c.CDIDevices); n > maxItems {
+		return nil, fmt.Errorf("the container's annotations and CRI request: %w: %d devices asked for, more than %d", ErrInvalidRequest, n, maxItems)
+	}
 	for _, d := range c.CDIDevices {
 		if _, _, _, err := parser.ParseQualifiedName(d); err != nil {
 			return nil, fmt.Errorf("CDI device %q of the container's CRI request: %w: %w", truncate(d), ErrInvalidRequest, err)
@@ -261,8 +266,12 @@ func parseCDIAnnotations(annotations map[string]string) ([]Request, error) {
 	sort.Strings(keys)
 	var reqs []Request
 	for _, k := range keys {
-		if n := strings.Count(annotations[k], ",") + 1; n > maxItems {
-			return nil, fmt.Errorf("container annotation %q: %w: %d items, more than %d", k, ErrInvalidRequest, n, maxItems)
+		if n := strings.Count(annotations[k], ",") + 1; n > maxItems-len(reqs) {
+			if len(reqs) == 0 {
+				return nil, fmt.Errorf("container annotation %q: %w: %d items, more than %d", k, ErrInvalidRequest, n, maxItems)
+			}
+			return nil, fmt.Errorf("container annotations %s: %w: more than %d items together",
+				cdi.AnnotationPrefix+"*", ErrInvalidRequest, maxItems)
 		}
 		_, devices, err := cdi.ParseAnnotations(map[string]string{k: annotations[k]})
 		if err != nil {

@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -175,6 +176,21 @@ func TestParse(t *testing.T) {
 			honorCDI: true,
 			ctrAnn:   map[string]string{"cdi.k8s.io/x": strings.Repeat("nvidia.com/gpu=0,", 299) + "nvidia.com/gpu=0"},
 			wantErr:  []string{`container annotation "cdi.k8s.io/x"`, "300 items"},
+		},
+		{
+			name:     "too many items across cdi.k8s.io keys",
+			honorCDI: true,
+			ctrAnn: map[string]string{
+				"cdi.k8s.io/a": strings.Repeat("nvidia.com/gpu=0,", 199) + "nvidia.com/gpu=0",
+				"cdi.k8s.io/b": strings.Repeat("nvidia.com/gpu=1,", 199) + "nvidia.com/gpu=1",
+			},
+			wantErr: []string{"container annotations cdi.k8s.io/*", "more than 256 items together"},
+		},
+		{
+			name:    "too many devices across annotations and the CRI request",
+			podAnn:  map[string]string{"gpus.nri-gpu.io": strings.Repeat("0,", 199) + "0"},
+			cdiDevs: slices.Repeat([]string{"nvidia.com/gpu=1"}, 100),
+			wantErr: []string{"the container's annotations and CRI request", "300 devices asked for, more than 256"},
 		},
 		{
 			name:    "invalid UTF-8",

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"os"
 	"slices"
-	"strings"
 
 	"golang.org/x/sys/unix"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
@@ -92,16 +91,28 @@ func load(cache *cdi.Cache, dirs []string) *Snapshot {
 	return s
 }
 
-// problemHint describes the spec files that failed to load, if any.
+// problemHint says how many spec files are not used, if any, naming the
+// first: an error for every name a request asks for carries it, so it
+// stays short however many specs are broken (the log and nri-gpu check
+// say why each is not used).
 func (s *Snapshot) problemHint() string {
-	var b strings.Builder
-	for _, path := range slices.Sorted(maps.Keys(s.Problems)) {
-		fmt.Fprintf(&b, "; spec %s: %v", path, errors.Join(s.Problems[path]...))
-	}
-	if b.Len() == 0 {
+	switch paths := slices.Sorted(maps.Keys(s.Problems)); len(paths) {
+	case 0:
 		return ""
+	case 1:
+		return fmt.Sprintf(" (it may be in %s, which is not used: %v)", paths[0], truncate(errors.Join(s.Problems[paths[0]]...).Error()))
+	default:
+		return fmt.Sprintf(" (it may be in one of %d spec files not used, such as %s; nri-gpu check says why)", len(paths), paths[0])
 	}
-	return " (it may be in a spec that is not used" + b.String() + ")"
+}
+
+// truncate shortens s for an error message.
+func truncate(s string) string {
+	const max = 256
+	if len(s) <= max {
+		return s
+	}
+	return s[:max] + "..."
 }
 
 // hooks returns the hook executables a device's edits, and its spec's,
