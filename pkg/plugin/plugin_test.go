@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/google/go-cmp/cmp"
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
@@ -714,4 +715,45 @@ func TestRestoreSkipsOverlongRecords(t *testing.T) {
 	d := &api.PodSandbox{Id: "id-d", Name: "d", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
 	_, err := r.create(d, &api.Container{Id: "d", PodSandboxId: d.Id, Name: "d", Linux: &api.LinuxContainer{}})
 	testutil.ErrorSays(t, err, "held by pod tenant/b")
+}
+
+// TestExclusiveByNodeIdentity: two specs name one device (c 1:3) by two
+// host nodes of different paths; under policy.exclusive a pod holding the
+// device of one keeps the other's from every other pod.
+func TestExclusiveByNodeIdentity(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("making device nodes needs root")
+	}
+	dir, nodes := t.TempDir(), t.TempDir()
+	for _, n := range []string{"one", "other"} {
+		if err := unix.Mknod(filepath.Join(nodes, n), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for file, spec := range map[string]string{
+		"a.yaml": "cdiVersion: \"0.6.0\"\nkind: example.com/a\ndevices: [{name: x, containerEdits: {deviceNodes: [{path: /dev/x, hostPath: " + nodes + "/one}]}}]\n",
+		"b.yaml": "cdiVersion: \"0.6.0\"\nkind: example.com/b\ndevices: [{name: y, containerEdits: {deviceNodes: [{path: /dev/y, hostPath: " + nodes + "/other}]}}]\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(spec), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, err := config.Parse([]byte("policy: {exclusive: true, devices: [\"*/*\"]}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{dir}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	create := func(podName, device string) error {
+		pod := &api.PodSandbox{Id: podName, Name: podName, Namespace: "ns", Annotations: map[string]string{"gpus.nri-gpu.io": device}}
+		_, _, err := p.CreateContainer(context.Background(), pod, &api.Container{Id: podName + "-c", PodSandboxId: podName, Name: "c", Linux: &api.LinuxContainer{}})
+		return err
+	}
+	if err := create("a", "example.com/a=x"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.ErrorSays(t, create("b", "example.com/b=y"), `device "example.com/b=y" is held by pod ns/a (as "example.com/a=x")`)
 }

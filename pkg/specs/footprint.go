@@ -1,35 +1,54 @@
 package specs
 
 import (
+	"fmt"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode"
 
 	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
 // Device is a device's name and footprint: the host device nodes of its
-// own edits (not the spec-level ones all devices of a spec share). Two
-// names for one GPU, by index and by UUID, have the same footprint; a
-// kind's "all" device covers the footprints of the others.
+// own edits (not the spec-level ones all devices of a spec share), by
+// what they are. Two names for one GPU, by index and by UUID, have the
+// same footprint, and so do two paths for one node; a kind's "all" device
+// covers the footprints of the others.
 type Device struct {
 	// Name is the qualified CDI name.
 	Name string
-	// Nodes are the host paths of the device's own device nodes, sorted.
+	// Nodes identify the device's own device nodes, sorted: "c 195:0"
+	// (type and numbers, from the host node or else the spec), or, for a
+	// node that is neither there nor fully specified, "path /dev/x".
 	Nodes []string
 }
 
-// Footprint returns the name and footprint of a resolved device.
-func Footprint(d *cdi.Device) Device {
+// footprint returns the name and footprint of a resolved device, its
+// nodes identified from the host nodes stat'ed at load.
+func footprint(d *cdi.Device, hosts map[string]HostNode) Device {
 	var nodes []string
 	for _, n := range d.ContainerEdits.DeviceNodes {
 		if n != nil {
-			nodes = append(nodes, HostPath(n))
+			nodes = append(nodes, nodeID(n, hosts[HostPath(n)]))
 		}
 	}
 	slices.Sort(nodes)
 	return Device{Name: d.GetQualifiedName(), Nodes: slices.Compact(nodes)}
+}
+
+// nodeID identifies a device node by what it is: its type and numbers as
+// the host has them, or as the spec gives them, else its cleaned host path.
+func nodeID(n *cdispec.DeviceNode, host HostNode) string {
+	switch {
+	case host.Err == nil && host.Type != "":
+		return fmt.Sprintf("%s %d:%d", host.Type, host.Major, host.Minor)
+	case n.Type != "" && n.Major != 0:
+		return fmt.Sprintf("%s %d:%d", n.Type, n.Major, n.Minor)
+	}
+	return "path " + filepath.Clean(HostPath(n))
 }
 
 // naturalCompare orders names so that embedded numbers compare by value:

@@ -77,7 +77,6 @@ func load(cache *cdi.Cache, dirs []string) *Snapshot {
 				s.Problems[spec.GetPath()] = append(s.Problems[spec.GetPath()], untrusted)
 			}
 		}
-		s.devices[name] = &Entry{Device: d, Footprint: Footprint(d), Hooks: hooks(d), Untrusted: untrusted}
 		for _, edits := range []*cdispec.ContainerEdits{&spec.ContainerEdits, &d.ContainerEdits} {
 			for _, n := range edits.DeviceNodes {
 				if host := HostPath(n); host != "" {
@@ -87,6 +86,7 @@ func load(cache *cdi.Cache, dirs []string) *Snapshot {
 				}
 			}
 		}
+		s.devices[name] = &Entry{Device: d, Footprint: footprint(d, s.HostNodes), Hooks: hooks(d), Untrusted: untrusted}
 	}
 	return s
 }

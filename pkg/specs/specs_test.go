@@ -204,9 +204,9 @@ devices:
 	for _, d := range open(t, dir).Snapshot().Candidates("nvidia.com/gpu") {
 		got = append(got, d.Name+"@"+strings.Join(d.Nodes, ","))
 	}
-	want := []string{"nvidia.com/gpu=2@/dev/zero", "nvidia.com/gpu=3@/dev/full", "nvidia.com/gpu=10@/dev/null", "nvidia.com/gpu=GPU-2@/dev/zero"}
+	want := []string{"nvidia.com/gpu=2@c 1:5", "nvidia.com/gpu=3@c 1:7", "nvidia.com/gpu=10@c 1:3", "nvidia.com/gpu=GPU-2@c 1:5"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
-		t.Errorf("candidates %v, want %v (no all, numbers in numeric order, footprints from host paths, the path where no host path is given)", got, want)
+		t.Errorf("candidates %v, want %v (no all, numbers in numeric order, footprints by the host nodes' numbers, the path where no host path is given)", got, want)
 	}
 }
 
