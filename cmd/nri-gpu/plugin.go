@@ -30,6 +30,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 		logLevel   = fs.String("log-level", "info", "log level: debug, info, warn or error")
 		generate   = fs.Bool("generate-specs", false, "generate the CDI spec of the node's NVIDIA GPUs with NVML (config generateSpecs)")
 		metricsAt  = fs.String("metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics (off when empty)")
+		stateFile  = fs.String("state-file", plugin.DefaultStateFile, "file in which the plugin keeps which pod holds which devices, for a restart (none when empty)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
@@ -62,6 +63,9 @@ func runPlugin(args []string, stderr io.Writer) int {
 	var popts []plugin.Option
 	if *flags.specDirs != "" {
 		popts = append(popts, plugin.WithSpecDirs(cfg.CDISpecDirs))
+	}
+	if *stateFile != "" {
+		popts = append(popts, plugin.WithStateFile(*stateFile))
 	}
 	if *metricsAt != "" {
 		m := metrics.New()

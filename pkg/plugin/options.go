@@ -28,3 +28,11 @@ func WithNVML(lib nvml.Interface) Option { return func(p *Plugin) { p.nvml = lib
 // WithHookPath has the specs the plugin generates name path as their CDI
 // hook, instead of the plugin's own executable.
 func WithHookPath(path string) Option { return func(p *Plugin) { p.hookPath = path } }
+
+// WithStateFile has the plugin keep what pods hold in the file at path
+// (the --state-file flag), from which a restarted plugin learns it again.
+// Without it, a restarted plugin learns it from the device nodes of the
+// containers it gave devices only.
+func WithStateFile(path string) Option {
+	return func(p *Plugin) { p.saved = &stateFile{path: path} }
+}

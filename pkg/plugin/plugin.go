@@ -27,8 +27,9 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
-// Annotations nri-gpu adds to each container it gives devices, from which
-// it rebuilds what pods hold after a restart.
+// Annotations nri-gpu adds to each container it gives devices, for
+// operators to read. nri-gpu writes them whole and removes them from a
+// container it gives nothing: a tenant cannot set them.
 const (
 	// DevicesAnnotation lists the devices the container got, qualified
 	// CDI names separated by commas: "nvidia.com/gpu=0,nvidia.com/gpu=1".
@@ -57,6 +58,8 @@ type Plugin struct {
 	specDirs []string
 	// alloc outlives configurations.
 	alloc *policy.Allocations
+	// saved keeps alloc across restarts; nil when there is no state file.
+	saved *stateFile
 
 	mu sync.RWMutex
 	st *state
@@ -233,47 +236,76 @@ func (p *Plugin) takeConfigError() error {
 	return err
 }
 
-// Synchronize rebuilds what pods hold from the annotations nri-gpu put on
-// their containers, so that a restarted plugin hands out no device twice.
-// Pods gone while the plugin was away hold nothing any more.
+// Synchronize rebuilds what pods hold after a restart, from sources no
+// tenant can write: the state file the plugin keeps, for the pods the
+// runtime still runs, and the device nodes the runtime reports in the
+// containers nri-gpu gave devices. Pods gone while the plugin was away
+// hold nothing any more. Holdings that break the policy or each other
+// are logged, and stay held.
 func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
-	snap := p.state().specs.Snapshot()
-	byID := make(map[string]policy.Pod, len(pods))
+	st := p.state()
+	live := make(map[string]policy.Pod, len(pods))
 	for _, pod := range pods {
-		byID[pod.GetId()] = podOf(pod)
+		live[pod.GetId()] = podOf(pod)
 	}
 	var holdings []policy.Holding
+	if p.saved != nil {
+		saved, err := p.saved.load()
+		if err != nil {
+			p.log.Warnf("what pods held is rebuilt from their containers' device nodes only: %v", err)
+		}
+		for _, h := range saved {
+			if pod, ok := live[h.Pod.ID]; ok {
+				h.Pod = pod
+				holdings = append(holdings, h)
+			}
+		}
+	}
+	candidates := st.specs.Snapshot().Candidates(st.cfg.DefaultKind)
 	for _, c := range containers {
-		pod, ok := byID[c.GetPodSandboxId()]
+		pod, ok := live[c.GetPodSandboxId()]
 		if !ok {
 			continue
 		}
-		devices, err := readNames(c.GetAnnotations()[DevicesAnnotation])
-		if err == nil && len(devices) == 0 {
-			continue
+		if found := foundIn(c, candidates); len(found) > 0 {
+			holdings = append(holdings, policy.Holding{Pod: pod, Named: found})
 		}
-		counted, cerr := readNames(c.GetAnnotations()[CountedAnnotation])
-		if err = errors.Join(err, cerr); err != nil {
-			p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "container": c.GetName()}).
-				Warnf("devices not restored: annotations %s and %s: %v", DevicesAnnotation, CountedAnnotation, err)
-			continue
-		}
-		isCounted := map[string]bool{}
-		for _, d := range counted {
-			isCounted[d] = true
-		}
-		named := slices.DeleteFunc(slices.Clone(devices), func(d string) bool { return isCounted[d] })
-		holdings = append(holdings, policy.Holding{
-			Pod: pod, Named: snap.Footprints(named), Counted: snap.Footprints(counted),
-		})
 	}
-	p.alloc.Restore(holdings)
-	p.countHeld()
+	if err := p.alloc.Restore(st.policy, holdings); err != nil {
+		p.log.Warn(err)
+	}
+	p.held()
 	for pod, devices := range p.alloc.Held() {
 		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": strings.Join(devices, ",")}).
 			Info("restored devices held by pod")
 	}
 	return nil, nil
+}
+
+// maxContainerDevices caps the device nodes of one container looked at.
+const maxContainerDevices = 1024
+
+// foundIn returns the candidates whose device nodes are all in a
+// container nri-gpu gave devices, as the runtime reports them (its spec).
+// A container nri-gpu gave nothing (a privileged one, say) holds nothing.
+func foundIn(c *api.Container, candidates []specs.Device) []specs.Device {
+	if _, ok := c.GetAnnotations()[DevicesAnnotation]; !ok {
+		return nil
+	}
+	nodes := map[string]bool{}
+	for i, d := range c.GetLinux().GetDevices() {
+		if i == maxContainerDevices {
+			break
+		}
+		nodes[fmt.Sprintf("%s %d:%d", d.GetType(), d.GetMajor(), d.GetMinor())] = true
+	}
+	var found []specs.Device
+	for _, cand := range candidates {
+		if len(cand.Nodes) > 0 && !slices.ContainsFunc(cand.Nodes, func(n string) bool { return !nodes[n] }) {
+			found = append(found, cand)
+		}
+	}
+	return found
 }
 
 // StopPodSandbox releases the devices a pod held.
@@ -289,7 +321,7 @@ func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error 
 }
 
 func (p *Plugin) release(pod *api.PodSandbox) {
-	defer p.countHeld()
+	defer p.held()
 	if released := p.alloc.Release(pod.GetId()); len(released) > 0 {
 		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "devices": strings.Join(released, ",")}).
 			Info("released devices")
@@ -306,19 +338,23 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	switch {
 	case err != nil:
 		result = metrics.ResultDenied
-	case adj == nil:
+	case len(devices) == 0:
 		result = metrics.ResultNone
 	}
 	p.metrics.Request(result, rule(err), time.Since(start))
-	p.countHeld()
+	p.held()
 	if err != nil {
 		log.Errorf("denied: %v", err)
 		return nil, nil, bounded(fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
 			ctr.GetName(), pod.GetNamespace(), pod.GetName(), err))
 	}
-	if adj == nil {
-		log.Debug("no devices requested")
-		return nil, nil, nil
+	if len(devices) == 0 {
+		if adj != nil {
+			log.Warnf("no devices requested; removed the annotations %s and %s, which only nri-gpu writes", DevicesAnnotation, CountedAnnotation)
+		} else {
+			log.Debug("no devices requested")
+		}
+		return adj, nil, nil
 	}
 	log.WithField("devices", strings.Join(devices, ",")).Info("injected devices")
 	return adj, nil, nil
@@ -336,8 +372,11 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		Annotations:    ctr.GetAnnotations(),
 		CDIDevices:     cdiDeviceNames(ctr),
 	})
-	if err != nil || ask.Empty() {
+	if err != nil {
 		return nil, nil, err
+	}
+	if ask.Empty() {
+		return scrub(ctr), nil, nil
 	}
 	podRef := podOf(pod)
 	if err := st.policy.Check(podRef, ask); err != nil {
@@ -397,8 +436,25 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 	res.Adjustment.AddAnnotation(DevicesAnnotation, strings.Join(given, ","))
 	if len(grant.Counted) > 0 {
 		res.Adjustment.AddAnnotation(CountedAnnotation, strings.Join(names(grant.Counted), ","))
+	} else if _, ok := ctr.GetAnnotations()[CountedAnnotation]; ok {
+		res.Adjustment.RemoveAnnotation(CountedAnnotation)
 	}
 	return res.Adjustment, given, nil
+}
+
+// scrub returns the adjustment that removes the annotations nri-gpu
+// writes from a container it gives nothing, or nil if it has none.
+func scrub(ctr *api.Container) *api.ContainerAdjustment {
+	var adj *api.ContainerAdjustment
+	for _, key := range []string{DevicesAnnotation, CountedAnnotation} {
+		if _, ok := ctr.GetAnnotations()[key]; ok {
+			if adj == nil {
+				adj = &api.ContainerAdjustment{}
+			}
+			adj.RemoveAnnotation(key)
+		}
+	}
+	return adj
 }
 
 // resolve looks a device up in the trusted specs and checks its hooks.
@@ -444,12 +500,17 @@ func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, injected []*c
 	})
 }
 
-// countHeld updates the devices-held metric.
-func (p *Plugin) countHeld() {
-	if p.metrics == nil {
-		return
+// held records what pods hold: in the state file, and in the
+// devices-held metric.
+func (p *Plugin) held() {
+	if p.saved != nil {
+		if err := p.saved.save(p.alloc.Holdings()); err != nil {
+			p.log.Errorf("what pods hold is not kept for a restart: %v", err)
+		}
 	}
-	p.metrics.DevicesHeld(p.alloc.Count())
+	if p.metrics != nil {
+		p.metrics.DevicesHeld(p.alloc.Count())
+	}
 }
 
 // cdiDeviceNames returns the CDI devices the runtime reports it injects

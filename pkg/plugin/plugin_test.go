@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -72,6 +71,9 @@ type testRuntime struct {
 	// stopPlugin stops the plugin connected last.
 	stopPlugin func()
 
+	// stateFile is the plugin's state file; none when empty.
+	stateFile string
+
 	mu         sync.Mutex
 	pods       map[string]*api.PodSandbox
 	containers []*api.Container
@@ -82,10 +84,11 @@ func runtime(t *testing.T, cfgYAML string) *testRuntime {
 	t.Helper()
 	dir := t.TempDir()
 	r := &testRuntime{
-		socket:  filepath.Join(dir, "nri.sock"),
-		specDir: filepath.Join(dir, "cdi"),
-		counts:  pluginCount{Metrics: noMetrics{}, ch: make(chan int, 4)},
-		pods:    map[string]*api.PodSandbox{},
+		socket:    filepath.Join(dir, "nri.sock"),
+		specDir:   filepath.Join(dir, "cdi"),
+		stateFile: filepath.Join(dir, "state", "allocations.json"),
+		counts:    pluginCount{Metrics: noMetrics{}, ch: make(chan int, 4)},
+		pods:      map[string]*api.PodSandbox{},
 	}
 	if err := os.MkdirAll(r.specDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -150,7 +153,11 @@ func (r *testRuntime) connect(t *testing.T, cfgYAML string) (stop func()) {
 			drained = true
 		}
 	}
-	p, err := plugin.New(cfg, log, plugin.WithSpecDirs([]string{r.specDir}))
+	opts := []plugin.Option{plugin.WithSpecDirs([]string{r.specDir})}
+	if r.stateFile != "" {
+		opts = append(opts, plugin.WithStateFile(r.stateFile))
+	}
+	p, err := plugin.New(cfg, log, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +185,8 @@ func (r *testRuntime) connect(t *testing.T, cfgYAML string) (stop func()) {
 }
 
 // create asks the plugins to adjust a new container and, on success,
-// records it with the annotations they added, as a runtime would.
+// records it with the annotations and devices they adjusted, as a runtime
+// would.
 func (r *testRuntime) create(pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, error) {
 	rpl, err := r.CreateContainer(context.Background(), &adaptation.CreateContainerRequest{Pod: pod, Container: ctr})
 	if err != nil {
@@ -188,7 +196,19 @@ func (r *testRuntime) create(pod *api.PodSandbox, ctr *api.Container) (*api.Cont
 	if c.Annotations == nil {
 		c.Annotations = map[string]string{}
 	}
-	maps.Copy(c.Annotations, rpl.GetAdjust().GetAnnotations())
+	for k, v := range rpl.GetAdjust().GetAnnotations() {
+		if key, removed := strings.CutPrefix(k, "-"); removed {
+			delete(c.Annotations, key)
+		} else {
+			c.Annotations[k] = v
+		}
+	}
+	if devs := rpl.GetAdjust().GetLinux().GetDevices(); len(devs) > 0 {
+		if c.Linux == nil {
+			c.Linux = &api.LinuxContainer{}
+		}
+		c.Linux.Devices = append(c.Linux.Devices, devs...)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.pods[pod.Id] = pod
@@ -506,6 +526,94 @@ func TestAllocationsSurviveRestart(t *testing.T) {
 	}
 }
 
+// TestForgedAnnotationsDecideNothing: tenants set nri-gpu's own
+// annotations on their containers, to claim another pod's GPU and to lock
+// a free one. nri-gpu removes them from a container it gives nothing, and
+// a restarted plugin learns who holds what from its state file, not from
+// them.
+func TestForgedAnnotationsDecideNothing(t *testing.T) {
+	const cfg = "policy: {exclusive: true}"
+	r := runtime(t, cfg)
+	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant", Annotations: map[string]string{"gpu-count.nri-gpu.io": "1"}}
+	if adj, err := r.create(a, &api.Container{Id: "a", PodSandboxId: a.Id, Name: "main", Linux: &api.LinuxContainer{}}); err != nil {
+		t.Fatal(err)
+	} else if got := devicePaths(adj); !slices.Equal(got, []string{"/dev/nvidia0"}) {
+		t.Fatalf("pod a got %v, want GPU 0", got)
+	}
+
+	// A container that asks for nothing loses the annotations it forged.
+	forged := map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=0", plugin.CountedAnnotation: "nvidia.com/gpu=0"}
+	w := &api.PodSandbox{Id: "id-w", Name: "w", Namespace: "tenant"}
+	adj, err := r.create(w, &api.Container{Id: "w", PodSandboxId: w.Id, Name: "main", Linux: &api.LinuxContainer{}, Annotations: forged})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := adj.GetAnnotations(); len(got) != 2 || !hasKey(got, "-"+plugin.DevicesAnnotation) || !hasKey(got, "-"+plugin.CountedAnnotation) {
+		t.Errorf("the adjustment of a container forging nri-gpu's annotations has annotations %v, want both removed", got)
+	}
+
+	// Containers the runtime reports with forged annotations (created
+	// while no nri-gpu ran): pod f claims a's GPU as counted, pod l locks
+	// GPU 1 by name.
+	f := &api.PodSandbox{Id: "id-f", Name: "f", Namespace: "tenant", Annotations: map[string]string{"gpu-count.nri-gpu.io": "1"}}
+	l := &api.PodSandbox{Id: "id-l", Name: "l", Namespace: "tenant"}
+	r.mu.Lock()
+	r.pods[f.Id], r.pods[l.Id] = f, l
+	r.containers = append(r.containers,
+		&api.Container{Id: "f0", PodSandboxId: f.Id, Name: "early", Linux: &api.LinuxContainer{}, Annotations: forged},
+		&api.Container{Id: "l0", PodSandboxId: l.Id, Name: "main", Linux: &api.LinuxContainer{},
+			Annotations: map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=1"}})
+	r.mu.Unlock()
+
+	r.restart(t, cfg)
+
+	adj, err = r.create(f, &api.Container{Id: "f1", PodSandboxId: f.Id, Name: "main", Linux: &api.LinuxContainer{}})
+	if err != nil {
+		t.Fatalf("pod f's count request, GPU 1 being free: %v", err)
+	}
+	if got := devicePaths(adj); !slices.Equal(got, []string{"/dev/nvidia1"}) {
+		t.Errorf("pod f, which forged a claim on pod a's GPU 0, got %v; want the free GPU 1", got)
+	}
+	c := &api.PodSandbox{Id: "id-c", Name: "c", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+	_, err = r.create(c, &api.Container{Id: "c", PodSandboxId: c.Id, Name: "main", Linux: &api.LinuxContainer{}})
+	testutil.ErrorSays(t, err, "held by pod tenant/a")
+}
+
+// TestStateFileKeepsCountGrants: without policy.exclusive, a device given
+// for a count request is its pod's alone, a named one is shared. Only the
+// state file tells a restarted plugin which was which; a state file that
+// others may write is not read.
+func TestStateFileKeepsCountGrants(t *testing.T) {
+	const cfg = "policy: {exclusive: false}"
+	r := runtime(t, cfg)
+	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant", Annotations: map[string]string{"gpu-count.nri-gpu.io": "1"}}
+	if _, err := r.create(a, &api.Container{Id: "a", PodSandboxId: a.Id, Name: "main", Linux: &api.LinuxContainer{}}); err != nil {
+		t.Fatal(err)
+	}
+	named := func(name string) error {
+		pod := &api.PodSandbox{Id: "id-" + name, Name: name, Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+		_, err := r.create(pod, &api.Container{Id: name, PodSandboxId: pod.Id, Name: "main", Linux: &api.LinuxContainer{}})
+		return err
+	}
+	r.restart(t, cfg)
+	testutil.ErrorSays(t, named("b"), "held by pod tenant/a", "count request")
+
+	// The state file made writable by others: not trusted, so GPU 0 is
+	// known only from pod a's container's nodes, as shared.
+	if err := os.Chmod(r.stateFile, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	r.restart(t, cfg)
+	if err := named("c"); err != nil {
+		t.Errorf("with an untrusted state file, a named request for pod a's GPU: %v", err)
+	}
+}
+
+func hasKey(m map[string]string, key string) bool {
+	_, ok := m[key]
+	return ok
+}
+
 // TestThousandSpecs has nri-gpu serve a request with 1000 spec files
 // loaded, through the runtime side, whose request timeout (NRI's default,
 // 2 s) fails a plugin that is too slow. Speed itself is measured by the
@@ -688,10 +796,11 @@ func TestErrorsStayShort(t *testing.T) {
 	}
 }
 
-// TestRestoreSkipsOverlongRecords has the runtime report a container
-// whose devices annotation is longer than any container's could be: its
-// holding is not restored, the plugin registers in time, and the others
-// are restored.
+// TestRestoreSkipsOverlongRecords has the runtime report, with no state
+// file, a container whose devices annotation is longer than any
+// container's could be: the plugin registers in time, the annotation
+// decides nothing, and the devices nri-gpu's containers really have are
+// restored from their nodes.
 func TestRestoreSkipsOverlongRecords(t *testing.T) {
 	const cfg = "policy: {exclusive: true}"
 	r := runtime(t, cfg)
@@ -699,18 +808,25 @@ func TestRestoreSkipsOverlongRecords(t *testing.T) {
 	huge := &api.Container{Id: "huge", PodSandboxId: a.Id, Name: "huge", Linux: &api.LinuxContainer{},
 		Annotations: map[string]string{plugin.DevicesAnnotation: strings.Repeat("nvidia.com/gpu=0,", 200000) + "nvidia.com/gpu=0"}}
 	b := &api.PodSandbox{Id: "id-b", Name: "b", Namespace: "tenant"}
-	held := &api.Container{Id: "held", PodSandboxId: b.Id, Name: "held", Linux: &api.LinuxContainer{},
-		Annotations: map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=1"}}
+	held := &api.Container{Id: "held", PodSandboxId: b.Id, Name: "held", Linux: &api.LinuxContainer{
+		Devices: []*api.LinuxDevice{{Path: "/dev/nvidia1", Type: "c", Major: 1, Minor: 5}}, // GPU 1 is /dev/zero
+	}, Annotations: map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=1"}}
 	r.mu.Lock()
 	r.pods[a.Id], r.pods[b.Id] = a, b
-	r.containers = append(r.containers, huge, held)
+	// A privileged container has every node of the host, GPU 0 too, but
+	// got none of them from nri-gpu: it holds nothing.
+	privileged := &api.Container{Id: "privileged", PodSandboxId: b.Id, Name: "agent", Linux: &api.LinuxContainer{
+		Devices: []*api.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 1, Minor: 3}},
+	}}
+	r.containers = append(r.containers, huge, held, privileged)
+	r.stateFile = ""
 	r.mu.Unlock()
 
 	r.restart(t, cfg) // Synchronize within NRI's timeout, or the plugin would not register
 
 	c := &api.PodSandbox{Id: "id-c", Name: "c", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
 	if _, err := r.create(c, &api.Container{Id: "c", PodSandboxId: c.Id, Name: "c", Linux: &api.LinuxContainer{}}); err != nil {
-		t.Errorf("GPU 0, named only by the overlong record, is held: %v", err)
+		t.Errorf("GPU 0, named only by the overlong record and in a privileged container, is held: %v", err)
 	}
 	d := &api.PodSandbox{Id: "id-d", Name: "d", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
 	_, err := r.create(d, &api.Container{Id: "d", PodSandboxId: d.Id, Name: "d", Linux: &api.LinuxContainer{}})

@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -204,9 +205,15 @@ type Holding struct {
 }
 
 // Restore replaces all allocations with the given holdings, as rebuilt
-// from the runtime's containers after a restart of the plugin. Pods not
-// among them hold nothing any more.
-func (a *Allocations) Restore(holdings []Holding) {
+// after a restart of the plugin from what tenants cannot write. Pods not
+// among them hold nothing any more. Every restored device stays held,
+// since a container already has it; the holdings are checked against p
+// and against each other, and what no longer holds (a device p does not
+// allow, a device two pods hold though one of them got it for a count
+// request or p is exclusive) is returned as an error wrapping
+// ErrRestoreConflict, one line per problem, for the caller to log.
+// Restoring is linear in the holdings and their devices.
+func (a *Allocations) Restore(p *Policy, holdings []Holding) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.pods = map[string]*holding{}
@@ -228,6 +235,74 @@ func (a *Allocations) Restore(holdings []Holding) {
 			own.counted = slices.Clone(h.Counted)
 		}
 	}
+	return a.check(p)
+}
+
+// ErrRestoreConflict is wrapped by the error Restore returns when restored
+// holdings break the policy or each other.
+var ErrRestoreConflict = errors.New("restored holdings conflict")
+
+// maxRestoreProblems caps the problems Restore reports one by one.
+const maxRestoreProblems = 16
+
+// check reports restored devices p does not allow and devices held by two
+// pods where one of them may not share it. Pods and devices are visited
+// in order, so the report is stable; it is linear but for pods sharing
+// a node, which are compared with each other only.
+func (a *Allocations) check(p *Policy) error {
+	var problems []string
+	report := func(format string, args ...any) {
+		problems = append(problems, fmt.Sprintf(format, args...))
+	}
+	ids := slices.Sorted(maps.Keys(a.pods))
+	type owner struct {
+		pod     Pod
+		device  string
+		counted bool
+	}
+	byNode := map[string][]owner{}
+	for _, id := range ids {
+		h := a.pods[id]
+		for _, d := range h.all() {
+			if !p.Allowed(d.Name) {
+				report("pod %s holds %q, which policy.devices does not allow (any more)", h.pod, d.Name)
+			}
+		}
+		for i, d := range h.all() {
+			counted := i >= len(h.named)
+			for _, n := range d.Nodes {
+				for _, o := range byNode[n] {
+					if o.pod.ID != id && (counted || o.counted || p.exclusive) {
+						report("pods %s (%q) and %s (%q) both hold %s", o.pod, o.device, h.pod, d.Name, n)
+					}
+				}
+				byNode[n] = append(byNode[n], owner{h.pod, d.Name, counted})
+			}
+		}
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	more := ""
+	if len(problems) > maxRestoreProblems {
+		more = fmt.Sprintf("\n(and %d more)", len(problems)-maxRestoreProblems)
+		problems = problems[:maxRestoreProblems]
+	}
+	return fmt.Errorf("%w; the devices stay held until their pods are removed:\n%s%s",
+		ErrRestoreConflict, strings.Join(problems, "\n"), more)
+}
+
+// Holdings returns what each pod holds, ordered by pod ID, for keeping it
+// across a restart.
+func (a *Allocations) Holdings() []Holding {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Holding, 0, len(a.pods))
+	for _, id := range slices.Sorted(maps.Keys(a.pods)) {
+		h := a.pods[id]
+		out = append(out, Holding{Pod: h.pod, Named: slices.Clone(h.named), Counted: slices.Clone(h.counted)})
+	}
+	return out
 }
 
 // Held returns, per pod, the names of the devices it holds.

@@ -1,8 +1,10 @@
 package policy_test
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -192,10 +194,12 @@ func TestRevertAndRestore(t *testing.T) {
 	// A restarted plugin learns from the runtime that a holds GPU 0 by
 	// name and GPU 1 by count; pod z, gone meanwhile, is not mentioned.
 	a.Admit(p, pod("z"), []specs.Device{byName["3"]}, 0, candidates)
-	a.Restore([]policy.Holding{
+	if err := a.Restore(p, []policy.Holding{
 		{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
 		{Pod: pod("a"), Counted: []specs.Device{byName["1"]}},
-	})
+	}); err != nil {
+		t.Fatalf("restoring holdings that agree: %v", err)
+	}
 	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["GPU-0"]}, 0, candidates); err == nil {
 		t.Error("a restored holding was handed out again")
 	}
@@ -213,6 +217,79 @@ func TestRevertAndRestore(t *testing.T) {
 	a.Release(pod("a").ID)
 	if n := a.Count(); n != 1 {
 		t.Errorf("after releasing pod a, Count() = %d, want 1", n)
+	}
+}
+
+// TestRestoreChecks restores holdings that break the policy or each
+// other: each problem is reported, and the devices stay held.
+func TestRestoreChecks(t *testing.T) {
+	candidates, byName := gpus()
+	for _, tc := range []struct {
+		name      string
+		policy    config.Policy
+		holdings  []policy.Holding
+		wantError []string // substrings; none means no error
+	}{{
+		name:   "shared by name, not exclusive",
+		policy: config.Policy{Devices: config.DefaultDevices},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
+			{Pod: pod("b"), Named: []specs.Device{byName["GPU-0"]}},
+		},
+	}, {
+		name:   "shared by name, exclusive",
+		policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
+			{Pod: pod("b"), Named: []specs.Device{byName["GPU-0"]}},
+		},
+		wantError: []string{`pods ns/a ("nvidia.com/gpu=0") and ns/b ("nvidia.com/gpu=GPU-0") both hold /dev/nvidia0`},
+	}, {
+		name:   "counted by one, named by another",
+		policy: config.Policy{Devices: config.DefaultDevices},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Counted: []specs.Device{byName["1"]}},
+			{Pod: pod("b"), Named: []specs.Device{byName["all"]}},
+		},
+		wantError: []string{"pods ns/a", "ns/b", "both hold /dev/nvidia1"},
+	}, {
+		name:   "one pod, by name and by count",
+		policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Named: []specs.Device{byName["1"]}, Counted: []specs.Device{byName["GPU-1"]}},
+		},
+	}, {
+		name:   "no longer allowed",
+		policy: config.Policy{Devices: []string{"nvidia.com/gpu=0"}},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Named: []specs.Device{byName["0"], byName["2"]}},
+		},
+		wantError: []string{`pod ns/a holds "nvidia.com/gpu=2", which policy.devices does not allow`},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := policy.New(tc.policy)
+			a := policy.NewAllocations()
+			err := a.Restore(p, tc.holdings)
+			if len(tc.wantError) == 0 {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, policy.ErrRestoreConflict) {
+				t.Fatalf("error %v, want ErrRestoreConflict", err)
+			}
+			for _, w := range tc.wantError {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+			// Whatever the problem, the restored devices stay held: a
+			// pod asking for all four GPUs finds some taken.
+			if g, err := a.Admit(policy.New(config.Policy{Devices: config.DefaultDevices}), pod("new"), nil, 4, candidates); err == nil {
+				t.Errorf("after a conflicting restore, all GPUs were free: %v", g.Counted)
+			}
+		})
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 )
 
 const dir = "../../config"
@@ -73,7 +74,9 @@ func mustRead(t *testing.T, path string) []byte {
 
 func TestSystemdUnit(t *testing.T) {
 	unit := string(read(t, "systemd/nri-gpu.service"))
-	for _, want := range []string{"After=containerd.service", "Restart=always", "ExecStart=/usr/local/bin/nri-gpu --config /etc/nri-gpu/config.yaml", "WantedBy=multi-user.target"} {
+	for _, want := range []string{"After=containerd.service", "Restart=always", "ExecStart=/usr/local/bin/nri-gpu --config /etc/nri-gpu/config.yaml", "WantedBy=multi-user.target",
+		// The state dir, /run/nri-gpu, writable and kept across restarts.
+		"RuntimeDirectory=" + filepath.Base(filepath.Dir(plugin.DefaultStateFile)), "RuntimeDirectoryPreserve=yes"} {
 		if !strings.Contains(unit, want+"\n") {
 			t.Errorf("unit lacks %q", want)
 		}
@@ -152,7 +155,8 @@ func TestDaemonSet(t *testing.T) {
 			hostPaths[v.Name] = v.HostPath.Path
 		}
 	}
-	want := map[string]bool{"/var/run/nri": false, "/etc/cdi": true, "/var/run/cdi": true, "/dev": true} // path -> read-only
+	// path -> read-only; the state dir, where the plugin looks for it.
+	want := map[string]bool{"/var/run/nri": false, "/etc/cdi": true, "/var/run/cdi": true, "/dev": true, filepath.Dir(plugin.DefaultStateFile): false}
 	var got []string
 	for _, m := range c.VolumeMounts {
 		path, ok := hostPaths[m.Name]
@@ -160,6 +164,9 @@ func TestDaemonSet(t *testing.T) {
 			continue
 		}
 		got = append(got, path)
+		if path == filepath.Dir(plugin.DefaultStateFile) && m.MountPath != path {
+			t.Errorf("the state dir is mounted at %s, not where nri-gpu keeps its state (%s)", m.MountPath, path)
+		}
 		if ro, known := want[path]; !known {
 			t.Errorf("mounts host path %s, which nri-gpu does not need", path)
 		} else if ro != m.ReadOnly {

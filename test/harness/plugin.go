@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -27,7 +28,14 @@ func (c *Containerd) StartPlugin(args ...string) (*Plugin, error) {
 		return nil, err
 	}
 	defer logFile.Close()
-	p.cmd = exec.Command(c.Tools.Path("nri-gpu"), append([]string{"--socket-path", c.NRISock, "--log-level", "debug"}, args...)...)
+	// Each plugin name keeps its state in this containerd's dir; a plugin
+	// started again under its name finds it there.
+	name := "nri-gpu"
+	if i := slices.Index(args, "--name"); i >= 0 && i+1 < len(args) {
+		name = args[i+1]
+	}
+	state := filepath.Join(c.Dir, name+"-state.json")
+	p.cmd = exec.Command(c.Tools.Path("nri-gpu"), append([]string{"--socket-path", c.NRISock, "--log-level", "debug", "--state-file", state}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {

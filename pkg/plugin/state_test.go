@@ -1,0 +1,145 @@
+package plugin
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+func TestStateFileRoundTrip(t *testing.T) {
+	f := &stateFile{path: filepath.Join(t.TempDir(), "sub", "allocations.json")}
+	holdings := []policy.Holding{
+		{Pod: policy.Pod{ID: "id-a", Namespace: "ns", Name: "a"},
+			Named:   []specs.Device{{Name: "nvidia.com/gpu=0", Nodes: []string{"c 195:0"}}},
+			Counted: []specs.Device{{Name: "nvidia.com/gpu=1", Nodes: []string{"c 195:1"}}}},
+		{Pod: policy.Pod{ID: "id-b", Namespace: "ns", Name: "b"},
+			Named: []specs.Device{{Name: "vendor.com/dev=x"}}},
+	}
+	if err := f.save(holdings); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(f.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		t.Errorf("state file mode %v, want it readable by its owner only", fi.Mode())
+	}
+	got, err := (&stateFile{path: f.path}).load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, holdings) {
+		t.Errorf("loaded %+v, want %+v", got, holdings)
+	}
+	// Released: nothing held, and that is what a restart finds.
+	if err := f.save(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := f.load(); err != nil || len(got) != 0 {
+		t.Errorf("after saving no holdings, loaded %v, %v", got, err)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(f.path))
+	if len(entries) != 1 {
+		t.Errorf("the state dir holds %d files, want the state file only (no temp files left)", len(entries))
+	}
+}
+
+// TestStateFileTrust: a state file is read only if it is a regular file
+// the plugin's user owns, that no one else may write, and of a sane size.
+func TestStateFileTrust(t *testing.T) {
+	valid := []byte(`{"version":1,"pods":[{"id":"x","namespace":"ns","name":"x","named":[{"name":"nvidia.com/gpu=0"}]}]}`)
+	for _, tc := range []struct {
+		name    string
+		make    func(t *testing.T, path string)
+		want    string // substring of the error; "" for none
+		untrust bool
+	}{
+		{name: "missing", make: func(*testing.T, string) {}},
+		{name: "valid", make: func(t *testing.T, path string) { write(t, path, valid, 0o600) }},
+		{name: "group writable", make: func(t *testing.T, path string) { write(t, path, valid, 0o620) },
+			want: "writable by group or others", untrust: true},
+		{name: "owned by another user", make: func(t *testing.T, path string) {
+			if os.Geteuid() != 0 {
+				t.Skip("giving a file away needs root")
+			}
+			write(t, path, valid, 0o600)
+			if err := os.Chown(path, 4242, 4242); err != nil {
+				t.Fatal(err)
+			}
+		}, want: "owned by uid 4242", untrust: true},
+		{name: "symlink", make: func(t *testing.T, path string) {
+			write(t, path+".real", valid, 0o600)
+			if err := os.Symlink(path+".real", path); err != nil {
+				t.Fatal(err)
+			}
+		}, want: "too many levels of symbolic links"},
+		{name: "fifo", make: func(t *testing.T, path string) {
+			if err := syscall.Mkfifo(path, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, want: "not a regular file", untrust: true},
+		{name: "too big", make: func(t *testing.T, path string) {
+			write(t, path, valid, 0o600)
+			if err := os.Truncate(path, maxStateSize+1); err != nil {
+				t.Fatal(err)
+			}
+		}, want: "more than", untrust: true},
+		{name: "not json", make: func(t *testing.T, path string) { write(t, path, []byte("pods: []"), 0o600) },
+			want: "invalid character"},
+		{name: "other version", make: func(t *testing.T, path string) { write(t, path, []byte(`{"version":2}`), 0o600) },
+			want: "version 2, want 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "allocations.json")
+			tc.make(t, path)
+			done := make(chan struct{})
+			var (
+				got []policy.Holding
+				err error
+			)
+			go func() { defer close(done); got, err = (&stateFile{path: path}).load() }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("load blocked")
+			}
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				if tc.name == "valid" && len(got) != 1 {
+					t.Errorf("loaded %v, want pod x", got)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one saying %q", err, tc.want)
+			}
+			if errors.Is(err, errStateUntrusted) != tc.untrust {
+				t.Errorf("errors.Is(%v, errStateUntrusted) = %v, want %v", err, !tc.untrust, tc.untrust)
+			}
+			if len(got) != 0 {
+				t.Errorf("with an error, loaded %v", got)
+			}
+		})
+	}
+}
+
+func write(t *testing.T, path string, data []byte, mode os.FileMode) {
+	t.Helper()
+	if err := os.WriteFile(path, data, mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, mode); err != nil { // past the umask
+		t.Fatal(err)
+	}
+}
