@@ -31,8 +31,8 @@ func TestRunRejectsBadInput(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
-			// Never the host's NRI socket, should a case get that far.
-			args := append([]string{"--socket-path", filepath.Join(dir, "nri.sock")}, tc.args...)
+			// Never the host's NRI socket or state dir, should a case get that far.
+			args := append([]string{"--socket-path", filepath.Join(dir, "nri.sock"), "--state-file", filepath.Join(dir, "state.json")}, tc.args...)
 			if code := run(args, io.Discard, &stderr); code != exitUsage {
 				t.Errorf("exit code %d, want %d; stderr:\n%s", code, exitUsage, stderr.String())
 			}
@@ -131,7 +131,7 @@ func TestMetricsAddressInUse(t *testing.T) {
 	defer l.Close()
 	dir := t.TempDir()
 	var stderr bytes.Buffer
-	code := run([]string{"--socket-path", filepath.Join(dir, "nri.sock"), "--cdi-spec-dirs", dir,
+	code := run([]string{"--socket-path", filepath.Join(dir, "nri.sock"), "--state-file", filepath.Join(dir, "state.json"), "--cdi-spec-dirs", dir,
 		"--metrics-address", l.Addr().String()}, io.Discard, &stderr)
 	if code != exitError || !strings.Contains(stderr.String(), "--metrics-address") || !strings.Contains(stderr.String(), "address already in use") {
 		t.Errorf("exit %d, stderr %q; want 1 and a message naming --metrics-address and why", code, stderr.String())

@@ -239,14 +239,28 @@ func (p *Plugin) takeConfigError() error {
 // Synchronize rebuilds what pods hold after a restart, from sources no
 // tenant can write: the state file the plugin keeps, for the pods the
 // runtime still runs, and the device nodes the runtime reports in the
-// containers nri-gpu gave devices. Pods gone while the plugin was away
-// hold nothing any more. Holdings that break the policy or each other
-// are logged, and stay held.
+// containers nri-gpu gave devices. Pods gone while the plugin was away,
+// and pods all of whose containers have stopped (stopped pods, not yet
+// removed), hold nothing any more. Holdings that break the policy or each
+// other are logged, and stay held.
 func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
 	st := p.state()
 	live := make(map[string]policy.Pod, len(pods))
 	for _, pod := range pods {
 		live[pod.GetId()] = podOf(pod)
+	}
+	stopped := map[string]bool{} // pod ID -> all its containers stopped
+	for _, c := range containers {
+		id := c.GetPodSandboxId()
+		done := c.GetState() == api.ContainerState_CONTAINER_STOPPED
+		if prev, seen := stopped[id]; !seen || prev {
+			stopped[id] = done
+		}
+	}
+	for id := range stopped {
+		if stopped[id] {
+			delete(live, id)
+		}
 	}
 	var holdings []policy.Holding
 	if p.saved != nil {
@@ -264,7 +278,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	candidates := st.specs.Snapshot().Candidates(st.cfg.DefaultKind)
 	for _, c := range containers {
 		pod, ok := live[c.GetPodSandboxId()]
-		if !ok {
+		if !ok || c.GetState() == api.ContainerState_CONTAINER_STOPPED {
 			continue
 		}
 		if found := foundIn(c, candidates); len(found) > 0 {

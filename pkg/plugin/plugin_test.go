@@ -609,6 +609,40 @@ func TestStateFileKeepsCountGrants(t *testing.T) {
 	}
 }
 
+// TestStoppedPodsHoldNothing: a pod stopped while the plugin was away,
+// its containers all stopped but not yet removed, holds nothing after a
+// restart; a pod with a container still running keeps its devices.
+func TestStoppedPodsHoldNothing(t *testing.T) {
+	const cfg = "policy: {exclusive: true}"
+	r := runtime(t, cfg)
+	count := map[string]string{"gpu-count.nri-gpu.io": "1"}
+	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant", Annotations: count}
+	b := &api.PodSandbox{Id: "id-b", Name: "b", Namespace: "tenant", Annotations: count}
+	for _, c := range []*api.Container{
+		{Id: "a", PodSandboxId: a.Id, Name: "main", Linux: &api.LinuxContainer{}},
+		{Id: "b2", PodSandboxId: b.Id, Name: "main", Linux: &api.LinuxContainer{}},
+		{Id: "b1", PodSandboxId: b.Id, Name: "done", Linux: &api.LinuxContainer{}},
+	} {
+		pod := map[string]*api.PodSandbox{a.Id: a, b.Id: b}[c.PodSandboxId]
+		if _, err := r.create(pod, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.mu.Lock()
+	for _, c := range r.containers {
+		c.State = api.ContainerState_CONTAINER_RUNNING
+		if c.PodSandboxId == a.Id || c.Id == "b1" {
+			c.State = api.ContainerState_CONTAINER_STOPPED
+		}
+	}
+	r.mu.Unlock()
+	r.restart(t, cfg)
+
+	d := &api.PodSandbox{Id: "id-d", Name: "d", Namespace: "tenant", Annotations: map[string]string{"gpu-count.nri-gpu.io": "2"}}
+	_, err := r.create(d, &api.Container{Id: "d", PodSandboxId: d.Id, Name: "main", Linux: &api.LinuxContainer{}})
+	testutil.ErrorSays(t, err, "1 are free and 1 held")
+}
+
 func hasKey(m map[string]string, key string) bool {
 	_, ok := m[key]
 	return ok

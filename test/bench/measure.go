@@ -221,7 +221,7 @@ func (r *report) memory() {
 	must(err)
 	defer os.RemoveAll(dir)
 	must(harness.WriteBenchSpecs(dir, 1000))
-	cmd := exec.Command(bin, "--cdi-spec-dirs", dir, "--socket-path", filepath.Join(dir, "none.sock"))
+	cmd := exec.Command(bin, "--cdi-spec-dirs", dir, "--socket-path", filepath.Join(dir, "none.sock"), "--state-file", filepath.Join(dir, "state.json"))
 	if err := cmd.Start(); err != nil {
 		r.printf("## Memory\n\nnot measured: %v\n\n", err)
 		return

@@ -150,6 +150,59 @@ func TestCountRequests(t *testing.T) {
 	}
 }
 
+// TestForgedHoldings: tenants write nri-gpu's own annotations on their
+// containers, to claim another pod's GPU and to lock the free ones.
+// containerd reports a container's CRI annotations over NRI whatever a
+// plugin removed from its spec, so the restarted plugin ignores them: it
+// knows who holds what from its state file and the containers' device
+// nodes.
+func TestForgedHoldings(t *testing.T) {
+	needEnv(t)
+	aID, a := newPod(t, env.ctd, map[string]string{"gpu-count.nri-gpu.io": "1"})
+	_, aSpec := runContainer(t, env.ctd, aID, a, harness.Container{Name: "main"})
+	aGPU := gpuNodes(aSpec)
+	if len(aGPU) != 1 {
+		t.Fatalf("pod a got %v, want one GPU", aGPU)
+	}
+	aName := "nvidia.com/gpu=" + strings.TrimPrefix(aGPU[0], "/dev/nvidia")
+	all := "nvidia.com/gpu=0,nvidia.com/gpu=1,nvidia.com/gpu=2,nvidia.com/gpu=3"
+	forged := func(devices, counted string) harness.Container {
+		return harness.Container{Name: "forger", Annotations: map[string]string{"nri-gpu.io/devices": devices, "nri-gpu.io/counted": counted}}
+	}
+
+	// Forgers, created while no nri-gpu runs: pod f claims a's GPU as
+	// counted for itself, pod l locks every GPU by name.
+	env.nri.Kill()
+	restarted := false
+	restart := func() {
+		if restarted {
+			return
+		}
+		restarted = true
+		var err error
+		if env.nri, err = env.ctd.StartPlugin(suiteArgs()...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer restart()
+	fID, f := newPod(t, env.ctd, map[string]string{"gpu-count.nri-gpu.io": "1"})
+	runContainer(t, env.ctd, fID, f, forged(aName, aName))
+	lID, l := newPod(t, env.ctd, nil)
+	runContainer(t, env.ctd, lID, l, forged(all, ""))
+	restart()
+
+	_, fSpec := runContainer(t, env.ctd, fID, f, harness.Container{Name: "main"})
+	if got := gpuNodes(fSpec); len(got) != 1 || got[0] == aGPU[0] {
+		t.Errorf("pod f, which forged a claim on pod a's %s, got %v; want another GPU", aGPU[0], got)
+	}
+	cID, c := newPod(t, env.ctd, map[string]string{"gpus.nri-gpu.io": strings.TrimPrefix(aName, "nvidia.com/gpu=")})
+	createFails(t, cID, c, "held by pod e2e/"+a.Name)
+	dID, d := newPod(t, env.ctd, map[string]string{"gpu-count.nri-gpu.io": "2"})
+	if _, err := env.ctd.CreateContainer(dID, d, harness.Container{Name: "main"}); err != nil {
+		t.Errorf("two GPUs are free but pod l's forged lock kept pod d from them: %v", err)
+	}
+}
+
 func TestHooksGetAnExplicitEnvironment(t *testing.T) {
 	needEnv(t)
 	podID, pod := newPod(t, env.ctd, map[string]string{"gpus.nri-gpu.io": "3"})

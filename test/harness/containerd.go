@@ -258,7 +258,14 @@ func preRegister(binary, dir, config string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "nri", "plugins", "10-nri-gpu"), data, 0o755); err != nil {
+	// containerd starts a pre-registered plugin with no arguments: a
+	// script hands the binary a state file in dir, not the host's.
+	bin := filepath.Join(dir, "nri", "nri-gpu")
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		return err
+	}
+	script := fmt.Sprintf("#!/bin/sh\nexec %q --state-file %q \"$@\"\n", bin, filepath.Join(dir, "nri-gpu-state.json"))
+	if err := os.WriteFile(filepath.Join(dir, "nri", "plugins", "10-nri-gpu"), []byte(script), 0o755); err != nil {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "nri", "conf.d", "10-nri-gpu.conf"), []byte(config), 0o644)
