@@ -59,7 +59,8 @@ type Config struct {
 // Policy is the policy block of the configuration.
 type Policy struct {
 	// Namespaces are globs of pod namespaces that may request devices
-	// through pod annotations.
+	// through annotations (cdi.k8s.io ones too, unless
+	// ExemptCDIAnnotations).
 	Namespaces []string `yaml:"namespaces"`
 	// Devices are globs over qualified device names that may be requested.
 	Devices []string `yaml:"devices"`
@@ -71,6 +72,10 @@ type Policy struct {
 	Exclusive bool `yaml:"exclusive"`
 	// HookPaths are the hook executables that specs may inject.
 	HookPaths []string `yaml:"hookPaths"`
+	// ExemptCDIAnnotations exempts cdi.k8s.io annotation requests from
+	// Namespaces and AllowAll, for nodes where only node components can
+	// write those annotations.
+	ExemptCDIAnnotations bool `yaml:"exemptCDIAnnotations"`
 }
 
 // Defaults of the configuration, applied to every key not set.

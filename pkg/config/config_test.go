@@ -54,6 +54,7 @@ policy:
   maxDevicesPerPod: 2
   exclusive: true
   hookPaths: [/usr/local/bin/hook]
+  exemptCDIAnnotations: true
 `,
 			want: &config.Config{
 				CDISpecDirs:         []string{"/etc/cdi"},
@@ -66,6 +67,7 @@ policy:
 				Policy: config.Policy{
 					Namespaces: []string{"agents-*"}, Devices: []string{"example.com/fpga=*"},
 					AllowAll: true, MaxDevicesPerPod: 2, Exclusive: true, HookPaths: []string{"/usr/local/bin/hook"},
+					ExemptCDIAnnotations: true,
 				},
 			},
 		},

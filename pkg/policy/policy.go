@@ -60,6 +60,8 @@ type Policy struct {
 	max        int
 	exclusive  bool
 	hookPaths  []string
+	// exemptCDI exempts cdi.k8s.io requests from namespaces and allowAll.
+	exemptCDI bool
 }
 
 // New returns the policy of a validated configuration block.
@@ -71,19 +73,21 @@ func New(p config.Policy) *Policy {
 		max:        p.MaxDevicesPerPod,
 		exclusive:  p.Exclusive,
 		hookPaths:  slices.Clone(p.HookPaths),
+		exemptCDI:  p.ExemptCDIAnnotations,
 	}
 }
 
 // Check applies the rules that need no state to what a container of pod
-// asks for: policy.namespaces (pod annotations only: cdi.k8s.io
-// annotations come from node components), policy.devices and
-// policy.allowAll. It returns nil, or an error wrapping ErrDenied for each
-// denied request, naming the rule, the request and the key that would
-// allow it.
+// asks for: policy.namespaces and policy.allowAll to every request made
+// through an annotation (cdi.k8s.io ones too, unless
+// policy.exemptCDIAnnotations), and policy.devices to all but the CDI
+// devices of the CRI request, which node components chose. It returns
+// nil, or an error wrapping ErrDenied for each denied request, naming the
+// rule, the request and the key that would allow it.
 func (p *Policy) Check(pod Pod, ask Ask) error {
 	if !matchAny(p.namespaces, pod.Namespace) {
-		if what := podRequest(ask); what != "" {
-			return deny(RuleNamespaces, fmt.Errorf("%s: %w: pods of namespace %q may not request devices through pod annotations: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
+		if what := p.annotationRequest(ask); what != "" {
+			return deny(RuleNamespaces, fmt.Errorf("%s: %w: pods of namespace %q may not request devices through annotations: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
 				what, ErrDenied, pod.Namespace, strings.Join(p.namespaces, ", ")))
 		}
 	}
@@ -99,13 +103,19 @@ func (p *Policy) Check(pod Pod, ask Ask) error {
 	return errors.Join(errs...)
 }
 
-// podRequest describes the first request of ask made through a pod
-// annotation, or returns "" when there is none.
-func podRequest(ask Ask) string {
+// tenantWritten reports whether r came from an annotation the rules for
+// tenants (namespaces, allowAll) apply to.
+func (p *Policy) tenantWritten(r Request) bool {
+	return r.Source == SourcePod || (r.Source == SourceCDI && !p.exemptCDI)
+}
+
+// annotationRequest describes the first request of ask subject to
+// policy.namespaces, or returns "" when there is none.
+func (p *Policy) annotationRequest(ask Ask) string {
 	if ask.Count > 0 {
 		return fmt.Sprintf("pod annotation %q request for %d devices", CountAnnotationKey, ask.Count)
 	}
-	if i := slices.IndexFunc(ask.Requests, func(r Request) bool { return r.Source == SourcePod }); i >= 0 {
+	if i := slices.IndexFunc(ask.Requests, p.tenantWritten); i >= 0 {
 		return ask.Requests[i].String()
 	}
 	return ""
@@ -117,7 +127,7 @@ func (p *Policy) checkRequest(r Request) error {
 			r, ErrDenied, r.Device, strings.Join(p.devices, ", ")))
 	}
 	// A qualified name's device part follows its only "=".
-	if strings.HasSuffix(r.Device, "="+AllDevice) && r.Source == SourcePod && !p.allowAll {
+	if strings.HasSuffix(r.Device, "="+AllDevice) && p.tenantWritten(r) && !p.allowAll {
 		return deny(RuleAllowAll, fmt.Errorf("%s: %w: device %q gives every device of its kind; set policy.allowAll: true to allow it",
 			r, ErrDenied, r.Device))
 	}

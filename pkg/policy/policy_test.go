@@ -53,8 +53,15 @@ func TestCheck(t *testing.T) {
 			ask:    policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.SourcePod)}},
 		},
 		{
-			name:   "all from a cdi.k8s.io annotation (set by node components) is not a pod's request",
-			policy: open,
+			name:     "all from a cdi.k8s.io annotation, which a tenant can write too, denied without allowAll",
+			policy:   open,
+			ask:      policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.SourceCDI)}},
+			wantRule: policy.RuleAllowAll,
+			wantErr:  []string{`container annotation "k" request "nvidia.com/gpu=all"`, "policy.allowAll: true"},
+		},
+		{
+			name:   "all from a cdi.k8s.io annotation, with exemptCDIAnnotations",
+			policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, ExemptCDIAnnotations: true},
 			ask:    policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.SourceCDI)}},
 		},
 		{
@@ -69,7 +76,7 @@ func TestCheck(t *testing.T) {
 			namespace: "default",
 			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourcePod)}},
 			wantRule:  policy.RuleNamespaces,
-			wantErr:   []string{`pod annotation "k" request "nvidia.com/gpu=0"`, `pods of namespace "default" may not request devices through pod annotations`, "policy.namespaces [agents-*, ml]"},
+			wantErr:   []string{`pod annotation "k" request "nvidia.com/gpu=0"`, `pods of namespace "default" may not request devices through annotations`, "policy.namespaces [agents-*, ml]"},
 		},
 		{
 			name:      "namespace denied for a count request",
@@ -86,10 +93,26 @@ func TestCheck(t *testing.T) {
 			ask:       policy.Ask{Requests: []policy.Request{req("example.com/nic=all", policy.SourceRuntime)}},
 		},
 		{
-			name:      "cdi.k8s.io requests are not subject to namespaces",
+			name:      "cdi.k8s.io requests are subject to namespaces",
 			policy:    tenants,
+			namespace: "default",
+			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourceCDI)}},
+			wantRule:  policy.RuleNamespaces,
+			wantErr:   []string{`container annotation "k" request "nvidia.com/gpu=0"`, `pods of namespace "default"`},
+		},
+		{
+			name:      "cdi.k8s.io requests exempt from namespaces with exemptCDIAnnotations",
+			policy:    config.Policy{Namespaces: tenants.Namespaces, Devices: config.DefaultDevices, ExemptCDIAnnotations: true},
 			namespace: "kube-system",
 			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourceCDI)}},
+		},
+		{
+			name:      "exemptCDIAnnotations does not exempt pod annotations",
+			policy:    config.Policy{Namespaces: tenants.Namespaces, Devices: config.DefaultDevices, ExemptCDIAnnotations: true},
+			namespace: "default",
+			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourceCDI), req("nvidia.com/gpu=1", policy.SourcePod)}},
+			wantRule:  policy.RuleNamespaces,
+			wantErr:   []string{`pod annotation "k" request "nvidia.com/gpu=1"`},
 		},
 	}
 	for _, tc := range tests {

@@ -14,7 +14,13 @@ import (
 // the error says every wanted string.
 func createFails(t *testing.T, podID string, pod harness.Pod, want ...string) {
 	t.Helper()
-	id, err := env.ctd.CreateContainer(podID, pod, harness.Container{Name: "c"})
+	createFailsWith(t, podID, pod, harness.Container{Name: "c"}, want...)
+}
+
+// createFailsWith is createFails for the container ctr.
+func createFailsWith(t *testing.T, podID string, pod harness.Pod, ctr harness.Container, want ...string) {
+	t.Helper()
+	id, err := env.ctd.CreateContainer(podID, pod, ctr)
 	if err == nil {
 		t.Fatalf("container %s was created, want creation to fail", id)
 	}
@@ -46,6 +52,7 @@ func TestPolicyDenials(t *testing.T) {
 		name      string
 		namespace string
 		ann       map[string]string
+		ctrAnn    map[string]string
 		want      []string
 	}{
 		{
@@ -55,9 +62,25 @@ func TestPolicyDenials(t *testing.T) {
 			want:      []string{"denied by policy", `pods of namespace "default" may not request devices`, "policy.namespaces [e2e, tenant-*]"},
 		},
 		{
+			name:      "cdi.k8s.io request from a namespace not in policy.namespaces",
+			namespace: "default",
+			ctrAnn:    map[string]string{"cdi.k8s.io/forged": "nvidia.com/gpu=0"},
+			want:      []string{"denied by policy", `container annotation "cdi.k8s.io/forged"`, `pods of namespace "default" may not request devices`},
+		},
+		{
+			name:   "all through cdi.k8s.io without allowAll",
+			ctrAnn: map[string]string{"cdi.k8s.io/forged": "nvidia.com/gpu=all"},
+			want:   []string{"denied by policy", `"nvidia.com/gpu=all" gives every device of its kind`, "policy.allowAll: true"},
+		},
+		{
 			name: "more than maxDevicesPerPod",
 			ann:  map[string]string{"gpus.nri-gpu.io": "0,1,2,3"},
 			want: []string{"denied by policy", "would hold 4 devices, more than policy.maxDevicesPerPod (3)"},
+		},
+		{
+			name:   "more than maxDevicesPerPod through cdi.k8s.io",
+			ctrAnn: map[string]string{"cdi.k8s.io/forged": "nvidia.com/gpu=0,nvidia.com/gpu=1,nvidia.com/gpu=2,nvidia.com/gpu=3"},
+			want:   []string{"denied by policy", "would hold 4 devices, more than policy.maxDevicesPerPod (3)"},
 		},
 		{
 			name: "hook outside hookPaths",
@@ -83,7 +106,7 @@ func TestPolicyDenials(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { removePod(t, podID) })
-			createFails(t, podID, pod, tc.want...)
+			createFailsWith(t, podID, pod, harness.Container{Name: "c", Annotations: tc.ctrAnn}, tc.want...)
 		})
 	}
 	if !strings.Contains(env.nri.Log(), "untrusted.yaml") {
