@@ -429,11 +429,21 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		return nil, nil, err
 	}
 
-	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, snap.Candidates(st.cfg.DefaultKind))
+	rt := p.connectedRuntime()
+	// A count request passes over devices this container cannot have: a
+	// hook outside policy.hookPaths, edits the runtime cannot apply.
+	usable := func(d specs.Device) error {
+		e, err := st.resolve(snap, d.Name)
+		if err == nil {
+			_, err = adjust.Build([]*cdi.Device{e.Device}, snap.HostNodes, st.buildOptions(nil, ctr, rt))
+		}
+		return err
+	}
+	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, snap.Candidates(st.cfg.DefaultKind), usable)
 	if err != nil {
 		return nil, nil, err
 	}
-	res, err := st.build(snap, named, injected, grant, ctr, p.connectedRuntime())
+	res, err := st.build(snap, named, injected, grant, ctr, rt)
 	if err != nil {
 		p.alloc.Revert(grant)
 		return nil, nil, err
@@ -504,14 +514,19 @@ func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, injected []*c
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return adjust.Build(devices, snap.HostNodes, adjust.Options{
+	return adjust.Build(devices, snap.HostNodes, st.buildOptions(injected, ctr, rt))
+}
+
+// buildOptions are the options of adjust.Build for a container.
+func (st *state) buildOptions(injected []*cdi.Device, ctr *api.Container, rt adjust.Runtime) adjust.Options {
+	return adjust.Options{
 		SkipUnsupported: st.cfg.UnsupportedEdits == config.UnsupportedWarn,
 		Injected:        injected,
 		UID:             ctr.GetUser().GetUid(),
 		GID:             ctr.GetUser().GetGid(),
 		AdditionalGIDs:  ctr.GetUser().GetAdditionalGids(),
 		Runtime:         rt,
-	})
+	}
 }
 
 // held records what pods hold: in the state file, and in the

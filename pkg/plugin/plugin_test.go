@@ -643,6 +643,39 @@ func TestStoppedPodsHoldNothing(t *testing.T) {
 	testutil.ErrorSays(t, err, "1 are free and 1 held")
 }
 
+// TestCountSkipsUnusableDevices: GPU 0's spec entry injects a hook
+// outside policy.hookPaths. A count request gets GPU 1 instead of
+// failing, and one for both GPUs says why GPU 0 cannot be had.
+func TestCountSkipsUnusableDevices(t *testing.T) {
+	const cfg = "policy: {exclusive: true}"
+	r := runtime(t, cfg)
+	withHook := strings.Replace(spec, `  - name: "0"
+    containerEdits:
+`, `  - name: "0"
+    containerEdits:
+      hooks: [{hookName: createContainer, path: /bin/evil}]
+`, 1)
+	if withHook == spec {
+		t.Fatal("test spec not changed")
+	}
+	if err := os.WriteFile(filepath.Join(r.specDir, "gpu.yaml"), []byte(withHook), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.restart(t, cfg) // a plugin that loads the changed spec
+
+	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant", Annotations: map[string]string{"gpu-count.nri-gpu.io": "1"}}
+	adj, err := r.create(a, &api.Container{Id: "a", PodSandboxId: a.Id, Name: "main", Linux: &api.LinuxContainer{}})
+	if err != nil {
+		t.Fatalf("a count request with GPU 1 usable: %v", err)
+	}
+	if got := devicePaths(adj); !slices.Equal(got, []string{"/dev/nvidia1"}) {
+		t.Errorf("got %v, want GPU 1: GPU 0 injects a hook outside policy.hookPaths", got)
+	}
+	b := &api.PodSandbox{Id: "id-b", Name: "b", Namespace: "tenant", Annotations: map[string]string{"gpu-count.nri-gpu.io": "1"}}
+	_, err = r.create(b, &api.Container{Id: "b", PodSandboxId: b.Id, Name: "main", Linux: &api.LinuxContainer{}})
+	testutil.ErrorSays(t, err, "0 are free and 1 held", "1 more cannot be given to this container", `injects the hook "/bin/evil"`)
+}
+
 func hasKey(m map[string]string, key string) bool {
 	_, ok := m[key]
 	return ok

@@ -54,10 +54,12 @@ type Grant struct {
 
 // Admit decides, under p's rules, whether a container of pod may have the
 // named devices and, for a count request, chooses count devices among the
-// candidates (the individual devices of the default kind). On success it
-// records them as the pod's. Containers of one pod share its devices: a
-// pod's count request is answered with the same devices every time.
-func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int, candidates []specs.Device) (Grant, error) {
+// candidates (the individual devices of the default kind), passing over
+// those usable says the container cannot have (a nil usable takes any).
+// On success it records them as the pod's. Containers of one pod share
+// its devices: a pod's count request is answered with the same devices
+// every time.
+func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int, candidates []specs.Device, usable func(specs.Device) error) (Grant, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 
@@ -79,7 +81,7 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 	counted := own.counted
 	if count > 0 && counted == nil {
 		var err error
-		if counted, err = a.choose(p, pod.ID, count, candidates); err != nil {
+		if counted, err = a.choose(p, pod.ID, count, candidates, usable); err != nil {
 			return Grant{}, err
 		}
 	}
@@ -157,9 +159,13 @@ func (a *Allocations) heldByOther(podID string, d specs.Device, exclusive bool) 
 	return Pod{}, nil
 }
 
-// choose picks count free candidates, one name per device, in order.
-func (a *Allocations) choose(p *Policy, podID string, count int, candidates []specs.Device) ([]specs.Device, error) {
-	var free, seen []specs.Device
+// choose picks count free candidates that usable accepts, one name per
+// device, in order. usable is asked only until count are found.
+func (a *Allocations) choose(p *Policy, podID string, count int, candidates []specs.Device, usable func(specs.Device) error) ([]specs.Device, error) {
+	var (
+		free, seen []specs.Device
+		unusable   []error
+	)
 	held := 0
 	for _, c := range candidates {
 		if !p.Allowed(c.Name) || slices.ContainsFunc(seen, func(s specs.Device) bool { return overlaps(s, c) }) {
@@ -171,6 +177,12 @@ func (a *Allocations) choose(p *Policy, podID string, count int, candidates []sp
 			held++
 			continue
 		}
+		if len(free) < count && usable != nil {
+			if err := usable(c); err != nil {
+				unusable = append(unusable, err)
+				continue
+			}
+		}
 		free = append(free, c)
 	}
 	if len(free) < count {
@@ -179,8 +191,12 @@ func (a *Allocations) choose(p *Policy, podID string, count int, candidates []sp
 			v, c, _ := parser.ParseDevice(candidates[0].Name)
 			kind = v + "/" + c + " devices"
 		}
-		return nil, deny(RuleCount, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices); they are free again when their pods are removed",
-			CountAnnotationKey, ErrDenied, count, kind, len(free), held, len(seen)))
+		why := ""
+		if len(unusable) > 0 {
+			why = fmt.Sprintf("; %d more cannot be given to this container, such as: %v", len(unusable), unusable[0])
+		}
+		return nil, deny(RuleCount, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices)%s; they are free again when their pods are removed",
+			CountAnnotationKey, ErrDenied, count, kind, len(free), held, len(seen), why))
 	}
 	return free[:count], nil
 }

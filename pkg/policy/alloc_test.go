@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -135,7 +136,7 @@ func TestAdmit(t *testing.T) {
 				for _, n := range s.named {
 					named = append(named, byName[n])
 				}
-				g, err := a.Admit(p, pod(s.pod), named, s.count, candidates)
+				g, err := a.Admit(p, pod(s.pod), named, s.count, candidates, nil)
 				if len(s.wantErr) > 0 {
 					wantDenied(t, err, s.rule, s.wantErr...)
 					continue
@@ -164,7 +165,7 @@ func TestRevertAndRestore(t *testing.T) {
 	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 
-	g, err := a.Admit(p, pod("a"), []specs.Device{byName["0"]}, 1, candidates)
+	g, err := a.Admit(p, pod("a"), []specs.Device{byName["0"]}, 1, candidates, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,10 +176,10 @@ func TestRevertAndRestore(t *testing.T) {
 
 	// A second container of a pod asks for the device its first one has:
 	// held once, and reverting the second leaves the first's.
-	if _, err := a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, candidates); err != nil {
+	if _, err := a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, candidates, nil); err != nil {
 		t.Fatal(err)
 	}
-	g, err = a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, candidates)
+	g, err = a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, candidates, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,28 +187,28 @@ func TestRevertAndRestore(t *testing.T) {
 		t.Errorf("a device two containers of a pod asked for is counted %d times", n)
 	}
 	a.Revert(g)
-	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["2"]}, 0, candidates); err == nil {
+	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["2"]}, 0, candidates, nil); err == nil {
 		t.Error("reverting a second container's grant released the first one's device")
 	}
 	a.Release(pod("a").ID)
 
 	// A restarted plugin learns from the runtime that a holds GPU 0 by
 	// name and GPU 1 by count; pod z, gone meanwhile, is not mentioned.
-	a.Admit(p, pod("z"), []specs.Device{byName["3"]}, 0, candidates)
+	a.Admit(p, pod("z"), []specs.Device{byName["3"]}, 0, candidates, nil)
 	if err := a.Restore(p, []policy.Holding{
 		{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
 		{Pod: pod("a"), Counted: []specs.Device{byName["1"]}},
 	}); err != nil {
 		t.Fatalf("restoring holdings that agree: %v", err)
 	}
-	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["GPU-0"]}, 0, candidates); err == nil {
+	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["GPU-0"]}, 0, candidates, nil); err == nil {
 		t.Error("a restored holding was handed out again")
 	}
-	g, err = a.Admit(p, pod("a"), nil, 1, candidates)
+	g, err = a.Admit(p, pod("a"), nil, 1, candidates, nil)
 	if err != nil || len(g.Counted) != 1 || g.Counted[0].Name != byName["1"].Name {
 		t.Errorf("the restored pod's count request got %v, %v; want its GPU 1 again", g.Counted, err)
 	}
-	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["3"]}, 0, candidates); err != nil {
+	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["3"]}, 0, candidates, nil); err != nil {
 		t.Errorf("a device of a pod gone while the plugin was away is still held: %v", err)
 	}
 	// What the devices-held metric reports: a holds GPU 0 and GPU 1, b GPU 3.
@@ -286,10 +287,40 @@ func TestRestoreChecks(t *testing.T) {
 			}
 			// Whatever the problem, the restored devices stay held: a
 			// pod asking for all four GPUs finds some taken.
-			if g, err := a.Admit(policy.New(config.Policy{Devices: config.DefaultDevices}), pod("new"), nil, 4, candidates); err == nil {
+			if g, err := a.Admit(policy.New(config.Policy{Devices: config.DefaultDevices}), pod("new"), nil, 4, candidates, nil); err == nil {
 				t.Errorf("after a conflicting restore, all GPUs were free: %v", g.Counted)
 			}
 		})
+	}
+}
+
+// TestCountSkipsUnusable: a count request passes over the devices the
+// container cannot have, and says so when too few are left.
+func TestCountSkipsUnusable(t *testing.T) {
+	candidates, byName := gpus()
+	p := policy.New(config.Policy{Devices: config.DefaultDevices})
+	errHook := errors.New("its spec injects the hook /bin/evil")
+	var asked []string
+	usable := func(d specs.Device) error {
+		asked = append(asked, d.Name)
+		if d.Nodes[0] == "/dev/nvidia0" || d.Nodes[0] == "/dev/nvidia1" {
+			return errHook
+		}
+		return nil
+	}
+	a := policy.NewAllocations()
+	g, err := a.Admit(p, pod("a"), nil, 1, candidates, usable)
+	if err != nil || len(g.Counted) != 1 || g.Counted[0].Nodes[0] != "/dev/nvidia2" {
+		t.Fatalf("got %v, %v; want GPU 2, the first usable one", g.Counted, err)
+	}
+	// One name per device is asked about, and none past the one chosen.
+	if want := []string{byName["0"].Name, byName["1"].Name, byName["2"].Name}; !slices.Equal(asked, want) {
+		t.Errorf("usable asked about %v, want %v", asked, want)
+	}
+	_, err = a.Admit(p, pod("b"), nil, 2, candidates, usable)
+	testutil.ErrorSays(t, err, "asks for 2", "1 are free and 1 held", "2 more cannot be given to this container, such as: its spec injects the hook /bin/evil")
+	if !errors.Is(err, policy.ErrDenied) {
+		t.Errorf("error %v does not wrap ErrDenied", err)
 	}
 }
 
@@ -316,7 +347,7 @@ func TestConcurrentAdmissions(t *testing.T) {
 			} else {
 				count = 1
 			}
-			g, err := a.Admit(p, pd, named, count, candidates)
+			g, err := a.Admit(p, pd, named, count, candidates, nil)
 			if err != nil {
 				return
 			}
