@@ -16,7 +16,7 @@ export NRI_GPU_REFERENCE_CONTAINERD := $(CONTAINERD2)
 # go-nvml's cgo bindings declare functions the NVML headers deprecate.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit fuzz bench lint demo e2e-tools deps clean
+.PHONY: all build test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
 
 all: build
 
@@ -75,12 +75,16 @@ FUZZTIME ?= 15s
 # that stops without one (a worker lost on a loaded machine) is shown and
 # run once more.
 fuzz:
+	@$(MAKE) --no-print-directory fuzz-one TARGET=FuzzParseAndCheck PKG=pkg/policy
+	@$(MAKE) --no-print-directory fuzz-one TARGET=FuzzRestoreAndErrors PKG=pkg/plugin
+
+fuzz-one:
 	@mkdir -p $(OUT); for try in 1 2; do \
-		if $(GO) test -run='^$$' -fuzz=FuzzParseAndCheck -fuzztime=$(FUZZTIME) ./pkg/policy > $(OUT)/fuzz.log 2>&1; then \
-			tail -n 3 $(OUT)/fuzz.log; exit 0; \
+		if $(GO) test -run='^$$' -fuzz='^$(TARGET)$$' -fuzztime=$(FUZZTIME) ./$(PKG) > $(OUT)/fuzz-$(TARGET).log 2>&1; then \
+			echo "$(TARGET):"; tail -n 3 $(OUT)/fuzz-$(TARGET).log; exit 0; \
 		fi; \
-		grep -v '^fuzz: elapsed' $(OUT)/fuzz.log; \
-		if [ -n "$$(ls pkg/policy/testdata/fuzz/FuzzParseAndCheck 2>/dev/null)" ]; then exit 1; fi; \
+		grep -v '^fuzz: elapsed' $(OUT)/fuzz-$(TARGET).log; \
+		if [ -n "$$(ls $(PKG)/testdata/fuzz/$(TARGET) 2>/dev/null)" ]; then exit 1; fi; \
 		echo "fuzz: the fuzzer stopped without a finding (try $$try)"; \
 	done; exit 1
 
