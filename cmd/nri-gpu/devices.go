@@ -45,7 +45,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		} else {
 			cdiNames[e.Footprint.Name] = true
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\n", e.Footprint.Name, e.Device.GetSpec().GetPath(), status)
+		fmt.Fprintf(w, "%s\t%s\t%s\n", e.Footprint.Name, e.Spec, status)
 	}
 	_ = w.Flush()
 	for path, errs := range snap.Problems {

@@ -61,7 +61,7 @@ func AccessOf(devices []*cdi.Device, nodes map[string]specs.HostNode) *Access {
 	for _, d := range devices {
 		a.Devices = append(a.Devices, d.GetQualifiedName())
 	}
-	for _, set := range inOrder(devices, nil) {
+	for _, set := range inOrder(devices, nil, nil) {
 		a.add(set.edits, nodes)
 	}
 	return a

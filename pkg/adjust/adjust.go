@@ -41,6 +41,9 @@ type Options struct {
 	// Runtime is what the connected runtime applies; the zero value
 	// applies none of cgroup rules, net devices and RDT.
 	Runtime Runtime
+	// SpecPath names the file a spec was read from, for messages
+	// (specs.Snapshot.SpecPath); nil takes the path CDI knows.
+	SpecPath func(*cdi.Spec) string
 }
 
 // Skipped is an unsupported edit that Build left out.
@@ -81,7 +84,7 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 	for _, d := range devices {
 		names = append(names, d.GetQualifiedName())
 	}
-	for _, set := range inOrder(devices, opts.Injected) {
+	for _, set := range inOrder(devices, opts.Injected, opts.SpecPath) {
 		e, err := supported(set, opts, res)
 		errs = append(errs, err)
 		edits.Append(e)

@@ -21,6 +21,13 @@ import (
 // plugin does, and resolves names.
 func devices(t *testing.T, yamls map[string]string, names ...string) ([]*cdi.Device, map[string]specs.HostNode) {
 	t.Helper()
+	devs, snap := load(t, yamls, names...)
+	return devs, snap.HostNodes
+}
+
+// load loads the specs and resolves the names in them.
+func load(t *testing.T, yamls map[string]string, names ...string) ([]*cdi.Device, *specs.Snapshot) {
+	t.Helper()
 	dir := t.TempDir()
 	for file, yaml := range yamls {
 		if err := os.WriteFile(filepath.Join(dir, file), []byte(yaml), 0o644); err != nil {
@@ -44,14 +51,15 @@ func devices(t *testing.T, yamls map[string]string, names ...string) ([]*cdi.Dev
 	for _, e := range entries {
 		out = append(out, e.Device)
 	}
-	return out, snap.HostNodes
+	return out, snap
 }
 
 // build builds the adjustment for names of the given specs.
 func build(t *testing.T, yamls map[string]string, opts adjust.Options, names ...string) (*adjust.Result, error) {
 	t.Helper()
-	devs, nodes := devices(t, yamls, names...)
-	return adjust.Build(devs, nodes, opts)
+	devs, snap := load(t, yamls, names...)
+	opts.SpecPath = snap.SpecPath
+	return adjust.Build(devs, snap.HostNodes, opts)
 }
 
 // /dev/null (c 1:3, 0666, root) stands in for a host GPU node, so these

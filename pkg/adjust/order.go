@@ -18,7 +18,7 @@ type editSet struct {
 // Cache.InjectDevices applies them: a spec's own edits once, before those
 // of its first device, then each device's. The specs of the devices in
 // applied count as applied already.
-func inOrder(devices, applied []*cdi.Device) []editSet {
+func inOrder(devices, applied []*cdi.Device, specPath func(*cdi.Spec) string) []editSet {
 	seen := map[*cdi.Spec]bool{}
 	for _, d := range applied {
 		seen[d.GetSpec()] = true
@@ -27,7 +27,11 @@ func inOrder(devices, applied []*cdi.Device) []editSet {
 	for _, d := range devices {
 		if spec := d.GetSpec(); !seen[spec] {
 			seen[spec] = true
-			out = append(out, editSet{edits: &spec.ContainerEdits, device: d.GetQualifiedName(), spec: spec.GetPath()})
+			path := spec.GetPath()
+			if specPath != nil {
+				path = specPath(spec)
+			}
+			out = append(out, editSet{edits: &spec.ContainerEdits, device: d.GetQualifiedName(), spec: path})
 		}
 		out = append(out, editSet{edits: &d.ContainerEdits, device: d.GetQualifiedName()})
 	}

@@ -67,8 +67,9 @@ func TestParityWithCDIInjection(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			devs, nodes := devices(t, map[string]string{"gpu.yaml": gpuSpec, "overlap.yaml": overlapSpec}, tc.names...)
-			viaCDI := injectedByCDI(t, devs, tc.names)
+			devs, snap := load(t, map[string]string{"gpu.yaml": gpuSpec, "overlap.yaml": overlapSpec}, tc.names...)
+			nodes := snap.HostNodes
+			viaCDI := injectedByCDI(t, snap, devs, tc.names)
 			res, err := adjust.Build(devs, nodes, adjust.Options{})
 			if err != nil {
 				t.Fatal(err)
@@ -118,10 +119,10 @@ func TestParityWithCDIInjection(t *testing.T) {
 
 // injectedByCDI injects the named devices into a base spec as a runtime's
 // own CDI support does, from the spec directory of devs.
-func injectedByCDI(t *testing.T, devs []*cdi.Device, names []string) *oci.Spec {
+func injectedByCDI(t *testing.T, snap *specs.Snapshot, devs []*cdi.Device, names []string) *oci.Spec {
 	t.Helper()
 	spec := baseSpec()
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Dir(devs[0].GetSpec().GetPath())), cdi.WithAutoRefresh(false))
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Dir(snap.SpecPath(devs[0].GetSpec()))), cdi.WithAutoRefresh(false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,9 +165,9 @@ devices:
 	for i := specs - 2; i >= 0; i -= 3 { // 9 first: a spec beyond the first 8
 		names = append(names, fmt.Sprintf("example.com/s%d=b", i))
 	}
-	devs, nodes := devices(t, yamls, names...)
-
-	viaCDI := injectedByCDI(t, devs, names)
+	devs, snap := load(t, yamls, names...)
+	nodes := snap.HostNodes
+	viaCDI := injectedByCDI(t, snap, devs, names)
 	plain, err := adjust.Build(devs, nodes, adjust.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -191,8 +192,9 @@ func TestParityManyMounts(t *testing.T) {
 	}
 	b.WriteString("devices:\n  - {name: x, containerEdits: {env: [X=1]}}\n")
 	names := []string{"example.com/mounts=x"}
-	devs, nodes := devices(t, map[string]string{"mounts.yaml": b.String()}, names...)
-	viaCDI := injectedByCDI(t, devs, names)
+	devs, snap := load(t, map[string]string{"mounts.yaml": b.String()}, names...)
+	nodes := snap.HostNodes
+	viaCDI := injectedByCDI(t, snap, devs, names)
 	res, err := adjust.Build(devs, nodes, adjust.Options{})
 	if err != nil {
 		t.Fatal(err)

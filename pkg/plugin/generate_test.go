@@ -104,7 +104,7 @@ func TestGenerateSpecs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := e.Device.GetSpec().GetPath(), filepath.Join(high, "nvidia.com-gpu.yaml"); got != want {
+	if got, want := e.Spec, filepath.Join(high, "nvidia.com-gpu.yaml"); got != want {
 		t.Errorf("spec read from %s, want %s", got, want)
 	}
 	if entries, _ := os.ReadDir(low); len(entries) != 0 {

@@ -435,7 +435,7 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 	usable := func(d specs.Device) error {
 		e, err := st.resolve(snap, d.Name)
 		if err == nil {
-			_, err = adjust.Build([]*cdi.Device{e.Device}, snap.HostNodes, st.buildOptions(nil, ctr, rt))
+			_, err = adjust.Build([]*cdi.Device{e.Device}, snap.HostNodes, st.buildOptions(snap, nil, ctr, rt))
 		}
 		return err
 	}
@@ -514,12 +514,13 @@ func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, injected []*c
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return adjust.Build(devices, snap.HostNodes, st.buildOptions(injected, ctr, rt))
+	return adjust.Build(devices, snap.HostNodes, st.buildOptions(snap, injected, ctr, rt))
 }
 
 // buildOptions are the options of adjust.Build for a container.
-func (st *state) buildOptions(injected []*cdi.Device, ctr *api.Container, rt adjust.Runtime) adjust.Options {
+func (st *state) buildOptions(snap *specs.Snapshot, injected []*cdi.Device, ctr *api.Container, rt adjust.Runtime) adjust.Options {
 	return adjust.Options{
+		SpecPath:        snap.SpecPath,
 		SkipUnsupported: st.cfg.UnsupportedEdits == config.UnsupportedWarn,
 		Injected:        injected,
 		UID:             ctr.GetUser().GetUid(),

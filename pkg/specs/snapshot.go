@@ -17,6 +17,7 @@ import (
 type Snapshot struct {
 	dirs    []string
 	devices map[string]*Entry
+	paths   map[*cdi.Spec]string
 	// Problems are, by spec file, why it or some of its devices are not
 	// used: parse and validation errors, conflicts, no trust.
 	Problems map[string][]error
@@ -27,8 +28,10 @@ type Snapshot struct {
 
 // Entry is a device of a snapshot.
 type Entry struct {
-	// Device is the device as the CDI cache resolved it.
+	// Device is the device as CDI read it.
 	Device *cdi.Device
+	// Spec is the file its spec was read from.
+	Spec string
 	// Footprint is its name and own host device nodes.
 	Footprint Device
 	// Hooks are the hook executables its edits and its spec's inject.
@@ -48,35 +51,18 @@ type HostNode struct {
 	Err error
 }
 
-// load refreshes the cache from disk and builds a snapshot of it.
-func load(cache *cdi.Cache, dirs []string) *Snapshot {
-	_ = cache.Refresh() // the errors are read below, per spec
+// load reads the specs of dirs and builds a snapshot of them.
+func load(dirs []string) *Snapshot {
+	l := readDirs(dirs)
 	s := &Snapshot{
 		dirs:      dirs,
 		devices:   map[string]*Entry{},
-		Problems:  map[string][]error{},
+		paths:     l.paths,
+		Problems:  l.problems,
 		HostNodes: map[string]HostNode{},
 	}
-	for path, errs := range cache.GetErrors() {
-		if !slices.Contains(dirs, path) {
-			s.Problems[path] = errs
-		}
-	}
-	trust := map[string]error{}
-	for _, name := range cache.ListDevices() {
-		d := cache.GetDevice(name)
-		if d == nil {
-			continue
-		}
+	for name, d := range l.devices {
 		spec := d.GetSpec()
-		untrusted, seen := trust[spec.GetPath()]
-		if !seen {
-			untrusted = checkTrust(spec.GetPath())
-			trust[spec.GetPath()] = untrusted
-			if untrusted != nil {
-				s.Problems[spec.GetPath()] = append(s.Problems[spec.GetPath()], untrusted)
-			}
-		}
 		for _, edits := range []*cdispec.ContainerEdits{&spec.ContainerEdits, &d.ContainerEdits} {
 			for _, n := range edits.DeviceNodes {
 				if host := HostPath(n); host != "" {
@@ -86,10 +72,13 @@ func load(cache *cdi.Cache, dirs []string) *Snapshot {
 				}
 			}
 		}
-		s.devices[name] = &Entry{Device: d, Footprint: footprint(d, s.HostNodes), Hooks: hooks(d), Untrusted: untrusted}
+		s.devices[name] = &Entry{Device: d, Spec: l.paths[spec], Footprint: footprint(d, s.HostNodes), Hooks: hooks(d), Untrusted: l.untrusted[spec]}
 	}
 	return s
 }
+
+// SpecPath returns the file a spec of the snapshot was read from.
+func (s *Snapshot) SpecPath(spec *cdi.Spec) string { return s.paths[spec] }
 
 // problemHint says how many spec files are not used, if any, naming the
 // first: an error for every name a request asks for carries it, so it

@@ -1,9 +1,10 @@
 // Package specs finds, loads, trusts and watches CDI specs, and resolves
 // qualified device names against them.
 //
-// It builds on CDI's own cache (tags.cncf.io/container-device-interface/pkg/cdi),
-// which parses and validates spec files and gives later directories
-// priority over earlier ones. A Registry loads the specs in the
+// It reads spec files as CDI's cache does (later directories winning over
+// earlier ones), but trusting what it reads rather than a path, and has
+// CDI (tags.cncf.io/container-device-interface/pkg/cdi) parse and validate
+// exactly those bytes. A Registry loads the specs in the
 // background, whenever a spec directory changes (and, as a safety net,
 // every ResyncInterval), into an immutable Snapshot: the devices, whether
 // their spec is trusted, their footprints and hooks, and the host device
@@ -20,7 +21,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 )
 
@@ -48,7 +48,6 @@ const (
 // directories, kept current by watching them.
 type Registry struct {
 	dirs   []string
-	cache  *cdi.Cache
 	snap   atomic.Pointer[Snapshot]
 	notify func(*Snapshot)
 	stop   chan struct{}
@@ -66,22 +65,20 @@ func WithNotify(fn func(*Snapshot)) Option { return func(r *Registry) { r.notify
 // one, and keeps loading them as they change until Close. Missing
 // directories are not an error: they are looked for.
 func Open(dirs []string, opts ...Option) (*Registry, error) {
-	cache, err := newCache(dirs)
-	if err != nil {
-		return nil, err
+	if len(dirs) == 0 {
+		return nil, errNoDirs
 	}
 	r := &Registry{
-		dirs:  slices.Clone(dirs),
-		cache: cache,
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
+		dirs: slices.Clone(dirs),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(r)
 	}
 	// Watch first, so that no change after the first load is missed.
 	w := newWatcher(r.dirs)
-	r.snap.Store(load(r.cache, r.dirs))
+	r.snap.Store(load(r.dirs))
 	go r.watch(w)
 	return r, nil
 }
@@ -89,24 +86,13 @@ func Open(dirs []string, opts ...Option) (*Registry, error) {
 // Load loads the specs in dirs once, without watching them: for commands
 // that read the specs and exit.
 func Load(dirs []string) (*Snapshot, error) {
-	cache, err := newCache(dirs)
-	if err != nil {
-		return nil, err
+	if len(dirs) == 0 {
+		return nil, errNoDirs
 	}
-	return load(cache, dirs), nil
+	return load(dirs), nil
 }
 
-// newCache returns a CDI cache of dirs that loads only when told to.
-func newCache(dirs []string) (*cdi.Cache, error) {
-	if len(dirs) == 0 {
-		return nil, errors.New("no CDI spec directories")
-	}
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(dirs...), cdi.WithAutoRefresh(false))
-	if err != nil {
-		return nil, fmt.Errorf("loading CDI specs from %s: %w", strings.Join(dirs, ", "), err)
-	}
-	return cache, nil
-}
+var errNoDirs = errors.New("no CDI spec directories")
 
 // Close stops loading.
 func (r *Registry) Close() {
@@ -123,7 +109,7 @@ func (r *Registry) Snapshot() *Snapshot { return r.snap.Load() }
 
 // reload loads the specs again and publishes the new snapshot.
 func (r *Registry) reload() {
-	s := load(r.cache, r.dirs)
+	s := load(r.dirs)
 	r.snap.Store(s)
 	if r.notify != nil {
 		r.notify(s)

@@ -120,6 +120,7 @@ func TestUntrustedSpecs(t *testing.T) {
 		name    string
 		prepare func(t *testing.T, dir, file string)
 		want    string
+		notRead bool // the directory is not read: its devices are unknown
 	}{
 		{
 			name:    "world-writable file",
@@ -127,9 +128,10 @@ func TestUntrustedSpecs(t *testing.T) {
 			want:    "is writable by group or others (mode 0666)",
 		},
 		{
-			name:    "group-writable directory",
+			name:    "group-writable directory: not read at all",
 			prepare: func(t *testing.T, dir, _ string) { chmod(t, dir, 0o775) },
 			want:    "is writable by group or others (mode 0775)",
+			notRead: true,
 		},
 		{
 			name: "file owned by another user",
@@ -152,15 +154,19 @@ func TestUntrustedSpecs(t *testing.T) {
 			tc.prepare(t, dir, filepath.Join(dir, "gpu.yaml"))
 			r := open(t, dir)
 			_, err := r.Snapshot().Resolve([]string{"nvidia.com/gpu=0"})
-			if !errors.Is(err, specs.ErrUntrusted) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), `device "nvidia.com/gpu=0"`) {
-				t.Errorf("error %v, want one wrapping ErrUntrusted naming the device and saying %q", err, tc.want)
+			sentinel, problemAt := specs.ErrUntrusted, filepath.Join(dir, "gpu.yaml")
+			if tc.notRead {
+				sentinel, problemAt = specs.ErrUnresolvable, dir
+			}
+			if !errors.Is(err, sentinel) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), `device "nvidia.com/gpu=0"`) {
+				t.Errorf("error %v, want one wrapping %v naming the device and saying %q", err, sentinel, tc.want)
 			}
 			if c := r.Snapshot().Candidates("nvidia.com/gpu"); len(c) != 0 {
 				t.Errorf("candidates %v from an untrusted spec", c)
 			}
 			found := false
 			for path, errs := range r.Snapshot().Problems {
-				if strings.HasSuffix(path, "gpu.yaml") && strings.Contains(errors.Join(errs...).Error(), tc.want) {
+				if path == problemAt && strings.Contains(errors.Join(errs...).Error(), tc.want) {
 					found = true
 				}
 			}
