@@ -184,7 +184,7 @@ func (r *report) protocol() {
 func (r *report) specs(goBench string) {
 	r.printf("## Spec load and refresh\n\n")
 	if goBench != "" {
-		r.printf("A full load of the spec dirs (what every refresh does: CDI's cache rescans, then trust, footprints and host nodes):\n\n```\n%s```\n\n", grepBench(goBench, "BenchmarkLoad"))
+		r.printf("A full load of the spec dirs (what every refresh does: every file opened, checked and parsed with CDI, then footprints and host nodes):\n\n```\n%s```\n\n", grepBench(goBench, "BenchmarkLoad"))
 	}
 	dir, err := os.MkdirTemp("", "nri-gpu-bench-specs-")
 	must(err)

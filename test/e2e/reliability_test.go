@@ -250,3 +250,47 @@ func TestConcurrentCreations(t *testing.T) {
 		t.Error(e)
 	}
 }
+
+// TestOversizedErrors asks for 256 unresolvable devices while 100 spec
+// files are broken: an error repeating every spec problem for every name
+// would be megabytes, over ttrpc's 4 MiB, and containerd would drop
+// nri-gpu. The error is short, and nri-gpu serves the next pod.
+func TestOversizedErrors(t *testing.T) {
+	needEnv(t)
+	ctd := extraContainerd(t, "ctd-oversize", harness.Options{})
+	broken := filepath.Join(ctd.Dir, "broken-specs")
+	if err := os.MkdirAll(broken, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		name := fmt.Sprintf("%03d-%s.yaml", i, strings.Repeat("x", 200))
+		if err := os.WriteFile(filepath.Join(broken, name), []byte("cdiVersion: [\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	config := filepath.Join(ctd.Dir, "nri-gpu.yaml")
+	if err := os.WriteFile(config, []byte(env.host.PluginConfig([]string{broken})), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctd.StartPlugin("--config", config); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for i := 0; i < 256; i++ {
+		names = append(names, fmt.Sprintf("nvidia.com/gpu=missing-%d", i))
+	}
+	podID, pod := newPod(t, ctd, nil)
+	_, err := ctd.CreateContainer(podID, pod, harness.Container{Name: "c", Annotations: map[string]string{"cdi.k8s.io/many": strings.Join(names, ",")}})
+	if err == nil {
+		t.Fatal("a container asking for 256 unresolvable devices was created")
+	}
+	msg := err.Error()
+	t.Logf("the error containerd returned: %d bytes", len(msg))
+	if !strings.Contains(msg, "unresolvable CDI device") || len(msg) > 16<<10 {
+		t.Errorf("error of %d bytes, want a short one about unresolvable devices:\n%.2000s", len(msg), msg)
+	}
+	goodID, good := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "1"})
+	if _, spec := runContainer(t, ctd, goodID, good, harness.Container{Name: "after"}); !slices.Equal(gpuNodes(spec), []string{"/dev/nvidia1"}) {
+		t.Errorf("after the oversized request, a good one got %v: nri-gpu was dropped", gpuNodes(spec))
+	}
+}
