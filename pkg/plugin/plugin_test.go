@@ -676,6 +676,22 @@ func TestCountSkipsUnusableDevices(t *testing.T) {
 	testutil.ErrorSays(t, err, "0 are free and 1 held", "1 more cannot be given to this container", `injects the hook "/bin/evil"`)
 }
 
+// inProcess returns a plugin of cfgYAML reading the specs in dir, to call
+// directly, closed when the test ends.
+func inProcess(t *testing.T, cfgYAML, dir string) *plugin.Plugin {
+	t.Helper()
+	cfg, err := config.Parse([]byte(cfgYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{dir}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
 func hasKey(m map[string]string, key string) bool {
 	_, ok := m[key]
 	return ok
@@ -788,15 +804,7 @@ devices:
 	if err := os.WriteFile(filepath.Join(dir, "gpu.yaml"), []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Parse([]byte("policy: {exclusive: true}"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{dir}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p := inProcess(t, "policy: {exclusive: true}", dir)
 	create := func(podName, devices string) error {
 		pod := &api.PodSandbox{Id: podName, Name: podName, Namespace: "ns", Annotations: map[string]string{"gpus.nri-gpu.io": devices}}
 		ctr := &api.Container{Id: podName + "-c", PodSandboxId: podName, Name: "c", Linux: &api.LinuxContainer{},
@@ -804,7 +812,7 @@ devices:
 		_, _, err := p.CreateContainer(context.Background(), pod, ctr)
 		return err
 	}
-	err = create("a", "0,1")
+	err := create("a", "0,1")
 	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=1"`, "additionalGids")
 	if err := create("b", "0"); err != nil {
 		t.Errorf("GPU 0 is still held by the pod whose container failed: %v", err)
@@ -921,15 +929,7 @@ func TestExclusiveByNodeIdentity(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cfg, err := config.Parse([]byte("policy: {exclusive: true, devices: [\"*/*\"]}"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{dir}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p := inProcess(t, "policy: {exclusive: true, devices: [\"*/*\"]}", dir)
 	create := func(podName, device string) error {
 		pod := &api.PodSandbox{Id: podName, Name: podName, Namespace: "ns", Annotations: map[string]string{"gpus.nri-gpu.io": device}}
 		_, _, err := p.CreateContainer(context.Background(), pod, &api.Container{Id: podName + "-c", PodSandboxId: podName, Name: "c", Linux: &api.LinuxContainer{}})
