@@ -34,10 +34,12 @@ type loaded struct {
 // readDirs reads the specs of dirs as CDI's cache would (the .json and
 // .yaml files of each directory, later directories winning, conflicting
 // devices of one directory dropped), but trusting what is read, not a
-// path: a directory that is not trusted is not read at all; each file is
-// opened once, not through a symlink unless the target's directory is
-// trusted too, must be a regular file under maxSpecSize, and is judged
-// by fstat on its descriptor; CDI parses exactly the bytes read.
+// path: each directory is opened and judged by fstat on its descriptor,
+// and one that is not trusted is not read at all; each file is opened
+// once, relative to its open directory, not through a symlink unless the
+// target's directory is trusted too, must be a regular file under
+// maxSpecSize, and is judged by fstat on its descriptor; CDI parses
+// exactly the bytes read.
 func readDirs(dirs []string) *loaded {
 	l := &loaded{
 		devices:   map[string]*cdi.Device{},
@@ -47,15 +49,20 @@ func readDirs(dirs []string) *loaded {
 	}
 	conflicts := map[string]bool{}
 	for priority, dir := range dirs {
-		if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		d, err := openDir(dir)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
 			continue
-		}
-		if err := trusted(dir); err != nil {
+		case errors.Is(err, ErrUntrusted):
 			l.problems[dir] = append(l.problems[dir], fmt.Errorf("not read: %w", err))
 			continue
+		case err != nil:
+			l.problems[dir] = append(l.problems[dir], err)
+			continue
 		}
-		entries, err := os.ReadDir(dir)
+		entries, err := d.ReadDir(-1)
 		if err != nil {
+			d.Close()
 			l.problems[dir] = append(l.problems[dir], err)
 			continue
 		}
@@ -64,7 +71,7 @@ func readDirs(dirs []string) *loaded {
 				continue
 			}
 			path := filepath.Join(dir, entry.Name())
-			spec, untrusted, err := readSpec(path, priority)
+			spec, untrusted, err := readSpec(d, path, priority)
 			if err != nil {
 				l.problems[path] = append(l.problems[path], fmt.Errorf("failed to load CDI Spec: %w", err))
 				continue
@@ -87,6 +94,7 @@ func readDirs(dirs []string) *loaded {
 				l.devices[name] = d
 			}
 		}
+		d.Close()
 	}
 	for name := range conflicts {
 		delete(l.devices, name)
@@ -96,8 +104,8 @@ func readDirs(dirs []string) *loaded {
 
 // readSpec reads and parses one spec file, saying whether its owner and
 // mode make it untrusted.
-func readSpec(path string, priority int) (spec *cdi.Spec, untrusted error, err error) {
-	data, untrusted, err := readFile(path)
+func readSpec(dir *os.File, path string, priority int) (spec *cdi.Spec, untrusted error, err error) {
+	data, untrusted, err := readFile(dir, path)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -108,22 +116,49 @@ func readSpec(path string, priority int) (spec *cdi.Spec, untrusted error, err e
 	return spec, untrusted, nil
 }
 
-// readFile reads a spec file as readDirs says.
-func readFile(path string) (data []byte, untrusted error, err error) {
-	target := path
-	if fi, err := os.Lstat(path); err != nil {
-		return nil, nil, err
-	} else if fi.Mode()&fs.ModeSymlink != 0 {
+// openDir opens a spec directory, following symlinks (the directories
+// are the administrator's choice), and judges it by fstat on the
+// descriptor: an error wrapping ErrUntrusted if others may write it.
+func openDir(dir string) (*os.File, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: dir, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), dir)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
+		return nil, &fs.PathError{Op: "fstat", Path: dir, Err: err}
+	}
+	if err := ownerAndMode(dir, st.Uid, os.FileMode(st.Mode&0o777)); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// readFile reads the spec file at path, an entry of the open directory
+// dir, as readDirs says.
+func readFile(dir *os.File, path string) (data []byte, untrusted error, err error) {
+	parent, name, target := dir, filepath.Base(path), path
+	var lst unix.Stat_t
+	if err := unix.Fstatat(int(dir.Fd()), name, &lst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil, nil, &fs.PathError{Op: "lstat", Path: path, Err: err}
+	}
+	if lst.Mode&unix.S_IFMT == unix.S_IFLNK {
 		if target, err = filepath.EvalSymlinks(path); err != nil {
 			return nil, nil, err
 		}
-		if err := trusted(filepath.Dir(target)); err != nil {
+		td, err := openDir(filepath.Dir(target))
+		if err != nil {
 			return nil, nil, fmt.Errorf("a symlink to %s: %w", target, err)
 		}
+		defer td.Close()
+		parent, name = td, filepath.Base(target)
 	}
 	// O_NOFOLLOW: a symlink swapped in since is not followed; O_NONBLOCK:
 	// a FIFO does not block the open.
-	fd, err := unix.Open(target, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	fd, err := unix.Openat(int(parent.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, &fs.PathError{Op: "open", Path: target, Err: err}
 	}

@@ -173,3 +173,41 @@ func TestTrustedIsWhatWasRead(t *testing.T) {
 	}
 	t.Logf("%d loads found the trusted spec, %d the untrusted one", trusted, untrusted)
 }
+
+// TestSpecDirThroughSymlink: a configured spec dir that is a symlink is
+// judged by the directory it leads to, on the descriptor read from.
+func TestSpecDirThroughSymlink(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mode os.FileMode
+		want string // a problem of the link; "" when its spec is used
+	}{
+		{name: "to a trusted dir", mode: 0o755},
+		{name: "to a dir others may write", mode: 0o777, want: "not read: CDI spec not trusted"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			real := filepath.Join(t.TempDir(), "real")
+			write(t, real, "gpu.yaml", gpuSpec("A=1"))
+			chmod(t, real, tc.mode)
+			link := filepath.Join(t.TempDir(), "cdi")
+			symlink(t, real, link)
+			snap, err := specs.Load([]string{link})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = snap.Lookup("nvidia.com/gpu=0")
+			if tc.want == "" {
+				if err != nil {
+					t.Errorf("the spec of a trusted dir through a symlink: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Error("a device of a dir others may write resolved")
+			}
+			if got := errors.Join(snap.Problems[link]...); got == nil || !strings.Contains(got.Error(), tc.want) {
+				t.Errorf("problems of %s: %v, want one saying %q", link, got, tc.want)
+			}
+		})
+	}
+}
