@@ -534,7 +534,7 @@ func (st *state) buildOptions(snap *specs.Snapshot, injected []*cdi.Device, ctr 
 // devices-held metric.
 func (p *Plugin) held() {
 	if p.saved != nil {
-		if err := p.saved.save(p.alloc.Holdings()); err != nil {
+		if err := p.saved.save(p.alloc.Holdings); err != nil {
 			p.log.Errorf("what pods hold is not kept for a restart: %v", err)
 		}
 	}

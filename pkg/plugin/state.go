@@ -58,10 +58,14 @@ type deviceRecord struct {
 
 const stateVersion = 1
 
-// save writes holdings, unless they are what was last written.
-func (f *stateFile) save(holdings []policy.Holding) error {
+// save writes what holdings returns, unless it is what was last
+// written. holdings is called under the file's lock, so that of two
+// saves at once the later one writes the later state.
+func (f *stateFile) save(holdings func() []policy.Holding) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	rec := stateRecord{Version: stateVersion, Pods: []podRecord{}}
-	for _, h := range holdings {
+	for _, h := range holdings() {
 		rec.Pods = append(rec.Pods, podRecord{
 			ID: h.Pod.ID, Namespace: h.Pod.Namespace, Name: h.Pod.Name,
 			Named: deviceRecords(h.Named), Counted: deviceRecords(h.Counted),
@@ -71,8 +75,6 @@ func (f *stateFile) save(holdings []policy.Holding) error {
 	if err != nil {
 		return err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	if bytes.Equal(data, f.last) {
 		return nil
 	}

@@ -2,10 +2,13 @@ package plugin
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -23,7 +26,7 @@ func TestStateFileRoundTrip(t *testing.T) {
 		{Pod: policy.Pod{ID: "id-b", Namespace: "ns", Name: "b"},
 			Named: []specs.Device{{Name: "vendor.com/dev=x"}}},
 	}
-	if err := f.save(holdings); err != nil {
+	if err := f.save(func() []policy.Holding { return holdings }); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := os.Stat(f.path)
@@ -41,7 +44,7 @@ func TestStateFileRoundTrip(t *testing.T) {
 		t.Errorf("loaded %+v, want %+v", got, holdings)
 	}
 	// Released: nothing held, and that is what a restart finds.
-	if err := f.save(nil); err != nil {
+	if err := f.save(func() []policy.Holding { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := f.load(); err != nil || len(got) != 0 {
@@ -141,5 +144,34 @@ func write(t *testing.T, path string, data []byte, mode os.FileMode) {
 	}
 	if err := os.Chmod(path, mode); err != nil { // past the umask
 		t.Fatal(err)
+	}
+}
+
+// TestStateFileLastSaveWins: of saves at once, the file ends with the
+// latest state, never an earlier one written last.
+func TestStateFileLastSaveWins(t *testing.T) {
+	f := &stateFile{path: filepath.Join(t.TempDir(), "allocations.json")}
+	var (
+		n  atomic.Int64
+		wg sync.WaitGroup
+	)
+	for i := 0; i < 64; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.Add(1) // the state changes, then it is saved
+			if err := f.save(func() []policy.Holding {
+				id := fmt.Sprint(n.Load())
+				time.Sleep(time.Millisecond) // a slow read of the state
+				return []policy.Holding{{Pod: policy.Pod{ID: id}}}
+			}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	got, err := f.load()
+	if err != nil || len(got) != 1 || got[0].Pod.ID != "64" {
+		t.Errorf("after 64 changes saved at once, the file holds %v, %v; want the last state", got, err)
 	}
 }
