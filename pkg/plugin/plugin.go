@@ -249,16 +249,15 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	for _, pod := range pods {
 		live[pod.GetId()] = podOf(pod)
 	}
-	stopped := map[string]bool{} // pod ID -> all its containers stopped
+	withContainers, running := map[string]bool{}, map[string]bool{} // by pod ID
 	for _, c := range containers {
-		id := c.GetPodSandboxId()
-		done := c.GetState() == api.ContainerState_CONTAINER_STOPPED
-		if prev, seen := stopped[id]; !seen || prev {
-			stopped[id] = done
+		withContainers[c.GetPodSandboxId()] = true
+		if c.GetState() != api.ContainerState_CONTAINER_STOPPED {
+			running[c.GetPodSandboxId()] = true
 		}
 	}
-	for id := range stopped {
-		if stopped[id] {
+	for id := range withContainers {
+		if !running[id] { // a stopped pod, not yet removed
 			delete(live, id)
 		}
 	}
@@ -311,7 +310,7 @@ func foundIn(c *api.Container, candidates []specs.Device) []specs.Device {
 		if i == maxContainerDevices {
 			break
 		}
-		nodes[fmt.Sprintf("%s %d:%d", d.GetType(), d.GetMajor(), d.GetMinor())] = true
+		nodes[specs.NodeID(d.GetType(), d.GetMajor(), d.GetMinor())] = true
 	}
 	var found []specs.Device
 	for _, cand := range candidates {
@@ -335,8 +334,8 @@ func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error 
 }
 
 func (p *Plugin) release(pod *api.PodSandbox) {
-	defer p.held()
 	if released := p.alloc.Release(pod.GetId()); len(released) > 0 {
+		p.held()
 		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "devices": strings.Join(released, ",")}).
 			Info("released devices")
 	}
@@ -356,7 +355,6 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		result = metrics.ResultNone
 	}
 	p.metrics.Request(result, rule(err), time.Since(start))
-	p.held()
 	if err != nil {
 		log.Errorf("denied: %v", err)
 		return nil, nil, bounded(fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
@@ -370,6 +368,7 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		}
 		return adj, nil, nil
 	}
+	p.held() // only a container given devices changes what pods hold
 	log.WithField("devices", strings.Join(devices, ",")).Info("injected devices")
 	return adj, nil, nil
 }

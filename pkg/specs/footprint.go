@@ -44,11 +44,17 @@ func footprint(d *cdi.Device, hosts map[string]HostNode) Device {
 func nodeID(n *cdispec.DeviceNode, host HostNode) string {
 	switch {
 	case host.Err == nil && host.Type != "":
-		return fmt.Sprintf("%s %d:%d", host.Type, host.Major, host.Minor)
+		return NodeID(host.Type, host.Major, host.Minor)
 	case n.Type != "" && n.Major != 0:
-		return fmt.Sprintf("%s %d:%d", n.Type, n.Major, n.Minor)
+		return NodeID(n.Type, n.Major, n.Minor)
 	}
 	return "path " + filepath.Clean(HostPath(n))
+}
+
+// NodeID is how a Device's Nodes name a device node of this type and
+// numbers: "c 195:0".
+func NodeID(typ string, major, minor int64) string {
+	return fmt.Sprintf("%s %d:%d", typ, major, minor)
 }
 
 // naturalCompare orders names so that embedded numbers compare by value:

@@ -49,57 +49,63 @@ func readDirs(dirs []string) *loaded {
 	}
 	conflicts := map[string]bool{}
 	for priority, dir := range dirs {
-		d, err := openDir(dir)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			continue
-		case errors.Is(err, ErrUntrusted):
-			l.problems[dir] = append(l.problems[dir], fmt.Errorf("not read: %w", err))
-			continue
-		case err != nil:
-			l.problems[dir] = append(l.problems[dir], err)
-			continue
-		}
-		entries, err := d.ReadDir(-1)
-		if err != nil {
-			d.Close()
-			l.problems[dir] = append(l.problems[dir], err)
-			continue
-		}
-		for _, entry := range entries {
-			if ext := filepath.Ext(entry.Name()); entry.IsDir() || (ext != ".json" && ext != ".yaml") {
-				continue
-			}
-			path := filepath.Join(dir, entry.Name())
-			spec, untrusted, err := readSpec(d, path, priority)
-			if err != nil {
-				l.problems[path] = append(l.problems[path], fmt.Errorf("failed to load CDI Spec: %w", err))
-				continue
-			}
-			l.paths[spec] = path
-			if untrusted != nil {
-				l.untrusted[spec] = untrusted
-				l.problems[path] = append(l.problems[path], untrusted)
-			}
-			for _, raw := range spec.Devices {
-				d := spec.GetDevice(raw.Name)
-				name := d.GetQualifiedName()
-				if other, ok := l.devices[name]; ok && other.GetSpec().GetPriority() == priority {
-					err := fmt.Errorf("conflicting device %q (specs %q, %q)", name, path, l.paths[other.GetSpec()])
-					l.problems[path] = append(l.problems[path], err)
-					l.problems[l.paths[other.GetSpec()]] = append(l.problems[l.paths[other.GetSpec()]], err)
-					conflicts[name] = true
-					continue
-				}
-				l.devices[name] = d
-			}
-		}
-		d.Close()
+		l.readDir(dir, priority, conflicts)
 	}
 	for name := range conflicts {
 		delete(l.devices, name)
 	}
 	return l
+}
+
+// readDir reads the specs of one directory into l, recording in
+// conflicts the devices two of its specs define.
+func (l *loaded) readDir(dir string, priority int, conflicts map[string]bool) {
+	d, err := openDir(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return
+	case errors.Is(err, ErrUntrusted):
+		l.problems[dir] = append(l.problems[dir], fmt.Errorf("not read: %w", err))
+		return
+	case err != nil:
+		l.problems[dir] = append(l.problems[dir], err)
+		return
+	}
+	defer d.Close()
+	entries, err := d.ReadDir(-1)
+	if err != nil {
+		l.problems[dir] = append(l.problems[dir], err)
+		return
+	}
+	for _, entry := range entries {
+		if ext := filepath.Ext(entry.Name()); entry.IsDir() || (ext != ".json" && ext != ".yaml") {
+			continue
+		}
+		path := filepath.Join(dir, entry.Name())
+		spec, untrusted, err := readSpec(d, path, priority)
+		if err != nil {
+			l.problems[path] = append(l.problems[path], fmt.Errorf("failed to load CDI Spec: %w", err))
+			continue
+		}
+		l.paths[spec] = path
+		if untrusted != nil {
+			l.untrusted[spec] = untrusted
+			l.problems[path] = append(l.problems[path], untrusted)
+		}
+		for _, raw := range spec.Devices {
+			dev := spec.GetDevice(raw.Name)
+			name := dev.GetQualifiedName()
+			if other, ok := l.devices[name]; ok && other.GetSpec().GetPriority() == priority {
+				otherPath := l.paths[other.GetSpec()]
+				err := fmt.Errorf("conflicting device %q (specs %q, %q)", name, path, otherPath)
+				l.problems[path] = append(l.problems[path], err)
+				l.problems[otherPath] = append(l.problems[otherPath], err)
+				conflicts[name] = true
+				continue
+			}
+			l.devices[name] = dev
+		}
+	}
 }
 
 // readSpec reads and parses one spec file, saying whether its owner and

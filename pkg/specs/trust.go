@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"syscall"
 )
 
 // ErrUntrusted is wrapped by the error for a device whose spec is not
@@ -13,25 +12,14 @@ var ErrUntrusted = errors.New("CDI spec not trusted")
 
 // CheckDir says why a spec directory is not to be trusted (writable by
 // group or others, or owned by another user than root or this process's),
-// or returns nil: the specs in it are not read.
-func CheckDir(dir string) error { return trusted(dir) }
-
-// trusted checks each path as CheckDir describes.
-func trusted(paths ...string) error {
-	for _, p := range paths {
-		fi, err := os.Stat(p)
-		if err != nil {
-			return fmt.Errorf("%w: %s: %w", ErrUntrusted, p, err)
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return fmt.Errorf("%w: %s: no owner information", ErrUntrusted, p)
-		}
-		if err := ownerAndMode(p, st.Uid, fi.Mode().Perm()); err != nil {
-			return err
-		}
+// or returns nil: the specs in it are not read. It judges the directory
+// as loading does.
+func CheckDir(dir string) error {
+	d, err := openDir(dir)
+	if err != nil {
+		return err
 	}
-	return nil
+	return d.Close()
 }
 
 // ownerAndMode says why a file or directory of this owner and mode is not
