@@ -211,3 +211,26 @@ func TestSpecDirThroughSymlink(t *testing.T) {
 		})
 	}
 }
+
+// TestConflictingSpecs: two specs of one directory defining one device
+// make it unusable, and both are reported, as CDI's cache does; an
+// earlier directory's definition does not stand in for it.
+func TestConflictingSpecs(t *testing.T) {
+	low, high := filepath.Join(t.TempDir(), "etc"), filepath.Join(t.TempDir(), "run")
+	write(t, low, "a.yaml", gpuSpec("FROM=low"))
+	write(t, high, "a.yaml", gpuSpec("FROM=a"))
+	write(t, high, "b.yaml", gpuSpec("FROM=b"))
+	snap, err := specs.Load([]string{low, high})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := snap.Lookup("nvidia.com/gpu=0"); err == nil {
+		t.Errorf("a device two specs of one dir define resolved, env %v", e.Device.ContainerEdits.Env)
+	}
+	for _, f := range []string{"a.yaml", "b.yaml"} {
+		path := filepath.Join(high, f)
+		if got := errors.Join(snap.Problems[path]...); got == nil || !strings.Contains(got.Error(), `conflicting device "nvidia.com/gpu=0"`) {
+			t.Errorf("problems of %s: %v, want the conflict", path, got)
+		}
+	}
+}
