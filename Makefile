@@ -10,7 +10,13 @@ CONTAINERD17OLD  := $(OUT)/containerd-$(CONTAINERD17_OLD)
 CONTAINERD2_VERSION := v2.3.7
 CONTAINERD2    := $(OUT)/containerd-$(CONTAINERD2_VERSION:v%=%)
 
+KUBELET_VERSION := v1.34.4
+KUBELET_MOD    := $(CURDIR)/test/tools/kubelet
+KUBELET        := $(OUT)/kubelet-$(KUBELET_VERSION:v%=%)/kubelet
+
 export NRI_GPU_TOOLS := $(BIN)
+# The real kubelet the Kubernetes tests run (standalone, static pods).
+export NRI_GPU_KUBELET := $(KUBELET)
 # The containerd whose own CDI injection the corpus is compared with.
 export NRI_GPU_REFERENCE_CONTAINERD := $(CONTAINERD2)
 # go-nvml's cgo bindings declare functions the NVML headers deprecate.
@@ -44,13 +50,19 @@ $(CONTAINERD2)/containerd:
 		github.com/containerd/containerd/v2/cmd/ctr@$(CONTAINERD2_VERSION) \
 		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$(CONTAINERD2_VERSION)
 
+# kubelet, built from k8s.io/kubernetes in a module of its own
+# (test/tools/kubelet), as a release names its version.
+$(KUBELET): $(KUBELET_MOD)/go.mod $(KUBELET_MOD)/go.sum $(KUBELET_MOD)/main.go
+	cd $(KUBELET_MOD) && $(GO) build -o $@ -ldflags "-X k8s.io/component-base/version.gitVersion=$(KUBELET_VERSION) \
+		-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34" .
+
 $(BIN)/crictl:
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
 
 deps:
 	./hack/install-deps.sh
 
-e2e-tools: deps build $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd
+e2e-tools: deps build $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd $(KUBELET)
 
 lint:
 	@out=$$(gofmt -l cmd pkg test internal); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
