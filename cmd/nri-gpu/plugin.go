@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 )
@@ -84,6 +85,14 @@ func runPlugin(args []string, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer p.Close()
+	// Device-plugin mode: each resource served to kubelet beside the NRI
+	// side, over the same specs and pool.
+	dp := cfg.DevicePlugin
+	for _, r := range dp.Resources {
+		d := deviceplugin.New(r, dp.KubeletDir, dp.CDIDevices, p.Resource(r), log)
+		p.OnHeldChange(d.Notify)
+		go func() { _ = d.Run(ctx) }()
+	}
 
 	if err := p.Serve(ctx, stubOptions(fs, *name, *idx, *socketPath)...); err != nil {
 		log.Errorf("nri-gpu: %v", err)

@@ -54,6 +54,50 @@ type Config struct {
 	DriverRoot string `yaml:"driverRoot"`
 	// Policy says who may have which devices.
 	Policy Policy `yaml:"policy"`
+	// DevicePlugin has nri-gpu serve kubelet's device-plugin API too.
+	DevicePlugin DevicePlugin `yaml:"devicePlugin"`
+}
+
+// CDIDevices says how a device plugin hands kubelet's allocation to the
+// runtime.
+type CDIDevices string
+
+const (
+	// CDIAnnotations has kubelet write cdi.k8s.io/nri-gpu_<resource>
+	// container annotations, which nri-gpu injects under its policy and
+	// trust rules (any runtime; the only way on containerd 1.7).
+	CDIAnnotations CDIDevices = "annotations"
+	// CDICRI has kubelet put the devices in the CRI request's CDI devices,
+	// which the runtime injects with its own CDI support (containerd 2.x
+	// with enable_cdi on); nri-gpu accounts for them.
+	CDICRI CDIDevices = "cri"
+)
+
+// DevicePlugin is the devicePlugin block of the configuration. It is read
+// at start: a change takes a restart.
+type DevicePlugin struct {
+	// Resources are the extended resources to offer kubelet; none turns
+	// device-plugin mode off.
+	Resources []Resource `yaml:"resources"`
+	// KubeletDir is kubelet's device-plugin directory, where its
+	// registration socket is and nri-gpu's sockets go.
+	KubeletDir string `yaml:"kubeletDir"`
+	// CDIDevices is "annotations" or "cri".
+	CDIDevices CDIDevices `yaml:"cdiDevices"`
+}
+
+// Resource is one extended resource: the devices of a CDI kind whose
+// names match Devices.
+type Resource struct {
+	// Name is the resource name, as pods ask for it ("nvidia.com/gpu").
+	Name string `yaml:"name"`
+	// Kind is the CDI kind its devices come from; the name by default.
+	Kind string `yaml:"kind"`
+	// Devices are globs over the device names within the kind ("*", or
+	// "*:*" for NVIDIA's MIG devices named by index). A device that
+	// shares hardware with one listed before it (a GPU by UUID after the
+	// same GPU by index) is left out, and "all" always is.
+	Devices []string `yaml:"devices"`
 }
 
 // Policy is the policy block of the configuration.
@@ -87,6 +131,8 @@ var (
 	DefaultHookPaths        = []string{"/usr/bin/nvidia-cdi-hook", "/usr/bin/nvidia-ctk"}
 	DefaultGenerateInterval = 60 * time.Second
 	DefaultDriverRoot       = "/"
+	DefaultKubeletDir       = "/var/lib/kubelet/device-plugins"
+	DefaultResourceDevices  = []string{"*"}
 )
 
 // Default returns the configuration used when none is given.
@@ -157,6 +203,22 @@ func (c *Config) setDefaults() {
 	if c.DriverRoot == "" {
 		c.DriverRoot = DefaultDriverRoot
 	}
+	d := &c.DevicePlugin
+	if d.KubeletDir == "" {
+		d.KubeletDir = DefaultKubeletDir
+	}
+	if d.CDIDevices == "" {
+		d.CDIDevices = CDIAnnotations
+	}
+	for i := range d.Resources {
+		r := &d.Resources[i]
+		if r.Kind == "" {
+			r.Kind = r.Name
+		}
+		if r.Devices == nil {
+			r.Devices = append([]string(nil), DefaultResourceDevices...)
+		}
+	}
 	p := &c.Policy
 	if p.Namespaces == nil {
 		p.Namespaces = append([]string(nil), DefaultNamespaces...)
@@ -203,7 +265,42 @@ func (c *Config) problems() []error {
 	if !filepath.IsAbs(c.DriverRoot) {
 		errs = append(errs, fmt.Errorf("driverRoot: %q is not an absolute path", c.DriverRoot))
 	}
-	return append(errs, c.Policy.validate()...)
+	errs = append(errs, c.Policy.validate()...)
+	return append(errs, c.DevicePlugin.validate()...)
+}
+
+func (d *DevicePlugin) validate() []error {
+	var errs []error
+	if !filepath.IsAbs(d.KubeletDir) {
+		errs = append(errs, fmt.Errorf("devicePlugin.kubeletDir: %q is not an absolute path", d.KubeletDir))
+	}
+	switch d.CDIDevices {
+	case CDIAnnotations, CDICRI:
+	default:
+		errs = append(errs, fmt.Errorf("devicePlugin.cdiDevices: %q is neither %q nor %q", d.CDIDevices, CDIAnnotations, CDICRI))
+	}
+	seen := map[string]bool{}
+	for i, r := range d.Resources {
+		at := fmt.Sprintf("devicePlugin.resources[%d]", i)
+		// A resource name is an extended resource: a domain, a slash
+		// and a name, as a CDI kind is written.
+		if _, _, err := ParseKind(r.Name); err != nil {
+			errs = append(errs, fmt.Errorf("%s.name: %w", at, err))
+		}
+		if seen[r.Name] {
+			errs = append(errs, fmt.Errorf("%s.name: %q is listed twice", at, r.Name))
+		}
+		seen[r.Name] = true
+		if _, _, err := ParseKind(r.Kind); err != nil {
+			errs = append(errs, fmt.Errorf("%s.kind: %w", at, err))
+		}
+		for _, g := range r.Devices {
+			if _, err := path.Match(g, ""); err != nil {
+				errs = append(errs, fmt.Errorf("%s.devices: glob %q: %w", at, g, err))
+			}
+		}
+	}
+	return errs
 }
 
 func (p *Policy) validate() []error {

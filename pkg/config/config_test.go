@@ -28,6 +28,7 @@ func TestParse(t *testing.T) {
 			Devices:    []string{"nvidia.com/gpu=*"},
 			HookPaths:  []string{"/usr/bin/nvidia-cdi-hook", "/usr/bin/nvidia-ctk"},
 		},
+		DevicePlugin: config.DevicePlugin{KubeletDir: "/var/lib/kubelet/device-plugins", CDIDevices: config.CDIAnnotations},
 	}
 	tests := []struct {
 		name    string
@@ -55,6 +56,14 @@ policy:
   exclusive: true
   hookPaths: [/usr/local/bin/hook]
   exemptCDIAnnotations: true
+devicePlugin:
+  kubeletDir: /var/lib/k3s/device-plugins
+  cdiDevices: cri
+  resources:
+  - name: example.com/fpga
+  - name: example.com/fpga-half
+    kind: example.com/fpga
+    devices: ["*:*"]
 `,
 			want: &config.Config{
 				CDISpecDirs:         []string{"/etc/cdi"},
@@ -68,6 +77,13 @@ policy:
 					Namespaces: []string{"agents-*"}, Devices: []string{"example.com/fpga=*"},
 					AllowAll: true, MaxDevicesPerPod: 2, Exclusive: true, HookPaths: []string{"/usr/local/bin/hook"},
 					ExemptCDIAnnotations: true,
+				},
+				DevicePlugin: config.DevicePlugin{
+					KubeletDir: "/var/lib/k3s/device-plugins", CDIDevices: config.CDICRI,
+					Resources: []config.Resource{
+						{Name: "example.com/fpga", Kind: "example.com/fpga", Devices: []string{"*"}},
+						{Name: "example.com/fpga-half", Kind: "example.com/fpga", Devices: []string{"*:*"}},
+					},
 				},
 			},
 		},
@@ -85,6 +101,11 @@ policy:
 		{name: "bad interval", yaml: "generateInterval: soon\n", wantErr: []string{"line 1", "soon"}},
 		{name: "negative interval", yaml: "generateInterval: -1s\n", wantErr: []string{"generateInterval: -1s is negative"}},
 		{name: "relative driver root", yaml: "driverRoot: run/nvidia\n", wantErr: []string{`driverRoot: "run/nvidia" is not an absolute path`}},
+		{name: "bad cdiDevices", yaml: "devicePlugin:\n  cdiDevices: env\n", wantErr: []string{`devicePlugin.cdiDevices: "env" is neither "annotations" nor "cri"`}},
+		{name: "relative kubelet dir", yaml: "devicePlugin:\n  kubeletDir: kubelet\n", wantErr: []string{`devicePlugin.kubeletDir: "kubelet" is not an absolute path`}},
+		{name: "bad resource name", yaml: "devicePlugin:\n  resources: [{name: gpu}]\n", wantErr: []string{`devicePlugin.resources[0].name: kind "gpu" is not of the form vendor/class`}},
+		{name: "resource twice", yaml: "devicePlugin:\n  resources: [{name: a.com/b}, {name: a.com/b}]\n", wantErr: []string{`devicePlugin.resources[1].name: "a.com/b" is listed twice`}},
+		{name: "bad resource glob", yaml: "devicePlugin:\n  resources: [{name: a.com/b, devices: ['[']}]\n", wantErr: []string{`devicePlugin.resources[0].devices: glob "["`}},
 		{name: "two documents", yaml: "defaultKind: a.com/b\n---\ndefaultKind: c.com/d\n", wantErr: []string{"more than one YAML document"}},
 		{
 			name:    "all problems at once",

@@ -78,6 +78,9 @@ type Plugin struct {
 	// metrics is nil when metrics are off.
 	metrics *metrics.Metrics
 
+	// onHeld are called whenever what pods hold changes.
+	onHeld []func()
+
 	problemsMu sync.Mutex
 	// problems are the spec problems logged, by spec file.
 	problems map[string]string
@@ -397,12 +400,16 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 	}
 
 	var (
-		named      []*specs.Entry
-		footprints []specs.Device
-		injected   []*cdi.Device
-		errs       []error
+		named       []*specs.Entry
+		footprints  []specs.Device
+		injected    []*cdi.Device
+		fromKubelet []string
+		errs        []error
 	)
 	for _, r := range ask.Requests {
+		if r.FromKubelet() {
+			fromKubelet = append(fromKubelet, r.Device)
+		}
 		if r.Source == policy.SourceRuntime {
 			// The runtime injects it from its own spec dirs: it is held
 			// by the pod, and its spec's edits are not applied again.
@@ -438,7 +445,7 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		}
 		return err
 	}
-	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, snap.Candidates(st.cfg.DefaultKind), usable)
+	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, snap.Candidates(st.cfg.DefaultKind), usable, fromKubelet)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -539,6 +546,9 @@ func (p *Plugin) held() {
 	}
 	if p.metrics != nil {
 		p.metrics.DevicesHeld(p.alloc.Count())
+	}
+	for _, f := range p.onHeld {
+		f()
 	}
 }
 

@@ -49,6 +49,8 @@ type podRecord struct {
 	Name      string         `json:"name"`
 	Named     []deviceRecord `json:"named,omitempty"`
 	Counted   []deviceRecord `json:"counted,omitempty"`
+	// Kubelet names those of Named that kubelet allocated.
+	Kubelet []string `json:"kubelet,omitempty"`
 }
 
 type deviceRecord struct {
@@ -68,7 +70,7 @@ func (f *stateFile) save(holdings func() []policy.Holding) error {
 	for _, h := range holdings() {
 		rec.Pods = append(rec.Pods, podRecord{
 			ID: h.Pod.ID, Namespace: h.Pod.Namespace, Name: h.Pod.Name,
-			Named: deviceRecords(h.Named), Counted: deviceRecords(h.Counted),
+			Named: deviceRecords(h.Named), Counted: deviceRecords(h.Counted), Kubelet: h.Kubelet,
 		})
 	}
 	data, err := json.Marshal(rec)
@@ -146,7 +148,7 @@ func (f *stateFile) load() ([]policy.Holding, error) {
 	for _, r := range rec.Pods {
 		out = append(out, policy.Holding{
 			Pod:   policy.Pod{ID: r.ID, Namespace: r.Namespace, Name: r.Name},
-			Named: devices(r.Named), Counted: devices(r.Counted),
+			Named: devices(r.Named), Counted: devices(r.Counted), Kubelet: r.Kubelet,
 		})
 	}
 	return out, nil

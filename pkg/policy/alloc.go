@@ -28,6 +28,9 @@ type holding struct {
 	pod     Pod
 	named   []specs.Device
 	counted []specs.Device
+	// kubelet names those of named that kubelet allocated the pod (a
+	// device plugin's): kubelet accounts for them itself.
+	kubelet []string
 }
 
 func (h *holding) all() []specs.Device { return append(slices.Clone(h.named), h.counted...) }
@@ -46,10 +49,11 @@ type Grant struct {
 	// Counted are the devices chosen for the pod's count request.
 	Counted []specs.Device
 
-	// added and addedCount say what this grant added to the pod's
-	// holding, for Revert.
-	added      []string
-	addedCount bool
+	// added, addedKubelet and addedCount say what this grant added to
+	// the pod's holding, for Revert.
+	added        []string
+	addedKubelet []string
+	addedCount   bool
 }
 
 // Admit decides, under p's rules, whether a container of pod may have the
@@ -58,8 +62,10 @@ type Grant struct {
 // those usable says the container cannot have (a nil usable takes any).
 // On success it records them as the pod's. Containers of one pod share
 // its devices: a pod's count request is answered with the same devices
-// every time.
-func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int, candidates []specs.Device, usable func(specs.Device) error) (Grant, error) {
+// every time. fromKubelet names those of the named devices that kubelet
+// allocated the pod (through a device plugin), which kubelet accounts for
+// itself; Withheld leaves them out.
+func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int, candidates []specs.Device, usable func(specs.Device) error, fromKubelet []string) (Grant, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 
@@ -102,6 +108,10 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 			own.named = append(own.named, d)
 			g.added = append(g.added, d.Name)
 		}
+		if slices.Contains(fromKubelet, d.Name) && !slices.Contains(own.kubelet, d.Name) {
+			own.kubelet = append(own.kubelet, d.Name)
+			g.addedKubelet = append(g.addedKubelet, d.Name)
+		}
 	}
 	g.addedCount = own.counted == nil && counted != nil
 	own.counted = counted
@@ -119,6 +129,7 @@ func (a *Allocations) Revert(g Grant) {
 		return
 	}
 	own.named = slices.DeleteFunc(own.named, func(d specs.Device) bool { return slices.Contains(g.added, d.Name) })
+	own.kubelet = slices.DeleteFunc(own.kubelet, func(n string) bool { return slices.Contains(g.addedKubelet, n) })
 	if g.addedCount {
 		own.counted = nil
 	}
@@ -218,6 +229,8 @@ type Holding struct {
 	Pod     Pod
 	Named   []specs.Device
 	Counted []specs.Device
+	// Kubelet names those of Named that kubelet allocated the pod.
+	Kubelet []string
 }
 
 // Restore replaces all allocations with the given holdings, as rebuilt
@@ -245,6 +258,9 @@ func (a *Allocations) Restore(p *Policy, holdings []Holding) error {
 			if !named[h.Pod.ID][d.Name] {
 				named[h.Pod.ID][d.Name] = true
 				own.named = append(own.named, d)
+				if slices.Contains(h.Kubelet, d.Name) {
+					own.kubelet = append(own.kubelet, d.Name)
+				}
 			}
 		}
 		if own.counted == nil && len(h.Counted) > 0 {
@@ -316,9 +332,41 @@ func (a *Allocations) Holdings() []Holding {
 	out := make([]Holding, 0, len(a.pods))
 	for _, id := range slices.Sorted(maps.Keys(a.pods)) {
 		h := a.pods[id]
-		out = append(out, Holding{Pod: h.pod, Named: slices.Clone(h.named), Counted: slices.Clone(h.counted)})
+		out = append(out, Holding{Pod: h.pod, Named: slices.Clone(h.named), Counted: slices.Clone(h.counted), Kubelet: slices.Clone(h.kubelet)})
 	}
 	return out
+}
+
+// Withheld returns the devices pods hold that kubelet did not allocate
+// them (annotation requests, count requests): a device plugin must not
+// offer kubelet any device that overlaps one of them.
+func (a *Allocations) Withheld() []specs.Device {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []specs.Device
+	for _, h := range a.pods {
+		var fromKubelet []specs.Device
+		for _, d := range h.named {
+			if slices.Contains(h.kubelet, d.Name) {
+				fromKubelet = append(fromKubelet, d)
+			}
+		}
+		// Another name of a device kubelet allocated (its UUID, found
+		// in the container's device nodes after a restart) is kubelet's
+		// too.
+		for _, d := range h.all() {
+			if !slices.ContainsFunc(fromKubelet, func(k specs.Device) bool { return k.Name == d.Name || covers(k, d) }) {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
+// Overlaps reports whether d shares hardware with any of devs (the same
+// name, or one's footprint within the other's).
+func Overlaps(d specs.Device, devs []specs.Device) bool {
+	return slices.ContainsFunc(devs, func(o specs.Device) bool { return overlaps(d, o) })
 }
 
 // Held returns, per pod, the names of the devices it holds.

@@ -136,7 +136,7 @@ func TestAdmit(t *testing.T) {
 				for _, n := range s.named {
 					named = append(named, byName[n])
 				}
-				g, err := a.Admit(p, pod(s.pod), named, s.count, candidates, nil)
+				g, err := a.Admit(p, pod(s.pod), named, s.count, candidates, nil, nil)
 				if len(s.wantErr) > 0 {
 					wantDenied(t, err, s.rule, s.wantErr...)
 					continue
@@ -165,7 +165,7 @@ func TestRevertAndRestore(t *testing.T) {
 	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 
-	g, err := a.Admit(p, pod("a"), []specs.Device{byName["0"]}, 1, candidates, nil)
+	g, err := a.Admit(p, pod("a"), []specs.Device{byName["0"]}, 1, candidates, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,10 +176,10 @@ func TestRevertAndRestore(t *testing.T) {
 
 	// A second container of a pod asks for the device its first one has:
 	// held once, and reverting the second leaves the first's.
-	if _, err := a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, candidates, nil); err != nil {
+	if _, err := a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, candidates, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	g, err = a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, candidates, nil)
+	g, err = a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, candidates, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,28 +187,28 @@ func TestRevertAndRestore(t *testing.T) {
 		t.Errorf("a device two containers of a pod asked for is counted %d times", n)
 	}
 	a.Revert(g)
-	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["2"]}, 0, candidates, nil); err == nil {
+	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["2"]}, 0, candidates, nil, nil); err == nil {
 		t.Error("reverting a second container's grant released the first one's device")
 	}
 	a.Release(pod("a").ID)
 
 	// A restarted plugin learns from the runtime that a holds GPU 0 by
 	// name and GPU 1 by count; pod z, gone meanwhile, is not mentioned.
-	a.Admit(p, pod("z"), []specs.Device{byName["3"]}, 0, candidates, nil)
+	a.Admit(p, pod("z"), []specs.Device{byName["3"]}, 0, candidates, nil, nil)
 	if err := a.Restore(p, []policy.Holding{
 		{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
 		{Pod: pod("a"), Counted: []specs.Device{byName["1"]}},
 	}); err != nil {
 		t.Fatalf("restoring holdings that agree: %v", err)
 	}
-	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["GPU-0"]}, 0, candidates, nil); err == nil {
+	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["GPU-0"]}, 0, candidates, nil, nil); err == nil {
 		t.Error("a restored holding was handed out again")
 	}
-	g, err = a.Admit(p, pod("a"), nil, 1, candidates, nil)
+	g, err = a.Admit(p, pod("a"), nil, 1, candidates, nil, nil)
 	if err != nil || len(g.Counted) != 1 || g.Counted[0].Name != byName["1"].Name {
 		t.Errorf("the restored pod's count request got %v, %v; want its GPU 1 again", g.Counted, err)
 	}
-	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["3"]}, 0, candidates, nil); err != nil {
+	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["3"]}, 0, candidates, nil, nil); err != nil {
 		t.Errorf("a device of a pod gone while the plugin was away is still held: %v", err)
 	}
 	// What the devices-held metric reports: a holds GPU 0 and GPU 1, b GPU 3.
@@ -287,7 +287,7 @@ func TestRestoreChecks(t *testing.T) {
 			}
 			// Whatever the problem, the restored devices stay held: a
 			// pod asking for all four GPUs finds some taken.
-			if g, err := a.Admit(policy.New(config.Policy{Devices: config.DefaultDevices}), pod("new"), nil, 4, candidates, nil); err == nil {
+			if g, err := a.Admit(policy.New(config.Policy{Devices: config.DefaultDevices}), pod("new"), nil, 4, candidates, nil, nil); err == nil {
 				t.Errorf("after a conflicting restore, all GPUs were free: %v", g.Counted)
 			}
 		})
@@ -309,7 +309,7 @@ func TestCountSkipsUnusable(t *testing.T) {
 		return nil
 	}
 	a := policy.NewAllocations()
-	g, err := a.Admit(p, pod("a"), nil, 1, candidates, usable)
+	g, err := a.Admit(p, pod("a"), nil, 1, candidates, usable, nil)
 	if err != nil || len(g.Counted) != 1 || g.Counted[0].Nodes[0] != "/dev/nvidia2" {
 		t.Fatalf("got %v, %v; want GPU 2, the first usable one", g.Counted, err)
 	}
@@ -317,7 +317,7 @@ func TestCountSkipsUnusable(t *testing.T) {
 	if want := []string{byName["0"].Name, byName["1"].Name, byName["2"].Name}; !slices.Equal(asked, want) {
 		t.Errorf("usable asked about %v, want %v", asked, want)
 	}
-	_, err = a.Admit(p, pod("b"), nil, 2, candidates, usable)
+	_, err = a.Admit(p, pod("b"), nil, 2, candidates, usable, nil)
 	testutil.ErrorSays(t, err, "asks for 2", "1 are free and 1 held", "2 more cannot be given to this container, such as: its spec injects the hook /bin/evil")
 	if !errors.Is(err, policy.ErrDenied) {
 		t.Errorf("error %v does not wrap ErrDenied", err)
@@ -347,7 +347,7 @@ func TestConcurrentAdmissions(t *testing.T) {
 			} else {
 				count = 1
 			}
-			g, err := a.Admit(p, pd, named, count, candidates, nil)
+			g, err := a.Admit(p, pd, named, count, candidates, nil, nil)
 			if err != nil {
 				return
 			}
@@ -366,5 +366,85 @@ func TestConcurrentAdmissions(t *testing.T) {
 	wg.Wait()
 	if len(owner) != 4 {
 		t.Errorf("%d of 4 GPUs given out, want all", len(owner))
+	}
+}
+
+// TestWithheld: a device plugin offers kubelet no device a pod holds
+// other than through kubelet; what kubelet allocated (under any of its
+// names, as a restart finds them) stays kubelet's to account for.
+func TestWithheld(t *testing.T) {
+	candidates, byName := gpus()
+	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true, AllowAll: true})
+	withheld := func(a *policy.Allocations) []string {
+		var out []string
+		for _, c := range candidates {
+			if _, n, _ := strings.Cut(c.Name, "="); !strings.HasPrefix(n, "GPU-") && policy.Overlaps(c, a.Withheld()) {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	tests := []struct {
+		name   string
+		admit  func(a *policy.Allocations) error
+		revert bool
+		want   []string
+	}{
+		{name: "nothing held", admit: func(*policy.Allocations) error { return nil }},
+		{name: "an annotation request", want: []string{"0"}, admit: func(a *policy.Allocations) error {
+			_, err := a.Admit(p, pod("a"), []specs.Device{byName["0"]}, 0, candidates, nil, nil)
+			return err
+		}},
+		{name: "a count request", want: []string{"0", "1"}, admit: func(a *policy.Allocations) error {
+			_, err := a.Admit(p, pod("a"), nil, 2, candidates, nil, nil)
+			return err
+		}},
+		{name: "kubelet's allocation", admit: func(a *policy.Allocations) error {
+			_, err := a.Admit(p, pod("a"), []specs.Device{byName["1"]}, 0, candidates, nil, []string{byName["1"].Name})
+			return err
+		}},
+		{name: "kubelet's and an annotation request in one pod", want: []string{"2"}, admit: func(a *policy.Allocations) error {
+			_, err := a.Admit(p, pod("a"), []specs.Device{byName["1"], byName["2"]}, 0, candidates, nil, []string{byName["1"].Name})
+			return err
+		}},
+		{name: "kubelet's, reverted then asked for by annotation", want: []string{"1"}, admit: func(a *policy.Allocations) error {
+			g, err := a.Admit(p, pod("a"), []specs.Device{byName["1"]}, 0, candidates, nil, []string{byName["1"].Name})
+			if err != nil {
+				return err
+			}
+			a.Revert(g)
+			_, err = a.Admit(p, pod("a"), []specs.Device{byName["1"]}, 0, candidates, nil, nil)
+			return err
+		}},
+		{name: "restored: kubelet's by index, found again by UUID", admit: func(a *policy.Allocations) error {
+			return a.Restore(p, []policy.Holding{
+				{Pod: pod("a"), Named: []specs.Device{byName["3"]}, Kubelet: []string{byName["3"].Name}},
+				{Pod: pod("a"), Named: []specs.Device{byName["GPU-3"]}},
+			})
+		}},
+		{name: "restored: all by annotation beside kubelet's", want: []string{"0", "1", "2", "3"}, admit: func(a *policy.Allocations) error {
+			return a.Restore(p, []policy.Holding{
+				{Pod: pod("a"), Named: []specs.Device{byName["3"], byName["all"]}, Kubelet: []string{byName["3"].Name}},
+			})
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := policy.NewAllocations()
+			if err := tc.admit(a); err != nil {
+				t.Fatal(err)
+			}
+			if got := withheld(a); !slices.Equal(got, tc.want) {
+				t.Errorf("withheld %v, want %v", got, tc.want)
+			}
+			// What kubelet allocated is kept across a restart.
+			b := policy.NewAllocations()
+			if err := b.Restore(p, a.Holdings()); err != nil {
+				t.Fatal(err)
+			}
+			if got := withheld(b); !slices.Equal(got, tc.want) {
+				t.Errorf("after a restart withheld %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

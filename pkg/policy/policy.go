@@ -85,7 +85,7 @@ func New(p config.Policy) *Policy {
 // nil, or an error wrapping ErrDenied for each denied request, naming the
 // rule, the request and the key that would allow it.
 func (p *Policy) Check(pod Pod, ask Ask) error {
-	if !matchAny(p.namespaces, pod.Namespace) {
+	if !MatchAny(p.namespaces, pod.Namespace) {
 		if what := p.annotationRequest(ask); what != "" {
 			return deny(RuleNamespaces, fmt.Errorf("%s: %w: pods of namespace %q may not request devices through annotations: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
 				what, ErrDenied, pod.Namespace, strings.Join(p.namespaces, ", ")))
@@ -122,7 +122,7 @@ func (p *Policy) annotationRequest(ask Ask) string {
 }
 
 func (p *Policy) checkRequest(r Request) error {
-	if !matchAny(p.devices, r.Device) {
+	if !MatchAny(p.devices, r.Device) {
 		return deny(RuleDevices, fmt.Errorf("%s: %w: device %q matches none of policy.devices [%s]; add a glob that matches it to policy.devices",
 			r, ErrDenied, r.Device, strings.Join(p.devices, ", ")))
 	}
@@ -148,11 +148,11 @@ func (p *Policy) CheckHooks(device string, hookPaths []string) error {
 }
 
 // Allowed reports whether policy.devices lets a device be given at all.
-func (p *Policy) Allowed(device string) bool { return matchAny(p.devices, device) }
+func (p *Policy) Allowed(device string) bool { return MatchAny(p.devices, device) }
 
-// matchAny reports whether s matches one of the globs (path.Match
+// MatchAny reports whether s matches one of the globs (path.Match
 // patterns, validated with the configuration).
-func matchAny(globs []string, s string) bool {
+func MatchAny(globs []string, s string) bool {
 	for _, g := range globs {
 		if ok, _ := path.Match(g, s); ok {
 			return true

@@ -32,7 +32,15 @@ const (
 	// devices a container may ask for through all its annotations and
 	// its CRI request together.
 	maxItems = 256
+	// DevicePluginName names nri-gpu's device plugin in the cdi.k8s.io
+	// container annotations it has kubelet write for the devices kubelet
+	// allocated a container: cdi.k8s.io/nri-gpu_<resource>.
+	DevicePluginName = "nri-gpu"
 )
+
+// kubeletAnnotationPrefix starts the keys of DevicePluginName's
+// annotations.
+const kubeletAnnotationPrefix = "cdi.k8s.io/" + DevicePluginName + "_"
 
 // ErrInvalidRequest is wrapped by every error about a malformed request.
 var ErrInvalidRequest = errors.New("invalid device request")
@@ -62,6 +70,14 @@ type Request struct {
 	Key string
 	// Source tells whether Key is a pod or a container annotation.
 	Source Source
+}
+
+// FromKubelet reports whether kubelet allocated the device: it came
+// through the CRI request's CDI devices, or through the annotation of
+// nri-gpu's device plugin (on Kubernetes only kubelet writes a
+// container's annotations).
+func (r Request) FromKubelet() bool {
+	return r.Source == SourceRuntime || (r.Source == SourceCDI && strings.HasPrefix(r.Key, kubeletAnnotationPrefix))
 }
 
 // String describes the request for error messages.

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -157,5 +158,173 @@ func TestKubelet(t *testing.T) {
 	}
 	if _, nodes := running(t, ctd, k, "one"); len(nodes) != 1 || !slices.Contains(twoNodes, nodes[0]) {
 		t.Errorf("pod one got %v once pod two was deleted, want one of %v", nodes, twoNodes)
+	}
+}
+
+// TestDevicePlugin runs nri-gpu in device-plugin mode beside a real
+// kubelet, on a fake 2-GPU host: pods that ask for nvidia.com/gpu in
+// their limits each get a GPU of their own; one more, or one asking for
+// more than the node has, is refused by kubelet's admission; a GPU an
+// annotation pod holds is not offered to kubelet; deleting a pod frees
+// its GPU; restarting kubelet or nri-gpu loses no allocation and hands
+// out no GPU twice. On containerd 1.7 kubelet's allocation reaches nri-gpu
+// as its cdi.k8s.io annotation; on 2.x, with containerd's own CDI on, as
+// CRI CDI devices that containerd injects and nri-gpu accounts for.
+func TestDevicePlugin(t *testing.T) {
+	needEnv(t)
+	host, err := harness.NewGPUHost(filepath.Join(env.dir, "dp-host"), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, mode := harness.Options{}, "annotations"
+	if env.tools.Containerd2() {
+		opts, mode = harness.Options{EnableCDI: true, CDISpecDirs: []string{host.SpecDir}}, "cri"
+	}
+	ctd := extraContainerd(t, "device-plugin", opts)
+	k := startKubelet(t, ctd)
+	config := filepath.Join(ctd.Dir, "nri-gpu.yaml")
+	cfg := host.PluginConfig(nil, "namespaces: [e2e]", "devices: [nvidia.com/gpu=*]", "exclusive: true") +
+		"devicePlugin:\n  kubeletDir: " + filepath.Join(k.VarLib, "kubelet", "device-plugins") +
+		"\n  cdiDevices: " + mode + "\n  resources: [{name: nvidia.com/gpu}]\n"
+	if err := os.WriteFile(config, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	plugin, err := ctd.StartPlugin("--config", config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// told waits until nri-gpu has told kubelet the devices as want says,
+	// after the first since bytes of its log.
+	told := func(p *harness.Plugin, since int, want string) {
+		t.Helper()
+		deadline := time.Now().Add(podWait)
+		for !strings.Contains(p.Log()[since:], `devices="`+want+`"`) {
+			if time.Now().After(deadline) {
+				t.Fatalf("nri-gpu did not tell kubelet %q; its log:\n%s", want, p.Log())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		time.Sleep(time.Second) // for kubelet to take it in
+	}
+	gpu := map[string]string{"nvidia.com/gpu": "1"}
+	// A pod's GPUs as it sees them in /dev.
+	sees := func(name string) []string {
+		t.Helper()
+		id, err := k.RunningContainer(name, podWait)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := ctd.Exec(id, "ls", "/dev")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.DeleteFunc(strings.Fields(out), func(n string) bool {
+			return !strings.HasPrefix(n, "nvidia") || n == "nvidiactl" || n == "nvidia-uvm"
+		})
+	}
+	admissionRefuses := func(since int, name, want string) {
+		t.Helper()
+		if _, err := k.WaitLog(since, podWait, k.PodName(name), "UnexpectedAdmissionError", want); err != nil {
+			t.Fatal(err)
+		}
+		if ids, err := k.Containers(name); err != nil || len(ids) > 0 {
+			t.Fatalf("pod %s has containers %v (%v), want none", name, ids, err)
+		}
+	}
+	told(plugin, 0, "0 healthy, 1 healthy")
+
+	since := k.LogSize()
+	addPod(t, k, harness.StaticPod{Name: "big", Limits: map[string]string{"nvidia.com/gpu": "3"}})
+	admissionRefuses(since, "big", "Requested: 3, Available: 2")
+
+	// A GPU an annotation pod holds is not offered to kubelet.
+	addPod(t, k, harness.StaticPod{Name: "ann", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}})
+	if got := sees("ann"); !slices.Equal(got, []string{"nvidia0"}) {
+		t.Fatalf("annotation pod sees %v, want nvidia0", got)
+	}
+	told(plugin, 0, "0 unhealthy, 1 healthy")
+	addPod(t, k, harness.StaticPod{Name: "a", Limits: gpu})
+	if got := sees("a"); !slices.Equal(got, []string{"nvidia1"}) {
+		t.Errorf("pod a sees %v, want nvidia1, the one GPU not held", got)
+	}
+	// kubelet's allocation reached the runtime as the mode says: the
+	// device plugin's annotation, or CRI CDI devices (no annotation).
+	id, _ := k.RunningContainer("a", podWait)
+	out, err := ctd.Crictl("inspect", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inspect struct {
+		Status struct{ Annotations map[string]string }
+	}
+	if err := json.Unmarshal([]byte(out), &inspect); err != nil {
+		t.Fatal(err)
+	}
+	if inspect.Status.Annotations["io.kubernetes.container.hash"] == "" {
+		t.Fatalf("crictl inspect shows none of kubelet's annotations: %s", out)
+	}
+	if got, want := inspect.Status.Annotations["cdi.k8s.io/nri-gpu_nvidia.com_gpu"], map[string]string{"annotations": "nvidia.com/gpu=1", "cri": ""}[mode]; got != want {
+		t.Errorf("pod a's container has annotation cdi.k8s.io/nri-gpu_nvidia.com_gpu=%q, want %q (cdiDevices: %s)", got, want, mode)
+	}
+	since = k.LogSize()
+	addPod(t, k, harness.StaticPod{Name: "b", Limits: gpu})
+	admissionRefuses(since, "b", "Requested: 1, Available: 0")
+
+	// Deleting the annotation pod frees its GPU for kubelet.
+	logged := len(plugin.Log())
+	if err := k.RemovePod("ann"); err != nil {
+		t.Fatal(err)
+	}
+	told(plugin, logged, "0 healthy, 1 healthy")
+	addPod(t, k, harness.StaticPod{Name: "c", Limits: gpu})
+	if got := sees("c"); !slices.Equal(got, []string{"nvidia0"}) {
+		t.Errorf("pod c sees %v, want nvidia0, freed by the annotation pod", got)
+	}
+	ids := map[string][]string{}
+	for _, name := range []string{"a", "c"} {
+		if ids[name], err = k.Containers(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// kubelet restarted (it empties its socket directory), then nri-gpu:
+	// each time nri-gpu registers again, the running pods keep their
+	// GPUs, and a new pod finds none free.
+	registered := strings.Count(plugin.Log(), "registered with kubelet")
+	if err := k.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(podWait); strings.Count(plugin.Log(), "registered with kubelet") == registered; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("nri-gpu did not register again after kubelet restarted; its log:\n%s", plugin.Log())
+		}
+	}
+	time.Sleep(2 * time.Second)
+	since = k.LogSize()
+	addPod(t, k, harness.StaticPod{Name: "d", Limits: gpu})
+	admissionRefuses(since, "d", "Requested: 1, Available: 0")
+
+	plugin.Kill()
+	if plugin, err = ctd.StartPlugin("--config", config); err != nil {
+		t.Fatal(err)
+	}
+	told(plugin, 0, "0 healthy, 1 healthy")
+	since = k.LogSize()
+	addPod(t, k, harness.StaticPod{Name: "e", Limits: gpu})
+	admissionRefuses(since, "e", "Requested: 1, Available: 0")
+	for name, want := range ids {
+		if got, err := k.Containers(name); err != nil || !slices.Equal(got, want) {
+			t.Errorf("after the restarts pod %s has containers %v (%v), want %v", name, got, err, want)
+		}
+	}
+
+	// Deleting a pod frees its GPU for the next.
+	if err := k.RemovePod("a"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // kubelet frees a's GPU once a is gone
+	addPod(t, k, harness.StaticPod{Name: "f", Limits: gpu})
+	if got := sees("f"); !slices.Equal(got, []string{"nvidia1"}) {
+		t.Errorf("pod f sees %v, want nvidia1, freed by pod a", got)
 	}
 }

@@ -50,7 +50,8 @@ var kubeletSysctls = []string{
 }
 
 // kubeletScript sets up kubelet's mount namespace and execs it: $1 is the
-// run's directory, the rest kubelet's command line.
+// run's directory, $2 what kubelet sees as /var/lib, the rest kubelet's
+// command line.
 const kubeletScript = `set -e
 dir=$1; shift
 for s in %s; do
@@ -58,7 +59,8 @@ for s in %s; do
 	cat "/proc/sys/$s" > "$f"
 	mount --bind "$f" "/proc/sys/$s"
 done
-mount --bind "$dir/var-lib" /var/lib
+varlib=$1; shift
+mount --bind "$varlib" /var/lib
 mount --bind "$dir/var-log" /var/log
 exec "$@"
 `
@@ -70,14 +72,23 @@ func StartKubelet(dir, binary string, c *Containerd) (k *Kubelet, err error) {
 		Dir:       dir,
 		Node:      "e2e-node",
 		Manifests: filepath.Join(dir, "manifests"),
-		VarLib:    filepath.Join(dir, "var-lib"),
+
 		LogPath:   filepath.Join(dir, "kubelet.log"),
 		binary:    binary,
 		ctd:       c,
 		// A cgroup root of its own, under every controller.
 		cgroupRoot: fmt.Sprintf("/nri-gpu-e2e-%d-%d", os.Getpid(), kubelets.Add(1)),
 	}
-	for _, d := range []string{"manifests", "var-lib/kubelet/device-plugins", "var-log", "sysctl", "root", "certs", "volume-plugins", "pod-logs"} {
+	// What kubelet sees as /var/lib is a short path of its own: unix
+	// socket paths (nri-gpu's, in kubelet's device-plugin directory) are
+	// limited to 108 bytes.
+	if k.VarLib, err = os.MkdirTemp("", "kl-"); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(k.VarLib, "kubelet", "device-plugins"), 0o755); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{"manifests", "var-log", "sysctl", "root", "certs", "volume-plugins", "pod-logs"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, err
 		}
@@ -162,7 +173,7 @@ func (k *Kubelet) start() error {
 		return err
 	}
 	defer logFile.Close()
-	args := []string{"--mount", "--propagation", "slave", "sh", "-c", fmt.Sprintf(kubeletScript, strings.Join(kubeletSysctls, " ")), "sh", k.Dir,
+	args := []string{"--mount", "--propagation", "slave", "sh", "-c", fmt.Sprintf(kubeletScript, strings.Join(kubeletSysctls, " ")), "sh", k.Dir, k.VarLib,
 		k.binary,
 		"--config", filepath.Join(k.Dir, "config.yaml"),
 		"--root-dir", filepath.Join(k.Dir, "root"),
@@ -223,7 +234,7 @@ func (k *Kubelet) Restart() error {
 // it can.
 func (k *Kubelet) Stop() error {
 	k.stop()
-	return errors.Join(k.ctd.RemovePods(), removeCgroup(k.cgroupRoot))
+	return errors.Join(k.ctd.RemovePods(), removeCgroup(k.cgroupRoot), os.RemoveAll(k.VarLib))
 }
 
 // removeCgroup removes the cgroup at path (and those below it) from every

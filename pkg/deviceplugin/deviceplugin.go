@@ -1,0 +1,319 @@
+// Package deviceplugin is the kubelet glue of nri-gpu: it offers kubelet
+// the devices of a CDI kind as an extended resource through kubelet's
+// device-plugin API (v1beta1), so that the scheduler and quotas count
+// them, and answers kubelet's Allocate so that the runtime side injects
+// exactly the devices kubelet chose. What the devices are, whether each is
+// healthy and which to prefer come from a Source: nri-gpu's trusted specs
+// and its one pool of holdings, shared with the NRI side.
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+
+	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+var _ api.DevicePluginServer = (*Plugin)(nil)
+
+// ErrUnknownDevice is wrapped by Allocate's error for a device ID the
+// resource does not offer.
+var ErrUnknownDevice = errors.New("unknown device")
+
+// Device is a device a resource offers kubelet.
+type Device struct {
+	// ID is kubelet's name for it: its CDI device name within the kind
+	// ("0", "GPU-<uuid>").
+	ID string
+	// Healthy says whether kubelet may hand it out.
+	Healthy bool
+}
+
+// Source is where a resource's devices come from.
+type Source interface {
+	// Devices returns the resource's devices now, in order.
+	Devices() []Device
+	// Preferred chooses size devices among available, mustInclude
+	// first, as nri-gpu would choose them.
+	Preferred(available, mustInclude []string, size int) []string
+}
+
+// Plugin serves one extended resource to kubelet.
+type Plugin struct {
+	api.UnimplementedDevicePluginServer
+
+	resource string
+	kind     string
+	dir      string
+	socket   string
+	mode     config.CDIDevices
+	src      Source
+	log      logrus.FieldLogger
+	// poll is how often kubelet's socket and the devices are looked at.
+	poll time.Duration
+
+	mu      sync.Mutex
+	changed chan struct{}
+}
+
+// New returns the device plugin of resource r, registering in kubelet's
+// device-plugin directory dir and handing allocations over as mode says.
+func New(r config.Resource, dir string, mode config.CDIDevices, src Source, log logrus.FieldLogger) *Plugin {
+	return &Plugin{
+		resource: r.Name,
+		kind:     r.Kind,
+		dir:      dir,
+		socket:   filepath.Join(dir, "nri-gpu-"+strings.ReplaceAll(r.Name, "/", "-")+".sock"),
+		mode:     mode,
+		src:      src,
+		log:      log.WithField("resource", r.Name),
+		poll:     500 * time.Millisecond,
+		changed:  make(chan struct{}),
+	}
+}
+
+// Notify tells the plugin that devices, their health or what pods hold
+// may have changed: ListAndWatch looks again at once.
+func (p *Plugin) Notify() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+func (p *Plugin) changes() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.changed
+}
+
+// Run serves kubelet until ctx is done: it waits for kubelet's
+// registration socket, serves the device-plugin API on a socket of its
+// own in the same directory and registers there; when kubelet restarts
+// (it empties the directory and makes its socket anew) or nri-gpu's
+// socket disappears, it does it all again.
+func (p *Plugin) Run(ctx context.Context) error {
+	kubeletSock := filepath.Join(p.dir, filepath.Base(api.KubeletSocket))
+	for {
+		kubelet, err := p.waitFor(ctx, kubeletSock)
+		if err != nil {
+			return nil // ctx done
+		}
+		srv, err := p.serve()
+		if err == nil {
+			if err = p.register(ctx, kubeletSock); err != nil {
+				srv.Stop()
+			}
+		}
+		if err != nil {
+			p.log.Warnf("registering with kubelet: %v; trying again", err)
+			if !p.sleep(ctx, time.Second) {
+				return nil
+			}
+			continue
+		}
+		p.log.Infof("registered with kubelet at %s as %s", kubeletSock, p.socket)
+		p.waitRestart(ctx, kubeletSock, kubelet)
+		srv.Stop()
+		if ctx.Err() != nil {
+			_ = os.Remove(p.socket)
+			return nil
+		}
+		p.log.Info("kubelet restarted or nri-gpu's socket was removed; registering again")
+	}
+}
+
+// waitFor waits until path exists and returns what it is.
+func (p *Plugin) waitFor(ctx context.Context, path string) (os.FileInfo, error) {
+	for {
+		if fi, err := os.Stat(path); err == nil {
+			return fi, nil
+		}
+		if !p.sleep(ctx, p.poll) {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// waitRestart returns when ctx is done, kubelet's socket is no longer the
+// one registered with, or the plugin's own socket is gone.
+func (p *Plugin) waitRestart(ctx context.Context, kubeletSock string, kubelet os.FileInfo) {
+	for p.sleep(ctx, p.poll) {
+		now, err := os.Stat(kubeletSock)
+		if err != nil || !os.SameFile(now, kubelet) {
+			return
+		}
+		if _, err := os.Stat(p.socket); err != nil {
+			return
+		}
+	}
+}
+
+// sleep waits d, and reports false if ctx was done first.
+func (p *Plugin) sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// serve starts the gRPC server on the plugin's socket.
+func (p *Plugin) serve() (*grpc.Server, error) {
+	if err := os.Remove(p.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	l, err := net.Listen("unix", p.socket)
+	if err != nil {
+		return nil, err
+	}
+	srv := grpc.NewServer()
+	api.RegisterDevicePluginServer(srv, p)
+	go func() { _ = srv.Serve(l) }()
+	return srv, nil
+}
+
+// register tells kubelet about the resource and the plugin's socket.
+func (p *Plugin) register(ctx context.Context, kubeletSock string) error {
+	conn, err := grpc.NewClient("unix://"+kubeletSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = api.NewRegistrationClient(conn).Register(ctx, &api.RegisterRequest{
+		Version:      api.Version,
+		Endpoint:     filepath.Base(p.socket),
+		ResourceName: p.resource,
+		Options:      &api.DevicePluginOptions{GetPreferredAllocationAvailable: true},
+	})
+	return err
+}
+
+// GetDevicePluginOptions says the plugin chooses preferred allocations.
+func (p *Plugin) GetDevicePluginOptions(context.Context, *api.Empty) (*api.DevicePluginOptions, error) {
+	return &api.DevicePluginOptions{GetPreferredAllocationAvailable: true}, nil
+}
+
+// ListAndWatch sends kubelet the devices and their health, and again
+// whenever they change: on Notify, and at least every poll interval (a
+// device node that vanished).
+func (p *Plugin) ListAndWatch(_ *api.Empty, stream api.DevicePlugin_ListAndWatchServer) error {
+	var last []Device
+	for {
+		changed := p.changes()
+		devs := p.src.Devices()
+		if last == nil || !slices.Equal(devs, last) {
+			if err := stream.Send(&api.ListAndWatchResponse{Devices: toAPI(devs)}); err != nil {
+				return err
+			}
+			p.log.WithField("devices", describe(devs)).Info("told kubelet the devices")
+			last = devs
+			if last == nil {
+				last = []Device{}
+			}
+		}
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-changed:
+		case <-time.After(p.poll):
+		}
+	}
+}
+
+func toAPI(devs []Device) []*api.Device {
+	out := make([]*api.Device, 0, len(devs))
+	for _, d := range devs {
+		health := api.Unhealthy
+		if d.Healthy {
+			health = api.Healthy
+		}
+		out = append(out, &api.Device{ID: d.ID, Health: health})
+	}
+	return out
+}
+
+func describe(devs []Device) string {
+	var parts []string
+	for _, d := range devs {
+		h := "healthy"
+		if !d.Healthy {
+			h = "unhealthy"
+		}
+		parts = append(parts, d.ID+" "+h)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// GetPreferredAllocation answers with the source's choice.
+func (p *Plugin) GetPreferredAllocation(_ context.Context, req *api.PreferredAllocationRequest) (*api.PreferredAllocationResponse, error) {
+	resp := &api.PreferredAllocationResponse{}
+	for _, r := range req.GetContainerRequests() {
+		ids := p.src.Preferred(r.GetAvailableDeviceIDs(), r.GetMustIncludeDeviceIDs(), int(r.GetAllocationSize()))
+		resp.ContainerResponses = append(resp.ContainerResponses, &api.ContainerPreferredAllocationResponse{DeviceIDs: ids})
+	}
+	return resp, nil
+}
+
+// Allocate answers, for each container, with the CDI devices of the IDs
+// kubelet chose: as the cdi.k8s.io annotation of nri-gpu's device plugin,
+// which nri-gpu's NRI side injects, or as CRI CDI devices, which the
+// runtime injects itself.
+func (p *Plugin) Allocate(_ context.Context, req *api.AllocateRequest) (*api.AllocateResponse, error) {
+	known := map[string]bool{}
+	for _, d := range p.src.Devices() {
+		known[d.ID] = true
+	}
+	vendor, class := parser.ParseQualifier(p.kind)
+	resp := &api.AllocateResponse{}
+	for _, r := range req.GetContainerRequests() {
+		var names []string
+		for _, id := range r.GetDevicesIds() {
+			if !known[id] {
+				return nil, fmt.Errorf("%w: %s has no device %q", ErrUnknownDevice, p.resource, id)
+			}
+			names = append(names, parser.QualifiedName(vendor, class, id))
+		}
+		c := &api.ContainerAllocateResponse{}
+		switch p.mode {
+		case config.CDICRI:
+			for _, n := range names {
+				c.CdiDevices = append(c.CdiDevices, &api.CDIDevice{Name: n})
+			}
+		default:
+			ann, err := cdi.UpdateAnnotations(nil, policy.DevicePluginName, p.resource, names)
+			if err != nil {
+				return nil, err
+			}
+			c.Annotations = ann
+		}
+		p.log.WithField("devices", strings.Join(names, ",")).Info("kubelet allocated devices to a container")
+		resp.ContainerResponses = append(resp.ContainerResponses, c)
+	}
+	return resp, nil
+}
+
+// PreStartContainer is not used (the options do not ask for it).
+func (p *Plugin) PreStartContainer(context.Context, *api.PreStartContainerRequest) (*api.PreStartContainerResponse, error) {
+	return &api.PreStartContainerResponse{}, nil
+}
