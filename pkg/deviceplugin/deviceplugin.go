@@ -123,6 +123,9 @@ func (p *Plugin) Run(ctx context.Context) error {
 			}
 		}
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			p.log.Warnf("registering with kubelet: %v; trying again", err)
 			if !p.sleep(ctx, time.Second) {
 				return nil

@@ -1,0 +1,237 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+
+	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// source is a Source whose devices the test sets.
+type source struct {
+	mu   sync.Mutex
+	devs []Device
+}
+
+func (s *source) Devices() []Device {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.devs)
+}
+
+func (s *source) set(devs ...Device) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.devs = devs
+}
+
+func (s *source) Preferred(available, mustInclude []string, size int) []string {
+	// The test's choice: must-include, then the available from the end.
+	out := slices.Clone(mustInclude)
+	for i := len(available) - 1; i >= 0 && len(out) < size; i-- {
+		if !slices.Contains(out, available[i]) {
+			out = append(out, available[i])
+		}
+	}
+	return out
+}
+
+func quiet() logrus.FieldLogger {
+	l := logrus.New()
+	l.SetOutput(os.Stderr)
+	l.SetLevel(logrus.WarnLevel)
+	return l
+}
+
+var gpu = config.Resource{Name: "nvidia.com/gpu", Kind: "nvidia.com/gpu"}
+
+func TestAllocate(t *testing.T) {
+	src := &source{devs: []Device{{ID: "0", Healthy: true}, {ID: "1", Healthy: true}}}
+	tests := []struct {
+		name    string
+		mode    config.CDIDevices
+		ids     [][]string
+		want    *api.AllocateResponse
+		wantErr error
+	}{
+		{
+			name: "annotations", mode: config.CDIAnnotations, ids: [][]string{{"1", "0"}, {"0"}},
+			want: &api.AllocateResponse{ContainerResponses: []*api.ContainerAllocateResponse{
+				{Annotations: map[string]string{"cdi.k8s.io/nri-gpu_nvidia.com_gpu": "nvidia.com/gpu=1,nvidia.com/gpu=0"}},
+				{Annotations: map[string]string{"cdi.k8s.io/nri-gpu_nvidia.com_gpu": "nvidia.com/gpu=0"}},
+			}},
+		},
+		{
+			name: "CRI CDI devices", mode: config.CDICRI, ids: [][]string{{"1"}},
+			want: &api.AllocateResponse{ContainerResponses: []*api.ContainerAllocateResponse{
+				{CdiDevices: []*api.CDIDevice{{Name: "nvidia.com/gpu=1"}}},
+			}},
+		},
+		{name: "a device the resource does not offer", mode: config.CDIAnnotations, ids: [][]string{{"0"}, {"7"}}, wantErr: ErrUnknownDevice},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := New(gpu, t.TempDir(), tc.mode, src, quiet())
+			req := &api.AllocateRequest{}
+			for _, ids := range tc.ids {
+				req.ContainerRequests = append(req.ContainerRequests, &api.ContainerAllocateRequest{DevicesIds: ids})
+			}
+			got, err := p.Allocate(context.Background(), req)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("error %v, want %v", err, tc.wantErr)
+			}
+			if diff := cmp.Diff(tc.want, got, protocmp.Transform()); diff != "" {
+				t.Errorf("response (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestGetPreferredAllocation(t *testing.T) {
+	p := New(gpu, t.TempDir(), config.CDIAnnotations, &source{}, quiet())
+	got, err := p.GetPreferredAllocation(context.Background(), &api.PreferredAllocationRequest{
+		ContainerRequests: []*api.ContainerPreferredAllocationRequest{
+			{AvailableDeviceIDs: []string{"0", "1", "2"}, MustIncludeDeviceIDs: []string{"0"}, AllocationSize: 2},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := got.GetContainerResponses()[0].GetDeviceIDs(); !slices.Equal(ids, []string{"0", "2"}) {
+		t.Errorf("preferred %v, want the source's choice [0 2]", ids)
+	}
+}
+
+// kubelet is a fake kubelet registration server on dir/kubelet.sock.
+type kubelet struct {
+	api.UnimplementedRegistrationServer
+	srv  *grpc.Server
+	regs chan *api.RegisterRequest
+}
+
+func (k *kubelet) Register(_ context.Context, r *api.RegisterRequest) (*api.Empty, error) {
+	k.regs <- r
+	return &api.Empty{}, nil
+}
+
+// startKubelet starts a fake kubelet in dir, as kubelet starts: it first
+// empties the directory.
+func startKubelet(t *testing.T, dir string, regs chan *api.RegisterRequest) *kubelet {
+	t.Helper()
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		_ = os.Remove(filepath.Join(dir, e.Name()))
+	}
+	l, err := net.Listen("unix", filepath.Join(dir, "kubelet.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &kubelet{srv: grpc.NewServer(), regs: regs}
+	api.RegisterRegistrationServer(k.srv, k)
+	go func() { _ = k.srv.Serve(l) }()
+	t.Cleanup(k.srv.Stop)
+	return k
+}
+
+func registration(t *testing.T, regs chan *api.RegisterRequest) *api.RegisterRequest {
+	t.Helper()
+	select {
+	case r := <-regs:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("the plugin did not register")
+		return nil
+	}
+}
+
+func received(t *testing.T, stream api.DevicePlugin_ListAndWatchClient) []*api.Device {
+	t.Helper()
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetDevices()
+}
+
+// TestRun: the plugin registers once kubelet's socket is there, tells
+// kubelet the devices and their changes, registers again when kubelet
+// restarts, and removes its socket when it stops.
+func TestRun(t *testing.T) {
+	dir := t.TempDir()
+	src := &source{devs: []Device{{ID: "0", Healthy: true}, {ID: "1", Healthy: true}}}
+	p := New(gpu, dir, config.CDIAnnotations, src, quiet())
+	p.poll = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- p.Run(ctx) }()
+
+	// Nothing is registered before kubelet's socket exists.
+	time.Sleep(100 * time.Millisecond)
+	regs := make(chan *api.RegisterRequest, 4)
+	startKubelet(t, dir, regs)
+	r := registration(t, regs)
+	want := &api.RegisterRequest{Version: "v1beta1", Endpoint: "nri-gpu-nvidia.com-gpu.sock", ResourceName: "nvidia.com/gpu",
+		Options: &api.DevicePluginOptions{GetPreferredAllocationAvailable: true}}
+	if diff := cmp.Diff(want, r, protocmp.Transform()); diff != "" {
+		t.Errorf("registration (-want +got):\n%s", diff)
+	}
+
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, r.GetEndpoint()), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := api.NewDevicePluginClient(conn).ListAndWatch(ctx, &api.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	health := func(devs []*api.Device) []string {
+		var out []string
+		for _, d := range devs {
+			out = append(out, d.GetID()+" "+d.GetHealth())
+		}
+		return out
+	}
+	if got := health(received(t, stream)); !slices.Equal(got, []string{"0 Healthy", "1 Healthy"}) {
+		t.Errorf("first list %v", got)
+	}
+	src.set(Device{ID: "0", Healthy: false}, Device{ID: "1", Healthy: true})
+	p.Notify()
+	if got := health(received(t, stream)); !slices.Equal(got, []string{"0 Unhealthy", "1 Healthy"}) {
+		t.Errorf("after a change, list %v", got)
+	}
+
+	// kubelet restarts: it empties the directory and listens anew.
+	startKubelet(t, dir, regs)
+	if r := registration(t, regs); r.GetResourceName() != "nvidia.com/gpu" {
+		t.Errorf("registered again as %q", r.GetResourceName())
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run returned %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return when its context was done")
+	}
+	if _, err := os.Stat(p.socket); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the plugin's socket is left behind: %v", err)
+	}
+}

@@ -1,0 +1,124 @@
+package plugin_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
+)
+
+// resourceSpec has GPU 0 by index and by UUID, GPU 1, and GPU 2 whose
+// host node is a file the test removes; %s is that file.
+const resourceSpec = `
+cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes: [{path: /dev/nvidia0, hostPath: /dev/null}]
+  - name: GPU-0
+    containerEdits:
+      deviceNodes: [{path: /dev/nvidia0, hostPath: /dev/null}]
+  - name: "1"
+    containerEdits:
+      deviceNodes: [{path: /dev/nvidia1, hostPath: /dev/zero}]
+  - name: "2"
+    containerEdits:
+      deviceNodes: [{path: /dev/nvidia2, hostPath: %s, type: c, major: 195, minor: 2}]
+  - name: all
+    containerEdits:
+      deviceNodes: [{path: /dev/nvidia0, hostPath: /dev/null}, {path: /dev/nvidia1, hostPath: /dev/zero}]
+`
+
+func listed(devs []deviceplugin.Device) string {
+	var parts []string
+	for _, d := range devs {
+		h := "healthy"
+		if !d.Healthy {
+			h = "unhealthy"
+		}
+		parts = append(parts, d.ID+" "+h)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// TestResourceDevices: what a device plugin tells kubelet, as pods come
+// and go and the host changes.
+func TestResourceDevices(t *testing.T) {
+	dir := t.TempDir()
+	node := filepath.Join(dir, "nvidia2")
+	if err := os.WriteFile(node, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	specFile := filepath.Join(dir, "cdi", "gpu.yaml")
+	if err := os.MkdirAll(filepath.Dir(specFile), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(specFile, []byte(fmt.Sprintf(resourceSpec, node)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := inProcess(t, "policy: {exclusive: true}", filepath.Dir(specFile))
+	res := p.Resource(config.Resource{Name: "nvidia.com/gpu", Kind: "nvidia.com/gpu", Devices: []string{"*"}})
+	want := func(what, list string) {
+		t.Helper()
+		if got := listed(res.Devices()); got != list {
+			t.Errorf("%s: devices %q, want %q", what, got, list)
+		}
+	}
+	create := func(podName string, podAnn, ctrAnn map[string]string) {
+		t.Helper()
+		pod := &api.PodSandbox{Id: "id-" + podName, Name: podName, Namespace: "tenant", Annotations: podAnn}
+		ctr := &api.Container{Id: podName + "-c", PodSandboxId: pod.Id, Name: "c", Annotations: ctrAnn, Linux: &api.LinuxContainer{}}
+		if _, _, err := p.CreateContainer(context.Background(), pod, ctr); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	want("at start", "0 healthy, 1 healthy, 2 healthy")
+	if got := res.Preferred([]string{"2", "1", "0"}, []string{"2"}, 2); !slices.Equal(got, []string{"2", "0"}) {
+		t.Errorf("preferred %v, want [2 0]: the one that must be, then in order", got)
+	}
+
+	create("ann", map[string]string{"gpus.nri-gpu.io": "GPU-0"}, nil)
+	want("GPU 0 held by an annotation pod, by its UUID", "0 unhealthy, 1 healthy, 2 healthy")
+	create("kube", nil, map[string]string{"cdi.k8s.io/nri-gpu_nvidia.com_gpu": "nvidia.com/gpu=1"})
+	want("GPU 1 allocated by kubelet", "0 unhealthy, 1 healthy, 2 healthy")
+	if err := p.StopPodSandbox(context.Background(), &api.PodSandbox{Id: "id-ann"}); err != nil {
+		t.Fatal(err)
+	}
+	want("the annotation pod stopped", "0 healthy, 1 healthy, 2 healthy")
+
+	if err := os.Remove(node); err != nil {
+		t.Fatal(err)
+	}
+	want("GPU 2's node gone", "0 healthy, 1 healthy, 2 unhealthy")
+
+	// GPU 1 leaves the spec: it stays listed, unhealthy.
+	text := strings.Replace(fmt.Sprintf(resourceSpec, node), `  - name: "1"
+    containerEdits:
+      deviceNodes: [{path: /dev/nvidia1, hostPath: /dev/zero}]
+`, "", 1)
+	if err := os.WriteFile(specFile, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 5*time.Second, "GPU 1 reported gone", func() bool {
+		return listed(res.Devices()) == "0 healthy, 1 unhealthy, 2 unhealthy"
+	})
+
+	// A resource of some devices only, and policy.devices, narrow it.
+	narrow := inProcess(t, "policy: {devices: ['nvidia.com/gpu=[01]', 'nvidia.com/gpu=GPU-*']}", filepath.Dir(specFile))
+	only := narrow.Resource(config.Resource{Name: "example.com/gpu-one", Kind: "nvidia.com/gpu", Devices: []string{"GPU-*", "2"}})
+	if got := listed(only.Devices()); got != "GPU-0 healthy" {
+		t.Errorf("a resource of GPU-* and 2 under a policy of 0, 1 and GPU-*: %q, want GPU-0 only", got)
+	}
+}
