@@ -24,7 +24,7 @@ func TestStateFileRoundTrip(t *testing.T) {
 			Named:   []specs.Device{{Name: "nvidia.com/gpu=0", Nodes: []string{"c 195:0"}}},
 			Counted: []specs.Device{{Name: "nvidia.com/gpu=1", Nodes: []string{"c 195:1"}}}},
 		{Pod: policy.Pod{ID: "id-b", Namespace: "ns", Name: "b"},
-			Named: []specs.Device{{Name: "vendor.com/dev=x"}, {Name: "nvidia.com/gpu=2", Nodes: []string{"c 195:2"}}},
+			Named:   []specs.Device{{Name: "vendor.com/dev=x"}, {Name: "nvidia.com/gpu=2", Nodes: []string{"c 195:2"}}},
 			Kubelet: []string{"nvidia.com/gpu=2"}},
 	}
 	if err := f.save(func() []policy.Holding { return holdings }); err != nil {

@@ -73,9 +73,9 @@ func StartKubelet(dir, binary string, c *Containerd) (k *Kubelet, err error) {
 		Node:      "e2e-node",
 		Manifests: filepath.Join(dir, "manifests"),
 
-		LogPath:   filepath.Join(dir, "kubelet.log"),
-		binary:    binary,
-		ctd:       c,
+		LogPath: filepath.Join(dir, "kubelet.log"),
+		binary:  binary,
+		ctd:     c,
 		// A cgroup root of its own, under every controller.
 		cgroupRoot: fmt.Sprintf("/nri-gpu-e2e-%d-%d", os.Getpid(), kubelets.Add(1)),
 	}
