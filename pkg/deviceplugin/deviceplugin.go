@@ -111,6 +111,7 @@ func (p *Plugin) changes() <-chan struct{} {
 // socket disappears, it does it all again.
 func (p *Plugin) Run(ctx context.Context) error {
 	kubeletSock := filepath.Join(p.dir, filepath.Base(api.KubeletSocket))
+	first := true
 	for {
 		kubelet, err := p.waitFor(ctx, kubeletSock)
 		if err != nil {
@@ -133,6 +134,12 @@ func (p *Plugin) Run(ctx context.Context) error {
 			continue
 		}
 		p.log.Infof("registered with kubelet at %s as %s", kubeletSock, p.socket)
+		if first {
+			// kubelet runs a pod that asks for a resource no plugin has
+			// registered yet, with nothing allocated, and tells no plugin.
+			p.log.Warnf("kubelet hands out %s from now on; a pod it admitted before this registration (a static pod, or one bound to this node by name) got none and is not told: delete and recreate such pods", p.resource)
+			first = false
+		}
 		p.waitRestart(ctx, kubeletSock, kubelet)
 		srv.Stop()
 		if ctx.Err() != nil {

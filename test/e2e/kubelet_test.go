@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
@@ -189,25 +190,7 @@ func TestDevicePlugin(t *testing.T) {
 	if err := os.WriteFile(config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	plugin, err := ctd.StartPlugin("--config", config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// told waits until nri-gpu has told kubelet the devices as want says,
-	// after the first since bytes of its log.
-	told := func(p *harness.Plugin, since int, want string) {
-		t.Helper()
-		deadline := time.Now().Add(podWait)
-		for !strings.Contains(p.Log()[since:], `devices="`+want+`"`) {
-			if time.Now().After(deadline) {
-				t.Fatalf("nri-gpu did not tell kubelet %q; its log:\n%s", want, p.Log())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		time.Sleep(time.Second) // for kubelet to take it in
-	}
-	gpu := map[string]string{"nvidia.com/gpu": "1"}
-	// A pod's GPUs as it sees them in /dev.
+	// sees returns a pod's GPUs as it sees them in /dev.
 	sees := func(name string) []string {
 		t.Helper()
 		id, err := k.RunningContainer(name, podWait)
@@ -221,6 +204,43 @@ func TestDevicePlugin(t *testing.T) {
 		return slices.DeleteFunc(strings.Fields(out), func(n string) bool {
 			return !strings.HasPrefix(n, "nvidia") || n == "nvidiactl" || n == "nvidia-uvm"
 		})
+	}
+	gpu := map[string]string{"nvidia.com/gpu": "1"}
+
+	// A pod kubelet admits before the resource is registered runs with
+	// nothing; nri-gpu says so when it registers.
+	addPod(t, k, harness.StaticPod{Name: "early", Limits: gpu})
+	if got := sees("early"); len(got) > 0 {
+		t.Errorf("a pod admitted before nri-gpu registered sees %v", got)
+	}
+	plugin, err := ctd.StartPlugin("--config", config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, podWait, "nri-gpu's word on pods admitted before it registered", func() bool {
+		return strings.Contains(plugin.Log(), "a pod it admitted before this registration")
+	})
+	// kubelet counts that pod's GPU as taken (though it has none) until
+	// it is deleted, as nri-gpu says to.
+	if err := k.RemovePod("early"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, podWait, "the early pod gone", func() bool {
+		ids, err := k.Containers("early")
+		return err == nil && len(ids) == 0
+	})
+	// told waits until nri-gpu has told kubelet the devices as want says,
+	// after the first since bytes of its log.
+	told := func(p *harness.Plugin, since int, want string) {
+		t.Helper()
+		deadline := time.Now().Add(podWait)
+		for !strings.Contains(p.Log()[since:], `devices="`+want+`"`) {
+			if time.Now().After(deadline) {
+				t.Fatalf("nri-gpu did not tell kubelet %q; its log:\n%s", want, p.Log())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		time.Sleep(time.Second) // for kubelet to take it in
 	}
 	admissionRefuses := func(since int, name, want string) {
 		t.Helper()
