@@ -210,6 +210,9 @@ func (c *Config) setDefaults() {
 	if d.CDIDevices == "" {
 		d.CDIDevices = CDIAnnotations
 	}
+	if len(d.Resources) == 0 {
+		d.Resources = nil // "resources: []" is the default, none
+	}
 	for i := range d.Resources {
 		r := &d.Resources[i]
 		if r.Kind == "" {
