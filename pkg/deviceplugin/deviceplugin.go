@@ -236,7 +236,7 @@ func (p *Plugin) ListAndWatch(_ *api.Empty, stream api.DevicePlugin_ListAndWatch
 			if err := stream.Send(&api.ListAndWatchResponse{Devices: toAPI(devs)}); err != nil {
 				return err
 			}
-			p.log.WithField("devices", describe(devs)).Info("told kubelet the devices")
+			p.log.WithField("devices", Describe(devs)).Info("told kubelet the devices")
 			last = devs
 			if last == nil {
 				last = []Device{}
@@ -263,7 +263,8 @@ func toAPI(devs []Device) []*api.Device {
 	return out
 }
 
-func describe(devs []Device) string {
+// Describe lists devices as the plugin logs them: "0 healthy, 1 unhealthy".
+func Describe(devs []Device) string {
 	var parts []string
 	for _, d := range devs {
 		h := "healthy"

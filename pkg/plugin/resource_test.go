@@ -40,18 +40,6 @@ devices:
       deviceNodes: [{path: /dev/nvidia0, hostPath: /dev/null}, {path: /dev/nvidia1, hostPath: /dev/zero}]
 `
 
-func listed(devs []deviceplugin.Device) string {
-	var parts []string
-	for _, d := range devs {
-		h := "healthy"
-		if !d.Healthy {
-			h = "unhealthy"
-		}
-		parts = append(parts, d.ID+" "+h)
-	}
-	return strings.Join(parts, ", ")
-}
-
 // TestResourceDevices: what a device plugin tells kubelet, as pods come
 // and go and the host changes.
 func TestResourceDevices(t *testing.T) {
@@ -71,7 +59,7 @@ func TestResourceDevices(t *testing.T) {
 	res := p.Resource(config.Resource{Name: "nvidia.com/gpu", Kind: "nvidia.com/gpu", Devices: []string{"*"}})
 	want := func(what, list string) {
 		t.Helper()
-		if got := listed(res.Devices()); got != list {
+		if got := deviceplugin.Describe(res.Devices()); got != list {
 			t.Errorf("%s: devices %q, want %q", what, got, list)
 		}
 	}
@@ -112,13 +100,13 @@ func TestResourceDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Within(t, 5*time.Second, "GPU 1 reported gone", func() bool {
-		return listed(res.Devices()) == "0 healthy, 1 unhealthy, 2 unhealthy"
+		return deviceplugin.Describe(res.Devices()) == "0 healthy, 1 unhealthy, 2 unhealthy"
 	})
 
 	// A resource of some devices only, and policy.devices, narrow it.
 	narrow := inProcess(t, "policy: {devices: ['nvidia.com/gpu=[01]', 'nvidia.com/gpu=GPU-*']}", filepath.Dir(specFile))
 	only := narrow.Resource(config.Resource{Name: "example.com/gpu-one", Kind: "nvidia.com/gpu", Devices: []string{"GPU-*", "2"}})
-	if got := listed(only.Devices()); got != "GPU-0 healthy" {
+	if got := deviceplugin.Describe(only.Devices()); got != "GPU-0 healthy" {
 		t.Errorf("a resource of GPU-* and 2 under a policy of 0, 1 and GPU-*: %q, want GPU-0 only", got)
 	}
 }
