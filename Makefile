@@ -28,8 +28,13 @@ all: build
 
 build: $(BIN)/nri-gpu
 
+# What `nri-gpu version` says: the tag (or commit) and the commit.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+
 $(BIN)/nri-gpu: FORCE
-	$(GO) build -o $@ ./cmd/nri-gpu
+	$(GO) build -ldflags "$(LDFLAGS)" -o $@ ./cmd/nri-gpu
 
 # containerd v1.7, ctr and the runc shim, built from containerd's Go module
 # in a module of their own, so that nri-gpu does not depend on containerd.

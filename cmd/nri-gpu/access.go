@@ -20,8 +20,8 @@ func runAccess(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nri-gpu access", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	flags := addConfigFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	if code, done := parseFlags(fs, args); done {
+		return code
 	}
 	if fs.NArg() == 0 {
 		fmt.Fprintln(stderr, "usage: nri-gpu access [--cdi-spec-dirs DIR,...] DEVICE...")

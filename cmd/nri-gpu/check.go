@@ -19,8 +19,8 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		socketPath = fs.String("socket-path", api.DefaultSocketPath, "NRI socket")
 		ctdConfig  = fs.String("containerd-config", "/etc/containerd/config.toml", `containerd's config.toml ("" to skip)`)
 	)
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	if code, done := parseFlags(fs, args); done {
+		return code
 	}
 	in := doctor.Input{SocketPath: *socketPath, ContainerdConfig: *ctdConfig, ConfigFile: *flags.file}
 	cfg, err := flags.load()

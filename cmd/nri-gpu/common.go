@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/sirupsen/logrus"
@@ -67,4 +69,38 @@ func (kv keyValues) Set(s string) error {
 	}
 	kv[k] = v
 	return nil
+}
+
+// EnvPrefix starts the environment variable of every flag: --state-file
+// is NRI_GPU_STATE_FILE. A flag given on the command line beats its
+// variable, which beats the configuration file.
+const EnvPrefix = "NRI_GPU_"
+
+// envName is the environment variable of the flag name.
+func envName(flag string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// parseFlags sets fs's flags from their environment variables and then
+// from args. It returns done and the exit code when the command must end:
+// after --help (0), or on a bad flag or variable (2), said on fs's output.
+func parseFlags(fs *flag.FlagSet, args []string) (code int, done bool) {
+	var bad error
+	fs.VisitAll(func(f *flag.Flag) {
+		if v, ok := os.LookupEnv(envName(f.Name)); ok && bad == nil {
+			if err := f.Value.Set(v); err != nil {
+				bad = fmt.Errorf("%s=%q: %w", envName(f.Name), v, err)
+			}
+		}
+	})
+	if bad != nil {
+		fmt.Fprintf(fs.Output(), "%s: %v\n", fs.Name(), bad)
+		return exitUsage, true
+	}
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return exitOK, true
+	} else if err != nil {
+		return exitUsage, true
+	}
+	return exitOK, false
 }

@@ -21,8 +21,8 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 	var (
 		driverRoot = fs.String("driver-root", config.DefaultDriverRoot, "root of the driver's files, for NVML")
 	)
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	if code, done := parseFlags(fs, args); done {
+		return code
 	}
 	cfg, err := flags.load()
 	if err != nil {

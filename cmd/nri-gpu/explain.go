@@ -28,8 +28,8 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		container = fs.String("container", "main", "container name")
 		output    = fs.String("output", "text", "text or json")
 	)
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	if code, done := parseFlags(fs, args); done {
+		return code
 	}
 	if *output != "text" && *output != "json" {
 		fmt.Fprintf(stderr, "nri-gpu explain: --output %q is neither text nor json\n", *output)

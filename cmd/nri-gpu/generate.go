@@ -30,8 +30,8 @@ func runGenerate(args []string, stdout, stderr io.Writer) int {
 		hookPath   = fs.String("hook-path", selfPath(), "the CDI hook the spec's hooks run: nri-gpu itself (the default), nvidia-cdi-hook, or nvidia-ctk")
 		format     = fs.String("format", "", "yaml or json (default: from the file name, else yaml)")
 	)
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	if code, done := parseFlags(fs, args); done {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "nri-gpu generate: unexpected argument %q\n", fs.Arg(0))

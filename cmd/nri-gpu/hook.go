@@ -14,12 +14,14 @@ import (
 // ...), as nvidia-cdi-hook runs them: the specs nri-gpu generates name
 // nri-gpu itself as their hook, so that a node needs no NVIDIA Container
 // Toolkit for the driver's libraries to load in a container.
-func hookCommand(stderr io.Writer) *cli.Command {
+func hookCommand(stdout, stderr io.Writer) *cli.Command {
 	log := logrus.New()
 	log.SetOutput(stderr)
 	return commands.ConfigureCDIHookCommand(log, &cli.Command{
-		Name:  "nri-gpu hook",
-		Usage: "CDI hooks for NVIDIA devices (nvidia-cdi-hook's), run by the runtime for the specs nri-gpu generates",
+		Name:      "nri-gpu hook",
+		Usage:     "CDI hooks for NVIDIA devices (nvidia-cdi-hook's), run by the runtime for the specs nri-gpu generates",
+		Writer:    stdout,
+		ErrWriter: stderr,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "debug", Sources: cli.EnvVars("NVIDIA_CTK_DEBUG")},
 			&cli.BoolFlag{Name: "quiet", Sources: cli.EnvVars("NVIDIA_CTK_QUIET")},
@@ -29,12 +31,12 @@ func hookCommand(stderr io.Writer) *cli.Command {
 
 // isHook reports whether name is one of the hook commands.
 func isHook(name string) bool {
-	return name != "" && hookCommand(io.Discard).Command(name) != nil
+	return name != "" && hookCommand(io.Discard, io.Discard).Command(name) != nil
 }
 
 // runHook runs a hook command with its arguments.
-func runHook(args []string, stderr io.Writer) int {
-	if err := hookCommand(stderr).Run(context.Background(), append([]string{"nri-gpu"}, args...)); err != nil {
+func runHook(args []string, stdout, stderr io.Writer) int {
+	if err := hookCommand(stdout, stderr).Run(context.Background(), append([]string{"nri-gpu"}, args...)); err != nil {
 		logrus.New().WithField("hook", args).Error(err)
 		return exitError
 	}

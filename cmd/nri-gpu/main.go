@@ -12,6 +12,11 @@
 //	nri-gpu check      check a node: NRI, containerd config, specs, hooks
 //	nri-gpu validate   check configuration files
 //	nri-gpu hook       the CDI hooks of the specs nri-gpu generates (nvidia-cdi-hook's)
+//	nri-gpu version    nri-gpu's version, commit, Go, NRI and CDI library versions
+//
+// Every flag can also be set from the environment: --state-file from
+// NRI_GPU_STATE_FILE. A flag on the command line beats its variable, which
+// beats the configuration file.
 package main
 
 import (
@@ -47,12 +52,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		case "check":
 			return runCheck(args[1:], stdout, stderr)
 		case "hook":
-			return runHook(args[1:], stderr)
+			return runHook(args[1:], stdout, stderr)
+		case "version", "--version", "-version":
+			return runVersion(stdout)
 		}
 		// The hooks of the specs nri-gpu generates run it as
 		// nvidia-cdi-hook is run: "nri-gpu create-symlinks ...".
 		if isHook(args[0]) {
-			return runHook(args, stderr)
+			return runHook(args, stdout, stderr)
 		}
 	}
 	return runPlugin(args, stderr)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -135,5 +136,70 @@ func TestMetricsAddressInUse(t *testing.T) {
 		"--metrics-address", l.Addr().String()}, io.Discard, &stderr)
 	if code != exitError || !strings.Contains(stderr.String(), "--metrics-address") || !strings.Contains(stderr.String(), "address already in use") {
 		t.Errorf("exit %d, stderr %q; want 1 and a message naming --metrics-address and why", code, stderr.String())
+	}
+}
+
+// TestHelpExitsZero: --help on the plugin and on every subcommand prints
+// its usage and exits 0.
+func TestHelpExitsZero(t *testing.T) {
+	for _, cmd := range []string{"", "generate", "devices", "explain", "access", "check", "validate", "hook"} {
+		t.Run("help "+cmd, func(t *testing.T) {
+			args := strings.Fields(cmd + " --help")
+			var stdout, stderr bytes.Buffer
+			if code := run(args, &stdout, &stderr); code != exitOK {
+				t.Errorf("exit %d, want 0; stderr:\n%s", code, stderr.String())
+			}
+			if stdout.Len()+stderr.Len() == 0 {
+				t.Error("printed no usage")
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	for _, arg := range []string{"version", "--version"} {
+		var stdout bytes.Buffer
+		if code := run([]string{arg}, &stdout, io.Discard); code != exitOK {
+			t.Errorf("%s: exit %d", arg, code)
+		}
+		for _, w := range []string{"nri-gpu ", "commit: ", "go: go1.", "nri: ", "cdi: "} {
+			if !strings.Contains(stdout.String(), w) {
+				t.Errorf("%s does not say %q:\n%s", arg, w, stdout.String())
+			}
+		}
+	}
+}
+
+// TestFlagsFromEnvironment: every flag can come from NRI_GPU_<FLAG>; the
+// command line beats it.
+func TestFlagsFromEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"--socket-path", filepath.Join(dir, "nri.sock"), "--state-file", filepath.Join(dir, "state.json")}
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want []string
+	}{
+		{name: "a bad value from the environment", env: map[string]string{"NRI_GPU_LOG_LEVEL": "loud"}, want: []string{"--log-level", `"loud"`}},
+		{name: "a flag that takes no value", env: map[string]string{"NRI_GPU_GENERATE_SPECS": "maybe"}, want: []string{`NRI_GPU_GENERATE_SPECS="maybe"`}},
+		{name: "the command line wins", env: map[string]string{"NRI_GPU_LOG_FORMAT": "json"}, args: []string{"--log-format", "yaml"}, want: []string{"--log-format", `"yaml"`}},
+		{name: "the environment over the config file", env: map[string]string{"NRI_GPU_CDI_SPEC_DIRS": "relative"}, want: []string{`"relative" is not an absolute path`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			var stderr bytes.Buffer
+			if code := run(append(slices.Clone(base), tc.args...), io.Discard, &stderr); code != exitUsage {
+				t.Errorf("exit %d, want %d; stderr:\n%s", code, exitUsage, stderr.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr.String(), w) {
+					t.Errorf("stderr does not say %q:\n%s", w, stderr.String())
+				}
+			}
+		})
 	}
 }

@@ -29,12 +29,13 @@ func runPlugin(args []string, stderr io.Writer) int {
 		idx        = fs.String("idx", "10", "plugin index, which orders plugins in the runtime")
 		name       = fs.String("name", "nri-gpu", "plugin name")
 		logLevel   = fs.String("log-level", "info", "log level: debug, info, warn or error")
+		logFormat  = fs.String("log-format", "text", "log format: text or json")
 		generate   = fs.Bool("generate-specs", false, "generate the CDI spec of the node's NVIDIA GPUs with NVML (config generateSpecs)")
 		metricsAt  = fs.String("metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics (off when empty)")
 		stateFile  = fs.String("state-file", plugin.DefaultStateFile, "file in which the plugin keeps which pod holds which devices, for a restart (none when empty)")
 	)
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	if code, done := parseFlags(fs, args); done {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "nri-gpu: unknown command %q\n", fs.Arg(0))
@@ -48,6 +49,14 @@ func runPlugin(args []string, stderr io.Writer) int {
 		return exitUsage
 	}
 	log.SetLevel(level)
+	switch *logFormat {
+	case "text":
+	case "json":
+		log.SetFormatter(&logrus.JSONFormatter{})
+	default:
+		fmt.Fprintf(stderr, "nri-gpu: --log-format: %q is neither text nor json\n", *logFormat)
+		return exitUsage
+	}
 	cfg, err := flags.load()
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,12 +12,20 @@ import (
 // runValidate checks plugin configuration files, printing each problem
 // as FILE:LINE: message.
 func runValidate(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: nri-gpu validate FILE...")
+	fs := flag.NewFlagSet("nri-gpu validate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: nri-gpu validate FILE...\ncheck nri-gpu configuration files, printing each problem as FILE:LINE: message")
+	}
+	if code, done := parseFlags(fs, args); done {
+		return code
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
 		return exitUsage
 	}
 	code := exitOK
-	for _, file := range args {
+	for _, file := range fs.Args() {
 		data, err := os.ReadFile(file)
 		if err != nil {
 			fmt.Fprintf(stderr, "%s: %v\n", file, err)
