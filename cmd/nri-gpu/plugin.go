@@ -31,7 +31,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 		logLevel   = fs.String("log-level", "info", "log level: debug, info, warn or error")
 		logFormat  = fs.String("log-format", "text", "log format: text or json")
 		generate   = fs.Bool("generate-specs", false, "generate the CDI spec of the node's NVIDIA GPUs with NVML (config generateSpecs)")
-		metricsAt  = fs.String("metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics (off when empty)")
+		metricsAt  = fs.String("metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, and the probes /healthz and /readyz (off when empty)")
 		stateFile  = fs.String("state-file", plugin.DefaultStateFile, "file in which the plugin keeps which pod holds which devices, for a restart (none when empty)")
 	)
 	if code, done := parseFlags(fs, args); done {
@@ -77,21 +77,25 @@ func runPlugin(args []string, stderr io.Writer) int {
 	if *stateFile != "" {
 		popts = append(popts, plugin.WithStateFile(*stateFile))
 	}
+	var m *metrics.Metrics
 	if *metricsAt != "" {
-		m := metrics.New()
-		addr, serveErr, err := m.Serve(*metricsAt)
-		if err != nil {
-			fmt.Fprintf(stderr, "nri-gpu: --metrics-address: %v\n", err)
-			return exitError
-		}
-		log.Infof("serving metrics at http://%s/metrics", addr)
-		go func() { fail(fmt.Errorf("metrics server at %s: %w", addr, <-serveErr)) }()
+		m = metrics.New()
 		popts = append(popts, plugin.WithMetrics(m))
 	}
 	p, err := plugin.New(cfg, log, popts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
 		return exitUsage
+	}
+	if m != nil {
+		addr, serveErr, err := m.Serve(*metricsAt, p.Ready)
+		if err != nil {
+			p.Close()
+			fmt.Fprintf(stderr, "nri-gpu: --metrics-address: %v\n", err)
+			return exitError
+		}
+		log.Infof("serving metrics at http://%s/metrics, probes at /healthz and /readyz", addr)
+		go func() { fail(fmt.Errorf("metrics server at %s: %w", addr, <-serveErr)) }()
 	}
 	defer p.Close()
 	// Device-plugin mode: each resource served to kubelet beside the NRI

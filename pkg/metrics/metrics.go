@@ -4,6 +4,7 @@
 package metrics
 
 import (
+	"fmt"
 	"net"
 	"net/http"
 	"time"
@@ -88,16 +89,26 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
 }
 
-// Serve listens on addr and serves the metrics at /metrics. It returns
-// the address listened on and a channel that receives the error the
-// server stops with, or the error of listening.
-func (m *Metrics) Serve(addr string) (net.Addr, <-chan error, error) {
+// Serve listens on addr and serves the metrics at /metrics, and the
+// probes: /healthz answers 200 while the process serves, /readyz 200 when
+// ready returns nil and 503 with its error otherwise. It returns the
+// address listened on and a channel that receives the error the server
+// stops with, or the error of listening.
+func (m *Metrics) Serve(addr string, ready func() error) (net.Addr, <-chan error, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	errs := make(chan error, 1)
 	go func() { errs <- srv.Serve(l) }()

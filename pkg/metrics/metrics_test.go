@@ -1,6 +1,7 @@
 package metrics_test
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -19,7 +20,8 @@ func TestServe(t *testing.T) {
 	m.Request(metrics.ResultDenied, "unresolvable", time.Millisecond)
 	m.DevicesHeld(3)
 	m.SpecErrors(1)
-	addr, _, err := m.Serve("127.0.0.1:0")
+	ready := errors.New("not registered")
+	addr, _, err := m.Serve("127.0.0.1:0", func() error { return ready })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,5 +42,27 @@ func TestServe(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
+	}
+
+	// The probes: alive at once, ready when ready says so.
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get("http://" + addr.String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz: %d", code)
+	}
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "not registered") {
+		t.Errorf("/readyz while not ready: %d %q", code, body)
+	}
+	ready = nil
+	if code, _ := get("/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz when ready: %d", code)
 	}
 }

@@ -65,6 +65,9 @@ type Plugin struct {
 	st *state
 	// configured counts successful Configure calls, one per connection.
 	configured int
+	// synced says the plugin is registered with the runtime: it has had
+	// Synchronize on its current connection.
+	synced bool
 	// configErr is the last rejected configuration from the runtime.
 	configErr error
 	// runtime is what the connected runtime applies, decided at Configure.
@@ -224,6 +227,31 @@ func (p *Plugin) parseRuntimeConfig(cfg string) (*state, error) {
 }
 
 // connections returns how many connections the runtime configured.
+// ErrNotReady is wrapped by Ready's error.
+var ErrNotReady = errors.New("not ready")
+
+// Ready returns nil when the plugin is registered with the runtime (it
+// has had Synchronize on its current connection) and has a snapshot of
+// the specs, and says what is missing otherwise: before the first
+// connection, and while it reconnects after losing one.
+func (p *Plugin) Ready() error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	switch {
+	case !p.synced:
+		return fmt.Errorf("%w: not registered with the runtime (connecting)", ErrNotReady)
+	case p.st.specs.Snapshot() == nil:
+		return fmt.Errorf("%w: no snapshot of the CDI specs yet", ErrNotReady)
+	}
+	return nil
+}
+
+func (p *Plugin) setSynced(v bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.synced = v
+}
+
 func (p *Plugin) connections() int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
@@ -291,6 +319,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		p.log.Warn(err)
 	}
 	p.held()
+	p.setSynced(true)
 	for pod, devices := range p.alloc.Held() {
 		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": strings.Join(devices, ",")}).
 			Info("restored devices held by pod")

@@ -44,6 +44,7 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 		}
 		before := p.connections()
 		err = s.Run(ctx)
+		p.setSynced(false)
 		if ctx.Err() != nil {
 			return nil
 		}

@@ -149,11 +149,7 @@ func TestMetrics(t *testing.T) {
 	deniedID, denied := newPod(t, env.ctd, map[string]string{"gpus.nri-gpu.io": "all"})
 	createFails(t, deniedID, denied, "policy.allowAll")
 
-	m := regexp.MustCompile(`serving metrics at (http://\S+/metrics)`).FindStringSubmatch(env.nri.Log())
-	if m == nil {
-		t.Fatalf("nri-gpu did not log its metrics address:\n%s", env.nri.Log())
-	}
-	resp, err := http.Get(m[1])
+	resp, err := http.Get(served(t, env.nri) + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,4 +166,26 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("metrics do not match %s:\n%s", want, body)
 		}
 	}
+}
+
+// served returns where a plugin serves its metrics and probes, as it
+// logged it: http://ADDRESS.
+func served(t *testing.T, p *harness.Plugin) string {
+	t.Helper()
+	m := regexp.MustCompile(`serving metrics at (http://\S+)/metrics`).FindStringSubmatch(p.Log())
+	if m == nil {
+		t.Fatalf("nri-gpu did not log its metrics address:\n%s", p.Log())
+	}
+	return m[1]
+}
+
+// readiness returns the status code of a probe of the plugin's.
+func readiness(t *testing.T, base, path string) int {
+	t.Helper()
+	resp, err := http.Get(base + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }

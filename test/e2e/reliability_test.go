@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
@@ -158,6 +160,29 @@ func TestContainerdRestart(t *testing.T) {
 	podID, pod := newPod(t, env.ctd, map[string]string{"gpus.nri-gpu.io": "3"})
 	runContainer(t, env.ctd, podID, pod, harness.Container{Name: "before"})
 
+	// Ready while registered; not ready while containerd is away and the
+	// plugin reconnects; ready again once it has registered anew.
+	base := served(t, env.nri)
+	if code := readiness(t, base, "/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz %d before the restart, want 200", code)
+	}
+	notReady := make(chan bool, 1)
+	stop := make(chan struct{})
+	go func() {
+		seen := false
+		for {
+			select {
+			case <-stop:
+				notReady <- seen
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if resp, err := http.Get(base + "/readyz"); err == nil {
+				seen = seen || resp.StatusCode == http.StatusServiceUnavailable
+				resp.Body.Close()
+			}
+		}
+	}()
 	before := env.nri.Registrations()
 	restarted := time.Now()
 	if err := env.ctd.Restart(); err != nil {
@@ -170,6 +195,16 @@ func TestContainerdRestart(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("nri-gpu serving again %s after containerd was restarted", time.Since(restarted).Round(time.Millisecond))
+	close(stop)
+	if !<-notReady {
+		t.Error("/readyz never said 503 while containerd was away")
+	}
+	testutil.Within(t, 5*time.Second, "/readyz 200 after the reconnection", func() bool {
+		return readiness(t, base, "/readyz") == http.StatusOK
+	})
+	if code := readiness(t, base, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz %d, want 200", code)
+	}
 	if !strings.Contains(env.nri.Log(), "reconnecting in") {
 		t.Error("the reconnection attempts were not logged")
 	}
