@@ -4,12 +4,13 @@
 package configs
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"text/template"
 
 	"github.com/BurntSushi/toml"
 	"sigs.k8s.io/yaml"
@@ -29,26 +30,100 @@ func read(t *testing.T, name string) []byte {
 	return data
 }
 
-// templateLine matches a line of Go template markup (k3s's config.toml.tmpl).
-var templateLine = regexp.MustCompile(`(?m)^\s*\{\{.*\}\}\s*$`)
+// containerdConfig is the part of a containerd configuration these
+// tests read.
+type containerdConfig struct {
+	Version int `toml:"version"`
+	Plugins map[string]struct {
+		Disable    *bool  `toml:"disable"`
+		SocketPath string `toml:"socket_path"`
+	} `toml:"plugins"`
+}
+
+// decode parses a containerd configuration, strictly: a table given twice
+// is an error, as it is to containerd.
+func decode(t *testing.T, data string) containerdConfig {
+	t.Helper()
+	var cfg containerdConfig
+	if _, err := toml.Decode(data, &cfg); err != nil {
+		t.Fatalf("not TOML: %v\n%s", err, data)
+	}
+	return cfg
+}
 
 func TestContainerdConfigsEnableNRI(t *testing.T) {
-	for _, name := range []string{"containerd-1.7.toml", "containerd-2.x.toml", "k3s/config.toml.tmpl"} {
-		t.Run(name, func(t *testing.T) {
-			data := templateLine.ReplaceAll(read(t, name), nil)
-			var cfg struct {
-				Plugins map[string]struct {
-					Disable    *bool  `toml:"disable"`
-					SocketPath string `toml:"socket_path"`
-				} `toml:"plugins"`
+	for _, tc := range []struct{ name string }{{"containerd-1.7.toml"}, {"containerd-2.x.toml"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			nriOn(t, decode(t, string(read(t, tc.name))))
+		})
+	}
+}
+
+func nriOn(t *testing.T, cfg containerdConfig) {
+	t.Helper()
+	nri, ok := cfg.Plugins["io.containerd.nri.v1.nri"]
+	if !ok || nri.Disable == nil || *nri.Disable || nri.SocketPath != "/var/run/nri/nri.sock" {
+		t.Errorf("NRI section %+v: want disable = false and the default socket", nri)
+	}
+}
+
+// k3sBase stands in for the base templates k3s defines
+// (pkg/agent/templates: ContainerdConfigTemplate, version 2, and
+// ContainerdConfigTemplateV3, version 3), with what matters here: the
+// version header, the CRI plugin's tables, and, in version 3, the NRI
+// table k3s writes itself, with disable = true, only when it runs
+// rootless (IsRunningInUserNS).
+var k3sBase = map[int]string{
+	2: `version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+`,
+	3: `version = 3
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_selinux = false
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.'runc']
+  runtime_type = "io.containerd.runc.v2"
+{{ if .IsRunningInUserNS }}
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+{{ end }}
+`,
+}
+
+// TestK3sTemplates renders each k3s template as k3s does (text/template,
+// its base defined as "base", k3s's data), rootful and rootless, and
+// checks the result: the version k3s reads that file for, NRI on with
+// nri-gpu's socket where containerd can have it, and no table twice.
+func TestK3sTemplates(t *testing.T) {
+	for _, tc := range []struct {
+		file     string
+		version  int
+		rootless bool
+	}{
+		{"k3s/config-v3.toml.tmpl", 3, false},
+		{"k3s/config-v3.toml.tmpl", 3, true},
+		{"k3s/config.toml.tmpl", 2, false},
+	} {
+		t.Run(fmt.Sprintf("%s rootless=%v", tc.file, tc.rootless), func(t *testing.T) {
+			tmpl := template.Must(template.New(tc.file).Parse(string(read(t, tc.file))))
+			template.Must(tmpl.New("base").Parse(k3sBase[tc.version]))
+			var out strings.Builder
+			if err := tmpl.Execute(&out, struct{ IsRunningInUserNS bool }{tc.rootless}); err != nil {
+				t.Fatal(err)
 			}
-			if _, err := toml.Decode(string(data), &cfg); err != nil {
-				t.Fatalf("not TOML: %v", err)
+			cfg := decode(t, out.String())
+			if cfg.Version != tc.version {
+				t.Errorf("version %d, want %d", cfg.Version, tc.version)
 			}
-			nri, ok := cfg.Plugins["io.containerd.nri.v1.nri"]
-			if !ok || nri.Disable == nil || *nri.Disable || nri.SocketPath != "/var/run/nri/nri.sock" {
-				t.Errorf("NRI section %+v: want disable = false and the default socket", nri)
+			if tc.rootless {
+				if nri := cfg.Plugins["io.containerd.nri.v1.nri"]; nri.Disable == nil || !*nri.Disable {
+					t.Errorf("rootless: NRI %+v, want k3s's own disable = true left alone", nri)
+				}
+				return
 			}
+			nriOn(t, cfg)
 		})
 	}
 }
