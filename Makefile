@@ -22,7 +22,7 @@ export NRI_GPU_REFERENCE_CONTAINERD := $(CONTAINERD2)
 # go-nvml's cgo bindings declare functions the NVML headers deprecate.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
+.PHONY: all build image test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
 
 all: build
 
@@ -35,6 +35,18 @@ LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
 $(BIN)/nri-gpu: FORCE
 	$(GO) build -ldflags "$(LDFLAGS)" -o $@ ./cmd/nri-gpu
+
+# nri-gpu's OCI image, as a tar `ctr images import` reads: the binary and
+# the C runtime it links, built by hack/image with go-containerregistry
+# (no Docker, no registry). The shipped manifests run $(IMAGE).
+IMAGE     ?= nri-gpu:latest
+IMAGE_TAR := $(OUT)/nri-gpu-image.tar
+SOURCE    ?= https://github.com/nri-gpu/nri-gpu
+export NRI_GPU_IMAGE := $(IMAGE_TAR)
+
+image: build
+	cd hack/image && $(GO) run . -binary $(BIN)/nri-gpu -out $(IMAGE_TAR) -name $(IMAGE) \
+		-version $(VERSION) -revision $(COMMIT) -source $(SOURCE)
 
 # containerd v1.7, ctr and the runc shim, built from containerd's Go module
 # in a module of their own, so that nri-gpu does not depend on containerd.
@@ -67,20 +79,22 @@ $(BIN)/crictl:
 deps:
 	./hack/install-deps.sh
 
-e2e-tools: deps build $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd $(KUBELET)
+e2e-tools: deps build image $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd $(KUBELET)
 
 lint:
-	@out=$$(gofmt -l cmd pkg test internal); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l cmd pkg test internal hack); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@$(GO) mod tidy -diff || { echo "go.mod or go.sum is not tidy: run go mod tidy"; exit 1; }
 	cd $(CONTAINERD17) && $(GO) vet ./...
 	cd $(CONTAINERD17) && $(GO) vet -modfile=go.$(CONTAINERD17_OLD).mod ./...
+	cd hack/image && $(GO) vet ./... && $(GO) mod tidy -diff
 
 # Every test: unit, protocol (NRI's runtime side) and end-to-end, on
 # containerd 1.7.35, then again on 2.x and on an older 1.7. The end-to-end
 # tests need root; here they must run.
 test: lint e2e-tools
 	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 ./...
+	cd hack/image && $(GO) test -count=1 ./...
 	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD2) $(GO) test -race -count=1 ./test/e2e/
 	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD17OLD) $(GO) test -race -count=1 ./test/e2e/
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./pkg/...

@@ -314,16 +314,21 @@ func (k *Kubelet) AddPod(p StaticPod) error {
 			"containers":                    []any{ctr},
 		},
 	}
+	return k.AddManifest(p.Name, pod)
+}
+
+// AddManifest writes a Pod object as the static pod name.
+func (k *Kubelet) AddManifest(name string, pod map[string]any) error {
 	data, err := yaml.Marshal(pod)
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(k.Dir, "."+p.Name+".yaml")
+	tmp := filepath.Join(k.Dir, "."+name+".yaml")
 	if err := os.WriteFile(tmp, data, 0o644); err != nil {
 		return err
 	}
 	// Renamed into place: kubelet never reads half a manifest.
-	return os.Rename(tmp, filepath.Join(k.Manifests, p.Name+".yaml"))
+	return os.Rename(tmp, filepath.Join(k.Manifests, name+".yaml"))
 }
 
 // RemovePod removes p's manifest: kubelet then stops and removes the pod.
@@ -393,4 +398,16 @@ func containsAll(s string, want []string) bool {
 		}
 	}
 	return true
+}
+
+// PodLog returns what the container of static pod name in namespace has
+// written to its log (stdout and stderr, as the runtime records them).
+func (k *Kubelet) PodLog(namespace, name, container string) string {
+	files, _ := filepath.Glob(filepath.Join(k.Dir, "pod-logs", namespace+"_"+k.PodName(name)+"_*", container, "*.log"))
+	var out strings.Builder
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		out.Write(data)
+	}
+	return out.String()
 }
