@@ -1,0 +1,179 @@
+// Package helm renders deploy/helm/nri-gpu as `helm template` does, with
+// Helm's own chart loader and engine, for the default values and the
+// multi-tenant ones, and checks the result: every manifest decodes
+// strictly into its Kubernetes type, the configuration passes nri-gpu's
+// own validation, and the DaemonSet matches the one the e2e suite runs
+// (config/kubernetes/daemonset.yaml, TestDaemonSet) where it matters:
+// args, mounts, volumes, securityContext, probes.
+package helm
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+)
+
+const chartDir = "../../../deploy/helm/nri-gpu"
+
+// rendered is what the chart renders, by kind.
+type rendered struct {
+	daemonSet      appsv1.DaemonSet
+	configMap      corev1.ConfigMap
+	service        *corev1.Service
+	serviceMonitor map[string]any
+}
+
+func render(t *testing.T, valuesFile string) rendered {
+	t.Helper()
+	chart, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals := chartutil.Values{}
+	if valuesFile != "" {
+		if vals, err = chartutil.ReadValuesFile(chartDir + "/" + valuesFile); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rv, err := chartutil.ToRenderValues(chart, vals, chartutil.ReleaseOptions{Name: "nri-gpu", Namespace: "nri-gpu", IsInstall: true}, chartutil.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := engine.Render(chart, rv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r rendered
+	for name, text := range files {
+		if strings.HasSuffix(name, ".tpl") || strings.TrimSpace(text) == "" {
+			continue
+		}
+		var head struct{ Kind string }
+		if err := yaml.Unmarshal([]byte(text), &head); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var into any
+		switch head.Kind {
+		case "DaemonSet":
+			into = &r.daemonSet
+		case "ConfigMap":
+			into = &r.configMap
+		case "Service":
+			r.service = &corev1.Service{}
+			into = r.service
+		case "ServiceMonitor":
+			into = &r.serviceMonitor
+		default:
+			t.Fatalf("%s: unexpected kind %q", name, head.Kind)
+		}
+		// Strict: a field the Kubernetes type does not have is an error.
+		if err := yaml.UnmarshalStrict([]byte(text), into); err != nil {
+			t.Fatalf("%s does not validate as a %s: %v\n%s", name, head.Kind, err, text)
+		}
+	}
+	return r
+}
+
+// tested returns the DaemonSet and ConfigMap the e2e suite runs.
+func tested(t *testing.T) (appsv1.DaemonSet, corev1.ConfigMap) {
+	t.Helper()
+	data, err := os.ReadFile("../../../config/kubernetes/daemonset.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	var cm corev1.ConfigMap
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		var head struct{ Kind string }
+		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
+			t.Fatal(err)
+		}
+		switch head.Kind {
+		case "DaemonSet":
+			err = yaml.UnmarshalStrict([]byte(doc), &ds)
+		case "ConfigMap":
+			err = yaml.UnmarshalStrict([]byte(doc), &cm)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ds, cm
+}
+
+func parseConfig(t *testing.T, cm corev1.ConfigMap) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse([]byte(cm.Data["config.yaml"]))
+	if err != nil {
+		t.Fatalf("the configuration does not pass nri-gpu's validation: %v\n%s", err, cm.Data["config.yaml"])
+	}
+	return cfg
+}
+
+func TestDefaultValuesMatchTheTestedDaemonSet(t *testing.T) {
+	r := render(t, "")
+	ds, cm := tested(t)
+	if diff := cmp.Diff(parseConfig(t, cm), parseConfig(t, r.configMap)); diff != "" {
+		t.Errorf("configuration (-tested +chart):\n%s", diff)
+	}
+	want, got := ds.Spec.Template.Spec, r.daemonSet.Spec.Template.Spec
+	wc, gc := want.Containers[0], got.Containers[0]
+	for _, c := range []struct {
+		what       string
+		want, have any
+	}{
+		{"args", wc.Args, gc.Args},
+		{"volume mounts", wc.VolumeMounts, gc.VolumeMounts},
+		{"securityContext", wc.SecurityContext, gc.SecurityContext},
+		{"liveness probe", wc.LivenessProbe, gc.LivenessProbe},
+		{"readiness probe", wc.ReadinessProbe, gc.ReadinessProbe},
+		{"ports", wc.Ports, gc.Ports},
+		{"termination message path", wc.TerminationMessagePath, gc.TerminationMessagePath},
+		{"image", wc.Image, gc.Image},
+		{"volumes", want.Volumes, got.Volumes},
+		{"priority class", want.PriorityClassName, got.PriorityClassName},
+		{"tolerations", want.Tolerations, got.Tolerations},
+		{"update strategy", ds.Spec.UpdateStrategy, r.daemonSet.Spec.UpdateStrategy},
+		{"nri-gpu's own toleration of a missing nri-gpu", ds.Spec.Template.Annotations["tolerate-missing-plugins.nri-gpu.io"],
+			r.daemonSet.Spec.Template.Annotations["tolerate-missing-plugins.nri-gpu.io"]},
+	} {
+		if diff := cmp.Diff(c.want, c.have); diff != "" {
+			t.Errorf("%s (-tested +chart):\n%s", c.what, diff)
+		}
+	}
+	if r.service != nil || r.serviceMonitor != nil {
+		t.Error("a metrics Service or ServiceMonitor by default")
+	}
+}
+
+func TestMultiTenantValues(t *testing.T) {
+	r := render(t, "ci/multitenant-values.yaml")
+	cfg := parseConfig(t, r.configMap)
+	if !cfg.Policy.Exclusive || len(cfg.DevicePlugin.Resources) != 1 || cfg.DevicePlugin.KubeletDir != "/var/lib/kubelet/device-plugins" {
+		t.Errorf("configuration %+v", cfg)
+	}
+	c := r.daemonSet.Spec.Template.Spec.Containers[0]
+	mounted := false
+	for _, m := range c.VolumeMounts {
+		mounted = mounted || (m.Name == "device-plugins" && m.MountPath == cfg.DevicePlugin.KubeletDir && !m.ReadOnly)
+	}
+	if !mounted {
+		t.Errorf("device-plugin mode without kubelet's device-plugin directory mounted read-write: %+v", c.VolumeMounts)
+	}
+	if r.service == nil || r.serviceMonitor == nil {
+		t.Error("no metrics Service or ServiceMonitor though enabled")
+	}
+	if env := c.Env; len(env) < 2 || env[1].Value != "json" {
+		t.Errorf("env %+v: want NRI_GPU_LOG_FORMAT=json", env)
+	}
+}
