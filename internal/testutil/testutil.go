@@ -67,7 +67,11 @@ func NVML(n int) *dgxa100.Server {
 	s := dgxa100.New()
 	s.DeviceGetCountFunc = func() (int, nvml.Return) { return n, nvml.SUCCESS }
 	for _, d := range s.Devices {
-		d.(*dgxa100.Device).GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 0, nvml.SUCCESS }
+		dev := d.(*dgxa100.Device)
+		dev.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 0, nvml.SUCCESS }
+		// No topology unless a test gives one.
+		dev.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+		dev.GetTopologyCommonAncestorFunc = func(nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 	}
 	return s
 }

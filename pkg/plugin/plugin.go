@@ -25,6 +25,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 // Annotations nri-gpu adds to each container it gives devices, for
@@ -83,6 +84,10 @@ type Plugin struct {
 
 	// onHeld are called whenever what pods hold changes.
 	onHeld []func()
+
+	topologyOnce sync.Once
+	// topology is nil where NVML cannot be had.
+	topology nvidia.Topology
 
 	problemsMu sync.Mutex
 	// problems are the spec problems logged, by spec file.
@@ -378,7 +383,7 @@ func (p *Plugin) release(pod *api.PodSandbox) {
 func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	start := time.Now()
 	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
-	adj, devices, err := p.handle(p.state(), log, pod, ctr)
+	adj, devices, score, err := p.handle(p.state(), log, pod, ctr)
 	result := metrics.ResultInjected
 	switch {
 	case err != nil:
@@ -401,13 +406,41 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		return adj, nil, nil
 	}
 	p.held() // only a container given devices changes what pods hold
-	log.WithField("devices", strings.Join(devices, ",")).Info("injected devices")
+	entry := log.WithField("devices", strings.Join(devices, ","))
+	if score > 0 {
+		entry = entry.WithField("topologyScore", score)
+	}
+	entry.Info("injected devices")
 	return adj, nil, nil
 }
 
+// links returns how closely two devices are connected, from the GPU
+// topology NVML reports (asked once), or nil where NVML cannot be had:
+// count requests then take free devices in spec order.
+func (p *Plugin) links() func(a, b specs.Device) int {
+	p.topologyOnce.Do(func() {
+		lib := p.nvml
+		if lib == nil {
+			lib = nvidia.Library(p.state().cfg.DriverRoot)
+		}
+		t, err := nvidia.DiscoverTopology(lib)
+		if err != nil {
+			p.log.Infof("GPU topology unknown (%v): count requests take free devices in spec order", err)
+			return
+		}
+		p.log.Infof("GPU topology of %d pairs known: count requests take the most closely connected free devices", len(t))
+		p.topology = t
+	})
+	if p.topology == nil {
+		return nil
+	}
+	return p.topology.Links
+}
+
 // handle runs one request through policy, specs and adjust. It returns
-// the adjustment (nil when nothing is asked for) and the devices given.
-func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []string, error) {
+// the adjustment (nil when nothing is asked for), the devices given and
+// how closely those chosen for a count request are connected.
+func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []string, int, error) {
 	snap := st.specs.Snapshot() // one snapshot for the whole request
 	ask, err := st.parser.Parse(policy.Container{
 		Namespace:      pod.GetNamespace(),
@@ -418,14 +451,14 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		CDIDevices:     cdiDeviceNames(ctr),
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	if ask.Empty() {
-		return scrub(ctr), nil, nil
+		return scrub(ctr), nil, 0, nil
 	}
 	podRef := podOf(pod)
 	if err := st.policy.Check(podRef, ask); err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 
 	var (
@@ -461,7 +494,7 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 
 	rt := p.connectedRuntime()
@@ -474,14 +507,18 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		}
 		return err
 	}
-	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, snap.Candidates(st.cfg.DefaultKind), usable, fromKubelet)
+	choice := policy.Choice{Candidates: snap.Candidates(st.cfg.DefaultKind), Usable: usable}
+	if ask.Count > 1 {
+		choice.Links = p.links()
+	}
+	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, choice, fromKubelet)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	res, err := st.build(snap, named, injected, grant, ctr, rt)
 	if err != nil {
 		p.alloc.Revert(grant)
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	for _, s := range res.Skipped {
 		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
@@ -498,7 +535,7 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 	} else if _, ok := ctr.GetAnnotations()[CountedAnnotation]; ok {
 		res.Adjustment.RemoveAnnotation(CountedAnnotation)
 	}
-	return res.Adjustment, given, nil
+	return res.Adjustment, given, grant.Score, nil
 }
 
 // scrub returns the adjustment that removes the annotations nri-gpu

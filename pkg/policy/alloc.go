@@ -48,6 +48,10 @@ type Grant struct {
 	Devices []specs.Device
 	// Counted are the devices chosen for the pod's count request.
 	Counted []specs.Device
+	// Score is how closely the devices chosen for a count request are
+	// connected: the sum of Links over their pairs (0 when one device was
+	// chosen, the topology is unknown, or the pod had them already).
+	Score int
 
 	// added, addedKubelet and addedCount say what this grant added to
 	// the pod's holding, for Revert.
@@ -56,16 +60,32 @@ type Grant struct {
 	addedCount   bool
 }
 
+// Choice is what a count request chooses among, and how.
+type Choice struct {
+	// Candidates are the individual devices of the default kind, in spec
+	// order.
+	Candidates []specs.Device
+	// Usable says why the container cannot have a device, or nil if it
+	// can; a nil Usable takes any.
+	Usable func(specs.Device) error
+	// Links scores how closely two devices are connected, higher is
+	// closer (NVLink, one PCIe switch, one socket); nil when the topology
+	// is not known. A request for more than one device takes the free set
+	// whose members are the most closely connected.
+	Links func(a, b specs.Device) int
+}
+
 // Admit decides, under p's rules, whether a container of pod may have the
-// named devices and, for a count request, chooses count devices among the
-// candidates (the individual devices of the default kind), passing over
-// those usable says the container cannot have (a nil usable takes any).
-// On success it records them as the pod's. Containers of one pod share
-// its devices: a pod's count request is answered with the same devices
-// every time. fromKubelet names those of the named devices that kubelet
-// allocated the pod (through a device plugin), which kubelet accounts for
-// itself; Withheld leaves them out.
-func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int, candidates []specs.Device, usable func(specs.Device) error, fromKubelet []string) (Grant, error) {
+// named devices and, for a count request, chooses count devices as ch
+// says: free ones the container can have, the most closely connected set
+// where the topology is known, else the first in spec order. On success
+// it records them as the pod's. Containers of one pod share its devices:
+// a pod's count request is answered with the same devices every time.
+// fromKubelet names those of the named devices that kubelet allocated the
+// pod (through a device plugin), which kubelet accounts for itself;
+// Withheld leaves them out.
+func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int, ch Choice, fromKubelet []string) (Grant, error) {
+	candidates := ch.Candidates
 	a.mu.Lock()
 	defer a.mu.Unlock()
 
@@ -84,10 +104,10 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 		return Grant{}, err
 	}
 
-	counted := own.counted
+	counted, score := own.counted, 0
 	if count > 0 && counted == nil {
 		var err error
-		if counted, err = a.choose(p, pod.ID, count, candidates, usable); err != nil {
+		if counted, score, err = a.choose(p, pod.ID, count, ch); err != nil {
 			return Grant{}, err
 		}
 	}
@@ -102,7 +122,7 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 
 	// The pod's counted devices are replaced whole, never modified in
 	// place, so the grant may share them.
-	g := Grant{Pod: pod, Devices: slices.Concat(named, counted), Counted: counted}
+	g := Grant{Pod: pod, Devices: slices.Concat(named, counted), Counted: counted, Score: score}
 	for _, d := range named {
 		if !slices.ContainsFunc(own.named, func(h specs.Device) bool { return h.Name == d.Name }) {
 			own.named = append(own.named, d)
@@ -170,15 +190,23 @@ func (a *Allocations) heldByOther(podID string, d specs.Device, exclusive bool) 
 	return Pod{}, nil
 }
 
-// choose picks count free candidates that usable accepts, one name per
-// device, in order. usable is asked only until count are found.
-func (a *Allocations) choose(p *Policy, podID string, count int, candidates []specs.Device, usable func(specs.Device) error) ([]specs.Device, error) {
+// choose picks count free candidates that ch.Usable accepts, one name
+// per device: the first in order, or, for more than one device where
+// ch.Links is known, the set whose pairs score highest (ties keep spec
+// order). It returns them and their score.
+func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]specs.Device, int, error) {
 	var (
 		free, seen []specs.Device
 		unusable   []error
 	)
+	// With the topology known, every free device is a candidate for the
+	// best set; else the first count do.
+	enough := count
+	if ch.Links != nil && count > 1 {
+		enough = len(ch.Candidates)
+	}
 	held := 0
-	for _, c := range candidates {
+	for _, c := range ch.Candidates {
 		if !p.Allowed(c.Name) || slices.ContainsFunc(seen, func(s specs.Device) bool { return overlaps(s, c) }) {
 			continue
 		}
@@ -188,8 +216,8 @@ func (a *Allocations) choose(p *Policy, podID string, count int, candidates []sp
 			held++
 			continue
 		}
-		if len(free) < count && usable != nil {
-			if err := usable(c); err != nil {
+		if len(free) < enough && ch.Usable != nil {
+			if err := ch.Usable(c); err != nil {
 				unusable = append(unusable, err)
 				continue
 			}
@@ -198,18 +226,109 @@ func (a *Allocations) choose(p *Policy, podID string, count int, candidates []sp
 	}
 	if len(free) < count {
 		kind := "devices"
-		if len(candidates) > 0 {
-			v, c, _ := parser.ParseDevice(candidates[0].Name)
+		if len(ch.Candidates) > 0 {
+			v, c, _ := parser.ParseDevice(ch.Candidates[0].Name)
 			kind = v + "/" + c + " devices"
 		}
 		why := ""
 		if len(unusable) > 0 {
 			why = fmt.Sprintf("; %d more cannot be given to this container, such as: %v", len(unusable), unusable[0])
 		}
-		return nil, deny(RuleCount, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices)%s; they are free again when their pods are removed",
+		return nil, 0, deny(RuleCount, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices)%s; they are free again when their pods are removed",
 			CountAnnotationKey, ErrDenied, count, kind, len(free), held, len(seen), why))
 	}
-	return free[:count], nil
+	if ch.Links == nil || count == 1 {
+		return free[:count], 0, nil
+	}
+	best, score := closest(free, count, ch.Links)
+	return best, score, nil
+}
+
+// maxSets bounds the sets closest scores one by one; beyond it, sets are
+// grown greedily from each device.
+const maxSets = 20000
+
+// closest returns the count devices of free (count <= len(free)) whose
+// pairs score highest under links, and that score. Of sets that score
+// alike, the first in spec order wins, so the choice is deterministic.
+func closest(free []specs.Device, count int, links func(a, b specs.Device) int) ([]specs.Device, int) {
+	score := func(set []int) int {
+		total := 0
+		for i := range set {
+			for j := i + 1; j < len(set); j++ {
+				total += links(free[set[i]], free[set[j]])
+			}
+		}
+		return total
+	}
+	var best []int
+	bestScore := -1
+	consider := func(set []int) {
+		if s := score(set); s > bestScore {
+			best, bestScore = slices.Clone(set), s
+		}
+	}
+	if binomial(len(free), count) <= maxSets {
+		// Every set, in lexicographic order.
+		set := make([]int, count)
+		for i := range set {
+			set[i] = i
+		}
+		for {
+			consider(set)
+			i := count - 1
+			for i >= 0 && set[i] == len(free)-count+i {
+				i--
+			}
+			if i < 0 {
+				break
+			}
+			set[i]++
+			for j := i + 1; j < count; j++ {
+				set[j] = set[j-1] + 1
+			}
+		}
+	} else {
+		// From each device, add the one closest to those chosen.
+		for start := range free {
+			set := []int{start}
+			for len(set) < count {
+				next, nextScore := -1, -1
+				for c := range free {
+					if slices.Contains(set, c) {
+						continue
+					}
+					s := 0
+					for _, m := range set {
+						s += links(free[m], free[c])
+					}
+					if s > nextScore {
+						next, nextScore = c, s
+					}
+				}
+				set = append(set, next)
+			}
+			slices.Sort(set)
+			consider(set)
+		}
+	}
+	out := make([]specs.Device, len(best))
+	for i, b := range best {
+		out[i] = free[b]
+	}
+	return out, bestScore
+}
+
+// binomial returns n choose k, or more than maxSets once it passes that.
+func binomial(n, k int) int {
+	r := 1
+	for i := 1; i <= k; i++ {
+		r = r * (n - k + i) / i
+		if r > maxSets {
+			return maxSets + 1
+		}
+	}
+	return r
 }
 
 // Release forgets what a pod holds, and returns the names it held.

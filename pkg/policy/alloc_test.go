@@ -136,7 +136,7 @@ func TestAdmit(t *testing.T) {
 				for _, n := range s.named {
 					named = append(named, byName[n])
 				}
-				g, err := a.Admit(p, pod(s.pod), named, s.count, candidates, nil, nil)
+				g, err := a.Admit(p, pod(s.pod), named, s.count, policy.Choice{Candidates: candidates}, nil)
 				if len(s.wantErr) > 0 {
 					wantDenied(t, err, s.rule, s.wantErr...)
 					continue
@@ -165,7 +165,7 @@ func TestRevertAndRestore(t *testing.T) {
 	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 
-	g, err := a.Admit(p, pod("a"), []specs.Device{byName["0"]}, 1, candidates, nil, nil)
+	g, err := a.Admit(p, pod("a"), []specs.Device{byName["0"]}, 1, policy.Choice{Candidates: candidates}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,10 +176,10 @@ func TestRevertAndRestore(t *testing.T) {
 
 	// A second container of a pod asks for the device its first one has:
 	// held once, and reverting the second leaves the first's.
-	if _, err := a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, candidates, nil, nil); err != nil {
+	if _, err := a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
 		t.Fatal(err)
 	}
-	g, err = a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, candidates, nil, nil)
+	g, err = a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, policy.Choice{Candidates: candidates}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,28 +187,28 @@ func TestRevertAndRestore(t *testing.T) {
 		t.Errorf("a device two containers of a pod asked for is counted %d times", n)
 	}
 	a.Revert(g)
-	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["2"]}, 0, candidates, nil, nil); err == nil {
+	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["2"]}, 0, policy.Choice{Candidates: candidates}, nil); err == nil {
 		t.Error("reverting a second container's grant released the first one's device")
 	}
 	a.Release(pod("a").ID)
 
 	// A restarted plugin learns from the runtime that a holds GPU 0 by
 	// name and GPU 1 by count; pod z, gone meanwhile, is not mentioned.
-	a.Admit(p, pod("z"), []specs.Device{byName["3"]}, 0, candidates, nil, nil)
+	a.Admit(p, pod("z"), []specs.Device{byName["3"]}, 0, policy.Choice{Candidates: candidates}, nil)
 	if err := a.Restore(p, []policy.Holding{
 		{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
 		{Pod: pod("a"), Counted: []specs.Device{byName["1"]}},
 	}); err != nil {
 		t.Fatalf("restoring holdings that agree: %v", err)
 	}
-	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["GPU-0"]}, 0, candidates, nil, nil); err == nil {
+	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["GPU-0"]}, 0, policy.Choice{Candidates: candidates}, nil); err == nil {
 		t.Error("a restored holding was handed out again")
 	}
-	g, err = a.Admit(p, pod("a"), nil, 1, candidates, nil, nil)
+	g, err = a.Admit(p, pod("a"), nil, 1, policy.Choice{Candidates: candidates}, nil)
 	if err != nil || len(g.Counted) != 1 || g.Counted[0].Name != byName["1"].Name {
 		t.Errorf("the restored pod's count request got %v, %v; want its GPU 1 again", g.Counted, err)
 	}
-	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["3"]}, 0, candidates, nil, nil); err != nil {
+	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["3"]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
 		t.Errorf("a device of a pod gone while the plugin was away is still held: %v", err)
 	}
 	// What the devices-held metric reports: a holds GPU 0 and GPU 1, b GPU 3.
@@ -287,7 +287,7 @@ func TestRestoreChecks(t *testing.T) {
 			}
 			// Whatever the problem, the restored devices stay held: a
 			// pod asking for all four GPUs finds some taken.
-			if g, err := a.Admit(policy.New(config.Policy{Devices: config.DefaultDevices}), pod("new"), nil, 4, candidates, nil, nil); err == nil {
+			if g, err := a.Admit(policy.New(config.Policy{Devices: config.DefaultDevices}), pod("new"), nil, 4, policy.Choice{Candidates: candidates}, nil); err == nil {
 				t.Errorf("after a conflicting restore, all GPUs were free: %v", g.Counted)
 			}
 		})
@@ -309,7 +309,7 @@ func TestCountSkipsUnusable(t *testing.T) {
 		return nil
 	}
 	a := policy.NewAllocations()
-	g, err := a.Admit(p, pod("a"), nil, 1, candidates, usable, nil)
+	g, err := a.Admit(p, pod("a"), nil, 1, policy.Choice{Candidates: candidates, Usable: usable}, nil)
 	if err != nil || len(g.Counted) != 1 || g.Counted[0].Nodes[0] != "/dev/nvidia2" {
 		t.Fatalf("got %v, %v; want GPU 2, the first usable one", g.Counted, err)
 	}
@@ -317,7 +317,7 @@ func TestCountSkipsUnusable(t *testing.T) {
 	if want := []string{byName["0"].Name, byName["1"].Name, byName["2"].Name}; !slices.Equal(asked, want) {
 		t.Errorf("usable asked about %v, want %v", asked, want)
 	}
-	_, err = a.Admit(p, pod("b"), nil, 2, candidates, usable, nil)
+	_, err = a.Admit(p, pod("b"), nil, 2, policy.Choice{Candidates: candidates, Usable: usable}, nil)
 	testutil.ErrorSays(t, err, "asks for 2", "1 are free and 1 held", "2 more cannot be given to this container, such as: its spec injects the hook /bin/evil")
 	if !errors.Is(err, policy.ErrDenied) {
 		t.Errorf("error %v does not wrap ErrDenied", err)
@@ -347,7 +347,7 @@ func TestConcurrentAdmissions(t *testing.T) {
 			} else {
 				count = 1
 			}
-			g, err := a.Admit(p, pd, named, count, candidates, nil, nil)
+			g, err := a.Admit(p, pd, named, count, policy.Choice{Candidates: candidates}, nil)
 			if err != nil {
 				return
 			}
@@ -392,28 +392,28 @@ func TestWithheld(t *testing.T) {
 	}{
 		{name: "nothing held", admit: func(*policy.Allocations) error { return nil }},
 		{name: "an annotation request", want: []string{"0"}, admit: func(a *policy.Allocations) error {
-			_, err := a.Admit(p, pod("a"), []specs.Device{byName["0"]}, 0, candidates, nil, nil)
+			_, err := a.Admit(p, pod("a"), []specs.Device{byName["0"]}, 0, policy.Choice{Candidates: candidates}, nil)
 			return err
 		}},
 		{name: "a count request", want: []string{"0", "1"}, admit: func(a *policy.Allocations) error {
-			_, err := a.Admit(p, pod("a"), nil, 2, candidates, nil, nil)
+			_, err := a.Admit(p, pod("a"), nil, 2, policy.Choice{Candidates: candidates}, nil)
 			return err
 		}},
 		{name: "kubelet's allocation", admit: func(a *policy.Allocations) error {
-			_, err := a.Admit(p, pod("a"), []specs.Device{byName["1"]}, 0, candidates, nil, []string{byName["1"].Name})
+			_, err := a.Admit(p, pod("a"), []specs.Device{byName["1"]}, 0, policy.Choice{Candidates: candidates}, []string{byName["1"].Name})
 			return err
 		}},
 		{name: "kubelet's and an annotation request in one pod", want: []string{"2"}, admit: func(a *policy.Allocations) error {
-			_, err := a.Admit(p, pod("a"), []specs.Device{byName["1"], byName["2"]}, 0, candidates, nil, []string{byName["1"].Name})
+			_, err := a.Admit(p, pod("a"), []specs.Device{byName["1"], byName["2"]}, 0, policy.Choice{Candidates: candidates}, []string{byName["1"].Name})
 			return err
 		}},
 		{name: "kubelet's, reverted then asked for by annotation", want: []string{"1"}, admit: func(a *policy.Allocations) error {
-			g, err := a.Admit(p, pod("a"), []specs.Device{byName["1"]}, 0, candidates, nil, []string{byName["1"].Name})
+			g, err := a.Admit(p, pod("a"), []specs.Device{byName["1"]}, 0, policy.Choice{Candidates: candidates}, []string{byName["1"].Name})
 			if err != nil {
 				return err
 			}
 			a.Revert(g)
-			_, err = a.Admit(p, pod("a"), []specs.Device{byName["1"]}, 0, candidates, nil, nil)
+			_, err = a.Admit(p, pod("a"), []specs.Device{byName["1"]}, 0, policy.Choice{Candidates: candidates}, nil)
 			return err
 		}},
 		{name: "restored: kubelet's by index, found again by UUID", admit: func(a *policy.Allocations) error {
@@ -444,6 +444,81 @@ func TestWithheld(t *testing.T) {
 			}
 			if got := withheld(b); !slices.Equal(got, tc.want) {
 				t.Errorf("after a restart withheld %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestCountChoosesClosest: a count request for more than one device takes
+// the free set whose members are the most closely connected; ties, and a
+// node whose topology is unknown, keep spec order.
+func TestCountChoosesClosest(t *testing.T) {
+	gpusN := func(n int) []specs.Device {
+		var out []specs.Device
+		for i := 0; i < n; i++ {
+			out = append(out, specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d", i), Nodes: []string{fmt.Sprintf("c 195:%d", i)}})
+		}
+		return out
+	}
+	index := func(d specs.Device) int {
+		var i int
+		fmt.Sscanf(d.Name, "nvidia.com/gpu=%d", &i)
+		return i
+	}
+	// islands: devices in one group are joined by NVLink (100), others
+	// meet across the system (10).
+	islands := func(size int) func(a, b specs.Device) int {
+		return func(a, b specs.Device) int {
+			if index(a)/size == index(b)/size {
+				return 100
+			}
+			return 10
+		}
+	}
+	// sockets: even GPUs on one socket (NUMA node: 20), odd on the other.
+	sockets := func(a, b specs.Device) int {
+		if index(a)%2 == index(b)%2 {
+			return 20
+		}
+		return 10
+	}
+	tests := []struct {
+		name      string
+		gpus      int
+		held      []int
+		count     int
+		links     func(a, b specs.Device) int
+		want      []int
+		wantScore int
+	}{
+		{name: "two NVLink islands: 4 get one island", gpus: 8, count: 4, links: islands(4), want: []int{0, 1, 2, 3}, wantScore: 600},
+		{name: "an island with a GPU held: the other island", gpus: 8, held: []int{1}, count: 4, links: islands(4), want: []int{4, 5, 6, 7}, wantScore: 600},
+		{name: "PCIe across two sockets: 2 get a same-socket pair", gpus: 4, held: []int{0}, count: 2, links: sockets, want: []int{1, 3}, wantScore: 20},
+		{name: "ties keep spec order", gpus: 4, count: 2, links: sockets, want: []int{0, 2}, wantScore: 20},
+		{name: "no topology: spec order", gpus: 4, held: []int{0}, count: 2, want: []int{1, 2}},
+		{name: "one device: the first free", gpus: 4, held: []int{0}, count: 1, links: sockets, want: []int{1}},
+		{name: "too many sets to score each: grown greedily", gpus: 32, held: []int{0}, count: 8, links: islands(8), want: []int{8, 9, 10, 11, 12, 13, 14, 15}, wantScore: 2800},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			candidates := gpusN(tc.gpus)
+			p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+			a := policy.NewAllocations()
+			for _, h := range tc.held {
+				if _, err := a.Admit(p, pod(fmt.Sprint("holder", h)), []specs.Device{candidates[h]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			g, err := a.Admit(p, pod("counted"), nil, tc.count, policy.Choice{Candidates: candidates, Links: tc.links}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []int
+			for _, d := range g.Counted {
+				got = append(got, index(d))
+			}
+			if !slices.Equal(got, tc.want) || g.Score != tc.wantScore {
+				t.Errorf("chose %v (score %d), want %v (score %d)", got, g.Score, tc.want, tc.wantScore)
 			}
 		})
 	}
