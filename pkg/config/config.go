@@ -52,6 +52,12 @@ type Config struct {
 	GenerateInterval time.Duration `yaml:"generateInterval"`
 	// DriverRoot is where the NVIDIA driver's files are, for generation.
 	DriverRoot string `yaml:"driverRoot"`
+	// HealthInterval is how often the NVIDIA GPUs are checked (NVML).
+	HealthInterval time.Duration `yaml:"healthInterval"`
+	// HealthRecoverAfter is how long after a critical Xid error a GPU that
+	// answers its checks is healthy again; 0 keeps it unhealthy until
+	// nri-gpu restarts.
+	HealthRecoverAfter time.Duration `yaml:"healthRecoverAfter"`
 	// Policy says who may have which devices.
 	Policy Policy `yaml:"policy"`
 	// DevicePlugin has nri-gpu serve kubelet's device-plugin API too.
@@ -120,6 +126,9 @@ type Policy struct {
 	// Namespaces and AllowAll, for nodes where only node components can
 	// write those annotations.
 	ExemptCDIAnnotations bool `yaml:"exemptCDIAnnotations"`
+	// AllowUnhealthy lets a pod ask by name for a device whose GPU nri-gpu
+	// found unhealthy (count requests never get one).
+	AllowUnhealthy bool `yaml:"allowUnhealthy"`
 }
 
 // Defaults of the configuration, applied to every key not set.
@@ -132,6 +141,7 @@ var (
 	DefaultGenerateInterval = 60 * time.Second
 	DefaultDriverRoot       = "/"
 	DefaultKubeletDir       = "/var/lib/kubelet/device-plugins"
+	DefaultHealthInterval   = 10 * time.Second
 	DefaultResourceDevices  = []string{"*"}
 )
 
@@ -203,6 +213,9 @@ func (c *Config) setDefaults() {
 	if c.DriverRoot == "" {
 		c.DriverRoot = DefaultDriverRoot
 	}
+	if c.HealthInterval == 0 {
+		c.HealthInterval = DefaultHealthInterval
+	}
 	d := &c.DevicePlugin
 	if d.KubeletDir == "" {
 		d.KubeletDir = DefaultKubeletDir
@@ -264,6 +277,12 @@ func (c *Config) problems() []error {
 	}
 	if c.GenerateInterval < 0 {
 		errs = append(errs, fmt.Errorf("generateInterval: %s is negative", c.GenerateInterval))
+	}
+	if c.HealthInterval < 0 {
+		errs = append(errs, fmt.Errorf("healthInterval: %s is negative", c.HealthInterval))
+	}
+	if c.HealthRecoverAfter < 0 {
+		errs = append(errs, fmt.Errorf("healthRecoverAfter: %s is negative (0 means never)", c.HealthRecoverAfter))
 	}
 	if !filepath.IsAbs(c.DriverRoot) {
 		errs = append(errs, fmt.Errorf("driverRoot: %q is not an absolute path", c.DriverRoot))

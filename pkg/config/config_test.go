@@ -23,6 +23,7 @@ func TestParse(t *testing.T) {
 		UnsupportedEdits:    config.UnsupportedError,
 		GenerateInterval:    time.Minute,
 		DriverRoot:          "/",
+		HealthInterval:      10 * time.Second,
 		Policy: config.Policy{
 			Namespaces: []string{"*"},
 			Devices:    []string{"nvidia.com/gpu=*"},
@@ -48,6 +49,8 @@ unsupportedEdits: warn
 generateSpecs: true
 generateInterval: 5m
 driverRoot: /run/nvidia/driver
+healthInterval: 30s
+healthRecoverAfter: 10m
 policy:
   namespaces: ["agents-*"]
   devices: ["example.com/fpga=*"]
@@ -56,6 +59,7 @@ policy:
   exclusive: true
   hookPaths: [/usr/local/bin/hook]
   exemptCDIAnnotations: true
+  allowUnhealthy: true
 devicePlugin:
   kubeletDir: /var/lib/k3s/device-plugins
   cdiDevices: cri
@@ -73,10 +77,12 @@ devicePlugin:
 				GenerateSpecs:       true,
 				GenerateInterval:    5 * time.Minute,
 				DriverRoot:          "/run/nvidia/driver",
+				HealthInterval:      30 * time.Second,
+				HealthRecoverAfter:  10 * time.Minute,
 				Policy: config.Policy{
 					Namespaces: []string{"agents-*"}, Devices: []string{"example.com/fpga=*"},
 					AllowAll: true, MaxDevicesPerPod: 2, Exclusive: true, HookPaths: []string{"/usr/local/bin/hook"},
-					ExemptCDIAnnotations: true,
+					ExemptCDIAnnotations: true, AllowUnhealthy: true,
 				},
 				DevicePlugin: config.DevicePlugin{
 					KubeletDir: "/var/lib/k3s/device-plugins", CDIDevices: config.CDICRI,
@@ -106,6 +112,8 @@ devicePlugin:
 		{name: "bad resource name", yaml: "devicePlugin:\n  resources: [{name: gpu}]\n", wantErr: []string{`devicePlugin.resources[0].name: kind "gpu" is not of the form vendor/class`}},
 		{name: "resource twice", yaml: "devicePlugin:\n  resources: [{name: a.com/b}, {name: a.com/b}]\n", wantErr: []string{`devicePlugin.resources[1].name: "a.com/b" is listed twice`}},
 		{name: "bad resource glob", yaml: "devicePlugin:\n  resources: [{name: a.com/b, devices: ['[']}]\n", wantErr: []string{`devicePlugin.resources[0].devices: glob "["`}},
+		{name: "negative health interval", yaml: "healthInterval: -1s\n", wantErr: []string{"healthInterval: -1s is negative"}},
+		{name: "negative recovery", yaml: "healthRecoverAfter: -1m\n", wantErr: []string{"healthRecoverAfter: -1m0s is negative"}},
 		{name: "two documents", yaml: "defaultKind: a.com/b\n---\ndefaultKind: c.com/d\n", wantErr: []string{"more than one YAML document"}},
 		{
 			name:    "all problems at once",

@@ -22,12 +22,13 @@ const (
 
 // Metrics records nri-gpu's metrics in a registry of its own.
 type Metrics struct {
-	registry *prometheus.Registry
-	requests *prometheus.CounterVec
-	denials  *prometheus.CounterVec
-	latency  prometheus.Histogram
-	held     prometheus.Gauge
-	specErrs prometheus.Gauge
+	registry  *prometheus.Registry
+	requests  *prometheus.CounterVec
+	denials   *prometheus.CounterVec
+	latency   prometheus.Histogram
+	held      prometheus.Gauge
+	specErrs  prometheus.Gauge
+	unhealthy prometheus.Gauge
 }
 
 // New returns metrics registered in a new registry.
@@ -51,8 +52,11 @@ func New() *Metrics {
 		specErrs: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "nri_gpu_spec_errors", Help: "CDI spec files not used: broken, conflicting or not trusted.",
 		}),
+		unhealthy: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nri_gpu_unhealthy_gpus", Help: "NVIDIA GPUs found unhealthy (a critical Xid error, or lost).",
+		}),
 	}
-	m.registry.MustRegister(m.requests, m.denials, m.latency, m.held, m.specErrs)
+	m.registry.MustRegister(m.requests, m.denials, m.latency, m.held, m.specErrs, m.unhealthy)
 	return m
 }
 
@@ -81,6 +85,13 @@ func (m *Metrics) DevicesHeld(n int) {
 func (m *Metrics) SpecErrors(n int) {
 	if m != nil {
 		m.specErrs.Set(float64(n))
+	}
+}
+
+// UnhealthyGPUs records how many NVIDIA GPUs are unhealthy.
+func (m *Metrics) UnhealthyGPUs(n int) {
+	if m != nil {
+		m.unhealthy.Set(float64(n))
 	}
 }
 

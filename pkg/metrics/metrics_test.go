@@ -20,6 +20,7 @@ func TestServe(t *testing.T) {
 	m.Request(metrics.ResultDenied, "unresolvable", time.Millisecond)
 	m.DevicesHeld(3)
 	m.SpecErrors(1)
+	m.UnhealthyGPUs(2)
 	ready := errors.New("not registered")
 	addr, _, err := m.Serve("127.0.0.1:0", func() error { return ready })
 	if err != nil {
@@ -38,6 +39,7 @@ func TestServe(t *testing.T) {
 		`nri_gpu_request_duration_seconds_bucket{le="5e-05"} 1`,
 		`nri_gpu_devices_held 3`,
 		`nri_gpu_spec_errors 1`,
+		`nri_gpu_unhealthy_gpus 2`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -88,6 +89,8 @@ type Plugin struct {
 	topologyOnce sync.Once
 	// topology is nil where NVML cannot be had.
 	topology nvidia.Topology
+	// health watches the NVIDIA GPUs; nil where NVML cannot be had.
+	health atomic.Pointer[nvidia.Monitor]
 
 	problemsMu sync.Mutex
 	// problems are the spec problems logged, by spec file.
@@ -414,6 +417,46 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	return adj, nil, nil
 }
 
+// unhealthy says why a device's GPU is unhealthy, or returns nil where
+// nri-gpu watches no GPU (no NVML): every device is then healthy.
+func (p *Plugin) unhealthy() func(specs.Device) error {
+	if m := p.health.Load(); m != nil {
+		return m.Unhealthy
+	}
+	return nil
+}
+
+// keepWatchingHealth watches the NVIDIA GPUs' health through NVML until
+// ctx is done; without NVML it says that it takes every GPU as healthy.
+func (p *Plugin) keepWatchingHealth(ctx context.Context) {
+	cfg := p.state().cfg
+	lib := p.nvml
+	if lib == nil {
+		lib = nvidia.Library(cfg.DriverRoot)
+	}
+	m, err := nvidia.NewMonitor(lib)
+	if err != nil {
+		p.log.Infof("GPU health not watched (%v): every device is taken as healthy", err)
+		return
+	}
+	defer m.Close()
+	m.RecoverAfter = cfg.HealthRecoverAfter
+	m.OnChange = func() {
+		bad := m.Unhealthies()
+		for node, why := range bad {
+			p.log.WithField("gpu", node).Warnf("GPU unhealthy: %s", why)
+		}
+		p.metrics.UnhealthyGPUs(len(bad))
+		for _, f := range p.onHeld {
+			f()
+		}
+	}
+	p.health.Store(m)
+	defer p.health.Store(nil)
+	p.log.Infof("watching the health of NVIDIA GPUs (critical Xid events, a check every %s)", cfg.HealthInterval)
+	m.Run(ctx, cfg.HealthInterval)
+}
+
 // links returns how closely two devices are connected, from the GPU
 // topology NVML reports (asked once), or nil where NVML cannot be had:
 // count requests then take free devices in spec order.
@@ -507,7 +550,7 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		}
 		return err
 	}
-	choice := policy.Choice{Candidates: snap.Candidates(st.cfg.DefaultKind), Usable: usable}
+	choice := policy.Choice{Candidates: snap.Candidates(st.cfg.DefaultKind), Usable: usable, Unhealthy: p.unhealthy()}
 	if ask.Count > 1 {
 		choice.Links = p.links()
 	}

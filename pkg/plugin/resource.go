@@ -41,13 +41,14 @@ func (p *Plugin) OnHeldChange(f func()) { p.onHeld = append(p.onHeld, f) }
 // name matches its globs and that policy.devices allows, one name per
 // device (the first of a GPU's names: its index before its UUID), not
 // "all". A device is healthy when its spec is there and trusted, its
-// device nodes exist, and no pod holds it other than through kubelet (an
-// annotation or count request): kubelet is never offered a device such a
-// pod holds.
+// device nodes exist, its GPU is healthy (NVML), and no pod holds it
+// other than through kubelet (an annotation or count request): kubelet is
+// never offered a device such a pod holds.
 func (r *Resource) Devices() []deviceplugin.Device {
 	st := r.p.state()
 	snap := st.specs.Snapshot()
 	withheld := r.p.alloc.Withheld()
+	sick := r.p.unhealthy()
 	var offered []specs.Device
 	healthy := map[string]bool{}
 	for _, c := range snap.Candidates(r.cfg.Kind) {
@@ -56,7 +57,7 @@ func (r *Resource) Devices() []deviceplugin.Device {
 			continue
 		}
 		offered = append(offered, c)
-		healthy[id] = !policy.Overlaps(c, withheld) && nodesExist(snap, c.Name)
+		healthy[id] = !policy.Overlaps(c, withheld) && nodesExist(snap, c.Name) && (sick == nil || sick(c) == nil)
 	}
 
 	r.mu.Lock()

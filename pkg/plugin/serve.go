@@ -36,6 +36,7 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the generator whenever Serve returns
 	go p.keepGenerating(ctx)
+	go p.keepWatchingHealth(ctx)
 	delay := MinBackoff
 	for attempt := 1; ; attempt++ {
 		s, err := stub.New(p, opts...)

@@ -8,13 +8,17 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 )
 
@@ -23,23 +27,7 @@ import (
 // count request for 2 gets a same-socket pair, where spec order alone
 // would give a pair across the sockets.
 func TestCountRequestsFollowTopology(t *testing.T) {
-	dir := t.TempDir()
-	var spec strings.Builder
-	spec.WriteString("cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ndevices:\n")
-	for i := 0; i < 4; i++ {
-		node := filepath.Join(dir, fmt.Sprintf("nvidia%d", i))
-		if err := os.WriteFile(node, nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(&spec, "  - name: %q\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia%d, hostPath: %s, type: c, major: 195, minor: %d}]\n", fmt.Sprint(i), i, node, i)
-	}
-	specDir := filepath.Join(dir, "cdi")
-	if err := os.MkdirAll(specDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(specDir, "gpu.yaml"), []byte(spec.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	specDir := gpuSpecDir(t, 4)
 	s := testutil.NVML(4)
 	for i, d := range s.Devices {
 		dev := d.(*dgxa100.Device)
@@ -75,4 +63,86 @@ func TestCountRequestsFollowTopology(t *testing.T) {
 	if got := count("b", "2"); got != "nvidia.com/gpu=1,nvidia.com/gpu=3" {
 		t.Errorf("a request for 2 got %s, want the same-socket pair 1 and 3", got)
 	}
+}
+
+// gpuSpecDir writes the spec of n GPUs whose nodes are NVIDIA's numbers
+// (195:i) on plain files, and returns its directory.
+func gpuSpecDir(t *testing.T, n int) string {
+	t.Helper()
+	dir := t.TempDir()
+	var spec strings.Builder
+	spec.WriteString("cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ndevices:\n")
+	for i := 0; i < n; i++ {
+		node := filepath.Join(dir, fmt.Sprintf("nvidia%d", i))
+		if err := os.WriteFile(node, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&spec, "  - name: %q\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia%d, hostPath: %s, type: c, major: 195, minor: %d}]\n", fmt.Sprint(i), i, node, i)
+	}
+	specDir := filepath.Join(dir, "cdi")
+	if err := os.MkdirAll(specDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(specDir, "gpu.yaml"), []byte(spec.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return specDir
+}
+
+// TestUnhealthyGPUs: a GPU that reports a critical Xid error is never
+// chosen for a count request, is refused by name, and is reported
+// Unhealthy to kubelet.
+func TestUnhealthyGPUs(t *testing.T) {
+	specDir := gpuSpecDir(t, 2)
+	s := testutil.NVML(2)
+	events := make(chan nvml.EventData, 1)
+	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
+		return &mock.EventSet{
+			WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
+				select {
+				case e := <-events:
+					return e, nvml.SUCCESS
+				case <-time.After(time.Duration(ms) * time.Millisecond):
+					return nvml.EventData{}, nvml.ERROR_TIMEOUT
+				}
+			},
+			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+		}, nvml.SUCCESS
+	}
+	for _, d := range s.Devices {
+		d.(*dgxa100.Device).RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+	}
+	cfg, err := config.Parse([]byte("healthInterval: 50ms\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Serving starts the health watch (no runtime here: it keeps trying
+	// to connect, which does not matter).
+	go func() {
+		_ = p.Serve(ctx, stub.WithSocketPath(filepath.Join(t.TempDir(), "no-runtime.sock")), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
+	}()
+
+	res := p.Resource(config.Resource{Name: "nvidia.com/gpu", Kind: "nvidia.com/gpu", Devices: []string{"*"}})
+	events <- nvml.EventData{Device: s.Devices[0], EventType: nvml.EventTypeXidCriticalError, EventData: 79}
+	testutil.Within(t, 5*time.Second, "GPU 0 reported unhealthy", func() bool {
+		return deviceplugin.Describe(res.Devices()) == "0 unhealthy, 1 healthy"
+	})
+	create := func(name string, ann map[string]string) (*api.ContainerAdjustment, error) {
+		pod := &api.PodSandbox{Id: "id-" + name, Name: name, Namespace: "tenant", Annotations: ann}
+		adj, _, err := p.CreateContainer(context.Background(), pod, &api.Container{Id: name + "-c", PodSandboxId: pod.Id, Name: "c", Linux: &api.LinuxContainer{}})
+		return adj, err
+	}
+	adj, err := create("counted", map[string]string{"gpu-count.nri-gpu.io": "1"})
+	if err != nil || adj.GetAnnotations()[plugin.CountedAnnotation] != "nvidia.com/gpu=1" {
+		t.Errorf("a count request got %v (%v), want GPU 1, passing over the unhealthy 0", adj.GetAnnotations(), err)
+	}
+	_, err = create("named", map[string]string{"gpus.nri-gpu.io": "0"})
+	testutil.ErrorSays(t, err, "critical Xid error 79", "policy.allowUnhealthy")
 }

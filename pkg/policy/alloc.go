@@ -68,6 +68,11 @@ type Choice struct {
 	// Usable says why the container cannot have a device, or nil if it
 	// can; a nil Usable takes any.
 	Usable func(specs.Device) error
+	// Unhealthy says why a device's hardware is unhealthy, or nil; a nil
+	// Unhealthy takes every device as healthy. A count request never gets
+	// an unhealthy device; a request by name is denied one unless
+	// policy.allowUnhealthy.
+	Unhealthy func(specs.Device) error
 	// Links scores how closely two devices are connected, higher is
 	// closer (NVLink, one PCIe switch, one socket); nil when the topology
 	// is not known. A request for more than one device takes the free set
@@ -95,6 +100,12 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 	}
 	var errs []error
 	for _, d := range named {
+		if ch.Unhealthy != nil && !p.allowUnhealthy {
+			if err := ch.Unhealthy(d); err != nil {
+				errs = append(errs, deny(RuleUnhealthy, fmt.Errorf("%w: device %q: %w; set policy.allowUnhealthy: true to allow it", ErrDenied, d.Name, err)))
+				continue
+			}
+		}
 		if other, held := a.heldByOther(pod.ID, d, p.exclusive); held != nil {
 			errs = append(errs, deny(RuleExclusive, fmt.Errorf("%w: device %q is held by pod %s (as %q)%s",
 				ErrDenied, d.Name, other, held.Name, heldHint(p.exclusive, other))))
@@ -205,7 +216,7 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]s
 	if ch.Links != nil && count > 1 {
 		enough = len(ch.Candidates)
 	}
-	held := 0
+	held, unhealthy := 0, 0
 	for _, c := range ch.Candidates {
 		if !p.Allowed(c.Name) || slices.ContainsFunc(seen, func(s specs.Device) bool { return overlaps(s, c) }) {
 			continue
@@ -214,6 +225,10 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]s
 		// A device held by another pod in any way is not free.
 		if _, h := a.heldByOther(podID, c, true); h != nil {
 			held++
+			continue
+		}
+		if ch.Unhealthy != nil && ch.Unhealthy(c) != nil {
+			unhealthy++
 			continue
 		}
 		if len(free) < enough && ch.Usable != nil {
@@ -231,8 +246,11 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]s
 			kind = v + "/" + c + " devices"
 		}
 		why := ""
+		if unhealthy > 0 {
+			why = fmt.Sprintf("; %d more are unhealthy", unhealthy)
+		}
 		if len(unusable) > 0 {
-			why = fmt.Sprintf("; %d more cannot be given to this container, such as: %v", len(unusable), unusable[0])
+			why += fmt.Sprintf("; %d more cannot be given to this container, such as: %v", len(unusable), unusable[0])
 		}
 		return nil, 0, deny(RuleCount, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices)%s; they are free again when their pods are removed",
 			CountAnnotationKey, ErrDenied, count, kind, len(free), held, len(seen), why))

@@ -523,3 +523,40 @@ func TestCountChoosesClosest(t *testing.T) {
 		})
 	}
 }
+
+// TestUnhealthyDevices: a count request passes over unhealthy devices and
+// says how many it passed over; a request by name for one is denied
+// naming the reason and the setting, unless policy.allowUnhealthy.
+func TestUnhealthyDevices(t *testing.T) {
+	candidates, byName := gpus()
+	sick := errors.New("critical Xid error 79")
+	unhealthy := func(d specs.Device) error {
+		if slices.Equal(d.Nodes, byName["1"].Nodes) {
+			return sick
+		}
+		return nil
+	}
+	ch := policy.Choice{Candidates: candidates, Unhealthy: unhealthy}
+	strict := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+
+	a := policy.NewAllocations()
+	g, err := a.Admit(strict, pod("a"), nil, 2, ch, nil)
+	if err != nil || len(g.Counted) != 2 || g.Counted[0].Name != byName["0"].Name || g.Counted[1].Name != byName["2"].Name {
+		t.Errorf("count 2 got %v, %v; want GPUs 0 and 2, passing over the unhealthy 1", g.Counted, err)
+	}
+	_, err = a.Admit(strict, pod("b"), nil, 2, ch, nil)
+	testutil.ErrorSays(t, err, "1 are free", "1 more are unhealthy")
+
+	for _, name := range []string{"1", "GPU-1"} {
+		_, err = a.Admit(strict, pod("c"), []specs.Device{byName[name]}, 0, ch, nil)
+		testutil.ErrorSays(t, err, `device "nvidia.com/gpu=`+name+`"`, "critical Xid error 79", "policy.allowUnhealthy")
+		var d *policy.Denial
+		if !errors.As(err, &d) || d.Rule != policy.RuleUnhealthy {
+			t.Errorf("denial %v, want rule %s", err, policy.RuleUnhealthy)
+		}
+	}
+	lenient := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true, AllowUnhealthy: true})
+	if _, err := a.Admit(lenient, pod("c"), []specs.Device{byName["1"]}, 0, ch, nil); err != nil {
+		t.Errorf("with policy.allowUnhealthy, a named request for the unhealthy GPU: %v", err)
+	}
+}

@@ -23,6 +23,7 @@ const (
 	RuleExclusive  = "exclusive"
 	RuleCount      = "count"
 	RuleHookPaths  = "hookPaths"
+	RuleUnhealthy  = "allowUnhealthy"
 )
 
 // Denial is a policy denial: it wraps ErrDenied and says which rule
@@ -62,6 +63,9 @@ type Policy struct {
 	hookPaths  []string
 	// exemptCDI exempts cdi.k8s.io requests from namespaces and allowAll.
 	exemptCDI bool
+	// allowUnhealthy lets a device whose GPU is unhealthy be asked for by
+	// name.
+	allowUnhealthy bool
 }
 
 // New returns the policy of a validated configuration block.
@@ -74,6 +78,8 @@ func New(p config.Policy) *Policy {
 		exclusive:  p.Exclusive,
 		hookPaths:  slices.Clone(p.HookPaths),
 		exemptCDI:  p.ExemptCDIAnnotations,
+
+		allowUnhealthy: p.AllowUnhealthy,
 	}
 }
 

@@ -1,0 +1,192 @@
+package nvidia
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// ErrUnhealthy is wrapped by the error Monitor.Unhealthy returns.
+var ErrUnhealthy = errors.New("unhealthy GPU")
+
+// ignoredXids are Xid errors an application causes, not the GPU (as the
+// NVIDIA device plugin skips them): they leave the GPU healthy.
+var ignoredXids = map[uint64]bool{13: true, 31: true, 43: true, 45: true, 68: true, 109: true}
+
+// Monitor watches the health of a node's NVIDIA GPUs through NVML: a
+// critical Xid error event makes a GPU unhealthy, and so does a check
+// (every interval of Run) that finds it lost. A lost GPU that answers
+// again is healthy again; one that had an Xid error is, once it has
+// answered for RecoverAfter (never, when 0).
+type Monitor struct {
+	lib  nvml.Interface
+	set  nvml.EventSet
+	gpus []monitored
+	// RecoverAfter is how long after an Xid error a GPU that answers its
+	// checks is healthy again; 0 keeps it unhealthy until nri-gpu
+	// restarts.
+	RecoverAfter time.Duration
+	// OnChange, when set, is called after a GPU's health changed.
+	OnChange func()
+	now      func() time.Time
+
+	mu  sync.Mutex
+	bad map[string]problem // by GPU node
+}
+
+type monitored struct {
+	dev  nvml.Device
+	node string
+}
+
+type problem struct {
+	reason string
+	since  time.Time
+	lost   bool
+}
+
+// NewMonitor opens NVML (kept open until Close), finds the GPUs and
+// registers for their critical Xid events where NVML supports that.
+func NewMonitor(lib nvml.Interface) (*Monitor, error) {
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("%w: %w", ErrNVML, ret)
+	}
+	m := &Monitor{lib: lib, now: time.Now, bad: map[string]problem{}}
+	count, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		m.Close()
+		return nil, fmt.Errorf("NVML: device count: %w", ret)
+	}
+	for i := 0; i < count; i++ {
+		d, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			m.Close()
+			return nil, fmt.Errorf("NVML: GPU %d: %w", i, ret)
+		}
+		minor, ret := d.GetMinorNumber()
+		if ret != nvml.SUCCESS {
+			m.Close()
+			return nil, fmt.Errorf("NVML: GPU %d: minor number: %w", i, ret)
+		}
+		m.gpus = append(m.gpus, monitored{dev: d, node: specs.NodeID("c", Major, int64(minor))})
+	}
+	if set, ret := lib.EventSetCreate(); ret == nvml.SUCCESS {
+		m.set = set
+		for _, g := range m.gpus {
+			_ = g.dev.RegisterEvents(nvml.EventTypeXidCriticalError, set) // not supported: checks only
+		}
+	}
+	return m, nil
+}
+
+// Close frees the event set and closes NVML.
+func (m *Monitor) Close() {
+	if m.set != nil {
+		_ = m.set.Free()
+	}
+	_ = m.lib.Shutdown()
+}
+
+// Run waits for events and checks every GPU every interval, until ctx
+// is done.
+func (m *Monitor) Run(ctx context.Context, interval time.Duration) {
+	last := time.Time{}
+	for ctx.Err() == nil {
+		if m.now().Sub(last) >= interval {
+			m.check()
+			last = m.now()
+		}
+		if m.set == nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(interval):
+			}
+			continue
+		}
+		data, ret := m.set.Wait(uint32(min(interval, time.Second).Milliseconds()))
+		if ret == nvml.SUCCESS {
+			m.event(data)
+		}
+	}
+}
+
+// event handles an NVML event.
+func (m *Monitor) event(e nvml.EventData) {
+	if e.EventType&nvml.EventTypeXidCriticalError == 0 || ignoredXids[e.EventData] {
+		return
+	}
+	for _, g := range m.gpus {
+		if g.dev == e.Device || e.Device == nil {
+			m.mark(g.node, problem{reason: fmt.Sprintf("critical Xid error %d", e.EventData), since: m.now()})
+		}
+	}
+}
+
+// check asks every GPU whether it still answers.
+func (m *Monitor) check() {
+	for _, g := range m.gpus {
+		_, ret := g.dev.GetUUID()
+		m.mu.Lock()
+		p, bad := m.bad[g.node]
+		m.mu.Unlock()
+		switch {
+		case ret == nvml.ERROR_GPU_IS_LOST:
+			if !bad || !p.lost {
+				m.mark(g.node, problem{reason: "the GPU is lost (fallen off the bus)", since: m.now(), lost: true})
+			}
+		case !bad:
+		case p.lost, m.RecoverAfter > 0 && m.now().Sub(p.since) >= m.RecoverAfter:
+			m.clear(g.node)
+		}
+	}
+}
+
+func (m *Monitor) mark(node string, p problem) {
+	m.mu.Lock()
+	m.bad[node] = p
+	m.mu.Unlock()
+	if m.OnChange != nil {
+		m.OnChange()
+	}
+}
+
+func (m *Monitor) clear(node string) {
+	m.mu.Lock()
+	delete(m.bad, node)
+	m.mu.Unlock()
+	if m.OnChange != nil {
+		m.OnChange()
+	}
+}
+
+// Unhealthy says why a CDI device's GPU (a MIG device's parent) is
+// unhealthy, or returns nil: for a healthy GPU, and for a device that is
+// no NVIDIA GPU.
+func (m *Monitor) Unhealthy(d specs.Device) error {
+	node := gpuNode(d)
+	m.mu.Lock()
+	p, bad := m.bad[node]
+	m.mu.Unlock()
+	if node == "" || !bad {
+		return nil
+	}
+	return fmt.Errorf("%w: %s since %s", ErrUnhealthy, p.reason, p.since.UTC().Format(time.RFC3339))
+}
+
+// Unhealthies returns why each unhealthy GPU is, by GPU node.
+func (m *Monitor) Unhealthies() map[string]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]string, len(m.bad))
+	for node, p := range maps.All(m.bad) {
+		out[node] = p.reason
+	}
+	return out
+}

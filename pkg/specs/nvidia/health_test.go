@@ -1,0 +1,108 @@
+package nvidia_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
+)
+
+// TestMonitor: a critical Xid makes a GPU (and its MIG devices)
+// unhealthy, an application's Xid does not; a lost GPU is unhealthy while
+// it does not answer; a GPU that had an Xid is healthy again once it has
+// answered for RecoverAfter.
+func TestMonitor(t *testing.T) {
+	s := server(4)
+	events := make(chan nvml.EventData, 8)
+	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
+		return &mock.EventSet{
+			WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
+				select {
+				case e := <-events:
+					return e, nvml.SUCCESS
+				case <-time.After(time.Duration(ms) * time.Millisecond):
+					return nvml.EventData{}, nvml.ERROR_TIMEOUT
+				}
+			},
+			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+		}, nvml.SUCCESS
+	}
+	var lost atomic.Bool
+	for i, d := range s.Devices {
+		dev := d.(*dgxa100.Device)
+		dev.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+		if i == 2 {
+			uuid := dev.GetUUIDFunc
+			dev.GetUUIDFunc = func() (string, nvml.Return) {
+				if lost.Load() {
+					return "", nvml.ERROR_GPU_IS_LOST
+				}
+				return uuid()
+			}
+		}
+	}
+	m, err := nvidia.NewMonitor(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	m.RecoverAfter = 300 * time.Millisecond
+	var changes atomic.Int32
+	m.OnChange = func() { changes.Add(1) }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go m.Run(ctx, 20*time.Millisecond)
+
+	dev := func(i int, more ...string) specs.Device {
+		return specs.Device{Nodes: append([]string{gpu(i)}, more...)}
+	}
+	unhealthy := func(d specs.Device) bool { return errors.Is(m.Unhealthy(d), nvidia.ErrUnhealthy) }
+
+	events <- nvml.EventData{Device: s.Devices[0], EventType: nvml.EventTypeXidCriticalError, EventData: 13} // an application's
+	events <- nvml.EventData{Device: s.Devices[1], EventType: nvml.EventTypeXidCriticalError, EventData: 79}
+	testutil.Within(t, 2*time.Second, "GPU 1 unhealthy after Xid 79", func() bool { return unhealthy(dev(1)) })
+	if err := m.Unhealthy(dev(1, "c 511:3")); err == nil || !strings.Contains(err.Error(), "Xid error 79") {
+		t.Errorf("a MIG device of GPU 1: %v, want its parent's Xid 79", err)
+	}
+	if unhealthy(dev(0)) {
+		t.Error("an application's Xid 13 made GPU 0 unhealthy")
+	}
+	if m.Unhealthy(specs.Device{Nodes: []string{"c 226:128"}}) != nil {
+		t.Error("a device that is no NVIDIA GPU is unhealthy")
+	}
+
+	lost.Store(true)
+	testutil.Within(t, 2*time.Second, "GPU 2 unhealthy while lost", func() bool {
+		err := m.Unhealthy(dev(2))
+		return err != nil && strings.Contains(err.Error(), "lost")
+	})
+	lost.Store(false)
+	testutil.Within(t, 2*time.Second, "GPU 2 healthy once it answers", func() bool { return !unhealthy(dev(2)) })
+	testutil.Within(t, 2*time.Second, "GPU 1 healthy after RecoverAfter", func() bool { return !unhealthy(dev(1)) })
+	if changes.Load() < 4 {
+		t.Errorf("OnChange called %d times, want one per change (4)", changes.Load())
+	}
+	if got := m.Unhealthies(); len(got) != 0 {
+		t.Errorf("unhealthy at the end: %v", got)
+	}
+}
+
+// TestMonitorWithoutNVML: no NVML, no monitor (the plugin then takes every
+// GPU as healthy, and says so).
+func TestMonitorWithoutNVML(t *testing.T) {
+	s := testutil.NVML(1)
+	s.InitFunc = func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
+	if _, err := nvidia.NewMonitor(s); !errors.Is(err, nvidia.ErrNVML) {
+		t.Errorf("error %v, want ErrNVML", err)
+	}
+}
