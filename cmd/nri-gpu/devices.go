@@ -56,21 +56,35 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 
 	inv, err := nvidia.Discover(nvidia.Library(*driverRoot))
 	if err != nil {
-		fmt.Fprintf(stdout, "\nGPUs: %v\n", err)
+		fmt.Fprintf(stdout, "\nGPUs: %v\n(without NVML, nri-gpu takes every device as healthy and knows no GPU topology)\n", err)
 		return exitOK
+	}
+	// Health as a check sees it now (a lost GPU); the running plugin also
+	// counts critical Xid errors since it started (its log, and the
+	// nri_gpu_unhealthy_gpus metric).
+	unhealthy := map[string]string{}
+	if m, err := nvidia.NewMonitor(nvidia.Library(*driverRoot)); err == nil {
+		m.Check()
+		unhealthy = m.Unhealthies()
+		m.Close()
 	}
 	fmt.Fprintf(stdout, "\nGPUs (NVIDIA driver %s):\n", inv.DriverVersion)
 	w = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "INDEX\tUUID\tMODEL\tMEMORY\tMIG\tCDI DEVICE\n")
+	fmt.Fprintf(w, "INDEX\tUUID\tMODEL\tMEMORY\tMIG\tHEALTH\tCDI DEVICE\n")
 	for _, g := range inv.GPUs {
 		mig := "off"
 		if g.MIGEnabled {
 			mig = fmt.Sprintf("on (%d devices)", len(g.MIGs))
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%d MiB\t%s\t%s\n", g.Index, g.UUID, g.Model, g.MemoryBytes>>20, mig,
+		health := "healthy"
+		if why, bad := unhealthy[specs.NodeID("c", nvidia.Major, int64(g.Minor))]; bad {
+			health = "unhealthy: " + why
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%d MiB\t%s\t%s\t%s\n", g.Index, g.UUID, g.Model, g.MemoryBytes>>20, mig, health,
 			cdiDevice(cdiNames, cfg.DefaultKind, fmt.Sprint(g.Index), g.UUID))
 	}
 	_ = w.Flush()
+	fmt.Fprintln(stdout, "(health: what a check sees now; the running plugin also counts critical Xid errors since it started, in its log and in nri_gpu_unhealthy_gpus)")
 	return exitOK
 }
 

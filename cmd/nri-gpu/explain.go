@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
 // runExplain runs the plugin's own CreateContainer for a described pod and
@@ -47,7 +47,7 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	}
 	defer p.Close()
 
-	adj, _, err := p.CreateContainer(context.Background(),
+	adj, grant, err := p.Explain(
 		&api.PodSandbox{Id: "explain", Name: *pod, Namespace: *namespace, Annotations: podAnn},
 		&api.Container{Id: "explain", PodSandboxId: "explain", Name: *container, Annotations: ctrAnn, Linux: &api.LinuxContainer{}})
 	if err != nil {
@@ -61,11 +61,39 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(map[string]any{"adjustment": adj})
+		out := map[string]any{"adjustment": adj}
+		if len(grant.Counted) > 0 {
+			var chosen []string
+			for _, d := range grant.Counted {
+				chosen = append(chosen, d.Name)
+			}
+			out["count"] = map[string]any{"chosen": chosen, "topologyScore": grant.Score, "passedOver": grant.Passed}
+		}
+		_ = enc.Encode(out)
 		return exitOK
 	}
+	printCount(stdout, grant)
 	printAdjustment(stdout, adj)
 	return exitOK
+}
+
+// printCount prints what a count request chose and passed over.
+func printCount(w io.Writer, g policy.Grant) {
+	if len(g.Counted) == 0 {
+		return
+	}
+	var chosen []string
+	for _, d := range g.Counted {
+		chosen = append(chosen, d.Name)
+	}
+	score := "topology unknown or one device: spec order"
+	if g.Score > 0 {
+		score = fmt.Sprintf("topology score %d", g.Score)
+	}
+	fmt.Fprintf(w, "count    chose %s (%s)\n", strings.Join(chosen, ","), score)
+	for _, p := range g.Passed {
+		fmt.Fprintf(w, "count    passed over %s: %s\n", p.Device, p.Reason)
+	}
 }
 
 // printAdjustment prints an adjustment for a person.

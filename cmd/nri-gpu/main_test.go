@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -201,5 +202,40 @@ func TestFlagsFromEnvironment(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestExplainCount: explain shows what a count request chose and what it
+// passed over, and why.
+func TestExplainCount(t *testing.T) {
+	dir := t.TempDir()
+	spec := "cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ndevices:\n"
+	for i := 0; i < 3; i++ {
+		node := filepath.Join(dir, fmt.Sprintf("nvidia%d", i))
+		if err := os.WriteFile(node, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		hook := ""
+		if i == 0 {
+			hook = "      hooks: [{hookName: createContainer, path: /bin/evil}]\n"
+		}
+		spec += fmt.Sprintf("  - name: %q\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia%d, hostPath: %s, type: c, major: 195, minor: %d}]\n%s", fmt.Sprint(i), i, node, i, hook)
+	}
+	specDir := filepath.Join(dir, "cdi")
+	if err := os.MkdirAll(specDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(specDir, "gpu.yaml"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"explain", "--cdi-spec-dirs", specDir, "--annotation", "gpu-count.nri-gpu.io=1"}, &stdout, &stderr)
+	if code != exitOK {
+		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+	}
+	for _, want := range []string{"count    chose nvidia.com/gpu=1 (", `count    passed over nvidia.com/gpu=0:`, `"/bin/evil"`} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("explain does not say %q:\n%s", want, stdout.String())
+		}
 	}
 }

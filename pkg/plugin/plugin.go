@@ -384,9 +384,23 @@ func (p *Plugin) release(pod *api.PodSandbox) {
 // CreateContainer injects the devices a container asks for, or fails its
 // creation saying why. A container that asks for nothing is left alone.
 func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	adj, _, err := p.Explain(pod, ctr)
+	return adj, nil, err
+}
+
+// Explain is CreateContainer, for `nri-gpu explain`: it also returns
+// what the pool granted, with the devices a count request passed over and
+// the chosen set's score.
+func (p *Plugin) Explain(pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, policy.Grant, error) {
+	return p.decide(p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()}), pod, ctr)
+}
+
+// decide serves a CreateContainer request: it runs it, records its
+// metrics, logs the decision once and wraps a denial for the runtime.
+func (p *Plugin) decide(log logrus.FieldLogger, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, policy.Grant, error) {
 	start := time.Now()
-	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
-	adj, devices, score, err := p.handle(p.state(), log, pod, ctr)
+	adj, grant, err := p.handle(p.state(), log, pod, ctr)
+	devices, score := names(grant.Devices), grant.Score
 	result := metrics.ResultInjected
 	switch {
 	case err != nil:
@@ -397,7 +411,7 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	p.metrics.Request(result, rule(err), time.Since(start))
 	if err != nil {
 		log.Errorf("denied: %v", err)
-		return nil, nil, bounded(fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
+		return nil, grant, bounded(fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
 			ctr.GetName(), pod.GetNamespace(), pod.GetName(), err))
 	}
 	if len(devices) == 0 {
@@ -406,7 +420,7 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		} else {
 			log.Debug("no devices requested")
 		}
-		return adj, nil, nil
+		return adj, grant, nil
 	}
 	p.held() // only a container given devices changes what pods hold
 	entry := log.WithField("devices", strings.Join(devices, ","))
@@ -414,7 +428,7 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		entry = entry.WithField("topologyScore", score)
 	}
 	entry.Info("injected devices")
-	return adj, nil, nil
+	return adj, grant, nil
 }
 
 // unhealthy says why a device's GPU is unhealthy, or returns nil where
@@ -481,9 +495,9 @@ func (p *Plugin) links() func(a, b specs.Device) int {
 }
 
 // handle runs one request through policy, specs and adjust. It returns
-// the adjustment (nil when nothing is asked for), the devices given and
-// how closely those chosen for a count request are connected.
-func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []string, int, error) {
+// the adjustment (nil when nothing is asked for) and what the pool
+// granted (no devices when nothing is asked for).
+func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, policy.Grant, error) {
 	snap := st.specs.Snapshot() // one snapshot for the whole request
 	ask, err := st.parser.Parse(policy.Container{
 		Namespace:      pod.GetNamespace(),
@@ -494,14 +508,14 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		CDIDevices:     cdiDeviceNames(ctr),
 	})
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, policy.Grant{}, err
 	}
 	if ask.Empty() {
-		return scrub(ctr), nil, 0, nil
+		return scrub(ctr), policy.Grant{}, nil
 	}
 	podRef := podOf(pod)
 	if err := st.policy.Check(podRef, ask); err != nil {
-		return nil, nil, 0, err
+		return nil, policy.Grant{}, err
 	}
 
 	var (
@@ -537,7 +551,7 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, nil, 0, err
+		return nil, policy.Grant{}, err
 	}
 
 	rt := p.connectedRuntime()
@@ -556,12 +570,12 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 	}
 	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, choice, fromKubelet)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, policy.Grant{}, err
 	}
 	res, err := st.build(snap, named, injected, grant, ctr, rt)
 	if err != nil {
 		p.alloc.Revert(grant)
-		return nil, nil, 0, err
+		return nil, policy.Grant{}, err
 	}
 	for _, s := range res.Skipped {
 		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
@@ -578,7 +592,7 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 	} else if _, ok := ctr.GetAnnotations()[CountedAnnotation]; ok {
 		res.Adjustment.RemoveAnnotation(CountedAnnotation)
 	}
-	return res.Adjustment, given, grant.Score, nil
+	return res.Adjustment, grant, nil
 }
 
 // scrub returns the adjustment that removes the annotations nri-gpu

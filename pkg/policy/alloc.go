@@ -48,6 +48,9 @@ type Grant struct {
 	Devices []specs.Device
 	// Counted are the devices chosen for the pod's count request.
 	Counted []specs.Device
+	// Passed are the devices the count request passed over, and why
+	// (held, unhealthy, unusable by this container).
+	Passed []Passed
 	// Score is how closely the devices chosen for a count request are
 	// connected: the sum of Links over their pairs (0 when one device was
 	// chosen, the topology is unknown, or the pod had them already).
@@ -116,9 +119,10 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 	}
 
 	counted, score := own.counted, 0
+	var passed []Passed
 	if count > 0 && counted == nil {
 		var err error
-		if counted, score, err = a.choose(p, pod.ID, count, ch); err != nil {
+		if counted, score, passed, err = a.choose(p, pod.ID, count, ch); err != nil {
 			return Grant{}, err
 		}
 	}
@@ -133,7 +137,7 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 
 	// The pod's counted devices are replaced whole, never modified in
 	// place, so the grant may share them.
-	g := Grant{Pod: pod, Devices: slices.Concat(named, counted), Counted: counted, Score: score}
+	g := Grant{Pod: pod, Devices: slices.Concat(named, counted), Counted: counted, Score: score, Passed: passed}
 	for _, d := range named {
 		if !slices.ContainsFunc(own.named, func(h specs.Device) bool { return h.Name == d.Name }) {
 			own.named = append(own.named, d)
@@ -205,10 +209,11 @@ func (a *Allocations) heldByOther(podID string, d specs.Device, exclusive bool) 
 // per device: the first in order, or, for more than one device where
 // ch.Links is known, the set whose pairs score highest (ties keep spec
 // order). It returns them and their score.
-func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]specs.Device, int, error) {
+func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]specs.Device, int, []Passed, error) {
 	var (
 		free, seen []specs.Device
 		unusable   []error
+		passed     []Passed
 	)
 	// With the topology known, every free device is a candidate for the
 	// best set; else the first count do.
@@ -223,17 +228,22 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]s
 		}
 		seen = append(seen, c)
 		// A device held by another pod in any way is not free.
-		if _, h := a.heldByOther(podID, c, true); h != nil {
+		if other, h := a.heldByOther(podID, c, true); h != nil {
 			held++
+			passed = append(passed, Passed{c.Name, "held by pod " + other.String()})
 			continue
 		}
-		if ch.Unhealthy != nil && ch.Unhealthy(c) != nil {
-			unhealthy++
-			continue
+		if ch.Unhealthy != nil {
+			if err := ch.Unhealthy(c); err != nil {
+				unhealthy++
+				passed = append(passed, Passed{c.Name, err.Error()})
+				continue
+			}
 		}
 		if len(free) < enough && ch.Usable != nil {
 			if err := ch.Usable(c); err != nil {
 				unusable = append(unusable, err)
+				passed = append(passed, Passed{c.Name, err.Error()})
 				continue
 			}
 		}
@@ -252,14 +262,19 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]s
 		if len(unusable) > 0 {
 			why += fmt.Sprintf("; %d more cannot be given to this container, such as: %v", len(unusable), unusable[0])
 		}
-		return nil, 0, deny(RuleCount, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices)%s; they are free again when their pods are removed",
+		return nil, 0, nil, deny(RuleCount, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices)%s; they are free again when their pods are removed",
 			CountAnnotationKey, ErrDenied, count, kind, len(free), held, len(seen), why))
 	}
 	if ch.Links == nil || count == 1 {
-		return free[:count], 0, nil
+		return free[:count], 0, passed, nil
 	}
 	best, score := closest(free, count, ch.Links)
-	return best, score, nil
+	return best, score, passed, nil
+}
+
+// Passed is a device a count request passed over, and why.
+type Passed struct {
+	Device, Reason string
 }
 
 // maxSets bounds the sets closest scores one by one; beyond it, sets are

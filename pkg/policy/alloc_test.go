@@ -544,6 +544,9 @@ func TestUnhealthyDevices(t *testing.T) {
 	if err != nil || len(g.Counted) != 2 || g.Counted[0].Name != byName["0"].Name || g.Counted[1].Name != byName["2"].Name {
 		t.Errorf("count 2 got %v, %v; want GPUs 0 and 2, passing over the unhealthy 1", g.Counted, err)
 	}
+	if want := []policy.Passed{{Device: byName["1"].Name, Reason: sick.Error()}}; !slices.Equal(g.Passed, want) {
+		t.Errorf("passed over %v, want %v", g.Passed, want)
+	}
 	_, err = a.Admit(strict, pod("b"), nil, 2, ch, nil)
 	testutil.ErrorSays(t, err, "1 are free", "1 more are unhealthy")
 

@@ -129,6 +129,10 @@ func (m *Monitor) event(e nvml.EventData) {
 	}
 }
 
+// Check asks every GPU once whether it still answers, as Run does every
+// interval (for a one-time look: nri-gpu devices).
+func (m *Monitor) Check() { m.check() }
+
 // check asks every GPU whether it still answers.
 func (m *Monitor) check() {
 	for _, g := range m.gpus {
