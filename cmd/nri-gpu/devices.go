@@ -85,7 +85,36 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 	}
 	_ = w.Flush()
 	fmt.Fprintln(stdout, "(health: what a check sees now; the running plugin also counts critical Xid errors since it started, in its log and in nri_gpu_unhealthy_gpus)")
+	if topo, err := nvidia.DiscoverTopology(nvidia.Library(*driverRoot)); err == nil && len(inv.GPUs) > 1 {
+		printTopology(stdout, inv.GPUs, topo)
+	}
 	return exitOK
+}
+
+// printTopology prints how closely each pair of GPUs is connected, as
+// count requests score it.
+func printTopology(out io.Writer, gpus []nvidia.GPU, topo nvidia.Topology) {
+	fmt.Fprintf(out, "\nTopology (count requests take the free set scoring highest: NVLink %d+links, board %d, one PCIe switch %d, several %d, host bridge %d, NUMA node %d, across sockets %d):\n",
+		nvidia.ScoreNVLink, nvidia.ScoreBoard, nvidia.ScoreSwitch, nvidia.ScoreSwitches, nvidia.ScoreHostBridge, nvidia.ScoreNUMA, nvidia.ScoreSystem)
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprint(w, "GPU")
+	for _, g := range gpus {
+		fmt.Fprintf(w, "\t%d", g.Index)
+	}
+	fmt.Fprintln(w)
+	node := func(g nvidia.GPU) string { return specs.NodeID("c", nvidia.Major, int64(g.Minor)) }
+	for _, a := range gpus {
+		fmt.Fprintf(w, "%d", a.Index)
+		for _, b := range gpus {
+			if a.Index == b.Index {
+				fmt.Fprint(w, "\t-")
+				continue
+			}
+			fmt.Fprintf(w, "\t%d", topo.Score(node(a), node(b)))
+		}
+		fmt.Fprintln(w)
+	}
+	_ = w.Flush()
 }
 
 // cdiDevice names the CDI device of a GPU, by index or UUID, or says

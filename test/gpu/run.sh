@@ -5,7 +5,9 @@
 #   make e2e-tools && test/gpu/run.sh
 #
 # It generates the spec of the node's GPUs with NVML, has the CDI library
-# load it (nri-gpu devices), checks that every device node and file the
+# load it (nri-gpu devices, which also prints each GPU's health and, with
+# more than one GPU, the topology matrix count requests score), checks
+# that every device node and file the
 # spec names exists, then (TestRealGPU in test/gpu) runs nri-gpu on a
 # throwaway containerd and gives GPU 0 to a container that loads
 # libcuda.so.1, calls cuInit and cuDeviceGetCount, and runs nvidia-smi -L.
@@ -27,6 +29,7 @@ cat "$spec"
 echo "== nri-gpu devices"
 devices=$("$bin" devices --cdi-spec-dirs "$out" ${DRIVER_ROOT:+--driver-root "$DRIVER_ROOT"})
 echo "$devices"
+grep -q "HEALTH" <<<"$devices" || { echo "run.sh: nri-gpu devices printed no health of the GPUs" >&2; exit 1; }
 if grep -q "not used" <<<"$devices"; then
 	echo "FAIL: the CDI library did not load the generated spec" >&2
 	exit 1
