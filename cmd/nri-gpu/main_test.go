@@ -10,6 +10,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 func TestRunRejectsBadInput(t *testing.T) {
@@ -236,6 +239,25 @@ func TestExplainCount(t *testing.T) {
 	for _, want := range []string{"count    chose nvidia.com/gpu=1 (", `count    passed over nvidia.com/gpu=0:`, `"/bin/evil"`} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("explain does not say %q:\n%s", want, stdout.String())
+		}
+	}
+}
+
+func TestPrintTopology(t *testing.T) {
+	gpus := []nvidia.GPU{{Index: 0, Minor: 0}, {Index: 1, Minor: 1}, {Index: 2, Minor: 2}}
+	node := func(i int64) string { return specs.NodeID("c", nvidia.Major, i) }
+	topo := nvidia.Topology{{node(0), node(1)}: nvidia.ScoreNVLink + 2, {node(0), node(2)}: nvidia.ScoreSystem, {node(1), node(2)}: nvidia.ScoreSystem}
+	var out bytes.Buffer
+	printTopology(&out, gpus, topo)
+	fields := func(line string) string { return strings.Join(strings.Fields(line), " ") }
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	want := []string{"GPU 0 1 2", "0 - 102 10", "1 102 - 10", "2 10 10 -"}
+	if len(lines) != 5 {
+		t.Fatalf("topology printed as:\n%s", out.String())
+	}
+	for i, w := range want {
+		if got := fields(lines[i+1]); got != w {
+			t.Errorf("row %d: %q, want %q", i, got, w)
 		}
 	}
 }
