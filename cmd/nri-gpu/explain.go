@@ -67,7 +67,7 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 			for _, d := range grant.Counted {
 				chosen = append(chosen, d.Name)
 			}
-			out["count"] = map[string]any{"chosen": chosen, "topologyScore": grant.Score, "passedOver": grant.Passed}
+			out["count"] = map[string]any{"chosen": chosen, "topologyScore": grant.Score, "free": grant.Considered.Free, "passedOver": grant.Considered.Passed}
 		}
 		_ = enc.Encode(out)
 		return exitOK
@@ -91,7 +91,8 @@ func printCount(w io.Writer, g policy.Grant) {
 		score = fmt.Sprintf("topology score %d", g.Score)
 	}
 	fmt.Fprintf(w, "count    chose %s (%s)\n", strings.Join(chosen, ","), score)
-	for _, p := range g.Passed {
+	fmt.Fprintf(w, "count    free %s\n", strings.Join(g.Considered.Free, ","))
+	for _, p := range g.Considered.Passed {
 		fmt.Fprintf(w, "count    passed over %s: %s\n", p.Device, p.Reason)
 	}
 }

@@ -48,9 +48,8 @@ type Grant struct {
 	Devices []specs.Device
 	// Counted are the devices chosen for the pod's count request.
 	Counted []specs.Device
-	// Passed are the devices the count request passed over, and why
-	// (held, unhealthy, unusable by this container).
-	Passed []Passed
+	// Considered is what the count request chose among and passed over.
+	Considered Considered
 	// Score is how closely the devices chosen for a count request are
 	// connected: the sum of Links over their pairs (0 when one device was
 	// chosen, the topology is unknown, or the pod had them already).
@@ -119,10 +118,10 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 	}
 
 	counted, score := own.counted, 0
-	var passed []Passed
+	var considered Considered
 	if count > 0 && counted == nil {
 		var err error
-		if counted, score, passed, err = a.choose(p, pod.ID, count, ch); err != nil {
+		if counted, score, considered, err = a.choose(p, pod.ID, count, ch); err != nil {
 			return Grant{}, err
 		}
 	}
@@ -137,7 +136,7 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 
 	// The pod's counted devices are replaced whole, never modified in
 	// place, so the grant may share them.
-	g := Grant{Pod: pod, Devices: slices.Concat(named, counted), Counted: counted, Score: score, Passed: passed}
+	g := Grant{Pod: pod, Devices: slices.Concat(named, counted), Counted: counted, Score: score, Considered: considered}
 	for _, d := range named {
 		if !slices.ContainsFunc(own.named, func(h specs.Device) bool { return h.Name == d.Name }) {
 			own.named = append(own.named, d)
@@ -209,7 +208,7 @@ func (a *Allocations) heldByOther(podID string, d specs.Device, exclusive bool) 
 // per device: the first in order, or, for more than one device where
 // ch.Links is known, the set whose pairs score highest (ties keep spec
 // order). It returns them and their score.
-func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]specs.Device, int, []Passed, error) {
+func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]specs.Device, int, Considered, error) {
 	var (
 		free, seen []specs.Device
 		unusable   []error
@@ -262,14 +261,22 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]s
 		if len(unusable) > 0 {
 			why += fmt.Sprintf("; %d more cannot be given to this container, such as: %v", len(unusable), unusable[0])
 		}
-		return nil, 0, nil, deny(RuleCount, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices)%s; they are free again when their pods are removed",
+		return nil, 0, Considered{}, deny(RuleCount, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices)%s; they are free again when their pods are removed",
 			CountAnnotationKey, ErrDenied, count, kind, len(free), held, len(seen), why))
 	}
+	considered := Considered{Free: names(free), Passed: passed}
 	if ch.Links == nil || count == 1 {
-		return free[:count], 0, passed, nil
+		return free[:count], 0, considered, nil
 	}
 	best, score := closest(free, count, ch.Links)
-	return best, score, passed, nil
+	return best, score, considered, nil
+}
+
+// Considered is what a count request looked at: the free devices (not
+// held, healthy) it chose among, and those it passed over, with why.
+type Considered struct {
+	Free   []string
+	Passed []Passed
 }
 
 // Passed is a device a count request passed over, and why.

@@ -12,6 +12,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 // gpus returns four GPUs, each by index and by UUID, the way Candidates
@@ -544,8 +545,11 @@ func TestUnhealthyDevices(t *testing.T) {
 	if err != nil || len(g.Counted) != 2 || g.Counted[0].Name != byName["0"].Name || g.Counted[1].Name != byName["2"].Name {
 		t.Errorf("count 2 got %v, %v; want GPUs 0 and 2, passing over the unhealthy 1", g.Counted, err)
 	}
-	if want := []policy.Passed{{Device: byName["1"].Name, Reason: sick.Error()}}; !slices.Equal(g.Passed, want) {
-		t.Errorf("passed over %v, want %v", g.Passed, want)
+	if want := []policy.Passed{{Device: byName["1"].Name, Reason: sick.Error()}}; !slices.Equal(g.Considered.Passed, want) {
+		t.Errorf("passed over %v, want %v", g.Considered.Passed, want)
+	}
+	if want := []string{byName["0"].Name, byName["2"].Name, byName["3"].Name}; !slices.Equal(g.Considered.Free, want) {
+		t.Errorf("free %v, want %v", g.Considered.Free, want)
 	}
 	_, err = a.Admit(strict, pod("b"), nil, 2, ch, nil)
 	testutil.ErrorSays(t, err, "1 are free", "1 more are unhealthy")
@@ -562,4 +566,82 @@ func TestUnhealthyDevices(t *testing.T) {
 	if _, err := a.Admit(lenient, pod("c"), []specs.Device{byName["1"]}, 0, ch, nil); err != nil {
 		t.Errorf("with policy.allowUnhealthy, a named request for the unhealthy GPU: %v", err)
 	}
+}
+
+// TestCountPacksMIGDevices: with the topology known, a count request for
+// MIG devices takes two of one GPU rather than one of each of two.
+func TestCountPacksMIGDevices(t *testing.T) {
+	gpu := func(i int) string { return specs.NodeID("c", nvidia.Major, int64(i)) }
+	mig := func(g, m int) specs.Device {
+		return specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d:%d", g, m), Nodes: []string{gpu(g), fmt.Sprintf("c 511:%d", 10*g+m)}}
+	}
+	candidates := []specs.Device{mig(0, 1), mig(0, 2), mig(1, 1), mig(1, 2)}
+	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	a := policy.NewAllocations()
+	if _, err := a.Admit(p, pod("holder"), []specs.Device{candidates[0]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
+		t.Fatal(err)
+	}
+	topo := nvidia.Topology{{gpu(0), gpu(1)}: nvidia.ScoreNVLink}
+	g, err := a.Admit(p, pod("counted"), nil, 2, policy.Choice{Candidates: candidates, Links: topo.Links}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := names(g.Counted); !slices.Equal(got, []string{"nvidia.com/gpu=1:1", "nvidia.com/gpu=1:2"}) {
+		t.Errorf("chose %v, want both MIG devices of GPU 1 (spec order would take 0:2 and 1:1)", got)
+	}
+}
+
+// TestConcurrentCountRequests: pods asking at once, with the topology
+// known, never share a device.
+func TestConcurrentCountRequests(t *testing.T) {
+	var candidates []specs.Device
+	for i := 0; i < 8; i++ {
+		candidates = append(candidates, specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d", i), Nodes: []string{specs.NodeID("c", nvidia.Major, int64(i))}})
+	}
+	topo := nvidia.Topology{}
+	for i := 0; i < 8; i++ {
+		for j := i + 1; j < 8; j++ {
+			score := nvidia.ScoreSystem
+			if i/4 == j/4 {
+				score = nvidia.ScoreNVLink
+			}
+			topo[[2]string{candidates[i].Nodes[0], candidates[j].Nodes[0]}] = score
+		}
+	}
+	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	a := policy.NewAllocations()
+	var wg sync.WaitGroup
+	grants := make([]policy.Grant, 4)
+	errs := make([]error, 4)
+	for i := range grants {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			grants[i], errs[i] = a.Admit(p, pod(fmt.Sprint("p", i)), nil, 2, policy.Choice{Candidates: candidates, Links: topo.Links}, nil)
+		}()
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	for i, g := range grants {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		for _, d := range g.Counted {
+			if seen[d.Name] {
+				t.Errorf("%s handed out twice", d.Name)
+			}
+			seen[d.Name] = true
+		}
+		if g.Score != nvidia.ScoreNVLink {
+			t.Errorf("pod %d got %v (score %d): want a pair within an NVLink island", i, names(g.Counted), g.Score)
+		}
+	}
+}
+
+func names(devs []specs.Device) []string {
+	var out []string
+	for _, d := range devs {
+		out = append(out, d.Name)
+	}
+	return out
 }
