@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -77,4 +78,28 @@ func NVML(n int) *dgxa100.Server {
 	// No events unless a test gives them.
 	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
 	return s
+}
+
+// NVMLEvents gives s an event set whose Wait returns the events sent on
+// the channel it returns (and times out as NVML does without one), and
+// has every GPU register for events.
+func NVMLEvents(s *dgxa100.Server) chan<- nvml.EventData {
+	events := make(chan nvml.EventData, 8)
+	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
+		return &mock.EventSet{
+			WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
+				select {
+				case e := <-events:
+					return e, nvml.SUCCESS
+				case <-time.After(time.Duration(ms) * time.Millisecond):
+					return nvml.EventData{}, nvml.ERROR_TIMEOUT
+				}
+			},
+			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+		}, nvml.SUCCESS
+	}
+	for _, d := range s.Devices {
+		d.(*dgxa100.Device).RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+	}
+	return events
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
@@ -95,23 +94,7 @@ func gpuSpecDir(t *testing.T, n int) string {
 func TestUnhealthyGPUs(t *testing.T) {
 	specDir := gpuSpecDir(t, 2)
 	s := testutil.NVML(2)
-	events := make(chan nvml.EventData, 1)
-	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
-		return &mock.EventSet{
-			WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
-				select {
-				case e := <-events:
-					return e, nvml.SUCCESS
-				case <-time.After(time.Duration(ms) * time.Millisecond):
-					return nvml.EventData{}, nvml.ERROR_TIMEOUT
-				}
-			},
-			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
-		}, nvml.SUCCESS
-	}
-	for _, d := range s.Devices {
-		d.(*dgxa100.Device).RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
-	}
+	events := testutil.NVMLEvents(s)
 	cfg, err := config.Parse([]byte("healthInterval: 50ms\n"))
 	if err != nil {
 		t.Fatal(err)

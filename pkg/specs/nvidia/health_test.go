@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
@@ -23,33 +22,15 @@ import (
 // answered for RecoverAfter.
 func TestMonitor(t *testing.T) {
 	s := server(4)
-	events := make(chan nvml.EventData, 8)
-	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
-		return &mock.EventSet{
-			WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
-				select {
-				case e := <-events:
-					return e, nvml.SUCCESS
-				case <-time.After(time.Duration(ms) * time.Millisecond):
-					return nvml.EventData{}, nvml.ERROR_TIMEOUT
-				}
-			},
-			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
-		}, nvml.SUCCESS
-	}
+	events := testutil.NVMLEvents(s)
 	var lost atomic.Bool
-	for i, d := range s.Devices {
-		dev := d.(*dgxa100.Device)
-		dev.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
-		if i == 2 {
-			uuid := dev.GetUUIDFunc
-			dev.GetUUIDFunc = func() (string, nvml.Return) {
-				if lost.Load() {
-					return "", nvml.ERROR_GPU_IS_LOST
-				}
-				return uuid()
-			}
+	dev2 := s.Devices[2].(*dgxa100.Device)
+	uuid := dev2.GetUUIDFunc
+	dev2.GetUUIDFunc = func() (string, nvml.Return) {
+		if lost.Load() {
+			return "", nvml.ERROR_GPU_IS_LOST
 		}
+		return uuid()
 	}
 	m, err := nvidia.NewMonitor(s)
 	if err != nil {
