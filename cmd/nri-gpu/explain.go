@@ -46,6 +46,7 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer p.Close()
+	p.CheckHealth()
 
 	adj, grant, err := p.Explain(
 		&api.PodSandbox{Id: "explain", Name: *pod, Namespace: *namespace, Annotations: podAnn},

@@ -440,6 +440,23 @@ func (p *Plugin) unhealthy() func(specs.Device) error {
 	return nil
 }
 
+// CheckHealth looks once at the NVIDIA GPUs' health (a GPU a check finds
+// lost), for a plugin that does not Serve (nri-gpu explain); without
+// NVML it does nothing.
+func (p *Plugin) CheckHealth() {
+	lib := p.nvml
+	if lib == nil {
+		lib = nvidia.Library(p.state().cfg.DriverRoot)
+	}
+	m, err := nvidia.NewMonitor(lib)
+	if err != nil {
+		return
+	}
+	m.Check()
+	m.Close() // what it found stays
+	p.health.Store(m)
+}
+
 // keepWatchingHealth watches the NVIDIA GPUs' health through NVML until
 // ctx is done; without NVML it says that it takes every GPU as healthy.
 func (p *Plugin) keepWatchingHealth(ctx context.Context) {
