@@ -129,3 +129,32 @@ func TestUnhealthyGPUs(t *testing.T) {
 	_, err = create("named", map[string]string{"gpus.nri-gpu.io": "0"})
 	testutil.ErrorSays(t, err, "critical Xid error 79", "policy.allowUnhealthy")
 }
+
+// TestExplainSeesLostGPUs: a plugin that does not serve (nri-gpu
+// explain) looks at the GPUs once: a lost one is passed over, and said so.
+func TestExplainSeesLostGPUs(t *testing.T) {
+	specDir := gpuSpecDir(t, 2)
+	s := testutil.NVML(2)
+	s.Devices[0].(*dgxa100.Device).GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
+	cfg, err := config.Parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	p.CheckHealth()
+	pod := &api.PodSandbox{Id: "id", Name: "p", Namespace: "tenant", Annotations: map[string]string{"gpu-count.nri-gpu.io": "1"}}
+	_, g, err := p.Explain(pod, &api.Container{Id: "c", PodSandboxId: "id", Name: "c", Linux: &api.LinuxContainer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Counted) != 1 || g.Counted[0].Name != "nvidia.com/gpu=1" {
+		t.Errorf("chose %v, want GPU 1", g.Counted)
+	}
+	if len(g.Considered.Passed) != 1 || g.Considered.Passed[0].Device != "nvidia.com/gpu=0" || !strings.Contains(g.Considered.Passed[0].Reason, "lost") {
+		t.Errorf("passed over %+v, want GPU 0 as lost", g.Considered.Passed)
+	}
+}
