@@ -21,8 +21,9 @@ var ErrUnhealthy = errors.New("unhealthy GPU")
 var ignoredXids = map[uint64]bool{13: true, 31: true, 43: true, 45: true, 68: true, 109: true}
 
 // Monitor watches the health of a node's NVIDIA GPUs through NVML: a
-// critical Xid error event makes a GPU unhealthy, and so does a check
-// (every interval of Run) that finds it lost. A lost GPU that answers
+// critical Xid error event makes a GPU unhealthy, and so do a
+// GPU-unavailable event and a check (every interval of Run) that finds it
+// lost. A lost GPU that answers
 // again is healthy again; one that had an Xid error is, once it has
 // answered for RecoverAfter (never, when 0).
 type Monitor struct {
@@ -80,7 +81,10 @@ func NewMonitor(lib nvml.Interface) (*Monitor, error) {
 	if set, ret := lib.EventSetCreate(); ret == nvml.SUCCESS {
 		m.set = set
 		for _, g := range m.gpus {
-			_ = g.dev.RegisterEvents(nvml.EventTypeXidCriticalError, set) // not supported: checks only
+			// Each on its own: a driver that knows no GPU-unavailable
+			// event still gives Xid errors. Not supported: checks only.
+			_ = g.dev.RegisterEvents(nvml.EventTypeXidCriticalError, set)
+			_ = g.dev.RegisterEvents(nvml.EventTypeGpuUnavailableError, set)
 		}
 	}
 	return m, nil
@@ -119,12 +123,18 @@ func (m *Monitor) Run(ctx context.Context, interval time.Duration) {
 
 // event handles an NVML event.
 func (m *Monitor) event(e nvml.EventData) {
-	if e.EventType&nvml.EventTypeXidCriticalError == 0 || ignoredXids[e.EventData] {
+	var p problem
+	switch {
+	case e.EventType&nvml.EventTypeGpuUnavailableError != 0:
+		p = problem{reason: "the GPU is unavailable (NVML event)", since: m.now(), lost: true}
+	case e.EventType&nvml.EventTypeXidCriticalError != 0 && !ignoredXids[e.EventData]:
+		p = problem{reason: fmt.Sprintf("critical Xid error %d", e.EventData), since: m.now()}
+	default:
 		return
 	}
 	for _, g := range m.gpus {
 		if g.dev == e.Device || e.Device == nil {
-			m.mark(g.node, problem{reason: fmt.Sprintf("critical Xid error %d", e.EventData), since: m.now()})
+			m.mark(g.node, p)
 		}
 	}
 }

@@ -23,14 +23,17 @@ import (
 func TestMonitor(t *testing.T) {
 	s := server(4)
 	events := testutil.NVMLEvents(s)
-	var lost atomic.Bool
-	dev2 := s.Devices[2].(*dgxa100.Device)
-	uuid := dev2.GetUUIDFunc
-	dev2.GetUUIDFunc = func() (string, nvml.Return) {
-		if lost.Load() {
-			return "", nvml.ERROR_GPU_IS_LOST
+	// GPUs 2 and 3 can be lost: their checks then fail.
+	var lost, lost3 atomic.Bool
+	for i, flag := range map[int]*atomic.Bool{2: &lost, 3: &lost3} {
+		d := s.Devices[i].(*dgxa100.Device)
+		uuid := d.GetUUIDFunc
+		d.GetUUIDFunc = func() (string, nvml.Return) {
+			if flag.Load() {
+				return "", nvml.ERROR_GPU_IS_LOST
+			}
+			return uuid()
 		}
-		return uuid()
 	}
 	m, err := nvidia.NewMonitor(s)
 	if err != nil {
@@ -62,6 +65,16 @@ func TestMonitor(t *testing.T) {
 		t.Error("a device that is no NVIDIA GPU is unhealthy")
 	}
 
+	lost3.Store(true)
+	events <- nvml.EventData{Device: s.Devices[3], EventType: nvml.EventTypeGpuUnavailableError}
+	testutil.Within(t, 2*time.Second, "GPU 3 unhealthy after a GPU-unavailable event", func() bool {
+		err := m.Unhealthy(dev(3))
+		return err != nil && strings.Contains(err.Error(), "unavailable")
+	})
+	// It answers its checks again: healthy again.
+	lost3.Store(false)
+	testutil.Within(t, 2*time.Second, "GPU 3 healthy once it answers", func() bool { return !unhealthy(dev(3)) })
+
 	lost.Store(true)
 	testutil.Within(t, 2*time.Second, "GPU 2 unhealthy while lost", func() bool {
 		err := m.Unhealthy(dev(2))
@@ -70,8 +83,8 @@ func TestMonitor(t *testing.T) {
 	lost.Store(false)
 	testutil.Within(t, 2*time.Second, "GPU 2 healthy once it answers", func() bool { return !unhealthy(dev(2)) })
 	testutil.Within(t, 2*time.Second, "GPU 1 healthy after RecoverAfter", func() bool { return !unhealthy(dev(1)) })
-	if changes.Load() < 4 {
-		t.Errorf("OnChange called %d times, want one per change (4)", changes.Load())
+	if changes.Load() < 6 {
+		t.Errorf("OnChange called %d times, want one per change (6)", changes.Load())
 	}
 	if got := m.Unhealthies(); len(got) != 0 {
 		t.Errorf("unhealthy at the end: %v", got)
