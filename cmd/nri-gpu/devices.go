@@ -84,7 +84,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 			cdiDevice(cdiNames, cfg.DefaultKind, fmt.Sprint(g.Index), g.UUID))
 	}
 	_ = w.Flush()
-	fmt.Fprintln(stdout, "(health: what a check sees now; the running plugin also counts critical Xid errors since it started, in its log and in nri_gpu_unhealthy_gpus)")
+	fmt.Fprintln(stdout, "(health: what a check sees now; the running plugin also counts critical Xid errors since it started, in its log and in nri_gpu_unhealthy_gpus; devices of other vendors are taken as healthy)")
 	if topo, err := nvidia.DiscoverTopology(nvidia.Library(*driverRoot)); err == nil && len(inv.GPUs) > 1 {
 		printTopology(stdout, inv.GPUs, topo)
 	}
