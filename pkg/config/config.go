@@ -29,6 +29,15 @@ const (
 	UnsupportedWarn UnsupportedEdits = "warn"
 )
 
+// Pod annotation keys nri-gpu can read (annotationKeys), each in its
+// plain, /pod and /container.<name> forms.
+const (
+	// KeyNRIGPU is nri-gpu's own: qualified or short device names.
+	KeyNRIGPU = "gpus.nri-gpu.io"
+	// KeyNVIDIA is NVIDIA's NRI plugin's: qualified CDI names only.
+	KeyNVIDIA = "nvidia.cdi.k8s.io"
+)
+
 // Config is nri-gpu's configuration. Every field is documented in the
 // README and in config/nri-gpu.yaml.
 type Config struct {
@@ -41,6 +50,10 @@ type Config struct {
 	// HonorCDIAnnotations says whether cdi.k8s.io/* container annotations
 	// request devices too.
 	HonorCDIAnnotations *bool `yaml:"honorCDIAnnotations"`
+	// AnnotationKeys are the pod annotation keys that request devices by
+	// name: KeyNRIGPU, KeyNVIDIA or both. A container asking through
+	// several gets their union, once.
+	AnnotationKeys []string `yaml:"annotationKeys"`
 	// UnsupportedEdits is "error" or "warn": what to do with CDI edits
 	// (additionalGids, intelRdt, netDevices) that NRI cannot express.
 	UnsupportedEdits UnsupportedEdits `yaml:"unsupportedEdits"`
@@ -200,6 +213,9 @@ func (c *Config) setDefaults() {
 	if c.DefaultKind == "" {
 		c.DefaultKind = DefaultKind
 	}
+	if c.AnnotationKeys == nil {
+		c.AnnotationKeys = []string{KeyNRIGPU}
+	}
 	if c.HonorCDIAnnotations == nil {
 		honor := true
 		c.HonorCDIAnnotations = &honor
@@ -268,6 +284,11 @@ func (c *Config) problems() []error {
 	}
 	if _, _, err := ParseKind(c.DefaultKind); err != nil {
 		errs = append(errs, fmt.Errorf("defaultKind: %w", err))
+	}
+	for _, k := range c.AnnotationKeys {
+		if k != KeyNRIGPU && k != KeyNVIDIA {
+			errs = append(errs, fmt.Errorf("annotationKeys: %q is neither %q nor %q", k, KeyNRIGPU, KeyNVIDIA))
+		}
 	}
 	switch c.UnsupportedEdits {
 	case UnsupportedError, UnsupportedWarn:

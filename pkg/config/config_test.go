@@ -19,6 +19,7 @@ func TestParse(t *testing.T) {
 	defaults := &config.Config{
 		CDISpecDirs:         []string{"/etc/cdi", "/var/run/cdi"},
 		DefaultKind:         "nvidia.com/gpu",
+		AnnotationKeys:      []string{"gpus.nri-gpu.io"},
 		HonorCDIAnnotations: &honor,
 		UnsupportedEdits:    config.UnsupportedError,
 		GenerateInterval:    time.Minute,
@@ -44,6 +45,7 @@ func TestParse(t *testing.T) {
 			yaml: `
 cdiSpecDirs: [/etc/cdi]
 defaultKind: example.com/fpga
+annotationKeys: [gpus.nri-gpu.io, nvidia.cdi.k8s.io]
 honorCDIAnnotations: false
 unsupportedEdits: warn
 generateSpecs: true
@@ -72,6 +74,7 @@ devicePlugin:
 			want: &config.Config{
 				CDISpecDirs:         []string{"/etc/cdi"},
 				DefaultKind:         "example.com/fpga",
+				AnnotationKeys:      []string{"gpus.nri-gpu.io", "nvidia.cdi.k8s.io"},
 				HonorCDIAnnotations: &noHonor,
 				UnsupportedEdits:    config.UnsupportedWarn,
 				GenerateSpecs:       true,
@@ -114,6 +117,7 @@ devicePlugin:
 		{name: "bad resource glob", yaml: "devicePlugin:\n  resources: [{name: a.com/b, devices: ['[']}]\n", wantErr: []string{`devicePlugin.resources[0].devices: glob "["`}},
 		{name: "negative health interval", yaml: "healthInterval: -1s\n", wantErr: []string{"healthInterval: -1s is negative"}},
 		{name: "negative recovery", yaml: "healthRecoverAfter: -1m\n", wantErr: []string{"healthRecoverAfter: -1m0s is negative"}},
+		{name: "unknown annotation key", yaml: "annotationKeys: [gpu.example.com]\n", wantErr: []string{`annotationKeys: "gpu.example.com" is neither "gpus.nri-gpu.io" nor "nvidia.cdi.k8s.io"`}},
 		{name: "two documents", yaml: "defaultKind: a.com/b\n---\ndefaultKind: c.com/d\n", wantErr: []string{"more than one YAML document"}},
 		{
 			name:    "all problems at once",

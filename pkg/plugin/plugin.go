@@ -131,7 +131,7 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 		}
 		cfg = &c
 	}
-	parser, err := policy.NewParser(cfg.DefaultKind, cfg.HonorsCDIAnnotations())
+	parser, err := policy.NewParser(cfg.DefaultKind, cfg.HonorsCDIAnnotations(), cfg.AnnotationKeys...)
 	if err != nil {
 		return nil, err
 	}

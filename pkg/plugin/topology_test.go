@@ -158,3 +158,29 @@ func TestExplainSeesLostGPUs(t *testing.T) {
 		t.Errorf("passed over %+v, want GPU 0 as lost", g.Considered.Passed)
 	}
 }
+
+// TestNVIDIAAnnotationsOverNRI: with NVIDIA's key configured, a pod
+// annotated for NVIDIA's NRI plugin gets its device through nri-gpu, under
+// nri-gpu's policy; without it, the annotation is ignored.
+func TestNVIDIAAnnotationsOverNRI(t *testing.T) {
+	r := runtime(t, "annotationKeys: [gpus.nri-gpu.io, nvidia.cdi.k8s.io]\npolicy: {namespaces: [tenant-*], exclusive: true}")
+	ann := map[string]string{"nvidia.cdi.k8s.io/container.c": "nvidia.com/gpu=1", "gpus.nri-gpu.io": "1"}
+	pod := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant-a", Annotations: ann}
+	adj, err := r.create(pod, &api.Container{Id: "a-c", PodSandboxId: pod.Id, Name: "c", Linux: &api.LinuxContainer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := devicePaths(adj); !slices.Equal(got, []string{"/dev/nvidia1"}) {
+		t.Errorf("asked through both keys for GPU 1, got %v: want it once", got)
+	}
+	other := &api.PodSandbox{Id: "id-b", Name: "b", Namespace: "default", Annotations: map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=0"}}
+	_, err = r.create(other, &api.Container{Id: "b-c", PodSandboxId: other.Id, Name: "c", Linux: &api.LinuxContainer{}})
+	testutil.ErrorSays(t, err, `pod annotation "nvidia.cdi.k8s.io"`, `pods of namespace "default" may not request devices`)
+
+	plain := runtime(t, "policy: {namespaces: [tenant-*]}")
+	adj, err = plain.create(&api.PodSandbox{Id: "id-c", Name: "c", Namespace: "tenant-c", Annotations: map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=0"}},
+		&api.Container{Id: "c-c", PodSandboxId: "id-c", Name: "c", Linux: &api.LinuxContainer{}})
+	if err != nil || len(devicePaths(adj)) > 0 {
+		t.Errorf("NVIDIA's key without annotationKeys listing it: devices %v, %v; want none", devicePaths(adj), err)
+	}
+}

@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,10 +19,15 @@ import (
 const (
 	// AnnotationKey is the pod annotation that requests devices, in its
 	// plain form; /pod and /container.<name> scope it.
-	AnnotationKey = "gpus.nri-gpu.io"
+	AnnotationKey = config.KeyNRIGPU
 	// CountAnnotationKey is the pod annotation that asks for a number of
 	// devices of the default kind, chosen by nri-gpu among the free ones.
 	CountAnnotationKey = "gpu-count.nri-gpu.io"
+	// NVIDIAAnnotationKey is the pod annotation of NVIDIA's NRI plugin (in
+	// the NVIDIA Container Toolkit): qualified CDI names only, in its
+	// plain, /pod and /container.<name> forms. nri-gpu reads it when the
+	// configuration's annotationKeys lists it.
+	NVIDIAAnnotationKey = config.KeyNVIDIA
 	// maxCount bounds a count request.
 	maxCount = 1024
 	// AllDevice is the device name that stands for all devices of a kind.
@@ -126,17 +132,25 @@ func (a Ask) Empty() bool { return len(a.Requests) == 0 && a.Count == 0 }
 type Parser struct {
 	vendor, class string
 	honorCDI      bool
+	// keys are the pod annotation keys read (AnnotationKey,
+	// NVIDIAAnnotationKey), in their plain, /pod and /container.<name>
+	// forms.
+	keys []string
 }
 
 // NewParser returns a parser that resolves short names against kind
-// (vendor/class) and, when honorCDI is true, reads cdi.k8s.io/* container
-// annotations too.
-func NewParser(kind string, honorCDI bool) (*Parser, error) {
+// (vendor/class), reads the pod annotation keys given (of a validated
+// configuration's annotationKeys; none: AnnotationKey) and, when honorCDI
+// is true, cdi.k8s.io/* container annotations too.
+func NewParser(kind string, honorCDI bool, keys ...string) (*Parser, error) {
 	vendor, class, err := config.ParseKind(kind)
 	if err != nil {
 		return nil, fmt.Errorf("default %w", err)
 	}
-	return &Parser{vendor: vendor, class: class, honorCDI: honorCDI}, nil
+	if len(keys) == 0 {
+		keys = []string{AnnotationKey}
+	}
+	return &Parser{vendor: vendor, class: class, honorCDI: honorCDI, keys: slices.Clone(keys)}, nil
 }
 
 // Parse returns what a container asks for, named requests merged so that
@@ -149,7 +163,7 @@ func (p *Parser) Parse(c Container) (Ask, error) {
 		if err != nil {
 			return Ask{}, fmt.Errorf("pod annotation %q: %w: %w", CountAnnotationKey, ErrInvalidRequest, err)
 		}
-		if k := namedKey(c.PodAnnotations); k != "" {
+		if k := namedKey(c.PodAnnotations, p.keys); k != "" {
 			return Ask{}, fmt.Errorf("pod annotations %q and %q: %w: ask for a count or for named devices, not both",
 				CountAnnotationKey, k, ErrInvalidRequest)
 		}
@@ -172,12 +186,15 @@ func parseCount(value string) (int, error) {
 	return n, nil
 }
 
-// namedKey returns a pod annotation key that names devices, if any.
-func namedKey(annotations map[string]string) string {
+// namedKey returns a pod annotation key (of those read) that names
+// devices, if any.
+func namedKey(annotations map[string]string, read []string) string {
 	keys := make([]string, 0, len(annotations))
 	for k := range annotations {
-		if k == AnnotationKey || strings.HasPrefix(k, AnnotationKey+"/") {
-			keys = append(keys, k)
+		for _, r := range read {
+			if k == r || strings.HasPrefix(k, r+"/") {
+				keys = append(keys, k)
+			}
 		}
 	}
 	sort.Strings(keys)
@@ -190,12 +207,16 @@ func namedKey(annotations map[string]string) string {
 func (p *Parser) parseNamed(c Container) ([]Request, error) {
 	var reqs []Request
 	pod := &api.PodSandbox{Annotations: c.PodAnnotations}
-	if value, ok := nriplugin.GetEffectiveAnnotation(pod, AnnotationKey, c.Name); ok {
-		key := effectiveKey(c.PodAnnotations, c.Name, value)
-		var err error
-		if reqs, err = p.parsePodValue(key, value); err != nil {
+	for _, k := range p.keys {
+		value, ok := nriplugin.GetEffectiveAnnotation(pod, k, c.Name)
+		if !ok {
+			continue
+		}
+		r, err := p.parsePodValue(k, effectiveKey(c.PodAnnotations, k, c.Name, value), value)
+		if err != nil {
 			return nil, err
 		}
+		reqs = append(reqs, r...)
 	}
 	if p.honorCDI {
 		r, err := parseCDIAnnotations(c.Annotations)
@@ -221,19 +242,22 @@ func (p *Parser) parseNamed(c Container) ([]Request, error) {
 
 // effectiveKey names the annotation key whose value GetEffectiveAnnotation
 // returned, for error messages; the precedence itself is NRI's.
-func effectiveKey(annotations map[string]string, container, value string) string {
+func effectiveKey(annotations map[string]string, base, container, value string) string {
 	for _, k := range []string{
-		AnnotationKey + "/container." + container,
-		AnnotationKey + "/pod",
+		base + "/container." + container,
+		base + "/pod",
 	} {
 		if v, ok := annotations[k]; ok && v == value {
 			return k
 		}
 	}
-	return AnnotationKey
+	return base
 }
 
-func (p *Parser) parsePodValue(key, value string) ([]Request, error) {
+// parsePodValue reads the value of a pod annotation of base (AnnotationKey
+// or NVIDIAAnnotationKey), found under key. NVIDIA's takes qualified
+// names only, as NVIDIA's NRI plugin does.
+func (p *Parser) parsePodValue(base, key, value string) ([]Request, error) {
 	if n := strings.Count(value, ",") + 1; n > maxItems {
 		return nil, fmt.Errorf("pod annotation %q: %w: %d items, more than %d", key, ErrInvalidRequest, n, maxItems)
 	}
@@ -241,6 +265,9 @@ func (p *Parser) parsePodValue(key, value string) ([]Request, error) {
 	for i, raw := range strings.Split(value, ",") {
 		item := strings.TrimSpace(raw)
 		device, err := p.qualify(item)
+		if err == nil && base == NVIDIAAnnotationKey && device != item {
+			err = fmt.Errorf("%s takes qualified CDI names (vendor/class=name) only, as NVIDIA's NRI plugin does", NVIDIAAnnotationKey)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("pod annotation %q, item %d %q: %w: %w",
 				key, i+1, truncate(item), ErrInvalidRequest, err)

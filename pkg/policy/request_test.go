@@ -19,15 +19,18 @@ func TestParse(t *testing.T) {
 	cdiReq := func(key, device string) policy.Request {
 		return policy.Request{Device: device, Item: device, Key: key, Source: policy.SourceCDI}
 	}
+	both := []string{"gpus.nri-gpu.io", "nvidia.cdi.k8s.io"}
 	tests := []struct {
 		name     string
 		honorCDI bool
-		podAnn   map[string]string
-		ctrAnn   map[string]string
-		cdiDevs  []string
-		want     []policy.Request
-		count    int
-		wantErr  []string
+		// keys are the annotation keys read; none: nri-gpu's.
+		keys    []string
+		podAnn  map[string]string
+		ctrAnn  map[string]string
+		cdiDevs []string
+		want    []policy.Request
+		count   int
+		wantErr []string
 	}{
 		{name: "no annotations", want: nil},
 		{name: "other annotations only", podAnn: map[string]string{"gpus.example.com": "0"}, want: nil},
@@ -203,6 +206,58 @@ func TestParse(t *testing.T) {
 			wantErr: []string{`item 1 "$(reboot)"`},
 		},
 		{
+			name:   "NVIDIA's key not read unless configured",
+			podAnn: map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=0"},
+			want:   nil,
+		},
+		{
+			name:   "NVIDIA's key, plain",
+			keys:   both,
+			podAnn: map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=0,nvidia.com/gpu=1"},
+			want:   []policy.Request{pod("nvidia.cdi.k8s.io", "nvidia.com/gpu=0", "nvidia.com/gpu=0"), pod("nvidia.cdi.k8s.io", "nvidia.com/gpu=1", "nvidia.com/gpu=1")},
+		},
+		{
+			name: "NVIDIA's key: container scope beats pod scope beats plain",
+			keys: both,
+			podAnn: map[string]string{
+				"nvidia.cdi.k8s.io/container.main": "nvidia.com/gpu=2", "nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=1", "nvidia.cdi.k8s.io": "nvidia.com/gpu=0",
+			},
+			want: []policy.Request{pod("nvidia.cdi.k8s.io/container.main", "nvidia.com/gpu=2", "nvidia.com/gpu=2")},
+		},
+		{
+			name:   "NVIDIA's key: pod scope beats plain",
+			keys:   []string{"nvidia.cdi.k8s.io"},
+			podAnn: map[string]string{"nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=1", "nvidia.cdi.k8s.io": "nvidia.com/gpu=0", "nvidia.cdi.k8s.io/container.other": "nvidia.com/gpu=3"},
+			want:   []policy.Request{pod("nvidia.cdi.k8s.io/pod", "nvidia.com/gpu=1", "nvidia.com/gpu=1")},
+		},
+		{
+			name:   "nri-gpu's and NVIDIA's keys: the union, once",
+			keys:   both,
+			podAnn: map[string]string{"gpus.nri-gpu.io": "0,1", "nvidia.cdi.k8s.io": "nvidia.com/gpu=1,nvidia.com/gpu=2"},
+			want: []policy.Request{
+				pod("gpus.nri-gpu.io", "0", "nvidia.com/gpu=0"), pod("gpus.nri-gpu.io", "1", "nvidia.com/gpu=1"),
+				pod("nvidia.cdi.k8s.io", "nvidia.com/gpu=2", "nvidia.com/gpu=2"),
+			},
+		},
+		{
+			name:   "only NVIDIA's key read: nri-gpu's ignored",
+			keys:   []string{"nvidia.cdi.k8s.io"},
+			podAnn: map[string]string{"gpus.nri-gpu.io": "0", "nvidia.cdi.k8s.io": "nvidia.com/gpu=1"},
+			want:   []policy.Request{pod("nvidia.cdi.k8s.io", "nvidia.com/gpu=1", "nvidia.com/gpu=1")},
+		},
+		{
+			name:    "NVIDIA's key takes qualified names only",
+			keys:    both,
+			podAnn:  map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=0,1"},
+			wantErr: []string{`pod annotation "nvidia.cdi.k8s.io", item 2 "1"`, "qualified CDI names"},
+		},
+		{
+			name:    "a count beside NVIDIA's key",
+			keys:    both,
+			podAnn:  map[string]string{"gpu-count.nri-gpu.io": "1", "nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=0"},
+			wantErr: []string{`"gpu-count.nri-gpu.io" and "nvidia.cdi.k8s.io/pod"`, "not both"},
+		},
+		{
 			name:     "bad cdi.k8s.io value",
 			honorCDI: true,
 			ctrAnn:   map[string]string{"cdi.k8s.io/dp": "nvidia.com/gpu=0, nvidia.com/gpu=1"},
@@ -211,7 +266,7 @@ func TestParse(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := policy.NewParser("nvidia.com/gpu", tc.honorCDI)
+			p, err := policy.NewParser("nvidia.com/gpu", tc.honorCDI, tc.keys...)
 			if err != nil {
 				t.Fatal(err)
 			}

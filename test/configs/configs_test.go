@@ -254,3 +254,38 @@ func TestDaemonSet(t *testing.T) {
 		}
 	}
 }
+
+// TestNVIDIAKeysOnlyWhereMeant: one example turns NVIDIA's annotation key
+// on, and no other file under config/ names it outside comments.
+func TestNVIDIAKeysOnlyWhereMeant(t *testing.T) {
+	var naming []string
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if code, _, _ := strings.Cut(line, "#"); strings.Contains(code, config.KeyNVIDIA) {
+				naming = append(naming, filepath.Base(path))
+				break
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(naming, []string{"nri-gpu-nvidia-annotations.yaml"}) {
+		t.Errorf("files naming %s outside comments: %v, want only nri-gpu-nvidia-annotations.yaml", config.KeyNVIDIA, naming)
+	}
+	cfg, err := config.Parse(read(t, "nri-gpu-nvidia-annotations.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cfg.AnnotationKeys, config.KeyNVIDIA) || !slices.Contains(cfg.AnnotationKeys, config.KeyNRIGPU) {
+		t.Errorf("annotationKeys %v: want both", cfg.AnnotationKeys)
+	}
+}
