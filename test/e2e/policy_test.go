@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -248,5 +250,30 @@ func TestHooksGetAnExplicitEnvironment(t *testing.T) {
 	}
 	if !slices.Contains(runs, "poststart "+id) {
 		t.Errorf("the poststart hook did not run: %v", runs)
+	}
+}
+
+// TestNVIDIAAnnotations: a pod annotated exactly as for NVIDIA's NRI plugin
+// (nvidia.cdi.k8s.io/container.<name>) gets its device through nri-gpu when
+// the configuration lists that key, on a containerd whose own CDI is off.
+func TestNVIDIAAnnotations(t *testing.T) {
+	needEnv(t)
+	ctd := extraContainerd(t, "nvidia-keys", harness.Options{})
+	config := filepath.Join(ctd.Dir, "nri-gpu.yaml")
+	if err := os.WriteFile(config, []byte(env.host.PluginConfig(nil, "exclusive: true")+"annotationKeys: [gpus.nri-gpu.io, nvidia.cdi.k8s.io]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctd.StartPlugin("--config", config); err != nil {
+		t.Fatal(err)
+	}
+	podID, pod := newPod(t, ctd, map[string]string{"nvidia.cdi.k8s.io/container.worker": "nvidia.com/gpu=" + harness.UUID(1)})
+	_, spec := runContainer(t, ctd, podID, pod, harness.Container{Name: "worker"})
+	if got := gpuNodes(spec); !slices.Equal(got, []string{"/dev/nvidia1"}) {
+		t.Errorf("the worker got %v, want /dev/nvidia1", got)
+	}
+	// Another container of the pod is not named: it gets nothing.
+	_, spec = runContainer(t, ctd, podID, pod, harness.Container{Name: "sidecar"})
+	if got := gpuNodes(spec); len(got) > 0 {
+		t.Errorf("the sidecar got %v, want nothing", got)
 	}
 }
