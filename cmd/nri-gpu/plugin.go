@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
@@ -98,6 +99,23 @@ func runPlugin(args []string, stderr io.Writer) int {
 		go func() { fail(fmt.Errorf("metrics server at %s: %w", addr, <-serveErr)) }()
 	}
 	defer p.Close()
+	// The configuration file, reloaded on SIGHUP and when it changes.
+	if *flags.file != "" {
+		d := digest(*flags.file)
+		log.Infof("configuration %s: %s in force", *flags.file, d)
+		m.ConfigLoaded(d)
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		load := func() (*config.Config, error) {
+			cfg, err := flags.load()
+			if err == nil && *generate {
+				cfg.GenerateSpecs = true
+			}
+			return cfg, err
+		}
+		go watchConfig(ctx, *flags.file, d, load, p, hup, configReloadInterval, log, m.ConfigLoaded)
+	}
 	// Device-plugin mode: each resource served to kubelet beside the NRI
 	// side, over the same specs and pool.
 	dp := cfg.DevicePlugin

@@ -29,6 +29,7 @@ type Metrics struct {
 	held      prometheus.Gauge
 	specErrs  prometheus.Gauge
 	unhealthy prometheus.Gauge
+	config    *prometheus.GaugeVec
 }
 
 // New returns metrics registered in a new registry.
@@ -55,8 +56,11 @@ func New() *Metrics {
 		unhealthy: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "nri_gpu_unhealthy_gpus", Help: "NVIDIA GPUs found unhealthy (a critical Xid error, or lost).",
 		}),
+		config: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "nri_gpu_config_info", Help: "The configuration file in force, by its digest (1 for the one in force).",
+		}, []string{"digest"}),
 	}
-	m.registry.MustRegister(m.requests, m.denials, m.latency, m.held, m.specErrs, m.unhealthy)
+	m.registry.MustRegister(m.requests, m.denials, m.latency, m.held, m.specErrs, m.unhealthy, m.config)
 	return m
 }
 
@@ -85,6 +89,14 @@ func (m *Metrics) DevicesHeld(n int) {
 func (m *Metrics) SpecErrors(n int) {
 	if m != nil {
 		m.specErrs.Set(float64(n))
+	}
+}
+
+// ConfigLoaded records which configuration file is in force, by digest.
+func (m *Metrics) ConfigLoaded(digest string) {
+	if m != nil {
+		m.config.Reset()
+		m.config.WithLabelValues(digest).Set(1)
 	}
 }
 

@@ -21,6 +21,8 @@ func TestServe(t *testing.T) {
 	m.DevicesHeld(3)
 	m.SpecErrors(1)
 	m.UnhealthyGPUs(2)
+	m.ConfigLoaded("sha256:old")
+	m.ConfigLoaded("sha256:0123456789ab")
 	ready := errors.New("not registered")
 	addr, _, err := m.Serve("127.0.0.1:0", func() error { return ready })
 	if err != nil {
@@ -32,6 +34,9 @@ func TestServe(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
+	if strings.Contains(string(body), "sha256:old") {
+		t.Error("the replaced configuration is still reported")
+	}
 	for _, want := range []string{
 		`nri_gpu_requests_total{result="injected"} 1`,
 		`nri_gpu_requests_total{result="denied"} 1`,
@@ -40,6 +45,7 @@ func TestServe(t *testing.T) {
 		`nri_gpu_devices_held 3`,
 		`nri_gpu_spec_errors 1`,
 		`nri_gpu_unhealthy_gpus 2`,
+		`nri_gpu_config_info{digest="sha256:0123456789ab"} 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)

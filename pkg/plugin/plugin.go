@@ -222,6 +222,28 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 	return 0, nil
 }
 
+// Reload puts a new, validated configuration in force for the next
+// request, as after SIGHUP or a change of the configuration file. What
+// pods hold is kept: a device a pod holds that the new policy would not
+// give it stays held, and is logged. It returns an error, and the old
+// configuration stays, when the new one cannot be used (its spec
+// directories cannot be watched).
+func (p *Plugin) Reload(cfg *config.Config) error {
+	st, err := p.newState(cfg)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	old := p.st
+	p.st = st
+	p.mu.Unlock()
+	old.specs.Close()
+	if err := p.alloc.Check(st.policy); err != nil {
+		p.log.Warnf("the new configuration would not give some pods what they hold: %v", err)
+	}
+	return nil
+}
+
 func (p *Plugin) parseRuntimeConfig(cfg string) (*state, error) {
 	c, err := config.Parse([]byte(cfg))
 	if err != nil {

@@ -14,6 +14,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
@@ -182,5 +184,59 @@ func TestNVIDIAAnnotationsOverNRI(t *testing.T) {
 		&api.Container{Id: "c-c", PodSandboxId: "id-c", Name: "c", Linux: &api.LinuxContainer{}})
 	if err != nil || len(devicePaths(adj)) > 0 {
 		t.Errorf("NVIDIA's key without annotationKeys listing it: devices %v, %v; want none", devicePaths(adj), err)
+	}
+}
+
+// TestReload: a new configuration applies to the next request; what pods
+// hold is kept, and a holding the new policy would not give is logged.
+func TestReload(t *testing.T) {
+	specDir := gpuSpecDir(t, 2)
+	cfg, err := config.Parse([]byte("policy: {exclusive: true}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, hook := logtest.NewNullLogger()
+	p, err := plugin.New(cfg, log, plugin.WithSpecDirs([]string{specDir}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	create := func(name, ns, gpus string) error {
+		pod := &api.PodSandbox{Id: "id-" + name, Name: name, Namespace: ns, Annotations: map[string]string{"gpus.nri-gpu.io": gpus}}
+		_, _, err := p.CreateContainer(context.Background(), pod, &api.Container{Id: name + "-c", PodSandboxId: pod.Id, Name: "c", Linux: &api.LinuxContainer{}})
+		return err
+	}
+	if err := create("a", "tenant", "0"); err != nil {
+		t.Fatal(err)
+	}
+	reload := func(yaml string) {
+		t.Helper()
+		next, err := config.Parse([]byte(yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Reload(next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reload("policy: {exclusive: true, namespaces: [tenant]}")
+	testutil.ErrorSays(t, create("c", "other", "1"), `pods of namespace "other" may not request devices`)
+	testutil.ErrorSays(t, create("e", "tenant", "0"), "is held by pod tenant/a")
+	if err := create("d", "tenant", "1"); err != nil {
+		t.Errorf("GPU 1 under the new configuration: %v", err)
+	}
+	for _, e := range hook.AllEntries() {
+		if e.Level == logrus.WarnLevel {
+			t.Errorf("warned %q though the new policy still gives pod a its GPU", e.Message)
+		}
+	}
+
+	reload("policy: {exclusive: true, namespaces: [tenant], devices: ['nvidia.com/gpu=1']}")
+	warned := false
+	for _, e := range hook.AllEntries() {
+		warned = warned || (e.Level == logrus.WarnLevel && strings.Contains(e.Message, "would not give") && strings.Contains(e.Message, "pod tenant/a"))
+	}
+	if !warned {
+		t.Error("no warning that pod tenant/a holds a GPU the new policy would not give")
 	}
 }

@@ -429,6 +429,14 @@ func (a *Allocations) Restore(p *Policy, holdings []Holding) error {
 	return a.check(p)
 }
 
+// Check reports, as Restore does, held devices p would not give (after a
+// change of configuration): they stay held until their pods are removed.
+func (a *Allocations) Check(p *Policy) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.check(p)
+}
+
 // ErrRestoreConflict is wrapped by the error Restore returns when restored
 // holdings break the policy or each other.
 var ErrRestoreConflict = errors.New("restored holdings conflict")

@@ -6,9 +6,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
@@ -275,5 +277,43 @@ func TestNVIDIAAnnotations(t *testing.T) {
 	_, spec = runContainer(t, ctd, podID, pod, harness.Container{Name: "sidecar"})
 	if got := gpuNodes(spec); len(got) > 0 {
 		t.Errorf("the sidecar got %v, want nothing", got)
+	}
+}
+
+// TestConfigReload: a change of the configuration file applies to the
+// next container without a restart; an invalid one is refused with its
+// line and the one in force stays.
+func TestConfigReload(t *testing.T) {
+	needEnv(t)
+	ctd := extraContainerd(t, "reload", harness.Options{})
+	config := filepath.Join(ctd.Dir, "nri-gpu.yaml")
+	write := func(policy ...string) {
+		t.Helper()
+		tmp := config + ".tmp"
+		if err := os.WriteFile(tmp, []byte(env.host.PluginConfig(nil, policy...)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, config); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("namespaces: [elsewhere]")
+	plugin, err := ctd.StartPlugin("--config", config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	podID, pod := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "1"})
+	if _, err := ctd.CreateContainer(podID, pod, harness.Container{Name: "before"}); err == nil || !strings.Contains(err.Error(), "policy.namespaces") {
+		t.Fatalf("before the change: %v, want a denial by policy.namespaces", err)
+	}
+	write("namesapces: [e2e]") // misspelt: refused, the old one stays
+	testutil.Within(t, 15*time.Second, "the invalid change refused", func() bool {
+		return strings.Contains(plugin.Log(), "configuration not reloaded") && strings.Contains(plugin.Log(), "line")
+	})
+	write("namespaces: [e2e]")
+	testutil.Within(t, 15*time.Second, "the change reloaded", func() bool { return strings.Contains(plugin.Log(), "configuration reloaded") })
+	_, spec := runContainer(t, ctd, podID, pod, harness.Container{Name: "after"})
+	if got := gpuNodes(spec); !slices.Equal(got, []string{"/dev/nvidia1"}) {
+		t.Errorf("after the change, got %v", got)
 	}
 }
