@@ -73,13 +73,18 @@ $(KUBELET): $(KUBELET_MOD)/go.mod $(KUBELET_MOD)/go.sum $(KUBELET_MOD)/main.go
 	cd $(KUBELET_MOD) && $(GO) build -o $@ -ldflags "-X k8s.io/component-base/version.gitVersion=$(KUBELET_VERSION) \
 		-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34" .
 
+# NVIDIA's own NRI plugin (the NVIDIA Container Toolkit's), for the test
+# of nri-gpu beside it.
+$(BIN)/nvidia-nri-plugin: FORCE
+	$(GO) build -o $@ ./test/tools/nvidia-nri
+
 $(BIN)/crictl:
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
 
 deps:
 	./hack/install-deps.sh
 
-e2e-tools: deps build image $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd $(KUBELET)
+e2e-tools: deps build image $(BIN)/nvidia-nri-plugin $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd $(KUBELET)
 
 lint:
 	@out=$$(gofmt -l cmd pkg test internal hack); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -1,10 +1,15 @@
 package e2e
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
@@ -66,5 +71,79 @@ func TestRequiredPluginFailsClosed(t *testing.T) {
 	_, spec := runContainer(t, ctd, podID, pod, harness.Container{Name: "with"})
 	if !slices.Contains(devicePaths(spec), "/dev/nvidia0") {
 		t.Errorf("with nri-gpu running, devices %v", devicePaths(spec))
+	}
+}
+
+// TestBesideNVIDIAsNRIPlugin runs NVIDIA's own NRI plugin (the NVIDIA
+// Container Toolkit's, which asks the runtime to inject with AddCDIDevice)
+// beside nri-gpu with NVIDIA's annotation key configured, on containerd
+// 2.x with its own CDI on: a pod annotated for NVIDIA's plugin is created,
+// with its device node once (the CDI library's injection replaces nodes
+// and mounts of the same path). Its hooks and env come twice, once from
+// each plugin: an NRI plugin is not shown what another asks for, which is
+// why the docs say to run one of the two for that key (logged here).
+func TestBesideNVIDIAsNRIPlugin(t *testing.T) {
+	needEnv(t)
+	if !env.tools.Containerd2() {
+		t.Skip("NVIDIA's plugin injects through AddCDIDevice, which needs the runtime's own CDI (containerd 2.x)")
+	}
+	bin := env.tools.Path("nvidia-nri-plugin")
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("NVIDIA's NRI plugin: %v (make test builds it)", err)
+	}
+	ctd := extraContainerd(t, "beside-nvidia", harness.Options{EnableCDI: true, CDISpecDirs: []string{env.host.SpecDir}})
+	config := filepath.Join(ctd.Dir, "nri-gpu.yaml")
+	if err := os.WriteFile(config, []byte(env.host.PluginConfig(nil, "exclusive: true")+"annotationKeys: [gpus.nri-gpu.io, nvidia.cdi.k8s.io]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctd.StartPlugin("--config", config); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(ctd.Dir, "nvidia-nri.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	cmd := exec.Command(bin, "--socket-path", ctd.NRISock, "--idx", "20")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	testutil.Within(t, 10*time.Second, "NVIDIA's plugin registered", func() bool {
+		data, _ := os.ReadFile(logPath)
+		return strings.Contains(string(data), "NVIDIA's NRI plugin started")
+	})
+	time.Sleep(time.Second)
+
+	podID, pod := newPod(t, ctd, map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1"})
+	id, err := ctd.CreateContainer(podID, pod, harness.Container{Name: "c"})
+	if err != nil {
+		t.Fatalf("both plugins asked for GPU 1: %v", err)
+	}
+	spec, err := ctd.ContainerSpec(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gpu1 int
+	for _, d := range spec.Linux.Devices {
+		if d.Path == "/dev/nvidia1" {
+			gpu1++
+		}
+	}
+	t.Logf("devices: %v", devicePaths(spec))
+	if spec.Hooks != nil {
+		t.Logf("createContainer hooks: %d, poststart hooks: %d", len(spec.Hooks.CreateContainer), len(spec.Hooks.Poststart))
+	}
+	var libcuda int
+	for _, m := range spec.Mounts {
+		if m.Destination == "/usr/lib/libcuda.so.1" {
+			libcuda++
+		}
+	}
+	t.Logf("libcuda mounts: %d; env: %v", libcuda, spec.Process.Env)
+	if gpu1 != 1 {
+		t.Errorf("/dev/nvidia1 is in the container's spec %d times, want once", gpu1)
 	}
 }
