@@ -40,15 +40,7 @@ func TestCountRequestsFollowTopology(t *testing.T) {
 			return nvml.TOPOLOGY_SYSTEM, nvml.SUCCESS
 		}
 	}
-	cfg, err := config.Parse(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
+	p := nvmlPlugin(t, "", specDir, s)
 	count := func(name, n string) string {
 		t.Helper()
 		pod := &api.PodSandbox{Id: "id-" + name, Name: name, Namespace: "tenant", Annotations: map[string]string{"gpu-count.nri-gpu.io": n}}
@@ -97,15 +89,7 @@ func TestUnhealthyGPUs(t *testing.T) {
 	specDir := gpuSpecDir(t, 2)
 	s := testutil.NVML(2)
 	events := testutil.NVMLEvents(s)
-	cfg, err := config.Parse([]byte("healthInterval: 50ms\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
+	p := nvmlPlugin(t, "healthInterval: 50ms\n", specDir, s)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// Serving starts the health watch (no runtime here: it keeps trying
@@ -138,15 +122,7 @@ func TestExplainSeesLostGPUs(t *testing.T) {
 	specDir := gpuSpecDir(t, 2)
 	s := testutil.NVML(2)
 	s.Devices[0].(*dgxa100.Device).GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
-	cfg, err := config.Parse(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
+	p := nvmlPlugin(t, "", specDir, s)
 	p.CheckHealth()
 	pod := &api.PodSandbox{Id: "id", Name: "p", Namespace: "tenant", Annotations: map[string]string{"gpu-count.nri-gpu.io": "1"}}
 	_, g, err := p.Explain(pod, &api.Container{Id: "c", PodSandboxId: "id", Name: "c", Linux: &api.LinuxContainer{}})
@@ -239,4 +215,20 @@ func TestReload(t *testing.T) {
 	if !warned {
 		t.Error("no warning that pod tenant/a holds a GPU the new policy would not give")
 	}
+}
+
+// nvmlPlugin returns a plugin of cfgYAML reading the specs in specDir,
+// with s as its NVML, closed when the test ends.
+func nvmlPlugin(t *testing.T, cfgYAML, specDir string, s nvml.Interface) *plugin.Plugin {
+	t.Helper()
+	cfg, err := config.Parse([]byte(cfgYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
 }
