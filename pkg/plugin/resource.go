@@ -74,17 +74,43 @@ func (r *Resource) Devices() []deviceplugin.Device {
 	return out
 }
 
-// Preferred returns mustInclude and then, up to size, the available
-// devices in the order Devices lists them (neighbours by index).
+// Preferred returns mustInclude and then, up to size, available devices
+// as a count request chooses them: the set most closely connected to each
+// other and to mustInclude where NVML tells the topology, else the first
+// in the order Devices lists them (neighbours by index).
 func (r *Resource) Preferred(available, mustInclude []string, size int) []string {
 	out := slices.Clone(mustInclude)
+	var rest []string
 	for _, d := range r.Devices() {
-		if len(out) >= size {
-			break
-		}
 		if slices.Contains(available, d.ID) && !slices.Contains(out, d.ID) {
-			out = append(out, d.ID)
+			rest = append(rest, d.ID)
 		}
+	}
+	want := min(size-len(out), len(rest))
+	if want <= 0 {
+		return out
+	}
+	links := r.p.links()
+	if links == nil || want+len(out) < 2 {
+		return append(out, rest[:want]...)
+	}
+	snap := r.p.state().specs.Snapshot()
+	vendor, class := parser.ParseQualifier(r.cfg.Kind)
+	footprints := func(ids []string) []specs.Device {
+		var fs []specs.Device
+		for _, id := range ids {
+			f := specs.Device{Name: parser.QualifiedName(vendor, class, id)}
+			if e, err := snap.Lookup(f.Name); err == nil {
+				f = e.Footprint
+			}
+			fs = append(fs, f)
+		}
+		return fs
+	}
+	best, _ := policy.Closest(footprints(out), footprints(rest), want, links)
+	for _, d := range best {
+		_, _, id := parser.ParseDevice(d.Name)
+		out = append(out, id)
 	}
 	return out
 }

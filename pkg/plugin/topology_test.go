@@ -232,3 +232,33 @@ func nvmlPlugin(t *testing.T, cfgYAML, specDir string, s nvml.Interface) *plugin
 	t.Cleanup(p.Close)
 	return p
 }
+
+// TestPreferredFollowsTopology: kubelet's preferred allocation is the
+// device plugin's closest set, with the devices it must include.
+func TestPreferredFollowsTopology(t *testing.T) {
+	s := testutil.NVML(4)
+	for i, d := range s.Devices {
+		d.(*dgxa100.Device).GetTopologyCommonAncestorFunc = func(o nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
+			if i%2 == slices.Index(s.Devices, o)%2 {
+				return nvml.TOPOLOGY_NODE, nvml.SUCCESS
+			}
+			return nvml.TOPOLOGY_SYSTEM, nvml.SUCCESS
+		}
+	}
+	p := nvmlPlugin(t, "", gpuSpecDir(t, 4), s)
+	res := p.Resource(config.Resource{Name: "nvidia.com/gpu", Kind: "nvidia.com/gpu", Devices: []string{"*"}})
+	for _, tc := range []struct {
+		available, must []string
+		size            int
+		want            []string
+	}{
+		{[]string{"0", "1", "2", "3"}, nil, 2, []string{"0", "2"}},
+		{[]string{"1", "2", "3"}, []string{"1"}, 2, []string{"1", "3"}},
+		{[]string{"0", "1", "2", "3"}, []string{"3"}, 1, []string{"3"}},
+		{[]string{"1", "2"}, nil, 1, []string{"1"}},
+	} {
+		if got := res.Preferred(tc.available, tc.must, tc.size); !slices.Equal(got, tc.want) {
+			t.Errorf("Preferred(%v, must %v, %d) = %v, want %v", tc.available, tc.must, tc.size, got, tc.want)
+		}
+	}
+}

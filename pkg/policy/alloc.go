@@ -268,7 +268,7 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]s
 	if ch.Links == nil || count == 1 {
 		return free[:count], 0, considered, nil
 	}
-	best, score := closest(free, count, ch.Links)
+	best, score := Closest(nil, free, count, ch.Links)
 	return best, score, considered, nil
 }
 
@@ -288,13 +288,24 @@ type Passed struct {
 // grown greedily from each device.
 const maxSets = 20000
 
-// closest returns the count devices of free (count <= len(free)) whose
-// pairs score highest under links, and that score. Of sets that score
-// alike, the first in spec order wins, so the choice is deterministic.
-func closest(free []specs.Device, count int, links func(a, b specs.Device) int) ([]specs.Device, int) {
+// Closest returns the count devices of free (count <= len(free)) that,
+// together with fixed (devices already chosen), score highest under links
+// over all their pairs, and that score (fixed's own pairs included). Of
+// sets that score alike, the first in spec order wins, so the choice is
+// deterministic.
+func Closest(fixed, free []specs.Device, count int, links func(a, b specs.Device) int) ([]specs.Device, int) {
+	base := 0
+	for i := range fixed {
+		for j := i + 1; j < len(fixed); j++ {
+			base += links(fixed[i], fixed[j])
+		}
+	}
 	score := func(set []int) int {
-		total := 0
+		total := base
 		for i := range set {
+			for _, f := range fixed {
+				total += links(f, free[set[i]])
+			}
 			for j := i + 1; j < len(set); j++ {
 				total += links(free[set[i]], free[set[j]])
 			}
@@ -341,6 +352,9 @@ func closest(free []specs.Device, count int, links func(a, b specs.Device) int) 
 					s := 0
 					for _, m := range set {
 						s += links(free[m], free[c])
+					}
+					for _, f := range fixed {
+						s += links(f, free[c])
 					}
 					if s > nextScore {
 						next, nextScore = c, s
