@@ -11,6 +11,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // runExplain runs the plugin's own CreateContainer for a described pod and
@@ -64,11 +65,7 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		enc.SetIndent("", "  ")
 		out := map[string]any{"adjustment": adj}
 		if len(grant.Counted) > 0 {
-			var chosen []string
-			for _, d := range grant.Counted {
-				chosen = append(chosen, d.Name)
-			}
-			out["count"] = map[string]any{"chosen": chosen, "topologyScore": grant.Score, "free": grant.Considered.Free, "passedOver": grant.Considered.Passed}
+			out["count"] = map[string]any{"chosen": specs.Names(grant.Counted), "topologyScore": grant.Score, "free": grant.Considered.Free, "passedOver": grant.Considered.Passed}
 		}
 		_ = enc.Encode(out)
 		return exitOK
@@ -83,15 +80,11 @@ func printCount(w io.Writer, g policy.Grant) {
 	if len(g.Counted) == 0 {
 		return
 	}
-	var chosen []string
-	for _, d := range g.Counted {
-		chosen = append(chosen, d.Name)
-	}
 	score := "topology unknown or one device: spec order"
 	if g.Score > 0 {
 		score = fmt.Sprintf("topology score %d", g.Score)
 	}
-	fmt.Fprintf(w, "count    chose %s (%s)\n", strings.Join(chosen, ","), score)
+	fmt.Fprintf(w, "count    chose %s (%s)\n", strings.Join(specs.Names(g.Counted), ","), score)
 	fmt.Fprintf(w, "count    free %s\n", strings.Join(g.Considered.Free, ","))
 	for _, p := range g.Considered.Passed {
 		fmt.Fprintf(w, "count    passed over %s: %s\n", p.Device, p.Reason)

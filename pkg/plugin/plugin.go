@@ -422,7 +422,7 @@ func (p *Plugin) Explain(pod *api.PodSandbox, ctr *api.Container) (*api.Containe
 func (p *Plugin) decide(log logrus.FieldLogger, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, policy.Grant, error) {
 	start := time.Now()
 	adj, grant, err := p.handle(p.state(), log, pod, ctr)
-	devices, score := names(grant.Devices), grant.Score
+	devices, score := specs.Names(grant.Devices), grant.Score
 	result := metrics.ResultInjected
 	switch {
 	case err != nil:
@@ -624,10 +624,10 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
 			Info("left out a CDI edit the runtime cannot apply and the container does not need (its process runs as root or has the groups)")
 	}
-	given := names(grant.Devices)
+	given := specs.Names(grant.Devices)
 	res.Adjustment.AddAnnotation(DevicesAnnotation, strings.Join(given, ","))
 	if len(grant.Counted) > 0 {
-		res.Adjustment.AddAnnotation(CountedAnnotation, strings.Join(names(grant.Counted), ","))
+		res.Adjustment.AddAnnotation(CountedAnnotation, strings.Join(specs.Names(grant.Counted), ","))
 	} else if _, ok := ctr.GetAnnotations()[CountedAnnotation]; ok {
 		res.Adjustment.RemoveAnnotation(CountedAnnotation)
 	}

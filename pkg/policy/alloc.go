@@ -264,7 +264,7 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]s
 		return nil, 0, Considered{}, deny(RuleCount, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices)%s; they are free again when their pods are removed",
 			CountAnnotationKey, ErrDenied, count, kind, len(free), held, len(seen), why))
 	}
-	considered := Considered{Free: names(free), Passed: passed}
+	considered := Considered{Free: specs.Names(free), Passed: passed}
 	if ch.Links == nil || count == 1 {
 		return free[:count], 0, considered, nil
 	}
@@ -394,7 +394,7 @@ func (a *Allocations) Release(podID string) []string {
 	if h == nil {
 		return nil
 	}
-	return names(h.all())
+	return specs.Names(h.all())
 }
 
 // Holding is what a pod was found to hold, for Restore.
@@ -556,7 +556,7 @@ func (a *Allocations) Held() map[Pod][]string {
 	defer a.mu.Unlock()
 	out := make(map[Pod][]string, len(a.pods))
 	for _, h := range a.pods {
-		out[h.pod] = names(h.all())
+		out[h.pod] = specs.Names(h.all())
 	}
 	return out
 }
@@ -570,14 +570,6 @@ func (a *Allocations) Count() int {
 		n += len(h.named) + len(h.counted)
 	}
 	return n
-}
-
-func names(devs []specs.Device) []string {
-	out := make([]string, len(devs))
-	for i, d := range devs {
-		out[i] = d.Name
-	}
-	return out
 }
 
 // overlaps reports whether two devices share hardware: the same name, or

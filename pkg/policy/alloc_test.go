@@ -586,7 +586,7 @@ func TestCountPacksMIGDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := names(g.Counted); !slices.Equal(got, []string{"nvidia.com/gpu=1:1", "nvidia.com/gpu=1:2"}) {
+	if got := specs.Names(g.Counted); !slices.Equal(got, []string{"nvidia.com/gpu=1:1", "nvidia.com/gpu=1:2"}) {
 		t.Errorf("chose %v, want both MIG devices of GPU 1 (spec order would take 0:2 and 1:1)", got)
 	}
 }
@@ -633,15 +633,7 @@ func TestConcurrentCountRequests(t *testing.T) {
 			seen[d.Name] = true
 		}
 		if g.Score != nvidia.ScoreNVLink {
-			t.Errorf("pod %d got %v (score %d): want a pair within an NVLink island", i, names(g.Counted), g.Score)
+			t.Errorf("pod %d got %v (score %d): want a pair within an NVLink island", i, specs.Names(g.Counted), g.Score)
 		}
 	}
-}
-
-func names(devs []specs.Device) []string {
-	var out []string
-	for _, d := range devs {
-		out = append(out, d.Name)
-	}
-	return out
 }

@@ -26,6 +26,15 @@ type Device struct {
 	Nodes []string
 }
 
+// Names returns the names of devices, in order.
+func Names(devices []Device) []string {
+	out := make([]string, len(devices))
+	for i, d := range devices {
+		out[i] = d.Name
+	}
+	return out
+}
+
 // footprint returns the name and footprint of a resolved device, its
 // nodes identified from the host nodes stat'ed at load.
 func footprint(d *cdi.Device, hosts map[string]HostNode) Device {
