@@ -32,10 +32,7 @@ func (p *Plugin) keepGenerating(ctx context.Context) {
 				continue
 			}
 		}
-		lib := p.nvml
-		if lib == nil {
-			lib = nvidia.Library(st.cfg.DriverRoot)
-		}
+		lib := p.nvmlLib(st.cfg)
 		dir := st.cfg.CDISpecDirs[len(st.cfg.CDISpecDirs)-1]
 		path := filepath.Join(dir, GeneratedSpecName)
 		fingerprint, err := p.generate(lib, path, last)

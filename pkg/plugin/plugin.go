@@ -462,15 +462,20 @@ func (p *Plugin) unhealthy() func(specs.Device) error {
 	return nil
 }
 
+// nvmlLib returns the NVML spec generation, health and topology ask: the
+// one given (tests), else the driver's under cfg's driver root.
+func (p *Plugin) nvmlLib(cfg *config.Config) nvml.Interface {
+	if p.nvml != nil {
+		return p.nvml
+	}
+	return nvidia.Library(cfg.DriverRoot)
+}
+
 // CheckHealth looks once at the NVIDIA GPUs' health (a GPU a check finds
 // lost), for a plugin that does not Serve (nri-gpu explain); without
 // NVML it does nothing.
 func (p *Plugin) CheckHealth() {
-	lib := p.nvml
-	if lib == nil {
-		lib = nvidia.Library(p.state().cfg.DriverRoot)
-	}
-	m, err := nvidia.NewMonitor(lib)
+	m, err := nvidia.NewMonitor(p.nvmlLib(p.state().cfg))
 	if err != nil {
 		return
 	}
@@ -483,11 +488,7 @@ func (p *Plugin) CheckHealth() {
 // ctx is done; without NVML it says that it takes every GPU as healthy.
 func (p *Plugin) keepWatchingHealth(ctx context.Context) {
 	cfg := p.state().cfg
-	lib := p.nvml
-	if lib == nil {
-		lib = nvidia.Library(cfg.DriverRoot)
-	}
-	m, err := nvidia.NewMonitor(lib)
+	m, err := nvidia.NewMonitor(p.nvmlLib(cfg))
 	if err != nil {
 		p.log.Infof("GPU health not watched (%v): every device is taken as healthy", err)
 		return
@@ -515,11 +516,7 @@ func (p *Plugin) keepWatchingHealth(ctx context.Context) {
 // count requests then take free devices in spec order.
 func (p *Plugin) links() func(a, b specs.Device) int {
 	p.topologyOnce.Do(func() {
-		lib := p.nvml
-		if lib == nil {
-			lib = nvidia.Library(p.state().cfg.DriverRoot)
-		}
-		t, err := nvidia.DiscoverTopology(lib)
+		t, err := nvidia.DiscoverTopology(p.nvmlLib(p.state().cfg))
 		if err != nil {
 			p.log.Infof("GPU topology unknown (%v): count requests take free devices in spec order", err)
 			return
