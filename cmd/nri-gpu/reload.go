@@ -33,22 +33,21 @@ func watchConfig(ctx context.Context, file, inForce string, load func() (*config
 	interval time.Duration, log logrus.FieldLogger, loaded func(digest string)) {
 	last, pending := inForce, ""
 	for {
-		why := "SIGHUP"
+		var why, d string
 		select {
 		case <-ctx.Done():
 			return
 		case <-hup:
+			why, d = "SIGHUP", digest(file)
 		case <-time.After(interval):
 			// A change counts once the file has stayed the same for an
 			// interval: a file being written is not read half-way.
-			d := digest(file)
-			if d == last || d != pending {
+			if d = digest(file); d == last || d != pending {
 				pending = d
 				continue
 			}
 			why = "the file changed"
 		}
-		d := digest(file)
 		last, pending = d, ""
 		cfg, err := load()
 		if err == nil {
