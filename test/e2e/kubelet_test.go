@@ -69,6 +69,19 @@ func refused(t *testing.T, k *harness.Kubelet, since int, name string, want ...s
 	}
 }
 
+// gpusInside returns the GPU nodes a running container sees in its /dev
+// (nvidia*, less the fake host's control nodes nvidiactl and nvidia-uvm).
+func gpusInside(t *testing.T, ctd *harness.Containerd, id string) []string {
+	t.Helper()
+	out, err := ctd.Exec(id, "ls", "/dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.DeleteFunc(strings.Fields(out), func(n string) bool {
+		return !strings.HasPrefix(n, "nvidia") || n == "nvidiactl" || n == "nvidia-uvm"
+	})
+}
+
 func addPod(t *testing.T, k *harness.Kubelet, p harness.StaticPod) {
 	t.Helper()
 	if p.Namespace == "" {
@@ -97,13 +110,7 @@ func TestKubelet(t *testing.T) {
 	if !slices.Equal(nodes, []string{"/dev/nvidia1"}) {
 		t.Errorf("pod gpu1 got %v, want /dev/nvidia1", nodes)
 	}
-	out, err := ctd.Exec(gpu1, "ls", "/dev")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if seen := slices.DeleteFunc(strings.Fields(out), func(n string) bool {
-		return !strings.HasPrefix(n, "nvidia") || n == "nvidiactl" || n == "nvidia-uvm"
-	}); !slices.Equal(seen, []string{"nvidia1"}) {
+	if seen := gpusInside(t, ctd, gpu1); !slices.Equal(seen, []string{"nvidia1"}) {
 		t.Errorf("inside pod gpu1, /dev holds GPUs %v, want nvidia1 only", seen)
 	}
 
@@ -197,13 +204,7 @@ func TestDevicePlugin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := ctd.Exec(id, "ls", "/dev")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return slices.DeleteFunc(strings.Fields(out), func(n string) bool {
-			return !strings.HasPrefix(n, "nvidia") || n == "nvidiactl" || n == "nvidia-uvm"
-		})
+		return gpusInside(t, ctd, id)
 	}
 	gpu := map[string]string{"nvidia.com/gpu": "1"}
 
