@@ -229,18 +229,15 @@ func (p *Plugin) GetDevicePluginOptions(context.Context, *api.Empty) (*api.Devic
 // device node that vanished).
 func (p *Plugin) ListAndWatch(_ *api.Empty, stream api.DevicePlugin_ListAndWatchServer) error {
 	var last []Device
-	for {
+	for sent := false; ; sent = true {
 		changed := p.changes()
 		devs := p.src.Devices()
-		if last == nil || !slices.Equal(devs, last) {
+		if !sent || !slices.Equal(devs, last) {
 			if err := stream.Send(&api.ListAndWatchResponse{Devices: toAPI(devs)}); err != nil {
 				return err
 			}
 			p.log.WithField("devices", Describe(devs)).Info("told kubelet the devices")
 			last = devs
-			if last == nil {
-				last = []Device{}
-			}
 		}
 		select {
 		case <-stream.Context().Done():
