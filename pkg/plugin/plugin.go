@@ -495,12 +495,13 @@ func (p *Plugin) keepWatchingHealth(ctx context.Context) {
 	}
 	defer m.Close()
 	m.RecoverAfter = cfg.HealthRecoverAfter
-	m.OnChange = func() {
-		bad := m.Unhealthies()
-		for node, why := range bad {
+	m.OnChange = func(node, why string) {
+		if why != "" {
 			p.log.WithField("gpu", node).Warnf("GPU unhealthy: %s", why)
+		} else {
+			p.log.WithField("gpu", node).Info("GPU healthy again")
 		}
-		p.metrics.UnhealthyGPUs(len(bad))
+		p.metrics.UnhealthyGPUs(len(m.Unhealthies()))
 		for _, f := range p.onHeld {
 			f()
 		}

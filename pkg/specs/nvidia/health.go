@@ -34,8 +34,9 @@ type Monitor struct {
 	// checks is healthy again; 0 keeps it unhealthy until nri-gpu
 	// restarts.
 	RecoverAfter time.Duration
-	// OnChange, when set, is called after a GPU's health changed.
-	OnChange func()
+	// OnChange, when set, is called after a GPU's health changed, with
+	// its node and why it is unhealthy ("" when it is healthy again).
+	OnChange func(node, reason string)
 	now      func() time.Time
 
 	mu  sync.Mutex
@@ -167,7 +168,7 @@ func (m *Monitor) mark(node string, p problem) {
 	m.bad[node] = p
 	m.mu.Unlock()
 	if m.OnChange != nil {
-		m.OnChange()
+		m.OnChange(node, p.reason)
 	}
 }
 
@@ -176,7 +177,7 @@ func (m *Monitor) clear(node string) {
 	delete(m.bad, node)
 	m.mu.Unlock()
 	if m.OnChange != nil {
-		m.OnChange()
+		m.OnChange(node, "")
 	}
 }
 

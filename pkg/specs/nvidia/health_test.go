@@ -41,8 +41,13 @@ func TestMonitor(t *testing.T) {
 	}
 	defer m.Close()
 	m.RecoverAfter = 300 * time.Millisecond
-	var changes atomic.Int32
-	m.OnChange = func() { changes.Add(1) }
+	var changes, recoveries atomic.Int32
+	m.OnChange = func(node, why string) {
+		changes.Add(1)
+		if why == "" {
+			recoveries.Add(1)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go m.Run(ctx, 20*time.Millisecond)
@@ -83,8 +88,8 @@ func TestMonitor(t *testing.T) {
 	lost.Store(false)
 	testutil.Within(t, 2*time.Second, "GPU 2 healthy once it answers", func() bool { return !unhealthy(dev(2)) })
 	testutil.Within(t, 2*time.Second, "GPU 1 healthy after RecoverAfter", func() bool { return !unhealthy(dev(1)) })
-	if changes.Load() < 6 {
-		t.Errorf("OnChange called %d times, want one per change (6)", changes.Load())
+	if changes.Load() < 6 || recoveries.Load() < 3 {
+		t.Errorf("OnChange called %d times, %d for a recovery; want one per change (6), 3 of them recoveries", changes.Load(), recoveries.Load())
 	}
 	if got := m.Unhealthies(); len(got) != 0 {
 		t.Errorf("unhealthy at the end: %v", got)
