@@ -410,17 +410,14 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	return adj, nil, err
 }
 
-// Explain is CreateContainer, for `nri-gpu explain`: it also returns
-// what the pool granted, with the devices a count request passed over and
-// the chosen set's score.
+// Explain serves a CreateContainer request (CreateContainer is it, for
+// the runtime): it runs it, records its metrics, logs the decision once
+// and wraps a denial for the runtime. For `nri-gpu explain` it also
+// returns what the pool granted, with the devices a count request passed
+// over and the chosen set's score.
 func (p *Plugin) Explain(pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, policy.Grant, error) {
-	return p.decide(p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()}), pod, ctr)
-}
-
-// decide serves a CreateContainer request: it runs it, records its
-// metrics, logs the decision once and wraps a denial for the runtime.
-func (p *Plugin) decide(log logrus.FieldLogger, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, policy.Grant, error) {
 	start := time.Now()
+	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
 	adj, grant, err := p.handle(p.state(), log, pod, ctr)
 	devices, score := specs.Names(grant.Devices), grant.Score
 	result := metrics.ResultInjected
