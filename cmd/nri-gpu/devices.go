@@ -77,7 +77,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 			mig = fmt.Sprintf("on (%d devices)", len(g.MIGs))
 		}
 		health := "healthy"
-		if why, bad := unhealthy[specs.NodeID("c", nvidia.Major, int64(g.Minor))]; bad {
+		if why, bad := unhealthy[nvidia.GPUNode(g.Minor)]; bad {
 			health = "unhealthy: " + why
 		}
 		fmt.Fprintf(w, "%d\t%s\t%s\t%d MiB\t%s\t%s\t%s\n", g.Index, g.UUID, g.Model, g.MemoryBytes>>20, mig, health,
@@ -102,7 +102,6 @@ func printTopology(out io.Writer, gpus []nvidia.GPU, topo nvidia.Topology) {
 		fmt.Fprintf(w, "\t%d", g.Index)
 	}
 	fmt.Fprintln(w)
-	node := func(g nvidia.GPU) string { return specs.NodeID("c", nvidia.Major, int64(g.Minor)) }
 	for _, a := range gpus {
 		fmt.Fprintf(w, "%d", a.Index)
 		for _, b := range gpus {
@@ -110,7 +109,7 @@ func printTopology(out io.Writer, gpus []nvidia.GPU, topo nvidia.Topology) {
 				fmt.Fprint(w, "\t-")
 				continue
 			}
-			fmt.Fprintf(w, "\t%d", topo.Score(node(a), node(b)))
+			fmt.Fprintf(w, "\t%d", topo.Score(nvidia.GPUNode(a.Minor), nvidia.GPUNode(b.Minor)))
 		}
 		fmt.Fprintln(w)
 	}

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
@@ -245,7 +244,7 @@ func TestExplainCount(t *testing.T) {
 
 func TestPrintTopology(t *testing.T) {
 	gpus := []nvidia.GPU{{Index: 0, Minor: 0}, {Index: 1, Minor: 1}, {Index: 2, Minor: 2}}
-	node := func(i int64) string { return specs.NodeID("c", nvidia.Major, i) }
+	node := func(i int64) string { return nvidia.GPUNode(int(i)) }
 	topo := nvidia.Topology{{node(0), node(1)}: nvidia.ScoreNVLink + 2, {node(0), node(2)}: nvidia.ScoreSystem, {node(1), node(2)}: nvidia.ScoreSystem}
 	var out bytes.Buffer
 	printTopology(&out, gpus, topo)

@@ -571,7 +571,7 @@ func TestUnhealthyDevices(t *testing.T) {
 // TestCountPacksMIGDevices: with the topology known, a count request for
 // MIG devices takes two of one GPU rather than one of each of two.
 func TestCountPacksMIGDevices(t *testing.T) {
-	gpu := func(i int) string { return specs.NodeID("c", nvidia.Major, int64(i)) }
+	gpu := nvidia.GPUNode
 	mig := func(g, m int) specs.Device {
 		return specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d:%d", g, m), Nodes: []string{gpu(g), fmt.Sprintf("c 511:%d", 10*g+m)}}
 	}
@@ -596,7 +596,7 @@ func TestCountPacksMIGDevices(t *testing.T) {
 func TestConcurrentCountRequests(t *testing.T) {
 	var candidates []specs.Device
 	for i := 0; i < 8; i++ {
-		candidates = append(candidates, specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d", i), Nodes: []string{specs.NodeID("c", nvidia.Major, int64(i))}})
+		candidates = append(candidates, specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d", i), Nodes: []string{nvidia.GPUNode(i)}})
 	}
 	topo := nvidia.Topology{}
 	for i := 0; i < 8; i++ {

@@ -29,7 +29,7 @@ var ignoredXids = map[uint64]bool{13: true, 31: true, 43: true, 45: true, 68: tr
 type Monitor struct {
 	lib  nvml.Interface
 	set  nvml.EventSet
-	gpus []monitored
+	gpus []gpuHandle
 	// RecoverAfter is how long after an Xid error a GPU that answers its
 	// checks is healthy again; 0 keeps it unhealthy until nri-gpu
 	// restarts.
@@ -41,11 +41,6 @@ type Monitor struct {
 
 	mu  sync.Mutex
 	bad map[string]problem // by GPU node
-}
-
-type monitored struct {
-	dev  nvml.Device
-	node string
 }
 
 type problem struct {
@@ -61,23 +56,10 @@ func NewMonitor(lib nvml.Interface) (*Monitor, error) {
 		return nil, fmt.Errorf("%w: %w", ErrNVML, ret)
 	}
 	m := &Monitor{lib: lib, now: time.Now, bad: map[string]problem{}}
-	count, ret := lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
+	var err error
+	if m.gpus, err = gpuHandles(lib); err != nil {
 		m.Close()
-		return nil, fmt.Errorf("NVML: device count: %w", ret)
-	}
-	for i := 0; i < count; i++ {
-		d, ret := lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			m.Close()
-			return nil, fmt.Errorf("NVML: GPU %d: %w", i, ret)
-		}
-		minor, ret := d.GetMinorNumber()
-		if ret != nvml.SUCCESS {
-			m.Close()
-			return nil, fmt.Errorf("NVML: GPU %d: minor number: %w", i, ret)
-		}
-		m.gpus = append(m.gpus, monitored{dev: d, node: specs.NodeID("c", Major, int64(minor))})
+		return nil, err
 	}
 	if set, ret := lib.EventSetCreate(); ret == nvml.SUCCESS {
 		m.set = set

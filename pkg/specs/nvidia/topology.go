@@ -33,6 +33,36 @@ var ancestorScore = map[nvml.GpuTopologyLevel]int{
 	nvml.TOPOLOGY_SYSTEM:     ScoreSystem,
 }
 
+// GPUNode is how a specs.Device names the /dev/nvidia<minor> node of a GPU.
+func GPUNode(minor int) string { return specs.NodeID("c", Major, int64(minor)) }
+
+// gpuHandle is a GPU as NVML knows it, and its device node.
+type gpuHandle struct {
+	dev  nvml.Device
+	node string
+}
+
+// gpuHandles returns every GPU NVML (initialized) sees, with its node.
+func gpuHandles(lib nvml.Interface) ([]gpuHandle, error) {
+	count, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("NVML: device count: %w", ret)
+	}
+	var out []gpuHandle
+	for i := 0; i < count; i++ {
+		d, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("NVML: GPU %d: %w", i, ret)
+		}
+		minor, ret := d.GetMinorNumber()
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("NVML: GPU %d: minor number: %w", i, ret)
+		}
+		out = append(out, gpuHandle{dev: d, node: GPUNode(minor)})
+	}
+	return out, nil
+}
+
 // Topology is how closely each pair of a node's GPUs is connected, by the
 // GPUs' device nodes (specs.NodeID of /dev/nvidiaN).
 type Topology map[[2]string]int
@@ -53,37 +83,22 @@ func DiscoverTopology(lib nvml.Interface) (Topology, error) {
 		return nil, fmt.Errorf("%w: %w", ErrNVML, ret)
 	}
 	defer lib.Shutdown()
-	count, ret := lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("NVML: device count: %w", ret)
+	handles, err := gpuHandles(lib)
+	if err != nil {
+		return nil, err
 	}
-	type gpu struct {
-		dev   nvml.Device
-		node  string
-		busID string
-	}
-	var gpus []gpu
-	for i := 0; i < count; i++ {
-		d, ret := lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("NVML: GPU %d: %w", i, ret)
+	busIDs := make([]string, len(handles))
+	for i, h := range handles {
+		if pci, ret := h.dev.GetPciInfo(); ret == nvml.SUCCESS {
+			busIDs[i] = busID(pci)
 		}
-		minor, ret := d.GetMinorNumber()
-		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("NVML: GPU %d: minor number: %w", i, ret)
-		}
-		g := gpu{dev: d, node: specs.NodeID("c", Major, int64(minor))}
-		if pci, ret := d.GetPciInfo(); ret == nvml.SUCCESS {
-			g.busID = busID(pci)
-		}
-		gpus = append(gpus, g)
 	}
 	t := Topology{}
-	for i := range gpus {
-		for j := i + 1; j < len(gpus); j++ {
-			a, b := gpus[i], gpus[j]
+	for i := range handles {
+		for j := i + 1; j < len(handles); j++ {
+			a, b := handles[i], handles[j]
 			score := 0
-			if links := nvlinks(a.dev, b.busID); links > 0 {
+			if links := nvlinks(a.dev, busIDs[j]); links > 0 {
 				score = ScoreNVLink + links
 			} else if level, ret := a.dev.GetTopologyCommonAncestor(b.dev); ret == nvml.SUCCESS {
 				score = ancestorScore[level]

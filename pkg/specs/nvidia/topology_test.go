@@ -48,7 +48,7 @@ func withTopology(s *dgxa100.Server, island func(i int) int, ancestor func(i, j 
 	}
 }
 
-func gpu(i int) string { return specs.NodeID("c", nvidia.Major, int64(i)) }
+func gpu(i int) string { return nvidia.GPUNode(i) }
 
 func TestDiscoverTopology(t *testing.T) {
 	tests := []struct {
