@@ -78,6 +78,15 @@ func (m *Metrics) Request(result, rule string, d time.Duration) {
 	}
 }
 
+// Refused records a container refused after its request was served (by
+// validation, when another plugin's adjustment conflicts with nri-gpu's),
+// by the reason that refused it.
+func (m *Metrics) Refused(rule string) {
+	if m != nil {
+		m.denials.WithLabelValues(rule).Inc()
+	}
+}
+
 // DevicesHeld sets the number of devices pods hold.
 func (m *Metrics) DevicesHeld(n int) {
 	if m != nil {

@@ -14,10 +14,12 @@ import (
 func TestServe(t *testing.T) {
 	var off *metrics.Metrics
 	off.Request(metrics.ResultInjected, "", time.Millisecond) // metrics off: no panic
+	off.Refused("injectedTwice")
 
 	m := metrics.New()
 	m.Request(metrics.ResultInjected, "", 30*time.Microsecond)
 	m.Request(metrics.ResultDenied, "unresolvable", time.Millisecond)
+	m.Refused("injectedTwice")
 	m.DevicesHeld(3)
 	m.SpecErrors(1)
 	m.UnhealthyGPUs(2)
@@ -41,6 +43,7 @@ func TestServe(t *testing.T) {
 		`nri_gpu_requests_total{result="injected"} 1`,
 		`nri_gpu_requests_total{result="denied"} 1`,
 		`nri_gpu_denials_total{rule="unresolvable"} 1`,
+		`nri_gpu_denials_total{rule="injectedTwice"} 1`,
 		`nri_gpu_request_duration_seconds_bucket{le="5e-05"} 1`,
 		`nri_gpu_devices_held 3`,
 		`nri_gpu_spec_errors 1`,

@@ -53,7 +53,8 @@ var (
 
 // Plugin is nri-gpu's NRI plugin. It handles Configure, Synchronize,
 // CreateContainer, StopPodSandbox and RemovePodSandbox, all of which every
-// NRI-enabled containerd (1.7 on) knows.
+// NRI-enabled containerd (1.7 on) knows, and ValidateContainerAdjustment
+// where the runtime asks validators (NRI v0.10 on: containerd 2.2).
 type Plugin struct {
 	log logrus.FieldLogger
 	// specDirs, when set, overrides cdiSpecDirs of every configuration.
@@ -74,6 +75,9 @@ type Plugin struct {
 	configErr error
 	// runtime is what the connected runtime applies, decided at Configure.
 	runtime adjust.Runtime
+	// nriVersion returns the connected runtime's NRI version, as the
+	// stub of the current connection learnt it; nil outside Serve.
+	nriVersion func() string
 
 	// nvml, when set, replaces the driver's NVML for spec generation.
 	nvml nvml.Interface
@@ -197,14 +201,22 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 	rt := adjust.RuntimeOf(runtime, version)
 	p.mu.Lock()
 	p.runtime = rt
+	nriVersion := "unknown"
+	if p.nriVersion != nil {
+		nriVersion = p.nriVersion()
+	}
 	p.mu.Unlock()
 	log.Infof("what the runtime can apply: %s", rt)
+	ev := events(nriVersion)
+	if !ev.IsSet(api.Event_VALIDATE_CONTAINER_ADJUSTMENT) {
+		log.Infof("the runtime's NRI (%s) asks no validators: a device another NRI plugin asks the runtime to inject is not checked against those nri-gpu injects", nriVersion)
+	}
 	if cfg == "" {
 		p.mu.Lock()
 		p.configured++
 		p.mu.Unlock()
 		log.Info("connected to runtime")
-		return 0, nil
+		return ev, nil
 	}
 	st, err := p.parseRuntimeConfig(cfg)
 	p.mu.Lock()
@@ -219,7 +231,7 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 	p.mu.Unlock()
 	old.specs.Close()
 	log.Info("connected to runtime, using the configuration it passed")
-	return 0, nil
+	return ev, nil
 }
 
 // Reload puts a new, validated configuration in force for the next
@@ -793,6 +805,8 @@ func rule(err error) string {
 		return "unresolvable"
 	case errors.Is(err, adjust.ErrUnsupportedEdit):
 		return "unsupportedEdits"
+	case errors.Is(err, ErrInjectedTwice):
+		return "injectedTwice"
 	}
 	return "other"
 }

@@ -79,8 +79,17 @@ type testRuntime struct {
 	containers []*api.Container
 }
 
-// runtime starts the runtime side and connects nri-gpu with cfgYAML.
+// runtime starts the runtime side as containerd 1.7.35 and connects
+// nri-gpu with cfgYAML.
 func runtime(t *testing.T, cfgYAML string) *testRuntime {
+	t.Helper()
+	return runtimeOf(t, "v1.7.35", cfgYAML)
+}
+
+// runtimeOf starts the runtime side as the given containerd version (NRI's
+// stub infers the runtime's NRI version from it) and connects nri-gpu
+// with cfgYAML.
+func runtimeOf(t *testing.T, containerdVersion, cfgYAML string) *testRuntime {
 	t.Helper()
 	dir := t.TempDir()
 	r := &testRuntime{
@@ -111,7 +120,7 @@ func runtime(t *testing.T, cfgYAML string) *testRuntime {
 		return nil, nil
 	}
 	var err error
-	r.Adaptation, err = adaptation.New("containerd", "v1.7.35", syncFn, update,
+	r.Adaptation, err = adaptation.New("containerd", containerdVersion, syncFn, update,
 		adaptation.WithSocketPath(r.socket),
 		adaptation.WithPluginPath(filepath.Join(dir, "plugins")),
 		adaptation.WithPluginConfigPath(filepath.Join(dir, "conf.d")),
@@ -161,14 +170,13 @@ func (r *testRuntime) connect(t *testing.T, cfgYAML string) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := stub.New(p, stub.WithSocketPath(r.socket), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = s.Run(ctx) }()
+	go func() {
+		defer wg.Done()
+		_ = p.Serve(ctx, stub.WithSocketPath(r.socket), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
+	}()
 	var once sync.Once
 	stop = func() { once.Do(func() { cancel(); wg.Wait(); p.Close() }) }
 	t.Cleanup(stop)

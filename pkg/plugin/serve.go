@@ -43,6 +43,9 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 		if err != nil {
 			return fmt.Errorf("creating the NRI stub: %w", err)
 		}
+		p.mu.Lock()
+		p.nriVersion = s.RuntimeNRIVersion
+		p.mu.Unlock()
 		before := p.connections()
 		err = s.Run(ctx)
 		p.setSynced(false)

@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	nvidianri "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk-installer/container/runtime/nri"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
@@ -259,6 +261,88 @@ func TestPreferredFollowsTopology(t *testing.T) {
 	} {
 		if got := res.Preferred(tc.available, tc.must, tc.size); !slices.Equal(got, tc.want) {
 			t.Errorf("Preferred(%v, must %v, %d) = %v, want %v", tc.available, tc.must, tc.size, got, tc.want)
+		}
+	}
+}
+
+// TestBesideNVIDIAsPluginOverNRI runs NVIDIA's own NRI plugin (the NVIDIA
+// Container Toolkit's, which asks the runtime to inject with AddCDIDevice)
+// beside nri-gpu on NRI's real runtime side: a container would get a
+// device twice is refused at validation, naming the device and the other
+// plugin; one that each plugin gives different devices, or only one of
+// them serves, is created.
+func TestBesideNVIDIAsPluginOverNRI(t *testing.T) {
+	cases := []struct {
+		name   string
+		config string
+		ann    map[string]string
+		// want are the device nodes nri-gpu injects and cdi the CDI
+		// devices NVIDIA's plugin asks for, when created; refused is what
+		// the error says otherwise.
+		want, cdi []string
+		refused   []string
+	}{
+		{"both serve NVIDIA's key", "annotationKeys: [gpus.nri-gpu.io, nvidia.cdi.k8s.io]",
+			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1"}, nil, nil,
+			[]string{"would be injected twice", "nvidia.com/gpu=1, which nri-gpu injects as nvidia.com/gpu=1 and plugin " + nvidiaPlugin + " asks the runtime to inject"}},
+		{"the same GPU through both keys", "",
+			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1", "gpus.nri-gpu.io": "1"}, nil, nil,
+			[]string{"would be injected twice", "nvidia.com/gpu=1, which nri-gpu injects"}},
+		{"all against one GPU", "",
+			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=all", "gpus.nri-gpu.io": "0"}, nil, nil,
+			[]string{"nvidia.com/gpu=all, which nri-gpu injects as nvidia.com/gpu=0"}},
+		{"NVIDIA's key left to NVIDIA's plugin", "",
+			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1"}, nil, []string{"nvidia.com/gpu=1"}, nil},
+		{"different GPUs", "",
+			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1", "gpus.nri-gpu.io": "0"}, []string{"/dev/nvidia0"}, []string{"nvidia.com/gpu=1"}, nil},
+		{"nri-gpu's key only", "annotationKeys: [gpus.nri-gpu.io, nvidia.cdi.k8s.io]",
+			map[string]string{"gpus.nri-gpu.io": "0"}, []string{"/dev/nvidia0"}, nil, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runtimeOf(t, "v2.3.7", tc.config)
+			startNVIDIAPlugin(t, r)
+			pod := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant-a", Annotations: tc.ann}
+			adj, err := r.create(pod, &api.Container{Id: "a-c", PodSandboxId: pod.Id, Name: "c", Linux: &api.LinuxContainer{}})
+			if tc.refused != nil {
+				testutil.ErrorSays(t, err, tc.refused...)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cdi []string
+			for _, d := range adj.GetCDIDevices() {
+				cdi = append(cdi, d.GetName())
+			}
+			if got := devicePaths(adj); !slices.Equal(got, tc.want) || !slices.Equal(cdi, tc.cdi) {
+				t.Errorf("nri-gpu injected %v and NVIDIA's plugin asked for %v; want %v and %v", got, cdi, tc.want, tc.cdi)
+			}
+		})
+	}
+}
+
+// nvidiaPlugin is how NRI names NVIDIA's plugin in these tests.
+var nvidiaPlugin = fmt.Sprintf("%q", "20-"+filepath.Base(os.Args[0]))
+
+// startNVIDIAPlugin connects NVIDIA's own NRI plugin to r with index 20
+// and waits until the runtime has it. It names itself after the program,
+// as it does in NVIDIA's installer: nvidiaPlugin.
+func startNVIDIAPlugin(t *testing.T, r *testRuntime) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	nv := nvidianri.NewPlugin(ctx, log, nil)
+	t.Cleanup(func() { cancel(); nv.Stop() })
+	if err := nv.Start(ctx, r.socket, "20"); err != nil {
+		t.Fatal(err)
+	}
+	for n := 0; n < 2; {
+		select {
+		case n = <-r.counts.ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("NVIDIA's plugin did not register with the runtime")
 		}
 	}
 }

@@ -76,12 +76,13 @@ func TestRequiredPluginFailsClosed(t *testing.T) {
 
 // TestBesideNVIDIAsNRIPlugin runs NVIDIA's own NRI plugin (the NVIDIA
 // Container Toolkit's, which asks the runtime to inject with AddCDIDevice)
-// beside nri-gpu with NVIDIA's annotation key configured, on containerd
-// 2.x with its own CDI on: a pod annotated for NVIDIA's plugin is created,
-// with its device node once (the CDI library's injection replaces nodes
-// and mounts of the same path). Its hooks and env come twice, once from
-// each plugin: an NRI plugin is not shown what another asks for, which is
-// why the docs say to run one of the two for that key (logged here).
+// beside nri-gpu on containerd 2.x with its own CDI on. With NVIDIA's
+// annotation key in nri-gpu's annotationKeys, a pod annotated for NVIDIA's
+// plugin would get its GPU from both: nri-gpu refuses the container at
+// NRI validation, naming the device and the other plugin. With the key
+// taken out of nri-gpu's configuration (reloaded, no restart), the same
+// pod's container is created with the GPU's device node, env and hooks
+// once each, from NVIDIA's plugin through the runtime's CDI.
 func TestBesideNVIDIAsNRIPlugin(t *testing.T) {
 	needEnv(t)
 	if !env.tools.Containerd2() {
@@ -93,11 +94,23 @@ func TestBesideNVIDIAsNRIPlugin(t *testing.T) {
 	}
 	ctd := extraContainerd(t, "beside-nvidia", harness.Options{EnableCDI: true, CDISpecDirs: []string{env.host.SpecDir}})
 	config := filepath.Join(ctd.Dir, "nri-gpu.yaml")
-	if err := os.WriteFile(config, []byte(env.host.PluginConfig(nil, "exclusive: true")+"annotationKeys: [gpus.nri-gpu.io, nvidia.cdi.k8s.io]\n"), 0o644); err != nil {
+	write := func(keys string) {
+		t.Helper()
+		tmp := config + ".tmp"
+		if err := os.WriteFile(tmp, []byte(env.host.PluginConfig(nil, "exclusive: true")+"annotationKeys: ["+keys+"]\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, config); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("gpus.nri-gpu.io, nvidia.cdi.k8s.io")
+	plugin, err := ctd.StartPlugin("--config", config)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ctd.StartPlugin("--config", config); err != nil {
-		t.Fatal(err)
+	if !strings.Contains(plugin.Log(), "ValidateContainerAdjustment") {
+		t.Errorf("nri-gpu did not subscribe to validation on containerd 2.x; log:\n%s", plugin.Log())
 	}
 	logPath := filepath.Join(ctd.Dir, "nvidia-nri.log")
 	logFile, err := os.Create(logPath)
@@ -115,35 +128,36 @@ func TestBesideNVIDIAsNRIPlugin(t *testing.T) {
 		data, _ := os.ReadFile(logPath)
 		return strings.Contains(string(data), "NVIDIA's NRI plugin started")
 	})
-	time.Sleep(time.Second)
 
 	podID, pod := newPod(t, ctd, map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1"})
-	id, err := ctd.CreateContainer(podID, pod, harness.Container{Name: "c"})
-	if err != nil {
-		t.Fatalf("both plugins asked for GPU 1: %v", err)
+	_, err = ctd.CreateContainer(podID, pod, harness.Container{Name: "both"})
+	testutil.ErrorSays(t, err, "a device would be injected twice",
+		"nvidia.com/gpu=1, which nri-gpu injects as nvidia.com/gpu=1 and plugin", "20-nvidia-nri-plugin", "asks the runtime to inject")
+
+	write("gpus.nri-gpu.io")
+	testutil.Within(t, 15*time.Second, "nri-gpu's configuration reloaded", func() bool { return strings.Contains(plugin.Log(), "configuration reloaded") })
+	_, spec := runContainer(t, ctd, podID, pod, harness.Container{Name: "nvidia"})
+	if got := gpuNodes(spec); !slices.Equal(got, []string{"/dev/nvidia1"}) {
+		t.Errorf("NVIDIA's plugin alone: GPU nodes %v, want /dev/nvidia1 once", got)
 	}
-	spec, err := ctd.ContainerSpec(id)
-	if err != nil {
-		t.Fatal(err)
+	seen := map[string]int{}
+	for _, e := range spec.Process.Env {
+		seen[e]++
 	}
-	var gpu1 int
-	for _, d := range spec.Linux.Devices {
-		if d.Path == "/dev/nvidia1" {
-			gpu1++
-		}
-	}
-	t.Logf("devices: %v", devicePaths(spec))
-	if spec.Hooks != nil {
-		t.Logf("createContainer hooks: %d, poststart hooks: %d", len(spec.Hooks.CreateContainer), len(spec.Hooks.Poststart))
-	}
-	var libcuda int
 	for _, m := range spec.Mounts {
-		if m.Destination == "/usr/lib/libcuda.so.1" {
-			libcuda++
+		seen["mount "+m.Destination]++
+	}
+	if spec.Hooks != nil {
+		for _, h := range spec.Hooks.CreateContainer {
+			seen["hook "+strings.Join(h.Args, " ")]++
 		}
 	}
-	t.Logf("libcuda mounts: %d; env: %v", libcuda, spec.Process.Env)
-	if gpu1 != 1 {
-		t.Errorf("/dev/nvidia1 is in the container's spec %d times, want once", gpu1)
+	for k, n := range seen {
+		if n > 1 {
+			t.Errorf("%q is in the container's spec %d times", k, n)
+		}
+	}
+	if _, ok := spec.Annotations["nri-gpu.io/devices"]; ok {
+		t.Errorf("nri-gpu recorded devices it did not inject: %v", spec.Annotations)
 	}
 }

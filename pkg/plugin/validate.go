@@ -1,0 +1,99 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/Masterminds/semver/v3"
+	"github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
+	"github.com/sirupsen/logrus"
+
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+var _ stub.ValidateContainerAdjustmentInterface = (*Plugin)(nil)
+
+// ErrInjectedTwice is wrapped by the error that refuses a container in
+// which a device nri-gpu injects would be injected a second time, by the
+// runtime's own CDI at another NRI plugin's request.
+var ErrInjectedTwice = errors.New("a device would be injected twice")
+
+// validationSince is the first NRI version whose runtime side asks
+// validators (containerd 2.2 and later). An older runtime refuses a plugin
+// that subscribes to an event it does not know.
+var validationSince = semver.MustParse("0.10.0")
+
+// events returns the NRI events the plugin subscribes to on a runtime
+// whose NRI version is nriVersion: those every NRI-enabled containerd
+// knows, and ValidateContainerAdjustment where the runtime asks validators.
+func events(nriVersion string) api.EventMask {
+	m := api.MustParseEventMask("CreateContainer", "StopPodSandbox", "RemovePodSandbox")
+	if v, err := semver.NewVersion(nriVersion); err == nil && !v.LessThan(validationSince) {
+		m.Set(api.Event_VALIDATE_CONTAINER_ADJUSTMENT)
+	}
+	return m
+}
+
+// ValidateContainerAdjustment refuses a container that would get a device
+// twice: from nri-gpu's own edits, and from the runtime's CDI because
+// another plugin asked for it with AddCDIDevice, as NVIDIA's NRI plugin
+// does for nvidia.cdi.k8s.io. Only here does NRI show a plugin what the
+// others asked for. The container is not created; its pod keeps what it
+// holds, as after any failed creation, until it is removed.
+func (p *Plugin) ValidateContainerAdjustment(_ context.Context, req *api.ValidateContainerAdjustmentRequest) error {
+	err := injectedTwice(p.state().specs.Snapshot(), req)
+	if err != nil {
+		pod, ctr := req.GetPod(), req.GetContainer()
+		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()}).
+			Errorf("refused: %v", err)
+		p.metrics.Refused(rule(err))
+		return bounded(fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
+			ctr.GetName(), pod.GetNamespace(), pod.GetName(), err))
+	}
+	return nil
+}
+
+// injectedTwice returns an error naming each CDI device another plugin
+// asks the runtime to inject that shares hardware with a device nri-gpu
+// injects itself (those listed in its devices annotation, less those the
+// runtime reports it injects anyway), or nil.
+func injectedTwice(snap *specs.Snapshot, req *api.ValidateContainerAdjustmentRequest) error {
+	adj, ctr := req.GetAdjust(), req.GetContainer()
+	given := adj.GetAnnotations()[DevicesAnnotation]
+	if given == "" || len(adj.GetCDIDevices()) == 0 {
+		return nil
+	}
+	byRuntime := cdiDeviceNames(ctr)
+	var own []string
+	for _, name := range strings.Split(given, ",") {
+		if !slices.Contains(byRuntime, name) {
+			own = append(own, name)
+		}
+	}
+	mine := snap.Footprints(own)
+	var twice []string
+	for _, d := range adj.GetCDIDevices() {
+		other := snap.Footprints([]string{d.GetName()})
+		i := slices.IndexFunc(mine, func(m specs.Device) bool { return policy.Overlaps(m, other) })
+		if i < 0 {
+			continue
+		}
+		owner := "another plugin"
+		if o := req.GetOwners(); o != nil {
+			if name, ok := o.CdiDeviceOwner(ctr.GetId(), d.GetName()); ok {
+				owner = fmt.Sprintf("plugin %q", name)
+			}
+		}
+		twice = append(twice, fmt.Sprintf("%s, which nri-gpu injects as %s and %s asks the runtime to inject", d.GetName(), mine[i].Name, owner))
+	}
+	if len(twice) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s; have one of them serve these devices (nri-gpu's annotationKeys, or the other plugin)",
+		ErrInjectedTwice, strings.Join(twice, "; "))
+}
