@@ -281,29 +281,38 @@ func TestBesideNVIDIAsPluginOverNRI(t *testing.T) {
 		// the error says otherwise.
 		want, cdi []string
 		refused   []string
+		// runtimeCDI are CDI devices of the CRI request, which the
+		// runtime injects itself (containerd 2.x with its CDI on).
+		runtimeCDI []string
 	}{
 		{"both serve NVIDIA's key", "annotationKeys: [gpus.nri-gpu.io, nvidia.cdi.k8s.io]",
 			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1"}, nil, nil,
-			[]string{"would be injected twice", "nvidia.com/gpu=1, which nri-gpu injects as nvidia.com/gpu=1 and plugin " + nvidiaPlugin + " asks the runtime to inject"}},
+			[]string{"would be injected twice", "nvidia.com/gpu=1, which nri-gpu injects as nvidia.com/gpu=1 and plugin " + nvidiaPlugin + " asks the runtime to inject"}, nil},
 		{"the same GPU through both keys", "",
 			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1", "gpus.nri-gpu.io": "1"}, nil, nil,
-			[]string{"would be injected twice", "nvidia.com/gpu=1, which nri-gpu injects"}},
+			[]string{"would be injected twice", "nvidia.com/gpu=1, which nri-gpu injects"}, nil},
 		{"all against one GPU", "",
 			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=all", "gpus.nri-gpu.io": "0"}, nil, nil,
-			[]string{"nvidia.com/gpu=all, which nri-gpu injects as nvidia.com/gpu=0"}},
+			[]string{"nvidia.com/gpu=all, which nri-gpu injects as nvidia.com/gpu=0"}, nil},
 		{"NVIDIA's key left to NVIDIA's plugin", "",
-			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1"}, nil, []string{"nvidia.com/gpu=1"}, nil},
+			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1"}, nil, []string{"nvidia.com/gpu=1"}, nil, nil},
 		{"different GPUs", "",
-			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1", "gpus.nri-gpu.io": "0"}, []string{"/dev/nvidia0"}, []string{"nvidia.com/gpu=1"}, nil},
+			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1", "gpus.nri-gpu.io": "0"}, []string{"/dev/nvidia0"}, []string{"nvidia.com/gpu=1"}, nil, nil},
 		{"nri-gpu's key only", "annotationKeys: [gpus.nri-gpu.io, nvidia.cdi.k8s.io]",
-			map[string]string{"gpus.nri-gpu.io": "0"}, []string{"/dev/nvidia0"}, nil, nil},
+			map[string]string{"gpus.nri-gpu.io": "0"}, []string{"/dev/nvidia0"}, nil, nil, nil},
+		{"the runtime injects it, not nri-gpu", "",
+			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1"}, nil, []string{"nvidia.com/gpu=1"}, nil, []string{"nvidia.com/gpu=1"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r := runtimeOf(t, "v2.3.7", tc.config)
 			startNVIDIAPlugin(t, r)
 			pod := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant-a", Annotations: tc.ann}
-			adj, err := r.create(pod, &api.Container{Id: "a-c", PodSandboxId: pod.Id, Name: "c", Linux: &api.LinuxContainer{}})
+			ctr := &api.Container{Id: "a-c", PodSandboxId: pod.Id, Name: "c", Linux: &api.LinuxContainer{}}
+			for _, name := range tc.runtimeCDI {
+				ctr.CDIDevices = append(ctr.CDIDevices, &api.CDIDevice{Name: name})
+			}
+			adj, err := r.create(pod, ctr)
 			if tc.refused != nil {
 				testutil.ErrorSays(t, err, tc.refused...)
 				return
