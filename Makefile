@@ -22,7 +22,7 @@ export NRI_GPU_REFERENCE_CONTAINERD := $(CONTAINERD2)
 # go-nvml's cgo bindings declare functions the NVML headers deprecate.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build image test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
+.PHONY: unit-long-tmpdir all build image test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
 
 all: build
 
@@ -105,7 +105,15 @@ test: lint e2e-tools
 	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD2) $(GO) test -race -count=1 ./test/e2e/
 	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD17OLD) $(GO) test -race -count=1 ./test/e2e/
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./pkg/...
+	$(MAKE) unit-long-tmpdir
 	$(MAKE) fuzz
+
+# Unit and protocol tests under a TMPDIR longer than a unix socket path
+# may be: tests put their sockets in short directories of their own.
+LONG_TMPDIR := /tmp/nri-gpu-long-tmpdir-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+unit-long-tmpdir:
+	rm -rf $(LONG_TMPDIR) && mkdir -p $(LONG_TMPDIR)
+	TMPDIR=$(LONG_TMPDIR) $(GO) test -count=1 $$($(GO) list ./... | grep -v /test/); rc=$$?; rm -rf $(LONG_TMPDIR); exit $$rc
 
 # The fuzz targets, briefly (FUZZTIME=5m for a longer run).
 FUZZTIME ?= 15s

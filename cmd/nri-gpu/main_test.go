@@ -11,11 +11,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 func TestRunRejectsBadInput(t *testing.T) {
-	dir := t.TempDir()
+	dir := testutil.ShortDir(t)
 	badConfig := filepath.Join(dir, "bad.yaml")
 	if err := os.WriteFile(badConfig, []byte("policy:\n  alowAll: true\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -50,7 +51,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 }
 
 func TestGenerateWithoutDriver(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "nvidia.com-gpu.yaml")
+	out := filepath.Join(testutil.ShortDir(t), "nvidia.com-gpu.yaml")
 	var stdout, stderr bytes.Buffer
 	code := run([]string{"generate", "--output", out}, &stdout, &stderr)
 	if _, err := os.Stat(out); code == exitOK {
@@ -82,7 +83,7 @@ func TestGenerateRejectsBadFlags(t *testing.T) {
 }
 
 func TestDevices(t *testing.T) {
-	dir := t.TempDir()
+	dir := testutil.ShortDir(t)
 	spec := "cdiVersion: \"0.6.0\"\nkind: example.com/nic\ndevices:\n  - name: \"0\"\n    containerEdits: {env: [A=1]}\n"
 	if err := os.WriteFile(filepath.Join(dir, "nic.yaml"), []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
@@ -99,7 +100,7 @@ func TestDevices(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	dir := t.TempDir()
+	dir := testutil.ShortDir(t)
 	good, bad := filepath.Join(dir, "good.yaml"), filepath.Join(dir, "bad.conf")
 	if err := os.WriteFile(good, []byte("policy:\n  exclusive: true\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -133,7 +134,7 @@ func TestMetricsAddressInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	dir := t.TempDir()
+	dir := testutil.ShortDir(t)
 	var stderr bytes.Buffer
 	code := run([]string{"--socket-path", filepath.Join(dir, "nri.sock"), "--state-file", filepath.Join(dir, "state.json"), "--cdi-spec-dirs", dir,
 		"--metrics-address", l.Addr().String()}, io.Discard, &stderr)
@@ -176,7 +177,7 @@ func TestVersion(t *testing.T) {
 // TestFlagsFromEnvironment: every flag can come from NRI_GPU_<FLAG>; the
 // command line beats it.
 func TestFlagsFromEnvironment(t *testing.T) {
-	dir := t.TempDir()
+	dir := testutil.ShortDir(t)
 	base := []string{"--socket-path", filepath.Join(dir, "nri.sock"), "--state-file", filepath.Join(dir, "state.json")}
 	tests := []struct {
 		name string
@@ -210,7 +211,7 @@ func TestFlagsFromEnvironment(t *testing.T) {
 // TestExplainCount: explain shows what a count request chose and what it
 // passed over, and why.
 func TestExplainCount(t *testing.T) {
-	dir := t.TempDir()
+	dir := testutil.ShortDir(t)
 	spec := "cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ndevices:\n"
 	for i := 0; i < 3; i++ {
 		node := filepath.Join(dir, fmt.Sprintf("nvidia%d", i))

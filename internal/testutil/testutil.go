@@ -2,6 +2,7 @@
 package testutil
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,20 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 )
+
+// ShortDir returns a new directory under /tmp, removed when the test
+// ends, for unix sockets: their paths may not exceed 107 bytes, and
+// t.TempDir() lies under TMPDIR, which may be long (a CI runner's, a
+// mutation tool's copy of the module).
+func ShortDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/tmp", "nri-gpu-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
 
 // ErrorSays fails the test at once when err is nil, and otherwise reports
 // each wanted string its message lacks.

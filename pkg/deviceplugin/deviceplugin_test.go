@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -86,7 +87,7 @@ func TestAllocate(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := New(gpu, t.TempDir(), tc.mode, src, quiet())
+			p := New(gpu, testutil.ShortDir(t), tc.mode, src, quiet())
 			req := &api.AllocateRequest{}
 			for _, ids := range tc.ids {
 				req.ContainerRequests = append(req.ContainerRequests, &api.ContainerAllocateRequest{DevicesIds: ids})
@@ -103,7 +104,7 @@ func TestAllocate(t *testing.T) {
 }
 
 func TestGetPreferredAllocation(t *testing.T) {
-	p := New(gpu, t.TempDir(), config.CDIAnnotations, &source{}, quiet())
+	p := New(gpu, testutil.ShortDir(t), config.CDIAnnotations, &source{}, quiet())
 	got, err := p.GetPreferredAllocation(context.Background(), &api.PreferredAllocationRequest{
 		ContainerRequests: []*api.ContainerPreferredAllocationRequest{
 			{AvailableDeviceIDs: []string{"0", "1", "2"}, MustIncludeDeviceIDs: []string{"0"}, AllocationSize: 2},
@@ -172,7 +173,7 @@ func received(t *testing.T, stream api.DevicePlugin_ListAndWatchClient) []*api.D
 // kubelet the devices and their changes, registers again when kubelet
 // restarts, and removes its socket when it stops.
 func TestRun(t *testing.T) {
-	dir := t.TempDir()
+	dir := testutil.ShortDir(t)
 	src := &source{devs: []Device{{ID: "0", Healthy: true}, {ID: "1", Healthy: true}}}
 	p := New(gpu, dir, config.CDIAnnotations, src, quiet())
 	p.poll = 20 * time.Millisecond

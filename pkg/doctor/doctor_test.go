@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/doctor"
 )
@@ -24,7 +25,7 @@ func find(fs []doctor.Finding, check string) []doctor.Finding {
 }
 
 func TestRun(t *testing.T) {
-	dir := t.TempDir()
+	dir := testutil.ShortDir(t)
 	specDir := filepath.Join(dir, "cdi")
 	if err := os.Mkdir(specDir, 0o777); err != nil {
 		t.Fatal(err)
@@ -71,7 +72,7 @@ func TestRun(t *testing.T) {
 // (1.x: version 2, 2.x: version 3) with NRI and enable_cdi on, off and
 // left to the default, and NRI's socket the one nri-gpu uses or another.
 func TestContainerdConfig(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "nri.sock") // answers, so only the config can fail
+	sock := filepath.Join(testutil.ShortDir(t), "nri.sock") // answers, so only the config can fail
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
@@ -103,12 +104,12 @@ func TestContainerdConfig(t *testing.T) {
 						if v, ok := cdiSetting[cdi]; ok {
 							toml += fmt.Sprintf("[plugins.%q]\n  enable_cdi = %s\n", criPlugin[version], v)
 						}
-						file := filepath.Join(t.TempDir(), "config.toml")
+						file := filepath.Join(testutil.ShortDir(t), "config.toml")
 						if err := os.WriteFile(file, []byte(toml), 0o644); err != nil {
 							t.Fatal(err)
 						}
 						cfg := config.Default()
-						cfg.CDISpecDirs = []string{t.TempDir()}
+						cfg.CDISpecDirs = []string{testutil.ShortDir(t)}
 						fs := doctor.Run(doctor.Input{SocketPath: sock, ContainerdConfig: file, Config: cfg})
 
 						wantNRI := doctor.Fail

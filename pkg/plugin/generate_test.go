@@ -48,7 +48,7 @@ func TestGenerateSpecs(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() {
-		done <- p.Serve(ctx, stub.WithSocketPath(filepath.Join(t.TempDir(), "none.sock")),
+		done <- p.Serve(ctx, stub.WithSocketPath(filepath.Join(testutil.ShortDir(t), "none.sock")),
 			stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
 	}()
 	defer func() {

@@ -91,7 +91,7 @@ func runtime(t *testing.T, cfgYAML string) *testRuntime {
 // with cfgYAML.
 func runtimeOf(t *testing.T, containerdVersion, cfgYAML string) *testRuntime {
 	t.Helper()
-	dir := t.TempDir()
+	dir := testutil.ShortDir(t)
 	r := &testRuntime{
 		socket:    filepath.Join(dir, "nri.sock"),
 		specDir:   filepath.Join(dir, "cdi"),

@@ -97,7 +97,7 @@ func TestUnhealthyGPUs(t *testing.T) {
 	// Serving starts the health watch (no runtime here: it keeps trying
 	// to connect, which does not matter).
 	go func() {
-		_ = p.Serve(ctx, stub.WithSocketPath(filepath.Join(t.TempDir(), "no-runtime.sock")), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
+		_ = p.Serve(ctx, stub.WithSocketPath(filepath.Join(testutil.ShortDir(t), "no-runtime.sock")), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
 	}()
 
 	res := p.Resource(config.Resource{Name: "nvidia.com/gpu", Kind: "nvidia.com/gpu", Devices: []string{"*"}})

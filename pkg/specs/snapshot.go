@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
@@ -89,7 +90,10 @@ func (s *Snapshot) problemHint() string {
 	case 0:
 		return ""
 	case 1:
-		return fmt.Sprintf(" (it may be in %s, which is not used: %v)", paths[0], truncate(errors.Join(s.Problems[paths[0]]...).Error()))
+		// The file's path is said once: a long one would leave no room
+		// for the reason in the truncated problem.
+		why := strings.ReplaceAll(errors.Join(s.Problems[paths[0]]...).Error(), paths[0], "it")
+		return fmt.Sprintf(" (it may be in %s, which is not used: %v)", paths[0], truncate(why))
 	default:
 		return fmt.Sprintf(" (it may be in one of %d spec files not used, such as %s; nri-gpu check says why)", len(paths), paths[0])
 	}

@@ -76,7 +76,7 @@ func startSetups() ([]*setup, func(), error) {
 	if err != nil {
 		return nil, cleanup, err
 	}
-	dir, err := os.MkdirTemp("", "nri-gpu-bench-e2e-")
+	dir, err := os.MkdirTemp("/tmp", "nri-gpu-bench-e2e-") // short: it holds unix sockets
 	if err != nil {
 		return nil, cleanup, err
 	}

@@ -229,7 +229,7 @@ func (r *report) specs(goBench string) {
 // memory runs the nri-gpu binary with 1000 specs loaded and reads its RSS.
 func (r *report) memory() {
 	bin := filepath.Join(os.Getenv(harness.ToolsEnv), "nri-gpu")
-	dir, err := os.MkdirTemp("", "nri-gpu-bench-rss-")
+	dir, err := os.MkdirTemp("/tmp", "nri-gpu-bench-rss-") // short: it holds a unix socket
 	must(err)
 	defer os.RemoveAll(dir)
 	must(harness.WriteBenchSpecs(dir, 1000))

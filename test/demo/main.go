@@ -31,7 +31,7 @@ func run() (err error) {
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "nri-gpu-demo-")
+	dir, err := os.MkdirTemp("/tmp", "nri-gpu-demo-") // short: it holds unix sockets, whatever TMPDIR is
 	if err != nil {
 		return err
 	}

@@ -79,7 +79,8 @@ func setup() (int, error) {
 	}
 
 	var err error
-	if env.dir, err = os.MkdirTemp("", "nri-gpu-e2e-"); err != nil {
+	// Under /tmp, short: it holds unix sockets, whatever TMPDIR is.
+	if env.dir, err = os.MkdirTemp("/tmp", "nri-gpu-e2e-"); err != nil {
 		return 1, err
 	}
 	env.image = filepath.Join(env.dir, "busybox.tar")

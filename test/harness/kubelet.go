@@ -82,7 +82,7 @@ func StartKubelet(dir, binary string, c *Containerd) (k *Kubelet, err error) {
 	// What kubelet sees as /var/lib is a short path of its own: unix
 	// socket paths (nri-gpu's, in kubelet's device-plugin directory) are
 	// limited to 108 bytes.
-	if k.VarLib, err = os.MkdirTemp("", "kl-"); err != nil {
+	if k.VarLib, err = os.MkdirTemp("/tmp", "kl-"); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Join(k.VarLib, "kubelet", "device-plugins"), 0o755); err != nil {
