@@ -16,6 +16,13 @@ import (
 // DefaultSpecPath is where generate writes by default.
 const DefaultSpecPath = "/var/run/cdi/nvidia.com-gpu.yaml"
 
+// nvmlLibrary is the NVML generate reads the GPUs from: the driver's,
+// found under the driver root (tests give go-nvml's mock).
+var nvmlLibrary = nvidiaLibrary
+
+// nvidiaLibrary is the driver's NVML.
+var nvidiaLibrary = nvidia.Library
+
 // runGenerate writes the CDI spec of the node's NVIDIA GPUs.
 func runGenerate(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nri-gpu generate", flag.ContinueOnError)
@@ -51,7 +58,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) int {
 		DriverRoot: *driverRoot, DevRoot: *devRoot, Kind: *kind, HookPath: *hookPath, CreateControlNodes: *mkNodes,
 		NameStrategies: strings.Split(*strategies, ","),
 	}
-	spec, err := nvidia.Generate(nvidia.Library(*driverRoot), opts)
+	spec, err := nvidia.Generate(nvmlLibrary(*driverRoot), opts)
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu generate: %v\n", err)
 		if errors.Is(err, nvidia.ErrOptions) {

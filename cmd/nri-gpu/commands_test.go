@@ -1,0 +1,221 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/google/go-cmp/cmp"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+	"sigs.k8s.io/yaml"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+)
+
+// specDir writes a spec of two GPUs (/dev/null and /dev/zero standing in
+// for their nodes) with a library mount and a hook, and returns its dir.
+func specDir(t *testing.T) string {
+	t.Helper()
+	dir := testutil.ShortDir(t)
+	spec := `cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+containerEdits:
+  env: [NVIDIA_VISIBLE_DEVICES=void]
+  mounts: [{hostPath: /usr/lib/libcuda.so.1, containerPath: /usr/lib/libcuda.so.1, options: [ro, bind]}]
+  hooks: [{hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, update-ldcache]}]
+devices:
+  - name: "0"
+    containerEdits: {deviceNodes: [{path: /dev/nvidia0, hostPath: /dev/null}]}
+  - name: "1"
+    containerEdits: {deviceNodes: [{path: /dev/nvidia1, hostPath: /dev/zero}]}
+`
+	if err := os.WriteFile(filepath.Join(dir, "gpu.yaml"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestAccessOutput: nri-gpu access prints, as JSON, the nodes (with the
+// host's numbers), mounts, hooks and env of the devices named, short
+// names taken as the default kind's; an unknown device is an error that
+// names it.
+func TestAccessOutput(t *testing.T) {
+	dir := specDir(t)
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"access", "--cdi-spec-dirs", dir, "1"}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	var got adjust.Access
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	want := adjust.Access{
+		Devices:        []string{"nvidia.com/gpu=1"},
+		DeviceNodes:    []adjust.AccessNode{{Path: "/dev/nvidia1", HostPath: "/dev/zero", Type: "c", Major: 1, Minor: 5, Permissions: "rwm"}},
+		Mounts:         []adjust.AccessMount{{HostPath: "/usr/lib/libcuda.so.1", ContainerPath: "/usr/lib/libcuda.so.1", ReadOnly: true, Options: []string{"ro", "bind"}}},
+		Hooks:          []adjust.AccessHook{{HookName: "createContainer", Path: "/usr/bin/nvidia-cdi-hook", Args: []string{"nvidia-cdi-hook", "update-ldcache"}}},
+		AdditionalGIDs: []uint32{},
+		Env:            []string{"NVIDIA_VISIBLE_DEVICES=void"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("access output (-want +got):\n%s", diff)
+	}
+
+	stdout.Reset()
+	code := run([]string{"access", "--cdi-spec-dirs", dir, "7"}, &stdout, &stderr)
+	if code != exitError || stdout.Len() > 0 || !strings.Contains(stderr.String(), `"nvidia.com/gpu=7"`) {
+		t.Errorf("unknown device: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
+	stderr.Reset()
+	if code := run([]string{"access", "--cdi-spec-dirs", dir}, &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "usage: nri-gpu access") {
+		t.Errorf("no device: exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+// TestExplainOutput: explain prints the devices a pod would get, their
+// nodes, and the env and hooks; or "denied:" and why.
+func TestExplainOutput(t *testing.T) {
+	dir := specDir(t)
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"explain", "--cdi-spec-dirs", dir, "--annotation", "gpus.nri-gpu.io=0"}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("exit %d: %s%s", code, stdout.String(), stderr.String())
+	}
+	for _, want := range []string{"nvidia.com/gpu=0", "/dev/nvidia0", "NVIDIA_VISIBLE_DEVICES=void", "/usr/bin/nvidia-cdi-hook"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("explain does not show %q:\n%s", want, stdout.String())
+		}
+	}
+	if strings.Contains(stdout.String(), "/dev/nvidia1") {
+		t.Errorf("explain shows a device not asked for:\n%s", stdout.String())
+	}
+
+	stdout.Reset()
+	code := run([]string{"explain", "--cdi-spec-dirs", dir, "--annotation", "gpus.nri-gpu.io=all"}, &stdout, &stderr)
+	if code != exitError || !strings.HasPrefix(stdout.String(), "denied: ") || !strings.Contains(stdout.String(), "policy.allowAll") {
+		t.Errorf("a denied request: exit %d, output %q", code, stdout.String())
+	}
+
+	stdout.Reset()
+	if code := run([]string{"explain", "--cdi-spec-dirs", dir, "--output", "json", "--annotation", "gpus.nri-gpu.io=1"}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("json: exit %d: %s", code, stderr.String())
+	}
+	var out map[string]any
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil || !strings.Contains(stdout.String(), "/dev/nvidia1") {
+		t.Errorf("json output %q: %v", stdout.String(), err)
+	}
+}
+
+// TestCheckOutput: check prints one line per finding, its status first,
+// and the fix under a failure; it exits 1 when one fails.
+func TestCheckOutput(t *testing.T) {
+	dir := specDir(t) // its hook, /usr/bin/nvidia-cdi-hook, is not on this machine
+	sock := filepath.Join(testutil.ShortDir(t), "nri.sock")
+	check := func() (int, []string) {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		code := run([]string{"check", "--cdi-spec-dirs", dir, "--containerd-config", "", "--socket-path", sock}, &stdout, &stderr)
+		var lines []string
+		for _, l := range strings.Split(strings.TrimRight(stdout.String(), "\n"), "\n") {
+			lines = append(lines, strings.Join(strings.Fields(l), " "))
+		}
+		return code, lines
+	}
+	if _, err := os.Stat("/usr/bin/nvidia-cdi-hook"); err == nil {
+		t.Skip("this machine has /usr/bin/nvidia-cdi-hook")
+	}
+	code, lines := check()
+	want := []string{
+		"OK nri-gpu config none given: the defaults apply",
+		"FAIL NRI socket " + sock + " does not answer",
+		"OK spec dir " + dir + " exists and is trusted",
+		"OK devices 2 devices can be injected",
+		"FAIL hook /usr/bin/nvidia-cdi-hook (for nvidia.com/gpu=0, nvidia.com/gpu=1) does not exist",
+		"fix: install it, or regenerate the specs",
+	}
+	if code != exitError {
+		t.Errorf("exit %d, want %d", code, exitError)
+	}
+	for _, w := range want {
+		if !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, w) }) {
+			t.Errorf("no line %q in:\n%s", w, strings.Join(lines, "\n"))
+		}
+	}
+	if i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "FAIL NRI socket") }); i < 0 || i+1 == len(lines) || !strings.HasPrefix(lines[i+1], "fix: ") {
+		t.Errorf("the socket's failure is not followed by its fix:\n%s", strings.Join(lines, "\n"))
+	}
+
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	code, lines = check()
+	if code != exitError || !slices.Contains(lines, "OK NRI socket "+sock+" answers") || slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, "FAIL NRI") }) {
+		t.Errorf("socket there: exit %d:\n%s", code, strings.Join(lines, "\n"))
+	}
+}
+
+// TestGenerateOutput: generate writes the CDI spec of the GPUs NVML
+// reports (go-nvml's mock of two A100s here): both GPUs by index and
+// UUID, "all", the driver's libraries and the hooks, run by the hook path
+// given; "-" writes it to standard output.
+func TestGenerateOutput(t *testing.T) {
+	s := testutil.NVML(2)
+	nvmlLibrary = func(string) nvml.Interface { return s }
+	t.Cleanup(func() { nvmlLibrary = nvidiaLibrary })
+	root, err := filepath.Abs("../../pkg/specs/nvidia/testdata/minimal-root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"generate", "--driver-root", root, "--hook-path", "/usr/bin/nvidia-cdi-hook", "--output", "-"}, &stdout, &stderr)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	var spec cdispec.Spec
+	if err := yaml.UnmarshalStrict(stdout.Bytes(), &spec); err != nil {
+		t.Fatalf("output is not a CDI spec: %v\n%s", err, stdout.String())
+	}
+	var names []string
+	for _, d := range spec.Devices {
+		names = append(names, d.Name)
+	}
+	uuid0, _ := s.Devices[0].GetUUID()
+	if spec.Kind != "nvidia.com/gpu" || !slices.Contains(names, "0") || !slices.Contains(names, "1") || !slices.Contains(names, uuid0) || !slices.Contains(names, "all") {
+		t.Errorf("kind %q, devices %v", spec.Kind, names)
+	}
+	var hooks []string
+	for _, h := range spec.ContainerEdits.Hooks {
+		hooks = append(hooks, h.Path)
+	}
+	if len(hooks) == 0 || slices.ContainsFunc(hooks, func(p string) bool { return p != "/usr/bin/nvidia-cdi-hook" }) {
+		t.Errorf("hooks run %v, want /usr/bin/nvidia-cdi-hook", hooks)
+	}
+	var mounts []string
+	for _, m := range spec.ContainerEdits.Mounts {
+		mounts = append(mounts, m.ContainerPath)
+	}
+	if !slices.Contains(mounts, "/usr/lib64/libcuda.so.550.54.15") {
+		t.Errorf("mounts %v lack the driver's libcuda", mounts)
+	}
+
+	out := filepath.Join(testutil.ShortDir(t), "gpu.json")
+	stderr.Reset()
+	if code := run([]string{"generate", "--driver-root", root, "--output", out}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("to a file: exit %d: %s", code, stderr.String())
+	}
+	data, err := os.ReadFile(out)
+	if err != nil || !json.Valid(data) {
+		t.Errorf("%s: not JSON (from its name): %v", out, err)
+	}
+	if !strings.Contains(stderr.String(), "wrote "+out+" (5 devices, CDI ") {
+		t.Errorf("generate does not say what it wrote: %q", stderr.String())
+	}
+}
