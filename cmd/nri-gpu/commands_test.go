@@ -12,8 +12,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/google/go-cmp/cmp"
-	cdispec "tags.cncf.io/container-device-interface/specs-go"
 	"sigs.k8s.io/yaml"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
