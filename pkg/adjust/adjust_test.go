@@ -411,6 +411,8 @@ func TestRuntimeOf(t *testing.T) {
 		{"containerd", "v2.3.7", true},
 		{"containerd", "2.0.0", true},
 		{"cri-o", "1.33.0", false},
+		{"other", "v2.0.0", false},
+		{"containerd", "v10.0.0", true},
 		{"containerd", "", false},
 	}
 	for _, tc := range tests {
