@@ -296,11 +296,13 @@ func (c *Config) problems() []error {
 		errs = append(errs, fmt.Errorf("unsupportedEdits: %q is neither %q nor %q",
 			c.UnsupportedEdits, UnsupportedError, UnsupportedWarn))
 	}
-	if c.GenerateInterval < 0 {
-		errs = append(errs, fmt.Errorf("generateInterval: %s is negative", c.GenerateInterval))
+	// Parse makes 0 the default; a Config built otherwise must not poll
+	// without pause.
+	if c.GenerateInterval <= 0 {
+		errs = append(errs, fmt.Errorf("generateInterval: %s is not positive", c.GenerateInterval))
 	}
-	if c.HealthInterval < 0 {
-		errs = append(errs, fmt.Errorf("healthInterval: %s is negative", c.HealthInterval))
+	if c.HealthInterval <= 0 {
+		errs = append(errs, fmt.Errorf("healthInterval: %s is not positive", c.HealthInterval))
 	}
 	if c.HealthRecoverAfter < 0 {
 		errs = append(errs, fmt.Errorf("healthRecoverAfter: %s is negative (0 means never)", c.HealthRecoverAfter))

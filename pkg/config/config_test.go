@@ -108,14 +108,14 @@ devicePlugin:
 		{name: "negative max", yaml: "policy:\n  maxDevicesPerPod: -1\n", wantErr: []string{"policy.maxDevicesPerPod: -1 is negative"}},
 		{name: "relative hook", yaml: "policy:\n  hookPaths: [nvidia-ctk]\n", wantErr: []string{`policy.hookPaths: "nvidia-ctk" is not an absolute path`}},
 		{name: "bad interval", yaml: "generateInterval: soon\n", wantErr: []string{"line 1", "soon"}},
-		{name: "negative interval", yaml: "generateInterval: -1s\n", wantErr: []string{"generateInterval: -1s is negative"}},
+		{name: "negative interval", yaml: "generateInterval: -1s\n", wantErr: []string{"generateInterval: -1s is not positive"}},
 		{name: "relative driver root", yaml: "driverRoot: run/nvidia\n", wantErr: []string{`driverRoot: "run/nvidia" is not an absolute path`}},
 		{name: "bad cdiDevices", yaml: "devicePlugin:\n  cdiDevices: env\n", wantErr: []string{`devicePlugin.cdiDevices: "env" is neither "annotations" nor "cri"`}},
 		{name: "relative kubelet dir", yaml: "devicePlugin:\n  kubeletDir: kubelet\n", wantErr: []string{`devicePlugin.kubeletDir: "kubelet" is not an absolute path`}},
 		{name: "bad resource name", yaml: "devicePlugin:\n  resources: [{name: gpu}]\n", wantErr: []string{`devicePlugin.resources[0].name: kind "gpu" is not of the form vendor/class`}},
 		{name: "resource twice", yaml: "devicePlugin:\n  resources: [{name: a.com/b}, {name: a.com/b}]\n", wantErr: []string{`devicePlugin.resources[1].name: "a.com/b" is listed twice`}},
 		{name: "bad resource glob", yaml: "devicePlugin:\n  resources: [{name: a.com/b, devices: ['[']}]\n", wantErr: []string{`devicePlugin.resources[0].devices: glob "["`}},
-		{name: "negative health interval", yaml: "healthInterval: -1s\n", wantErr: []string{"healthInterval: -1s is negative"}},
+		{name: "negative health interval", yaml: "healthInterval: -1s\n", wantErr: []string{"healthInterval: -1s is not positive"}},
 		{name: "negative recovery", yaml: "healthRecoverAfter: -1m\n", wantErr: []string{"healthRecoverAfter: -1m0s is negative"}},
 		{name: "unknown annotation key", yaml: "annotationKeys: [gpu.example.com]\n", wantErr: []string{`annotationKeys: "gpu.example.com" is neither "gpus.nri-gpu.io" nor "nvidia.cdi.k8s.io"`}},
 		{name: "two documents", yaml: "defaultKind: a.com/b\n---\ndefaultKind: c.com/d\n", wantErr: []string{"more than one YAML document"}},
@@ -195,6 +195,16 @@ func TestProblems(t *testing.T) {
 			want: []string{`line 1: cdiSpecDirs: "rel" is not an absolute path`, "line 3: policy.devices: glob", "line 4: policy.maxDevicesPerPod: -2 is negative"},
 		},
 		{name: "wrong type", yaml: "\n\nhonorCDIAnnotations: maybe\n", want: []string{"line 3: cannot unmarshal !!str `maybe`"}},
+		{
+			name: "a key in block style, at the key's line",
+			yaml: "policy:\n  hookPaths:\n    - rel\n",
+			want: []string{`line 2: policy.hookPaths: "rel" is not an absolute path`},
+		},
+		{
+			name: "a list entry, at its line; a key it lacks, at none",
+			yaml: "devicePlugin:\n  resources:\n  - name: nvidia.com/gpu\n    kind: nvidia.com/gpu\n    devices: ['[']\n  - {name: bad}\n",
+			want: []string{`line 5: devicePlugin.resources[0].devices: glob "["`, `line 6: devicePlugin.resources[1].name: kind "bad"`, `devicePlugin.resources[1].kind: kind "bad"`},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -206,10 +216,26 @@ func TestProblems(t *testing.T) {
 				t.Fatalf("problems %q, want %d like %q", got, len(tc.want), tc.want)
 			}
 			for i, w := range tc.want {
-				if !strings.Contains(got[i], w) {
-					t.Errorf("problem %q does not say %q", got[i], w)
+				if !strings.HasPrefix(got[i], w) {
+					t.Errorf("problem %q does not start %q", got[i], w)
 				}
 			}
 		})
+	}
+}
+
+// TestValidateIntervals: Parse makes a zero interval the default, but a
+// Config built otherwise with one would poll without pause: Validate
+// refuses it.
+func TestValidateIntervals(t *testing.T) {
+	c, err := config.Parse([]byte("generateInterval: 0s\nhealthInterval: 0s\n"))
+	if err != nil || c.GenerateInterval != config.DefaultGenerateInterval || c.HealthInterval != config.DefaultHealthInterval {
+		t.Fatalf("zero intervals: %v, %v, %v; want the defaults", c.GenerateInterval, c.HealthInterval, err)
+	}
+	c.GenerateInterval, c.HealthInterval = 0, 0
+	testutil.ErrorSays(t, c.Validate(), "generateInterval: 0s is not positive", "healthInterval: 0s is not positive")
+	c.GenerateInterval, c.HealthInterval = time.Nanosecond, time.Nanosecond
+	if err := c.Validate(); err != nil {
+		t.Errorf("1ns intervals: %v", err)
 	}
 }

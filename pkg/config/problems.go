@@ -67,21 +67,36 @@ func lineProblem(msg string) Problem {
 }
 
 // lineOf returns the line of the key at path in a YAML document, or 0.
+// An element of path may index a list: "resources[0]".
 func lineOf(n *yaml.Node, path []string) int {
 	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
 		n = n.Content[0]
 	}
-	for i, key := range path {
+	for i, elem := range path {
+		key, index := elem, -1
+		if k, rest, ok := strings.Cut(elem, "["); ok {
+			if v, err := strconv.Atoi(strings.TrimSuffix(rest, "]")); err == nil {
+				key, index = k, v
+			}
+		}
 		if n.Kind != yaml.MappingNode {
 			return 0
 		}
 		found := false
 		for j := 0; j+1 < len(n.Content); j += 2 {
 			if n.Content[j].Value == key {
-				if i == len(path)-1 {
-					return n.Content[j].Line
-				}
+				line := n.Content[j].Line
 				n, found = n.Content[j+1], true
+				if index >= 0 {
+					if n.Kind != yaml.SequenceNode || index >= len(n.Content) {
+						return 0
+					}
+					n = n.Content[index]
+					line = n.Line
+				}
+				if i == len(path)-1 {
+					return line
+				}
 				break
 			}
 		}

@@ -44,7 +44,8 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := config.Default()
-	cfg.CDISpecDirs = []string{specDir, filepath.Join(dir, "absent")}
+	// An absent dir first: the dirs after it are checked too.
+	cfg.CDISpecDirs = []string{filepath.Join(dir, "absent"), specDir}
 
 	fs := doctor.Run(doctor.Input{SocketPath: sock, ContainerdConfig: ctdConfig, Config: cfg})
 	want := map[string]doctor.Status{"NRI socket": doctor.OK, "containerd NRI": doctor.Fail, "devices": doctor.Warn, "nri-gpu config": doctor.OK}
@@ -55,7 +56,7 @@ func TestRun(t *testing.T) {
 		}
 	}
 	dirs := find(fs, "spec dir")
-	if len(dirs) != 2 || dirs[0].Status != doctor.Fail || !strings.Contains(dirs[0].Detail, "writable by group or others") || dirs[1].Status != doctor.Warn {
+	if len(dirs) != 2 || dirs[1].Status != doctor.Fail || !strings.Contains(dirs[1].Detail, "writable by group or others") || dirs[0].Status != doctor.Warn {
 		t.Errorf("spec dirs: %+v", dirs)
 	}
 	if !doctor.Failed(fs) {
