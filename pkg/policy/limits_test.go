@@ -1,0 +1,166 @@
+package policy_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// numbered returns n GPUs named by index, each with a node of its own.
+func numbered(n int) []specs.Device {
+	var out []specs.Device
+	for i := 0; i < n; i++ {
+		out = append(out, specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d", i), Nodes: []string{fmt.Sprintf("c 195:%d", i)}})
+	}
+	return out
+}
+
+// TestNamedUnhealthyEach: a request by name for several unhealthy GPUs
+// names every one of them, not just the first.
+func TestNamedUnhealthyEach(t *testing.T) {
+	gpus := numbered(3)
+	sick := func(d specs.Device) error {
+		if d.Name != gpus[0].Name {
+			return errors.New("critical Xid error 79")
+		}
+		return nil
+	}
+	p := policy.New(config.Policy{Devices: config.DefaultDevices})
+	_, err := policy.NewAllocations().Admit(p, pod("a"), []specs.Device{gpus[1], gpus[2]}, 0, policy.Choice{Candidates: gpus, Unhealthy: sick}, nil)
+	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=1"`, `device "nvidia.com/gpu=2"`)
+}
+
+// TestRevertLeavesTheCount: a pod's first container got a GPU for its
+// count request; a second container's grant, reverted (its creation
+// failed later), takes nothing of it back.
+func TestRevertLeavesTheCount(t *testing.T) {
+	gpus := numbered(3)
+	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	a := policy.NewAllocations()
+	ch := policy.Choice{Candidates: gpus}
+	first, err := a.Admit(p, pod("a"), nil, 1, ch, nil)
+	if err != nil || len(first.Counted) != 1 {
+		t.Fatalf("count 1: %v, %v", first.Counted, err)
+	}
+	second, err := a.Admit(p, pod("a"), []specs.Device{gpus[2]}, 1, ch, nil)
+	if err != nil || !slices.Equal(specs.Names(second.Counted), specs.Names(first.Counted)) {
+		t.Fatalf("the second container's count: %v, %v; want the first's %v", second.Counted, err, first.Counted)
+	}
+	a.Revert(second)
+	want := map[policy.Pod][]string{pod("a"): specs.Names(first.Counted)}
+	if got := a.Held(); len(got) != 1 || !slices.Equal(got[pod("a")], want[pod("a")]) {
+		t.Errorf("after reverting the second container, held %v, want %v", got, want)
+	}
+	if _, err := a.Admit(p, pod("b"), nil, 3, ch, nil); err == nil {
+		t.Error("another pod got all three GPUs: the first container's count was given up")
+	}
+}
+
+// TestHeldByAnyOtherPod: a GPU any other pod holds is refused, however
+// many pods hold GPUs and in whatever order they are looked at.
+func TestHeldByAnyOtherPod(t *testing.T) {
+	gpus := numbered(12)
+	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	a := policy.NewAllocations()
+	ch := policy.Choice{Candidates: gpus}
+	for i := range gpus[:11] {
+		if _, err := a.Admit(p, pod(fmt.Sprint("holder", i)), []specs.Device{gpus[i]}, 0, ch, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.Admit(p, pod("b"), []specs.Device{gpus[11]}, 0, ch, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range gpus[:11] {
+		_, err := a.Admit(p, pod("b"), []specs.Device{gpus[i]}, 0, ch, nil)
+		testutil.ErrorSays(t, err, fmt.Sprintf("is held by pod ns/holder%d", i))
+	}
+}
+
+// TestCountChecksWhatItMayChoose: a count request checks whether the
+// container can have a device (Usable, which builds it) only as far as it
+// must: the first count free devices where it takes them in order, every
+// free one where it chooses by topology, so that it never chooses one it
+// did not check.
+func TestCountChecksWhatItMayChoose(t *testing.T) {
+	gpus := numbered(4)
+	bad := errors.New("hook /bin/evil not allowed")
+	usable := func(unusable int) func(specs.Device) error {
+		return func(d specs.Device) error {
+			if d.Name == gpus[unusable].Name {
+				return bad
+			}
+			return nil
+		}
+	}
+	// pair: GPUs 2 and 3 are joined closely, the rest far apart.
+	pair := func(a, b specs.Device) int {
+		if names := []string{a.Name, b.Name}; slices.Contains(names, gpus[2].Name) && slices.Contains(names, gpus[3].Name) {
+			return 100
+		}
+		return 10
+	}
+	tests := []struct {
+		name       string
+		count      int
+		unusable   int
+		links      func(a, b specs.Device) int
+		want       []string
+		wantPassed []string
+	}{
+		{name: "in order: the first two, the unusable GPU 3 never looked at", count: 2, unusable: 3,
+			want: []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}},
+		{name: "one by topology: the first, GPU 1 never looked at", count: 1, unusable: 1, links: pair,
+			want: []string{"nvidia.com/gpu=0"}},
+		{name: "two by topology: every GPU checked, the close pair passed over for the unusable GPU 3", count: 2, unusable: 3, links: pair,
+			want: []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}, wantPassed: []string{"nvidia.com/gpu=3"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+			g, err := policy.NewAllocations().Admit(p, pod("a"), nil, tc.count, policy.Choice{Candidates: gpus, Usable: usable(tc.unusable), Links: tc.links}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var passed []string
+			for _, ps := range g.Considered.Passed {
+				passed = append(passed, ps.Device)
+			}
+			if !slices.Equal(specs.Names(g.Counted), tc.want) || !slices.Equal(passed, tc.wantPassed) {
+				t.Errorf("chose %v, passed over %v; want %v and %v", specs.Names(g.Counted), passed, tc.want, tc.wantPassed)
+			}
+		})
+	}
+}
+
+// TestCountShortfallSays: a count request that cannot be met says how
+// many are free and held, and mentions unhealthy devices only when there
+// are some; with no candidates at all, it still answers.
+func TestCountShortfallSays(t *testing.T) {
+	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	a := policy.NewAllocations()
+	_, err := a.Admit(p, pod("a"), nil, 3, policy.Choice{Candidates: numbered(2)}, nil)
+	testutil.ErrorSays(t, err, "asks for 3 nvidia.com/gpu devices, but 2 are free and 0 held")
+	if err != nil && strings.Contains(err.Error(), "unhealthy") {
+		t.Errorf("no GPU is unhealthy, but: %v", err)
+	}
+	_, err = a.Admit(p, pod("a"), nil, 1, policy.Choice{}, nil)
+	testutil.ErrorSays(t, err, "asks for 1 devices, but 0 are free")
+}
+
+// TestClosestWithoutLinks: where every pair scores the same (nothing is
+// known to be closer), Closest still chooses, the first in spec order.
+func TestClosestWithoutLinks(t *testing.T) {
+	gpus := numbered(4)
+	got, score := policy.Closest(nil, gpus, 2, func(a, b specs.Device) int { return 0 })
+	if !slices.Equal(specs.Names(got), []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}) || score != 0 {
+		t.Errorf("chose %v (score %d), want GPUs 0 and 1 (score 0)", specs.Names(got), score)
+	}
+}
