@@ -134,6 +134,19 @@ func TestUntrustedSpecs(t *testing.T) {
 			notRead: true,
 		},
 		{
+			name: "directory owned by another user: not read at all",
+			prepare: func(t *testing.T, dir, _ string) {
+				if os.Geteuid() != 0 {
+					t.Skip("changing a directory's owner needs root")
+				}
+				if err := os.Chown(dir, 4242, 4242); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want:    "is owned by uid 4242, neither root nor this plugin's user",
+			notRead: true,
+		},
+		{
 			name: "file owned by another user",
 			prepare: func(t *testing.T, _, file string) {
 				if os.Geteuid() != 0 {
@@ -300,5 +313,31 @@ func BenchmarkLoad(b *testing.B) {
 				r.Close()
 			}
 		})
+	}
+}
+
+// TestSpecDirNotADirectory: a spec "directory" that is a file is reported
+// as a problem (and with CheckDir), and its neighbours are still read.
+func TestSpecDirNotADirectory(t *testing.T) {
+	root := t.TempDir()
+	file := filepath.Join(root, "not-a-dir")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "cdi")
+	write(t, dir, "gpu.yaml", gpuSpec("A=1"))
+	chmod(t, dir, 0o755)
+	r := open(t, file, dir)
+	if _, err := r.Snapshot().Resolve([]string{"nvidia.com/gpu=0"}); err != nil {
+		t.Errorf("the spec beside a bad directory: %v", err)
+	}
+	if errs := r.Snapshot().Problems[file]; len(errs) == 0 || !strings.Contains(errors.Join(errs...).Error(), "not a directory") {
+		t.Errorf("Problems %v does not report %s", r.Snapshot().Problems, file)
+	}
+	if err := specs.CheckDir(file); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Errorf("CheckDir(%s) = %v", file, err)
+	}
+	if err := specs.CheckDir(dir); err != nil {
+		t.Errorf("CheckDir(%s) = %v", dir, err)
 	}
 }
