@@ -164,3 +164,106 @@ func TestClosestWithoutLinks(t *testing.T) {
 		t.Errorf("chose %v (score %d), want GPUs 0 and 1 (score 0)", specs.Names(got), score)
 	}
 }
+
+// TestGreedyWithoutLinks: where there are too many sets to score each and
+// nothing is known to be closer, the sets grown greedily still give the
+// first count devices.
+func TestGreedyWithoutLinks(t *testing.T) {
+	gpus := numbered(32)
+	got, score := policy.Closest(nil, gpus, 8, func(a, b specs.Device) int { return 0 })
+	if !slices.Equal(specs.Names(got), specs.Names(gpus[:8])) || score != 0 {
+		t.Errorf("chose %v (score %d), want the first 8 (score 0)", specs.Names(got), score)
+	}
+}
+
+// TestRelease: releasing a pod returns what it held, and nothing for a
+// pod that held nothing.
+func TestRelease(t *testing.T) {
+	gpus := numbered(2)
+	p := policy.New(config.Policy{Devices: config.DefaultDevices})
+	a := policy.NewAllocations()
+	if _, err := a.Admit(p, pod("a"), []specs.Device{gpus[1]}, 0, policy.Choice{Candidates: gpus}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.Release(pod("a").ID); !slices.Equal(got, []string{"nvidia.com/gpu=1"}) {
+		t.Errorf("Release = %v, want GPU 1", got)
+	}
+	if got := a.Release(pod("a").ID); got != nil {
+		t.Errorf("Release again = %v, want nothing", got)
+	}
+}
+
+// TestRestoreCounts: a pod's count holding is restored from the first
+// holding that has one; an empty one (a state file's "counted": []) is no
+// count holding, so the pod's next count request chooses anew.
+func TestRestoreCounts(t *testing.T) {
+	gpus := numbered(3)
+	p := policy.New(config.Policy{Devices: config.DefaultDevices})
+	a := policy.NewAllocations()
+	ch := policy.Choice{Candidates: gpus}
+	if err := a.Restore(p, []policy.Holding{
+		{Pod: pod("a"), Counted: []specs.Device{gpus[1]}},
+		{Pod: pod("a"), Counted: []specs.Device{gpus[2]}},
+		{Pod: pod("b"), Counted: []specs.Device{}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := a.Admit(p, pod("a"), nil, 1, ch, nil)
+	if err != nil || !slices.Equal(specs.Names(g.Counted), []string{"nvidia.com/gpu=1"}) {
+		t.Errorf("pod a's count: %v, %v; want GPU 1, restored first", specs.Names(g.Counted), err)
+	}
+	g, err = a.Admit(p, pod("b"), nil, 1, ch, nil)
+	if err != nil || len(g.Counted) != 1 {
+		t.Errorf("pod b's count after an empty restored one: %v, %v; want one GPU", specs.Names(g.Counted), err)
+	}
+}
+
+// TestRestoreProblemsCapped: Restore reports up to 16 problems one by
+// one, and says how many more there are beyond.
+func TestRestoreProblemsCapped(t *testing.T) {
+	p := policy.New(config.Policy{Devices: config.DefaultDevices})
+	holdings := func(n int) []policy.Holding {
+		var out []policy.Holding
+		for i := 0; i < n; i++ {
+			out = append(out, policy.Holding{Pod: pod(fmt.Sprint("p", i)), Named: []specs.Device{{Name: fmt.Sprintf("example.com/x=%d", i)}}})
+		}
+		return out
+	}
+	err := policy.NewAllocations().Restore(p, holdings(16))
+	testutil.ErrorSays(t, err, "example.com/x=15")
+	if err != nil && strings.Contains(err.Error(), "(and ") {
+		t.Errorf("16 problems, all shown, yet: %v", err)
+	}
+	testutil.ErrorSays(t, policy.NewAllocations().Restore(p, holdings(17)), "(and 1 more)")
+}
+
+// TestMaxDevicesCountsAll: maxDevicesPerPod counts a kind's "all" as each
+// device it covers, and the pod's other devices beside it.
+func TestMaxDevicesCountsAll(t *testing.T) {
+	gpus := numbered(4)
+	all := specs.Device{Name: "nvidia.com/gpu=all", Nodes: []string{"c 195:0", "c 195:1", "c 195:2", "c 195:3"}}
+	nic := specs.Device{Name: "example.com/nic=0", Nodes: []string{"c 240:0"}}
+	open := config.Policy{Devices: []string{"*"}, AllowAll: true}
+	for _, tc := range []struct {
+		max     int
+		allowed bool
+	}{{5, true}, {4, false}} {
+		pol := open
+		pol.MaxDevicesPerPod = tc.max
+		_, err := policy.NewAllocations().Admit(policy.New(pol), pod("a"), []specs.Device{all, nic}, 0, policy.Choice{Candidates: gpus}, nil)
+		if (err == nil) != tc.allowed {
+			t.Errorf("all 4 GPUs and a NIC under maxDevicesPerPod %d: %v", tc.max, err)
+		}
+	}
+}
+
+// TestRuntimeRequestsDoNotHideOthers: a device the runtime injects itself
+// is not checked, but the requests after it are.
+func TestRuntimeRequestsDoNotHideOthers(t *testing.T) {
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: []string{"nvidia.com/gpu=0"}})
+	ask := policy.Ask{Requests: []policy.Request{
+		{Device: "nvidia.com/gpu=9", Item: "nvidia.com/gpu=9", Source: policy.SourceRuntime},
+		{Device: "nvidia.com/gpu=1", Item: "1", Key: "gpus.nri-gpu.io", Source: policy.SourcePod},
+	}}
+	testutil.ErrorSays(t, p.Check(pod("a"), ask), `"nvidia.com/gpu=1"`, "policy.devices")
+}

@@ -212,8 +212,9 @@ type equivalent struct {
 	used                          bool
 }
 
-// readEquivalents reads lines "file | MUTATOR | source line | reason";
-// blank lines and lines starting with # are skipped.
+// readEquivalents reads lines "file | MUTATOR | source line | reason",
+// MUTATOR@COLUMN where a line has two mutants of a kind; blank lines and
+// lines starting with # are skipped.
 func readEquivalents(file string) ([]*equivalent, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
@@ -292,7 +293,8 @@ func (r *report) add(res result, root, pkg string) {
 				s.notViable++
 			case "LIVED":
 				i := slices.IndexFunc(r.equivalents, func(e *equivalent) bool {
-					return e.file == file && e.mutator == m.Type && e.source == src
+					mutator, col, _ := strings.Cut(e.mutator, "@")
+					return e.file == file && mutator == m.Type && e.source == src && (col == "" || col == fmt.Sprint(m.Column))
 				})
 				if i >= 0 {
 					r.equivalents[i].used = true
