@@ -106,3 +106,29 @@ func TestCandidatesOfAKind(t *testing.T) {
 		t.Errorf("candidates %q, want %q", got, want)
 	}
 }
+
+// TestCloseLetsGo: a closed registry holds no file descriptor (its
+// directory watch): a plugin reloading its configuration many times does
+// not run out of inotify instances or descriptors.
+func TestCloseLetsGo(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "cdi")
+	write(t, dir, "gpu.yaml", gpuSpec("A=1"))
+	fds := func() int {
+		entries, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Skip("no /proc/self/fd")
+		}
+		return len(entries)
+	}
+	before := fds()
+	for i := 0; i < 20; i++ {
+		r, err := specs.Open([]string{dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+	}
+	if after := fds(); after > before {
+		t.Errorf("%d descriptors open after 20 registries were opened and closed, %d before", after, before)
+	}
+}
