@@ -2,6 +2,7 @@ package nvidia_test
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"golang.org/x/sys/unix"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
@@ -196,6 +198,46 @@ func TestDiscover(t *testing.T) {
 	for i, g := range inv.GPUs {
 		if g.Index != i || g.Minor != i {
 			t.Errorf("GPU %d: index %d minor %d", i, g.Index, g.Minor)
+		}
+	}
+}
+
+// TestGenerateDevRoot: the GPUs' device nodes are found under the dev
+// root given (a containerized driver's /dev apart from its files), and
+// named there as the spec's host paths.
+func TestGenerateDevRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("making device nodes needs root")
+	}
+	root, err := filepath.Abs("testdata/minimal-root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devRoot := t.TempDir()
+	if err := os.Mkdir(filepath.Join(devRoot, "dev"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, minor := range map[string]int{"nvidia0": 0, "nvidiactl": 255} {
+		if err := unix.Mknod(filepath.Join(devRoot, "dev", name), unix.S_IFCHR|0o666, int(unix.Mkdev(195, uint32(minor)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec, err := nvidia.Generate(server(1), nvidia.Options{DriverRoot: root, DevRoot: devRoot, HookPath: "/usr/bin/nvidia-cdi-hook"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hostPaths []string
+	for _, d := range spec.Devices {
+		for _, n := range d.ContainerEdits.DeviceNodes {
+			hostPaths = append(hostPaths, n.HostPath)
+		}
+	}
+	for _, n := range spec.ContainerEdits.DeviceNodes {
+		hostPaths = append(hostPaths, n.HostPath)
+	}
+	for _, want := range []string{filepath.Join(devRoot, "dev", "nvidia0"), filepath.Join(devRoot, "dev", "nvidiactl")} {
+		if !slices.Contains(hostPaths, want) {
+			t.Errorf("host paths %v lack %s", hostPaths, want)
 		}
 	}
 }

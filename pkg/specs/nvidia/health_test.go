@@ -105,3 +105,59 @@ func TestMonitorWithoutNVML(t *testing.T) {
 		t.Errorf("error %v, want ErrNVML", err)
 	}
 }
+
+// TestLostAfterXid: a GPU that had an Xid error and then falls off the
+// bus is reported lost, not by its Xid; closing the monitor frees its
+// event set once.
+func TestLostAfterXid(t *testing.T) {
+	s := server(2)
+	events := testutil.NVMLEvents(s)
+	var freed atomic.Int32
+	create := s.EventSetCreateFunc
+	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
+		set, ret := create()
+		if mock, ok := set.(interface{ Free() nvml.Return }); ok && ret == nvml.SUCCESS {
+			return countingSet{EventSet: set, free: mock.Free, freed: &freed}, ret
+		}
+		return set, ret
+	}
+	var lost atomic.Bool
+	d := s.Devices[1].(*dgxa100.Device)
+	uuid := d.GetUUIDFunc
+	d.GetUUIDFunc = func() (string, nvml.Return) {
+		if lost.Load() {
+			return "", nvml.ERROR_GPU_IS_LOST
+		}
+		return uuid()
+	}
+	m, err := nvidia.NewMonitor(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { m.Run(ctx, 10*time.Millisecond); close(done) }()
+	gpu1 := specs.Device{Nodes: []string{gpu(1)}}
+	events <- nvml.EventData{Device: s.Devices[1], EventType: nvml.EventTypeXidCriticalError, EventData: 79}
+	testutil.Within(t, 2*time.Second, "GPU 1 unhealthy after Xid 79", func() bool { return m.Unhealthy(gpu1) != nil })
+	lost.Store(true)
+	testutil.Within(t, 2*time.Second, "GPU 1 reported lost", func() bool {
+		err := m.Unhealthy(gpu1)
+		return err != nil && strings.Contains(err.Error(), "lost")
+	})
+	cancel()
+	<-done
+	m.Close()
+	if freed.Load() != 1 {
+		t.Errorf("the event set was freed %d times, want once", freed.Load())
+	}
+}
+
+// countingSet counts Free calls on an event set.
+type countingSet struct {
+	nvml.EventSet
+	free  func() nvml.Return
+	freed *atomic.Int32
+}
+
+func (c countingSet) Free() nvml.Return { c.freed.Add(1); return c.free() }
