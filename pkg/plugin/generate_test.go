@@ -5,7 +5,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -110,4 +112,55 @@ func TestGenerateSpecs(t *testing.T) {
 	if entries, _ := os.ReadDir(low); len(entries) != 0 {
 		t.Errorf("the first spec dir holds %v; the spec belongs in the last one", entries)
 	}
+}
+
+// TestGenerateOnlyOnChange: the spec is written when the GPUs or the
+// driver's control nodes change, or the file is gone, not at every look;
+// each write is logged with what the GPUs are.
+func TestGenerateOnlyOnChange(t *testing.T) {
+	root := t.TempDir()
+	if err := os.CopyFS(root, os.DirFS("../specs/nvidia/testdata/minimal-root")); err != nil {
+		t.Fatal(err)
+	}
+	specDir := filepath.Join(t.TempDir(), "cdi")
+	p, hook := logged(t, "generateSpecs: true\ngenerateInterval: 20ms\ndriverRoot: "+root+"\n",
+		plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(testutil.NVML(2)))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		_ = p.Serve(ctx, stub.WithSocketPath(filepath.Join(testutil.ShortDir(t), "none.sock")), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
+	}()
+	path := filepath.Join(specDir, plugin.GeneratedSpecName)
+	inode := func() uint64 {
+		fi, err := os.Stat(path)
+		if err != nil {
+			return 0
+		}
+		return fi.Sys().(*syscall.Stat_t).Ino
+	}
+	generated := func() []*logrus.Entry { return entries(hook, logrus.InfoLevel, "generated the CDI spec of the GPUs") }
+	testutil.Within(t, 5*time.Second, "the spec written", func() bool { return inode() != 0 && len(generated()) == 1 })
+	first := inode()
+	time.Sleep(200 * time.Millisecond) // ten looks
+	if inode() != first || len(generated()) != 1 {
+		t.Errorf("the spec was written again though nothing changed (%d writes logged)", len(generated()))
+	}
+	if msg := generated()[0].Message; !strings.Contains(msg, "control nodes none") || !strings.Contains(msg, "GPUs GPU-") {
+		t.Errorf("logged %q, want the GPUs' UUIDs and no control node", msg)
+	}
+
+	if err := os.MkdirAll(filepath.Join(root, "dev"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "dev", "nvidia-uvm"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 5*time.Second, "the spec written again for nvidia-uvm", func() bool {
+		g := generated()
+		return len(g) == 2 && strings.Contains(g[1].Message, "control nodes nvidia-uvm")
+	})
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 5*time.Second, "the spec written again once removed", func() bool { return inode() != 0 })
 }

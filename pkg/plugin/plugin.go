@@ -268,7 +268,6 @@ func (p *Plugin) parseRuntimeConfig(cfg string) (*state, error) {
 	return st, nil
 }
 
-// connections returns how many connections the runtime configured.
 // ErrNotReady is wrapped by Ready's error.
 var ErrNotReady = errors.New("not ready")
 
@@ -294,6 +293,7 @@ func (p *Plugin) setSynced(v bool) {
 	p.synced = v
 }
 
+// connections returns how many connections the runtime configured.
 func (p *Plugin) connections() int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()

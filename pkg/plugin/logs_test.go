@@ -1,0 +1,289 @@
+package plugin_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
+)
+
+// logged starts a plugin of cfgYAML whose log the test reads, with the
+// given options.
+func logged(t *testing.T, cfgYAML string, opts ...plugin.Option) (*plugin.Plugin, *logtest.Hook) {
+	t.Helper()
+	cfg, err := config.Parse([]byte(cfgYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, hook := logtest.NewNullLogger()
+	log.SetLevel(logrus.DebugLevel)
+	p, err := plugin.New(cfg, log, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p, hook
+}
+
+// entries returns the messages logged at level containing s.
+func entries(hook *logtest.Hook, level logrus.Level, s string) []*logrus.Entry {
+	var out []*logrus.Entry
+	for _, e := range hook.AllEntries() {
+		if e.Level == level && strings.Contains(e.Message, s) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func gpuPod(name string, ann map[string]string) *api.PodSandbox {
+	return &api.PodSandbox{Id: "id-" + name, Name: name, Namespace: "tenant", Annotations: ann}
+}
+
+func ctrOf(pod *api.PodSandbox, ann map[string]string) *api.Container {
+	return &api.Container{Id: pod.Name + "-c", PodSandboxId: pod.Id, Name: "c", Annotations: ann, Linux: &api.LinuxContainer{},
+		State: api.ContainerState_CONTAINER_RUNNING}
+}
+
+// TestSpecDirsFromConfig: without --cdi-spec-dirs, the configuration's
+// cdiSpecDirs are read.
+func TestSpecDirsFromConfig(t *testing.T) {
+	specDir := gpuSpecDir(t, 2)
+	p, _ := logged(t, "cdiSpecDirs: ["+specDir+"]\n")
+	adj, _, err := p.CreateContainer(context.Background(), gpuPod("a", map[string]string{"gpus.nri-gpu.io": "1"}), ctrOf(gpuPod("a", nil), nil))
+	if err != nil || !strings.Contains(strings.Join(devicePaths(adj), ","), "/dev/nvidia1") {
+		t.Errorf("GPU 1 from the configured spec dir: %v, %v", devicePaths(adj), err)
+	}
+}
+
+// TestSpecProblemsLoggedOnce: a broken spec is logged when it appears,
+// not again at each reload of the specs, and its going is logged.
+func TestSpecProblemsLoggedOnce(t *testing.T) {
+	specDir := gpuSpecDir(t, 1)
+	bad := filepath.Join(specDir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("cdiVersion: \"0.6.0\"\nkind: bad\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, hook := logged(t, "", plugin.WithSpecDirs([]string{specDir}))
+	for i := 0; i < 3; i++ { // changes beside it: the specs are loaded again
+		if err := os.WriteFile(filepath.Join(specDir, "other.yaml"), []byte("cdiVersion: \"0.6.0\"\nkind: example.com/x\ndevices: [{name: \"0\", containerEdits: {env: [A=1]}}]\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(150 * time.Millisecond)
+	}
+	if n := len(entries(hook, logrus.WarnLevel, "CDI spec not used")); n != 1 {
+		t.Errorf("the broken spec was logged %d times, want once", n)
+	}
+	if err := os.Remove(bad); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 5*time.Second, "the problem's going logged", func() bool {
+		return len(entries(hook, logrus.InfoLevel, "CDI spec problem gone")) == 1
+	})
+}
+
+// TestConfigureOutsideServe: a plugin configured without Serve (no stub,
+// so no known NRI version) subscribes to what every runtime knows.
+func TestConfigureOutsideServe(t *testing.T) {
+	p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}))
+	ev, err := p.Configure(context.Background(), "", "containerd", "v2.3.7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ev.IsSet(api.Event_CREATE_CONTAINER) || ev.IsSet(api.Event_VALIDATE_CONTAINER_ADJUSTMENT) {
+		t.Errorf("events %s", ev.PrettyString())
+	}
+	if len(entries(hook, logrus.InfoLevel, "asks no validators")) != 1 {
+		t.Error("no word that the runtime's validation is not used")
+	}
+}
+
+// TestSynchronizeRestores: after a restart the plugin learns what the
+// running containers of live pods hold from their device nodes; a gone
+// pod's container, a stopped one and a node-less device of the kind hold
+// nothing, and a broken state file is said.
+func TestSynchronizeRestores(t *testing.T) {
+	specDir := gpuSpecDir(t, 3)
+	// A device of the kind with no device node of its own.
+	if err := os.WriteFile(filepath.Join(specDir, "env.yaml"), []byte("cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ndevices: [{name: env, containerEdits: {env: [E=1]}}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(t.TempDir(), "state.json")
+	if err := os.WriteFile(state, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, hook := logged(t, "policy: {exclusive: true}", plugin.WithSpecDirs([]string{specDir}), plugin.WithStateFile(state))
+	withGPU := func(pod *api.PodSandbox, gpu int64, state api.ContainerState) *api.Container {
+		c := ctrOf(pod, map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=x"})
+		c.Id = c.Id + string(rune('0'+gpu))
+		c.State = state
+		c.Linux.Devices = []*api.LinuxDevice{{Path: "/dev/nvidia", Type: "c", Major: 195, Minor: gpu}}
+		return c
+	}
+	gone, live, quiet := gpuPod("gone", nil), gpuPod("live", nil), gpuPod("quiet", nil)
+	_, err := p.Synchronize(context.Background(), []*api.PodSandbox{live, quiet}, []*api.Container{
+		withGPU(gone, 0, api.ContainerState_CONTAINER_RUNNING),
+		withGPU(live, 1, api.ContainerState_CONTAINER_STOPPED),
+		withGPU(live, 2, api.ContainerState_CONTAINER_RUNNING),
+		ctrOf(quiet, map[string]string{plugin.DevicesAnnotation: ""}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries(hook, logrus.WarnLevel, "rebuilt from their containers' device nodes only")) != 1 {
+		t.Error("the unreadable state file is not said")
+	}
+	restored := entries(hook, logrus.InfoLevel, "restored devices held by pod")
+	if len(restored) != 1 || restored[0].Data["pod"] != "live" || restored[0].Data["devices"] != "nvidia.com/gpu=2" {
+		t.Errorf("restored %v, want pod live holding GPU 2 only", restored)
+	}
+	for _, tc := range []struct {
+		gpu  string
+		free bool
+	}{{"0", true}, {"1", true}, {"2", false}, {"env", true}} {
+		pod := gpuPod("new-"+tc.gpu, map[string]string{"gpus.nri-gpu.io": tc.gpu})
+		_, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil))
+		if (err == nil) != tc.free {
+			t.Errorf("GPU %s after the restart: %v, want free %v", tc.gpu, err, tc.free)
+		}
+		p.StopPodSandbox(context.Background(), pod)
+	}
+}
+
+// TestSynchronizeConflictsSaid: two live pods holding one GPU under
+// exclusive: both keep it, and the conflict is logged.
+func TestSynchronizeConflictsSaid(t *testing.T) {
+	p, hook := logged(t, "policy: {exclusive: true}", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}))
+	var pods []*api.PodSandbox
+	var ctrs []*api.Container
+	for _, name := range []string{"a", "b"} {
+		pod := gpuPod(name, nil)
+		c := ctrOf(pod, map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=0"})
+		c.Linux.Devices = []*api.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}}
+		pods, ctrs = append(pods, pod), append(ctrs, c)
+	}
+	if _, err := p.Synchronize(context.Background(), pods, ctrs); err != nil {
+		t.Fatal(err)
+	}
+	if len(entries(hook, logrus.WarnLevel, "restored holdings conflict")) != 1 {
+		t.Errorf("the conflict is not logged: %v", hook.AllEntries())
+	}
+}
+
+// TestLifecycleLogs: the log says what a decision did, once: devices
+// released only for a pod that held some; annotations removed from a
+// container that asked for nothing said as a warning, nothing said at
+// info for one that had none.
+func TestLifecycleLogs(t *testing.T) {
+	p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}))
+	ctx := context.Background()
+	holder := gpuPod("holder", map[string]string{"gpus.nri-gpu.io": "0"})
+	if _, _, err := p.CreateContainer(ctx, holder, ctrOf(holder, nil)); err != nil {
+		t.Fatal(err)
+	}
+	plain := gpuPod("plain", nil)
+	adj, _, err := p.CreateContainer(ctx, plain, ctrOf(plain, nil))
+	if err != nil || adj != nil {
+		t.Errorf("a container asking for nothing: %v, %v; want no adjustment", adj, err)
+	}
+	forged := gpuPod("forged", nil)
+	adj, _, err = p.CreateContainer(ctx, forged, ctrOf(forged, map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=0"}))
+	if err != nil || adj == nil {
+		t.Fatalf("a container with a forged annotation: %v, %v", adj, err)
+	}
+	if w := entries(hook, logrus.WarnLevel, "no devices requested; removed the annotations"); len(w) != 1 || w[0].Data["pod"] != "forged" {
+		t.Errorf("warnings about removed annotations: %v", w)
+	}
+	for _, pod := range []*api.PodSandbox{plain, holder} {
+		if err := p.StopPodSandbox(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := entries(hook, logrus.InfoLevel, "released devices"); len(r) != 1 || r[0].Data["pod"] != "holder" {
+		t.Errorf("released: %v, want pod holder's only", r)
+	}
+	if inj := entries(hook, logrus.InfoLevel, "injected devices"); len(inj) != 1 || inj[0].Data["topologyScore"] != nil {
+		t.Errorf("injected: %v, want one line without a topology score (no topology known)", inj)
+	}
+}
+
+// TestTopologyAndHealthLogs: a count request chosen by topology logs the
+// set's score; a GPU turning unhealthy is a warning, its recovery an
+// info line.
+func TestTopologyAndHealthLogs(t *testing.T) {
+	specDir := gpuSpecDir(t, 4)
+	s := testutil.NVML(4)
+	for i, d := range s.Devices {
+		dev := d.(*dgxa100.Device)
+		dev.GetTopologyCommonAncestorFunc = func(o nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
+			if j := slices.Index(s.Devices, o); i%2 == j%2 {
+				return nvml.TOPOLOGY_NODE, nvml.SUCCESS
+			}
+			return nvml.TOPOLOGY_SYSTEM, nvml.SUCCESS
+		}
+	}
+	events := testutil.NVMLEvents(s)
+	p, hook := logged(t, "healthInterval: 20ms\nhealthRecoverAfter: 100ms\n", plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(s))
+	pod := gpuPod("pair", map[string]string{"gpu-count.nri-gpu.io": "2"})
+	if _, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if inj := entries(hook, logrus.InfoLevel, "injected devices"); len(inj) != 1 || inj[0].Data["topologyScore"] != nvidia.ScoreNUMA {
+		t.Errorf("injected: %v, want the pair's score %d", inj, nvidia.ScoreNUMA)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		_ = p.Serve(ctx, stub.WithSocketPath(filepath.Join(testutil.ShortDir(t), "no-runtime.sock")), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
+	}()
+	testutil.Within(t, 5*time.Second, "the health watch", func() bool { return len(entries(hook, logrus.InfoLevel, "watching the health")) == 1 })
+	events <- nvml.EventData{Device: s.Devices[3], EventType: nvml.EventTypeXidCriticalError, EventData: 79}
+	testutil.Within(t, 5*time.Second, "the GPU's trouble and recovery logged", func() bool {
+		return len(entries(hook, logrus.WarnLevel, "GPU unhealthy")) == 1 && len(entries(hook, logrus.InfoLevel, "GPU healthy again")) == 1
+	})
+	if w := entries(hook, logrus.WarnLevel, "GPU unhealthy"); w[0].Data["gpu"] != specs.NodeID("c", nvidia.Major, 3) {
+		t.Errorf("the warning names %v, want GPU 3's node", w[0].Data["gpu"])
+	}
+}
+
+// TestRuntimeDevicesHeld: every device the runtime injects itself (CRI
+// CDI devices) is the pod's, beside the annotation's, which nri-gpu
+// injects: another pod is refused each of them.
+func TestRuntimeDevicesHeld(t *testing.T) {
+	p, _ := logged(t, "policy: {exclusive: true}", plugin.WithSpecDirs([]string{gpuSpecDir(t, 3)}))
+	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "1"})
+	c := ctrOf(pod, nil)
+	c.CDIDevices = []*api.CDIDevice{{Name: "nvidia.com/gpu=0"}, {Name: "nvidia.com/gpu=2"}}
+	adj, _, err := p.CreateContainer(context.Background(), pod, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := devicePaths(adj); !slices.Equal(got, []string{"/dev/nvidia1"}) {
+		t.Errorf("injected %v, want GPU 1 only (the runtime injects GPUs 0 and 2)", got)
+	}
+	if got := adj.GetAnnotations()[plugin.DevicesAnnotation]; got != "nvidia.com/gpu=1,nvidia.com/gpu=0,nvidia.com/gpu=2" {
+		t.Errorf("recorded %q, want all three GPUs", got)
+	}
+	for _, gpu := range []string{"0", "1", "2"} {
+		other := gpuPod("other-"+gpu, map[string]string{"gpus.nri-gpu.io": gpu})
+		_, _, err := p.CreateContainer(context.Background(), other, ctrOf(other, nil))
+		testutil.ErrorSays(t, err, "is held by pod tenant/a")
+	}
+}
