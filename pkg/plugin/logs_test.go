@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"context"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
@@ -285,5 +287,83 @@ func TestRuntimeDevicesHeld(t *testing.T) {
 		other := gpuPod("other-"+gpu, map[string]string{"gpus.nri-gpu.io": gpu})
 		_, _, err := p.CreateContainer(context.Background(), other, ctrOf(other, nil))
 		testutil.ErrorSays(t, err, "is held by pod tenant/a")
+	}
+}
+
+// TestStateFileUnwritable: a state file that cannot be written is said
+// at each change of what pods hold; one that can be is not.
+func TestStateFileUnwritable(t *testing.T) {
+	notADir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notADir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		state  string
+		errors int
+	}{
+		{filepath.Join(notADir, "state.json"), 1},
+		{filepath.Join(t.TempDir(), "state.json"), 0},
+	} {
+		p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}), plugin.WithStateFile(tc.state))
+		pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+		if _, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil)); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(entries(hook, logrus.ErrorLevel, "what pods hold is not kept for a restart")); n != tc.errors {
+			t.Errorf("state file %s: %d errors logged, want %d", tc.state, n, tc.errors)
+		}
+	}
+}
+
+// TestDevicesHeldMetric: the devices-held metric follows what pods hold.
+func TestDevicesHeldMetric(t *testing.T) {
+	m := metrics.New()
+	p, _ := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}), plugin.WithMetrics(m))
+	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0,1"})
+	if _, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil)); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if !strings.Contains(rec.Body.String(), "nri_gpu_devices_held 2") {
+		t.Errorf("metrics after two GPUs given:\n%s", rec.Body.String())
+	}
+}
+
+// TestMountOnlyCDIDevice: a device asked for by a cdi.k8s.io annotation
+// whose edits have no node and no env (mounts only) cannot be told
+// injected by the runtime, and is injected.
+func TestMountOnlyCDIDevice(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "mnt.yaml"), []byte("cdiVersion: \"0.6.0\"\nkind: example.com/mnt\ndevices: [{name: \"0\", containerEdits: {mounts: [{hostPath: /opt/x, containerPath: /opt/x, options: [ro, bind]}]}}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := logged(t, "policy: {devices: ['example.com/mnt=*']}", plugin.WithSpecDirs([]string{dir}))
+	pod := gpuPod("a", nil)
+	adj, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, map[string]string{"cdi.k8s.io/x": "example.com/mnt=0"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := adj.GetMounts(); len(m) != 1 || m[0].Destination != "/opt/x" {
+		t.Errorf("mounts %v, want /opt/x", m)
+	}
+}
+
+// TestReconnectBackoff: with no runtime to connect to, the plugin tries
+// again and again, each attempt numbered, the wait doubling.
+func TestReconnectBackoff(t *testing.T) {
+	p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		_ = p.Serve(ctx, stub.WithSocketPath(filepath.Join(testutil.ShortDir(t), "none.sock")), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
+	}()
+	testutil.Within(t, 10*time.Second, "a third attempt", func() bool {
+		return len(entries(hook, logrus.WarnLevel, "(attempt 3)")) == 1
+	})
+	for _, want := range []string{"reconnecting in 500ms (attempt 1)", "reconnecting in 1s (attempt 2)", "reconnecting in 2s (attempt 3)"} {
+		if len(entries(hook, logrus.WarnLevel, want)) != 1 {
+			t.Errorf("no warning %q", want)
+		}
 	}
 }

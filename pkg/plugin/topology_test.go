@@ -300,6 +300,9 @@ func TestBesideNVIDIAsPluginOverNRI(t *testing.T) {
 			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1", "gpus.nri-gpu.io": "0"}, []string{"/dev/nvidia0"}, []string{"nvidia.com/gpu=1"}, nil, nil},
 		{"nri-gpu's key only", "annotationKeys: [gpus.nri-gpu.io, nvidia.cdi.k8s.io]",
 			map[string]string{"gpus.nri-gpu.io": "0"}, []string{"/dev/nvidia0"}, nil, nil, nil},
+		{"one of several GPUs NVIDIA's plugin asks for", "",
+			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=0,nvidia.com/gpu=1", "gpus.nri-gpu.io": "1"}, nil, nil,
+			[]string{"nvidia.com/gpu=1, which nri-gpu injects as nvidia.com/gpu=1"}, nil},
 		{"the runtime injects it, not nri-gpu", "",
 			map[string]string{"nvidia.cdi.k8s.io": "nvidia.com/gpu=1"}, nil, []string{"nvidia.com/gpu=1"}, nil, []string{"nvidia.com/gpu=1"}},
 	}
