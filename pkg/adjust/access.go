@@ -32,7 +32,8 @@ type Access struct {
 type AccessNode struct {
 	Path     string `json:"path"`
 	HostPath string `json:"hostPath"`
-	// Type, Major and Minor are the spec's, else the host node's.
+	// Type, Major and Minor are the spec's, else the host node's, as
+	// CDI completes them.
 	Type  string `json:"type,omitempty"`
 	Major int64  `json:"major"`
 	Minor int64  `json:"minor"`
@@ -73,10 +74,11 @@ func (a *Access) add(e *cdispec.ContainerEdits, nodes map[string]specs.HostNode)
 		if n == nil {
 			continue
 		}
-		node := AccessNode{Path: n.Path, HostPath: specs.HostPath(n), Type: n.Type, Major: n.Major, Minor: n.Minor, Permissions: n.Permissions}
-		if host, ok := nodes[node.HostPath]; ok && host.Err == nil && node.Major == 0 {
-			node.Type, node.Major, node.Minor = host.Type, host.Major, host.Minor
+		filled := *n
+		if host, ok := nodes[specs.HostPath(n)]; ok && host.Err == nil {
+			fillFromHost(&filled, host)
 		}
+		node := AccessNode{Path: n.Path, HostPath: specs.HostPath(n), Type: filled.Type, Major: filled.Major, Minor: filled.Minor, Permissions: n.Permissions}
 		if node.Permissions == "" {
 			node.Permissions = "rwm"
 		}

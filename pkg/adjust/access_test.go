@@ -10,7 +10,8 @@ import (
 
 // TestAccessOf: what a sandbox must reach for devices (nri-gpu access):
 // the spec-level edits once however many of its devices are asked for,
-// then each device's; a node's numbers from the spec, else the host's;
+// then each device's; a node's type and numbers from the spec, else the
+// host's (a fifo has no numbers);
 // "rwm" unless the spec narrows it; a mount read-only by its last ro/rw
 // option; each additional group once, never root's.
 func TestAccessOf(t *testing.T) {
@@ -39,7 +40,8 @@ devices:
     containerEdits:
       env: ["EXAMPLE_VISIBLE=1"]
       deviceNodes:
-        - {path: /dev/example1, hostPath: /dev/full, type: c, major: 240, minor: 1, permissions: rw}
+        - {path: /dev/example1, hostPath: /dev/full, major: 240, minor: 1, permissions: rw}
+        - {path: /dev/examplefifo, hostPath: /dev/null, type: p}
       mounts:
         - {hostPath: /opt/example/1, containerPath: /opt/example/1, options: [rw, ro]}
 `
@@ -51,6 +53,7 @@ devices:
 			{Path: "/dev/examplectl", HostPath: "/dev/zero", Type: "c", Major: 1, Minor: 5, Permissions: "rwm"},
 			{Path: "/dev/example0", HostPath: "/dev/null", Type: "c", Major: 1, Minor: 3, Permissions: "rwm"},
 			{Path: "/dev/example1", HostPath: "/dev/full", Type: "c", Major: 240, Minor: 1, Permissions: "rw"},
+			{Path: "/dev/examplefifo", HostPath: "/dev/null", Type: "p", Permissions: "rwm"},
 		},
 		Mounts: []adjust.AccessMount{
 			{HostPath: "/usr/lib/libexample.so.1", ContainerPath: "/usr/lib/libexample.so.1", ReadOnly: true, Options: []string{"ro", "nosuid", "bind"}},

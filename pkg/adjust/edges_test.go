@@ -76,6 +76,14 @@ func TestBuildEdges(t *testing.T) {
 			}},
 		},
 		{
+			name: "a device with the access NRI grants anyway, on 2.x: no deny rule", device: "example.com/edge=numbers",
+			opts: adjust.Options{Runtime: containerd2},
+			want: &api.ContainerAdjustment{Linux: &api.LinuxContainerAdjustment{
+				Devices:   []*api.LinuxDevice{charDev("/dev/numbered", 240, 7)},
+				Resources: &api.LinuxResources{Devices: []*api.LinuxDeviceCgroup{rule(240, 7, "rwm")}},
+			}},
+		},
+		{
 			name: "a read-only device on 1.7, which grants rw to every device NRI adds: refused", device: "example.com/edge=char-r",
 			opts:    adjust.Options{Runtime: containerd17},
 			wantErr: []string{`device node "/dev/ro" asks for cgroup permissions "r"`, "containerd 1.7.35"},

@@ -43,15 +43,10 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 				n.FileMode = &mode
 			}
 			if !minimal {
-				if n.Type == "" {
-					n.Type = host.Type
-				}
-				if n.Type != host.Type {
+				if n.Type != "" && n.Type != host.Type {
 					return fmt.Errorf("CDI device (%q, %q), host type mismatch (%s, %s)", n.Path, n.HostPath, n.Type, host.Type)
 				}
-				if n.Type != "p" && n.Major == 0 {
-					n.Major, n.Minor = host.Major, host.Minor
-				}
+				fillFromHost(&n, host)
 			}
 		}
 		dev := oci.LinuxDevice{Path: n.Path, Type: n.Type, Major: n.Major, Minor: n.Minor, FileMode: n.FileMode, UID: n.UID, GID: n.GID}
@@ -79,4 +74,16 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 		}
 	}
 	return nil
+}
+
+// fillFromHost completes a device node from its host node as CDI's
+// fillMissingInfo does: the type when the spec gives none, the numbers
+// when it gives no major (a fifo has none).
+func fillFromHost(n *cdispec.DeviceNode, host specs.HostNode) {
+	if n.Type == "" {
+		n.Type = host.Type
+	}
+	if n.Type != "p" && n.Major == 0 {
+		n.Major, n.Minor = host.Major, host.Minor
+	}
 }

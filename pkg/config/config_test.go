@@ -220,6 +220,13 @@ func TestProblems(t *testing.T) {
 					t.Errorf("problem %q does not start %q", got[i], w)
 				}
 			}
+			// The line is a field of its own (validate prints file:line:
+			// message), not a prefix of the message.
+			for _, p := range config.Problems([]byte(tc.yaml)) {
+				if strings.HasPrefix(p.Message, "line ") || strings.HasPrefix(p.Message, "yaml: line ") {
+					t.Errorf("problem at line %d has its line in the message: %q", p.Line, p.Message)
+				}
+			}
 		})
 	}
 }

@@ -35,6 +35,7 @@ func TestLineOf(t *testing.T) {
 		{&doc, "b[x].c", 0},
 		{doc.Content[0], "b.c", 3},
 		{&empty, "a", 0},
+		{&yaml.Node{Kind: yaml.DocumentNode}, "a", 0},
 	}
 	for _, tc := range tests {
 		if got := lineOf(tc.node, strings.Split(tc.path, ".")); got != tc.want {

@@ -267,3 +267,21 @@ func TestRuntimeRequestsDoNotHideOthers(t *testing.T) {
 	}}
 	testutil.ErrorSays(t, p.Check(pod("a"), ask), `"nvidia.com/gpu=1"`, "policy.devices")
 }
+
+// TestNamedOnlyHasNoCount: a pod that asks by name holds no count: its
+// grant considered nothing for one, and what it holds records none.
+func TestNamedOnlyHasNoCount(t *testing.T) {
+	gpus := numbered(2)
+	p := policy.New(config.Policy{Devices: config.DefaultDevices})
+	a := policy.NewAllocations()
+	g, err := a.Admit(p, pod("a"), []specs.Device{gpus[0]}, 0, policy.Choice{Candidates: gpus}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Counted != nil || g.Considered.Free != nil || g.Considered.Passed != nil {
+		t.Errorf("a named request's grant: counted %v, considered %+v; want none", g.Counted, g.Considered)
+	}
+	if h := a.Holdings(); len(h) != 1 || h[0].Counted != nil {
+		t.Errorf("holdings %+v, want pod a's with no count", h)
+	}
+}
