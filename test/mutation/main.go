@@ -35,7 +35,7 @@ func main() {
 		results   = flag.String("results", "_output/mutation", "directory of each package's gremlins output, kept between runs")
 		threshold = flag.Float64("threshold", 85, "lowest score, in percent, of each package")
 		workers   = flag.Int("workers", 0, "gremlins workers (0: one per CPU)")
-		coeff     = flag.Int("timeout-coefficient", 10, "gremlins' timeout: this times the coverage run's")
+		coeff     = flag.Int("timeout-coefficient", 20, "gremlins' timeout: this times the coverage run's")
 		only      = flag.String("only", "", "comma-separated packages to run again; the others' last results are reused")
 	)
 	flag.Parse()
@@ -185,6 +185,9 @@ func unleash(gremlins, root, pkg string, exclude []string, workers, coeff int) (
 	}
 	cmd := exec.Command(bin, append(args, "./"+pkg)...)
 	cmd.Dir = root
+	// gremlins times each mutant's tests against its coverage run: a
+	// cached one would take no time and time every mutant out.
+	cmd.Env = append(os.Environ(), "GOFLAGS=-count=1")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("gremlins: %w", err)
