@@ -59,8 +59,10 @@ func TestConflictKeepsTheRest(t *testing.T) {
 // is refused, saying so.
 func TestSpecSizeLimit(t *testing.T) {
 	const limit = 8 << 20
-	spec := gpuSpec("A=1")
-	pad := func(n int) string { return spec + "#" + strings.Repeat("x", n-len(spec)-2) + "\n" }
+	// The spec comes last, without a final newline: a byte short of it
+	// is no spec.
+	spec := strings.TrimSuffix(gpuSpec("A=1"), "\n")
+	pad := func(n int) string { return "#" + strings.Repeat("x", n-len(spec)-2) + "\n" + spec }
 	dir := filepath.Join(t.TempDir(), "cdi")
 	write(t, dir, "gpu.yaml", pad(limit))
 	snap, err := specs.Load([]string{dir})

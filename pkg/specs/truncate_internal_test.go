@@ -30,6 +30,8 @@ func TestNaturalCompare(t *testing.T) {
 		{"gpu=2", "gpu=10", -1},
 		{"gpu=10", "gpu=2", 1},
 		{"gpu=1", "gpu=01", 0},
+		{"gpu=1a", "gpu=1b", -1},
+		{"gpu=1b", "gpu=01a", 1},
 		{"gpu=-", "gpu=1", -1},
 		{"gpu=1", "gpu=-", 1},
 		{"gpu=a", "gpu=ab", -1},
