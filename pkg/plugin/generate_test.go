@@ -131,18 +131,21 @@ func TestGenerateOnlyOnChange(t *testing.T) {
 		_ = p.Serve(ctx, stub.WithSocketPath(filepath.Join(testutil.ShortDir(t), "none.sock")), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
 	}()
 	path := filepath.Join(specDir, plugin.GeneratedSpecName)
-	inode := func() uint64 {
+	// written says when the file was last written (its change time: a
+	// rename of a new file changes it, while inode numbers are reused).
+	written := func() int64 {
 		fi, err := os.Stat(path)
 		if err != nil {
 			return 0
 		}
-		return fi.Sys().(*syscall.Stat_t).Ino
+		st := fi.Sys().(*syscall.Stat_t)
+		return st.Ctim.Nano()
 	}
 	generated := func() []*logrus.Entry { return entries(hook, logrus.InfoLevel, "generated the CDI spec of the GPUs") }
-	testutil.Within(t, 5*time.Second, "the spec written", func() bool { return inode() != 0 && len(generated()) == 1 })
-	first := inode()
+	testutil.Within(t, 5*time.Second, "the spec written", func() bool { return written() != 0 && len(generated()) == 1 })
+	first := written()
 	time.Sleep(200 * time.Millisecond) // ten looks
-	if inode() != first || len(generated()) != 1 {
+	if written() != first || len(generated()) != 1 {
 		t.Errorf("the spec was written again though nothing changed (%d writes logged)", len(generated()))
 	}
 	if msg := generated()[0].Message; !strings.Contains(msg, "control nodes none") || !strings.Contains(msg, "GPUs GPU-") {
@@ -162,5 +165,5 @@ func TestGenerateOnlyOnChange(t *testing.T) {
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Within(t, 5*time.Second, "the spec written again once removed", func() bool { return inode() != 0 })
+	testutil.Within(t, 5*time.Second, "the spec written again once removed", func() bool { return written() != 0 })
 }

@@ -260,8 +260,8 @@ func TestTopologyAndHealthLogs(t *testing.T) {
 	testutil.Within(t, 5*time.Second, "the GPU's trouble and recovery logged", func() bool {
 		return len(entries(hook, logrus.WarnLevel, "GPU unhealthy")) == 1 && len(entries(hook, logrus.InfoLevel, "GPU healthy again")) == 1
 	})
-	if w := entries(hook, logrus.WarnLevel, "GPU unhealthy"); w[0].Data["gpu"] != specs.NodeID("c", nvidia.Major, 3) {
-		t.Errorf("the warning names %v, want GPU 3's node", w[0].Data["gpu"])
+	if w := entries(hook, logrus.WarnLevel, "GPU unhealthy"); w[0].Data["gpu"] != specs.NodeID("c", nvidia.Major, 3) || !strings.Contains(w[0].Message, "critical Xid error 79") {
+		t.Errorf("the warning %q names %v, want GPU 3's node and the Xid", w[0].Message, w[0].Data["gpu"])
 	}
 }
 
