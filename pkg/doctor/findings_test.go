@@ -1,0 +1,122 @@
+package doctor_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/doctor"
+)
+
+// TestFindings: each thing check looks at, in each state it may be in,
+// gives its finding: nri-gpu's configuration file (none, unreadable,
+// invalid, valid), the NRI socket, containerd's config (absent, not
+// TOML), broken and untrusted specs, and each hook the specs run
+// (missing, not executable, not allowed, allowed).
+func TestFindings(t *testing.T) {
+	dir := testutil.ShortDir(t)
+	write := func(name, data string, mode os.FileMode) string {
+		t.Helper()
+		path := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(data), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	valid := write("valid.yaml", "policy: {exclusive: true}\n", 0o644)
+	invalid := write("invalid.yaml", "policy:\n  alowAll: true\n", 0o644)
+	notTOML := write("config.toml", "version = [\n", 0o644)
+	plain := write("hooks/plain", "", 0o644)
+	exe := write("hooks/exe", "#!/bin/sh\n", 0o755)
+	allowed := write("hooks/allowed", "#!/bin/sh\n", 0o755)
+	hook := func(path string) string { return "[{hookName: createContainer, path: " + path + "}]" }
+	specDir := filepath.Join(dir, "cdi")
+	write("cdi/gpu.yaml", "cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ndevices:\n"+
+		"  - {name: \"0\", containerEdits: {env: [A=0], hooks: "+hook(filepath.Join(dir, "hooks/missing"))+"}}\n"+
+		"  - {name: \"1\", containerEdits: {env: [A=1], hooks: "+hook(plain)+"}}\n"+
+		"  - {name: \"2\", containerEdits: {env: [A=2], hooks: "+hook(exe)+"}}\n"+
+		"  - {name: \"3\", containerEdits: {env: [A=3], hooks: "+hook(allowed)+"}}\n", 0o644)
+	write("cdi/broken.yaml", "cdiVersion: \"0.6.0\"\nkind: broken\n", 0o644)
+	write("cdi/open.yaml", "cdiVersion: \"0.6.0\"\nkind: example.com/open\ndevices: [{name: \"0\", containerEdits: {env: [B=1]}}]\n", 0o666)
+	if err := os.Chmod(specDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.CDISpecDirs = []string{specDir}
+	cfg.Policy.HookPaths = []string{allowed}
+
+	type want struct {
+		check  string
+		status doctor.Status
+		detail string
+	}
+	for _, tc := range []struct {
+		name string
+		in   doctor.Input
+		want []want
+	}{
+		{
+			name: "no config file, no NRI socket, containerd's config missing",
+			in:   doctor.Input{SocketPath: filepath.Join(dir, "none.sock"), ContainerdConfig: filepath.Join(dir, "absent.toml"), Config: cfg},
+			want: []want{
+				{"nri-gpu config", doctor.OK, "none given: the defaults apply"},
+				{"NRI socket", doctor.Fail, filepath.Join(dir, "none.sock") + " does not answer"},
+				{"containerd config", doctor.Warn, filepath.Join(dir, "absent.toml") + " does not exist"},
+			},
+		},
+		{
+			name: "an unreadable config file, containerd's config no TOML",
+			in:   doctor.Input{ConfigFile: filepath.Join(dir, "gone.yaml"), ContainerdConfig: notTOML, Config: cfg},
+			want: []want{
+				{"nri-gpu config", doctor.Fail, "open " + filepath.Join(dir, "gone.yaml") + ": no such file"},
+				{"containerd config", doctor.Fail, notTOML + ": "},
+			},
+		},
+		{
+			name: "an invalid config file",
+			in:   doctor.Input{ConfigFile: invalid, Config: cfg},
+			want: []want{{"nri-gpu config", doctor.Fail, invalid + ": line 2: field alowAll not found"}},
+		},
+		{
+			name: "a valid config file; the specs and their hooks",
+			in:   doctor.Input{ConfigFile: valid, Config: cfg},
+			want: []want{
+				{"nri-gpu config", doctor.OK, valid + " is valid"},
+				{"spec", doctor.Fail, filepath.Join(specDir, "broken.yaml") + ": "},
+				{"spec", doctor.Fail, filepath.Join(specDir, "open.yaml") + ": CDI spec not trusted"},
+				{"devices", doctor.OK, "4 devices can be injected"},
+				{"hook", doctor.OK, allowed + " exists and is allowed"},
+				{"hook", doctor.Fail, exe + " (for nvidia.com/gpu=2) is not in policy.hookPaths"},
+				{"hook", doctor.Fail, filepath.Join(dir, "hooks/missing") + " (for nvidia.com/gpu=0) does not exist"},
+				{"hook", doctor.Fail, plain + " (for nvidia.com/gpu=1) is not executable"},
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := doctor.Run(tc.in)
+			for _, w := range tc.want {
+				found := false
+				for _, f := range find(fs, w.check) {
+					found = found || (f.Status == w.status && strings.HasPrefix(f.Detail, w.detail))
+				}
+				if !found {
+					t.Errorf("no %s %s %q among %+v", w.status, w.check, w.detail, find(fs, w.check))
+				}
+			}
+			for _, f := range fs {
+				if f.Status != doctor.OK && f.Fix == "" {
+					t.Errorf("%s %s has no fix", f.Status, f.Check)
+				}
+			}
+		})
+	}
+}
