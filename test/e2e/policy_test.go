@@ -287,16 +287,7 @@ func TestConfigReload(t *testing.T) {
 	needEnv(t)
 	ctd := extraContainerd(t, "reload", harness.Options{})
 	config := filepath.Join(ctd.Dir, "nri-gpu.yaml")
-	write := func(policy ...string) {
-		t.Helper()
-		tmp := config + ".tmp"
-		if err := os.WriteFile(tmp, []byte(env.host.PluginConfig(nil, policy...)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, config); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(policy ...string) { replaceFile(t, config, env.host.PluginConfig(nil, policy...)) }
 	write("namespaces: [elsewhere]")
 	plugin, err := ctd.StartPlugin("--config", config)
 	if err != nil {
@@ -315,5 +306,18 @@ func TestConfigReload(t *testing.T) {
 	_, spec := runContainer(t, ctd, podID, pod, harness.Container{Name: "after"})
 	if got := gpuNodes(spec); !slices.Equal(got, []string{"/dev/nvidia1"}) {
 		t.Errorf("after the change, got %v", got)
+	}
+}
+
+// replaceFile replaces the file at path with data at once (a new file
+// renamed over it), as an operator's tools write a configuration.
+func replaceFile(t *testing.T, path, data string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
 	}
 }

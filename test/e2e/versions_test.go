@@ -95,14 +95,7 @@ func TestBesideNVIDIAsNRIPlugin(t *testing.T) {
 	ctd := extraContainerd(t, "beside-nvidia", harness.Options{EnableCDI: true, CDISpecDirs: []string{env.host.SpecDir}})
 	config := filepath.Join(ctd.Dir, "nri-gpu.yaml")
 	write := func(keys string) {
-		t.Helper()
-		tmp := config + ".tmp"
-		if err := os.WriteFile(tmp, []byte(env.host.PluginConfig(nil, "exclusive: true")+"annotationKeys: ["+keys+"]\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, config); err != nil {
-			t.Fatal(err)
-		}
+		replaceFile(t, config, env.host.PluginConfig(nil, "exclusive: true")+"annotationKeys: ["+keys+"]\n")
 	}
 	write("gpus.nri-gpu.io, nvidia.cdi.k8s.io")
 	plugin, err := ctd.StartPlugin("--config", config)

@@ -24,17 +24,7 @@ func TestMonitor(t *testing.T) {
 	s := server(4)
 	events := testutil.NVMLEvents(s)
 	// GPUs 2 and 3 can be lost: their checks then fail.
-	var lost, lost3 atomic.Bool
-	for i, flag := range map[int]*atomic.Bool{2: &lost, 3: &lost3} {
-		d := s.Devices[i].(*dgxa100.Device)
-		uuid := d.GetUUIDFunc
-		d.GetUUIDFunc = func() (string, nvml.Return) {
-			if flag.Load() {
-				return "", nvml.ERROR_GPU_IS_LOST
-			}
-			return uuid()
-		}
-	}
+	lost, lost3 := losable(s, 2), losable(s, 3)
 	m, err := nvidia.NewMonitor(s)
 	if err != nil {
 		t.Fatal(err)
@@ -121,15 +111,7 @@ func TestLostAfterXid(t *testing.T) {
 		}
 		return set, ret
 	}
-	var lost atomic.Bool
-	d := s.Devices[1].(*dgxa100.Device)
-	uuid := d.GetUUIDFunc
-	d.GetUUIDFunc = func() (string, nvml.Return) {
-		if lost.Load() {
-			return "", nvml.ERROR_GPU_IS_LOST
-		}
-		return uuid()
-	}
+	lost := losable(s, 1)
 	m, err := nvidia.NewMonitor(s)
 	if err != nil {
 		t.Fatal(err)
@@ -161,3 +143,18 @@ type countingSet struct {
 }
 
 func (c countingSet) Free() nvml.Return { c.freed.Add(1); return c.free() }
+
+// losable returns a switch that makes GPU i of s lost: NVML answers its
+// checks with ERROR_GPU_IS_LOST while it is on.
+func losable(s *dgxa100.Server, i int) *atomic.Bool {
+	var lost atomic.Bool
+	d := s.Devices[i].(*dgxa100.Device)
+	uuid := d.GetUUIDFunc
+	d.GetUUIDFunc = func() (string, nvml.Return) {
+		if lost.Load() {
+			return "", nvml.ERROR_GPU_IS_LOST
+		}
+		return uuid()
+	}
+	return &lost
+}
