@@ -143,7 +143,7 @@ bench: e2e-tools
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./pkg/plugin ./pkg/specs > $(OUT)/bench-go.txt
 	$(GO) run ./test/bench -go-bench $(OUT)/bench-go.txt -out BENCHMARKS.md
 
-# Mutation testing (long: about an hour on 2 cores; not part of test):
+# Mutation testing (long: about 15 minutes on 2 cores; not part of test):
 # gremlins over each package, the report in docs/mutation.md, failing
 # when a package scores below 85%. MUTATION_ONLY=pkg/x,pkg/y runs those
 # again and reuses the others' last results.
