@@ -79,8 +79,8 @@ func run(gremlins, out, equivFile, results, only string, threshold float64, work
 		if err != nil {
 			return fmt.Errorf("%s: %w", pkg, err)
 		}
-		if err := os.WriteFile(resultFile(results, pkg), raw, 0o644); err != nil {
-			return err
+		if err := keep(resultFile(results, pkg), raw, filepath.Join(root, pkg)); err != nil {
+			return fmt.Errorf("%s: %w", pkg, err)
 		}
 	}
 	rep := &report{pkgs: map[string]*stats{}, lived: map[string][]mutant{}, equivalents: equivalents}
@@ -90,12 +90,15 @@ func run(gremlins, out, equivFile, results, only string, threshold float64, work
 		if err != nil {
 			return fmt.Errorf("%s: no results (run it: -only %s): %w", pkg, pkg, err)
 		}
-		var res result
-		if err := json.Unmarshal(raw, &res); err != nil {
-			return fmt.Errorf("%s: gremlins output: %w", pkg, err)
+		var k kept
+		if err := json.Unmarshal(raw, &k); err != nil {
+			return fmt.Errorf("%s: kept results: %w", pkg, err)
 		}
-		rep.add(res, root, pkg)
-		if s := rep.pkgs[pkg]; s == nil || s.score() < threshold {
+		rep.add(k, pkg)
+		switch s := rep.pkgs[pkg]; {
+		case s == nil:
+			failed = append(failed, pkg+" (no mutants)")
+		case s.score() < threshold:
 			failed = append(failed, fmt.Sprintf("%s %.1f%%", pkg, s.score()))
 		}
 	}
@@ -112,6 +115,35 @@ func run(gremlins, out, equivFile, results, only string, threshold float64, work
 
 func resultFile(dir, pkg string) string {
 	return filepath.Join(dir, strings.ReplaceAll(pkg, "/", "_")+".json")
+}
+
+// kept is a package's result as kept between runs: gremlins' output and
+// the source of the files it mutated as they were then, so that a report
+// that reuses it quotes the lines that were measured.
+type kept struct {
+	Result  result            `json:"result"`
+	Sources map[string]string `json:"sources"` // by gremlins' file name
+}
+
+// keep writes to file gremlins' output raw of a run in dir, with the
+// sources of the files it names.
+func keep(file string, raw []byte, dir string) error {
+	k := kept{Sources: map[string]string{}}
+	if err := json.Unmarshal(raw, &k.Result); err != nil {
+		return fmt.Errorf("gremlins output: %w", err)
+	}
+	for _, f := range k.Result.Files {
+		data, err := os.ReadFile(filepath.Join(dir, f.FileName))
+		if err != nil {
+			return err
+		}
+		k.Sources[f.FileName] = string(data)
+	}
+	data, err := json.Marshal(k)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, data, 0o644)
 }
 
 // snapshot copies the files git knows into a new directory under /tmp.
@@ -265,25 +297,21 @@ type report struct {
 	equivalents []*equivalent
 }
 
-// add counts the mutants of one gremlins run on pkg, whose file names are
-// relative to pkg; each file's lines are read from root, where it ran.
-func (r *report) add(res result, root, pkg string) {
-	lines := map[string][]string{}
-	for _, f := range res.Files {
+// add counts the mutants of one kept run on pkg, whose file names are
+// relative to pkg.
+func (r *report) add(k kept, pkg string) {
+	for _, f := range k.Result.Files {
 		file := filepath.ToSlash(filepath.Join(pkg, f.FileName))
 		dir := filepath.ToSlash(filepath.Dir(file))
 		if r.pkgs[dir] == nil {
 			r.pkgs[dir] = &stats{}
 		}
 		s := r.pkgs[dir]
-		if _, ok := lines[file]; !ok {
-			data, _ := os.ReadFile(filepath.Join(root, file))
-			lines[file] = strings.Split(string(data), "\n")
-		}
+		lines := strings.Split(k.Sources[f.FileName], "\n")
 		for _, m := range f.Mutations {
 			src := ""
-			if m.Line > 0 && m.Line <= len(lines[file]) {
-				src = strings.TrimSpace(lines[file][m.Line-1])
+			if m.Line > 0 && m.Line <= len(lines) {
+				src = strings.TrimSpace(lines[m.Line-1])
 			}
 			switch m.Status {
 			case "KILLED":
