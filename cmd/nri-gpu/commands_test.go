@@ -168,8 +168,9 @@ func TestCheckOutput(t *testing.T) {
 // given; "-" writes it to standard output.
 func TestGenerateOutput(t *testing.T) {
 	s := testutil.NVML(2)
+	driver := nvmlLibrary
 	nvmlLibrary = func(string) nvml.Interface { return s }
-	t.Cleanup(func() { nvmlLibrary = nvidiaLibrary })
+	t.Cleanup(func() { nvmlLibrary = driver })
 	root, err := filepath.Abs("../../pkg/specs/nvidia/testdata/minimal-root")
 	if err != nil {
 		t.Fatal(err)

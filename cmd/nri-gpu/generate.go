@@ -18,10 +18,7 @@ const DefaultSpecPath = "/var/run/cdi/nvidia.com-gpu.yaml"
 
 // nvmlLibrary is the NVML generate reads the GPUs from: the driver's,
 // found under the driver root (tests give go-nvml's mock).
-var nvmlLibrary = nvidiaLibrary
-
-// nvidiaLibrary is the driver's NVML.
-var nvidiaLibrary = nvidia.Library
+var nvmlLibrary = nvidia.Library
 
 // runGenerate writes the CDI spec of the node's NVIDIA GPUs.
 func runGenerate(args []string, stdout, stderr io.Writer) int {

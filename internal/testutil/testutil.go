@@ -95,6 +95,16 @@ func NVML(n int) *dgxa100.Server {
 	return s
 }
 
+// PCI returns PCI information whose bus ID is addr, as NVML fills it in:
+// the characters, then NULs.
+func PCI(addr string) nvml.PciInfo {
+	var p nvml.PciInfo
+	for k, c := range addr {
+		p.BusId[k] = int8(c)
+	}
+	return p
+}
+
 // NVMLEvents gives s an event set whose Wait returns the events sent on
 // the channel it returns (and times out as NVML does without one), and
 // has every GPU register for events.

@@ -74,11 +74,11 @@ func (a *Access) add(e *cdispec.ContainerEdits, nodes map[string]specs.HostNode)
 		if n == nil {
 			continue
 		}
-		filled := *n
-		if host, ok := nodes[specs.HostPath(n)]; ok && host.Err == nil {
+		filled, hostPath := *n, specs.HostPath(n)
+		if host, ok := nodes[hostPath]; ok && host.Err == nil {
 			fillFromHost(&filled, host)
 		}
-		node := AccessNode{Path: n.Path, HostPath: specs.HostPath(n), Type: filled.Type, Major: filled.Major, Minor: filled.Minor, Permissions: n.Permissions}
+		node := AccessNode{Path: n.Path, HostPath: hostPath, Type: filled.Type, Major: filled.Major, Minor: filled.Minor, Permissions: n.Permissions}
 		if node.Permissions == "" {
 			node.Permissions = "rwm"
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
@@ -50,13 +51,6 @@ func TestMIGSlots(t *testing.T) {
 // TestNVLinkCount: every one of a GPU's NVLink slots is counted (18 on
 // current GPUs), and the first slot NVML refuses ends the count.
 func TestNVLinkCount(t *testing.T) {
-	pci := func(s string) nvml.PciInfo {
-		var p nvml.PciInfo
-		for k, c := range s {
-			p.BusId[k] = int8(c)
-		}
-		return p
-	}
 	for _, tc := range []struct {
 		name string
 		// state answers for a link of GPU 0.
@@ -78,13 +72,13 @@ func TestNVLinkCount(t *testing.T) {
 				// Upper-case hex, as NVML writes it; a byte after the NUL is
 				// not part of the address.
 				addr := []string{"00000000:1A:00.0", "00000000:1B:00.0"}[i]
-				dev.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return pci(addr), nvml.SUCCESS }
+				dev.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return testutil.PCI(addr), nvml.SUCCESS }
 				dev.GetTopologyCommonAncestorFunc = func(nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) { return nvml.TOPOLOGY_SYSTEM, nvml.SUCCESS }
 			}
 			gpu0 := s.Devices[0].(*dgxa100.Device)
 			gpu0.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) { return nvml.FEATURE_ENABLED, tc.state(link) }
 			gpu0.GetNvLinkRemotePciInfoFunc = func(int) (nvml.PciInfo, nvml.Return) {
-				return pci("00000000:1B:00.0\x00zz"), nvml.SUCCESS
+				return testutil.PCI("00000000:1B:00.0\x00zz"), nvml.SUCCESS
 			}
 			topo, err := nvidia.DiscoverTopology(s)
 			if err != nil {

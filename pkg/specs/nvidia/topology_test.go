@@ -7,6 +7,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
@@ -15,13 +16,7 @@ import (
 // joined to every other of its island by two links) and a common
 // ancestor for every pair.
 func withTopology(s *dgxa100.Server, island func(i int) int, ancestor func(i, j int) nvml.GpuTopologyLevel) {
-	pci := func(i int) nvml.PciInfo {
-		var p nvml.PciInfo
-		for k, c := range fmt.Sprintf("00000000:%02X:00.0", 0x10+i) {
-			p.BusId[k] = int8(c)
-		}
-		return p
-	}
+	pci := func(i int) nvml.PciInfo { return testutil.PCI(fmt.Sprintf("00000000:%02X:00.0", 0x10+i)) }
 	index := map[nvml.Device]int{}
 	for i, d := range s.Devices {
 		index[d] = i
