@@ -102,7 +102,11 @@ func run(gremlins, out, equivFile, results, only string, threshold float64, work
 			failed = append(failed, fmt.Sprintf("%s %.1f%%", pkg, s.score()))
 		}
 	}
-	doc := rep.markdown(threshold, time.Since(start))
+	ran := "every package"
+	if len(todo) < len(pkgs) {
+		ran = strings.Join(todo, ", ") + " (the others' results kept from an earlier run)"
+	}
+	doc := rep.markdown(threshold, ran, time.Since(start))
 	if err := os.WriteFile(out, []byte(doc), 0o644); err != nil {
 		return err
 	}
@@ -339,10 +343,10 @@ func (r *report) add(k kept, pkg string) {
 	}
 }
 
-func (r *report) markdown(threshold float64, took time.Duration) string {
+func (r *report) markdown(threshold float64, ran string, took time.Duration) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Mutation testing\n\nWritten by `make mutation` on %s in %s (gremlins, every mutator it has on by default plus `--invert-logical` and `--invert-loopctrl`; each mutant's package tests, the protocol tests on NRI's runtime side included). Score: killed / (killed + lived), timed-out mutants counted as killed, equivalent mutants (`test/mutation/equivalent.txt`, each with its reason) left out. Not covered: mutants in code no test of the package runs (gremlins also counts a switch case's condition as not covered, since Go's coverage blocks start after its colon). Each package is held to %.0f%%. The line numbers are those of the run.\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), took.Round(time.Second), threshold)
+	fmt.Fprintf(&b, "# Mutation testing\n\nWritten by `make mutation` on %s, running %s in %s (gremlins, every mutator it has on by default plus `--invert-logical` and `--invert-loopctrl`; each mutant's package tests, the protocol tests on NRI's runtime side included). Score: killed / (killed + lived), timed-out mutants counted as killed, equivalent mutants (`test/mutation/equivalent.txt`, each with its reason) left out. Not covered: mutants in code no test of the package runs (gremlins also counts a switch case's condition as not covered, since Go's coverage blocks start after its colon). Each package is held to %.0f%%. The line numbers are those of the run.\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), ran, took.Round(time.Second), threshold)
 	b.WriteString("| package | mutants | killed | timed out | lived | equivalent | not covered | score |\n|---|---|---|---|---|---|---|---|\n")
 	pkgs := make([]string, 0, len(r.pkgs))
 	for p := range r.pkgs {
