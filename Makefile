@@ -10,13 +10,22 @@ CONTAINERD17OLD  := $(OUT)/containerd-$(CONTAINERD17_OLD)
 CONTAINERD2_VERSION := v2.3.7
 CONTAINERD2    := $(OUT)/containerd-$(CONTAINERD2_VERSION:v%=%)
 
-KUBELET_VERSION := v1.34.4
-KUBELET_MOD    := $(CURDIR)/test/tools/kubelet
-KUBELET        := $(OUT)/kubelet-$(KUBELET_VERSION:v%=%)/kubelet
+# One Kubernetes release for every component the tests run.
+KUBERNETES_VERSION := v1.37.2
+KUBERNETES_MOD := $(CURDIR)/test/tools/kubernetes
+KUBERNETES     := $(OUT)/kubernetes-$(KUBERNETES_VERSION:v%=%)
+KUBELET        := $(KUBERNETES)/kubelet
+CNI_PLUGINS_VERSION := v1.9.1
+CNI            := $(OUT)/cni-$(CNI_PLUGINS_VERSION:v%=%)
 
 export NRI_GPU_TOOLS := $(BIN)
 # The real kubelet the Kubernetes tests run (standalone, static pods).
 export NRI_GPU_KUBELET := $(KUBELET)
+# The Kubernetes components (etcd, API server, scheduler, controller
+# manager, kubelet), Helm and the CNI plugins of the cluster tests.
+export NRI_GPU_KUBERNETES := $(KUBERNETES)
+export NRI_GPU_HELM := $(BIN)/helm
+export NRI_GPU_CNI := $(CNI)
 # The containerd whose own CDI injection the corpus is compared with.
 export NRI_GPU_REFERENCE_CONTAINERD := $(CONTAINERD2)
 # go-nvml's cgo bindings declare functions the NVML headers deprecate.
@@ -67,11 +76,27 @@ $(CONTAINERD2)/containerd:
 		github.com/containerd/containerd/v2/cmd/ctr@$(CONTAINERD2_VERSION) \
 		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$(CONTAINERD2_VERSION)
 
-# kubelet, built from k8s.io/kubernetes in a module of its own
-# (test/tools/kubelet), as a release names its version.
-$(KUBELET): $(KUBELET_MOD)/go.mod $(KUBELET_MOD)/go.sum $(KUBELET_MOD)/main.go
-	cd $(KUBELET_MOD) && $(GO) build -o $@ -ldflags "-X k8s.io/component-base/version.gitVersion=$(KUBELET_VERSION) \
-		-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34" .
+# etcd, kube-apiserver, kube-scheduler, kube-controller-manager and
+# kubelet, built from k8s.io/kubernetes (and etcd's server module) in a
+# module of their own (test/tools/kubernetes), as a release names its
+# version.
+K8S_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBERNETES_VERSION) \
+	-X k8s.io/component-base/version.gitMajor=1 \
+	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBERNETES_VERSION)))
+$(KUBELET): $(KUBERNETES_MOD)/go.mod $(KUBERNETES_MOD)/go.sum $(wildcard $(KUBERNETES_MOD)/*/main.go)
+	cd $(KUBERNETES_MOD) && $(GO) build -o $(KUBERNETES)/ -ldflags "$(K8S_LDFLAGS)" ./...
+	touch $@
+
+# Helm's own CLI, from the Helm module the chart test uses.
+$(BIN)/helm: $(CURDIR)/test/tools/helm/go.mod $(CURDIR)/test/tools/helm/go.sum
+	cd test/tools/helm && $(GO) build -o $@ helm.sh/helm/v3/cmd/helm
+
+# The CNI plugins of the cluster's pod network.
+$(CNI)/bridge:
+	GOBIN=$(CNI) $(GO) install \
+		github.com/containernetworking/plugins/plugins/main/bridge@$(CNI_PLUGINS_VERSION) \
+		github.com/containernetworking/plugins/plugins/main/loopback@$(CNI_PLUGINS_VERSION) \
+		github.com/containernetworking/plugins/plugins/ipam/host-local@$(CNI_PLUGINS_VERSION)
 
 # NVIDIA's own NRI plugin (the NVIDIA Container Toolkit's), for the test
 # of nri-gpu beside it.
@@ -84,7 +109,7 @@ $(BIN)/crictl:
 deps:
 	./hack/install-deps.sh
 
-e2e-tools: deps build image $(BIN)/nvidia-nri-plugin $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd $(KUBELET)
+e2e-tools: deps build image $(BIN)/nvidia-nri-plugin $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd $(KUBELET) $(BIN)/helm $(CNI)/bridge
 
 lint:
 	@out=$$(gofmt -l cmd pkg test internal hack); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -94,6 +119,7 @@ lint:
 	cd $(CONTAINERD17) && $(GO) vet -modfile=go.$(CONTAINERD17_OLD).mod ./...
 	cd hack/image && $(GO) vet ./... && $(GO) mod tidy -diff
 	cd test/tools/helm && $(GO) vet ./... && $(GO) mod tidy -diff
+	cd $(KUBERNETES_MOD) && $(GO) mod tidy -diff
 
 # Every test: unit, protocol (NRI's runtime side) and end-to-end, on
 # containerd 1.7.35, then again on 2.x and on an older 1.7. The end-to-end

@@ -37,6 +37,9 @@ type Options struct {
 	// 10-nri-gpu, which containerd starts itself and hands this
 	// configuration (plugin_config_path/10-nri-gpu.conf).
 	PreRegister string
+	// Prefix is a command that runs containerd (a node's nsenter into its
+	// mount namespace).
+	Prefix []string
 }
 
 // Containerd is a running throwaway containerd.
@@ -47,6 +50,7 @@ type Containerd struct {
 	NRISock string
 	LogPath string
 	cfgPath string
+	prefix  []string
 	cmd     *exec.Cmd
 	done    chan error
 	plugins []*Plugin
@@ -166,6 +170,7 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 		Address: filepath.Join(dir, "containerd.sock"),
 		NRISock: filepath.Join(dir, "nri", "nri.sock"),
 		LogPath: filepath.Join(dir, "containerd.log"),
+		prefix:  opts.Prefix,
 	}
 	for _, d := range []string{"root", "state", "opt", "nri/plugins", "nri/conf.d", "cni/bin", "cni/conf", "logs"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
@@ -222,7 +227,8 @@ func (c *Containerd) start() error {
 		return err
 	}
 	defer logFile.Close()
-	c.cmd = exec.Command(c.Tools.Path("containerd"), "--config", c.cfgPath)
+	argv := append(slices.Clone(c.prefix), c.Tools.Path("containerd"), "--config", c.cfgPath)
+	c.cmd = exec.Command(argv[0], argv[1:]...)
 	c.cmd.Env = append(os.Environ(), "PATH="+c.Tools.Dir+":"+os.Getenv("PATH"))
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

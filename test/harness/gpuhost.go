@@ -55,21 +55,8 @@ func NewGPUHost(dir string, n int) (*GPUHost, error) {
 	if err := os.MkdirAll(h.SpecDir, 0o755); err != nil {
 		return nil, err
 	}
-	nodes := map[string][2]uint32{
-		"nvidiactl":  {NvidiaMajor, NvidiaCtl},
-		"nvidia-uvm": {FakeUVMMajor, 0},
-	}
-	for i := 0; i < n; i++ {
-		nodes[fmt.Sprintf("nvidia%d", i)] = [2]uint32{NvidiaMajor, uint32(i)}
-	}
-	for name, num := range nodes {
-		path := h.Dev(name)
-		if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(num[0], num[1]))); err != nil {
-			return nil, fmt.Errorf("mknod %s (needs root): %w", path, err)
-		}
-		if err := os.Chmod(path, 0o666); err != nil {
-			return nil, err
-		}
+	if err := mknodGPUs(filepath.Join(h.Root, "dev"), n); err != nil {
+		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(h.Root, "lib", "libcuda.so.1"), []byte(LibraryContent), 0o644); err != nil {
 		return nil, err
@@ -90,6 +77,29 @@ if [ -n "${LD_PRELOAD+set}" ]; then echo "LD_PRELOAD-LEAK $1 $id" >> %[1]s; fi
 		return nil, err
 	}
 	return h, h.writeOddSpecs()
+}
+
+// mknodGPUs makes, in dir, the device nodes of n fake GPUs with NVIDIA's
+// numbers (nvidia0..N-1, nvidiactl) and a fake nvidia-uvm, readable and
+// writable by all.
+func mknodGPUs(dir string, n int) error {
+	nodes := map[string][2]uint32{
+		"nvidiactl":  {NvidiaMajor, NvidiaCtl},
+		"nvidia-uvm": {FakeUVMMajor, 0},
+	}
+	for i := 0; i < n; i++ {
+		nodes[fmt.Sprintf("nvidia%d", i)] = [2]uint32{NvidiaMajor, uint32(i)}
+	}
+	for name, num := range nodes {
+		path := filepath.Join(dir, name)
+		if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(num[0], num[1]))); err != nil {
+			return fmt.Errorf("mknod %s (needs root): %w", path, err)
+		}
+		if err := os.Chmod(path, 0o666); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Kinds of the odd specs beside the GPU spec.
@@ -164,16 +174,34 @@ containerEdits:
       args: [record-hook, poststart]
 devices:
 `, h.Dev("nvidiactl"), h.Dev("nvidia-uvm"), filepath.Join(h.Root, "lib", "libcuda.so.1"), h.HookPath())
+	writeDevices(&b, h.GPUs, h.Dev)
+	return b.String()
+}
+
+// deviceSpec returns the CDI spec of n fake GPUs whose device nodes are
+// at dev(name), with nothing but their nodes and environment: per GPU a
+// device by index and one by UUID, an "all" device, and nvidiactl shared
+// by all.
+func deviceSpec(n int, dev func(string) string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ncontainerEdits:\n  deviceNodes:\n    - path: /dev/nvidiactl\n      hostPath: %s\ndevices:\n", dev("nvidiactl"))
+	writeDevices(&b, n, dev)
+	return b.String()
+}
+
+// writeDevices writes the devices of n fake GPUs into a spec: per GPU a
+// device by index and one by UUID (its node at dev(name) and an env
+// entry naming its UUID), and an "all" device.
+func writeDevices(b *strings.Builder, n int, dev func(string) string) {
 	var all []string
-	for i := 0; i < h.GPUs; i++ {
-		node := fmt.Sprintf("        - path: /dev/nvidia%d\n          hostPath: %s\n", i, h.Dev(fmt.Sprintf("nvidia%d", i)))
+	for i := 0; i < n; i++ {
+		node := fmt.Sprintf("        - path: /dev/nvidia%d\n          hostPath: %s\n", i, dev(fmt.Sprintf("nvidia%d", i)))
 		all = append(all, node)
 		for _, name := range []string{fmt.Sprint(i), UUID(i)} {
-			fmt.Fprintf(&b, "  - name: %q\n    containerEdits:\n      env: [FAKE_GPU_%d=%s]\n      deviceNodes:\n%s", name, i, UUID(i), node)
+			fmt.Fprintf(b, "  - name: %q\n    containerEdits:\n      env: [FAKE_GPU_%d=%s]\n      deviceNodes:\n%s", name, i, UUID(i), node)
 		}
 	}
-	fmt.Fprintf(&b, "  - name: all\n    containerEdits:\n      deviceNodes:\n%s", strings.Join(all, ""))
-	return b.String()
+	fmt.Fprintf(b, "  - name: all\n    containerEdits:\n      deviceNodes:\n%s", strings.Join(all, ""))
 }
 
 // HookRuns returns the lines the hooks wrote: "<hook point> <container id>".

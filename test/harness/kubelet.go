@@ -93,30 +93,10 @@ func StartKubelet(dir, binary string, c *Containerd) (k *Kubelet, err error) {
 			return nil, err
 		}
 	}
-	endpoint := "unix://" + c.Address
-	cfg := map[string]any{
-		"apiVersion":               "kubelet.config.k8s.io/v1beta1",
-		"kind":                     "KubeletConfiguration",
-		"staticPodPath":            k.Manifests,
-		"fileCheckFrequency":       "1s",
-		"syncFrequency":            "2s",
-		"containerRuntimeEndpoint": endpoint,
-		"imageServiceEndpoint":     endpoint,
-		"cgroupDriver":             "cgroupfs",
-		"cgroupRoot":               k.cgroupRoot,
-		"failSwapOn":               false,
-		"enableServer":             false,
-		"readOnlyPort":             0,
-		"healthzPort":              0,
-		"podLogsDir":               filepath.Join(dir, "pod-logs"),
-		"authentication":           map[string]any{"anonymous": map[string]any{"enabled": true}, "webhook": map[string]any{"enabled": false}},
-		"authorization":            map[string]any{"mode": "AlwaysAllow"},
-		// The test image is never pulled, and must never be collected,
-		// nor pods evicted, on a busy test machine.
-		"imageGCHighThresholdPercent": 100,
-		"imageGCLowThresholdPercent":  99,
-		"evictionHard":                map[string]string{"memory.available": "0%", "nodefs.available": "0%", "imagefs.available": "0%"},
-	}
+	cfg := kubeletConfig("unix://"+c.Address, k.cgroupRoot)
+	cfg["staticPodPath"] = k.Manifests
+	cfg["fileCheckFrequency"] = "1s"
+	cfg["podLogsDir"] = filepath.Join(dir, "pod-logs")
 	data, err := yaml.Marshal(cfg)
 	if err != nil {
 		return nil, err
@@ -133,6 +113,35 @@ func StartKubelet(dir, binary string, c *Containerd) (k *Kubelet, err error) {
 		return k, err
 	}
 	return k, k.start()
+}
+
+// kubeletConfig is the KubeletConfiguration of a test's kubelet against
+// the runtime at endpoint, its pods in cgroupRoot: no server, no port,
+// and nothing it would collect or evict on a busy test machine.
+func kubeletConfig(endpoint, cgroupRoot string) map[string]any {
+	return map[string]any{
+		"apiVersion":               "kubelet.config.k8s.io/v1beta1",
+		"kind":                     "KubeletConfiguration",
+		"syncFrequency":            "2s",
+		"containerRuntimeEndpoint": endpoint,
+		"imageServiceEndpoint":     endpoint,
+		"cgroupDriver":             "cgroupfs",
+		"cgroupRoot":               cgroupRoot,
+		"failSwapOn":               false,
+		// From 1.35 kubelet refuses cgroup v1 unless told otherwise; these
+		// machines have it.
+		"failCgroupV1":   false,
+		"enableServer":   false,
+		"readOnlyPort":   0,
+		"healthzPort":    0,
+		"authentication": map[string]any{"anonymous": map[string]any{"enabled": true}, "webhook": map[string]any{"enabled": false}},
+		"authorization":  map[string]any{"mode": "AlwaysAllow"},
+		// The test image is never pulled, and must never be collected,
+		// nor pods evicted, on a busy test machine.
+		"imageGCHighThresholdPercent": 100,
+		"imageGCLowThresholdPercent":  99,
+		"evictionHard":                map[string]string{"memory.available": "0%", "nodefs.available": "0%", "imagefs.available": "0%"},
+	}
 }
 
 // kubelets counts the kubelets this process started, for their cgroups'

@@ -12,3 +12,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "nri-gpu.devicePlugin" -}}
 {{- if and .Values.config.devicePlugin .Values.config.devicePlugin.resources }}true{{ end }}
 {{- end }}
+
+{{- /* The pod's ServiceAccount: the chart's own, or serviceAccount.name. */ -}}
+{{- define "nri-gpu.serviceAccount" -}}
+{{- if .Values.serviceAccount.create }}{{ .Release.Name }}{{ else }}{{ .Values.serviceAccount.name | default "default" }}{{ end }}
+{{- end }}

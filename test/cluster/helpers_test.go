@@ -1,0 +1,152 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/test/harness"
+)
+
+// gpuResource is the device-plugin resource of the suite's values.
+const gpuResource corev1.ResourceName = "nvidia.com/gpu"
+
+// podWait is how long a pod may take to be scheduled, created and run
+// (kubelet retries a failed creation with a back-off).
+const podWait = 90 * time.Second
+
+// nriLog returns what nri-gpu's container on node n has logged, read on
+// the node's containerd (the kubelets serve no logs: their server is
+// off).
+func nriLog(t *testing.T, n *harness.Node) string {
+	t.Helper()
+	id, err := n.Ctd.Crictl("ps", "-q", "--name", "^nri-gpu$", "--state", "running")
+	if err != nil || strings.TrimSpace(id) == "" {
+		t.Fatalf("%s: no running nri-gpu container: %v %s", n.Name, err, id)
+	}
+	out, err := n.Ctd.Crictl("logs", strings.Fields(id)[0])
+	if err != nil {
+		t.Fatalf("%s: crictl logs: %v", n.Name, err)
+	}
+	return out
+}
+
+// allocatable returns node n's allocatable GPUs.
+func allocatable(t *testing.T, n *harness.Node) int64 {
+	t.Helper()
+	node, err := env.client.CoreV1().Nodes().Get(context.Background(), n.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := node.Status.Allocatable[gpuResource]
+	return q.Value()
+}
+
+// waitAllocatable waits until node n's status shows want allocatable
+// GPUs.
+func waitAllocatable(t *testing.T, n *harness.Node, want int) {
+	t.Helper()
+	testutil.Within(t, 60*time.Second, fmt.Sprintf("%s: %d allocatable %s", n.Name, want, gpuResource), func() bool {
+		return allocatable(t, n) == int64(want)
+	})
+}
+
+// gpuPod is a pod of the test image, sleeping; limit asks for that many
+// device-plugin GPUs; node, when set, pins it to a node.
+func gpuPod(namespace, name string, limit int, annotations map[string]string, node string) *corev1.Pod {
+	ctr := corev1.Container{
+		Name:            "main",
+		Image:           harness.ImageRef,
+		ImagePullPolicy: corev1.PullNever,
+		Command:         []string{"/bin/sleep", "3600"},
+	}
+	if limit > 0 {
+		ctr.Resources.Limits = corev1.ResourceList{gpuResource: *resource.NewQuantity(int64(limit), resource.DecimalSI)}
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Annotations: annotations},
+		Spec: corev1.PodSpec{
+			Containers:                    []corev1.Container{ctr},
+			NodeName:                      node,
+			TerminationGracePeriodSeconds: new(int64),
+			AutomountServiceAccountToken:  new(bool),
+		},
+	}
+}
+
+// createPod creates p, deleted (at once) when the test ends.
+func createPod(t *testing.T, p *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	created, err := env.client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deletePod(t, p.Namespace, p.Name) })
+	return created
+}
+
+// deletePod deletes a pod at once and waits until it is gone.
+func deletePod(t *testing.T, namespace, name string) {
+	t.Helper()
+	ctx := context.Background()
+	pods := env.client.CoreV1().Pods(namespace)
+	if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		return
+	}
+	testutil.Within(t, 60*time.Second, "pod "+namespace+"/"+name+" gone", func() bool {
+		_, err := pods.Get(ctx, name, metav1.GetOptions{})
+		return err != nil
+	})
+}
+
+// waitRunning waits until pod namespace/name runs with its container
+// started, and returns it.
+func waitRunning(t *testing.T, namespace, name string) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	testutil.Within(t, podWait, "pod "+namespace+"/"+name+" Running", func() bool {
+		p, err := env.client.CoreV1().Pods(namespace).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		pod = p
+		return p.Status.Phase == corev1.PodRunning && len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].State.Running != nil
+	})
+	return pod
+}
+
+// nodeOf returns the node a pod runs on.
+func nodeOf(t *testing.T, p *corev1.Pod) *harness.Node {
+	t.Helper()
+	for _, n := range []*harness.Node{env.a, env.b} {
+		if n.Name == p.Spec.NodeName {
+			return n
+		}
+	}
+	t.Fatalf("pod %s is on node %q, not the cluster's", p.Name, p.Spec.NodeName)
+	return nil
+}
+
+// gpusSeen returns the GPU device nodes (/dev/nvidiaN, not nvidiactl)
+// pod p's container sees, listed inside it on its node.
+func gpusSeen(t *testing.T, p *corev1.Pod) []string {
+	t.Helper()
+	n := nodeOf(t, p)
+	id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	out, err := n.Ctd.Exec(id, "ls", "/dev")
+	if err != nil {
+		t.Fatalf("ls /dev in %s: %v: %s", p.Name, err, out)
+	}
+	return slices.DeleteFunc(strings.Fields(out), func(d string) bool {
+		return !strings.HasPrefix(d, "nvidia") || d == "nvidiactl"
+	})
+}

@@ -1,0 +1,204 @@
+// Package cluster tests nri-gpu on a real Kubernetes cluster, as an
+// operator runs it: etcd, kube-apiserver, kube-scheduler and
+// kube-controller-manager built from Kubernetes' own modules, two GPU
+// nodes of different sizes (node-a: containerd 1.7.35 with CDI off and 2
+// fake GPUs; node-b: containerd 2.3.7 with its CDI on and 4), each with
+// its own kubelet, and nri-gpu installed on them by its Helm chart with
+// Helm's own CLI. The cluster is started once for the package's tests;
+// each test removes what it made. It needs root; without root (or the
+// tools `make test` builds) every test is skipped and says why.
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nri-gpu/nri-gpu/test/harness"
+)
+
+// RequiredEnv, when set to 1 (as `make test` sets it), turns missing root
+// or tools into a failure instead of a skip.
+const RequiredEnv = "NRI_GPU_E2E_REQUIRED"
+
+// Environment the tools are named by (`make test` sets them).
+const (
+	imageEnv     = "NRI_GPU_IMAGE"
+	cniEnv       = "NRI_GPU_CNI"
+	containerd2  = "NRI_GPU_REFERENCE_CONTAINERD"
+	chartDir     = "../../deploy/helm/nri-gpu"
+	releaseName  = "nri-gpu"
+	nriNamespace = "nri-gpu"
+)
+
+// env is the shared cluster.
+var env struct {
+	skip    string
+	dir     string
+	helm    string
+	cluster *harness.Cluster
+	// a has 2 GPUs on containerd 1.7 (CDI off), b 4 on containerd 2.x.
+	a, b   *harness.Node
+	client *kubernetes.Clientset
+	values string
+}
+
+// suiteValues are the chart values of the installation: the image
+// imported into each node (never pulled), the nodes' spec directory,
+// one device-plugin resource, the metrics Service and a multi-tenant
+// policy.
+const suiteValues = `image:
+  pullPolicy: Never
+config:
+  cdiSpecDirs: [` + harness.NodeSpecDir + `]
+  policy:
+    namespaces: [default, "tenant-*"]
+    devices: ["nvidia.com/gpu=*"]
+    exclusive: true
+  devicePlugin:
+    resources:
+      - name: nvidia.com/gpu
+metrics:
+  service:
+    enabled: true
+logLevel: debug
+`
+
+func TestMain(m *testing.M) {
+	code, err := setup()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cluster setup: %v\n", err)
+		code = 1
+	}
+	if code == 0 {
+		code = m.Run()
+	}
+	if err := teardown(); err != nil {
+		fmt.Fprintf(os.Stderr, "cluster teardown: %v\n", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// need says which tool of the environment is missing.
+func need(names ...string) string {
+	for _, n := range names {
+		if os.Getenv(n) == "" {
+			return fmt.Sprintf("%s is not set (make test sets it)", n)
+		}
+	}
+	return ""
+}
+
+func setup() (int, error) {
+	required := os.Getenv(RequiredEnv) == "1"
+	tools, err := harness.FindTools("")
+	switch {
+	case os.Geteuid() != 0:
+		env.skip = "the cluster tests need root (device nodes, mounts, runc)"
+	case err != nil:
+		env.skip = fmt.Sprintf("end-to-end tools missing (run make test): %v", err)
+	default:
+		env.skip = need(harness.KubernetesEnv, harness.HelmEnv, imageEnv, cniEnv, containerd2)
+	}
+	if env.skip != "" {
+		if required {
+			return 1, fmt.Errorf("%s, and %s=1", env.skip, RequiredEnv)
+		}
+		fmt.Fprintf(os.Stderr, "SKIP cluster: %s\n", env.skip)
+		return 0, nil
+	}
+	toolsB, err := tools.WithContainerd(os.Getenv(containerd2))
+	if err != nil {
+		return 1, err
+	}
+	env.helm = os.Getenv(harness.HelmEnv)
+	start := time.Now()
+	// Under /tmp, short: it holds unix sockets, whatever TMPDIR is.
+	if env.dir, err = os.MkdirTemp("/tmp", "nri-gpu-cluster-"); err != nil {
+		return 1, err
+	}
+	busybox := filepath.Join(env.dir, "busybox.tar")
+	if err := harness.BuildImage(tools.Busybox, busybox); err != nil {
+		return 1, err
+	}
+	if env.cluster, err = harness.StartCluster(env.dir, os.Getenv(harness.KubernetesEnv)); err != nil {
+		return 1, err
+	}
+	env.client = env.cluster.Client
+	images := []string{busybox, os.Getenv(imageEnv)}
+	if env.a, err = env.cluster.AddNode(harness.NodeOptions{Name: "node-a", Tools: tools, GPUs: 2, Images: images, CNIBin: os.Getenv(cniEnv)}); err != nil {
+		return 1, err
+	}
+	if env.b, err = env.cluster.AddNode(harness.NodeOptions{Name: "node-b", Tools: toolsB, GPUs: 4, EnableCDI: true, Images: images, CNIBin: os.Getenv(cniEnv)}); err != nil {
+		return 1, err
+	}
+	fmt.Fprintf(os.Stderr, "cluster: control plane and 2 nodes Ready in %s\n", time.Since(start).Round(100*time.Millisecond))
+	env.values = filepath.Join(env.dir, "values.yaml")
+	if err := os.WriteFile(env.values, []byte(suiteValues), 0o644); err != nil {
+		return 1, err
+	}
+	start = time.Now()
+	if _, err := env.cluster.Helm(env.helm, "install", releaseName, chartDir, "--namespace", nriNamespace, "--create-namespace",
+		"--values", env.values, "--wait", "--timeout", "3m"); err != nil {
+		return 1, fmt.Errorf("%w\n%s", err, nodeLogs())
+	}
+	fmt.Fprintf(os.Stderr, "cluster: nri-gpu installed and Ready on both nodes in %s\n", time.Since(start).Round(100*time.Millisecond))
+	return 0, nil
+}
+
+// nodeLogs is the end of each node's kubelet log, for a failure to show.
+func nodeLogs() string {
+	var b strings.Builder
+	for _, n := range []*harness.Node{env.a, env.b} {
+		if n != nil {
+			fmt.Fprintf(&b, "--- %s kubelet:\n%s\n", n.Name, n.KubeletLogTail(20))
+		}
+	}
+	return b.String()
+}
+
+func teardown() error {
+	if env.dir == "" {
+		return nil
+	}
+	if env.cluster != nil {
+		if err := env.cluster.Stop(); err != nil {
+			return err
+		}
+	}
+	if os.Getenv("NRI_GPU_E2E_KEEP") == "" {
+		return os.RemoveAll(env.dir)
+	}
+	return nil
+}
+
+// needCluster skips a test when the cluster could not be set up.
+func needCluster(t *testing.T) {
+	t.Helper()
+	if env.skip != "" {
+		t.Skip(env.skip)
+	}
+}
+
+// nriPods returns the pods of nri-gpu's DaemonSet, by node.
+func nriPods(t *testing.T) map[string]corev1.Pod {
+	t.Helper()
+	pods, err := env.client.CoreV1().Pods(nriNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nri-gpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byNode := map[string]corev1.Pod{}
+	for _, p := range pods.Items {
+		byNode[p.Spec.NodeName] = p
+	}
+	return byNode
+}

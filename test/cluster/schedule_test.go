@@ -1,0 +1,145 @@
+package cluster
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+)
+
+// TestDeploymentPlacedByGPUs: a Deployment of pods asking for one
+// nvidia.com/gpu each fills both nodes (2 pods on node-a, 4 on node-b),
+// each pod seeing only its own GPU; one replica more stays Pending, and
+// the scheduler says why.
+func TestDeploymentPlacedByGPUs(t *testing.T) {
+	needCluster(t)
+	ctx := context.Background()
+	labels := map[string]string{"app": "gpu-deployment"}
+	tmpl := gpuPod("default", "", 1, nil, "")
+	replicas := int32(6)
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpu-deployment", Namespace: "default"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: tmpl.Spec},
+		},
+	}
+	deps := env.client.AppsV1().Deployments("default")
+	if _, err := deps.Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteDeployment(t, dep.Name, labels) })
+
+	var pods []corev1.Pod
+	testutil.Within(t, 2*podWait, "6 running GPU pods", func() bool {
+		pods = labelled(t, labels)
+		return len(pods) == 6 && len(slices.DeleteFunc(slices.Clone(pods), func(p corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })) == 0
+	})
+	perNode := map[string][]string{}
+	for i := range pods {
+		seen := gpusSeen(t, &pods[i])
+		if len(seen) != 1 {
+			t.Errorf("pod %s on %s sees GPUs %v, want one", pods[i].Name, pods[i].Spec.NodeName, seen)
+		}
+		perNode[pods[i].Spec.NodeName] = append(perNode[pods[i].Spec.NodeName], seen...)
+	}
+	for _, want := range []struct {
+		node string
+		gpus []string
+	}{{env.a.Name, []string{"nvidia0", "nvidia1"}}, {env.b.Name, []string{"nvidia0", "nvidia1", "nvidia2", "nvidia3"}}} {
+		got := perNode[want.node]
+		slices.Sort(got)
+		if !slices.Equal(got, want.gpus) {
+			t.Errorf("%s: its pods see %v, want each of %v once", want.node, got, want.gpus)
+		}
+	}
+
+	// A seventh replica finds no GPU free anywhere.
+	replicas = 7
+	dep.Spec.Replicas = &replicas
+	scale, err := deps.GetScale(ctx, dep.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scale.Spec.Replicas = 7
+	if _, err := deps.UpdateScale(ctx, dep.Name, scale, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, podWait, "the seventh replica unschedulable", func() bool {
+		for _, p := range labelled(t, labels) {
+			if p.Spec.NodeName == "" && unschedulable(p, "Insufficient nvidia.com/gpu") {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// TestPlacedWhereGPUsFit: a pod asking for 3 GPUs can only run on node-b
+// and does, seeing 3; a pod asking for 5 fits no node and stays Pending
+// with the scheduler's reason in its conditions.
+func TestPlacedWhereGPUsFit(t *testing.T) {
+	needCluster(t)
+	createPod(t, gpuPod("default", "three-gpus", 3, nil, ""))
+	p := waitRunning(t, "default", "three-gpus")
+	if p.Spec.NodeName != env.b.Name {
+		t.Errorf("the 3-GPU pod runs on %s, want %s (the only node with 4)", p.Spec.NodeName, env.b.Name)
+	}
+	if seen := gpusSeen(t, p); len(seen) != 3 {
+		t.Errorf("the 3-GPU pod sees %v, want 3 GPUs", seen)
+	}
+
+	createPod(t, gpuPod("default", "five-gpus", 5, nil, ""))
+	testutil.Within(t, podWait, "the 5-GPU pod unschedulable", func() bool {
+		p, err := env.client.CoreV1().Pods("default").Get(context.Background(), "five-gpus", metav1.GetOptions{})
+		return err == nil && unschedulable(*p, "Insufficient nvidia.com/gpu")
+	})
+	// Still Pending a while later: nothing else takes it.
+	time.Sleep(2 * time.Second)
+	if p, err := env.client.CoreV1().Pods("default").Get(context.Background(), "five-gpus", metav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending || p.Spec.NodeName != "" {
+		t.Errorf("the 5-GPU pod: %v, phase %s on %q; want Pending on no node", err, p.Status.Phase, p.Spec.NodeName)
+	}
+}
+
+// unschedulable reports whether p's PodScheduled condition is False
+// because it is Unschedulable, with a message holding reason.
+func unschedulable(p corev1.Pod, reason string) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled {
+			return c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable && strings.Contains(c.Message, reason)
+		}
+	}
+	return false
+}
+
+// labelled returns the default namespace's pods with labels.
+func labelled(t *testing.T, labels map[string]string) []corev1.Pod {
+	t.Helper()
+	sel := metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: labels})
+	pods, err := env.client.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pods.Items
+}
+
+// deleteDeployment deletes a Deployment and waits until its pods are
+// gone.
+func deleteDeployment(t *testing.T, name string, labels map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	fg := metav1.DeletePropagationForeground
+	_ = env.client.AppsV1().Deployments("default").Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &fg})
+	for _, p := range labelled(t, labels) {
+		deletePod(t, "default", p.Name)
+	}
+	testutil.Within(t, 60*time.Second, "the Deployment's pods gone", func() bool { return len(labelled(t, labels)) == 0 })
+}

@@ -1,0 +1,266 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// NodeDevDir is where a cluster node's fake GPU device nodes are, as its
+// containerd, kubelet and pods see them: a directory of /dev (the chart's
+// pod mounts the host's /dev), made for the cluster and removed with it,
+// over which each node's mount namespace binds its own nodes.
+const NodeDevDir = "/dev/nri-gpu-e2e"
+
+// NodeSpecDir is the CDI spec directory of a cluster node as its pods
+// see it (/var/run/cdi is /run/cdi): the node's own, in its namespace.
+const NodeSpecDir = "/var/run/cdi"
+
+// NodeOptions configure a cluster node.
+type NodeOptions struct {
+	// Name is the node's name.
+	Name string
+	// Tools are the binaries; their containerd is the node's.
+	Tools Tools
+	// GPUs is how many fake GPUs the node has.
+	GPUs int
+	// EnableCDI turns the node's containerd's own CDI on.
+	EnableCDI bool
+	// Images are image tars imported into the node's containerd.
+	Images []string
+	// CNIBin holds the CNI plugins bridge, host-local and loopback.
+	CNIBin string
+}
+
+// Node is a Kubernetes node of a test cluster: its own containerd and a
+// kubelet registered with the control plane, in one mount namespace of
+// their own in which the paths a node has (/var/lib, /var/log, /run, the
+// NRI socket at /var/run/nri, the CDI specs at /var/run/cdi, the fake
+// GPUs under NodeDevDir) are the node's files under Dir, as on a machine
+// of its own. Its pods are on a bridge of its own (no masquerade, no
+// iptables), so the kubelet probes them on their IPs; its cgroups are in
+// a root of its own; the sysctls kubelet and the CNI plugins write are
+// files of the test in its namespace.
+type Node struct {
+	Name string
+	Dir  string
+	Ctd  *Containerd
+	GPUs int
+	// Subnet is the node's pod network.
+	Subnet string
+
+	cp          *ControlPlane
+	holder      *process
+	kubelet     *process
+	kubeletArgs []string
+	cgroupRoot  string
+	bridge      string
+}
+
+// nodeSysctls are what a node's kubelet and CNI plugins write.
+var nodeSysctls = append([]string{"net/ipv4/ip_forward"}, kubeletSysctls...)
+
+// nodeScript makes a node's mount namespace and keeps it: $1 is the
+// node's directory. It says it is ready by creating $1/ns-ready.
+const nodeScript = `set -e
+d=$1
+for s in %s; do
+	f="$d/sysctl/$(echo "$s" | tr / .)"
+	cat "/proc/sys/$s" > "$f"
+	mount --bind "$f" "/proc/sys/$s"
+done
+mount --bind "$d/var-lib" /var/lib
+mount --bind "$d/var-log" /var/log
+mount --bind "$d/run" /run
+mount --bind "$d/ctd/nri" /run/nri
+mount --bind "$d/dev" ` + NodeDevDir + `
+touch "$d/ns-ready"
+exec sleep 2147483647
+`
+
+// AddNode starts a node of the cluster: its namespace, containerd (the
+// images imported), pod network and kubelet, and waits until the node
+// is Ready. On error it stops what it started.
+func (c *Cluster) AddNode(opts NodeOptions) (n *Node, err error) {
+	index := len(c.Nodes) + 1
+	n = &Node{
+		Name:       opts.Name,
+		Dir:        filepath.Join(c.Dir, opts.Name),
+		GPUs:       opts.GPUs,
+		Subnet:     fmt.Sprintf("10.244.%d.0/24", index),
+		cp:         c.ControlPlane,
+		cgroupRoot: fmt.Sprintf("/nri-gpu-e2e-%d-%d", os.Getpid(), kubelets.Add(1)),
+		bridge:     fmt.Sprintf("nrigpu%d", index),
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, n.Stop())
+		}
+	}()
+	for _, d := range []string{"var-lib", "var-log", "run/nri", "run/cdi", "dev", "sysctl", "ctd/nri", "ctd/cni/bin", "ctd/cni/conf", "volume-plugins"} {
+		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
+			return n, err
+		}
+	}
+	if err := n.writeGPUs(); err != nil {
+		return n, err
+	}
+	if err := n.writeCNI(opts.CNIBin); err != nil {
+		return n, err
+	}
+	if err := makeCgroup(n.cgroupRoot); err != nil {
+		return n, err
+	}
+	// A stale bridge of a run that was killed would hold the subnet.
+	_ = exec.Command("ip", "link", "del", n.bridge).Run()
+	if n.holder, err = startProcess(n.Name+" namespace", filepath.Join(n.Dir, "namespace.log"),
+		"unshare", "--mount", "--propagation", "slave", "sh", "-c", fmt.Sprintf(nodeScript, strings.Join(nodeSysctls, " ")), "sh", n.Dir); err != nil {
+		return n, err
+	}
+	if err := n.holder.waitFor("namespace", 10*time.Second, func() error {
+		_, err := os.Stat(filepath.Join(n.Dir, "ns-ready"))
+		return err
+	}); err != nil {
+		return n, err
+	}
+	if n.Ctd, err = StartContainerd(filepath.Join(n.Dir, "ctd"), opts.Tools, Options{EnableCDI: opts.EnableCDI, CDISpecDirs: []string{NodeSpecDir}, Prefix: n.enter()}); err != nil {
+		return n, err
+	}
+	for _, image := range opts.Images {
+		if out, err := n.Ctd.Ctr("images", "import", "--snapshotter", "overlayfs", image); err != nil {
+			return n, fmt.Errorf("%s: importing %s: %w: %s", n.Name, image, err, out)
+		}
+	}
+	kubeconfig, err := c.KubeconfigFor(n.Name, "system:node:"+n.Name, "system:nodes")
+	if err != nil {
+		return n, err
+	}
+	if err := n.writeKubeletConfig(); err != nil {
+		return n, err
+	}
+	n.kubeletArgs = []string{
+		"--config", filepath.Join(n.Dir, "kubelet.yaml"),
+		"--kubeconfig", kubeconfig,
+		"--hostname-override", n.Name,
+		"--volume-plugin-dir", filepath.Join(n.Dir, "volume-plugins"),
+		"--v", "2",
+	}
+	if err := n.StartKubelet(); err != nil {
+		return n, err
+	}
+	if err := n.WaitReady(90 * time.Second); err != nil {
+		return n, err
+	}
+	c.Nodes = append(c.Nodes, n)
+	return n, nil
+}
+
+// enter is the command prefix that runs a program in the node's mount
+// namespace.
+func (n *Node) enter() []string {
+	return []string{"nsenter", "--mount=/proc/" + strconv.Itoa(n.holder.Pid()) + "/ns/mnt", "--"}
+}
+
+// writeGPUs makes the node's fake GPUs (device nodes with NVIDIA's
+// numbers, seen at NodeDevDir) and their CDI spec in its spec directory.
+func (n *Node) writeGPUs() error {
+	if err := mknodGPUs(filepath.Join(n.Dir, "dev"), n.GPUs); err != nil {
+		return err
+	}
+	spec := deviceSpec(n.GPUs, func(name string) string { return filepath.Join(NodeDevDir, name) })
+	return os.WriteFile(filepath.Join(n.Dir, "run", "cdi", "nvidia.yaml"), []byte(spec), 0o644)
+}
+
+// writeCNI puts the CNI plugins in containerd's CNI bin directory and a
+// network of one bridge of the node's, with host-local addresses of its
+// subnet, in its conf directory.
+func (n *Node) writeCNI(bin string) error {
+	for _, p := range []string{"bridge", "host-local", "loopback"} {
+		data, err := os.ReadFile(filepath.Join(bin, p))
+		if err != nil {
+			return fmt.Errorf("CNI plugin %s: %w", p, err)
+		}
+		if err := os.WriteFile(filepath.Join(n.Dir, "ctd", "cni", "bin", p), data, 0o755); err != nil {
+			return err
+		}
+	}
+	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "e2e", "plugins": [{
+  "type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false,
+  "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}]}
+}]}`, n.bridge, n.Subnet)
+	return os.WriteFile(filepath.Join(n.Dir, "ctd", "cni", "conf", "10-e2e.conflist"), []byte(conf), 0o644)
+}
+
+// writeKubeletConfig writes the kubelet's configuration of the node.
+func (n *Node) writeKubeletConfig() error {
+	cfg := kubeletConfig("unix://"+n.Ctd.Address, n.cgroupRoot)
+	// Device-plugin and status changes reach the API server quickly.
+	cfg["nodeStatusUpdateFrequency"] = "2s"
+	cfg["nodeStatusReportFrequency"] = "10s"
+	data, err := yaml.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(n.Dir, "kubelet.yaml"), data, 0o644)
+}
+
+// StartKubelet starts the node's kubelet (again, after StopKubelet).
+func (n *Node) StartKubelet() (err error) {
+	argv := append(n.enter(), append([]string{filepath.Join(n.cp.bin, "kubelet")}, n.kubeletArgs...)...)
+	n.kubelet, err = startProcess(n.Name+" kubelet", filepath.Join(n.Dir, "kubelet.log"), argv...)
+	return err
+}
+
+// StopKubelet stops the node's kubelet, its pods left running, as a
+// crash or an upgrade does.
+func (n *Node) StopKubelet() { n.kubelet.Stop(10 * time.Second) }
+
+// KubeletLogTail returns the last lines of the node's kubelet's log.
+func (n *Node) KubeletLogTail(lines int) string { return n.kubelet.LogTail(lines) }
+
+// WaitReady waits until the node's Ready condition is True.
+func (n *Node) WaitReady(timeout time.Duration) error {
+	ctx := context.Background()
+	return n.kubelet.waitFor("Ready node", timeout, func() error {
+		node, err := n.cp.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				if c.Status == corev1.ConditionTrue {
+					return nil
+				}
+				return fmt.Errorf("Ready is %s: %s", c.Status, c.Message)
+			}
+		}
+		return errors.New("no Ready condition")
+	})
+}
+
+// Stop stops the kubelet, removes the pods from containerd and stops it,
+// then ends the namespace and removes the node's cgroups and bridge. It
+// returns what went wrong, after doing all it can.
+func (n *Node) Stop() error {
+	var errs []error
+	n.kubelet.Stop(10 * time.Second)
+	if n.Ctd != nil {
+		errs = append(errs, n.Ctd.Stop())
+	}
+	n.holder.Stop(5 * time.Second)
+	errs = append(errs, removeCgroup(n.cgroupRoot))
+	if out, err := exec.Command("ip", "link", "del", n.bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
+		errs = append(errs, fmt.Errorf("deleting bridge %s: %w: %s", n.bridge, err, out))
+	}
+	return errors.Join(errs...)
+}
