@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -80,7 +81,6 @@ func New(r config.Resource, dir string, mode config.CDIDevices, src Source, log 
 		resource: r.Name,
 		kind:     r.Kind,
 		dir:      dir,
-		socket:   filepath.Join(dir, "nri-gpu-"+strings.ReplaceAll(r.Name, "/", "-")+".sock"),
 		mode:     mode,
 		src:      src,
 		log:      log.WithField("resource", r.Name),
@@ -186,11 +186,20 @@ func (p *Plugin) sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// serve starts the gRPC server on the plugin's socket.
+// serve starts the gRPC server on a socket of a name not used before
+// (the previous one removed): kubelet (1.37 at least) keeps an endpoint
+// per socket path, and one it did not see go away (a client it dialled
+// before it restarted, or before the pod of an earlier nri-gpu was
+// replaced, reconnects to the new server at the same path) refuses every
+// later registration there as "already connected", for as long as it
+// runs. A new name each time is never refused.
 func (p *Plugin) serve() (*grpc.Server, error) {
-	if err := os.Remove(p.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, err
+	if p.socket != "" {
+		if err := os.Remove(p.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
 	}
+	p.socket = filepath.Join(p.dir, fmt.Sprintf("nri-gpu-%s-%s.sock", strings.ReplaceAll(p.resource, "/", "-"), strconv.FormatInt(time.Now().UnixNano(), 36)))
 	l, err := net.Listen("unix", p.socket)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sync"
 	"testing"
@@ -169,6 +170,9 @@ func received(t *testing.T, stream api.DevicePlugin_ListAndWatchClient) []*api.D
 	return resp.GetDevices()
 }
 
+// socketName is how the plugin's sockets are named.
+var socketName = regexp.MustCompile(`^nri-gpu-nvidia\.com-gpu-[0-9a-z]+\.sock$`)
+
 // TestRun: the plugin registers once kubelet's socket is there, tells
 // kubelet the devices and their changes, registers again when kubelet
 // restarts, and removes its socket when it stops.
@@ -186,10 +190,13 @@ func TestRun(t *testing.T) {
 	regs := make(chan *api.RegisterRequest, 4)
 	startKubelet(t, dir, regs)
 	r := registration(t, regs)
-	want := &api.RegisterRequest{Version: "v1beta1", Endpoint: "nri-gpu-nvidia.com-gpu.sock", ResourceName: "nvidia.com/gpu",
+	want := &api.RegisterRequest{Version: "v1beta1", Endpoint: r.GetEndpoint(), ResourceName: "nvidia.com/gpu",
 		Options: &api.DevicePluginOptions{GetPreferredAllocationAvailable: true}}
 	if diff := cmp.Diff(want, r, protocmp.Transform()); diff != "" {
 		t.Errorf("registration (-want +got):\n%s", diff)
+	}
+	if !socketName.MatchString(r.GetEndpoint()) {
+		t.Errorf("endpoint %q, want nri-gpu-nvidia.com-gpu-<id>.sock", r.GetEndpoint())
 	}
 
 	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, r.GetEndpoint()), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -217,10 +224,20 @@ func TestRun(t *testing.T) {
 		t.Errorf("after a change, list %v", got)
 	}
 
-	// kubelet restarts: it empties the directory and listens anew.
+	// kubelet restarts: it empties the directory and listens anew. The
+	// plugin registers again on a socket of another name: kubelet 1.37
+	// refuses a registration at a path whose earlier endpoint it did not
+	// see go away, and it does not always see it.
 	startKubelet(t, dir, regs)
-	if r := registration(t, regs); r.GetResourceName() != "nvidia.com/gpu" {
-		t.Errorf("registered again as %q", r.GetResourceName())
+	again := registration(t, regs)
+	if again.GetResourceName() != "nvidia.com/gpu" {
+		t.Errorf("registered again as %q", again.GetResourceName())
+	}
+	if again.GetEndpoint() == r.GetEndpoint() || !socketName.MatchString(again.GetEndpoint()) {
+		t.Errorf("registered again at %q, first at %q: want a new nri-gpu-nvidia.com-gpu-<id>.sock", again.GetEndpoint(), r.GetEndpoint())
+	}
+	if _, err := os.Stat(filepath.Join(dir, again.GetEndpoint())); err != nil {
+		t.Errorf("the new socket: %v", err)
 	}
 
 	cancel()

@@ -23,20 +23,15 @@ const gpuResource corev1.ResourceName = "nvidia.com/gpu"
 // (kubelet retries a failed creation with a back-off).
 const podWait = 90 * time.Second
 
-// nriLog returns what nri-gpu's container on node n has logged, read on
-// the node's containerd (the kubelets serve no logs: their server is
-// off).
+// nriLog returns what nri-gpu's container on node n has logged (the
+// kubelets serve no logs: their server is off).
 func nriLog(t *testing.T, n *harness.Node) string {
 	t.Helper()
-	id, err := n.Ctd.Crictl("ps", "-q", "--name", "^nri-gpu$", "--state", "running")
-	if err != nil || strings.TrimSpace(id) == "" {
-		t.Fatalf("%s: no running nri-gpu container: %v %s", n.Name, err, id)
+	p, ok := nriPods(t)[n.Name]
+	if !ok {
+		t.Fatalf("no nri-gpu pod on %s", n.Name)
 	}
-	out, err := n.Ctd.Crictl("logs", strings.Fields(id)[0])
-	if err != nil {
-		t.Fatalf("%s: crictl logs: %v", n.Name, err)
-	}
-	return out
+	return n.PodLog(nriNamespace, p.Name, "nri-gpu")
 }
 
 // allocatable returns node n's allocatable GPUs.
@@ -149,4 +144,9 @@ func gpusSeen(t *testing.T, p *corev1.Pod) []string {
 	return slices.DeleteFunc(strings.Fields(out), func(d string) bool {
 		return !strings.HasPrefix(d, "nvidia") || d == "nvidiactl"
 	})
+}
+
+// namespace is a Namespace object named name.
+func namespace(name string) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
 }

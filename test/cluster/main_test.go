@@ -81,6 +81,10 @@ func TestMain(m *testing.M) {
 	if code == 0 {
 		code = m.Run()
 	}
+	if err := uninstall(); err != nil {
+		fmt.Fprintf(os.Stderr, "cluster uninstall: %v\n", err)
+		code = 1
+	}
 	if err := teardown(); err != nil {
 		fmt.Fprintf(os.Stderr, "cluster teardown: %v\n", err)
 		code = 1
@@ -151,8 +155,32 @@ func setup() (int, error) {
 		"--values", env.values, "--wait", "--timeout", "3m"); err != nil {
 		return 1, fmt.Errorf("%w\n%s", err, nodeLogs())
 	}
+	if err := waitDaemonSetReady(2); err != nil {
+		return 1, fmt.Errorf("%w\n%s", err, nodeLogs())
+	}
 	fmt.Fprintf(os.Stderr, "cluster: nri-gpu installed and Ready on both nodes in %s\n", time.Since(start).Round(100*time.Millisecond))
 	return 0, nil
+}
+
+// waitDaemonSetReady waits until nri-gpu's DaemonSet has want pods, all
+// of the current template, each Ready.
+func waitDaemonSetReady(want int32) error {
+	ctx := context.Background()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		ds, err := env.client.AppsV1().DaemonSets(nriNamespace).Get(ctx, releaseName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		st := ds.Status
+		if st.ObservedGeneration == ds.Generation && st.DesiredNumberScheduled == want && st.UpdatedNumberScheduled == want && st.NumberReady == want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("nri-gpu's DaemonSet not Ready on %d nodes in 2m: %+v", want, st)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // nodeLogs is the end of each node's kubelet log, for a failure to show.
@@ -164,6 +192,32 @@ func nodeLogs() string {
 		}
 	}
 	return b.String()
+}
+
+// uninstall runs `helm uninstall` and checks that it leaves no nri-gpu
+// container running on either node.
+func uninstall() error {
+	if env.cluster == nil || env.b == nil {
+		return nil
+	}
+	if _, err := env.cluster.Helm(env.helm, "uninstall", releaseName, "--namespace", nriNamespace, "--wait", "--timeout", "2m"); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for _, n := range []*harness.Node{env.a, env.b} {
+		for {
+			out, err := n.Ctd.Crictl("ps", "-q", "--name", "^nri-gpu$")
+			if err == nil && strings.TrimSpace(out) == "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s: nri-gpu containers still running a minute after helm uninstall: %v %s", n.Name, err, out)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	fmt.Fprintln(os.Stderr, "cluster: helm uninstall left no nri-gpu container running")
+	return nil
 }
 
 func teardown() error {

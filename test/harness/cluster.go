@@ -77,18 +77,19 @@ func StartControlPlane(dir, bin string) (cp *ControlPlane, err error) {
 				"--service-account-private-key-file", filepath.Join(cp.pki.dir, "sa.key"),
 				"--root-ca-file", cp.pki.CAPath(),
 				"--use-service-account-credentials",
-				// No cloud and no pod CIDRs to hand out: each node's pod
-				// network is its own bridge (see Node).
-				"--controllers", "*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
+				// No pod CIDRs to hand out: each node's pod network is
+				// its own bridge (see Node).
+				"--controllers", "*,-nodeipam",
 			)
 		}
 		if _, err := cp.start(c.name, args...); err != nil {
 			return cp, err
 		}
 	}
-	// Pods can be created once their namespace's service account is.
+	// Pods can be created once their namespace's service account is,
+	// which the controller manager makes.
 	ctx := context.Background()
-	return cp, cp.procs[1].waitFor("default service account", 60*time.Second, func() error {
+	return cp, cp.procs[2].waitFor("default service account", 60*time.Second, func() error {
 		_, err := cp.Client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
 		return err
 	})

@@ -325,8 +325,7 @@ func run(timeout time.Duration, name string, args ...string) (string, error) {
 // Crictl runs crictl against this containerd.
 func (c *Containerd) Crictl(args ...string) (string, error) {
 	ep := "unix://" + c.Address
-	return run(60*time.Second, c.Tools.Path("crictl"),
-		append([]string{"--config", c.crictlConfig(), "--runtime-endpoint", ep, "--image-endpoint", ep, "--timeout", "30s"}, args...)...)
+	return c.run(c.Tools.Path("crictl"), append([]string{"--config", c.crictlConfig(), "--runtime-endpoint", ep, "--image-endpoint", ep, "--timeout", "30s"}, args...)...)
 }
 
 // crictlConfig returns an empty crictl config of this run, so that crictl
@@ -341,7 +340,14 @@ func (c *Containerd) crictlConfig() string {
 
 // Ctr runs ctr in the k8s.io namespace against this containerd.
 func (c *Containerd) Ctr(args ...string) (string, error) {
-	return run(60*time.Second, c.Tools.Path("ctr"), append([]string{"--address", c.Address, "-n", "k8s.io"}, args...)...)
+	return c.run(c.Tools.Path("ctr"), append([]string{"--address", c.Address, "-n", "k8s.io"}, args...)...)
+}
+
+// run runs a client of this containerd where containerd runs (after its
+// prefix: a node's mount namespace, where the paths it names are).
+func (c *Containerd) run(name string, args ...string) (string, error) {
+	argv := append(slices.Clone(c.prefix), name)
+	return run(60*time.Second, argv[0], append(argv[1:], args...)...)
 }
 
 // Pod describes a pod sandbox for crictl.

@@ -91,15 +91,20 @@ func mknodGPUs(dir string, n int) error {
 		nodes[fmt.Sprintf("nvidia%d", i)] = [2]uint32{NvidiaMajor, uint32(i)}
 	}
 	for name, num := range nodes {
-		path := filepath.Join(dir, name)
-		if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(num[0], num[1]))); err != nil {
-			return fmt.Errorf("mknod %s (needs root): %w", path, err)
-		}
-		if err := os.Chmod(path, 0o666); err != nil {
+		if err := mknod(filepath.Join(dir, name), num[0], num[1]); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// mknod makes a character device node major:minor at path, readable and
+// writable by all.
+func mknod(path string, major, minor uint32) error {
+	if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor))); err != nil {
+		return fmt.Errorf("mknod %s (needs root): %w", path, err)
+	}
+	return os.Chmod(path, 0o666)
 }
 
 // Kinds of the odd specs beside the GPU spec.

@@ -264,3 +264,26 @@ func (n *Node) Stop() error {
 	}
 	return errors.Join(errs...)
 }
+
+// PodLog returns what container of pod namespace/name on the node has
+// written (stdout and stderr, in the CRI log format), from the log files
+// kubelet keeps in the node's /var/log/pods.
+func (n *Node) PodLog(namespace, name, container string) string {
+	files, _ := filepath.Glob(filepath.Join(n.Dir, "var-log", "pods", namespace+"_"+name+"_*", container, "*.log"))
+	var out strings.Builder
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		out.Write(data)
+	}
+	return out.String()
+}
+
+// Dev returns the path, on the host, of the node's fake device node name
+// (what the node sees as NodeDevDir/name).
+func (n *Node) Dev(name string) string { return filepath.Join(n.Dir, "dev", name) }
+
+// RestoreGPU makes fake GPU i's device node again, after a test removed
+// it.
+func (n *Node) RestoreGPU(i int) error {
+	return mknod(n.Dev(fmt.Sprintf("nvidia%d", i)), NvidiaMajor, uint32(i))
+}

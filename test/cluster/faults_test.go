@@ -1,0 +1,176 @@
+package cluster
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/test/harness"
+)
+
+// A fault on a node (nri-gpu's pod deleted, the kubelet or containerd
+// restarted) leaves the node's running GPU pods with their devices (the
+// same containers, the same GPUs), gives no GPU to two pods, and new
+// pods are served again once nri-gpu is Ready. Each case ends with the
+// node as it began.
+func TestNodeFaults(t *testing.T) {
+	needCluster(t)
+	for _, tc := range []struct {
+		name  string
+		node  func() *harness.Node
+		fault func(t *testing.T, n *harness.Node)
+	}{
+		{"nri-gpu pod deleted", func() *harness.Node { return env.a }, func(t *testing.T, n *harness.Node) {
+			old := nriPods(t)[n.Name]
+			if err := env.client.CoreV1().Pods(nriNamespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			// The DaemonSet controller makes a new one.
+			testutil.Within(t, podWait, n.Name+": a new nri-gpu pod", func() bool {
+				p, ok := nriPods(t)[n.Name]
+				return ok && p.UID != old.UID
+			})
+		}},
+		{"kubelet restarted", func() *harness.Node { return env.b }, func(t *testing.T, n *harness.Node) {
+			n.StopKubelet()
+			if err := n.StartKubelet(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"containerd restarted", func() *harness.Node { return env.a }, func(t *testing.T, n *harness.Node) {
+			if err := n.Ctd.Restart(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := tc.node()
+			createPod(t, gpuPod("default", "running", 1, nil, n.Name))
+			before := waitRunning(t, "default", "running")
+			held := gpusSeen(t, before)
+
+			tc.fault(t, n)
+			if err := n.WaitReady(podWait); err != nil {
+				t.Fatal(err)
+			}
+			if err := waitDaemonSetReady(2); err != nil {
+				t.Fatal(err)
+			}
+
+			after := waitRunning(t, "default", "running")
+			if id := after.Status.ContainerStatuses[0].ContainerID; id != before.Status.ContainerStatuses[0].ContainerID {
+				t.Errorf("the GPU pod's container changed (%s, then %s)", before.Status.ContainerStatuses[0].ContainerID, id)
+			}
+			if seen := gpusSeen(t, after); !slices.Equal(seen, held) {
+				t.Errorf("the GPU pod sees %v after the fault, %v before", seen, held)
+			}
+			// nri-gpu still holds it: asked for by name, it is refused.
+			createPod(t, gpuPod("default", "by-name", 0, map[string]string{"gpus.nri-gpu.io": strings.TrimPrefix(held[0], "nvidia")}, n.Name))
+			refusedWith(t, "default", "by-name", "is held by pod default/running", "policy.exclusive")
+			deletePod(t, "default", "by-name")
+			// A new pod is served, with another GPU.
+			createPod(t, gpuPod("default", "new", 1, nil, n.Name))
+			if seen := gpusSeen(t, waitRunning(t, "default", "new")); len(seen) != 1 || seen[0] == held[0] {
+				t.Errorf("a new pod after the fault sees %v; want one GPU, not %v", seen, held)
+			}
+			noGPUTwice(t, n)
+		})
+	}
+}
+
+// TestNodeDown: with node-a's kubelet stopped and its pods deleted from
+// the API (nri-gpu's among them), node-b's GPU pods run on with their
+// GPUs, its allocatable is the same, and it serves a new pod. When
+// node-a's kubelet is back, with a new nri-gpu pod, node-a serves GPU
+// pods again.
+func TestNodeDown(t *testing.T) {
+	needCluster(t)
+	ctx := context.Background()
+	createPod(t, gpuPod("default", "on-a", 1, nil, env.a.Name))
+	waitRunning(t, "default", "on-a")
+	createPod(t, gpuPod("default", "on-b", 2, nil, env.b.Name))
+	onB := waitRunning(t, "default", "on-b")
+	heldB := gpusSeen(t, onB)
+
+	env.a.StopKubelet()
+	restarted := false
+	restart := func() {
+		if restarted {
+			return
+		}
+		restarted = true
+		if err := env.a.StartKubelet(); err != nil {
+			t.Fatal(err)
+		}
+		if err := env.a.WaitReady(podWait); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitDaemonSetReady(2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(restart)
+	// What an operator does with a dead node's pods: delete them at once.
+	for _, ns := range []string{"default", nriNamespace} {
+		pods, err := env.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + env.a.Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pods.Items {
+			if err := env.client.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	after := waitRunning(t, "default", "on-b")
+	if after.Status.ContainerStatuses[0].ContainerID != onB.Status.ContainerStatuses[0].ContainerID {
+		t.Errorf("node-b's GPU pod was restarted while node-a was down")
+	}
+	if seen := gpusSeen(t, after); !slices.Equal(seen, heldB) {
+		t.Errorf("node-b's GPU pod sees %v, %v before", seen, heldB)
+	}
+	if got := allocatable(t, env.b); got != int64(env.b.GPUs) {
+		t.Errorf("node-b's allocatable is %d with node-a down, want %d", got, env.b.GPUs)
+	}
+	createPod(t, gpuPod("default", "new-on-b", 2, nil, env.b.Name))
+	if seen := gpusSeen(t, waitRunning(t, "default", "new-on-b")); len(seen) != 2 || slices.ContainsFunc(seen, func(g string) bool { return slices.Contains(heldB, g) }) {
+		t.Errorf("a new pod on node-b sees %v; want two GPUs other than %v", seen, heldB)
+	}
+	noGPUTwice(t, env.b)
+
+	restart()
+	createPod(t, gpuPod("default", "back-on-a", 1, nil, ""))
+	createPod(t, gpuPod("default", "back-on-a-2", 1, nil, env.a.Name))
+	for _, name := range []string{"back-on-a", "back-on-a-2"} {
+		if seen := gpusSeen(t, waitRunning(t, "default", name)); len(seen) != 1 {
+			t.Errorf("%s sees %v once node-a is back, want one GPU", name, seen)
+		}
+	}
+	noGPUTwice(t, env.a)
+}
+
+// noGPUTwice checks that no two running pods of node n see one GPU.
+func noGPUTwice(t *testing.T, n *harness.Node) {
+	t.Helper()
+	pods, err := env.client.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	who := map[string]string{}
+	for i, p := range pods.Items {
+		if p.Namespace == nriNamespace || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		for _, g := range gpusSeen(t, &pods.Items[i]) {
+			if other, ok := who[g]; ok {
+				t.Errorf("%s: %s is seen by pods %s and %s/%s", n.Name, g, other, p.Namespace, p.Name)
+			}
+			who[g] = p.Namespace + "/" + p.Name
+		}
+	}
+}
