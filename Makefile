@@ -31,7 +31,7 @@ export NRI_GPU_REFERENCE_CONTAINERD := $(CONTAINERD2)
 # go-nvml's cgo bindings declare functions the NVML headers deprecate.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: mutation unit-long-tmpdir all build image test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
+.PHONY: cluster mutation unit-long-tmpdir all build image test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
 
 all: build
 
@@ -125,14 +125,22 @@ lint:
 # containerd 1.7.35, then again on 2.x and on an older 1.7. The end-to-end
 # tests need root; here they must run.
 test: lint e2e-tools
-	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 ./...
+	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/cluster)
+	$(MAKE) cluster
 	cd hack/image && $(GO) test -count=1 ./...
 	cd test/tools/helm && $(GO) test -count=1 ./...
-	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD2) $(GO) test -race -count=1 ./test/e2e/
-	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD17OLD) $(GO) test -race -count=1 ./test/e2e/
+	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD2) $(GO) test -race -count=1 -timeout 30m ./test/e2e/
+	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD17OLD) $(GO) test -race -count=1 -timeout 30m ./test/e2e/
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./pkg/...
 	$(MAKE) unit-long-tmpdir
 	$(MAKE) fuzz
+
+# The cluster tests: a control plane, two GPU nodes, nri-gpu installed
+# by its chart (test/cluster; started once for all its tests).
+# CLUSTER_RUN=TestName runs one of them.
+CLUSTER_RUN ?= .
+cluster: e2e-tools
+	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 -timeout 30m -run '$(CLUSTER_RUN)' ./test/cluster/
 
 # Unit and protocol tests under a TMPDIR longer than a unix socket path
 # may be: tests put their sockets in short directories of their own.

@@ -49,11 +49,12 @@ var (
 	_ stub.CreateContainerInterface = (*Plugin)(nil)
 	_ stub.StopPodInterface         = (*Plugin)(nil)
 	_ stub.RemovePodInterface       = (*Plugin)(nil)
+	_ stub.RemoveContainerInterface = (*Plugin)(nil)
 )
 
 // Plugin is nri-gpu's NRI plugin. It handles Configure, Synchronize,
-// CreateContainer, StopPodSandbox and RemovePodSandbox, all of which every
-// NRI-enabled containerd (1.7 on) knows, and ValidateContainerAdjustment
+// CreateContainer, RemoveContainer, StopPodSandbox and RemovePodSandbox,
+// all of which every NRI-enabled containerd (1.7 on) knows, and ValidateContainerAdjustment
 // where the runtime asks validators (NRI v0.10 on: containerd 2.2).
 type Plugin struct {
 	log logrus.FieldLogger
@@ -89,6 +90,9 @@ type Plugin struct {
 
 	// onHeld are called whenever what pods hold changes.
 	onHeld []func()
+	// recovered are the pods of the last Synchronize, whose end the
+	// runtime may tell only through their containers' removal.
+	recovered recovered
 
 	topologyOnce sync.Once
 	// topology is nil where NVML cannot be had.
@@ -360,6 +364,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	if err := p.alloc.Restore(st.policy, holdings); err != nil {
 		p.log.Warn(err)
 	}
+	p.recovered.reset(containers, func(id string) bool { _, ok := live[id]; return ok })
 	p.held()
 	p.setSynced(true)
 	for pod, devices := range p.alloc.Held() {
@@ -397,13 +402,25 @@ func foundIn(c *api.Container, candidates []specs.Device) []specs.Device {
 
 // StopPodSandbox releases the devices a pod held.
 func (p *Plugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.recovered.forget(pod.GetId())
 	p.release(pod)
 	return nil
 }
 
 // RemovePodSandbox releases the devices a pod held, if its stop did not.
 func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.recovered.forget(pod.GetId())
 	p.release(pod)
+	return nil
+}
+
+// RemoveContainer releases the devices of a pod the runtime reported at
+// Synchronize once its last container is removed: after the runtime
+// restarted, that is all it tells of the pod's end (see recovered).
+func (p *Plugin) RemoveContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	if p.recovered.remove(pod.GetId(), ctr.GetId()) {
+		p.release(pod)
+	}
 	return nil
 }
 
@@ -419,6 +436,9 @@ func (p *Plugin) release(pod *api.PodSandbox) {
 // creation saying why. A container that asks for nothing is left alone.
 func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	adj, _, err := p.Explain(pod, ctr)
+	if err == nil {
+		p.recovered.add(pod.GetId(), ctr.GetId())
+	}
 	return adj, nil, err
 }
 

@@ -948,3 +948,73 @@ func TestExclusiveByNodeIdentity(t *testing.T) {
 	}
 	testutil.ErrorSays(t, create("b", "example.com/b=y"), `device "example.com/b=y" is held by pod ns/a (as "example.com/a=x")`)
 }
+
+// TestRecoveredPodsReleasedByTheirContainers: containerd, restarted,
+// reports its running pods at Synchronize but never their StopPodSandbox
+// or RemovePodSandbox, only their containers' removal (seen on 1.7.35 on
+// the test cluster: a deleted pod's GPU stayed held, and every later pod
+// kubelet gave it was refused). A pod known from Synchronize releases its
+// devices when its last container is removed, not before; a pod of the
+// current connection keeps them until its sandbox stops.
+func TestRecoveredPodsReleasedByTheirContainers(t *testing.T) {
+	const cfg = "policy: {exclusive: true}"
+	r := runtime(t, cfg)
+	pod := func(name, gpu string) *api.PodSandbox {
+		return &api.PodSandbox{Id: "id-" + name, Name: name, Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": gpu}}
+	}
+	ctr := func(p *api.PodSandbox, name string) *api.Container {
+		return &api.Container{Id: p.Id + "-" + name, PodSandboxId: p.Id, Name: name, Linux: &api.LinuxContainer{}}
+	}
+	removeContainer := func(p *api.PodSandbox, c *api.Container) {
+		t.Helper()
+		if err := r.RemoveContainer(context.Background(), &adaptation.RemoveContainerRequest{Pod: p, Container: c}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	heldBy := func(gpu, holder string) {
+		t.Helper()
+		asker := pod("asker-"+gpu, gpu)
+		_, err := r.create(asker, ctr(asker, "main"))
+		if holder == "" {
+			if err != nil {
+				t.Errorf("GPU %s: %v, want it free", gpu, err)
+			}
+			r.removePod(t, asker)
+			return
+		}
+		if err == nil || !strings.Contains(err.Error(), "held by pod tenant/"+holder) {
+			t.Errorf("GPU %s: %v, want it held by %s", gpu, err, holder)
+		}
+	}
+	one, two := pod("one", "1"), pod("two", "0")
+	oneMain, twoMain, twoSide := ctr(one, "main"), ctr(two, "main"), ctr(two, "side")
+	for _, c := range []struct {
+		p *api.PodSandbox
+		c *api.Container
+	}{{one, oneMain}, {two, twoMain}, {two, twoSide}} {
+		if _, err := r.create(c.p, c.c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The runtime restarts: it reports the pods at Synchronize.
+	r.restart(t, cfg)
+	heldBy("1", "one")
+
+	removeContainer(one, oneMain)
+	heldBy("1", "")
+
+	removeContainer(two, twoMain)
+	heldBy("0", "two")
+	removeContainer(two, twoSide)
+	heldBy("0", "")
+
+	// A pod of this connection: a container removed (a restart's old
+	// one) leaves its devices held.
+	three := pod("three", "1")
+	first := ctr(three, "first")
+	if _, err := r.create(three, first); err != nil {
+		t.Fatal(err)
+	}
+	removeContainer(three, first)
+	heldBy("1", "three")
+}

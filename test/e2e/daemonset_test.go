@@ -56,6 +56,9 @@ func daemonSetPod(t *testing.T, host map[string]string, dir string) map[string]a
 	spec := pod["spec"].(map[string]any)
 	// The test's containerd has no CNI: the pod shares the node's network.
 	spec["hostNetwork"] = true
+	// A static pod may not name a service account; the pod mounts no
+	// token anyway (the cluster tests run it with its account).
+	delete(spec, "serviceAccountName")
 	for _, v := range spec["volumes"].([]any) {
 		vol := v.(map[string]any)
 		switch {

@@ -9,6 +9,7 @@ package helm
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -29,6 +30,7 @@ const chartDir = "../../../deploy/helm/nri-gpu"
 type rendered struct {
 	daemonSet      appsv1.DaemonSet
 	configMap      corev1.ConfigMap
+	serviceAccount *corev1.ServiceAccount
 	service        *corev1.Service
 	serviceMonitor map[string]any
 }
@@ -71,6 +73,9 @@ func render(t *testing.T, valuesFile string) rendered {
 		case "Service":
 			r.service = &corev1.Service{}
 			into = r.service
+		case "ServiceAccount":
+			r.serviceAccount = &corev1.ServiceAccount{}
+			into = r.serviceAccount
 		case "ServiceMonitor":
 			into = &r.serviceMonitor
 		default:
@@ -142,6 +147,8 @@ func TestDefaultValuesMatchTheTestedDaemonSet(t *testing.T) {
 		{"image", wc.Image, gc.Image},
 		{"volumes", want.Volumes, got.Volumes},
 		{"priority class", want.PriorityClassName, got.PriorityClassName},
+		{"service account", want.ServiceAccountName, got.ServiceAccountName},
+		{"service-account token", want.AutomountServiceAccountToken, got.AutomountServiceAccountToken},
 		{"tolerations", want.Tolerations, got.Tolerations},
 		{"update strategy", ds.Spec.UpdateStrategy, r.daemonSet.Spec.UpdateStrategy},
 		{"nri-gpu's own toleration of a missing nri-gpu", ds.Spec.Template.Annotations["tolerate-missing-plugins.nri-gpu.io"],
@@ -175,5 +182,67 @@ func TestMultiTenantValues(t *testing.T) {
 	}
 	if env := c.Env; len(env) < 2 || env[1].Value != "json" {
 		t.Errorf("env %+v: want NRI_GPU_LOG_FORMAT=json", env)
+	}
+}
+
+// TestSpecDirsMounted: each directory of config.cdiSpecDirs is mounted
+// at its own path from the same host path, read-only, but for the last
+// when nri-gpu generates specs into it: a directory set in the values is
+// one nri-gpu can read.
+func TestSpecDirsMounted(t *testing.T) {
+	for _, tc := range []struct {
+		name, values string
+		dirs         []string
+		writable     string
+	}{
+		{"default", "", []string{"/etc/cdi", "/var/run/cdi"}, ""},
+		{"one of the operator's", "ci/spec-dirs-values.yaml", []string{"/etc/cdi", "/opt/vendor/cdi"}, ""},
+		{"generating into the last", "ci/generate-values.yaml", []string{"/etc/cdi", "/var/run/cdi"}, "/var/run/cdi"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := render(t, tc.values)
+			if got := parseConfig(t, r.configMap).CDISpecDirs; !slices.Equal(got, tc.dirs) {
+				t.Fatalf("cdiSpecDirs %v, want %v", got, tc.dirs)
+			}
+			spec := r.daemonSet.Spec.Template.Spec
+			hostPath := map[string]string{}
+			for _, v := range spec.Volumes {
+				if v.HostPath != nil {
+					hostPath[v.Name] = v.HostPath.Path
+				}
+			}
+			mounted := map[string]bool{}
+			for _, m := range spec.Containers[0].VolumeMounts {
+				if !slices.Contains(tc.dirs, m.MountPath) {
+					continue
+				}
+				mounted[m.MountPath] = true
+				if hostPath[m.Name] != m.MountPath {
+					t.Errorf("%s is mounted from host path %q", m.MountPath, hostPath[m.Name])
+				}
+				if m.ReadOnly == (m.MountPath == tc.writable) {
+					t.Errorf("%s mounted read-only: %v", m.MountPath, m.ReadOnly)
+				}
+			}
+			for _, d := range tc.dirs {
+				if !mounted[d] {
+					t.Errorf("spec dir %s is not mounted", d)
+				}
+			}
+		})
+	}
+}
+
+// TestNoToken: the chart's ServiceAccount, and its pod, mount no token,
+// and the chart grants it no access (it makes no Role, ClusterRole or
+// binding: render fails on any kind it does not expect).
+func TestNoToken(t *testing.T) {
+	r := render(t, "")
+	if r.serviceAccount == nil || r.serviceAccount.AutomountServiceAccountToken == nil || *r.serviceAccount.AutomountServiceAccountToken {
+		t.Errorf("ServiceAccount %+v: want one with automountServiceAccountToken false", r.serviceAccount)
+	}
+	spec := r.daemonSet.Spec.Template.Spec
+	if spec.ServiceAccountName != r.serviceAccount.Name || spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		t.Errorf("pod service account %q (automount %v), want %q without a token", spec.ServiceAccountName, spec.AutomountServiceAccountToken, r.serviceAccount.Name)
 	}
 }
