@@ -37,10 +37,15 @@ func TestNodeFaults(t *testing.T) {
 			})
 		}},
 		{"kubelet restarted", func() *harness.Node { return env.b }, func(t *testing.T, n *harness.Node) {
+			registered := strings.Count(nriLog(t, n), "registered with kubelet")
 			n.StopKubelet()
 			if err := n.StartKubelet(); err != nil {
 				t.Fatal(err)
 			}
+			// nri-gpu sees kubelet's new socket and registers again.
+			testutil.Within(t, podWait, "nri-gpu's device plugin registered again", func() bool {
+				return strings.Count(nriLog(t, n), "registered with kubelet") > registered
+			})
 		}},
 		{"containerd restarted", func() *harness.Node { return env.a }, func(t *testing.T, n *harness.Node) {
 			if err := n.Ctd.Restart(); err != nil {
@@ -113,6 +118,11 @@ func TestNodeDown(t *testing.T) {
 		if err := waitDaemonSetReady(2); err != nil {
 			t.Fatal(err)
 		}
+		// kubelet admits no GPU pod until nri-gpu's device plugin is
+		// registered with it again (it fails them: UnexpectedAdmissionError).
+		testutil.Within(t, podWait, "nri-gpu's device plugin registered with node-a's new kubelet", func() bool {
+			return strings.Contains(nriLog(t, env.a), "registered with kubelet")
+		})
 	}
 	t.Cleanup(restart)
 	// What an operator does with a dead node's pods: delete them at once.

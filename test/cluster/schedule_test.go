@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -39,10 +40,15 @@ func TestDeploymentPlacedByGPUs(t *testing.T) {
 	t.Cleanup(func() { deleteDeployment(t, dep.Name, labels) })
 
 	var pods []corev1.Pod
-	testutil.Within(t, 2*podWait, "6 running GPU pods", func() bool {
+	for deadline := time.Now().Add(2 * podWait); ; time.Sleep(200 * time.Millisecond) {
 		pods = labelled(t, labels)
-		return len(pods) == 6 && len(slices.DeleteFunc(slices.Clone(pods), func(p corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })) == 0
-	})
+		if len(pods) == 6 && !slices.ContainsFunc(pods, func(p corev1.Pod) bool { return p.Status.Phase != corev1.PodRunning }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not 6 running GPU pods in %s:\n%s", 2*podWait, describe(pods))
+		}
+	}
 	perNode := map[string][]string{}
 	for i := range pods {
 		seen := gpusSeen(t, &pods[i])
@@ -142,4 +148,25 @@ func deleteDeployment(t *testing.T, name string, labels map[string]string) {
 		deletePod(t, "default", p.Name)
 	}
 	testutil.Within(t, 60*time.Second, "the Deployment's pods gone", func() bool { return len(labelled(t, labels)) == 0 })
+}
+
+// describe says, a line per pod, where each runs and in which state, as
+// `kubectl get pods -o wide` and the pods' conditions do.
+func describe(pods []corev1.Pod) string {
+	var b strings.Builder
+	for _, p := range pods {
+		fmt.Fprintf(&b, "%s on %q: %s %s %s", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.Reason, p.Status.Message)
+		for _, c := range p.Status.ContainerStatuses {
+			if w := c.State.Waiting; w != nil {
+				fmt.Fprintf(&b, "; %s waiting: %s %s", c.Name, w.Reason, w.Message)
+			}
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Status != corev1.ConditionTrue {
+				fmt.Fprintf(&b, "; %s %s: %s", c.Type, c.Reason, c.Message)
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }
