@@ -2,7 +2,8 @@
 // writes BENCHMARKS.md: the request path, the NRI protocol round trip
 // against a no-op plugin, crictl create end to end on containerd 1.7 with
 // no plugin, with containerd's own CDI and with nri-gpu (interleaved), spec
-// load and refresh times, and the plugin's memory. `make bench` runs it.
+// load and refresh times, the plugin's memory, and pod start on a real
+// cluster with nri-gpu and with containerd's own CDI injecting. `make bench` runs it.
 package main
 
 import (
@@ -22,7 +23,8 @@ func main() {
 		goBench = flag.String("go-bench", "", "output of go test -bench for the request path and spec loads")
 		out     = flag.String("out", "BENCHMARKS.md", "file to write")
 		e2eRuns = flag.Int("e2e-runs", 40, "crictl create runs per setup")
-		only    = flag.String("only", "", "run only this section (request, protocol, specs, memory, e2e) and print it; for profiling")
+		rounds  = flag.Int("cluster-rounds", 10, "batches of pods of each kind on the cluster")
+		only    = flag.String("only", "", "run only this section (request, protocol, specs, memory, e2e, cluster) and print it; for profiling")
 	)
 	flag.Parse()
 	r := &report{}
@@ -35,6 +37,7 @@ func main() {
 		{"specs", func() { r.specs(*goBench) }},
 		{"memory", r.memory},
 		{"e2e", func() { r.endToEnd(*e2eRuns) }},
+		{"cluster", func() { r.cluster(*rounds) }},
 	}
 	if *only != "" {
 		for _, s := range sections {
