@@ -22,8 +22,10 @@ import (
 type clusterKind struct {
 	name string
 	node string // the node (by its hostname label) it must land on
-	gpus int64
-	ds   []time.Duration
+	// other, when set, is the node every second pod of the kind lands on.
+	other string
+	gpus  int64
+	ds    []time.Duration
 }
 
 // clusterBatch is how many pods of each kind are created at once: every
@@ -46,7 +48,7 @@ func (r *report) cluster(rounds int) {
 		return
 	}
 	r.printf("Kubernetes v1.37.2 (etcd, API server, scheduler, controller manager and two kubelets), nodes on containerd %s with CDI on and 4 fake GPUs each, nri-gpu installed by its Helm chart on both with `nvidia.com/gpu` as a device-plugin resource. "+
-		"%d rounds; each creates a batch of %d pods of each kind at once, interleaved, and waits until all run. The time is from the create call to the watch seeing the pod Running.\n\n", containerd2Version(), rounds, clusterBatch)
+		"%d rounds after one of warm-up; each creates a batch of %d pods of each kind at once, interleaved (each kind first in turn; the pods without GPUs half on each node), and waits until all run. The time is from the create call to the watch seeing the pod Running.\n\n", containerd2Version(), rounds, clusterBatch)
 	r.printf("| pods | median | p90 |\n|---|---|---|\n")
 	for _, k := range kinds {
 		r.printf("| %s | %s | %s |\n", k.name, ms(percentile(k.ds, 50)), ms(percentile(k.ds, 90)))
@@ -113,7 +115,8 @@ func (r *report) runCluster(rounds int) ([]*clusterKind, error) {
 	kinds := []*clusterKind{
 		{name: "GPU pods, nri-gpu injecting (`cdiDevices: annotations`)", node: "bench-nri", gpus: 1},
 		{name: "GPU pods, containerd's own CDI injecting (`cdiDevices: cri`)", node: "bench-cdi", gpus: 1},
-		{name: "pods without GPUs", node: "bench-nri"},
+		// Half on each node: both nodes start as many pods a round.
+		{name: "pods without GPUs", node: "bench-nri", other: "bench-cdi"},
 	}
 	for _, n := range []struct{ name, mode string }{{"bench-nri", "annotations"}, {"bench-cdi", "cri"}} {
 		if _, err := c.AddNode(harness.NodeOptions{Name: n.name, Tools: tools, GPUs: clusterBatch, EnableCDI: true,
@@ -124,7 +127,7 @@ func (r *report) runCluster(rounds int) ([]*clusterKind, error) {
 		if err := os.WriteFile(values, []byte(fmt.Sprintf(clusterValues, n.name, harness.NodeSpecDir, n.mode)), 0o644); err != nil {
 			return nil, err
 		}
-		if _, err := c.Helm(os.Getenv(harness.HelmEnv), "install", "nri-gpu-"+n.mode, "../../deploy/helm/nri-gpu", "--namespace", "nri-gpu",
+		if _, err := c.Helm(os.Getenv(harness.HelmEnv), "install", "nri-gpu-"+n.mode, "deploy/helm/nri-gpu", "--namespace", "nri-gpu",
 			"--create-namespace", "--values", values, "--wait", "--timeout", "3m"); err != nil {
 			return nil, err
 		}
@@ -205,13 +208,20 @@ func startBatch(c *harness.Cluster, kinds []*clusterKind, round int) ([][]time.D
 	}()
 	var names []string
 	for i := 0; i < clusterBatch; i++ {
-		for k, kind := range kinds {
+		// Each kind goes first in turn, so that none is always created
+		// before the others.
+		for j := range kinds {
+			k := (j + round + i) % len(kinds)
+			node := kinds[k].node
+			if kinds[k].other != "" && i%2 == 1 {
+				node = kinds[k].other
+			}
 			name := fmt.Sprintf("r%d-k%d-%d", round, k, i)
 			names = append(names, name)
 			mu.Lock()
 			created[name], kindOf[name] = time.Now(), k
 			mu.Unlock()
-			if _, err := pods.Create(ctx, benchPod(name, kind), metav1.CreateOptions{}); err != nil {
+			if _, err := pods.Create(ctx, benchPod(name, node, kinds[k].gpus), metav1.CreateOptions{}); err != nil {
 				return nil, err
 			}
 		}
@@ -228,14 +238,14 @@ func startBatch(c *harness.Cluster, kinds []*clusterKind, round int) ([][]time.D
 		}
 	}
 	// The next round starts on idle nodes: the pods are gone from the API,
-	// and their sandboxes from the nodes (kubelet stops them a moment
-	// after the API lets go of them; until then nri-gpu holds their
-	// devices).
+	// and their sandboxes stopped on the nodes (kubelet stops them a
+	// moment after the API lets go of them; until then nri-gpu holds
+	// their devices).
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
 		list, err := pods.List(context.Background(), metav1.ListOptions{})
 		idle := err == nil && len(list.Items) == 0
 		for _, n := range c.Nodes {
-			out, err := n.Ctd.Crictl("pods", "-q", "--namespace", "default")
+			out, err := n.Ctd.Crictl("pods", "-q", "--namespace", "default", "--state", "ready")
 			idle = idle && err == nil && strings.TrimSpace(out) == ""
 		}
 		if idle {
@@ -248,19 +258,18 @@ func startBatch(c *harness.Cluster, kinds []*clusterKind, round int) ([][]time.D
 	return ds, nil
 }
 
-// benchPod is a pod of kind: the test image sleeping, on the kind's node,
-// asking for its GPUs.
-func benchPod(name string, k *clusterKind) *corev1.Pod {
+// benchPod is a pod of the test image sleeping, on node, asking for gpus.
+func benchPod(name, node string, gpus int64) *corev1.Pod {
 	ctr := corev1.Container{Name: "main", Image: harness.ImageRef, ImagePullPolicy: corev1.PullNever, Command: []string{"/bin/sleep", "3600"}}
-	if k.gpus > 0 {
-		ctr.Resources.Limits = corev1.ResourceList{"nvidia.com/gpu": *resource.NewQuantity(k.gpus, resource.DecimalSI)}
+	if gpus > 0 {
+		ctr.Resources.Limits = corev1.ResourceList{"nvidia.com/gpu": *resource.NewQuantity(gpus, resource.DecimalSI)}
 	}
 	zero, no := int64(0), false
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 		Spec: corev1.PodSpec{
 			Containers:                    []corev1.Container{ctr},
-			NodeSelector:                  map[string]string{"kubernetes.io/hostname": k.node},
+			NodeSelector:                  map[string]string{"kubernetes.io/hostname": node},
 			TerminationGracePeriodSeconds: &zero,
 			AutomountServiceAccountToken:  &no,
 		},
