@@ -23,7 +23,7 @@ func main() {
 		goBench = flag.String("go-bench", "", "output of go test -bench for the request path and spec loads")
 		out     = flag.String("out", "BENCHMARKS.md", "file to write")
 		e2eRuns = flag.Int("e2e-runs", 40, "crictl create runs per setup")
-		rounds  = flag.Int("cluster-rounds", 10, "batches of pods of each kind on the cluster")
+		rounds  = flag.Int("cluster-rounds", 20, "batches of pods of each kind on the cluster")
 		only    = flag.String("only", "", "run only this section (request, protocol, specs, memory, e2e, cluster) and print it; for profiling")
 	)
 	flag.Parse()

@@ -73,6 +73,7 @@ logLevel: debug
 `
 
 func TestMain(m *testing.M) {
+	before := harness.Host()
 	code, err := setup()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "cluster setup: %v\n", err)
@@ -88,6 +89,14 @@ func TestMain(m *testing.M) {
 	if err := teardown(); err != nil {
 		fmt.Fprintf(os.Stderr, "cluster teardown: %v\n", err)
 		code = 1
+	}
+	// Nothing of the machine's is changed: sysctls, a node's paths,
+	// cgroups, bridges.
+	if changes := harness.Host().Changes(before); env.skip == "" && len(changes) > 0 {
+		fmt.Fprintf(os.Stderr, "cluster: the run changed the machine:\n%s\n", strings.Join(changes, "\n"))
+		code = 1
+	} else if env.skip == "" {
+		fmt.Fprintln(os.Stderr, "cluster: the machine's sysctls, node paths, cgroups and bridges are as before")
 	}
 	os.Exit(code)
 }

@@ -1,0 +1,61 @@
+package harness
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// HostState is what a test's kubelets, containerds and CNI plugins could
+// change on the machine if they were not contained: the sysctls they
+// write, the paths a node has, this process's cgroups and the nodes'
+// bridges. Two of them taken before and after a run must be equal.
+type HostState map[string]string
+
+// hostPaths are paths of a real node, which no test may make.
+var hostPaths = []string{"/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/etc/cdi", "/var/run/cdi", "/run/nri", "/run/nri-gpu", NodeDevDir}
+
+// Host reads the machine's HostState.
+func Host() HostState {
+	s := HostState{}
+	for _, sc := range nodeSysctls {
+		v, err := os.ReadFile(filepath.Join("/proc/sys", sc))
+		s["sysctl "+sc] = strings.TrimSpace(string(v)) + errString(err)
+	}
+	for _, p := range hostPaths {
+		_, err := os.Lstat(p)
+		s["path "+p] = fmt.Sprint(err == nil)
+	}
+	cgroups, _ := filepath.Glob(fmt.Sprintf("/sys/fs/cgroup/*/nri-gpu-e2e-%d-*", os.Getpid()))
+	v2, _ := filepath.Glob(fmt.Sprintf("/sys/fs/cgroup/nri-gpu-e2e-%d-*", os.Getpid()))
+	s["cgroups"] = strings.Join(append(cgroups, v2...), " ")
+	var bridges []string
+	ifaces, _ := net.Interfaces()
+	for _, i := range ifaces {
+		if strings.HasPrefix(i.Name, "nrigpu") {
+			bridges = append(bridges, i.Name)
+		}
+	}
+	s["bridges"] = strings.Join(bridges, " ")
+	return s
+}
+
+func errString(err error) string {
+	if err != nil {
+		return " (" + err.Error() + ")"
+	}
+	return ""
+}
+
+// Changes says how s differs from before, one line per difference.
+func (s HostState) Changes(before HostState) []string {
+	var out []string
+	for k, v := range s {
+		if before[k] != v {
+			out = append(out, fmt.Sprintf("%s: %q before, %q after", k, before[k], v))
+		}
+	}
+	return out
+}
