@@ -4,11 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -38,8 +36,7 @@ type Kubelet struct {
 	binary     string
 	ctd        *Containerd
 	cgroupRoot string
-	cmd        *exec.Cmd
-	done       chan error
+	proc       *process
 }
 
 // kubeletSysctls are the sysctls kubelet sets on start: inside its mount
@@ -176,12 +173,7 @@ func makeCgroup(path string) error {
 	return nil
 }
 
-func (k *Kubelet) start() error {
-	logFile, err := os.OpenFile(k.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logFile.Close()
+func (k *Kubelet) start() (err error) {
 	args := []string{"--mount", "--propagation", "slave", "sh", "-c", fmt.Sprintf(kubeletScript, strings.Join(kubeletSysctls, " ")), "sh", k.Dir, k.VarLib,
 		k.binary,
 		"--config", filepath.Join(k.Dir, "config.yaml"),
@@ -191,45 +183,15 @@ func (k *Kubelet) start() error {
 		"--hostname-override", k.Node,
 		"--v", "2",
 	}
-	k.cmd = exec.Command("unshare", args...)
-	k.cmd.Stdout, k.cmd.Stderr = logFile, logFile
-	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := k.cmd.Start(); err != nil {
-		return fmt.Errorf("starting kubelet: %w", err)
-	}
-	k.done = make(chan error, 1)
-	go func(cmd *exec.Cmd, done chan error) { done <- cmd.Wait() }(k.cmd, k.done)
-	return nil
+	k.proc, err = startProcess("kubelet", k.LogPath, append([]string{"unshare"}, args...)...)
+	return err
 }
 
 // running reports whether kubelet's process has not exited.
-func (k *Kubelet) running() bool {
-	if k.done == nil {
-		return false
-	}
-	select {
-	case err := <-k.done:
-		k.done <- err
-		return false
-	default:
-		return true
-	}
-}
+func (k *Kubelet) running() bool { return k.proc.Running() }
 
 // stop ends kubelet's process (SIGTERM, then SIGKILL), leaving its pods.
-func (k *Kubelet) stop() {
-	if !k.running() {
-		return
-	}
-	_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case err := <-k.done:
-		k.done <- err
-	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
-		k.done <- <-k.done
-	}
-}
+func (k *Kubelet) stop() { k.proc.Stop(10 * time.Second) }
 
 // Restart stops kubelet and starts it again, its pods left running, as
 // an upgrade or a crash and restart by systemd does.
