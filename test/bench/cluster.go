@@ -10,7 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
@@ -133,7 +132,7 @@ func (r *report) runCluster(rounds int) ([]*clusterKind, error) {
 		}
 	}
 	for _, n := range c.Nodes {
-		if err := waitAllocatable(c, n.Name, clusterBatch); err != nil {
+		if err := n.WaitAllocatable(clusterBatch, 2*time.Minute); err != nil {
 			return nil, err
 		}
 	}
@@ -150,23 +149,6 @@ func (r *report) runCluster(rounds int) ([]*clusterKind, error) {
 		}
 	}
 	return kinds, nil
-}
-
-// waitAllocatable waits until node name's status offers want GPUs.
-func waitAllocatable(c *harness.Cluster, name string, want int64) error {
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		node, err := c.Client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
-		if err == nil {
-			if q := node.Status.Allocatable["nvidia.com/gpu"]; q.Value() == want {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: not %d allocatable GPUs in 2m (%v)", name, want, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 // startBatch creates clusterBatch pods of each kind, one of each in turn,
@@ -260,18 +242,7 @@ func startBatch(c *harness.Cluster, kinds []*clusterKind, round int) ([][]time.D
 
 // benchPod is a pod of the test image sleeping, on node, asking for gpus.
 func benchPod(name, node string, gpus int64) *corev1.Pod {
-	ctr := corev1.Container{Name: "main", Image: harness.ImageRef, ImagePullPolicy: corev1.PullNever, Command: []string{"/bin/sleep", "3600"}}
-	if gpus > 0 {
-		ctr.Resources.Limits = corev1.ResourceList{"nvidia.com/gpu": *resource.NewQuantity(gpus, resource.DecimalSI)}
-	}
-	zero, no := int64(0), false
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec: corev1.PodSpec{
-			Containers:                    []corev1.Container{ctr},
-			NodeSelector:                  map[string]string{"kubernetes.io/hostname": node},
-			TerminationGracePeriodSeconds: &zero,
-			AutomountServiceAccountToken:  &no,
-		},
-	}
+	p := harness.SleepPod("default", name, gpus)
+	p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": node}
+	return p
 }

@@ -2,22 +2,17 @@ package cluster
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
-
-// gpuResource is the device-plugin resource of the suite's values.
-const gpuResource corev1.ResourceName = "nvidia.com/gpu"
 
 // podWait is how long a pod may take to be scheduled, created and run
 // (kubelet retries a failed creation with a back-off).
@@ -37,44 +32,28 @@ func nriLog(t *testing.T, n *harness.Node) string {
 // allocatable returns node n's allocatable GPUs.
 func allocatable(t *testing.T, n *harness.Node) int64 {
 	t.Helper()
-	node, err := env.client.CoreV1().Nodes().Get(context.Background(), n.Name, metav1.GetOptions{})
+	got, err := n.Allocatable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := node.Status.Allocatable[gpuResource]
-	return q.Value()
+	return got
 }
 
 // waitAllocatable waits until node n's status shows want allocatable
 // GPUs.
 func waitAllocatable(t *testing.T, n *harness.Node, want int) {
 	t.Helper()
-	testutil.Within(t, 60*time.Second, fmt.Sprintf("%s: %d allocatable %s", n.Name, want, gpuResource), func() bool {
-		return allocatable(t, n) == int64(want)
-	})
+	if err := n.WaitAllocatable(int64(want), 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // gpuPod is a pod of the test image, sleeping; limit asks for that many
 // device-plugin GPUs; node, when set, pins it to a node.
 func gpuPod(namespace, name string, limit int, annotations map[string]string, node string) *corev1.Pod {
-	ctr := corev1.Container{
-		Name:            "main",
-		Image:           harness.ImageRef,
-		ImagePullPolicy: corev1.PullNever,
-		Command:         []string{"/bin/sleep", "3600"},
-	}
-	if limit > 0 {
-		ctr.Resources.Limits = corev1.ResourceList{gpuResource: *resource.NewQuantity(int64(limit), resource.DecimalSI)}
-	}
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Annotations: annotations},
-		Spec: corev1.PodSpec{
-			Containers:                    []corev1.Container{ctr},
-			NodeName:                      node,
-			TerminationGracePeriodSeconds: new(int64),
-			AutomountServiceAccountToken:  new(bool),
-		},
-	}
+	p := harness.SleepPod(namespace, name, int64(limit))
+	p.Annotations, p.Spec.NodeName = annotations, node
+	return p
 }
 
 // createPod creates p, deleted (at once) when the test ends.

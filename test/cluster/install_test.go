@@ -79,7 +79,7 @@ func TestNodeCapacity(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c := node.Status.Capacity[gpuResource]; c.Value() != int64(n.GPUs) {
+		if c := node.Status.Capacity[harness.GPUResource]; c.Value() != int64(n.GPUs) {
 			t.Errorf("%s: capacity %s, want %d", n.Name, c.String(), n.GPUs)
 		}
 	}

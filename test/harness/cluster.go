@@ -211,15 +211,6 @@ func (cp *ControlPlane) Stop() {
 	}
 }
 
-// Logs says where each component's log is, for a failing test to show.
-func (cp *ControlPlane) Logs() map[string]string {
-	logs := map[string]string{}
-	for _, p := range cp.procs {
-		logs[p.name] = p.LogPath
-	}
-	return logs
-}
-
 // KubeconfigFor issues a client certificate for user cn in the groups
 // orgs and writes a kubeconfig with it, named name.
 func (cp *ControlPlane) KubeconfigFor(name, cn string, orgs ...string) (string, error) {

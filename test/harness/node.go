@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -286,4 +287,46 @@ func (n *Node) Dev(name string) string { return filepath.Join(n.Dir, "dev", name
 // it.
 func (n *Node) RestoreGPU(i int) error {
 	return mknod(n.Dev(fmt.Sprintf("nvidia%d", i)), NvidiaMajor, uint32(i))
+}
+
+// GPUResource is the device-plugin resource the cluster's nri-gpu offers.
+const GPUResource corev1.ResourceName = "nvidia.com/gpu"
+
+// Allocatable returns how many GPUResource the node's status offers.
+func (n *Node) Allocatable() (int64, error) {
+	node, err := n.cp.Client.CoreV1().Nodes().Get(context.Background(), n.Name, metav1.GetOptions{})
+	if err != nil {
+		return 0, err
+	}
+	q := node.Status.Allocatable[GPUResource]
+	return q.Value(), nil
+}
+
+// WaitAllocatable waits until the node's status offers want GPUs.
+func (n *Node) WaitAllocatable(want int64, timeout time.Duration) error {
+	return n.kubelet.waitFor(fmt.Sprintf("%d allocatable %s", want, GPUResource), timeout, func() error {
+		got, err := n.Allocatable()
+		if err == nil && got != want {
+			err = fmt.Errorf("%d allocatable", got)
+		}
+		return err
+	})
+}
+
+// SleepPod is a pod of the test image sleeping, asking for gpus of
+// GPUResource (none when 0), deleted at once when asked to and with no
+// service-account token.
+func SleepPod(namespace, name string, gpus int64) *corev1.Pod {
+	ctr := corev1.Container{Name: "main", Image: ImageRef, ImagePullPolicy: corev1.PullNever, Command: []string{"/bin/sleep", "3600"}}
+	if gpus > 0 {
+		ctr.Resources.Limits = corev1.ResourceList{GPUResource: *resource.NewQuantity(gpus, resource.DecimalSI)}
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: corev1.PodSpec{
+			Containers:                    []corev1.Container{ctr},
+			TerminationGracePeriodSeconds: new(int64),
+			AutomountServiceAccountToken:  new(bool),
+		},
+	}
 }
