@@ -13,9 +13,11 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 )
 
@@ -75,6 +77,37 @@ type Config struct {
 	Policy Policy `yaml:"policy"`
 	// DevicePlugin has nri-gpu serve kubelet's device-plugin API too.
 	DevicePlugin DevicePlugin `yaml:"devicePlugin"`
+	// DRA has nri-gpu serve as a Dynamic Resource Allocation driver too.
+	DRA DRA `yaml:"dra"`
+}
+
+// DRA is the dra block of the configuration: nri-gpu as a Dynamic
+// Resource Allocation driver (kubelet's DRA plugin API, ResourceSlices
+// published through the API server). It is read at start: a change takes
+// a restart.
+type DRA struct {
+	// Enabled turns the driver on; it is off by default.
+	Enabled bool `yaml:"enabled"`
+	// DriverName is the driver's name, which DeviceClasses select and
+	// ResourceSlices carry: a DNS subdomain.
+	DriverName string `yaml:"driverName"`
+	// Kinds are the CDI kinds whose devices the driver offers; the
+	// default kind by default.
+	Kinds []string `yaml:"kinds"`
+	// Devices are globs over the device names within the kinds, as a
+	// device-plugin resource's are.
+	Devices []string `yaml:"devices"`
+	// NodeName is the Kubernetes node nri-gpu runs on; empty takes the
+	// NODE_NAME environment variable.
+	NodeName string `yaml:"nodeName"`
+	// Kubeconfig is the kubeconfig file to reach the API server with;
+	// empty uses the pod's service account (in-cluster).
+	Kubeconfig string `yaml:"kubeconfig"`
+	// PluginDir is kubelet's plugins directory: the driver's socket and
+	// files go in PluginDir/DriverName.
+	PluginDir string `yaml:"pluginDir"`
+	// RegistryDir is kubelet's plugin registration directory.
+	RegistryDir string `yaml:"registryDir"`
 }
 
 // CDIDevices says how a device plugin hands kubelet's allocation to the
@@ -156,6 +189,9 @@ var (
 	DefaultKubeletDir       = "/var/lib/kubelet/device-plugins"
 	DefaultHealthInterval   = 10 * time.Second
 	DefaultResourceDevices  = []string{"*"}
+	DefaultDRADriverName    = "gpu.nri-gpu.io"
+	DefaultDRAPluginDir     = "/var/lib/kubelet/plugins"
+	DefaultDRARegistryDir   = "/var/lib/kubelet/plugins_registry"
 )
 
 // Default returns the configuration used when none is given.
@@ -251,6 +287,22 @@ func (c *Config) setDefaults() {
 			r.Devices = append([]string(nil), DefaultResourceDevices...)
 		}
 	}
+	r := &c.DRA
+	if r.DriverName == "" {
+		r.DriverName = DefaultDRADriverName
+	}
+	if r.Kinds == nil {
+		r.Kinds = []string{c.DefaultKind}
+	}
+	if r.Devices == nil {
+		r.Devices = append([]string(nil), DefaultResourceDevices...)
+	}
+	if r.PluginDir == "" {
+		r.PluginDir = DefaultDRAPluginDir
+	}
+	if r.RegistryDir == "" {
+		r.RegistryDir = DefaultDRARegistryDir
+	}
 	p := &c.Policy
 	if p.Namespaces == nil {
 		p.Namespaces = append([]string(nil), DefaultNamespaces...)
@@ -311,7 +363,42 @@ func (c *Config) problems() []error {
 		errs = append(errs, fmt.Errorf("driverRoot: %q is not an absolute path", c.DriverRoot))
 	}
 	errs = append(errs, c.Policy.validate()...)
+	errs = append(errs, c.DRA.validate()...)
 	return append(errs, c.DevicePlugin.validate()...)
+}
+
+func (d *DRA) validate() []error {
+	var errs []error
+	if msgs := validation.IsDNS1123Subdomain(d.DriverName); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("dra.driverName: %q is not a DNS subdomain: %s", d.DriverName, strings.Join(msgs, "; ")))
+	}
+	if len(d.Kinds) == 0 {
+		errs = append(errs, errors.New("dra.kinds: at least one CDI kind is needed"))
+	}
+	for _, k := range d.Kinds {
+		if _, _, err := ParseKind(k); err != nil {
+			errs = append(errs, fmt.Errorf("dra.kinds: %w", err))
+		}
+	}
+	for _, g := range d.Devices {
+		if _, err := path.Match(g, ""); err != nil {
+			errs = append(errs, fmt.Errorf("dra.devices: glob %q: %w", g, err))
+		}
+	}
+	if d.NodeName != "" {
+		if msgs := validation.IsDNS1123Subdomain(d.NodeName); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("dra.nodeName: %q is not a node name: %s", d.NodeName, strings.Join(msgs, "; ")))
+		}
+	}
+	if d.Kubeconfig != "" && !filepath.IsAbs(d.Kubeconfig) {
+		errs = append(errs, fmt.Errorf("dra.kubeconfig: %q is not an absolute path", d.Kubeconfig))
+	}
+	for key, dir := range map[string]string{"dra.pluginDir": d.PluginDir, "dra.registryDir": d.RegistryDir} {
+		if !filepath.IsAbs(dir) {
+			errs = append(errs, fmt.Errorf("%s: %q is not an absolute path", key, dir))
+		}
+	}
+	return errs
 }
 
 func (d *DevicePlugin) validate() []error {

@@ -31,6 +31,10 @@ func TestParse(t *testing.T) {
 			HookPaths:  []string{"/usr/bin/nvidia-cdi-hook", "/usr/bin/nvidia-ctk"},
 		},
 		DevicePlugin: config.DevicePlugin{KubeletDir: "/var/lib/kubelet/device-plugins", CDIDevices: config.CDIAnnotations},
+		DRA: config.DRA{
+			DriverName: "gpu.nri-gpu.io", Kinds: []string{"nvidia.com/gpu"}, Devices: []string{"*"},
+			PluginDir: "/var/lib/kubelet/plugins", RegistryDir: "/var/lib/kubelet/plugins_registry",
+		},
 	}
 	tests := []struct {
 		name    string
@@ -70,6 +74,15 @@ devicePlugin:
   - name: example.com/fpga-half
     kind: example.com/fpga
     devices: ["*:*"]
+dra:
+  enabled: true
+  driverName: fpga.example.com
+  kinds: [example.com/fpga, example.com/nic]
+  devices: ["[0-9]*"]
+  nodeName: node-1
+  kubeconfig: /etc/nri-gpu/kubeconfig
+  pluginDir: /var/lib/k3s/plugins
+  registryDir: /var/lib/k3s/plugins_registry
 `,
 			want: &config.Config{
 				CDISpecDirs:         []string{"/etc/cdi"},
@@ -93,6 +106,11 @@ devicePlugin:
 						{Name: "example.com/fpga", Kind: "example.com/fpga", Devices: []string{"*"}},
 						{Name: "example.com/fpga-half", Kind: "example.com/fpga", Devices: []string{"*:*"}},
 					},
+				},
+				DRA: config.DRA{
+					Enabled: true, DriverName: "fpga.example.com", Kinds: []string{"example.com/fpga", "example.com/nic"},
+					Devices: []string{"[0-9]*"}, NodeName: "node-1", Kubeconfig: "/etc/nri-gpu/kubeconfig",
+					PluginDir: "/var/lib/k3s/plugins", RegistryDir: "/var/lib/k3s/plugins_registry",
 				},
 			},
 		},
@@ -118,6 +136,14 @@ devicePlugin:
 		{name: "negative health interval", yaml: "healthInterval: -1s\n", wantErr: []string{"healthInterval: -1s is not positive"}},
 		{name: "negative recovery", yaml: "healthRecoverAfter: -1m\n", wantErr: []string{"healthRecoverAfter: -1m0s is negative"}},
 		{name: "unknown annotation key", yaml: "annotationKeys: [gpu.example.com]\n", wantErr: []string{`annotationKeys: "gpu.example.com" is neither "gpus.nri-gpu.io" nor "nvidia.cdi.k8s.io"`}},
+		{name: "bad driver name", yaml: "dra:\n  driverName: GPU_driver\n", wantErr: []string{`dra.driverName: "GPU_driver" is not a DNS subdomain`}},
+		{name: "no DRA kinds", yaml: "dra:\n  kinds: []\n", wantErr: []string{"dra.kinds: at least one CDI kind"}},
+		{name: "bad DRA kind", yaml: "dra:\n  kinds: [gpu]\n", wantErr: []string{`dra.kinds: kind "gpu" is not of the form vendor/class`}},
+		{name: "bad DRA glob", yaml: "dra:\n  devices: ['[']\n", wantErr: []string{`dra.devices: glob "["`}},
+		{name: "bad node name", yaml: "dra:\n  nodeName: Node_1\n", wantErr: []string{`dra.nodeName: "Node_1" is not a node name`}},
+		{name: "relative kubeconfig", yaml: "dra:\n  kubeconfig: kubeconfig\n", wantErr: []string{`dra.kubeconfig: "kubeconfig" is not an absolute path`}},
+		{name: "relative plugin dir", yaml: "dra:\n  pluginDir: plugins\n", wantErr: []string{`dra.pluginDir: "plugins" is not an absolute path`}},
+		{name: "relative registry dir", yaml: "dra:\n  registryDir: reg\n", wantErr: []string{`dra.registryDir: "reg" is not an absolute path`}},
 		{name: "two documents", yaml: "defaultKind: a.com/b\n---\ndefaultKind: c.com/d\n", wantErr: []string{"more than one YAML document"}},
 		{
 			name:    "all problems at once",

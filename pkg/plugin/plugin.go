@@ -64,6 +64,14 @@ type Plugin struct {
 	alloc *policy.Allocations
 	// saved keeps alloc across restarts; nil when there is no state file.
 	saved *stateFile
+	// pending are the pods' holdings read from saved at start, until the
+	// first Synchronize tells which of their pods still run; restoring
+	// says they are still pending.
+	pending   []policy.Holding
+	restoring bool
+	// claims tells which prepared DRA claims a container uses; nil
+	// without DRA.
+	claims ClaimFinder
 
 	mu sync.RWMutex
 	st *state
@@ -127,7 +135,29 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 		return nil, err
 	}
 	p.st = st
+	if p.saved != nil {
+		pods, claims, err := p.saved.load()
+		if err != nil {
+			p.log.Warnf("what pods held is rebuilt from their containers' device nodes only: %v", err)
+		}
+		if err := p.alloc.RestoreClaims(st.policy, claims); err != nil {
+			p.log.Warn(err)
+		}
+		for _, c := range claims {
+			p.log.WithFields(logrus.Fields{"namespace": c.Claim.Namespace, "claim": c.Claim.Name, "devices": strings.Join(claimNames(c), ",")}).
+				Info("restored devices held by prepared DRA claim")
+		}
+		p.pending, p.restoring = pods, true
+	}
 	return p, nil
+}
+
+func claimNames(c policy.ClaimHolding) []string {
+	var out []string
+	for _, d := range c.Devices {
+		out = append(out, d.Name)
+	}
+	return out
 }
 
 func (p *Plugin) newState(cfg *config.Config) (*state, error) {
@@ -339,16 +369,10 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		}
 	}
 	var holdings []policy.Holding
-	if p.saved != nil {
-		saved, err := p.saved.load()
-		if err != nil {
-			p.log.Warnf("what pods held is rebuilt from their containers' device nodes only: %v", err)
-		}
-		for _, h := range saved {
-			if pod, ok := live[h.Pod.ID]; ok {
-				h.Pod = pod
-				holdings = append(holdings, h)
-			}
+	for _, h := range p.known() {
+		if pod, ok := live[h.Pod.ID]; ok {
+			h.Pod = pod
+			holdings = append(holdings, h)
 		}
 	}
 	candidates := st.specs.Snapshot().Candidates(st.cfg.DefaultKind)
@@ -576,7 +600,11 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 	if err != nil {
 		return nil, policy.Grant{}, err
 	}
-	if ask.Empty() {
+	claims, claimed, err := p.claimDevices(pod, ctr)
+	if err != nil {
+		return nil, policy.Grant{}, err
+	}
+	if ask.Empty() && len(claimed) == 0 {
 		return scrub(ctr), policy.Grant{}, nil
 	}
 	podRef := podOf(pod)
@@ -591,7 +619,23 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		fromKubelet []string
 		errs        []error
 	)
+	// The devices of the claims the container uses are the claims'
+	// holdings: injected (unless the runtime did), not held again.
+	for _, d := range claimed {
+		e, err := st.resolve(snap, d.Name)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("DRA claim device %q: %w", d.Name, err))
+			continue
+		}
+		named = append(named, e)
+		if slices.Contains(cdiDeviceNames(ctr), d.Name) || injectedByRuntime(e, ctr) {
+			injected = append(injected, e.Device)
+		}
+	}
 	for _, r := range ask.Requests {
+		if r.Source == policy.SourceRuntime && slices.ContainsFunc(claimed, func(d specs.Device) bool { return d.Name == r.Device }) {
+			continue // a claim's, above
+		}
 		if r.FromKubelet() {
 			fromKubelet = append(fromKubelet, r.Device)
 		}
@@ -634,10 +678,13 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 	if ask.Count > 1 {
 		choice.Links = p.links()
 	}
-	grant, err := p.alloc.Admit(st.policy, podRef, footprints, ask.Count, choice, fromKubelet)
-	if err != nil {
-		return nil, policy.Grant{}, err
+	grant := policy.Grant{Pod: podRef}
+	if len(footprints) > 0 || ask.Count > 0 {
+		if grant, err = p.alloc.Admit(st.policy, podRef, footprints, ask.Count, choice, fromKubelet, claims...); err != nil {
+			return nil, policy.Grant{}, err
+		}
 	}
+	grant.Devices = append(grant.Devices, claimed...)
 	res, err := st.build(snap, named, injected, grant, ctr, rt)
 	if err != nil {
 		p.alloc.Revert(grant)
@@ -725,11 +772,36 @@ func (st *state) buildOptions(snap *specs.Snapshot, injected []*cdi.Device, ctr 
 	}
 }
 
+// known returns what pods hold as far as the plugin knows: what the
+// state file said at start, until the first Synchronize; then the pool's.
+// It ends the pending state.
+func (p *Plugin) known() []policy.Holding {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.restoring {
+		p.restoring = false
+		return p.pending
+	}
+	return p.alloc.Holdings()
+}
+
+// record returns what the state file keeps: the pods' holdings (those
+// read at start, while they are pending) and the prepared claims.
+func (p *Plugin) record() ([]policy.Holding, []policy.ClaimHolding) {
+	p.mu.RLock()
+	pending, restoring := p.pending, p.restoring
+	p.mu.RUnlock()
+	if restoring {
+		return pending, p.alloc.Claims()
+	}
+	return p.alloc.Holdings(), p.alloc.Claims()
+}
+
 // held records what pods hold: in the state file, and in the
 // devices-held metric.
 func (p *Plugin) held() {
 	if p.saved != nil {
-		if err := p.saved.save(p.alloc.Holdings); err != nil {
+		if err := p.saved.save(p.record); err != nil {
 			p.log.Errorf("what pods hold is not kept for a restart: %v", err)
 		}
 	}

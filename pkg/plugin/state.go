@@ -41,6 +41,21 @@ type stateFile struct {
 type stateRecord struct {
 	Version int         `json:"version"`
 	Pods    []podRecord `json:"pods"`
+	// Claims are the DRA claims prepared on the node.
+	Claims []claimRecord `json:"claims,omitempty"`
+}
+
+type claimRecord struct {
+	UID       string              `json:"uid"`
+	Namespace string              `json:"namespace"`
+	Name      string              `json:"name"`
+	Pods      []string            `json:"pods,omitempty"`
+	Devices   []claimDeviceRecord `json:"devices"`
+}
+
+type claimDeviceRecord struct {
+	deviceRecord
+	Requests []string `json:"requests,omitempty"`
 }
 
 type podRecord struct {
@@ -60,18 +75,26 @@ type deviceRecord struct {
 
 const stateVersion = 1
 
-// save writes what holdings returns, unless it is what was last
-// written. holdings is called under the file's lock, so that of two
-// saves at once the later one writes the later state.
-func (f *stateFile) save(holdings func() []policy.Holding) error {
+// save writes what held returns, unless it is what was last written.
+// held is called under the file's lock, so that of two saves at once the
+// later one writes the later state.
+func (f *stateFile) save(held func() ([]policy.Holding, []policy.ClaimHolding)) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	rec := stateRecord{Version: stateVersion, Pods: []podRecord{}}
-	for _, h := range holdings() {
+	pods, claims := held()
+	for _, h := range pods {
 		rec.Pods = append(rec.Pods, podRecord{
 			ID: h.Pod.ID, Namespace: h.Pod.Namespace, Name: h.Pod.Name,
 			Named: deviceRecords(h.Named), Counted: deviceRecords(h.Counted), Kubelet: h.Kubelet,
 		})
+	}
+	for _, c := range claims {
+		r := claimRecord{UID: c.Claim.UID, Namespace: c.Claim.Namespace, Name: c.Claim.Name, Pods: c.Claim.Pods}
+		for _, d := range c.Devices {
+			r.Devices = append(r.Devices, claimDeviceRecord{deviceRecord{Name: d.Name, Nodes: d.Nodes}, d.Requests})
+		}
+		rec.Claims = append(rec.Claims, r)
 	}
 	data, err := json.Marshal(rec)
 	if err != nil {
@@ -107,42 +130,42 @@ func writeAtomic(path string, data []byte) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-// load reads the holdings saved. A missing file holds nothing. A file the
+// load reads the holdings and claims saved. A missing file holds nothing. A file the
 // plugin's user does not own, that others may write, that is not a
 // regular file or is too big is not read (errStateUntrusted).
-func (f *stateFile) load() ([]policy.Holding, error) {
+func (f *stateFile) load() ([]policy.Holding, []policy.ClaimHolding, error) {
 	file, err := os.OpenFile(f.path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("state file %s: %w", f.path, err)
+		return nil, nil, fmt.Errorf("state file %s: %w", f.path, err)
 	}
 	defer file.Close()
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(file.Fd()), &st); err != nil {
-		return nil, fmt.Errorf("state file %s: %w", f.path, err)
+		return nil, nil, fmt.Errorf("state file %s: %w", f.path, err)
 	}
 	switch {
 	case st.Mode&syscall.S_IFMT != syscall.S_IFREG:
-		return nil, fmt.Errorf("state file %s: %w: not a regular file", f.path, errStateUntrusted)
+		return nil, nil, fmt.Errorf("state file %s: %w: not a regular file", f.path, errStateUntrusted)
 	case int(st.Uid) != os.Geteuid():
-		return nil, fmt.Errorf("state file %s: %w: owned by uid %d, not the plugin's %d", f.path, errStateUntrusted, st.Uid, os.Geteuid())
+		return nil, nil, fmt.Errorf("state file %s: %w: owned by uid %d, not the plugin's %d", f.path, errStateUntrusted, st.Uid, os.Geteuid())
 	case st.Mode&0o022 != 0:
-		return nil, fmt.Errorf("state file %s: %w: writable by group or others (mode %#o)", f.path, errStateUntrusted, st.Mode&0o777)
+		return nil, nil, fmt.Errorf("state file %s: %w: writable by group or others (mode %#o)", f.path, errStateUntrusted, st.Mode&0o777)
 	case st.Size > maxStateSize:
-		return nil, fmt.Errorf("state file %s: %w: %d bytes, more than %d", f.path, errStateUntrusted, st.Size, maxStateSize)
+		return nil, nil, fmt.Errorf("state file %s: %w: %d bytes, more than %d", f.path, errStateUntrusted, st.Size, maxStateSize)
 	}
 	data, err := io.ReadAll(io.LimitReader(file, maxStateSize))
 	if err != nil {
-		return nil, fmt.Errorf("state file %s: %w", f.path, err)
+		return nil, nil, fmt.Errorf("state file %s: %w", f.path, err)
 	}
 	var rec stateRecord
 	if err := json.Unmarshal(data, &rec); err != nil {
-		return nil, fmt.Errorf("state file %s: %w", f.path, err)
+		return nil, nil, fmt.Errorf("state file %s: %w", f.path, err)
 	}
 	if rec.Version != stateVersion {
-		return nil, fmt.Errorf("state file %s: version %d, want %d", f.path, rec.Version, stateVersion)
+		return nil, nil, fmt.Errorf("state file %s: version %d, want %d", f.path, rec.Version, stateVersion)
 	}
 	out := make([]policy.Holding, 0, len(rec.Pods))
 	for _, r := range rec.Pods {
@@ -151,7 +174,15 @@ func (f *stateFile) load() ([]policy.Holding, error) {
 			Named: devices(r.Named), Counted: devices(r.Counted), Kubelet: r.Kubelet,
 		})
 	}
-	return out, nil
+	var claims []policy.ClaimHolding
+	for _, r := range rec.Claims {
+		c := policy.ClaimHolding{Claim: policy.Claim{UID: r.UID, Namespace: r.Namespace, Name: r.Name, Pods: r.Pods}}
+		for _, d := range r.Devices {
+			c.Devices = append(c.Devices, policy.ClaimDevice{Device: specs.Device{Name: d.Name, Nodes: d.Nodes}, Requests: d.Requests})
+		}
+		claims = append(claims, c)
+	}
+	return out, claims, nil
 }
 
 func deviceRecords(devs []specs.Device) []deviceRecord {

@@ -27,7 +27,11 @@ func TestStateFileRoundTrip(t *testing.T) {
 			Named:   []specs.Device{{Name: "vendor.com/dev=x"}, {Name: "nvidia.com/gpu=2", Nodes: []string{"c 195:2"}}},
 			Kubelet: []string{"nvidia.com/gpu=2"}},
 	}
-	if err := f.save(func() []policy.Holding { return holdings }); err != nil {
+	claims := []policy.ClaimHolding{{
+		Claim:   policy.Claim{UID: "uid-1", Namespace: "ns", Name: "c", Pods: []string{"ns/a", "ns/b"}},
+		Devices: []policy.ClaimDevice{{Device: specs.Device{Name: "nvidia.com/gpu=3", Nodes: []string{"c 195:3"}}, Requests: []string{"gpu"}}},
+	}}
+	if err := f.save(func() ([]policy.Holding, []policy.ClaimHolding) { return holdings, claims }); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := os.Stat(f.path)
@@ -37,19 +41,22 @@ func TestStateFileRoundTrip(t *testing.T) {
 	if fi.Mode().Perm()&0o077 != 0 {
 		t.Errorf("state file mode %v, want it readable by its owner only", fi.Mode())
 	}
-	got, err := (&stateFile{path: f.path}).load()
+	got, gotClaims, err := (&stateFile{path: f.path}).load()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(got, holdings) {
 		t.Errorf("loaded %+v, want %+v", got, holdings)
 	}
+	if !reflect.DeepEqual(gotClaims, claims) {
+		t.Errorf("loaded claims %+v, want %+v", gotClaims, claims)
+	}
 	// Released: nothing held, and that is what a restart finds.
-	if err := f.save(func() []policy.Holding { return nil }); err != nil {
+	if err := f.save(func() ([]policy.Holding, []policy.ClaimHolding) { return nil, nil }); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := f.load(); err != nil || len(got) != 0 {
-		t.Errorf("after saving no holdings, loaded %v, %v", got, err)
+	if got, gotClaims, err := f.load(); err != nil || len(got) != 0 || len(gotClaims) != 0 {
+		t.Errorf("after saving no holdings, loaded %v, %v, %v", got, gotClaims, err)
 	}
 	entries, _ := os.ReadDir(filepath.Dir(f.path))
 	if len(entries) != 1 {
@@ -110,7 +117,7 @@ func TestStateFileTrust(t *testing.T) {
 				got []policy.Holding
 				err error
 			)
-			go func() { defer close(done); got, err = (&stateFile{path: path}).load() }()
+			go func() { defer close(done); got, _, err = (&stateFile{path: path}).load() }()
 			select {
 			case <-done:
 			case <-time.After(5 * time.Second):
@@ -161,17 +168,17 @@ func TestStateFileLastSaveWins(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			n.Add(1) // the state changes, then it is saved
-			if err := f.save(func() []policy.Holding {
+			if err := f.save(func() ([]policy.Holding, []policy.ClaimHolding) {
 				id := fmt.Sprint(n.Load())
 				time.Sleep(time.Millisecond) // a slow read of the state
-				return []policy.Holding{{Pod: policy.Pod{ID: id}}}
+				return []policy.Holding{{Pod: policy.Pod{ID: id}}}, nil
 			}); err != nil {
 				t.Error(err)
 			}
 		}()
 	}
 	wg.Wait()
-	got, err := f.load()
+	got, _, err := f.load()
 	if err != nil || len(got) != 1 || got[0].Pod.ID != "64" {
 		t.Errorf("after 64 changes saved at once, the file holds %v, %v; want the last state", got, err)
 	}

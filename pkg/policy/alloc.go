@@ -21,6 +21,8 @@ import (
 type Allocations struct {
 	mu   sync.Mutex
 	pods map[string]*holding
+	// claims are the DRA claims prepared on the node, by UID.
+	claims map[string]*claimHolding
 }
 
 // holding is what one pod holds.
@@ -37,7 +39,7 @@ func (h *holding) all() []specs.Device { return append(slices.Clone(h.named), h.
 
 // NewAllocations returns empty allocations.
 func NewAllocations() *Allocations {
-	return &Allocations{pods: map[string]*holding{}}
+	return &Allocations{pods: map[string]*holding{}, claims: map[string]*claimHolding{}}
 }
 
 // Grant is what Admit gives a container.
@@ -90,8 +92,10 @@ type Choice struct {
 // a pod's count request is answered with the same devices every time.
 // fromKubelet names those of the named devices that kubelet allocated the
 // pod (through a device plugin), which kubelet accounts for itself;
-// Withheld leaves them out.
-func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int, ch Choice, fromKubelet []string) (Grant, error) {
+// Withheld leaves them out. claims are the UIDs of the prepared DRA
+// claims the container uses: the devices they hold are the pod's to use,
+// and stay the claims' holdings (they are not among named).
+func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int, ch Choice, fromKubelet []string, claims ...string) (Grant, error) {
 	candidates := ch.Candidates
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -108,9 +112,9 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 				continue
 			}
 		}
-		if other, held := a.heldByOther(pod.ID, d, p.exclusive); held != nil {
-			errs = append(errs, deny(RuleExclusive, fmt.Errorf("%w: device %q is held by pod %s (as %q)%s",
-				ErrDenied, d.Name, other, held.Name, heldHint(p.exclusive, other))))
+		if other, held := a.heldByOther(pod.ID, d, p.exclusive, claims); held != nil {
+			errs = append(errs, deny(RuleExclusive, fmt.Errorf("%w: device %q is held by %s (as %q)%s",
+				ErrDenied, d.Name, other, held.Name, other.hint(p.exclusive))))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -121,13 +125,13 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 	var considered Considered
 	if count > 0 && counted == nil {
 		var err error
-		if counted, score, considered, err = a.choose(p, pod.ID, count, ch); err != nil {
+		if counted, score, considered, err = a.choose(p, pod.ID, count, ch, claims); err != nil {
 			return Grant{}, err
 		}
 	}
 
 	if p.max > 0 {
-		all := slices.Concat(own.named, own.counted, named, counted)
+		all := slices.Concat(own.named, own.counted, named, counted, a.claimDevices(claims))
 		if n := units(all, candidates); n > p.max {
 			return Grant{}, deny(RuleMax, fmt.Errorf("%w: pod %s would hold %d devices, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
 				ErrDenied, pod, n, p.max))
@@ -172,24 +176,53 @@ func (a *Allocations) Revert(g Grant) {
 	}
 }
 
-func heldHint(exclusive bool, other Pod) string {
-	if exclusive {
-		return fmt.Sprintf(" and policy.exclusive is true; it is free again when pod %s is removed", other)
-	}
-	return fmt.Sprintf(", which got it for a count request; it is free again when pod %s is removed", other)
+// holder is who holds a device: a pod, or a DRA claim.
+type holder struct {
+	pod   Pod
+	claim *Claim
 }
 
-// heldByOther returns a pod other than podID holding a device that
-// overlaps d, and the device it holds. Counted devices always count;
-// named ones only when exclusive.
-func (a *Allocations) heldByOther(podID string, d specs.Device, exclusive bool) (Pod, *specs.Device) {
+func (h holder) String() string {
+	if h.claim != nil {
+		return h.claim.String()
+	}
+	return "pod " + h.pod.String()
+}
+
+// hint says when the device is free again, and why it is not shared.
+func (h holder) hint(exclusive bool) string {
+	switch {
+	case h.claim != nil:
+		return "; a device allocated to a claim serves the pods that use the claim only; it is free again when kubelet unprepares the claim (its pods removed)"
+	case exclusive:
+		return fmt.Sprintf(" and policy.exclusive is true; it is free again when pod %s is removed", h.pod)
+	}
+	return fmt.Sprintf(", which got it for a count request; it is free again when pod %s is removed", h.pod)
+}
+
+// heldByOther returns who, other than pod podID and the claims it uses,
+// holds a device that overlaps d, and the device it holds. Counted
+// devices and claims' devices always count; named ones only when
+// exclusive.
+func (a *Allocations) heldByOther(podID string, d specs.Device, exclusive bool, uses []string) (holder, *specs.Device) {
+	for _, uid := range slices.Sorted(maps.Keys(a.claims)) {
+		c := a.claims[uid]
+		if slices.Contains(uses, uid) {
+			continue
+		}
+		for i := range c.devices {
+			if overlaps(c.devices[i].Device, d) {
+				return holder{claim: &c.claim}, &c.devices[i].Device
+			}
+		}
+	}
 	for id, h := range a.pods {
 		if id == podID {
 			continue
 		}
 		for i := range h.counted {
 			if overlaps(h.counted[i], d) {
-				return h.pod, &h.counted[i]
+				return holder{pod: h.pod}, &h.counted[i]
 			}
 		}
 		if !exclusive {
@@ -197,18 +230,18 @@ func (a *Allocations) heldByOther(podID string, d specs.Device, exclusive bool) 
 		}
 		for i := range h.named {
 			if overlaps(h.named[i], d) {
-				return h.pod, &h.named[i]
+				return holder{pod: h.pod}, &h.named[i]
 			}
 		}
 	}
-	return Pod{}, nil
+	return holder{}, nil
 }
 
 // choose picks count free candidates that ch.Usable accepts, one name
 // per device: the first in order, or, for more than one device where
 // ch.Links is known, the set whose pairs score highest (ties keep spec
 // order). It returns them and their score.
-func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]specs.Device, int, Considered, error) {
+func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses []string) ([]specs.Device, int, Considered, error) {
 	var (
 		free, seen []specs.Device
 		unusable   []error
@@ -227,9 +260,9 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice) ([]s
 		}
 		seen = append(seen, c)
 		// A device held by another pod in any way is not free.
-		if other, h := a.heldByOther(podID, c, true); h != nil {
+		if other, h := a.heldByOther(podID, c, true, uses); h != nil {
 			held++
-			passed = append(passed, Passed{c.Name, "held by pod " + other.String()})
+			passed = append(passed, Passed{c.Name, "held by " + other.String()})
 			continue
 		}
 		if ch.Unhealthy != nil {
@@ -469,11 +502,27 @@ func (a *Allocations) check(p *Policy) error {
 	}
 	ids := slices.Sorted(maps.Keys(a.pods))
 	type owner struct {
-		pod     Pod
+		who     string
+		id      string
 		device  string
 		counted bool
 	}
 	byNode := map[string][]owner{}
+	// A claim's devices are its own, as a count grant's are.
+	for _, uid := range slices.Sorted(maps.Keys(a.claims)) {
+		c := a.claims[uid]
+		for _, d := range c.devices {
+			if !p.Allowed(d.Name) {
+				report("%s holds %q, which policy.devices does not allow (any more)", c.claim, d.Name)
+			}
+			for _, n := range d.Nodes {
+				for _, o := range byNode[n] {
+					report("%s (%q) and %s (%q) both hold %s", o.who, o.device, c.claim, d.Name, n)
+				}
+				byNode[n] = append(byNode[n], owner{c.claim.String(), "claim:" + uid, d.Name, true})
+			}
+		}
+	}
 	for _, id := range ids {
 		h := a.pods[id]
 		for _, d := range h.all() {
@@ -485,11 +534,11 @@ func (a *Allocations) check(p *Policy) error {
 			counted := i >= len(h.named)
 			for _, n := range d.Nodes {
 				for _, o := range byNode[n] {
-					if o.pod.ID != id && (counted || o.counted || p.exclusive) {
-						report("pods %s (%q) and %s (%q) both hold %s", o.pod, o.device, h.pod, d.Name, n)
+					if o.id != id && (counted || o.counted || p.exclusive) {
+						report("%s (%q) and pod %s (%q) both hold %s", o.who, o.device, h.pod, d.Name, n)
 					}
 				}
-				byNode[n] = append(byNode[n], owner{h.pod, d.Name, counted})
+				byNode[n] = append(byNode[n], owner{"pod " + h.pod.String(), id, d.Name, counted})
 			}
 		}
 	}
@@ -519,12 +568,18 @@ func (a *Allocations) Holdings() []Holding {
 }
 
 // Withheld returns the devices pods hold that kubelet did not allocate
-// them (annotation requests, count requests): a device plugin must not
-// offer kubelet any device that overlaps one of them.
+// them through a device plugin (annotation requests, count requests, DRA
+// claims): a device plugin must not offer kubelet any device that
+// overlaps one of them.
 func (a *Allocations) Withheld() []specs.Device {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var out []specs.Device
+	for _, c := range a.claims {
+		for _, d := range c.devices {
+			out = append(out, d.Device)
+		}
+	}
 	for _, h := range a.pods {
 		var fromKubelet []specs.Device
 		for _, d := range h.named {
@@ -561,13 +616,16 @@ func (a *Allocations) Held() map[Pod][]string {
 	return out
 }
 
-// Count returns how many device names all pods hold together.
+// Count returns how many device names all pods and claims hold together.
 func (a *Allocations) Count() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n := 0
 	for _, h := range a.pods {
 		n += len(h.named) + len(h.counted)
+	}
+	for _, c := range a.claims {
+		n += len(c.devices)
 	}
 	return n
 }

@@ -245,7 +245,7 @@ func TestRestoreChecks(t *testing.T) {
 			{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
 			{Pod: pod("b"), Named: []specs.Device{byName["GPU-0"]}},
 		},
-		wantError: []string{`pods ns/a ("nvidia.com/gpu=0") and ns/b ("nvidia.com/gpu=GPU-0") both hold /dev/nvidia0`},
+		wantError: []string{`pod ns/a ("nvidia.com/gpu=0") and pod ns/b ("nvidia.com/gpu=GPU-0") both hold /dev/nvidia0`},
 	}, {
 		name:   "counted by one, named by another",
 		policy: config.Policy{Devices: config.DefaultDevices},
@@ -253,7 +253,7 @@ func TestRestoreChecks(t *testing.T) {
 			{Pod: pod("a"), Counted: []specs.Device{byName["1"]}},
 			{Pod: pod("b"), Named: []specs.Device{byName["all"]}},
 		},
-		wantError: []string{"pods ns/a", "ns/b", "both hold /dev/nvidia1"},
+		wantError: []string{"pod ns/a", "ns/b", "both hold /dev/nvidia1"},
 	}, {
 		name:   "one pod, by name and by count",
 		policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true},

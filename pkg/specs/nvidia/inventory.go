@@ -5,9 +5,21 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
+	nvdevice "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
+
+// pciAddress writes an NVML bus ID ("00000000:3b:00.0") as sysfs names
+// the device ("0000:3b:00.0").
+func pciAddress(id string) string {
+	domain, rest, ok := strings.Cut(id, ":")
+	if !ok || len(domain) <= 4 {
+		return id
+	}
+	return domain[len(domain)-4:] + ":" + rest
+}
 
 // ErrNVML is wrapped by the error for NVML being unavailable: no driver,
 // or no libnvidia-ml.
@@ -28,6 +40,12 @@ type GPU struct {
 	// Minor is the minor number of /dev/nvidia<Minor>.
 	Minor int
 	Model string
+	// Brand, Architecture and CUDAComputeCapability ("9.0") are as NVML
+	// names them; empty where NVML does not tell.
+	Brand, Architecture, CUDAComputeCapability string
+	// PCIBusID is the GPU's PCI address ("0000:3b:00.0"); empty where
+	// NVML does not tell.
+	PCIBusID string
 	// MemoryBytes is the total memory.
 	MemoryBytes uint64
 	// MIGEnabled says whether MIG mode is on (current mode).
@@ -88,6 +106,15 @@ func discoverGPU(lib nvml.Interface, i int) (GPU, error) {
 	}
 	if mem, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
 		g.MemoryBytes = mem.Total
+	}
+	// As NVIDIA's DRA driver names them (go-nvlib's strings).
+	if nd, err := nvdevice.New(lib).NewDevice(d); err == nil {
+		g.Brand, _ = nd.GetBrandAsString()
+		g.Architecture, _ = nd.GetArchitectureAsString()
+		g.CUDAComputeCapability, _ = nd.GetCudaComputeCapabilityAsString()
+	}
+	if pci, ret := d.GetPciInfo(); ret == nvml.SUCCESS {
+		g.PCIBusID = pciAddress(busID(pci))
 	}
 	mode, _, ret := d.GetMigMode()
 	switch ret {

@@ -1,0 +1,276 @@
+// Package dra is the Dynamic Resource Allocation glue of nri-gpu: through
+// Kubernetes' kubelet-plugin helper it publishes the node's devices as
+// ResourceSlices, prepares and unprepares the claims kube-scheduler
+// allocated on them, and (Finder) tells which prepared claims a container
+// being created uses, from the API server. What the devices are, and what
+// preparing a claim holds, come from a Source: nri-gpu's trusted specs and
+// its one pool of holdings, shared with the NRI side and the device
+// plugin.
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+)
+
+var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
+
+// ErrUnknownDevice is wrapped by the error preparing a claim allocated a
+// device the driver does not offer on this node.
+var ErrUnknownDevice = errors.New("not a device nri-gpu offers on this node")
+
+// Device is a device the driver offers: a ResourceSlice entry and the CDI
+// device it stands for.
+type Device struct {
+	// CDI is the qualified CDI name ("nvidia.com/gpu=0").
+	CDI string
+	// Device is its ResourceSlice entry; Device.Name is a DNS label.
+	Device resourceapi.Device
+}
+
+// Allocated is a device allocated to a claim on this node.
+type Allocated struct {
+	// CDI is the device's qualified CDI name.
+	CDI string
+	// Requests are the claim's requests it was allocated for.
+	Requests []string
+}
+
+// Source is what the devices are and what preparing a claim holds.
+type Source interface {
+	// Devices returns the devices to offer now, in order: healthy ones
+	// that no pod holds through another door.
+	Devices() []Device
+	// Prepare holds a claim's devices, or says why it cannot.
+	Prepare(claim policy.Claim, devices []Allocated) error
+	// Unprepare releases what a claim holds.
+	Unprepare(uid string)
+}
+
+// Driver is nri-gpu's DRA driver on one node.
+type Driver struct {
+	cfg  config.DRA
+	node string
+	src  Source
+	log  logrus.FieldLogger
+	// poll is how often the devices are looked at without Notify.
+	poll time.Duration
+
+	mu sync.Mutex
+	// names are the CDI names of the devices offered so far, by their
+	// ResourceSlice name.
+	names   map[string]string
+	changed chan struct{}
+}
+
+// New returns the driver of node, configured by cfg.
+func New(cfg config.DRA, node string, src Source, log logrus.FieldLogger) *Driver {
+	return &Driver{
+		cfg:     cfg,
+		node:    node,
+		src:     src,
+		log:     log.WithField("driver", cfg.DriverName),
+		poll:    2 * time.Second,
+		names:   map[string]string{},
+		changed: make(chan struct{}),
+	}
+}
+
+// Notify tells the driver that devices, their health or what is held may
+// have changed: it publishes its ResourceSlice again at once if so.
+func (d *Driver) Notify() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	close(d.changed)
+	d.changed = make(chan struct{})
+}
+
+func (d *Driver) changes() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.changed
+}
+
+// Run registers with kubelet through the kubelet-plugin helper and keeps
+// the node's ResourceSlice current until ctx is done.
+func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
+	helper, err := kubeletplugin.Start(ctx, d,
+		kubeletplugin.DriverName(d.cfg.DriverName),
+		kubeletplugin.NodeName(d.node),
+		kubeletplugin.KubeClient(client),
+		kubeletplugin.PluginDataDirectoryPath(filepath.Join(d.cfg.PluginDir, d.cfg.DriverName)),
+		kubeletplugin.RegistrarDirectoryPath(d.cfg.RegistryDir),
+		kubeletplugin.HealthService(false),
+	)
+	if err != nil {
+		return fmt.Errorf("DRA driver %s: %w", d.cfg.DriverName, err)
+	}
+	defer helper.Stop()
+	d.log.Infof("DRA driver registering with kubelet at %s for node %s", d.cfg.RegistryDir, d.node)
+	var last []resourceapi.Device
+	for published := false; ; published = true {
+		changed := d.changes()
+		devs := d.offer()
+		if !published || !equality.Semantic.DeepEqual(devs, last) {
+			res := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+				d.node: {Slices: []resourceslice.Slice{{Devices: devs}}},
+			}}
+			if err := helper.PublishResources(ctx, res); err != nil {
+				return fmt.Errorf("DRA driver %s: %w", d.cfg.DriverName, err)
+			}
+			d.log.WithField("devices", describe(devs)).Info("published the node's ResourceSlice")
+			last = devs
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-time.After(d.poll):
+		}
+	}
+}
+
+// offer returns the ResourceSlice devices of the source's devices, and
+// remembers their CDI names.
+func (d *Driver) offer() []resourceapi.Device {
+	devs := d.src.Devices()
+	out := make([]resourceapi.Device, 0, len(devs))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, dev := range devs {
+		d.names[dev.Device.Name] = dev.CDI
+		out = append(out, dev.Device)
+	}
+	return out
+}
+
+func describe(devs []resourceapi.Device) string {
+	if len(devs) == 0 {
+		return "none"
+	}
+	var names []string
+	for _, d := range devs {
+		names = append(names, d.Name)
+	}
+	return strings.Join(names, ",")
+}
+
+// cdiName returns the CDI name of a device the driver offers.
+func (d *Driver) cdiName(device string) (string, bool) {
+	d.mu.Lock()
+	name, ok := d.names[device]
+	d.mu.Unlock()
+	if ok {
+		return name, true
+	}
+	d.offer() // a device offered since the last look, or after a restart
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	name, ok = d.names[device]
+	return name, ok
+}
+
+// PrepareResourceClaims holds each claim's devices on this node in the
+// pool and returns their CDI device IDs, which kubelet hands the runtime.
+// A claim that cannot be prepared gets its reason, which kubelet puts in
+// the pod's events; preparing a claim again (kubelet does, after a
+// restart) returns the same devices.
+func (d *Driver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, c := range claims {
+		res, err := d.prepare(c)
+		log := d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name})
+		if err != nil {
+			log.Errorf("claim not prepared: %v", err)
+			out[c.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("nri-gpu: %w", err)}
+			continue
+		}
+		var ids []string
+		for _, dev := range res.Devices {
+			ids = append(ids, dev.CDIDeviceIDs...)
+		}
+		log.WithField("devices", strings.Join(ids, ",")).Info("prepared claim")
+		out[c.UID] = res
+	}
+	return out, nil
+}
+
+func (d *Driver) prepare(c *resourceapi.ResourceClaim) (kubeletplugin.PrepareResult, error) {
+	claim := policy.Claim{UID: string(c.UID), Namespace: c.Namespace, Name: c.Name}
+	if c.Status.Allocation == nil {
+		return kubeletplugin.PrepareResult{}, fmt.Errorf("claim %s/%s is not allocated", c.Namespace, c.Name)
+	}
+	for _, r := range c.Status.ReservedFor {
+		if r.Resource == "pods" {
+			claim.Pods = append(claim.Pods, c.Namespace+"/"+r.Name)
+		}
+	}
+	var (
+		res       kubeletplugin.PrepareResult
+		allocated []Allocated
+	)
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver != d.cfg.DriverName || r.Pool != d.node {
+			continue
+		}
+		name, ok := d.cdiName(r.Device)
+		if !ok {
+			return res, fmt.Errorf("%s: device %q of pool %q: %w", claim, r.Device, r.Pool, ErrUnknownDevice)
+		}
+		i := slices.IndexFunc(allocated, func(a Allocated) bool { return a.CDI == name })
+		if i < 0 {
+			allocated = append(allocated, Allocated{CDI: name})
+			i = len(allocated) - 1
+		}
+		allocated[i].Requests = append(allocated[i].Requests, resourceclaim.BaseRequestRef(r.Request))
+		res.Devices = append(res.Devices, kubeletplugin.Device{
+			Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{name},
+		})
+	}
+	if err := d.src.Prepare(claim, allocated); err != nil {
+		return kubeletplugin.PrepareResult{}, err
+	}
+	return res, nil
+}
+
+// UnprepareResourceClaims releases what each claim holds. A claim not
+// prepared (any more) is no error.
+func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	out := make(map[types.UID]error, len(claims))
+	for _, c := range claims {
+		d.src.Unprepare(string(c.UID))
+		d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name}).Info("unprepared claim")
+		out[c.UID] = nil
+	}
+	return out, nil
+}
+
+// HandleError logs what went wrong in the background (publishing the
+// ResourceSlice); the helper retries.
+func (d *Driver) HandleError(_ context.Context, err error, msg string) {
+	d.log.Warnf("%s: %v", msg, err)
+}
+
+// WatchHealthStatus is not used: an unhealthy device leaves the
+// ResourceSlice instead.
+func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}

@@ -1,0 +1,145 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+)
+
+// ErrNotReserved is wrapped by the error for a claim a container names
+// that is not reserved for its pod.
+var ErrNotReserved = errors.New("not reserved for the pod")
+
+// PodRef is the pod of a container being created, as the runtime knows
+// it.
+type PodRef struct {
+	Namespace, Name string
+	// UID is the pod's UID (kubelet's, on the sandbox).
+	UID string
+}
+
+// Use is a claim of this driver that a container uses.
+type Use struct {
+	// UID, Namespace and Name are the ResourceClaim's.
+	UID, Namespace, Name string
+	// Requests are the claim's requests the container names; empty for
+	// all of them.
+	Requests []string
+}
+
+// Finder tells which of the driver's claims a container uses, from the
+// API server: the pod's spec (a container's resources.claims), its status
+// (the claims made from templates) and the claims themselves, each of
+// which must be reserved for the pod. Nothing a tenant writes into
+// annotations decides it.
+type Finder struct {
+	driver, node string
+	client       kubernetes.Interface
+	pods         corelisters.PodLister
+}
+
+// NewFinder returns the finder of the driver on node; it watches the
+// node's pods until ctx is done.
+func NewFinder(ctx context.Context, client kubernetes.Interface, driver, node string) *Finder {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+		}))
+	f := &Finder{driver: driver, node: node, client: client, pods: factory.Core().V1().Pods().Lister()}
+	factory.Start(ctx.Done())
+	return f
+}
+
+// pod returns the pod, from the node's watched pods or else the API
+// server, and checks that it is the runtime's (the same UID).
+func (f *Finder) pod(ctx context.Context, ref PodRef) (*corev1.Pod, error) {
+	pod, err := f.pods.Pods(ref.Namespace).Get(ref.Name)
+	if err != nil || (ref.UID != "" && string(pod.UID) != ref.UID) {
+		if pod, err = f.client.CoreV1().Pods(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{}); err != nil {
+			return nil, fmt.Errorf("pod %s/%s: %w", ref.Namespace, ref.Name, err)
+		}
+	}
+	if ref.UID != "" && string(pod.UID) != ref.UID {
+		return nil, fmt.Errorf("pod %s/%s: the API server has UID %s, the runtime's sandbox %s", ref.Namespace, ref.Name, pod.UID, ref.UID)
+	}
+	return pod, nil
+}
+
+// Uses returns the claims of this driver, allocated on this node, that
+// the named container of the pod uses.
+func (f *Finder) Uses(ctx context.Context, ref PodRef, container string) ([]Use, error) {
+	pod, err := f.pod(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	var claims []corev1.ResourceClaim
+	for _, c := range append(append([]corev1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		if c.Name == container {
+			claims = c.Resources.Claims
+			break
+		}
+	}
+	var uses []Use
+	for _, cc := range claims {
+		var podClaim *corev1.PodResourceClaim
+		for i := range pod.Spec.ResourceClaims {
+			if pod.Spec.ResourceClaims[i].Name == cc.Name {
+				podClaim = &pod.Spec.ResourceClaims[i]
+			}
+		}
+		if podClaim == nil {
+			continue // the API server does not admit such a pod
+		}
+		name, mustCheckOwner, err := resourceclaim.Name(pod, podClaim)
+		if err != nil {
+			return nil, fmt.Errorf("pod %s/%s claim %q: %w", pod.Namespace, pod.Name, cc.Name, err)
+		}
+		if name == nil {
+			continue // not needed by this pod
+		}
+		claim, err := f.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("pod %s/%s claim %q: %w", pod.Namespace, pod.Name, cc.Name, err)
+		}
+		if mustCheckOwner {
+			if err := resourceclaim.IsForPod(pod, claim, false); err != nil {
+				return nil, fmt.Errorf("pod %s/%s claim %q: %w", pod.Namespace, pod.Name, cc.Name, err)
+			}
+		}
+		if !f.ours(claim) {
+			continue
+		}
+		if !resourceclaim.IsReservedForPod(pod, claim, false) {
+			return nil, fmt.Errorf("claim %s/%s: %w %s/%s", claim.Namespace, claim.Name, ErrNotReserved, pod.Namespace, pod.Name)
+		}
+		u := Use{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name}
+		if cc.Request != "" {
+			u.Requests = []string{cc.Request}
+		}
+		uses = append(uses, u)
+	}
+	return uses, nil
+}
+
+// ours reports whether a claim has devices of this driver on this node.
+func (f *Finder) ours(c *resourceapi.ResourceClaim) bool {
+	if c.Status.Allocation == nil {
+		return false
+	}
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver == f.driver && r.Pool == f.node {
+			return true
+		}
+	}
+	return false
+}
+

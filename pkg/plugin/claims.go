@@ -1,0 +1,249 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/sirupsen/logrus"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
+)
+
+// ClaimFinder tells which prepared DRA claims a container uses.
+type ClaimFinder interface {
+	// Uses returns the claims the container uses, each reserved for its
+	// pod, as the API server says; an error when it cannot tell.
+	Uses(ctx context.Context, pod dra.PodRef, container string) ([]dra.Use, error)
+}
+
+// UseClaims has the plugin inject the devices of the prepared DRA claims
+// that f says a container uses. It must be called before Serve.
+func (p *Plugin) UseClaims(f ClaimFinder) { p.claims = f }
+
+// claimLookupTimeout bounds asking the API server during a container's
+// creation.
+const claimLookupTimeout = 10 * time.Second
+
+// claimDevices returns the UIDs of the prepared claims the container
+// uses, and their devices (those of the requests it names). Without DRA,
+// and for a pod with no claims, there are none. When the API server
+// cannot tell, the creation fails if a prepared claim was reserved for
+// the pod (the container would run without its devices), and goes on
+// without claims otherwise.
+func (p *Plugin) claimDevices(pod *api.PodSandbox, ctr *api.Container) ([]string, []specs.Device, error) {
+	if p.claims == nil {
+		return nil, nil, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), claimLookupTimeout)
+	defer cancel()
+	ref := dra.PodRef{Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: pod.GetUid()}
+	uses, err := p.claims.Uses(ctx, ref, ctr.GetName())
+	if err != nil {
+		name := pod.GetNamespace() + "/" + pod.GetName()
+		for _, c := range p.alloc.Claims() {
+			if slices.Contains(c.Claim.Pods, name) {
+				return nil, nil, fmt.Errorf("%s was prepared for this pod, but which of its containers use it cannot be told: %w", c.Claim, err)
+			}
+		}
+		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).
+			Warnf("no DRA claim is prepared for this pod; created without claims: %v", err)
+		return nil, nil, nil
+	}
+	var (
+		uids []string
+		devs []specs.Device
+	)
+	for _, u := range uses {
+		_, d, err := p.alloc.Claim(u.UID, u.Requests)
+		if err != nil {
+			return nil, nil, fmt.Errorf("claim %s/%s: %w (kubelet prepares a claim before the pod's containers are created)", u.Namespace, u.Name, err)
+		}
+		uids = append(uids, u.UID)
+		devs = append(devs, d...)
+	}
+	return uids, devs, nil
+}
+
+// Claims returns the DRA driver's view of the devices, for a driver
+// configured by cfg.
+func (p *Plugin) Claims(cfg config.DRA) *Claims { return &Claims{p: p, cfg: cfg} }
+
+var _ dra.Source = (*Claims)(nil)
+
+// Claims is the devices a DRA driver offers, and what preparing a claim
+// holds, in the plugin's specs and pool.
+type Claims struct {
+	p   *Plugin
+	cfg config.DRA
+
+	once sync.Once
+	// gpus is what NVML says of the GPUs, by minor; nil without NVML.
+	gpus map[int]gpuInfo
+}
+
+type gpuInfo struct {
+	nvidia.GPU
+	driverVersion string
+}
+
+// Devices returns the devices to offer: of the configured kinds, matching
+// the configured globs and allowed by policy.devices, one name per piece
+// of hardware (a GPU by index, not again by UUID; never "all"), whose
+// device nodes exist, whose GPU is healthy and which no pod holds through
+// another door (an annotation, a count, the device plugin). Devices held
+// by claims stay: the scheduler knows them allocated.
+func (c *Claims) Devices() []dra.Device {
+	st := c.p.state()
+	snap := st.specs.Snapshot()
+	sick := c.p.unhealthy()
+	byPods := c.p.alloc.HeldByPods()
+	var (
+		out     []dra.Device
+		offered []specs.Device
+		names   = map[string]bool{}
+	)
+	for _, kind := range c.cfg.Kinds {
+		cands := snap.Candidates(kind)
+		for _, cand := range cands {
+			_, _, id := parser.ParseDevice(cand.Name)
+			if !policy.MatchAny(c.cfg.Devices, id) || !st.policy.Allowed(cand.Name) || policy.Overlaps(cand, offered) {
+				continue
+			}
+			offered = append(offered, cand)
+			if policy.Overlaps(cand, byPods) || !nodesExist(snap, cand.Name) || (sick != nil && sick(cand) != nil) {
+				continue
+			}
+			info := c.info(snap, kind, cand, cands)
+			dev := info.Device("")
+			if names[dev.Name] {
+				continue // two CDI names that make one DNS label: the first wins
+			}
+			names[dev.Name] = true
+			out = append(out, dra.Device{CDI: cand.Name, Device: dev})
+		}
+	}
+	return out
+}
+
+var (
+	gpuNode = regexp.MustCompile(`^/dev/nvidia([0-9]+)$`)
+	migName = regexp.MustCompile(`^([0-9]+):([0-9]+)$`)
+)
+
+// info returns what is known of a device: from its spec (its name, its
+// other names, its device nodes) and, for an NVIDIA GPU, NVML.
+func (c *Claims) info(snap *specs.Snapshot, kind string, d specs.Device, cands []specs.Device) dra.Info {
+	_, _, name := parser.ParseDevice(d.Name)
+	info := dra.Info{Kind: kind, Name: name, Index: -1, Minor: -1}
+	if e, err := snap.Lookup(d.Name); err == nil {
+		for _, n := range e.Device.ContainerEdits.DeviceNodes {
+			if m := gpuNode.FindStringSubmatch(n.Path); m != nil {
+				info.Minor, _ = strconv.Atoi(m[1])
+			}
+		}
+	}
+	nv := kind == config.DefaultKind
+	if !nv {
+		return info
+	}
+	uuid := func(dev specs.Device) string {
+		_, _, n := parser.ParseDevice(dev.Name)
+		if strings.HasPrefix(n, "GPU-") || strings.HasPrefix(n, "MIG-") {
+			return n
+		}
+		return ""
+	}
+	info.UUID = uuid(d)
+	for _, o := range cands {
+		if info.UUID == "" && o.Name != d.Name && len(o.Nodes) == len(d.Nodes) && policy.Overlaps(o, []specs.Device{d}) {
+			info.UUID = uuid(o)
+		}
+	}
+	switch m := migName.FindStringSubmatch(name); {
+	case m != nil:
+		info.Type = dra.TypeMIG
+		info.Index, _ = strconv.Atoi(m[1])
+	case strings.HasPrefix(info.UUID, "MIG-"):
+		info.Type = dra.TypeMIG
+	default:
+		info.Type = dra.TypeGPU
+		if i, err := strconv.Atoi(name); err == nil {
+			info.Index = i
+		}
+	}
+	if g, ok := c.nvml()[info.Minor]; ok && info.Type == dra.TypeGPU {
+		info.ProductName, info.Brand, info.Architecture = g.Model, g.Brand, g.Architecture
+		info.DriverVersion, info.CUDAComputeCapability = g.driverVersion, g.CUDAComputeCapability
+		info.PCIBusID, info.MemoryBytes = g.PCIBusID, g.MemoryBytes
+		if info.UUID == "" {
+			info.UUID = g.UUID
+		}
+	}
+	return info
+}
+
+// nvml returns what NVML says of the GPUs (asked once), by minor; nil
+// where NVML cannot be had.
+func (c *Claims) nvml() map[int]gpuInfo {
+	c.once.Do(func() {
+		inv, err := nvidia.Discover(c.p.nvmlLib(c.p.state().cfg))
+		if err != nil {
+			c.p.log.Infof("GPU attributes from the CDI specs only (%v)", err)
+			return
+		}
+		c.gpus = map[int]gpuInfo{}
+		for _, g := range inv.GPUs {
+			c.gpus[g.Minor] = gpuInfo{g, inv.DriverVersion}
+		}
+	})
+	return c.gpus
+}
+
+// Prepare holds a claim's devices in the pool, under the policy: each
+// must resolve in the trusted specs with its hooks allowed, and be free
+// of every other holding.
+func (c *Claims) Prepare(claim policy.Claim, allocated []dra.Allocated) error {
+	st := c.p.state()
+	snap := st.specs.Snapshot()
+	var (
+		devs []policy.ClaimDevice
+		errs []error
+	)
+	for _, a := range allocated {
+		e, err := st.resolve(snap, a.CDI)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", claim, err))
+			continue
+		}
+		devs = append(devs, policy.ClaimDevice{Device: e.Footprint, Requests: a.Requests})
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := c.p.alloc.AdmitClaim(st.policy, claim, devs, c.p.unhealthy()); err != nil {
+		return err
+	}
+	c.p.held()
+	return nil
+}
+
+// Unprepare releases what a claim holds.
+func (c *Claims) Unprepare(uid string) {
+	if released := c.p.alloc.ReleaseClaim(uid); len(released) > 0 {
+		c.p.held()
+		c.p.log.WithFields(logrus.Fields{"claim": uid, "devices": strings.Join(released, ",")}).Info("released devices of DRA claim")
+	}
+}

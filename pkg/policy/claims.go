@@ -1,0 +1,195 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// Claim is a Dynamic Resource Allocation claim (a ResourceClaim) that
+// kubelet had nri-gpu prepare on the node. The devices allocated to it
+// are held by the claim, whichever pods use it: the pods it is reserved
+// for share them, and no one else gets them through any door.
+type Claim struct {
+	// UID, Namespace and Name are the ResourceClaim's.
+	UID, Namespace, Name string
+	// Pods are the pods (namespace/name) the claim was reserved for when
+	// it was prepared, for messages.
+	Pods []string
+}
+
+// String returns "claim ns/name of pod ns/pod" for messages.
+func (c Claim) String() string {
+	s := "claim " + c.Namespace + "/" + c.Name
+	switch len(c.Pods) {
+	case 0:
+		return s
+	case 1:
+		return s + " of pod " + c.Pods[0]
+	}
+	return s + " of pods " + strings.Join(c.Pods, ", ")
+}
+
+// ClaimDevice is a device allocated to a claim.
+type ClaimDevice struct {
+	specs.Device
+	// Requests are the claim's requests it was allocated for.
+	Requests []string
+}
+
+// ClaimHolding is a prepared claim and its devices, as kept across a
+// restart.
+type ClaimHolding struct {
+	Claim   Claim
+	Devices []ClaimDevice
+}
+
+type claimHolding struct {
+	claim   Claim
+	devices []ClaimDevice
+}
+
+// ErrNotPrepared is wrapped by the error for a claim nri-gpu has not
+// prepared on the node.
+var ErrNotPrepared = errors.New("claim not prepared on this node")
+
+// AdmitClaim decides, under p's rules, whether a claim may hold the
+// devices it was allocated, and records them as the claim's: its
+// namespace must match policy.namespaces, each device policy.devices, the
+// devices must be healthy (unless policy.allowUnhealthy) and held by no
+// pod and no other claim, and there must be no more of them than
+// policy.maxDevicesPerPod. Preparing a claim again (kubelet does, after a
+// restart) keeps what it holds.
+func (a *Allocations) AdmitClaim(p *Policy, c Claim, devices []ClaimDevice, unhealthy func(specs.Device) error) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.claims[c.UID]; ok {
+		return nil
+	}
+	if !MatchAny(p.namespaces, c.Namespace) {
+		return deny(RuleNamespaces, fmt.Errorf("%s: %w: claims of namespace %q may not be prepared: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
+			c, ErrDenied, c.Namespace, strings.Join(p.namespaces, ", ")))
+	}
+	var errs []error
+	var devs []specs.Device
+	for _, d := range devices {
+		devs = append(devs, d.Device)
+		if !p.Allowed(d.Name) {
+			errs = append(errs, deny(RuleDevices, fmt.Errorf("%s: %w: device %q matches none of policy.devices [%s]; add a glob that matches it to policy.devices",
+				c, ErrDenied, d.Name, strings.Join(p.devices, ", "))))
+			continue
+		}
+		if unhealthy != nil && !p.allowUnhealthy {
+			if err := unhealthy(d.Device); err != nil {
+				errs = append(errs, deny(RuleUnhealthy, fmt.Errorf("%s: %w: device %q: %w; set policy.allowUnhealthy: true to allow it", c, ErrDenied, d.Name, err)))
+				continue
+			}
+		}
+		// Whatever exclusive says: a claim's devices are its own.
+		if other, held := a.heldByOther("", d.Device, true, nil); held != nil {
+			errs = append(errs, deny(RuleExclusive, fmt.Errorf("%s: %w: device %q is held by %s (as %q)%s",
+				c, ErrDenied, d.Name, other, held.Name, other.hint(true))))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if p.max > 0 {
+		if n := units(devs, nil); n > p.max {
+			return deny(RuleMax, fmt.Errorf("%s: %w: it would hold %d devices, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
+				c, ErrDenied, n, p.max))
+		}
+	}
+	a.claims[c.UID] = &claimHolding{claim: c, devices: slices.Clone(devices)}
+	return nil
+}
+
+// ReleaseClaim forgets a claim (kubelet unprepared it), and returns the
+// names of the devices it held.
+func (a *Allocations) ReleaseClaim(uid string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.claims[uid]
+	delete(a.claims, uid)
+	if c == nil {
+		return nil
+	}
+	var out []string
+	for _, d := range c.devices {
+		out = append(out, d.Name)
+	}
+	return out
+}
+
+// Claim returns the devices of the prepared claim uid that were
+// allocated for one of requests (all of them when requests is empty).
+func (a *Allocations) Claim(uid string, requests []string) (Claim, []specs.Device, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.claims[uid]
+	if c == nil {
+		return Claim{}, nil, ErrNotPrepared
+	}
+	var out []specs.Device
+	for _, d := range c.devices {
+		if len(requests) == 0 || slices.ContainsFunc(d.Requests, func(r string) bool { return slices.Contains(requests, r) }) {
+			out = append(out, d.Device)
+		}
+	}
+	return c.claim, out, nil
+}
+
+// Claims returns the prepared claims ordered by UID, for keeping them
+// across a restart and for reports.
+func (a *Allocations) Claims() []ClaimHolding {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]ClaimHolding, 0, len(a.claims))
+	for _, uid := range slices.Sorted(maps.Keys(a.claims)) {
+		c := a.claims[uid]
+		out = append(out, ClaimHolding{Claim: c.claim, Devices: slices.Clone(c.devices)})
+	}
+	return out
+}
+
+// RestoreClaims records the claims kept from before a restart (kubelet
+// may never prepare them again). They stay held whatever they conflict
+// with; what no longer holds is returned as Check reports it.
+func (a *Allocations) RestoreClaims(p *Policy, claims []ClaimHolding) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range claims {
+		a.claims[c.Claim.UID] = &claimHolding{claim: c.Claim, devices: slices.Clone(c.Devices)}
+	}
+	return a.check(p)
+}
+
+// claimDevices returns the devices the claims hold.
+func (a *Allocations) claimDevices(uids []string) []specs.Device {
+	var out []specs.Device
+	for _, uid := range uids {
+		if c := a.claims[uid]; c != nil {
+			for _, d := range c.devices {
+				out = append(out, d.Device)
+			}
+		}
+	}
+	return out
+}
+
+// HeldByPods returns every device pods hold, through whichever door but
+// a claim: a DRA driver must not offer any device that overlaps one of
+// them.
+func (a *Allocations) HeldByPods() []specs.Device {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []specs.Device
+	for _, h := range a.pods {
+		out = append(out, h.all()...)
+	}
+	return out
+}
