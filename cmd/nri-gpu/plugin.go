@@ -125,6 +125,13 @@ func runPlugin(args []string, stderr io.Writer) int {
 		go func() { _ = d.Run(ctx) }()
 	}
 
+	if cfg.DRA.Enabled {
+		if err := startDRA(ctx, cfg.DRA, p, log); err != nil {
+			fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
+			return exitUsage
+		}
+	}
+
 	if err := p.Serve(ctx, stubOptions(fs, *name, *idx, *socketPath)...); err != nil {
 		log.Errorf("nri-gpu: %v", err)
 		if errors.Is(err, plugin.ErrConfig) {

@@ -114,11 +114,16 @@ func nodeOf(t *testing.T, p *corev1.Pod) *harness.Node {
 // pod p's container sees, listed inside it on its node.
 func gpusSeen(t *testing.T, p *corev1.Pod) []string {
 	t.Helper()
-	n := nodeOf(t, p)
-	id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	return gpusIn(t, nodeOf(t, p), strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://"), p.Name)
+}
+
+// gpusIn returns the GPU device nodes container id (of pod name) on node
+// n sees.
+func gpusIn(t *testing.T, n *harness.Node, id, name string) []string {
+	t.Helper()
 	out, err := n.Ctd.Exec(id, "ls", "/dev")
 	if err != nil {
-		t.Fatalf("ls /dev in %s: %v: %s", p.Name, err, out)
+		t.Fatalf("ls /dev in %s: %v: %s", name, err, out)
 	}
 	return slices.DeleteFunc(strings.Fields(out), func(d string) bool {
 		return !strings.HasPrefix(d, "nvidia") || d == "nvidiactl"

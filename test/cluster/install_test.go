@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -14,8 +15,8 @@ import (
 // TestInstalled: the chart, installed with Helm's install against the
 // API server, runs nri-gpu on both nodes, placed there by the DaemonSet
 // controller, Ready through its probes and registered with each node's
-// containerd; the pod runs as the chart's ServiceAccount with no token,
-// and nothing grants that account any access.
+// containerd; the pod runs as the chart's ServiceAccount, whose token the
+// DRA driver uses, and that account may do what the driver does only.
 func TestInstalled(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
@@ -31,13 +32,10 @@ func TestInstalled(t *testing.T) {
 		if !podReady(p) {
 			t.Errorf("%s: nri-gpu's pod is not Ready: %+v", n.Name, p.Status.Conditions)
 		}
-		if p.Spec.ServiceAccountName != releaseName || p.Spec.AutomountServiceAccountToken == nil || *p.Spec.AutomountServiceAccountToken {
-			t.Errorf("%s: service account %q, automount %v; want the chart's, without a token", n.Name, p.Spec.ServiceAccountName, p.Spec.AutomountServiceAccountToken)
-		}
-		for _, v := range p.Spec.Volumes {
-			if v.Projected != nil {
-				t.Errorf("%s: nri-gpu's pod has a projected volume %q (a token)", n.Name, v.Name)
-			}
+		// The DRA driver (on in this installation) talks to the API
+		// server: the chart's account, with its token.
+		if p.Spec.ServiceAccountName != releaseName || p.Spec.AutomountServiceAccountToken == nil || !*p.Spec.AutomountServiceAccountToken {
+			t.Errorf("%s: service account %q, automount %v; want the chart's, with a token for the DRA driver", n.Name, p.Spec.ServiceAccountName, p.Spec.AutomountServiceAccountToken)
 		}
 		if log := nriLog(t, n); !strings.Contains(log, "connected to runtime") {
 			t.Errorf("%s: nri-gpu's log does not say it connected to containerd:\n%s", n.Name, log)
@@ -46,7 +44,8 @@ func TestInstalled(t *testing.T) {
 	if _, err := env.client.CoreV1().ServiceAccounts(nriNamespace).Get(ctx, releaseName, metav1.GetOptions{}); err != nil {
 		t.Errorf("the chart's ServiceAccount: %v", err)
 	}
-	// No binding names nri-gpu's account: it needs no access.
+	// The one binding that names nri-gpu's account is the DRA driver's,
+	// and it grants what the driver does and nothing else.
 	crbs, err := env.client.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +56,7 @@ func TestInstalled(t *testing.T) {
 	}
 	for _, b := range crbs.Items {
 		for _, s := range b.Subjects {
-			if s.Namespace == nriNamespace {
+			if s.Namespace == nriNamespace && b.Name != releaseName+"-dra" {
 				t.Errorf("ClusterRoleBinding %s grants %s/%s access", b.Name, s.Namespace, s.Name)
 			}
 		}
@@ -65,6 +64,34 @@ func TestInstalled(t *testing.T) {
 	for _, b := range rbs.Items {
 		if b.Namespace == nriNamespace {
 			t.Errorf("RoleBinding %s/%s in nri-gpu's namespace", b.Namespace, b.Name)
+		}
+	}
+	for _, c := range []struct {
+		verb, group, resource string
+		allowed               bool
+	}{
+		{"create", "resource.k8s.io", "resourceslices", true},
+		{"delete", "resource.k8s.io", "resourceslices", true},
+		{"get", "resource.k8s.io", "resourceclaims", true},
+		{"watch", "", "pods", true},
+		{"get", "", "nodes", true},
+		{"update", "resource.k8s.io", "resourceclaims", false},
+		{"list", "resource.k8s.io", "resourceclaims", false},
+		{"create", "", "pods", false},
+		{"list", "", "secrets", false},
+		{"update", "", "nodes", false},
+	} {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:               "system:serviceaccount:" + nriNamespace + ":" + releaseName,
+			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + nriNamespace, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: c.verb, Group: c.group, Resource: c.resource},
+		}}
+		got, err := env.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Allowed != c.allowed {
+			t.Errorf("nri-gpu's account may %s %s.%s: %v, want %v", c.verb, c.resource, c.group, got.Status.Allowed, c.allowed)
 		}
 	}
 }

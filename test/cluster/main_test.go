@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,12 +32,14 @@ const RequiredEnv = "NRI_GPU_E2E_REQUIRED"
 
 // Environment the tools are named by (`make test` sets them).
 const (
-	imageEnv     = "NRI_GPU_IMAGE"
-	cniEnv       = "NRI_GPU_CNI"
-	containerd2  = "NRI_GPU_REFERENCE_CONTAINERD"
-	chartDir     = "../../deploy/helm/nri-gpu"
-	releaseName  = "nri-gpu"
-	nriNamespace = "nri-gpu"
+	imageEnv    = "NRI_GPU_IMAGE"
+	cniEnv      = "NRI_GPU_CNI"
+	containerd2 = "NRI_GPU_REFERENCE_CONTAINERD"
+	chartDir    = "../../deploy/helm/nri-gpu"
+	releaseName = "nri-gpu"
+	// apiForwardPort is where nri-gpu's pods reach the API server.
+	apiForwardPort = "16443"
+	nriNamespace   = "nri-gpu"
 )
 
 // env is the shared cluster.
@@ -48,7 +51,9 @@ var env struct {
 	// a has 2 GPUs on containerd 1.7 (CDI off), b 4 on containerd 2.x.
 	a, b   *harness.Node
 	client *kubernetes.Clientset
-	values string
+	// forwards give nri-gpu's pods the API server.
+	forwards []*harness.PodForwarder
+	values   string
 }
 
 // suiteValues are the chart values of the installation: the image
@@ -66,6 +71,12 @@ config:
   devicePlugin:
     resources:
       - name: nvidia.com/gpu
+  dra:
+    enabled: true
+dra:
+  # No kube-proxy here: the harness forwards this port of nri-gpu's pods
+  # to the API server (harness.PodForwarder).
+  apiServer: {host: 127.0.0.1, port: ` + apiForwardPort + `}
 metrics:
   service:
     enabled: true
@@ -155,6 +166,10 @@ func setup() (int, error) {
 		return 1, err
 	}
 	fmt.Fprintf(os.Stderr, "cluster: control plane and 2 nodes Ready in %s\n", time.Since(start).Round(100*time.Millisecond))
+	port, _ := strconv.Atoi(apiForwardPort)
+	for _, n := range []*harness.Node{env.a, env.b} {
+		env.forwards = append(env.forwards, n.ForwardToPods("app.kubernetes.io/name=nri-gpu", port, strings.TrimPrefix(env.cluster.Server, "https://")))
+	}
 	env.values = filepath.Join(env.dir, "values.yaml")
 	if err := os.WriteFile(env.values, []byte(suiteValues), 0o644); err != nil {
 		return 1, err
@@ -232,6 +247,9 @@ func uninstall() error {
 func teardown() error {
 	if env.dir == "" {
 		return nil
+	}
+	for _, f := range env.forwards {
+		f.Stop()
 	}
 	if env.cluster != nil {
 		if err := env.cluster.Stop(); err != nil {

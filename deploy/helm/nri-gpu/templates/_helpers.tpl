@@ -17,3 +17,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "nri-gpu.serviceAccount" -}}
 {{- if .Values.serviceAccount.create }}{{ .Release.Name }}{{ else }}{{ .Values.serviceAccount.name | default "default" }}{{ end }}
 {{- end }}
+
+{{- /* Whether the DRA driver is on: config.dra.enabled. */ -}}
+{{- define "nri-gpu.dra" -}}
+{{- if and .Values.config.dra .Values.config.dra.enabled }}true{{ end }}
+{{- end }}
+
+{{- /* The DRA driver's name, kubelet's plugin and registry directories:
+       config.dra's, or nri-gpu's defaults. */ -}}
+{{- define "nri-gpu.draDriver" -}}
+{{- (.Values.config.dra | default dict).driverName | default "gpu.nri-gpu.io" }}
+{{- end }}
+{{- define "nri-gpu.draPluginDir" -}}
+{{- (.Values.config.dra | default dict).pluginDir | default "/var/lib/kubelet/plugins" }}
+{{- end }}
+{{- define "nri-gpu.draRegistryDir" -}}
+{{- (.Values.config.dra | default dict).registryDir | default "/var/lib/kubelet/plugins_registry" }}
+{{- end }}
