@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -153,6 +154,9 @@ func TestDRASlices(t *testing.T) {
 					t.Errorf("%s gpu-%d: %s %v, want %d", n.Name, i, a, got, i)
 				}
 			}
+			if got := d.Attributes["uuid"].StringValue; got == nil || *got != harness.UUID(i) {
+				t.Errorf("%s gpu-%d: uuid %v, want the spec's %s", n.Name, i, got, harness.UUID(i))
+			}
 			if _, ok := d.Attributes["productName"]; ok || len(d.Capacity) > 0 {
 				t.Errorf("%s gpu-%d: attributes %v, capacity %v: made up without NVML", n.Name, i, d.Attributes, d.Capacity)
 			}
@@ -231,4 +235,219 @@ func allocatedClaim(t *testing.T, p *corev1.Pod) *resourceapi.ResourceClaim {
 		t.Fatalf("claim %s is not allocated", name)
 	}
 	return c
+}
+
+// createClass creates a DeviceClass of nri-gpu's driver whose devices
+// also match the CEL expression, deleted when the test ends.
+func createClass(t *testing.T, name, expr string) {
+	t.Helper()
+	ctx := context.Background()
+	dc := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: resourceapi.DeviceClassSpec{
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: `device.driver == "` + driverName + `" && ` + expr,
+		}}},
+	}}
+	if _, err := env.client.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.client.ResourceV1().DeviceClasses().Delete(ctx, name, metav1.DeleteOptions{}) })
+}
+
+// cdiEdits is what a container's OCI spec has of the fake GPUs' CDI
+// edits: their device nodes, their env, their cgroup device rules.
+type cdiEdits struct {
+	Devices []string
+	Env     []string
+	Rules   []string
+}
+
+func editsOf(t *testing.T, p *corev1.Pod, ctr string) cdiEdits {
+	t.Helper()
+	var id string
+	for _, s := range p.Status.ContainerStatuses {
+		if s.Name == ctr {
+			id = strings.TrimPrefix(s.ContainerID, "containerd://")
+		}
+	}
+	spec, err := nodeOf(t, p).Ctd.ContainerSpec(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e cdiEdits
+	for _, d := range spec.Linux.Devices {
+		if strings.HasPrefix(d.Path, "/dev/nvidia") {
+			e.Devices = append(e.Devices, fmt.Sprintf("%s %s %d:%d mode %v uid %v gid %v", d.Path, d.Type, d.Major, d.Minor, fmode(d.FileMode), ptrVal(d.UID), ptrVal(d.GID)))
+		}
+	}
+	for _, kv := range spec.Process.Env {
+		if strings.HasPrefix(kv, "FAKE_GPU_") {
+			e.Env = append(e.Env, kv)
+		}
+	}
+	for _, r := range spec.Linux.Resources.Devices {
+		if r.Major != nil && *r.Major == harness.NvidiaMajor {
+			e.Rules = append(e.Rules, fmt.Sprintf("%v %s %d:%d %s", r.Allow, r.Type, *r.Major, ptrVal(r.Minor), r.Access))
+		}
+	}
+	return e
+}
+
+func ptrVal[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+func fmode[T ~uint32](p *T) string {
+	if p == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%#o", uint32(*p))
+}
+
+// TestDRASelectorAndParity: a DeviceClass with a CEL selector on an
+// attribute (index 1) gets only the matching GPU on each node, and the
+// container nri-gpu injects on containerd 1.7 (CDI off) is the one
+// containerd 2.3.7's own CDI makes from the same claim, field by field
+// (device nodes, env, cgroup device rules but for 1.7's documented "rw"
+// for "rwm").
+func TestDRASelectorAndParity(t *testing.T) {
+	needCluster(t)
+	createClass(t, "index-1", `device.attributes["`+driverName+`"].index == 1`)
+	createTemplate(t, "default", "gpu-index-1", claimSpec("index-1", 1))
+	edits := map[string]cdiEdits{}
+	for _, n := range []*harness.Node{env.a, env.b} {
+		name := "index-1-" + n.Name
+		createPod(t, claimPod("default", name, n, "gpu-index-1", ""))
+		p := waitAllRunning(t, "default", name)
+		if seen := seenBy(t, p, "gpu"); !slices.Equal(seen, []string{"nvidia1"}) {
+			t.Errorf("%s: a claim of class index-1 sees %v, want nvidia1", n.Name, seen)
+		}
+		edits[n.Name] = editsOf(t, p, "gpu")
+		if plain := editsOf(t, p, "plain"); len(plain.Devices)+len(plain.Env) > 0 {
+			t.Errorf("%s: container plain got %+v", n.Name, plain)
+		}
+	}
+	t.Logf("nri-gpu on 1.7.35: %+v", edits[env.a.Name])
+	t.Logf("containerd 2.3.7's CDI: %+v", edits[env.b.Name])
+	if len(edits[env.a.Name].Devices) == 0 {
+		t.Errorf("no GPU device node in the claim's container on %s", env.a.Name)
+	}
+	// containerd 1.7's NRI applies no cgroup rules of an adjustment: it
+	// derives "rw" from each device, where CDI's default is "rwm"
+	// (docs/container.md): the one, documented, narrowing.
+	want := edits[env.b.Name]
+	want.Rules = slices.Clone(want.Rules)
+	for i, r := range want.Rules {
+		want.Rules[i] = strings.TrimSuffix(r, "rwm") + "rw"
+	}
+	if diff := cmp.Diff(want, edits[env.a.Name]); diff != "" {
+		t.Errorf("nri-gpu's injection (node-a) differs from containerd's CDI (node-b) (-cdi +nri-gpu):\n%s", diff)
+	}
+}
+
+// TestDRASharedClaim: one ResourceClaim used by two pods gives both the
+// same GPU (the claim is one holding: policy.exclusive does not refuse
+// the second), and the GPU is free once both are gone.
+func TestDRASharedClaim(t *testing.T) {
+	needCluster(t)
+	ctx := context.Background()
+	claims := env.client.ResourceV1().ResourceClaims("default")
+	rc := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "shared"}, Spec: claimSpec(driverName, 1)}
+	if _, err := claims.Create(ctx, rc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = claims.Delete(ctx, "shared", metav1.DeleteOptions{}) })
+	var seen [][]string
+	for _, name := range []string{"sharer-1", "sharer-2"} {
+		createPod(t, claimPod("default", name, env.a, "", "shared"))
+		seen = append(seen, seenBy(t, waitAllRunning(t, "default", name), "gpu"))
+	}
+	if len(seen[0]) != 1 || !slices.Equal(seen[0], seen[1]) {
+		t.Errorf("the pods of one claim see %v and %v, want the same one GPU", seen[0], seen[1])
+	}
+	waitAllocatable(t, env.a, env.a.GPUs-1)
+	deletePod(t, "default", "sharer-1")
+	deletePod(t, "default", "sharer-2")
+	waitAllocatable(t, env.a, env.a.GPUs)
+}
+
+// TestDRAPrepareRefused: a claim nri-gpu will not prepare (its namespace
+// is not among policy.namespaces) leaves its pod without containers, and
+// nri-gpu's reason reaches the pod's events.
+func TestDRAPrepareRefused(t *testing.T) {
+	needCluster(t)
+	ctx := context.Background()
+	ns := namespace("dra-outsider")
+	if _, err := env.client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.client.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{}) })
+	waitServiceAccount(t, ns.Name)
+	createTemplate(t, ns.Name, "one-gpu", claimSpec(driverName, 1))
+	createPod(t, claimPod(ns.Name, "refused", env.a, "one-gpu", ""))
+	var event string
+	testutil.Within(t, podWait, "the refusal in the pod's events", func() bool {
+		events, err := env.client.CoreV1().Events(ns.Name).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.name": "refused", "involvedObject.kind": "Pod"}.String(),
+		})
+		if err != nil {
+			return false
+		}
+		for _, e := range events.Items {
+			if e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, "nri-gpu") && strings.Contains(e.Message, "policy.namespaces") {
+				event = e.Reason + ": " + e.Message
+			}
+		}
+		return event != ""
+	})
+	t.Logf("event %q", event)
+	p, err := env.client.CoreV1().Pods(ns.Name).Get(ctx, "refused", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if s.State.Running != nil {
+			t.Errorf("container %s runs, though its claim was not prepared", s.Name)
+		}
+	}
+}
+
+// TestDRAFaults: a prepared claim survives each node fault (nri-gpu's
+// pod deleted, the kubelet restarted, containerd restarted): its pod
+// keeps its container and GPU, the GPU is still held by the claim (asked
+// for by name, refused naming it), and once the pod is deleted kubelet
+// unprepares the claim through the nri-gpu now running and the GPU is
+// free again.
+func TestDRAFaults(t *testing.T) {
+	needCluster(t)
+	createTemplate(t, "default", "fault-gpu", claimSpec(driverName, 1))
+	for _, tc := range nodeFaults() {
+		t.Run(tc.name, func(t *testing.T) {
+			n := tc.node()
+			createPod(t, claimPod("default", "claim-running", n, "fault-gpu", ""))
+			before := waitAllRunning(t, "default", "claim-running")
+			held := seenBy(t, before, "gpu")
+			claim := allocatedClaim(t, before)
+
+			tc.fault(t, n)
+			if err := n.WaitReady(podWait); err != nil {
+				t.Fatal(err)
+			}
+			if err := waitDaemonSetReady(2); err != nil {
+				t.Fatal(err)
+			}
+			after := waitAllRunning(t, "default", "claim-running")
+			if seen := seenBy(t, after, "gpu"); !slices.Equal(seen, held) {
+				t.Errorf("the claim's container sees %v after the fault, %v before", seen, held)
+			}
+			createPod(t, gpuPod("default", "by-name", 0, map[string]string{"gpus.nri-gpu.io": strings.TrimPrefix(held[0], "nvidia")}, n.Name))
+			refusedWith(t, "default", "by-name", "is held by claim default/"+claim.Name)
+			deletePod(t, "default", "by-name")
+			deletePod(t, "default", "claim-running")
+			waitAllocatable(t, n, n.GPUs)
+			waitSlice(t, n, gpuNames(n)...)
+		})
+	}
 }

@@ -20,39 +20,7 @@ import (
 // node as it began.
 func TestNodeFaults(t *testing.T) {
 	needCluster(t)
-	for _, tc := range []struct {
-		name  string
-		node  func() *harness.Node
-		fault func(t *testing.T, n *harness.Node)
-	}{
-		{"nri-gpu pod deleted", func() *harness.Node { return env.a }, func(t *testing.T, n *harness.Node) {
-			old := nriPods(t)[n.Name]
-			if err := env.client.CoreV1().Pods(nriNamespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			// The DaemonSet controller makes a new one.
-			testutil.Within(t, podWait, n.Name+": a new nri-gpu pod", func() bool {
-				p, ok := nriPods(t)[n.Name]
-				return ok && p.UID != old.UID
-			})
-		}},
-		{"kubelet restarted", func() *harness.Node { return env.b }, func(t *testing.T, n *harness.Node) {
-			registered := strings.Count(nriLog(t, n), "registered with kubelet")
-			n.StopKubelet()
-			if err := n.StartKubelet(); err != nil {
-				t.Fatal(err)
-			}
-			// nri-gpu sees kubelet's new socket and registers again.
-			testutil.Within(t, podWait, "nri-gpu's device plugin registered again", func() bool {
-				return strings.Count(nriLog(t, n), "registered with kubelet") > registered
-			})
-		}},
-		{"containerd restarted", func() *harness.Node { return env.a }, func(t *testing.T, n *harness.Node) {
-			if err := n.Ctd.Restart(); err != nil {
-				t.Fatal(err)
-			}
-		}},
-	} {
+	for _, tc := range nodeFaults() {
 		t.Run(tc.name, func(t *testing.T) {
 			n := tc.node()
 			createPod(t, gpuPod("default", "running", 1, nil, n.Name))
@@ -85,6 +53,47 @@ func TestNodeFaults(t *testing.T) {
 			}
 			noGPUTwice(t, n)
 		})
+	}
+}
+
+// nodeFault is a fault on a node, and the node it happens on.
+type nodeFault struct {
+	name  string
+	node  func() *harness.Node
+	fault func(t *testing.T, n *harness.Node)
+}
+
+// nodeFaults are nri-gpu's pod deleted (node-a), node-b's kubelet
+// restarted and node-a's containerd restarted.
+func nodeFaults() []nodeFault {
+	return []nodeFault{
+		{"nri-gpu pod deleted", func() *harness.Node { return env.a }, func(t *testing.T, n *harness.Node) {
+			old := nriPods(t)[n.Name]
+			if err := env.client.CoreV1().Pods(nriNamespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			// The DaemonSet controller makes a new one.
+			testutil.Within(t, podWait, n.Name+": a new nri-gpu pod", func() bool {
+				p, ok := nriPods(t)[n.Name]
+				return ok && p.UID != old.UID
+			})
+		}},
+		{"kubelet restarted", func() *harness.Node { return env.b }, func(t *testing.T, n *harness.Node) {
+			registered := strings.Count(nriLog(t, n), "registered with kubelet")
+			n.StopKubelet()
+			if err := n.StartKubelet(); err != nil {
+				t.Fatal(err)
+			}
+			// nri-gpu sees kubelet's new socket and registers again.
+			testutil.Within(t, podWait, "nri-gpu's device plugin registered again", func() bool {
+				return strings.Count(nriLog(t, n), "registered with kubelet") > registered
+			})
+		}},
+		{"containerd restarted", func() *harness.Node { return env.a }, func(t *testing.T, n *harness.Node) {
+			if err := n.Ctd.Restart(); err != nil {
+				t.Fatal(err)
+			}
+		}},
 	}
 }
 
