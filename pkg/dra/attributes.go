@@ -2,6 +2,7 @@ package dra
 
 import (
 	"fmt"
+	"io/fs"
 	"regexp"
 	"strings"
 
@@ -68,9 +69,10 @@ func (i Info) DeviceName() string {
 // written for it carry over (type, uuid, parentUUID, profile, index,
 // minor, productName, brand, architecture, driverVersion,
 // cudaComputeCapability, pcieBusID, Kubernetes' standard pcieRoot), and
-// memory as capacity; pcieRoot is looked up in sysfs through
-// deviceattribute (sysRoot, "" for the host's).
-func (i Info) Device(sysRoot string) resourceapi.Device {
+// memory as capacity, and Kubernetes' standard pciBusID and pcieRoot,
+// the root looked up through deviceattribute in sysfs (nil: the host's
+// /sys).
+func (i Info) Device(sysfs fs.ReadLinkFS) resourceapi.Device {
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
 	str := func(name, v string) {
 		if v != "" {
@@ -102,9 +104,12 @@ func (i Info) Device(sysRoot string) resourceapi.Device {
 	version("cudaComputeCapability", i.CUDAComputeCapability)
 	str("pcieBusID", i.PCIBusID)
 	if i.PCIBusID != "" {
+		if id, err := deviceattribute.GetPCIBusIDAttribute(i.PCIBusID); err == nil {
+			attrs[id.Name] = id.Value
+		}
 		var mods []deviceattribute.MachineModifier
-		if sysRoot != "" {
-			mods = append(mods, deviceattribute.WithFSFromRoot(sysRoot))
+		if sysfs != nil {
+			mods = append(mods, deviceattribute.WithFS(sysfs))
 		}
 		if root, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(i.PCIBusID, mods...); err == nil {
 			attrs[root.Name] = root.Value

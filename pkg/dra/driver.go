@@ -121,6 +121,9 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 		kubeletplugin.HealthService(false),
 	)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return fmt.Errorf("DRA driver %s: %w", d.cfg.DriverName, err)
 	}
 	defer helper.Stop()
@@ -134,6 +137,9 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 				d.node: {Slices: []resourceslice.Slice{{Devices: devs}}},
 			}}
 			if err := helper.PublishResources(ctx, res); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
 				return fmt.Errorf("DRA driver %s: %w", d.cfg.DriverName, err)
 			}
 			d.log.WithField("devices", describe(devs)).Info("published the node's ResourceSlice")

@@ -142,4 +142,3 @@ func (f *Finder) ours(c *resourceapi.ResourceClaim) bool {
 	}
 	return false
 }
-

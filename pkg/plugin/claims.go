@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"regexp"
 	"slices"
 	"strconv"
@@ -39,10 +40,11 @@ const claimLookupTimeout = 10 * time.Second
 
 // claimDevices returns the UIDs of the prepared claims the container
 // uses, and their devices (those of the requests it names). Without DRA,
-// and for a pod with no claims, there are none. When the API server
-// cannot tell, the creation fails if a prepared claim was reserved for
-// the pod (the container would run without its devices), and goes on
-// without claims otherwise.
+// and for a pod with no claims, there are none. A claim the container
+// names that is not reserved for its pod fails the creation. When the
+// API server cannot tell, the creation fails if a prepared claim was
+// reserved for the pod (the container would run without its devices),
+// and goes on without claims otherwise.
 func (p *Plugin) claimDevices(pod *api.PodSandbox, ctr *api.Container) ([]string, []specs.Device, error) {
 	if p.claims == nil {
 		return nil, nil, nil
@@ -51,6 +53,9 @@ func (p *Plugin) claimDevices(pod *api.PodSandbox, ctr *api.Container) ([]string
 	defer cancel()
 	ref := dra.PodRef{Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: pod.GetUid()}
 	uses, err := p.claims.Uses(ctx, ref, ctr.GetName())
+	if errors.Is(err, dra.ErrNotReserved) {
+		return nil, nil, err
+	}
 	if err != nil {
 		name := pod.GetNamespace() + "/" + pod.GetName()
 		for _, c := range p.alloc.Claims() {
@@ -79,7 +84,7 @@ func (p *Plugin) claimDevices(pod *api.PodSandbox, ctr *api.Container) ([]string
 
 // Claims returns the DRA driver's view of the devices, for a driver
 // configured by cfg.
-func (p *Plugin) Claims(cfg config.DRA) *Claims { return &Claims{p: p, cfg: cfg} }
+func (p *Plugin) Claims(cfg config.DRA) *Claims { return &Claims{p: p, cfg: cfg, sysfs: p.sysfs} }
 
 var _ dra.Source = (*Claims)(nil)
 
@@ -88,6 +93,9 @@ var _ dra.Source = (*Claims)(nil)
 type Claims struct {
 	p   *Plugin
 	cfg config.DRA
+
+	// sysfs is where PCIe roots are looked up; nil for the host's.
+	sysfs fs.ReadLinkFS
 
 	once sync.Once
 	// gpus is what NVML says of the GPUs, by minor; nil without NVML.
@@ -127,7 +135,7 @@ func (c *Claims) Devices() []dra.Device {
 				continue
 			}
 			info := c.info(snap, kind, cand, cands)
-			dev := info.Device("")
+			dev := info.Device(c.sysfs)
 			if names[dev.Name] {
 				continue // two CDI names that make one DNS label: the first wins
 			}

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"io/fs"
 	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -36,3 +37,7 @@ func WithHookPath(path string) Option { return func(p *Plugin) { p.hookPath = pa
 func WithStateFile(path string) Option {
 	return func(p *Plugin) { p.saved = &stateFile{path: path} }
 }
+
+// WithSysfs has the DRA driver's view look PCIe roots up in sysfs
+// instead of the host's /sys (tests).
+func WithSysfs(sysfs fs.ReadLinkFS) Option { return func(p *Plugin) { p.sysfs = sysfs } }

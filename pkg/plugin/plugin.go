@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"slices"
 	"strings"
@@ -88,6 +89,8 @@ type Plugin struct {
 	// stub of the current connection learnt it; nil outside Serve.
 	nriVersion func() string
 
+	// sysfs, when set, replaces the host's /sys for PCIe roots.
+	sysfs fs.ReadLinkFS
 	// nvml, when set, replaces the driver's NVML for spec generation.
 	nvml nvml.Interface
 	// hookPath is the CDI hook that the specs the plugin generates name

@@ -1,0 +1,85 @@
+package dra_test
+
+import (
+	"io/fs"
+	"testing"
+	"testing/fstest"
+
+	"github.com/google/go-cmp/cmp"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/nri-gpu/nri-gpu/pkg/dra"
+)
+
+func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }
+func num(n int64) resourceapi.DeviceAttribute  { return resourceapi.DeviceAttribute{IntValue: &n} }
+func ver(v string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{VersionValue: &v} }
+
+// sysfs has GPU 0000:3b:00.0 under PCIe root pci0000:3a, as
+// /sys/bus/pci/devices links it.
+var sysfs = fstest.MapFS{
+	"devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0": {Mode: fs.ModeDir | 0o755},
+	"bus/pci/devices/0000:3b:00.0":                 {Data: []byte("../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0"), Mode: fs.ModeSymlink},
+}
+
+func TestDevice(t *testing.T) {
+	mem := resource.NewQuantity(80<<30, resource.BinarySI)
+	tests := []struct {
+		name string
+		info dra.Info
+		want resourceapi.Device
+	}{{
+		name: "a GPU from its spec only: what the spec tells, nothing made up",
+		info: dra.Info{Kind: "nvidia.com/gpu", Name: "0", Type: dra.TypeGPU, Index: 0, Minor: 0, UUID: "GPU-abc"},
+		want: resourceapi.Device{Name: "gpu-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			"type": str("gpu"), "index": num(0), "minor": num(0), "uuid": str("GPU-abc"),
+		}},
+	}, {
+		name: "a GPU NVML tells of, named by its minor as NVIDIA's driver names it",
+		info: dra.Info{Kind: "nvidia.com/gpu", Name: "1", Type: dra.TypeGPU, Index: 1, Minor: 3, UUID: "GPU-def",
+			ProductName: "NVIDIA H100 80GB HBM3", Brand: "Nvidia", Architecture: "Hopper", DriverVersion: "550.54.15",
+			CUDAComputeCapability: "9.0", PCIBusID: "0000:3b:00.0", MemoryBytes: 80 << 30},
+		want: resourceapi.Device{Name: "gpu-3", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			"type": str("gpu"), "index": num(1), "minor": num(3), "uuid": str("GPU-def"),
+			"productName": str("NVIDIA H100 80GB HBM3"), "brand": str("Nvidia"), "architecture": str("Hopper"),
+			"driverVersion": ver("550.54.15"), "cudaComputeCapability": ver("9.0.0"), "pcieBusID": str("0000:3b:00.0"),
+			"resource.kubernetes.io/pciBusID": str("0000:3b:00.0"), "resource.kubernetes.io/pcieRoot": str("pci0000:3a"),
+		}, Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: *mem}}},
+	}, {
+		name: "a MIG device: its parent's index and UUID",
+		info: dra.Info{Kind: "nvidia.com/gpu", Name: "0:1", Type: dra.TypeMIG, Index: 0, Minor: 0, UUID: "MIG-1", ParentUUID: "GPU-abc", Profile: "1g.10gb"},
+		want: resourceapi.Device{Name: "gpu-0-1", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			"type": str("mig"), "index": num(0), "minor": num(0), "uuid": str("MIG-1"), "parentUUID": str("GPU-abc"), "profile": str("1g.10gb"),
+		}},
+	}, {
+		name: "a device of another kind: its class and name as a DNS label, no attributes",
+		info: dra.Info{Kind: "vendor.com/fpga", Name: "Card_A.1", Index: -1, Minor: -1},
+		want: resourceapi.Device{Name: "fpga-card-a-1", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}},
+	}, {
+		name: "a GPU whose minor is unknown: named from the CDI name",
+		info: dra.Info{Kind: "nvidia.com/gpu", Name: "GPU-ABC", Type: dra.TypeGPU, Index: -1, Minor: -1},
+		want: resourceapi.Device{Name: "gpu-gpu-abc", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": str("gpu")}},
+	}, {
+		name: "a name longer than a label: cut to 63",
+		info: dra.Info{Kind: "vendor.com/x", Name: "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-bbbb", Index: -1, Minor: -1},
+		want: resourceapi.Device{Name: "x-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}},
+	}, {
+		name: "versions NVML gives that are not versions, a bus ID not in sysfs: left out",
+		info: dra.Info{Kind: "nvidia.com/gpu", Name: "0", Type: dra.TypeGPU, Index: 0, Minor: 0, DriverVersion: "unknown", CUDAComputeCapability: "n/a", PCIBusID: "0000:99:00.0"},
+		want: resourceapi.Device{Name: "gpu-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			"type": str("gpu"), "index": num(0), "minor": num(0), "pcieBusID": str("0000:99:00.0"), "resource.kubernetes.io/pciBusID": str("0000:99:00.0"),
+		}},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.info.Device(sysfs)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("device (-want +got):\n%s", diff)
+			}
+			if len(got.Name) > 63 {
+				t.Errorf("name %q is longer than a DNS label", got.Name)
+			}
+		})
+	}
+}

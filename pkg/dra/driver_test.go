@@ -1,0 +1,266 @@
+package dra_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/sirupsen/logrus"
+	"github.com/sirupsen/logrus/hooks/test"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+)
+
+// source is a Source whose devices a test sets, recording what was
+// prepared and unprepared.
+type source struct {
+	mu         sync.Mutex
+	devices    []dra.Device
+	refuse     error
+	prepared   map[string][]dra.Allocated
+	claims     map[string]policy.Claim
+	unprepared []string
+}
+
+func newSource(names ...string) *source {
+	s := &source{prepared: map[string][]dra.Allocated{}, claims: map[string]policy.Claim{}}
+	s.set(names...)
+	return s
+}
+
+func (s *source) set(names ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.devices = nil
+	for _, n := range names {
+		s.devices = append(s.devices, dra.Device{CDI: "nvidia.com/gpu=" + strings.TrimPrefix(n, "gpu-"), Device: resourceapi.Device{Name: n}})
+	}
+}
+
+func (s *source) Devices() []dra.Device {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.devices)
+}
+
+func (s *source) Prepare(c policy.Claim, devs []dra.Allocated) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.refuse != nil {
+		return s.refuse
+	}
+	s.prepared[c.UID], s.claims[c.UID] = devs, c
+	return nil
+}
+
+func (s *source) Unprepare(uid string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unprepared = append(s.unprepared, uid)
+}
+
+// started is a driver serving kubelet's DRA API in a temporary kubelet
+// directory, with a client of its socket.
+type started struct {
+	src    *source
+	client *fake.Clientset
+	dra    drapb.DRAPluginClient
+	cfg    config.DRA
+	logs   *test.Hook
+	driver *dra.Driver
+}
+
+func start(t *testing.T, src *source, objects ...*resourceapi.ResourceClaim) *started {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "dra-") // short: it holds unix sockets
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	cfg := config.Default().DRA
+	cfg.PluginDir, cfg.RegistryDir = filepath.Join(dir, "plugins"), filepath.Join(dir, "registry")
+	for _, d := range []string{filepath.Join(cfg.PluginDir, cfg.DriverName), cfg.RegistryDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})
+	for _, c := range objects {
+		if _, err := client.ResourceV1().ResourceClaims(c.Namespace).Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log, hook := test.NewNullLogger()
+	log.SetLevel(logrus.DebugLevel)
+	d := dra.New(cfg, node, src, log)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx, client) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	sock := filepath.Join(cfg.PluginDir, cfg.DriverName, "dra.sock")
+	waitFor(t, "the driver's socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	if _, err := os.Stat(filepath.Join(cfg.RegistryDir, cfg.DriverName+"-reg.sock")); err != nil {
+		t.Errorf("no registration socket for kubelet: %v", err)
+	}
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &started{src: src, client: client, dra: drapb.NewDRAPluginClient(conn), cfg: cfg, logs: hook, driver: d}
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !ok(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s in 10s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// published returns the device names of the node's ResourceSlices.
+func (s *started) published(t *testing.T) []string {
+	t.Helper()
+	list, err := s.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, sl := range list.Items {
+		if sl.Spec.Driver != s.cfg.DriverName || sl.Spec.NodeName == nil || *sl.Spec.NodeName != node || sl.Spec.Pool.Name != node {
+			t.Errorf("slice %s: driver %s, node %v, pool %s", sl.Name, sl.Spec.Driver, sl.Spec.NodeName, sl.Spec.Pool.Name)
+		}
+		for _, d := range sl.Spec.Devices {
+			out = append(out, d.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestPublish: the node's ResourceSlice offers the source's devices, and
+// follows them when they change.
+func TestPublish(t *testing.T) {
+	s := start(t, newSource("gpu-0", "gpu-1"))
+	waitFor(t, "slice of gpu-0 and gpu-1", func() bool { return slices.Equal(s.published(t), []string{"gpu-0", "gpu-1"}) })
+	s.src.set("gpu-0")
+	s.driver.Notify()
+	waitFor(t, "slice of gpu-0 only", func() bool { return slices.Equal(s.published(t), []string{"gpu-0"}) })
+	s.src.set()
+	s.driver.Notify()
+	waitFor(t, "an empty slice", func() bool { return len(s.published(t)) == 0 })
+}
+
+// allocated is claim ns/name allocated results, reserved for pod ns/p.
+func allocated(name, uid string, results ...resourceapi.DeviceRequestAllocationResult) *resourceapi.ResourceClaim {
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid)}}
+	c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: results}}
+	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "p", UID: "pod-uid"}}
+	return c
+}
+
+func result(request, drv, pool, device string) resourceapi.DeviceRequestAllocationResult {
+	return resourceapi.DeviceRequestAllocationResult{Request: request, Driver: drv, Pool: pool, Device: device}
+}
+
+// TestPrepare: kubelet's NodePrepareResources, through the DRA API,
+// returns the CDI devices of exactly the claim's devices of this driver
+// on this node, after the source held them; a claim it cannot prepare
+// gets the reason; NodeUnprepareResources releases.
+func TestPrepare(t *testing.T) {
+	claims := []*resourceapi.ResourceClaim{
+		allocated("two", "uid-two", result("gpus", driver, node, "gpu-0"), result("gpus/big", driver, node, "gpu-1"),
+			result("gpus", "gpu.nvidia.com", node, "gpu-0"), result("gpus", driver, "node-2", "gpu-1")),
+		allocated("unknown", "uid-unknown", result("gpus", driver, node, "gpu-9")),
+		allocated("refused", "uid-refused", result("gpus", driver, node, "gpu-1")),
+	}
+	src := newSource("gpu-0", "gpu-1")
+	s := start(t, src, claims...)
+	ctx := context.Background()
+	prepare := func(c *resourceapi.ResourceClaim) *drapb.NodePrepareResourceResponse {
+		t.Helper()
+		resp, err := s.dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Claims[string(c.UID)]
+	}
+
+	got := prepare(claims[0])
+	if got.Error != "" {
+		t.Fatalf("claim two: %s", got.Error)
+	}
+	var ids [][]string
+	for _, d := range got.Devices {
+		ids = append(ids, []string{strings.Join(d.RequestNames, ","), d.PoolName, d.DeviceName, strings.Join(d.CdiDeviceIds, ",")})
+	}
+	// kubelet hears of requests, not subrequests (the helper strips them).
+	want := [][]string{{"gpus", node, "gpu-0", "nvidia.com/gpu=0"}, {"gpus", node, "gpu-1", "nvidia.com/gpu=1"}}
+	if diff := cmp.Diff(want, ids); diff != "" {
+		t.Errorf("prepared devices (-want +got):\n%s", diff)
+	}
+	wantHeld := []dra.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus"}}, {CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}}
+	if diff := cmp.Diff(wantHeld, src.prepared["uid-two"]); diff != "" {
+		t.Errorf("held (-want +got):\n%s", diff)
+	}
+	if c := src.claims["uid-two"]; c.Namespace != "ns" || c.Name != "two" || !slices.Equal(c.Pods, []string{"ns/p"}) {
+		t.Errorf("held for %+v, want claim ns/two of pod ns/p", c)
+	}
+
+	if got := prepare(claims[1]); !strings.Contains(got.Error, `device "gpu-9" of pool "node-1": not a device nri-gpu offers`) {
+		t.Errorf("a claim of a device not offered: error %q", got.Error)
+	}
+	src.refuse = errors.New("held by pod ns/other")
+	if got := prepare(claims[2]); !strings.Contains(got.Error, "nri-gpu: held by pod ns/other") || len(got.Devices) > 0 {
+		t.Errorf("a claim the source refuses: %+v", got)
+	}
+
+	if _, err := s.dra.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{{Namespace: "ns", Name: "two", Uid: "uid-two"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(src.unprepared, []string{"uid-two"}) {
+		t.Errorf("unprepared %v, want uid-two", src.unprepared)
+	}
+}
+
+// TestPrepareNotAllocated: a claim with no allocation is not prepared.
+func TestPrepareNotAllocated(t *testing.T) {
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "pending", Namespace: "ns", UID: "uid-p"}}
+	src := newSource("gpu-0")
+	log, _ := test.NewNullLogger()
+	d := dra.New(config.Default().DRA, node, src, log)
+	res, err := d.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := res["uid-p"].Err; e == nil || !strings.Contains(e.Error(), "claim ns/pending is not allocated") {
+		t.Errorf("error %v, want not allocated", e)
+	}
+	if len(src.prepared) > 0 {
+		t.Errorf("the source held %v", src.prepared)
+	}
+}

@@ -1,0 +1,175 @@
+package dra_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/nri-gpu/nri-gpu/pkg/dra"
+)
+
+const (
+	driver = "gpu.nri-gpu.io"
+	node   = "node-1"
+)
+
+// claim is a claim of ns allocated devices of driver in pool, reserved
+// for the pods with the given UIDs.
+func claim(name, uid, drv, pool string, reservedFor ...string) *resourceapi.ResourceClaim {
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid)}}
+	c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+		Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpus", Driver: drv, Pool: pool, Device: "gpu-0"}},
+	}}
+	for _, u := range reservedFor {
+		c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: "p", UID: types.UID(u)})
+	}
+	return c
+}
+
+// pod is pod ns/p (UID pod-uid) whose containers use claims: container
+// name -> its resources.claims.
+func pod(claims []corev1.PodResourceClaim, statuses []corev1.PodResourceClaimStatus, containers map[string][]corev1.ResourceClaim, init map[string][]corev1.ResourceClaim) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "pod-uid"}, Spec: corev1.PodSpec{NodeName: node, ResourceClaims: claims}}
+	p.Status.ResourceClaimStatuses = statuses
+	for name, cs := range containers {
+		p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: name, Resources: corev1.ResourceRequirements{Claims: cs}})
+	}
+	for name, cs := range init {
+		p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: name, Resources: corev1.ResourceRequirements{Claims: cs}})
+	}
+	return p
+}
+
+func ptr(s string) *string { return &s }
+
+func TestUses(t *testing.T) {
+	byName := []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr("mine")}}
+	fromTemplate := []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr("one-gpu")}}
+	uses := map[string][]corev1.ResourceClaim{"gpu": {{Name: "gpu"}}, "plain": nil}
+	mine := claim("mine", "uid-1", driver, node, "pod-uid")
+	tests := []struct {
+		name      string
+		objects   []runtime.Object
+		ref       dra.PodRef
+		container string
+		want      []dra.Use
+		wantErr   error
+		errSays   string
+	}{{
+		name:      "a container using a claim by name",
+		objects:   []runtime.Object{pod(byName, nil, uses, nil), mine},
+		container: "gpu",
+		want:      []dra.Use{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
+	}, {
+		name:      "a container of the pod that uses no claim",
+		objects:   []runtime.Object{pod(byName, nil, uses, nil), mine},
+		container: "plain",
+	}, {
+		name:      "a container the pod does not have",
+		objects:   []runtime.Object{pod(byName, nil, uses, nil), mine},
+		container: "other",
+	}, {
+		name: "a claim made from a template, named in the pod's status",
+		objects: []runtime.Object{
+			pod(fromTemplate, []corev1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: ptr("p-gpu-x")}}, uses, nil),
+			withOwner(claim("p-gpu-x", "uid-2", driver, node, "pod-uid"), "pod-uid"),
+		},
+		container: "gpu",
+		want:      []dra.Use{{UID: "uid-2", Namespace: "ns", Name: "p-gpu-x"}},
+	}, {
+		name: "a claim made from a template for another pod",
+		objects: []runtime.Object{
+			pod(fromTemplate, []corev1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: ptr("p-gpu-x")}}, uses, nil),
+			withOwner(claim("p-gpu-x", "uid-2", driver, node, "pod-uid"), "other-uid"),
+		},
+		container: "gpu",
+		errSays:   "was not created for Pod ns/p",
+	}, {
+		name:      "a template claim the pod does not need (no name in its status)",
+		objects:   []runtime.Object{pod(fromTemplate, []corev1.PodResourceClaimStatus{{Name: "gpu"}}, uses, nil)},
+		container: "gpu",
+	}, {
+		name:      "one request of the claim",
+		objects:   []runtime.Object{pod(byName, nil, map[string][]corev1.ResourceClaim{"gpu": {{Name: "gpu", Request: "big"}}}, nil), mine},
+		container: "gpu",
+		want:      []dra.Use{{UID: "uid-1", Namespace: "ns", Name: "mine", Requests: []string{"big"}}},
+	}, {
+		name:      "an init container",
+		objects:   []runtime.Object{pod(byName, nil, nil, uses), mine},
+		container: "gpu",
+		want:      []dra.Use{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
+	}, {
+		name:      "a claim of another driver",
+		objects:   []runtime.Object{pod(byName, nil, uses, nil), claim("mine", "uid-1", "gpu.nvidia.com", node, "pod-uid")},
+		container: "gpu",
+	}, {
+		name:      "a claim allocated on another node",
+		objects:   []runtime.Object{pod(byName, nil, uses, nil), claim("mine", "uid-1", driver, "node-2", "pod-uid")},
+		container: "gpu",
+	}, {
+		name:      "a claim not allocated",
+		objects:   []runtime.Object{pod(byName, nil, uses, nil), &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "mine", Namespace: "ns"}}},
+		container: "gpu",
+	}, {
+		name:      "a claim not reserved for the pod",
+		objects:   []runtime.Object{pod(byName, nil, uses, nil), claim("mine", "uid-1", driver, node, "someone-else")},
+		container: "gpu",
+		wantErr:   dra.ErrNotReserved,
+		errSays:   "claim ns/mine: not reserved for the pod ns/p",
+	}, {
+		name:      "a claim that is gone",
+		objects:   []runtime.Object{pod(byName, nil, uses, nil)},
+		container: "gpu",
+		errSays:   `pod ns/p claim "gpu"`,
+	}, {
+		name:      "a pod the API server does not have",
+		container: "gpu",
+		errSays:   "pod ns/p",
+	}, {
+		name:      "a pod of the name, but not the runtime's (another UID)",
+		objects:   []runtime.Object{pod(byName, nil, uses, nil), mine},
+		ref:       dra.PodRef{Namespace: "ns", Name: "p", UID: "old-uid"},
+		container: "gpu",
+		errSays:   "the API server has UID pod-uid, the runtime's sandbox old-uid",
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			f := dra.NewFinder(ctx, fake.NewClientset(tc.objects...), driver, node)
+			ref := tc.ref
+			if ref.Name == "" {
+				ref = dra.PodRef{Namespace: "ns", Name: "p", UID: "pod-uid"}
+			}
+			got, err := f.Uses(ctx, ref, tc.container)
+			if tc.errSays != "" || tc.wantErr != nil {
+				if err == nil || (tc.wantErr != nil && !errors.Is(err, tc.wantErr)) || !strings.Contains(err.Error(), tc.errSays) {
+					t.Fatalf("error %v, want one saying %q (%v)", err, tc.errSays, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("uses (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func withOwner(c *resourceapi.ResourceClaim, podUID string) *resourceapi.ResourceClaim {
+	yes := true
+	c.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "p", UID: types.UID(podUID), Controller: &yes}}
+	return c
+}
