@@ -1,0 +1,219 @@
+package policy_test
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// claimOf is claim ns/name (UID uid-name) of pod ns/p holding the GPUs
+// by index, each for request "gpus".
+func claimOf(name string, byName map[string]specs.Device, gpus ...string) (policy.Claim, []policy.ClaimDevice) {
+	c := policy.Claim{UID: "uid-" + name, Namespace: "ns", Name: name, Pods: []string{"ns/p"}}
+	var devs []policy.ClaimDevice
+	for _, g := range gpus {
+		devs = append(devs, policy.ClaimDevice{Device: byName[g], Requests: []string{"gpus"}})
+	}
+	return c, devs
+}
+
+func TestAdmitClaim(t *testing.T) {
+	_, byName := gpus()
+	sick := func(d specs.Device) error {
+		if d.Name == "nvidia.com/gpu=GPU-3" {
+			return errors.New("Xid 79")
+		}
+		return nil
+	}
+	tests := []struct {
+		name   string
+		policy config.Policy
+		// holdBefore's holdings are there, unless fresh.
+		claim string
+		gpus  []string
+		// fresh: nothing held before.
+		fresh   bool
+		rule    string
+		wantErr []string
+	}{
+		{name: "a free device", policy: config.Policy{Namespaces: []string{"ns"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"3"}},
+		{name: "a device a pod holds by name, exclusive or not", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"0"},
+			rule: policy.RuleExclusive, wantErr: []string{"claim ns/c of pod ns/p", `device "nvidia.com/gpu=0" is held by pod ns/a`}},
+		{name: "a device a pod got for a count", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"1"},
+			rule: policy.RuleExclusive, wantErr: []string{"is held by pod ns/b"}},
+		{name: "a device another claim holds", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"GPU-2"},
+			rule: policy.RuleExclusive, wantErr: []string{`"nvidia.com/gpu=GPU-2" is held by claim ns/old of pod ns/p (as "nvidia.com/gpu=2")`, "unprepares the claim"}},
+		{name: "a namespace policy.namespaces does not match", policy: config.Policy{Namespaces: []string{"tenant-*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"3"},
+			rule: policy.RuleNamespaces, wantErr: []string{`claims of namespace "ns" may not be prepared`, "policy.namespaces [tenant-*]"}},
+		{name: "a device policy.devices does not allow", policy: config.Policy{Namespaces: []string{"*"}, Devices: []string{"nvidia.com/gpu=0"}}, claim: "c", gpus: []string{"3"},
+			rule: policy.RuleDevices, wantErr: []string{`device "nvidia.com/gpu=3" matches none of policy.devices`}},
+		{name: "an unhealthy GPU", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"GPU-3"},
+			rule: policy.RuleUnhealthy, wantErr: []string{`device "nvidia.com/gpu=GPU-3": Xid 79`, "policy.allowUnhealthy"}},
+		{name: "an unhealthy GPU where policy.allowUnhealthy", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, AllowUnhealthy: true}, claim: "c", gpus: []string{"GPU-3"}},
+		{name: "more than policy.maxDevicesPerPod", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 1}, claim: "c", gpus: []string{"0", "1"}, fresh: true,
+			rule: policy.RuleMax, wantErr: []string{"it would hold 2 devices, more than policy.maxDevicesPerPod (1)"}},
+		{name: "as many as policy.maxDevicesPerPod, one GPU by two names", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 1}, claim: "c", gpus: []string{"0", "GPU-0"}, fresh: true},
+		{name: "the same claim again (kubelet after a restart): kept", policy: config.Policy{Namespaces: []string{"tenant-*"}, Devices: config.DefaultDevices}, claim: "old", gpus: []string{"0"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := policy.New(tc.policy)
+			a := policy.NewAllocations()
+			if !tc.fresh {
+				holdBefore(t, a, byName)
+			}
+			c, devs := claimOf(tc.claim, byName, tc.gpus...)
+			err := a.AdmitClaim(p, c, devs, sick)
+			if tc.rule == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, held, _ := a.Claim(c.UID, nil)
+				if tc.claim == "old" {
+					devs = []policy.ClaimDevice{{Device: byName["2"]}}
+				}
+				if len(held) != len(devs) || held[0].Name != devs[0].Name {
+					t.Errorf("claim holds %v, want %v", held, devs)
+				}
+				return
+			}
+			testutil.ErrorSays(t, err, tc.wantErr...)
+			var d *policy.Denial
+			if !errors.As(err, &d) || d.Rule != tc.rule || !errors.Is(err, policy.ErrDenied) {
+				t.Errorf("denial %v, want rule %s wrapping ErrDenied", err, tc.rule)
+			}
+			if _, _, err := a.Claim(c.UID, nil); !errors.Is(err, policy.ErrNotPrepared) {
+				t.Errorf("a refused claim is held: %v", err)
+			}
+		})
+	}
+}
+
+// TestClaimInThePool: a claim's devices are held like every other
+// holding: a pod not using the claim is refused them by name (exclusive
+// or not) and a count passes them over, naming the claim; the pods using
+// it get them, their count counted against policy.maxDevicesPerPod; the
+// device plugin and the DRA driver see them as the pool says; released,
+// they are free.
+func TestClaimInThePool(t *testing.T) {
+	cands, byName := gpus()
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 2})
+	a := policy.NewAllocations()
+	c, devs := claimOf("c", byName, "0", "1")
+	devs[1].Requests = []string{"other"}
+	if err := a.AdmitClaim(p, c, devs, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	_, err := a.Admit(p, pod("x"), []specs.Device{byName["GPU-0"]}, 0, policy.Choice{}, nil)
+	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=GPU-0" is held by claim ns/c of pod ns/p (as "nvidia.com/gpu=0")`)
+
+	g, err := a.Admit(p, pod("x"), nil, 2, policy.Choice{Candidates: cands}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := specs.Names(g.Counted); !slices.Equal(got, []string{"nvidia.com/gpu=2", "nvidia.com/gpu=3"}) {
+		t.Errorf("a count got %v, want the GPUs no claim holds", got)
+	}
+	if !slices.ContainsFunc(g.Considered.Passed, func(ps policy.Passed) bool {
+		return ps.Device == "nvidia.com/gpu=0" && ps.Reason == "held by claim ns/c of pod ns/p"
+	}) {
+		t.Errorf("passed over %v, want gpu 0 held by the claim", g.Considered.Passed)
+	}
+	a.Release("id-x")
+
+	// The claim's own pod: it may use them, and they count.
+	if _, err := a.Admit(p, pod("p"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil, c.UID); err != nil {
+		t.Errorf("the claim's pod refused its device: %v", err)
+	}
+	_, err = a.Admit(p, pod("p"), []specs.Device{byName["2"]}, 0, policy.Choice{}, nil, c.UID)
+	testutil.ErrorSays(t, err, "pod ns/p would hold 3 devices, more than policy.maxDevicesPerPod (2)")
+	a.Release("id-p")
+
+	if _, got, _ := a.Claim(c.UID, []string{"other"}); len(got) != 1 || got[0].Name != "nvidia.com/gpu=1" {
+		t.Errorf("request other of the claim: %v, want gpu 1", got)
+	}
+	if _, got, _ := a.Claim(c.UID, nil); len(got) != 2 {
+		t.Errorf("the whole claim: %v, want both", got)
+	}
+	if n := a.Count(); n != 2 {
+		t.Errorf("Count %d, want the claim's 2", n)
+	}
+	if w := specs.Names(a.Withheld()); !slices.Equal(w, []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}) {
+		t.Errorf("withheld from the device plugin %v, want the claim's", w)
+	}
+	if h := a.HeldByPods(); len(h) != 0 {
+		t.Errorf("held by pods %v, want none (the DRA driver keeps offering a claim's devices)", h)
+	}
+	// A restart of the pods' record keeps the claims.
+	if err := a.Restore(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	if released := a.ReleaseClaim(c.UID); !slices.Equal(released, []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}) {
+		t.Errorf("released %v", released)
+	}
+	if a.ReleaseClaim(c.UID) != nil {
+		t.Error("a claim released twice released something")
+	}
+	if _, err := a.Admit(p, pod("x"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil); err != nil {
+		t.Errorf("after the claim was released: %v", err)
+	}
+	if _, _, err := a.Claim(c.UID, nil); !errors.Is(err, policy.ErrNotPrepared) {
+		t.Errorf("a released claim: %v", err)
+	}
+}
+
+// TestRestoreClaims: claims kept across a restart are held again, and
+// what conflicts (a pod holding one of their devices) is reported and
+// stays held.
+func TestRestoreClaims(t *testing.T) {
+	_, byName := gpus()
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: []string{"nvidia.com/gpu=[0-2]"}})
+	a := policy.NewAllocations()
+	if err := a.Restore(p, []policy.Holding{{Pod: pod("a"), Counted: []specs.Device{byName["0"]}}}); err != nil {
+		t.Fatal(err)
+	}
+	c, devs := claimOf("c", byName, "0", "3")
+	err := a.RestoreClaims(p, []policy.ClaimHolding{{Claim: c, Devices: devs}})
+	testutil.ErrorSays(t, err, `claim ns/c of pod ns/p ("nvidia.com/gpu=0") and pod ns/a ("nvidia.com/gpu=0") both hold /dev/nvidia0`,
+		`claim ns/c of pod ns/p holds "nvidia.com/gpu=3", which policy.devices does not allow`)
+	if !errors.Is(err, policy.ErrRestoreConflict) {
+		t.Errorf("%v does not wrap ErrRestoreConflict", err)
+	}
+	got := a.Claims()
+	if len(got) != 1 || got[0].Claim.UID != c.UID || len(got[0].Devices) != 2 {
+		t.Errorf("claims %+v, want the restored one", got)
+	}
+	if s := c.String(); s != "claim ns/c of pod ns/p" {
+		t.Errorf("String %q", s)
+	}
+	if s := (policy.Claim{Namespace: "ns", Name: "c", Pods: []string{"ns/a", "ns/b"}}).String(); s != "claim ns/c of pods ns/a, ns/b" {
+		t.Errorf("String %q", s)
+	}
+	if s := (policy.Claim{Namespace: "ns", Name: "c"}).String(); !strings.HasSuffix(s, "ns/c") {
+		t.Errorf("String %q", s)
+	}
+}
+
+// holdBefore has pod "a" hold GPU 0 by name, pod "b" GPU 1 for a count
+// and claim "old" GPU 2.
+func holdBefore(t *testing.T, a *policy.Allocations, byName map[string]specs.Device) {
+	t.Helper()
+	any := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices})
+	if _, err := a.Admit(any, pod("a"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Admit(any, pod("b"), nil, 1, policy.Choice{Candidates: []specs.Device{byName["1"]}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	old := policy.Claim{UID: "uid-old", Namespace: "ns", Name: "old", Pods: []string{"ns/p"}}
+	if err := a.AdmitClaim(any, old, []policy.ClaimDevice{{Device: byName["2"]}}, nil); err != nil {
+		t.Fatal(err)
+	}
+}
