@@ -379,6 +379,9 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		}
 	}
 	candidates := st.specs.Snapshot().Candidates(st.cfg.DefaultKind)
+	// A device of a prepared claim, found in a container, is the claim's.
+	claimed := p.alloc.ClaimHeld()
+	candidates = slices.DeleteFunc(candidates, func(d specs.Device) bool { return policy.Overlaps(d, claimed) })
 	for _, c := range containers {
 		pod, ok := live[c.GetPodSandboxId()]
 		if !ok || c.GetState() == api.ContainerState_CONTAINER_STOPPED {

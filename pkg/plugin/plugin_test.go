@@ -73,6 +73,10 @@ type testRuntime struct {
 
 	// stateFile is the plugin's state file; none when empty.
 	stateFile string
+	// setup, when set, is called with each plugin before it serves.
+	setup func(*plugin.Plugin)
+	// plugin is the plugin connected last.
+	plugin *plugin.Plugin
 
 	mu         sync.Mutex
 	pods       map[string]*api.PodSandbox
@@ -91,8 +95,16 @@ func runtime(t *testing.T, cfgYAML string) *testRuntime {
 // with cfgYAML.
 func runtimeOf(t *testing.T, containerdVersion, cfgYAML string) *testRuntime {
 	t.Helper()
+	return runtimeSetUp(t, containerdVersion, cfgYAML, nil)
+}
+
+// runtimeSetUp is runtimeOf, with setup called with each plugin before it
+// serves.
+func runtimeSetUp(t *testing.T, containerdVersion, cfgYAML string, setup func(*plugin.Plugin)) *testRuntime {
+	t.Helper()
 	dir := testutil.ShortDir(t)
 	r := &testRuntime{
+		setup:     setup,
 		socket:    filepath.Join(dir, "nri.sock"),
 		specDir:   filepath.Join(dir, "cdi"),
 		stateFile: filepath.Join(dir, "state", "allocations.json"),
@@ -170,6 +182,10 @@ func (r *testRuntime) connect(t *testing.T, cfgYAML string) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if r.setup != nil {
+		r.setup(p)
+	}
+	r.plugin = p
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -193,3 +193,16 @@ func (a *Allocations) HeldByPods() []specs.Device {
 	}
 	return out
 }
+
+// ClaimHeld returns every device prepared claims hold.
+func (a *Allocations) ClaimHeld() []specs.Device {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []specs.Device
+	for _, c := range a.claims {
+		for _, d := range c.devices {
+			out = append(out, d.Device)
+		}
+	}
+	return out
+}

@@ -1,0 +1,222 @@
+package plugin_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/containerd/nri/pkg/api"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+)
+
+// finder is the API server's answer, as a test sets it: the claims each
+// container ("pod/container") uses, or an error for the pod.
+type finder struct {
+	mu   sync.Mutex
+	uses map[string][]dra.Use
+	errs map[string]error
+}
+
+func (f *finder) Uses(_ context.Context, pod dra.PodRef, ctr string) ([]dra.Use, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.errs[pod.Name]; err != nil {
+		return nil, err
+	}
+	return f.uses[pod.Name+"/"+ctr], nil
+}
+
+var claimC = policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a"}}
+
+// claimRuntime is a runtime of containerdVersion whose nri-gpu (policy
+// exclusive, a state file) finds claims with f and has claim c prepared
+// on GPU 1.
+func claimRuntime(t *testing.T, containerdVersion string, f *finder) *testRuntime {
+	t.Helper()
+	r := runtimeSetUp(t, containerdVersion, "policy: {exclusive: true, namespaces: [tenant]}", func(p *plugin.Plugin) { p.UseClaims(f) })
+	prepare(t, r, claimC, "nvidia.com/gpu=1")
+	return r
+}
+
+func prepare(t *testing.T, r *testRuntime, c policy.Claim, devices ...string) {
+	t.Helper()
+	var allocated []dra.Allocated
+	for _, d := range devices {
+		allocated = append(allocated, dra.Allocated{CDI: d, Requests: []string{"gpus"}})
+	}
+	if err := r.plugin.Claims(config.Default().DRA).Prepare(c, allocated); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func container(pod *api.PodSandbox, name string, cdi ...string) *api.Container {
+	c := &api.Container{Id: pod.Id + "-" + name, PodSandboxId: pod.Id, Name: name, Linux: &api.LinuxContainer{}}
+	for _, d := range cdi {
+		c.CDIDevices = append(c.CDIDevices, &api.CDIDevice{Name: d})
+	}
+	return c
+}
+
+// TestClaimsOverNRI: on containerd 1.7 (CDI off), the containers that
+// use a prepared claim get its devices, injected by nri-gpu, and no other
+// container does; the devices are the claim's holding: a pod asking for
+// them by name is refused naming the claim, a second pod of the claim
+// gets them under exclusive; the claim survives a restart of nri-gpu,
+// and once unprepared its GPU is free.
+func TestClaimsOverNRI(t *testing.T) {
+	f := &finder{uses: map[string][]dra.Use{
+		"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}},
+		"b/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}},
+	}}
+	r := claimRuntime(t, "v1.7.35", f)
+	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant", Uid: "uid-a"}
+	adj, err := r.create(a, container(a, "gpu"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := devicePaths(adj); !slices.Equal(got, []string{"/dev/nvidia1"}) || adj.GetAnnotations()[plugin.DevicesAnnotation] != "nvidia.com/gpu=1" {
+		t.Errorf("the claim's container got %v (annotations %v), want GPU 1", got, adj.GetAnnotations())
+	}
+	if adj, err := r.create(a, container(a, "plain")); err != nil || len(devicePaths(adj)) > 0 {
+		t.Errorf("a container of the pod that uses no claim got %v, %v", adj, err)
+	}
+
+	x := &api.PodSandbox{Id: "id-x", Name: "x", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
+	_, err = r.create(x, container(x, "main"))
+	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=1" is held by claim tenant/c of pod tenant/a`)
+
+	b := &api.PodSandbox{Id: "id-b", Name: "b", Namespace: "tenant", Uid: "uid-b"}
+	if adj, err := r.create(b, container(b, "gpu")); err != nil || !slices.Equal(devicePaths(adj), []string{"/dev/nvidia1"}) {
+		t.Errorf("the claim's second pod got %v, %v; want GPU 1 (one claim, one holding)", adj, err)
+	}
+	r.removePod(t, b)
+
+	r.restart(t, "policy: {exclusive: true, namespaces: [tenant]}")
+	_, err = r.create(x, container(x, "main"))
+	testutil.ErrorSays(t, err, "is held by claim tenant/c")
+
+	r.plugin.Claims(config.Default().DRA).Unprepare("uid-c")
+	if adj, err := r.create(x, container(x, "main")); err != nil || !slices.Equal(devicePaths(adj), []string{"/dev/nvidia1"}) {
+		t.Errorf("after the claim was unprepared, a pod asking by name got %v, %v", adj, err)
+	}
+}
+
+// TestClaimsInjectedByTheRuntime: on containerd 2.x with CDI on the
+// runtime injects a claim's CDI devices itself: nri-gpu injects nothing
+// twice, and holds them as the claim's, not the pod's (a second pod of
+// the claim is not refused under exclusive).
+func TestClaimsInjectedByTheRuntime(t *testing.T) {
+	f := &finder{uses: map[string][]dra.Use{
+		"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}},
+		"b/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}},
+	}}
+	r := claimRuntime(t, "v2.3.7", f)
+	for _, name := range []string{"a", "b"} {
+		pod := &api.PodSandbox{Id: "id-" + name, Name: name, Namespace: "tenant"}
+		adj, err := r.create(pod, container(pod, "gpu", "nvidia.com/gpu=1"))
+		if err != nil {
+			t.Fatalf("pod %s: %v", name, err)
+		}
+		if len(devicePaths(adj)) > 0 || adj.GetAnnotations()[plugin.DevicesAnnotation] != "nvidia.com/gpu=1" {
+			t.Errorf("pod %s: adjustment %v; want nothing injected, GPU 1 recorded", name, adj)
+		}
+	}
+	x := &api.PodSandbox{Id: "id-x", Name: "x", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
+	_, err := r.create(x, container(x, "main"))
+	testutil.ErrorSays(t, err, "is held by claim tenant/c")
+}
+
+// TestClaimsTheAPIServerCannotTell: when the API server cannot say which
+// claims a container uses, a pod a prepared claim is reserved for is
+// refused (it would run without its devices), another pod is created
+// without claims; a claim not reserved for the pod, or not prepared, is
+// refused.
+func TestClaimsTheAPIServerCannotTell(t *testing.T) {
+	down := errors.New("connection refused")
+	f := &finder{
+		uses: map[string][]dra.Use{"y/gpu": {{UID: "uid-gone", Namespace: "tenant", Name: "gone"}}},
+		errs: map[string]error{"a": down, "x": down, "z": dra.ErrNotReserved},
+	}
+	r := claimRuntime(t, "v1.7.35", f)
+	for _, tc := range []struct {
+		pod     string
+		wantErr []string
+	}{
+		{"a", []string{"claim tenant/c of pod tenant/a was prepared for this pod, but which of its containers use it cannot be told", "connection refused"}},
+		{"x", nil},
+		{"y", []string{"claim tenant/gone", "claim not prepared on this node"}},
+		{"z", []string{"not reserved for the pod"}},
+	} {
+		pod := &api.PodSandbox{Id: "id-" + tc.pod, Name: tc.pod, Namespace: "tenant"}
+		adj, err := r.create(pod, container(pod, "gpu"))
+		if tc.wantErr == nil {
+			if err != nil || len(devicePaths(adj)) > 0 {
+				t.Errorf("pod %s: %v, %v; want it created without devices", tc.pod, adj, err)
+			}
+			continue
+		}
+		testutil.ErrorSays(t, err, tc.wantErr...)
+	}
+}
+
+// TestClaimDevices: what the DRA driver offers: one device per GPU (not
+// "all", not a GPU again by UUID), its attributes from the spec, a GPU
+// held through another door left out, a claim's GPU kept.
+func TestClaimDevices(t *testing.T) {
+	dir := t.TempDir()
+	node := filepath.Join(t.TempDir(), "nvidia2")
+	if err := os.WriteFile(node, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "gpu.yaml"), []byte(fmt.Sprintf(resourceSpec, node)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := inProcess(t, "policy: {exclusive: true}", dir)
+	view := p.Claims(config.Default().DRA)
+	names := func() []string {
+		var out []string
+		for _, d := range view.Devices() {
+			out = append(out, d.Device.Name+"="+d.CDI)
+		}
+		return out
+	}
+	want := []string{"gpu-0=nvidia.com/gpu=0", "gpu-1=nvidia.com/gpu=1", "gpu-2=nvidia.com/gpu=2"}
+	if got := names(); !slices.Equal(got, want) {
+		t.Errorf("offered %v, want %v", got, want)
+	}
+	d := view.Devices()[0].Device
+	if u := d.Attributes["uuid"].StringValue; u == nil || *u != "GPU-0" {
+		t.Errorf("gpu-0's uuid %v, want the spec's other name GPU-0", u)
+	}
+	if ty := d.Attributes["type"].StringValue; ty == nil || *ty != "gpu" {
+		t.Errorf("gpu-0's type %v", ty)
+	}
+	if err := view.Prepare(policy.Claim{UID: "u", Namespace: "ns", Name: "c"}, []dra.Allocated{{CDI: "nvidia.com/gpu=2"}}); err != nil {
+		t.Fatal(err)
+	}
+	holder := &api.PodSandbox{Id: "id-h", Name: "h", Namespace: "ns", Annotations: map[string]string{"gpus.nri-gpu.io": "GPU-0"}}
+	if _, _, err := p.Explain(holder, &api.Container{Id: "h", PodSandboxId: "id-h", Name: "main", Linux: &api.LinuxContainer{}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); !slices.Equal(got, want[1:]) {
+		t.Errorf("with GPU 0 held by a pod and GPU 2 by a claim, offered %v, want %v", got, want[1:])
+	}
+	err := view.Prepare(policy.Claim{UID: "v", Namespace: "ns", Name: "late"}, []dra.Allocated{{CDI: "nvidia.com/gpu=0"}})
+	testutil.ErrorSays(t, err, "claim ns/late", "is held by pod ns/h")
+	err = view.Prepare(policy.Claim{UID: "w", Namespace: "ns", Name: "ghost"}, []dra.Allocated{{CDI: "nvidia.com/gpu=7"}})
+	testutil.ErrorSays(t, err, "claim ns/ghost", "nvidia.com/gpu=7")
+	if !strings.Contains(err.Error(), "ghost") {
+		t.Error(err)
+	}
+}
