@@ -28,6 +28,7 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		pod       = fs.String("pod", "pod", "pod name")
 		container = fs.String("container", "main", "container name")
 		output    = fs.String("output", "text", "text or json")
+		stateFile = fs.String("state-file", "", "the running plugin's state file (its --state-file), read and never written: explain as it would, with what pods and DRA claims hold")
 	)
 	if code, done := parseFlags(fs, args); done {
 		return code
@@ -41,12 +42,17 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nri-gpu explain: %v\n", err)
 		return exitUsage
 	}
-	p, err := plugin.New(cfg, quietLogger())
+	var opts []plugin.Option
+	if *stateFile != "" {
+		opts = append(opts, plugin.WithRecord(*stateFile))
+	}
+	p, err := plugin.New(cfg, quietLogger(), opts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu explain: %v\n", err)
 		return exitUsage
 	}
 	defer p.Close()
+	p.HoldRecorded()
 	p.CheckHealth()
 
 	adj, grant, err := p.Explain(

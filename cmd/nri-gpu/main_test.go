@@ -211,6 +211,14 @@ func TestFlagsFromEnvironment(t *testing.T) {
 // TestExplainCount: explain shows what a count request chose and what it
 // passed over, and why.
 func TestExplainCount(t *testing.T) {
+	specDir := threeGPUs(t)
+	explainCount(t, specDir)
+}
+
+// threeGPUs writes a spec of GPUs 0-2, GPU 0 injecting a hook outside
+// policy.hookPaths, and returns its directory.
+func threeGPUs(t *testing.T) string {
+	t.Helper()
 	dir := testutil.ShortDir(t)
 	spec := "cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ndevices:\n"
 	for i := 0; i < 3; i++ {
@@ -231,6 +239,11 @@ func TestExplainCount(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(specDir, "gpu.yaml"), []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return specDir
+}
+
+func explainCount(t *testing.T, specDir string) {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
 	code := run([]string{"explain", "--cdi-spec-dirs", specDir, "--annotation", "gpu-count.nri-gpu.io=1"}, &stdout, &stderr)
 	if code != exitOK {
@@ -240,6 +253,38 @@ func TestExplainCount(t *testing.T) {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("explain does not say %q:\n%s", want, stdout.String())
 		}
+	}
+}
+
+// TestExplainWithRecord: given the running plugin's state file, explain
+// sees what pods and DRA claims hold: a request for a claim's GPU is
+// denied naming the claim, one for a pod's naming the pod, a count finds
+// both held; the file is not written.
+func TestExplainWithRecord(t *testing.T) {
+	specDir := threeGPUs(t)
+	record := filepath.Join(t.TempDir(), "allocations.json")
+	data := `{"version":1,"pods":[{"id":"id-a","namespace":"ns","name":"a","counted":[{"name":"nvidia.com/gpu=2","nodes":["c 195:2"]}]}],` +
+		`"claims":[{"uid":"uid-c","namespace":"ns","name":"c","pods":["ns/p"],"devices":[{"name":"nvidia.com/gpu=1","nodes":["c 195:1"],"requests":["gpus"]}]}]}`
+	if err := os.WriteFile(record, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"explain", "--cdi-spec-dirs", specDir, "--state-file", record, "--annotation", "gpus.nri-gpu.io=1"}, &stdout, &stderr)
+	if code != exitError || !strings.Contains(stdout.String(), `is held by claim ns/c of pod ns/p`) {
+		t.Errorf("exit %d, want a denial naming the claim:\n%s%s", code, stdout.String(), stderr.String())
+	}
+	for ann, want := range map[string]string{
+		"gpus.nri-gpu.io=2":      "is held by pod ns/a",
+		"gpu-count.nri-gpu.io=1": "0 are free and 2 held",
+	} {
+		stdout.Reset()
+		code = run([]string{"explain", "--cdi-spec-dirs", specDir, "--state-file", record, "--annotation", ann}, &stdout, &stderr)
+		if code != exitError || !strings.Contains(stdout.String(), want) {
+			t.Errorf("%s: exit %d, want a denial saying %q:\n%s", ann, code, want, stdout.String())
+		}
+	}
+	if got, err := os.ReadFile(record); err != nil || string(got) != data {
+		t.Errorf("explain changed the state file: %s, %v", got, err)
 	}
 }
 

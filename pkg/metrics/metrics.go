@@ -48,7 +48,7 @@ func New() *Metrics {
 			Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 5e-3, 25e-3, 100e-3, 1},
 		}),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "nri_gpu_devices_held", Help: "Devices held by pods (exclusive or counted allocations).",
+			Name: "nri_gpu_devices_held", Help: "Devices held by pods and prepared DRA claims.",
 		}),
 		specErrs: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "nri_gpu_spec_errors", Help: "CDI spec files not used: broken, conflicting or not trusted.",

@@ -38,6 +38,13 @@ func WithStateFile(path string) Option {
 	return func(p *Plugin) { p.saved = &stateFile{path: path} }
 }
 
+// WithRecord has the plugin start from what the state file at path says
+// pods and DRA claims hold (HoldRecorded), and never write it: for
+// nri-gpu explain, beside the running plugin.
+func WithRecord(path string) Option {
+	return func(p *Plugin) { p.saved = &stateFile{path: path, readOnly: true} }
+}
+
 // WithSysfs has the DRA driver's view look PCIe roots up in sysfs
 // instead of the host's /sys (tests).
 func WithSysfs(sysfs fs.ReadLinkFS) Option { return func(p *Plugin) { p.sysfs = sysfs } }

@@ -791,6 +791,16 @@ func (p *Plugin) known() []policy.Holding {
 	return p.alloc.Holdings()
 }
 
+// HoldRecorded has the pool hold what the state file said pods held at
+// start, as a Synchronize that found all of them running would, for a
+// plugin that is not served (nri-gpu explain). It logs what breaks the
+// policy.
+func (p *Plugin) HoldRecorded() {
+	if err := p.alloc.Restore(p.state().policy, p.known()); err != nil {
+		p.log.Warn(err)
+	}
+}
+
 // record returns what the state file keeps: the pods' holdings (those
 // read at start, while they are pending) and the prepared claims.
 func (p *Plugin) record() ([]policy.Holding, []policy.ClaimHolding) {

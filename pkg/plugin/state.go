@@ -32,6 +32,8 @@ var errStateUntrusted = errors.New("not trusted")
 // into place, so that a reader sees the old state or the new one.
 type stateFile struct {
 	path string
+	// readOnly files are read, never written (nri-gpu explain).
+	readOnly bool
 
 	mu   sync.Mutex
 	last []byte // what was last written, so unchanged state is not
@@ -79,6 +81,9 @@ const stateVersion = 1
 // held is called under the file's lock, so that of two saves at once the
 // later one writes the later state.
 func (f *stateFile) save(held func() ([]policy.Holding, []policy.ClaimHolding)) error {
+	if f.readOnly {
+		return nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	rec := stateRecord{Version: stateVersion, Pods: []podRecord{}}
