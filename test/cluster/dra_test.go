@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -450,4 +451,41 @@ func TestDRAFaults(t *testing.T) {
 			waitSlice(t, n, gpuNames(n)...)
 		})
 	}
+}
+
+// TestDRASliceFollowsThePool: a GPU held through another door (an
+// annotation, the device plugin) or whose device node is gone leaves its
+// node's ResourceSlice, so the scheduler allocates it to no claim, and
+// comes back when it is free or there again.
+func TestDRASliceFollowsThePool(t *testing.T) {
+	needCluster(t)
+	createPod(t, gpuPod("default", "annotated", 0, map[string]string{"gpus.nri-gpu.io": "1"}, env.a.Name))
+	waitRunning(t, "default", "annotated")
+	waitSlice(t, env.a, gpuNames(env.a, 1)...)
+	deletePod(t, "default", "annotated")
+	waitSlice(t, env.a, gpuNames(env.a)...)
+
+	createPod(t, gpuPod("default", "plugged", 2, nil, env.b.Name))
+	p := waitRunning(t, "default", "plugged")
+	var held []int
+	for _, d := range gpusSeen(t, p) {
+		var i int
+		if _, err := fmt.Sscanf(d, "nvidia%d", &i); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, i)
+	}
+	waitSlice(t, env.b, gpuNames(env.b, held...)...)
+	deletePod(t, "default", "plugged")
+	waitSlice(t, env.b, gpuNames(env.b)...)
+
+	if err := os.Remove(env.b.Dev("nvidia3")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.b.RestoreGPU(3) })
+	waitSlice(t, env.b, gpuNames(env.b, 3)...)
+	if err := env.b.RestoreGPU(3); err != nil {
+		t.Fatal(err)
+	}
+	waitSlice(t, env.b, gpuNames(env.b)...)
 }
