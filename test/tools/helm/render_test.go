@@ -19,6 +19,8 @@ import (
 	"helm.sh/helm/v3/pkg/engine"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
@@ -33,6 +35,10 @@ type rendered struct {
 	serviceAccount *corev1.ServiceAccount
 	service        *corev1.Service
 	serviceMonitor map[string]any
+	// The DRA driver's, with config.dra.enabled.
+	clusterRole        *rbacv1.ClusterRole
+	clusterRoleBinding *rbacv1.ClusterRoleBinding
+	deviceClass        *resourceapi.DeviceClass
 }
 
 func render(t *testing.T, valuesFile string) rendered {
@@ -56,37 +62,57 @@ func render(t *testing.T, valuesFile string) rendered {
 		t.Fatal(err)
 	}
 	var r rendered
-	for name, text := range files {
-		if strings.HasSuffix(name, ".tpl") || strings.TrimSpace(text) == "" {
+	for name, file := range files {
+		if strings.HasSuffix(name, ".tpl") {
 			continue
 		}
-		var head struct{ Kind string }
-		if err := yaml.Unmarshal([]byte(text), &head); err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		var into any
-		switch head.Kind {
-		case "DaemonSet":
-			into = &r.daemonSet
-		case "ConfigMap":
-			into = &r.configMap
-		case "Service":
-			r.service = &corev1.Service{}
-			into = r.service
-		case "ServiceAccount":
-			r.serviceAccount = &corev1.ServiceAccount{}
-			into = r.serviceAccount
-		case "ServiceMonitor":
-			into = &r.serviceMonitor
-		default:
-			t.Fatalf("%s: unexpected kind %q", name, head.Kind)
-		}
-		// Strict: a field the Kubernetes type does not have is an error.
-		if err := yaml.UnmarshalStrict([]byte(text), into); err != nil {
-			t.Fatalf("%s does not validate as a %s: %v\n%s", name, head.Kind, err, text)
+		for _, text := range strings.Split(file, "\n---\n") {
+			if strings.TrimSpace(text) == "" {
+				continue
+			}
+			r.add(t, name, text)
 		}
 	}
 	return r
+}
+
+// add decodes one rendered manifest into r, strictly.
+func (r *rendered) add(t *testing.T, name, text string) {
+	t.Helper()
+	var head struct{ Kind string }
+	if err := yaml.Unmarshal([]byte(text), &head); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	var into any
+	switch head.Kind {
+	case "DaemonSet":
+		into = &r.daemonSet
+	case "ConfigMap":
+		into = &r.configMap
+	case "Service":
+		r.service = &corev1.Service{}
+		into = r.service
+	case "ServiceAccount":
+		r.serviceAccount = &corev1.ServiceAccount{}
+		into = r.serviceAccount
+	case "ServiceMonitor":
+		into = &r.serviceMonitor
+	case "ClusterRole":
+		r.clusterRole = &rbacv1.ClusterRole{}
+		into = r.clusterRole
+	case "ClusterRoleBinding":
+		r.clusterRoleBinding = &rbacv1.ClusterRoleBinding{}
+		into = r.clusterRoleBinding
+	case "DeviceClass":
+		r.deviceClass = &resourceapi.DeviceClass{}
+		into = r.deviceClass
+	default:
+		t.Fatalf("%s: unexpected kind %q", name, head.Kind)
+	}
+	// Strict: a field the Kubernetes type does not have is an error.
+	if err := yaml.UnmarshalStrict([]byte(text), into); err != nil {
+		t.Fatalf("%s does not validate as a %s: %v\n%s", name, head.Kind, err, text)
+	}
 }
 
 // tested returns the DaemonSet and ConfigMap the e2e suite runs.
@@ -235,14 +261,79 @@ func TestSpecDirsMounted(t *testing.T) {
 
 // TestNoToken: the chart's ServiceAccount, and its pod, mount no token,
 // and the chart grants it no access (it makes no Role, ClusterRole or
-// binding: render fails on any kind it does not expect).
+// binding) unless the DRA driver is on.
 func TestNoToken(t *testing.T) {
 	r := render(t, "")
+	if r.clusterRole != nil || r.clusterRoleBinding != nil || r.deviceClass != nil {
+		t.Errorf("without DRA the chart makes %v, %v, %v", r.clusterRole, r.clusterRoleBinding, r.deviceClass)
+	}
 	if r.serviceAccount == nil || r.serviceAccount.AutomountServiceAccountToken == nil || *r.serviceAccount.AutomountServiceAccountToken {
 		t.Errorf("ServiceAccount %+v: want one with automountServiceAccountToken false", r.serviceAccount)
 	}
 	spec := r.daemonSet.Spec.Template.Spec
 	if spec.ServiceAccountName != r.serviceAccount.Name || spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
 		t.Errorf("pod service account %q (automount %v), want %q without a token", spec.ServiceAccountName, spec.AutomountServiceAccountToken, r.serviceAccount.Name)
+	}
+}
+
+// TestDRAValues: with config.dra.enabled the chart gives the driver what
+// it needs and no more: its token, NODE_NAME, kubelet's plugin directory
+// of the driver and registration directory, a ClusterRole of exactly the
+// driver's calls bound to the chart's account, and a DeviceClass
+// selecting the driver's devices; the configuration passes nri-gpu's
+// validation with the driver on.
+func TestDRAValues(t *testing.T) {
+	r := render(t, "ci/dra-values.yaml")
+	cfg := parseConfig(t, r.configMap)
+	if !cfg.DRA.Enabled || cfg.DRA.DriverName != "gpu.nri-gpu.io" {
+		t.Errorf("dra config %+v", cfg.DRA)
+	}
+	spec := r.daemonSet.Spec.Template.Spec
+	if spec.AutomountServiceAccountToken == nil || !*spec.AutomountServiceAccountToken {
+		t.Error("the pod mounts no token: the driver cannot reach the API server")
+	}
+	ctr := spec.Containers[0]
+	if !slices.ContainsFunc(ctr.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName"
+	}) {
+		t.Errorf("no NODE_NAME from spec.nodeName in %v", ctr.Env)
+	}
+	mounts := map[string]string{}
+	for _, m := range ctr.VolumeMounts {
+		mounts[m.MountPath] = m.Name
+	}
+	hostPaths := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	for _, dir := range []string{"/var/lib/kubelet/plugins/gpu.nri-gpu.io", "/var/lib/kubelet/plugins_registry"} {
+		if name, ok := mounts[dir]; !ok || hostPaths[name] != dir {
+			t.Errorf("%s: mounted as %q from %q", dir, name, hostPaths[name])
+		}
+	}
+	if r.clusterRole == nil || r.clusterRoleBinding == nil || r.deviceClass == nil {
+		t.Fatalf("ClusterRole %v, binding %v, DeviceClass %v", r.clusterRole, r.clusterRoleBinding, r.deviceClass)
+	}
+	var rules []string
+	for _, rule := range r.clusterRole.Rules {
+		rules = append(rules, strings.Join(rule.APIGroups, ",")+"/"+strings.Join(rule.Resources, ",")+": "+strings.Join(rule.Verbs, ","))
+	}
+	want := []string{
+		"resource.k8s.io/resourceslices: get,list,watch,create,update,patch,delete",
+		"resource.k8s.io/resourceclaims: get",
+		"/pods: get,list,watch",
+		"/nodes: get",
+	}
+	if diff := cmp.Diff(want, rules); diff != "" {
+		t.Errorf("ClusterRole rules (-want +got):\n%s", diff)
+	}
+	b := r.clusterRoleBinding
+	if b.RoleRef.Name != r.clusterRole.Name || len(b.Subjects) != 1 || b.Subjects[0].Name != spec.ServiceAccountName || b.Subjects[0].Namespace != "nri-gpu" {
+		t.Errorf("binding %+v does not bind the ClusterRole to the pod's account %q", b, spec.ServiceAccountName)
+	}
+	if sel := r.deviceClass.Spec.Selectors; r.deviceClass.Name != "gpu.nri-gpu.io" || len(sel) != 1 || sel[0].CEL.Expression != `device.driver == "gpu.nri-gpu.io"` {
+		t.Errorf("DeviceClass %+v", r.deviceClass)
 	}
 }
