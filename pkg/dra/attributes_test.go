@@ -57,6 +57,10 @@ func TestDevice(t *testing.T) {
 		info: dra.Info{Kind: "vendor.com/fpga", Name: "Card_A.1", Index: -1, Minor: -1},
 		want: resourceapi.Device{Name: "fpga-card-a-1", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}},
 	}, {
+		name: "a GPU named by UUID, minor 0: named by its minor",
+		info: dra.Info{Kind: "nvidia.com/gpu", Name: "GPU-abc", Type: dra.TypeGPU, Index: -1, Minor: 0},
+		want: resourceapi.Device{Name: "gpu-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": str("gpu"), "minor": num(0)}},
+	}, {
 		name: "a GPU whose minor is unknown: named from the CDI name",
 		info: dra.Info{Kind: "nvidia.com/gpu", Name: "GPU-ABC", Type: dra.TypeGPU, Index: -1, Minor: -1},
 		want: resourceapi.Device{Name: "gpu-gpu-abc", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": str("gpu")}},

@@ -37,6 +37,8 @@ type source struct {
 	prepared   map[string][]dra.Allocated
 	claims     map[string]policy.Claim
 	unprepared []string
+	// looks counts the calls of Devices.
+	looks int
 }
 
 func newSource(names ...string) *source {
@@ -57,6 +59,7 @@ func (s *source) set(names ...string) {
 func (s *source) Devices() []dra.Device {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.looks++
 	return slices.Clone(s.devices)
 }
 
@@ -167,12 +170,38 @@ func (s *started) published(t *testing.T) []string {
 func TestPublish(t *testing.T) {
 	s := start(t, newSource("gpu-0", "gpu-1"))
 	waitFor(t, "slice of gpu-0 and gpu-1", func() bool { return slices.Equal(s.published(t), []string{"gpu-0", "gpu-1"}) })
+	s.logged(t, "gpu-0,gpu-1")
+	// Unchanged devices are looked at now and then, not all the time.
+	s.src.mu.Lock()
+	before := s.src.looks
+	s.src.mu.Unlock()
+	time.Sleep(300 * time.Millisecond)
+	s.src.mu.Lock()
+	looks := s.src.looks - before
+	s.src.mu.Unlock()
+	if looks > 2 {
+		t.Errorf("the devices were looked at %d times in 300ms with nothing changed", looks)
+	}
 	s.src.set("gpu-0")
 	s.driver.Notify()
 	waitFor(t, "slice of gpu-0 only", func() bool { return slices.Equal(s.published(t), []string{"gpu-0"}) })
 	s.src.set()
 	s.driver.Notify()
 	waitFor(t, "an empty slice", func() bool { return len(s.published(t)) == 0 })
+	s.logged(t, "none")
+}
+
+// logged checks that the driver logged publishing devices.
+func (s *started) logged(t *testing.T, devices string) {
+	t.Helper()
+	waitFor(t, "the log of publishing "+devices, func() bool {
+		for _, e := range s.logs.AllEntries() {
+			if e.Message == "published the node's ResourceSlice" && e.Data["devices"] == devices {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // allocated is claim ns/name allocated results, reserved for pod ns/p.
@@ -193,8 +222,8 @@ func result(request, drv, pool, device string) resourceapi.DeviceRequestAllocati
 // gets the reason; NodeUnprepareResources releases.
 func TestPrepare(t *testing.T) {
 	claims := []*resourceapi.ResourceClaim{
-		allocated("two", "uid-two", result("gpus", driver, node, "gpu-0"), result("gpus/big", driver, node, "gpu-1"),
-			result("gpus", "gpu.nvidia.com", node, "gpu-0"), result("gpus", driver, "node-2", "gpu-1")),
+		allocated("two", "uid-two", result("gpus", "gpu.nvidia.com", node, "gpu-0"), result("gpus", driver, "node-2", "gpu-1"),
+			result("gpus", driver, node, "gpu-0"), result("gpus/big", driver, node, "gpu-1"), result("extra", driver, node, "gpu-0")),
 		allocated("unknown", "uid-unknown", result("gpus", driver, node, "gpu-9")),
 		allocated("refused", "uid-refused", result("gpus", driver, node, "gpu-1")),
 	}
@@ -219,11 +248,12 @@ func TestPrepare(t *testing.T) {
 		ids = append(ids, []string{strings.Join(d.RequestNames, ","), d.PoolName, d.DeviceName, strings.Join(d.CdiDeviceIds, ",")})
 	}
 	// kubelet hears of requests, not subrequests (the helper strips them).
-	want := [][]string{{"gpus", node, "gpu-0", "nvidia.com/gpu=0"}, {"gpus", node, "gpu-1", "nvidia.com/gpu=1"}}
+	want := [][]string{{"gpus", node, "gpu-0", "nvidia.com/gpu=0"}, {"gpus", node, "gpu-1", "nvidia.com/gpu=1"}, {"extra", node, "gpu-0", "nvidia.com/gpu=0"}}
 	if diff := cmp.Diff(want, ids); diff != "" {
 		t.Errorf("prepared devices (-want +got):\n%s", diff)
 	}
-	wantHeld := []dra.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus"}}, {CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}}
+	// A device of two requests is held once, for both.
+	wantHeld := []dra.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus", "extra"}}, {CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}}
 	if diff := cmp.Diff(wantHeld, src.prepared["uid-two"]); diff != "" {
 		t.Errorf("held (-want +got):\n%s", diff)
 	}
@@ -233,6 +263,17 @@ func TestPrepare(t *testing.T) {
 
 	if got := prepare(claims[1]); !strings.Contains(got.Error, `device "gpu-9" of pool "node-1": not a device nri-gpu offers`) {
 		t.Errorf("a claim of a device not offered: error %q", got.Error)
+	}
+	// Two claims in one call: the one that fails does not keep the
+	// other from being prepared.
+	resp, err := s.dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{
+		{Namespace: "ns", Name: "unknown", Uid: "uid-unknown"}, {Namespace: "ns", Name: "refused", Uid: "uid-refused"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Claims["uid-unknown"].Error == "" || resp.Claims["uid-refused"].Error != "" || len(src.prepared["uid-refused"]) != 1 {
+		t.Errorf("one failing claim of two: %v; prepared %v", resp.Claims, src.prepared)
 	}
 	src.refuse = errors.New("held by pod ns/other")
 	if got := prepare(claims[2]); !strings.Contains(got.Error, "nri-gpu: held by pod ns/other") || len(got.Devices) > 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -99,6 +100,15 @@ func TestUses(t *testing.T) {
 		objects:   []runtime.Object{pod(fromTemplate, []corev1.PodResourceClaimStatus{{Name: "gpu"}}, uses, nil)},
 		container: "gpu",
 	}, {
+		name: "a container of several claims: one not needed, one of another driver, one ours",
+		objects: []runtime.Object{
+			pod([]corev1.PodResourceClaim{{Name: "spare", ResourceClaimTemplateName: ptr("t")}, {Name: "nic", ResourceClaimName: ptr("nic")}, {Name: "gpu", ResourceClaimName: ptr("mine")}},
+				[]corev1.PodResourceClaimStatus{{Name: "spare"}}, map[string][]corev1.ResourceClaim{"gpu": {{Name: "spare"}, {Name: "nic"}, {Name: "gpu"}}}, nil),
+			claim("nic", "uid-nic", "nic.example.com", node, "pod-uid"), mine,
+		},
+		container: "gpu",
+		want:      []dra.Use{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
+	}, {
 		name:      "one request of the claim",
 		objects:   []runtime.Object{pod(byName, nil, map[string][]corev1.ResourceClaim{"gpu": {{Name: "gpu", Request: "big"}}}, nil), mine},
 		container: "gpu",
@@ -172,4 +182,56 @@ func withOwner(c *resourceapi.ResourceClaim, podUID string) *resourceapi.Resourc
 	yes := true
 	c.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "p", UID: types.UID(podUID), Controller: &yes}}
 	return c
+}
+
+// TestUsesFromTheWatch: the finder reads the node's pods from its watch,
+// asking the API server only for a pod the watch does not have as the
+// runtime's (another UID): creating containers costs the API server no
+// pod reads.
+func TestUsesFromTheWatch(t *testing.T) {
+	p := pod([]corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr("mine")}}, nil, map[string][]corev1.ResourceClaim{"gpu": {{Name: "gpu"}}}, nil)
+	client := fake.NewClientset(p, claim("mine", "uid-1", driver, node, "pod-uid"))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f := dra.NewFinder(ctx, client, driver, node)
+	podGets := func() int {
+		n := 0
+		for _, a := range client.Actions() {
+			if a.GetVerb() == "get" && a.GetResource().Resource == "pods" {
+				n++
+			}
+		}
+		return n
+	}
+	ref := dra.PodRef{Namespace: "ns", Name: "p", UID: "pod-uid"}
+	// Until the watch has the pod, the finder asks the API server.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		before := podGets()
+		if _, err := f.Uses(ctx, ref, "gpu"); err != nil {
+			t.Fatal(err)
+		}
+		if podGets() == before {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("every lookup reads the pod from the API server")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, r := range []dra.PodRef{ref, {Namespace: "ns", Name: "p"}} {
+		before := podGets()
+		if uses, err := f.Uses(ctx, r, "gpu"); err != nil || len(uses) != 1 {
+			t.Fatalf("%+v: %v, %v", r, uses, err)
+		}
+		if podGets() != before {
+			t.Errorf("%+v: the pod the watch has was read from the API server", r)
+		}
+	}
+	before := podGets()
+	if _, err := f.Uses(ctx, dra.PodRef{Namespace: "ns", Name: "p", UID: "new-uid"}, "gpu"); err == nil {
+		t.Error("a pod of another UID than the runtime's was taken")
+	}
+	if podGets() != before+1 {
+		t.Error("a pod whose UID differs from the runtime's was not read again from the API server")
+	}
 }

@@ -55,6 +55,10 @@ func TestAdmitClaim(t *testing.T) {
 			rule: policy.RuleDevices, wantErr: []string{`device "nvidia.com/gpu=3" matches none of policy.devices`}},
 		{name: "an unhealthy GPU", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"GPU-3"},
 			rule: policy.RuleUnhealthy, wantErr: []string{`device "nvidia.com/gpu=GPU-3": Xid 79`, "policy.allowUnhealthy"}},
+		{name: "every device refused is named: two policy.devices does not allow", policy: config.Policy{Namespaces: []string{"*"}, Devices: []string{"nvidia.com/gpu=0"}}, claim: "c", gpus: []string{"3", "GPU-3"},
+			rule: policy.RuleDevices, wantErr: []string{`device "nvidia.com/gpu=3" matches none`, `device "nvidia.com/gpu=GPU-3" matches none`}},
+		{name: "every device refused is named: unhealthy, then held", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"GPU-3", "1"},
+			rule: policy.RuleUnhealthy, wantErr: []string{`device "nvidia.com/gpu=GPU-3": Xid 79`, `device "nvidia.com/gpu=1" is held by pod ns/b`}},
 		{name: "an unhealthy GPU where policy.allowUnhealthy", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, AllowUnhealthy: true}, claim: "c", gpus: []string{"GPU-3"}},
 		{name: "more than policy.maxDevicesPerPod", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 1}, claim: "c", gpus: []string{"0", "1"}, fresh: true,
 			rule: policy.RuleMax, wantErr: []string{"it would hold 2 devices, more than policy.maxDevicesPerPod (1)"}},
@@ -127,6 +131,15 @@ func TestClaimInThePool(t *testing.T) {
 		t.Errorf("passed over %v, want gpu 0 held by the claim", g.Considered.Passed)
 	}
 	a.Release("id-x")
+
+	// A pod using another claim is refused them all the same.
+	other, otherDevs := claimOf("another", byName, "3")
+	if err := a.AdmitClaim(p, other, otherDevs, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Admit(p, pod("y"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil, other.UID)
+	testutil.ErrorSays(t, err, "is held by claim ns/c")
+	a.ReleaseClaim(other.UID)
 
 	// The claim's own pod: it may use them, and they count.
 	if _, err := a.Admit(p, pod("p"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil, c.UID); err != nil {
