@@ -147,7 +147,7 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 			p.log.Warn(err)
 		}
 		for _, c := range claims {
-			p.log.WithFields(logrus.Fields{"namespace": c.Claim.Namespace, "claim": c.Claim.Name, "devices": strings.Join(claimNames(c), ",")}).
+			p.log.WithFields(logrus.Fields{"namespace": c.Claim.Namespace, "claim": c.Claim.Name, "devices": strings.Join(specs.Names(c.Footprints()), ",")}).
 				Info("restored devices held by prepared DRA claim")
 		}
 		p.pending, p.restoring = pods, true
@@ -155,13 +155,6 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	return p, nil
 }
 
-func claimNames(c policy.ClaimHolding) []string {
-	var out []string
-	for _, d := range c.Devices {
-		out = append(out, d.Name)
-	}
-	return out
-}
 
 func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 	if len(p.specDirs) > 0 {

@@ -576,9 +576,7 @@ func (a *Allocations) Withheld() []specs.Device {
 	defer a.mu.Unlock()
 	var out []specs.Device
 	for _, c := range a.claims {
-		for _, d := range c.devices {
-			out = append(out, d.Device)
-		}
+		out = append(out, footprints(c.devices)...)
 	}
 	for _, h := range a.pods {
 		var fromKubelet []specs.Device

@@ -53,6 +53,17 @@ type claimHolding struct {
 	devices []ClaimDevice
 }
 
+// Footprints returns the claim's devices.
+func (c ClaimHolding) Footprints() []specs.Device { return footprints(c.Devices) }
+
+func footprints(devs []ClaimDevice) []specs.Device {
+	out := make([]specs.Device, 0, len(devs))
+	for _, d := range devs {
+		out = append(out, d.Device)
+	}
+	return out
+}
+
 // ErrNotPrepared is wrapped by the error for a claim nri-gpu has not
 // prepared on the node.
 var ErrNotPrepared = errors.New("claim not prepared on this node")
@@ -118,11 +129,7 @@ func (a *Allocations) ReleaseClaim(uid string) []string {
 	if c == nil {
 		return nil
 	}
-	var out []string
-	for _, d := range c.devices {
-		out = append(out, d.Name)
-	}
-	return out
+	return specs.Names(footprints(c.devices))
 }
 
 // Claim returns the devices of the prepared claim uid that were
@@ -173,9 +180,7 @@ func (a *Allocations) claimDevices(uids []string) []specs.Device {
 	var out []specs.Device
 	for _, uid := range uids {
 		if c := a.claims[uid]; c != nil {
-			for _, d := range c.devices {
-				out = append(out, d.Device)
-			}
+			out = append(out, footprints(c.devices)...)
 		}
 	}
 	return out
@@ -200,9 +205,7 @@ func (a *Allocations) ClaimHeld() []specs.Device {
 	defer a.mu.Unlock()
 	var out []specs.Device
 	for _, c := range a.claims {
-		for _, d := range c.devices {
-			out = append(out, d.Device)
-		}
+		out = append(out, footprints(c.devices)...)
 	}
 	return out
 }
