@@ -35,7 +35,7 @@ func fourGPUs(t *testing.T) string {
 		if err := os.WriteFile(node, nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(&b, "  - name: %q\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia%d, hostPath: %s}]\n", fmt.Sprint(i), i, node)
+		fmt.Fprintf(&b, "  - name: %q\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia%d, hostPath: %s, type: c, major: 195, minor: %d}]\n", fmt.Sprint(i), i, node, i)
 	}
 	specDir := filepath.Join(dir, "cdi")
 	if err := os.MkdirAll(specDir, 0o755); err != nil {
@@ -65,9 +65,9 @@ func pcieSysfs() (fstest.MapFS, []string) {
 // TestClaimDevicesFromNVML: where NVML tells, the DRA driver's devices
 // carry what it says, under NVIDIA's DRA driver's names (productName,
 // brand, architecture, versions, memory) and Kubernetes' standard PCIe
-// root; and Kubernetes' own allocator (the scheduler's) gives a claim
-// for two GPUs with a matchAttribute constraint on the PCIe root a pair
-// that shares one.
+// root; Kubernetes' own allocator (the scheduler's) gives a claim for
+// two GPUs with a matchAttribute constraint on the PCIe root a pair that
+// shares one; a GPU NVML finds lost is no longer offered.
 func TestClaimDevicesFromNVML(t *testing.T) {
 	lib := testutil.NVML(4)
 	sysfs, busIDs := pcieSysfs()
@@ -143,6 +143,17 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 	}
 	if strings.Join(got, ",") != "gpu-2,gpu-3" {
 		t.Errorf("a pair on one PCIe root, GPU 0 taken: got %v, want gpu-2,gpu-3", got)
+	}
+
+	// A GPU NVML finds lost leaves the slice.
+	lib.Devices[1].(*dgxa100.Device).GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
+	p.CheckHealth()
+	var offered []string
+	for _, d := range p.Claims(cfg.DRA).Devices() {
+		offered = append(offered, d.Device.Name)
+	}
+	if strings.Join(offered, ",") != "gpu-0,gpu-2,gpu-3" {
+		t.Errorf("with GPU 1 lost, offered %v", offered)
 	}
 }
 
