@@ -10,7 +10,9 @@
 # that every device node and file the
 # spec names exists, then (TestRealGPU in test/gpu) runs nri-gpu on a
 # throwaway containerd and gives GPU 0 to a container that loads
-# libcuda.so.1, calls cuInit and cuDeviceGetCount, and runs nvidia-smi -L.
+# libcuda.so.1, calls cuInit and cuDeviceGetCount, and runs nvidia-smi -L;
+# and (TestRealGPUAttributes) checks that the DRA driver's devices carry
+# NVML's product, architecture, versions, memory and the PCIe root.
 # It writes nothing outside temp dirs, and exits non-zero with the reason
 # on any miss.
 set -euo pipefail
@@ -51,7 +53,7 @@ while read -r path; do
 done < <(sed -n 's/^ *hostPath: *//p' "$spec" | sort -u)
 [ "$missing" -eq 0 ] || { echo "FAIL: the spec names host paths that do not exist" >&2; exit 1; }
 
-echo "== a container given GPU 0: CUDA loads, nvidia-smi -L"
+echo "== a container given GPU 0: CUDA loads, nvidia-smi -L; the DRA driver's attributes from NVML (TestRealGPUAttributes)"
 cd "$(dirname "$0")/../.."
 NRI_GPU_REAL=1 NRI_GPU_TOOLS="$(dirname "$bin")" go test -count=1 -v -run TestRealGPU ./test/gpu/
 echo "PASS"
