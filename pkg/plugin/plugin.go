@@ -155,7 +155,6 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	return p, nil
 }
 
-
 func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 	if len(p.specDirs) > 0 {
 		c := *cfg
