@@ -192,12 +192,20 @@ func (c *Claims) info(snap *specs.Snapshot, kind string, d specs.Device, cands [
 			info.Index = i
 		}
 	}
-	if g, ok := c.nvml()[info.Minor]; ok && info.Type == dra.TypeGPU {
+	// A MIG device's node /dev/nvidiaN is its GPU's: it has the GPU's
+	// product, versions and PCI address (as NVIDIA's DRA driver gives
+	// them), its own UUID and memory.
+	if g, ok := c.nvml()[info.Minor]; ok {
 		info.ProductName, info.Brand, info.Architecture = g.Model, g.Brand, g.Architecture
 		info.DriverVersion, info.CUDAComputeCapability = g.driverVersion, g.CUDAComputeCapability
-		info.PCIBusID, info.MemoryBytes = g.PCIBusID, g.MemoryBytes
-		if info.UUID == "" {
-			info.UUID = g.UUID
+		info.PCIBusID = g.PCIBusID
+		if info.Type == dra.TypeMIG {
+			info.ParentUUID = g.UUID
+		} else {
+			info.MemoryBytes = g.MemoryBytes
+			if info.UUID == "" {
+				info.UUID = g.UUID
+			}
 		}
 	}
 	return info

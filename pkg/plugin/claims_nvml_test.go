@@ -24,7 +24,8 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 )
 
-// fourGPUs is a spec of GPUs 0-3, each device node a file in dir.
+// fourGPUs is a spec of GPUs 0-3, each device node a file in dir, and a
+// MIG device 3:0.
 func fourGPUs(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -37,6 +38,13 @@ func fourGPUs(t *testing.T) string {
 		}
 		fmt.Fprintf(&b, "  - name: %q\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia%d, hostPath: %s, type: c, major: 195, minor: %d}]\n", fmt.Sprint(i), i, node, i)
 	}
+	// A MIG device of GPU 3: its node and a capability's.
+	capNode := filepath.Join(dir, "cap30")
+	if err := os.WriteFile(capNode, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(&b, "  - name: \"3:0\"\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia3, hostPath: %s, type: c, major: 195, minor: 3}, {path: /dev/nvidia-caps/nvidia-cap30, hostPath: %s}]\n",
+		filepath.Join(dir, "nvidia3"), capNode)
 	specDir := filepath.Join(dir, "cdi")
 	if err := os.MkdirAll(specDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -109,6 +117,18 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 	}
 	if m := gpu.Capacity["memory"].Value; m.Value() != 40<<30 {
 		t.Errorf("gpu-2 memory %s, want 40Gi", m.String())
+	}
+
+	// A MIG device: its GPU's product and PCI address, its GPU's UUID as
+	// its parent's, no memory of the whole GPU.
+	mig := p.Claims(config.DRA{Kinds: cfg.DRA.Kinds, Devices: []string{"*:*"}}).Devices()
+	if len(mig) != 1 || mig[0].Device.Name != "gpu-3-0" {
+		t.Fatalf("MIG devices offered: %v", mig)
+	}
+	gpu3 := lib.Devices[3].(*dgxa100.Device).UUID
+	if a := mig[0].Device.Attributes; a["parentUUID"].StringValue == nil || *a["parentUUID"].StringValue != gpu3 ||
+		a["productName"].StringValue == nil || a["resource.kubernetes.io/pcieRoot"].StringValue == nil || len(mig[0].Device.Capacity) != 0 {
+		t.Errorf("MIG device 3:0: attributes %v, capacity %v", a, mig[0].Device.Capacity)
 	}
 
 	// The scheduler's allocator, over the slice nri-gpu publishes: GPU 0

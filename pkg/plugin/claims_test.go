@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 
@@ -199,6 +198,13 @@ func TestClaimDevices(t *testing.T) {
 	if u := d.Attributes["uuid"].StringValue; u == nil || *u != "GPU-0" {
 		t.Errorf("gpu-0's uuid %v, want the spec's other name GPU-0", u)
 	}
+	one := view.Devices()[1].Device
+	if u, ok := one.Attributes["uuid"]; ok {
+		t.Errorf("gpu-1, which the spec names by index only, has uuid %v (another GPU's)", *u.StringValue)
+	}
+	if i := one.Attributes["index"].IntValue; i == nil || *i != 1 {
+		t.Errorf("gpu-1's index %v, want 1", i)
+	}
 	if ty := d.Attributes["type"].StringValue; ty == nil || *ty != "gpu" {
 		t.Errorf("gpu-0's type %v", ty)
 	}
@@ -214,9 +220,84 @@ func TestClaimDevices(t *testing.T) {
 	}
 	err := view.Prepare(policy.Claim{UID: "v", Namespace: "ns", Name: "late"}, []dra.Allocated{{CDI: "nvidia.com/gpu=0"}})
 	testutil.ErrorSays(t, err, "claim ns/late", "is held by pod ns/h")
-	err = view.Prepare(policy.Claim{UID: "w", Namespace: "ns", Name: "ghost"}, []dra.Allocated{{CDI: "nvidia.com/gpu=7"}})
-	testutil.ErrorSays(t, err, "claim ns/ghost", "nvidia.com/gpu=7")
-	if !strings.Contains(err.Error(), "ghost") {
-		t.Error(err)
+	err = view.Prepare(policy.Claim{UID: "w", Namespace: "ns", Name: "ghost"}, []dra.Allocated{{CDI: "nvidia.com/gpu=7"}, {CDI: "nvidia.com/gpu=8"}})
+	testutil.ErrorSays(t, err, "claim ns/ghost", "nvidia.com/gpu=7", "nvidia.com/gpu=8")
+}
+
+// TestClaimDevicesChosen: the DRA driver offers the devices of each
+// configured kind that dra.devices and policy.devices both allow; a
+// device of another vendor has no GPU's attributes, and is named from
+// its CDI name; a MIG device has its GPU's index and is offered where its
+// GPU is not.
+func TestClaimDevicesChosen(t *testing.T) {
+	dir := t.TempDir()
+	fpga := `
+cdiVersion: "0.6.0"
+kind: vendor.com/fpga
+devices:
+  - name: Card_A
+    containerEdits:
+      deviceNodes: [{path: /dev/fpga0, hostPath: /dev/null}]
+`
+	gpus := `
+cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes: [{path: /dev/nvidia0, hostPath: /dev/zero}]
+  - name: "1"
+    containerEdits:
+      deviceNodes: [{path: /dev/nvidia1, hostPath: %s}]
+  - name: "2"
+    containerEdits:
+      deviceNodes: [{path: /dev/nvidia2, hostPath: %s}]
+  - name: "2:0"
+    containerEdits:
+      deviceNodes: [{path: /dev/nvidia2, hostPath: %s}, {path: /dev/nvidia-caps/nvidia-cap21, hostPath: %s}]
+`
+	var nodes []any
+	for _, n := range []string{"nvidia1", "nvidia2", "nvidia2", "cap21"} {
+		path := filepath.Join(dir, n)
+		if err := os.WriteFile(path, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, path)
+	}
+	specDir := filepath.Join(dir, "cdi")
+	if err := os.MkdirAll(specDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, spec := range map[string]string{"fpga.yaml": fpga, "gpu.yaml": fmt.Sprintf(gpus, nodes...)} {
+		if err := os.WriteFile(filepath.Join(specDir, name), []byte(spec), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := inProcess(t, `policy: {devices: ["nvidia.com/gpu=[02]*", "vendor.com/fpga=*"]}`, specDir)
+	cfg := config.Default().DRA
+	cfg.Kinds, cfg.Devices = []string{"vendor.com/fpga", "nvidia.com/gpu"}, []string{"Card_*", "1", "*:*"}
+	var got []string
+	attrs := map[string]int{}
+	for _, d := range p.Claims(cfg).Devices() {
+		got = append(got, d.Device.Name+"="+d.CDI)
+		attrs[d.Device.Name] = len(d.Device.Attributes)
+		if d.Device.Name == "gpu-2-0" {
+			if ty := d.Device.Attributes["type"].StringValue; ty == nil || *ty != "mig" {
+				t.Errorf("MIG device 2:0 of type %v", ty)
+			}
+			if i := d.Device.Attributes["index"].IntValue; i == nil || *i != 2 {
+				t.Errorf("MIG device 2:0 of index %v, want its GPU's 2", i)
+			}
+		}
+	}
+	// GPUs 0 and 2: not in dra.devices; GPU 1: not in policy.devices;
+	// MIG device 2:0 (offered as GPU 2 is not: one device per piece of
+	// hardware).
+	want := []string{"fpga-card-a=vendor.com/fpga=Card_A", "gpu-2-0=nvidia.com/gpu=2:0"}
+	if !slices.Equal(got, want) {
+		t.Errorf("offered %v, want %v", got, want)
+	}
+	if attrs["fpga-card-a"] != 0 {
+		t.Errorf("the FPGA has %d attributes, want none (no GPU's)", attrs["fpga-card-a"])
 	}
 }

@@ -367,3 +367,42 @@ func TestReconnectBackoff(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimLogs: a restart restores the prepared claims of the state file
+// and logs each, warning of one the policy no longer gives; unpreparing
+// a claim logs what it released, and a claim not prepared logs nothing.
+func TestClaimLogs(t *testing.T) {
+	dir := t.TempDir()
+	specDir := gpuSpecDir(t, 2)
+	state := filepath.Join(dir, "allocations.json")
+	data := `{"version":1,"pods":[],"claims":[{"uid":"uid-c","namespace":"ns","name":"c","devices":[{"name":"nvidia.com/gpu=1","nodes":["c 195:1"]}]}]}`
+	if err := os.WriteFile(state, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, hook := logged(t, "", plugin.WithSpecDirs([]string{specDir}), plugin.WithStateFile(state))
+	if got := entries(hook, logrus.InfoLevel, "restored devices held by prepared DRA claim"); len(got) != 1 || got[0].Data["devices"] != "nvidia.com/gpu=1" {
+		t.Errorf("restore logged %v", got)
+	}
+	if w := entries(hook, logrus.WarnLevel, ""); len(w) != 0 {
+		t.Errorf("a clean restore warned: %v", w[0].Message)
+	}
+	_, narrow := logged(t, `policy: {devices: ["nvidia.com/gpu=0"]}`, plugin.WithSpecDirs([]string{specDir}), plugin.WithRecord(state))
+	if w := entries(narrow, logrus.WarnLevel, `claim ns/c holds "nvidia.com/gpu=1", which policy.devices does not allow`); len(w) != 1 {
+		t.Errorf("a claim the policy no longer gives: warnings %v", narrow.AllEntries())
+	}
+
+	view := p.Claims(config.Default().DRA)
+	hook.Reset()
+	view.Unprepare("uid-unknown")
+	if len(hook.AllEntries()) != 0 {
+		t.Errorf("unpreparing a claim not prepared logged %v", hook.AllEntries()[0].Message)
+	}
+	view.Unprepare("uid-c")
+	if got := entries(hook, logrus.InfoLevel, "released devices of DRA claim"); len(got) != 1 || got[0].Data["devices"] != "nvidia.com/gpu=1" {
+		t.Errorf("unprepare logged %v", got)
+	}
+	saved, err := os.ReadFile(state)
+	if err != nil || strings.Contains(string(saved), "uid-c") {
+		t.Errorf("after unprepare the state file holds %s, %v", saved, err)
+	}
+}
