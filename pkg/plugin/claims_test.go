@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -90,6 +91,11 @@ func TestClaimsOverNRI(t *testing.T) {
 	if adj, err := r.create(a, container(a, "plain")); err != nil || len(devicePaths(adj)) > 0 {
 		t.Errorf("a container of the pod that uses no claim got %v, %v", adj, err)
 	}
+	// The claim holds the GPU, not the pod: the state file records no
+	// pod holding.
+	if data, err := os.ReadFile(r.stateFile); err != nil || !strings.Contains(string(data), `"pods":[]`) || !strings.Contains(string(data), `"uid":"uid-c"`) {
+		t.Errorf("state file %s, %v: want the claim and no pod", data, err)
+	}
 
 	x := &api.PodSandbox{Id: "id-x", Name: "x", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
 	_, err = r.create(x, container(x, "main"))
@@ -134,6 +140,19 @@ func TestClaimsInjectedByTheRuntime(t *testing.T) {
 	x := &api.PodSandbox{Id: "id-x", Name: "x", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
 	_, err := r.create(x, container(x, "main"))
 	testutil.ErrorSays(t, err, "is held by claim tenant/c")
+
+	// A container with a claim's device and another (kubelet's device
+	// plugin, CRI CDI devices): the other is the pod's.
+	c := &api.PodSandbox{Id: "id-c", Name: "c", Namespace: "tenant"}
+	f.mu.Lock()
+	f.uses["c/gpu"] = []dra.Use{{UID: "uid-c", Namespace: "tenant", Name: "c"}}
+	f.mu.Unlock()
+	if _, err := r.create(c, container(c, "gpu", "nvidia.com/gpu=1", "nvidia.com/gpu=0")); err != nil {
+		t.Fatal(err)
+	}
+	y := &api.PodSandbox{Id: "id-y", Name: "y", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+	_, err = r.create(y, container(y, "main"))
+	testutil.ErrorSays(t, err, "is held by pod tenant/c")
 }
 
 // TestClaimsTheAPIServerCannotTell: when the API server cannot say which

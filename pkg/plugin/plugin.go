@@ -626,7 +626,7 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 			continue
 		}
 		named = append(named, e)
-		if slices.Contains(cdiDeviceNames(ctr), d.Name) || injectedByRuntime(e, ctr) {
+		if injectedByRuntime(e, ctr) {
 			injected = append(injected, e.Device)
 		}
 	}
