@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
@@ -92,11 +93,7 @@ type started struct {
 
 func start(t *testing.T, src *source, objects ...*resourceapi.ResourceClaim) *started {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "dra-") // short: it holds unix sockets
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testutil.ShortDir(t) // it holds unix sockets, whatever TMPDIR is
 	cfg := config.Default().DRA
 	cfg.PluginDir, cfg.RegistryDir = filepath.Join(dir, "plugins"), filepath.Join(dir, "registry")
 	for _, d := range []string{filepath.Join(cfg.PluginDir, cfg.DriverName), cfg.RegistryDir} {
@@ -139,7 +136,7 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); !ok(); {
 		if time.Now().After(deadline) {
-			t.Fatalf("no %s in 10s", what)
+			t.Fatalf("%s: not in 10s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
