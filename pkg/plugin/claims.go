@@ -176,7 +176,7 @@ func (c *Claims) info(snap *specs.Snapshot, kind string, d specs.Device, cands [
 	}
 	info.UUID = uuid(d)
 	for _, o := range cands {
-		if info.UUID == "" && o.Name != d.Name && len(o.Nodes) == len(d.Nodes) && policy.Overlaps(o, []specs.Device{d}) {
+		if info.UUID == "" && len(o.Nodes) == len(d.Nodes) && policy.Overlaps(o, []specs.Device{d}) {
 			info.UUID = uuid(o)
 		}
 	}

@@ -24,6 +24,7 @@ func TestDiscoverAttributes(t *testing.T) {
 		{name: "a 4-digit domain", busID: "0001:af:00.0", want: "0001:af:00.0"},
 		{name: "a 5-digit domain", busID: "10001:af:00.0", want: "0001:af:00.0"},
 		{name: "no domain", busID: "af00", want: "af00"},
+		{name: "no colon at all, long", busID: "abcdef012", want: "abcdef012"},
 		{name: "NVML does not answer", busID: "0000:3b:00.0", pciFails: true, want: ""},
 	}
 	for _, tc := range tests {
