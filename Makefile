@@ -50,12 +50,14 @@ $(BIN)/nri-gpu: FORCE
 # (no Docker, no registry). The shipped manifests run $(IMAGE).
 IMAGE     ?= nri-gpu:latest
 IMAGE_TAR := $(OUT)/nri-gpu-image.tar
-SOURCE    ?= https://github.com/nri-gpu/nri-gpu
+# The image's source label: the repository's address, for whoever
+# publishes the image (empty: no label).
+SOURCE    ?=
 export NRI_GPU_IMAGE := $(IMAGE_TAR)
 
 image: build
 	cd hack/image && $(GO) run . -binary $(BIN)/nri-gpu -out $(IMAGE_TAR) -name $(IMAGE) \
-		-version $(VERSION) -revision $(COMMIT) -source $(SOURCE)
+		-version $(VERSION) -revision $(COMMIT) -source '$(SOURCE)'
 
 # containerd v1.7, ctr and the runc shim, built from containerd's Go module
 # in a module of their own, so that nri-gpu does not depend on containerd.

@@ -61,14 +61,18 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := build(*binary, *out, *ref, map[string]string{
+	labels := map[string]string{
 		"org.opencontainers.image.title":       "nri-gpu",
 		"org.opencontainers.image.description": "containerd NRI plugin that gives containers GPUs and other CDI devices",
 		"org.opencontainers.image.version":     *version,
 		"org.opencontainers.image.revision":    *revision,
-		"org.opencontainers.image.source":      *source,
 		"org.opencontainers.image.licenses":    "Apache-2.0",
-	}); err != nil {
+	}
+	// No address the publisher did not give.
+	if *source != "" {
+		labels["org.opencontainers.image.source"] = *source
+	}
+	if err := build(*binary, *out, *ref, labels); err != nil {
 		fmt.Fprintf(os.Stderr, "image: %v\n", err)
 		os.Exit(1)
 	}
