@@ -212,7 +212,16 @@ func TestFlagsFromEnvironment(t *testing.T) {
 // passed over, and why.
 func TestExplainCount(t *testing.T) {
 	specDir := threeGPUs(t)
-	explainCount(t, specDir)
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"explain", "--cdi-spec-dirs", specDir, "--annotation", "gpu-count.nri-gpu.io=1"}, &stdout, &stderr)
+	if code != exitOK {
+		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+	}
+	for _, want := range []string{"count    chose nvidia.com/gpu=1 (", `count    passed over nvidia.com/gpu=0:`, `"/bin/evil"`} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("explain does not say %q:\n%s", want, stdout.String())
+		}
+	}
 }
 
 // threeGPUs writes a spec of GPUs 0-2, GPU 0 injecting a hook outside
@@ -240,20 +249,6 @@ func threeGPUs(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return specDir
-}
-
-func explainCount(t *testing.T, specDir string) {
-	t.Helper()
-	var stdout, stderr bytes.Buffer
-	code := run([]string{"explain", "--cdi-spec-dirs", specDir, "--annotation", "gpu-count.nri-gpu.io=1"}, &stdout, &stderr)
-	if code != exitOK {
-		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
-	}
-	for _, want := range []string{"count    chose nvidia.com/gpu=1 (", `count    passed over nvidia.com/gpu=0:`, `"/bin/evil"`} {
-		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("explain does not say %q:\n%s", want, stdout.String())
-		}
-	}
 }
 
 // TestExplainWithRecord: given the running plugin's state file, explain

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"regexp"
 	"slices"
 	"strconv"
@@ -84,7 +83,7 @@ func (p *Plugin) claimDevices(pod *api.PodSandbox, ctr *api.Container) ([]string
 
 // Claims returns the DRA driver's view of the devices, for a driver
 // configured by cfg.
-func (p *Plugin) Claims(cfg config.DRA) *Claims { return &Claims{p: p, cfg: cfg, sysfs: p.sysfs} }
+func (p *Plugin) Claims(cfg config.DRA) *Claims { return &Claims{p: p, cfg: cfg} }
 
 var _ dra.Source = (*Claims)(nil)
 
@@ -93,9 +92,6 @@ var _ dra.Source = (*Claims)(nil)
 type Claims struct {
 	p   *Plugin
 	cfg config.DRA
-
-	// sysfs is where PCIe roots are looked up; nil for the host's.
-	sysfs fs.ReadLinkFS
 
 	once sync.Once
 	// gpus is what NVML says of the GPUs, by minor; nil without NVML.
@@ -116,7 +112,6 @@ type gpuInfo struct {
 func (c *Claims) Devices() []dra.Device {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
-	sick := c.p.unhealthy()
 	byPods := c.p.alloc.HeldByPods()
 	var (
 		out     []dra.Device
@@ -124,18 +119,15 @@ func (c *Claims) Devices() []dra.Device {
 		names   = map[string]bool{}
 	)
 	for _, kind := range c.cfg.Kinds {
+		hw := st.hardware(snap, kind, c.cfg.Devices, offered)
+		offered = append(offered, hw...)
 		cands := snap.Candidates(kind)
-		for _, cand := range cands {
-			_, _, id := parser.ParseDevice(cand.Name)
-			if !policy.MatchAny(c.cfg.Devices, id) || !st.policy.Allowed(cand.Name) || policy.Overlaps(cand, offered) {
-				continue
-			}
-			offered = append(offered, cand)
-			if policy.Overlaps(cand, byPods) || !nodesExist(snap, cand.Name) || (sick != nil && sick(cand) != nil) {
+		for _, cand := range hw {
+			if !c.p.free(snap, cand, byPods) {
 				continue
 			}
 			info := c.info(snap, kind, cand, cands)
-			dev := info.Device(c.sysfs)
+			dev := info.Device(c.p.sysfs)
 			if names[dev.Name] {
 				continue // two CDI names that make one DNS label: the first wins
 			}

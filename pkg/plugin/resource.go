@@ -48,16 +48,11 @@ func (r *Resource) Devices() []deviceplugin.Device {
 	st := r.p.state()
 	snap := st.specs.Snapshot()
 	withheld := r.p.alloc.Withheld()
-	sick := r.p.unhealthy()
-	var offered []specs.Device
+	offered := st.hardware(snap, r.cfg.Kind, r.cfg.Devices, nil)
 	healthy := map[string]bool{}
-	for _, c := range snap.Candidates(r.cfg.Kind) {
+	for _, c := range offered {
 		_, _, id := parser.ParseDevice(c.Name)
-		if !policy.MatchAny(r.cfg.Devices, id) || !st.policy.Allowed(c.Name) || policy.Overlaps(c, offered) {
-			continue
-		}
-		offered = append(offered, c)
-		healthy[id] = !policy.Overlaps(c, withheld) && nodesExist(snap, c.Name) && (sick == nil || sick(c) == nil)
+		healthy[id] = r.p.free(snap, c, withheld)
 	}
 
 	r.mu.Lock()
@@ -113,6 +108,29 @@ func (r *Resource) Preferred(available, mustInclude []string, size int) []string
 		out = append(out, id)
 	}
 	return out
+}
+
+// hardware returns the devices of kind whose names match globs and that
+// policy.devices allows, one name per piece of hardware (the first of a
+// GPU's names: its index before its UUID; one that shares hardware with
+// a device of seen is left out), never "all".
+func (st *state) hardware(snap *specs.Snapshot, kind string, globs []string, seen []specs.Device) []specs.Device {
+	var out []specs.Device
+	for _, c := range snap.Candidates(kind) {
+		_, _, id := parser.ParseDevice(c.Name)
+		if !policy.MatchAny(globs, id) || !st.policy.Allowed(c.Name) || policy.Overlaps(c, seen) || policy.Overlaps(c, out) {
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// free reports whether a device may be handed out now: no device of held
+// overlaps it, its device nodes exist and its GPU is healthy (NVML).
+func (p *Plugin) free(snap *specs.Snapshot, d specs.Device, held []specs.Device) bool {
+	sick := p.unhealthy()
+	return !policy.Overlaps(d, held) && nodesExist(snap, d.Name) && (sick == nil || sick(d) == nil)
 }
 
 // nodesExist reports whether every device node of the named device is on

@@ -574,10 +574,7 @@ func (a *Allocations) Holdings() []Holding {
 func (a *Allocations) Withheld() []specs.Device {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var out []specs.Device
-	for _, c := range a.claims {
-		out = append(out, footprints(c.devices)...)
-	}
+	out := a.claimHeld()
 	for _, h := range a.pods {
 		var fromKubelet []specs.Device
 		for _, d := range h.named {

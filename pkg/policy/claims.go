@@ -203,6 +203,10 @@ func (a *Allocations) HeldByPods() []specs.Device {
 func (a *Allocations) ClaimHeld() []specs.Device {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.claimHeld()
+}
+
+func (a *Allocations) claimHeld() []specs.Device {
 	var out []specs.Device
 	for _, c := range a.claims {
 		out = append(out, footprints(c.devices)...)
