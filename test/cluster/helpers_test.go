@@ -68,11 +68,19 @@ func createPod(t *testing.T, p *corev1.Pod) *corev1.Pod {
 	return created
 }
 
-// deletePod deletes a pod at once and waits until it is gone.
+// deletePod deletes a pod at once and waits until it is gone: from the
+// API and, where it ran, from its node's running sandboxes (the API
+// object of a pod deleted with no grace period goes at once, while its
+// node still stops it; what it held is released only then, and a node
+// status read meanwhile can be one kubelet wrote before).
 func deletePod(t *testing.T, namespace, name string) {
 	t.Helper()
 	ctx := context.Background()
 	pods := env.client.CoreV1().Pods(namespace)
+	p, err := pods.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return
+	}
 	if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		return
 	}
@@ -80,6 +88,15 @@ func deletePod(t *testing.T, namespace, name string) {
 		_, err := pods.Get(ctx, name, metav1.GetOptions{})
 		return err != nil
 	})
+	for _, n := range []*harness.Node{env.a, env.b} {
+		if n.Name != p.Spec.NodeName {
+			continue
+		}
+		testutil.Within(t, 60*time.Second, "pod "+namespace+"/"+name+" stopped on "+n.Name, func() bool {
+			out, err := n.Ctd.Crictl("pods", "-q", "--state", "ready", "--namespace", namespace, "--name", "^"+name+"$")
+			return err == nil && strings.TrimSpace(out) == ""
+		})
+	}
 }
 
 // waitRunning waits until pod namespace/name runs with its container
