@@ -29,6 +29,7 @@ type Metrics struct {
 	held      prometheus.Gauge
 	specErrs  prometheus.Gauge
 	unhealthy prometheus.Gauge
+	rebuilt   prometheus.Gauge
 	config    *prometheus.GaugeVec
 }
 
@@ -56,11 +57,15 @@ func New() *Metrics {
 		unhealthy: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "nri_gpu_unhealthy_gpus", Help: "NVIDIA GPUs found unhealthy (a critical Xid error, or lost).",
 		}),
+		rebuilt: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nri_gpu_record_rebuilt",
+			Help: "1 while nri-gpu runs on a rebuilt record of holdings: its state file was unusable at start, or pods hold devices found in their containers that no record had (each alone, until removed).",
+		}),
 		config: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "nri_gpu_config_info", Help: "The configuration file in force, by its digest (1 for the one in force).",
 		}, []string{"digest"}),
 	}
-	m.registry.MustRegister(m.requests, m.denials, m.latency, m.held, m.specErrs, m.unhealthy, m.config)
+	m.registry.MustRegister(m.requests, m.denials, m.latency, m.held, m.specErrs, m.unhealthy, m.rebuilt, m.config)
 	return m
 }
 
@@ -106,6 +111,17 @@ func (m *Metrics) ConfigLoaded(digest string) {
 	if m != nil {
 		m.config.Reset()
 		m.config.WithLabelValues(digest).Set(1)
+	}
+}
+
+// RecordRebuilt records whether nri-gpu runs on a rebuilt record.
+func (m *Metrics) RecordRebuilt(rebuilt bool) {
+	if m != nil {
+		v := 0.0
+		if rebuilt {
+			v = 1
+		}
+		m.rebuilt.Set(v)
 	}
 }
 

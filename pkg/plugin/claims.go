@@ -241,17 +241,24 @@ func (c *Claims) Prepare(claim policy.Claim, allocated []dra.Allocated) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	_, _, err := c.p.alloc.Claim(claim.UID, nil)
+	prepared := err == nil
 	if err := c.p.alloc.AdmitClaim(st.policy, claim, devs, c.p.unhealthy()); err != nil {
 		return err
 	}
-	c.p.held()
+	if err := c.p.held(); err != nil && !prepared {
+		// Not recorded, not prepared: kubelet tries again.
+		c.p.alloc.ReleaseClaim(claim.UID)
+		_ = c.p.held()
+		return fmt.Errorf("%s: %w: %w", claim, ErrNotRecorded, err)
+	}
 	return nil
 }
 
 // Unprepare releases what a claim holds.
 func (c *Claims) Unprepare(uid string) {
 	if released := c.p.alloc.ReleaseClaim(uid); len(released) > 0 {
-		c.p.held()
+		_ = c.p.held() // not recorded: a restart holds it for a pod that is gone, until Synchronize
 		c.p.log.WithFields(logrus.Fields{"claim": uid, "devices": strings.Join(released, ",")}).Info("released devices of DRA claim")
 	}
 }

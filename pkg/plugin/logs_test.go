@@ -148,7 +148,7 @@ func TestSynchronizeRestores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(entries(hook, logrus.WarnLevel, "rebuilt from their containers' device nodes only")) != 1 {
+	if len(entries(hook, logrus.ErrorLevel, "the record of what pods hold is unusable")) != 1 {
 		t.Error("the unreadable state file is not said")
 	}
 	restored := entries(hook, logrus.InfoLevel, "restored devices held by pod")
@@ -290,29 +290,16 @@ func TestRuntimeDevicesHeld(t *testing.T) {
 	}
 }
 
-// TestStateFileUnwritable: a state file that cannot be written is said
-// at each change of what pods hold; one that can be is not.
+// TestStateFileUnwritable: nri-gpu does not start on a state file whose
+// directory cannot be made, and says which file and why.
 func TestStateFileUnwritable(t *testing.T) {
 	notADir := filepath.Join(t.TempDir(), "file")
 	if err := os.WriteFile(notADir, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		state  string
-		errors int
-	}{
-		{filepath.Join(notADir, "state.json"), 1},
-		{filepath.Join(t.TempDir(), "state.json"), 0},
-	} {
-		p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}), plugin.WithStateFile(tc.state))
-		pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
-		if _, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil)); err != nil {
-			t.Fatal(err)
-		}
-		if n := len(entries(hook, logrus.ErrorLevel, "what pods hold is not kept for a restart")); n != tc.errors {
-			t.Errorf("state file %s: %d errors logged, want %d", tc.state, n, tc.errors)
-		}
-	}
+	state := filepath.Join(notADir, "state.json")
+	_, err := plugin.New(defaultConfig(t), discard(), plugin.WithStateFile(state))
+	testutil.ErrorSays(t, err, "state file "+state, "not a directory")
 }
 
 // TestDevicesHeldMetric: the devices-held metric follows what pods hold.

@@ -65,6 +65,8 @@ type Plugin struct {
 	alloc *policy.Allocations
 	// saved keeps alloc across restarts; nil when there is no state file.
 	saved *stateFile
+	// lost says the state file could not be read back at start.
+	lost atomic.Bool
 	// pending are the pods' holdings read from saved at start, until the
 	// first Synchronize tells which of their pods still run; restoring
 	// says they are still pending.
@@ -139,9 +141,15 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	}
 	p.st = st
 	if p.saved != nil {
+		if !p.saved.readOnly {
+			if err := p.saved.acquire(); err != nil {
+				st.specs.Close()
+				return nil, err
+			}
+		}
 		pods, claims, err := p.saved.load()
 		if err != nil {
-			p.log.Warnf("what pods held is rebuilt from their containers' device nodes only: %v", err)
+			p.recordLost(err)
 		}
 		if err := p.alloc.RestoreClaims(st.policy, claims); err != nil {
 			p.log.Warn(err)
@@ -153,6 +161,23 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 		p.pending, p.restoring = pods, true
 	}
 	return p, nil
+}
+
+// recordLost handles a state file that cannot be read back: it is set
+// aside for the operator (never when read only), and every device found
+// in a running container is then held by its pod alone (Synchronize).
+func (p *Plugin) recordLost(err error) {
+	kept := "left where it is"
+	if !p.saved.readOnly {
+		aside, aerr := p.saved.setAside()
+		if aerr != nil {
+			kept = aerr.Error()
+		} else {
+			kept = "kept as " + aside
+		}
+	}
+	p.lost.Store(true)
+	p.log.Errorf("the record of what pods hold is unusable (%v; %s): it is rebuilt from the device nodes of the running containers, each device found held by its pod alone (as a count grant is) until the pod is removed", err, kept)
 }
 
 func (p *Plugin) newState(cfg *config.Config) (*state, error) {
@@ -217,9 +242,13 @@ func (p *Plugin) connectedRuntime() adjust.Runtime {
 	return p.runtime
 }
 
-// Close stops watching the spec directories.
+// Close stops watching the spec directories and lets the state file's
+// lock go.
 func (p *Plugin) Close() {
 	p.state().specs.Close()
+	if p.saved != nil {
+		p.saved.release()
+	}
 }
 
 // Configure is called by the runtime when the plugin registers. A
@@ -364,10 +393,12 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		}
 	}
 	var holdings []policy.Holding
+	recorded := map[string][]specs.Device{} // by pod ID
 	for _, h := range p.known() {
 		if pod, ok := live[h.Pod.ID]; ok {
 			h.Pod = pod
 			holdings = append(holdings, h)
+			recorded[pod.ID] = append(recorded[pod.ID], slices.Concat(h.Named, h.Counted)...)
 		}
 	}
 	candidates := st.specs.Snapshot().Candidates(st.cfg.DefaultKind)
@@ -379,8 +410,22 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		if !ok || c.GetState() == api.ContainerState_CONTAINER_STOPPED {
 			continue
 		}
-		if found := foundIn(c, candidates); len(found) > 0 {
-			holdings = append(holdings, policy.Holding{Pod: pod, Named: found})
+		found := foundIn(c, candidates)
+		if len(found) == 0 {
+			continue
+		}
+		// What no record has is held as strictly as it may have been
+		// given: by the pod alone.
+		var sole []string
+		for _, d := range found {
+			if !policy.Overlaps(d, recorded[pod.ID]) {
+				sole = append(sole, d.Name)
+			}
+		}
+		holdings = append(holdings, policy.Holding{Pod: pod, Named: found, Sole: sole})
+		if len(sole) > 0 {
+			p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "container": c.GetName(), "devices": strings.Join(sole, ",")}).
+				Warn("devices found in a running container that no record has: held by its pod alone until the pod is removed")
 		}
 	}
 	if err := p.alloc.Restore(st.policy, holdings); err != nil {
@@ -473,6 +518,12 @@ func (p *Plugin) Explain(pod *api.PodSandbox, ctr *api.Container) (*api.Containe
 	start := time.Now()
 	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
 	adj, grant, err := p.handle(p.state(), log, pod, ctr)
+	if err == nil && len(grant.Devices) > 0 {
+		// Only a container given devices changes what pods hold.
+		if err = p.recorded(grant); err != nil {
+			adj, grant = nil, policy.Grant{}
+		}
+	}
 	devices, score := specs.Names(grant.Devices), grant.Score
 	result := metrics.ResultInjected
 	switch {
@@ -495,7 +546,6 @@ func (p *Plugin) Explain(pod *api.PodSandbox, ctr *api.Container) (*api.Containe
 		}
 		return adj, grant, nil
 	}
-	p.held() // only a container given devices changes what pods hold
 	entry := log.WithField("devices", strings.Join(devices, ","))
 	if score > 0 {
 		entry = entry.WithField("topologyScore", score)
@@ -806,17 +856,34 @@ func (p *Plugin) record() ([]policy.Holding, []policy.ClaimHolding) {
 }
 
 // held records what pods hold: in the state file, and in the
-// devices-held metric.
-func (p *Plugin) held() {
+// devices-held and rebuilt-record metrics. It returns the state file's
+// error, which it also logs.
+func (p *Plugin) held() error {
+	var err error
 	if p.saved != nil {
-		if err := p.saved.save(p.record); err != nil {
+		if err = p.saved.save(p.record); err != nil {
 			p.log.Errorf("what pods hold is not kept for a restart: %v", err)
 		}
 	}
 	p.metrics.DevicesHeld(p.alloc.Count()) // nil metrics: nothing
+	p.metrics.RecordRebuilt(p.lost.Load() || p.alloc.Rebuilt() > 0)
 	for _, f := range p.onHeld {
 		f()
 	}
+	return err
+}
+
+// recorded records a grant that added to what its pod holds, or undoes it
+// when the state file cannot keep it: a holding only memory knows would
+// be handed out again after a restart.
+func (p *Plugin) recorded(g policy.Grant) error {
+	err := p.held()
+	if err == nil || !g.Added() {
+		return nil
+	}
+	p.alloc.Revert(g)
+	_ = p.held() // what was last written again, which needs no write
+	return fmt.Errorf("devices not given, since their grant %w: %w", ErrNotRecorded, err)
 }
 
 // cdiDeviceNames returns the CDI devices the runtime reports it injects
@@ -905,6 +972,8 @@ func rule(err error) string {
 		return "unsupportedEdits"
 	case errors.Is(err, ErrInjectedTwice):
 		return "injectedTwice"
+	case errors.Is(err, ErrNotRecorded):
+		return "notRecorded"
 	}
 	return "other"
 }

@@ -8,8 +8,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -28,6 +33,33 @@ const maxStateSize = 16 << 20
 // plugin's user could have written.
 var errStateUntrusted = errors.New("not trusted")
 
+// ErrStateLocked is wrapped by New's error when another process holds
+// the state file's lock: one nri-gpu per record.
+var ErrStateLocked = errors.New("in use by another nri-gpu")
+
+// ErrNotRecorded is wrapped by the error of a request whose grant could
+// not be written to the state file: it is not given.
+var ErrNotRecorded = errors.New("could not be recorded")
+
+// lockWait is how long a starting plugin waits for the state file's lock
+// (the nri-gpu it replaces may still be stopping) before it refuses.
+var lockWait = 5 * time.Second
+
+// saveStep, when set (tests), is called at each step of a save, with its
+// name, so that a test can stop the process there.
+var saveStep func(step string)
+
+func step(name string) {
+	if saveStep != nil {
+		saveStep(name)
+	}
+}
+
+// tempPrefix starts the names of the files a save of the state file at
+// path writes before it renames one into place; those a killed save left
+// are removed at start.
+func tempPrefix(path string) string { return "." + filepath.Base(path) + ".tmp-" }
+
 // stateFile keeps the allocations in a file, written whole and renamed
 // into place, so that a reader sees the old state or the new one.
 type stateFile struct {
@@ -37,6 +69,8 @@ type stateFile struct {
 
 	mu   sync.Mutex
 	last []byte // what was last written, so unchanged state is not
+	// lock holds the lock file open (and locked) while the plugin runs.
+	lock *os.File
 }
 
 // stateRecord is the file's content.
@@ -68,6 +102,9 @@ type podRecord struct {
 	Counted   []deviceRecord `json:"counted,omitempty"`
 	// Kubelet names those of Named that kubelet allocated.
 	Kubelet []string `json:"kubelet,omitempty"`
+	// Sole names those of Named the pod holds alone: found in its
+	// containers when no record had them.
+	Sole []string `json:"sole,omitempty"`
 }
 
 type deviceRecord struct {
@@ -91,7 +128,7 @@ func (f *stateFile) save(held func() ([]policy.Holding, []policy.ClaimHolding)) 
 	for _, h := range pods {
 		rec.Pods = append(rec.Pods, podRecord{
 			ID: h.Pod.ID, Namespace: h.Pod.Namespace, Name: h.Pod.Name,
-			Named: deviceRecords(h.Named), Counted: deviceRecords(h.Counted), Kubelet: h.Kubelet,
+			Named: deviceRecords(h.Named), Counted: deviceRecords(h.Counted), Kubelet: h.Kubelet, Sole: h.Sole,
 		})
 	}
 	for _, c := range claims {
@@ -115,24 +152,111 @@ func (f *stateFile) save(held func() ([]policy.Holding, []policy.ClaimHolding)) 
 	return nil
 }
 
+// writeAtomic writes data to a new file beside path, flushed to disk, and
+// renames it into place: a reader, or the plugin after a crash or a
+// power loss at any step, finds the old content or the new, whole.
 func writeAtomic(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, ".allocations-*")
+	step("create")
+	tmp, err := os.CreateTemp(dir, tempPrefix(path)+"*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name()) // gone after the rename; removed if it failed
+	step("write")
 	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	step("sync")
+	if err := tmp.Sync(); err != nil {
 		tmp.Close()
 		return err
 	}
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), path)
+	step("rename")
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	step("renamed")
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// acquire locks the state file for this process (a lock file beside it,
+// holding the pid), waiting up to lockWait for another process to let it
+// go; a lock whose process died is let go with it. It then removes what
+// saves of an earlier process left half done.
+func (f *stateFile) acquire() error {
+	dir := filepath.Dir(f.path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("state file %s: %w", f.path, err)
+	}
+	name := f.path + ".lock"
+	file, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("state file %s: lock: %w", f.path, err)
+	}
+	for deadline := time.Now().Add(lockWait); ; time.Sleep(100 * time.Millisecond) {
+		err = unix.Flock(int(file.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		holder, _ := io.ReadAll(io.LimitReader(file, 32))
+		file.Close()
+		pid := strings.TrimSpace(string(holder))
+		if pid == "" {
+			pid = "unknown"
+		}
+		return fmt.Errorf("state file %s: %w (pid %s holds %s): run one nri-gpu per state file, or give this one another --state-file", f.path, ErrStateLocked, pid, name)
+	}
+	if err == nil {
+		err = file.Truncate(0)
+	}
+	if err == nil {
+		_, err = file.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	if err != nil {
+		file.Close()
+		return fmt.Errorf("state file %s: lock: %w", f.path, err)
+	}
+	f.lock = file
+	if left, _ := filepath.Glob(filepath.Join(dir, tempPrefix(f.path)+"*")); len(left) > 0 {
+		for _, l := range left {
+			_ = os.Remove(l)
+		}
+	}
+	return nil
+}
+
+// release lets the lock go.
+func (f *stateFile) release() {
+	if f.lock != nil {
+		f.lock.Close()
+		f.lock = nil
+	}
+}
+
+// setAside renames an unusable state file (a file, a symlink, a
+// directory) to a name of its own beside it, never over another, for the
+// operator to look at, and returns that name.
+func (f *stateFile) setAside() (string, error) {
+	aside := fmt.Sprintf("%s.damaged-%s", f.path, time.Now().UTC().Format("20060102T150405.000000000Z"))
+	if err := unix.Renameat2(unix.AT_FDCWD, f.path, unix.AT_FDCWD, aside, unix.RENAME_NOREPLACE); err != nil {
+		return "", fmt.Errorf("state file %s: keeping it as %s: %w", f.path, aside, err)
+	}
+	return aside, nil
 }
 
 // load reads the holdings and claims saved. A missing file holds nothing. A file the
@@ -176,7 +300,7 @@ func (f *stateFile) load() ([]policy.Holding, []policy.ClaimHolding, error) {
 	for _, r := range rec.Pods {
 		out = append(out, policy.Holding{
 			Pod:   policy.Pod{ID: r.ID, Namespace: r.Namespace, Name: r.Name},
-			Named: devices(r.Named), Counted: devices(r.Counted), Kubelet: r.Kubelet,
+			Named: devices(r.Named), Counted: devices(r.Counted), Kubelet: r.Kubelet, Sole: r.Sole,
 		})
 	}
 	var claims []policy.ClaimHolding

@@ -33,6 +33,10 @@ type holding struct {
 	// kubelet names those of named that kubelet allocated the pod (a
 	// device plugin's): kubelet accounts for them itself.
 	kubelet []string
+	// sole names those of named that the pod holds alone whatever
+	// policy.exclusive says, as a count grant: devices found in its
+	// containers that no record of holdings had (the record was lost).
+	sole []string
 }
 
 func (h *holding) all() []specs.Device { return append(slices.Clone(h.named), h.counted...) }
@@ -157,6 +161,11 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 	return g, nil
 }
 
+// Added reports whether the grant added to what its pod holds (a device
+// not held before, or a count grant): what must be recorded before the
+// container may have it.
+func (g Grant) Added() bool { return len(g.added) > 0 || len(g.addedKubelet) > 0 || g.addedCount }
+
 // Revert undoes what a grant added, when the container it was for could
 // not be given its devices after all.
 func (a *Allocations) Revert(g Grant) {
@@ -180,6 +189,8 @@ func (a *Allocations) Revert(g Grant) {
 type holder struct {
 	pod   Pod
 	claim *Claim
+	// sole says the pod holds it alone as found without a record.
+	sole bool
 }
 
 func (h holder) String() string {
@@ -194,6 +205,8 @@ func (h holder) hint(exclusive bool) string {
 	switch {
 	case h.claim != nil:
 		return "; a device allocated to a claim serves the pods that use the claim only; it is free again when kubelet unprepares the claim (its pods removed)"
+	case h.sole:
+		return fmt.Sprintf(", which nri-gpu found using it with no record of how it got it (its record of holdings was lost), so it is held by that pod alone; it is free again when pod %s is removed", h.pod)
 	case exclusive:
 		return fmt.Sprintf(" and policy.exclusive is true; it is free again when pod %s is removed", h.pod)
 	}
@@ -202,8 +215,8 @@ func (h holder) hint(exclusive bool) string {
 
 // heldByOther returns who, other than pod podID and the claims it uses,
 // holds a device that overlaps d, and the device it holds. Counted
-// devices and claims' devices always count; named ones only when
-// exclusive.
+// devices, devices held alone and claims' devices always count; named
+// ones only when exclusive.
 func (a *Allocations) heldByOther(podID string, d specs.Device, exclusive bool, uses []string) (holder, *specs.Device) {
 	for _, uid := range slices.Sorted(maps.Keys(a.claims)) {
 		c := a.claims[uid]
@@ -225,12 +238,10 @@ func (a *Allocations) heldByOther(podID string, d specs.Device, exclusive bool, 
 				return holder{pod: h.pod}, &h.counted[i]
 			}
 		}
-		if !exclusive {
-			continue
-		}
 		for i := range h.named {
-			if overlaps(h.named[i], d) {
-				return holder{pod: h.pod}, &h.named[i]
+			sole := slices.Contains(h.sole, h.named[i].Name)
+			if (exclusive || sole) && overlaps(h.named[i], d) {
+				return holder{pod: h.pod, sole: sole}, &h.named[i]
 			}
 		}
 	}
@@ -437,6 +448,10 @@ type Holding struct {
 	Counted []specs.Device
 	// Kubelet names those of Named that kubelet allocated the pod.
 	Kubelet []string
+	// Sole names those of Named the pod holds alone whatever
+	// policy.exclusive says, as it holds Counted: devices found in its
+	// containers that no record of holdings had.
+	Sole []string
 }
 
 // Restore replaces all allocations with the given holdings, as rebuilt
@@ -467,6 +482,9 @@ func (a *Allocations) Restore(p *Policy, holdings []Holding) error {
 				if slices.Contains(h.Kubelet, d.Name) {
 					own.kubelet = append(own.kubelet, d.Name)
 				}
+			}
+			if slices.Contains(h.Sole, d.Name) && !slices.Contains(own.sole, d.Name) {
+				own.sole = append(own.sole, d.Name)
 			}
 		}
 		if own.counted == nil && len(h.Counted) > 0 {
@@ -531,7 +549,7 @@ func (a *Allocations) check(p *Policy) error {
 			}
 		}
 		for i, d := range h.all() {
-			counted := i >= len(h.named)
+			counted := i >= len(h.named) || slices.Contains(h.sole, d.Name)
 			for _, n := range d.Nodes {
 				for _, o := range byNode[n] {
 					if o.id != id && (counted || o.counted || p.exclusive) {
@@ -562,7 +580,7 @@ func (a *Allocations) Holdings() []Holding {
 	out := make([]Holding, 0, len(a.pods))
 	for _, id := range slices.Sorted(maps.Keys(a.pods)) {
 		h := a.pods[id]
-		out = append(out, Holding{Pod: h.pod, Named: slices.Clone(h.named), Counted: slices.Clone(h.counted), Kubelet: slices.Clone(h.kubelet)})
+		out = append(out, Holding{Pod: h.pod, Named: slices.Clone(h.named), Counted: slices.Clone(h.counted), Kubelet: slices.Clone(h.kubelet), Sole: slices.Clone(h.sole)})
 	}
 	return out
 }
@@ -609,6 +627,20 @@ func (a *Allocations) Held() map[Pod][]string {
 		out[h.pod] = specs.Names(h.all())
 	}
 	return out
+}
+
+// Rebuilt returns how many pods hold devices alone because they were
+// found in their containers with no record of how they got them.
+func (a *Allocations) Rebuilt() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, h := range a.pods {
+		if len(h.sole) > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // Count returns how many device names all pods and claims hold together.

@@ -1,0 +1,286 @@
+package plugin_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/sirupsen/logrus"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/metrics"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+)
+
+// damages are what a node does to a state file: a crash mid-write, a disk
+// error, a restore from a backup of another release, an operator's
+// mistake. Each gets the file as the plugin wrote it and breaks it in
+// place.
+var damages = []struct {
+	name   string
+	damage func(t *testing.T, path string, good []byte)
+}{
+	{"corrupt", func(t *testing.T, path string, good []byte) {
+		writeFile(t, path, append([]byte{0, 0xff, '{'}, good[3:]...))
+	}},
+	{"truncated", func(t *testing.T, path string, good []byte) { writeFile(t, path, good[:len(good)/2]) }},
+	{"empty", func(t *testing.T, path string, _ []byte) { writeFile(t, path, nil) }},
+	{"other version", func(t *testing.T, path string, good []byte) {
+		writeFile(t, path, bytes.Replace(good, []byte(`"version":1`), []byte(`"version":2`), 1))
+	}},
+	{"oversized", func(t *testing.T, path string, good []byte) {
+		// Valid JSON, padded past the cap on what is read.
+		writeFile(t, path, append(bytes.Repeat([]byte(" "), 17<<20), good...))
+	}},
+	{"symlink", func(t *testing.T, path string, good []byte) {
+		elsewhere := filepath.Join(t.TempDir(), "allocations.json")
+		writeFile(t, elsewhere, good)
+		if err := os.Remove(path); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(elsewhere, path); err != nil {
+			t.Fatal(err)
+		}
+	}},
+	{"directory", func(t *testing.T, path string, _ []byte) {
+		if err := os.Remove(path); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(path, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}},
+}
+
+func writeFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDamagedRecordFailsClosed: pod a holds GPU 0 for a count request,
+// pod n GPU 1 by name; nri-gpu restarts on a state file made unusable in
+// each way a node can, with policy.exclusive on and off. In every case
+// no other pod gets either GPU (each is held by its pod alone, as a count
+// grant is, since nothing says how it was given), the pods keep theirs,
+// the damaged file is kept beside a new, valid record that keeps the
+// holdings strict across a further restart, and a GPU comes free when
+// its pod is removed.
+func TestDamagedRecordFailsClosed(t *testing.T) {
+	for _, exclusive := range []string{"false", "true"} {
+		for _, d := range damages {
+			t.Run(d.name+"/exclusive="+exclusive, func(t *testing.T) {
+				cfg := "policy: {exclusive: " + exclusive + "}"
+				r := runtime(t, cfg)
+				a := gpuPod("a", map[string]string{"gpu-count.nri-gpu.io": "1"})
+				n := gpuPod("n", map[string]string{"gpus.nri-gpu.io": "1"})
+				for _, pod := range []*api.PodSandbox{a, n} {
+					if _, err := r.create(pod, ctrOf(pod, nil)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				r.stopPlugin()
+				good, err := os.ReadFile(r.stateFile)
+				if err != nil {
+					t.Fatal(err)
+				}
+				d.damage(t, r.stateFile, good)
+				r.stopPlugin = r.connect(t, cfg)
+
+				named := func(name, gpu string) error {
+					pod := gpuPod(name, map[string]string{"gpus.nri-gpu.io": gpu})
+					_, err := r.create(pod, ctrOf(pod, nil))
+					return err
+				}
+				testutil.ErrorSays(t, named("b", "0"), "held by pod tenant/a", "no record")
+				testutil.ErrorSays(t, named("c", "1"), "held by pod tenant/n", "no record")
+				again := ctrOf(a, nil)
+				again.Id, again.Name = "a-2", "second"
+				if adj, err := r.create(a, again); err != nil || !slices.Equal(devicePaths(adj), []string{"/dev/nvidia0"}) {
+					t.Errorf("pod a's next container: %v, %v; want GPU 0 again", devicePaths(adj), err)
+				}
+
+				aside, _ := filepath.Glob(r.stateFile + ".damaged-*")
+				if len(aside) != 1 {
+					t.Fatalf("damaged records kept: %v, want one", aside)
+				}
+				if d.name != "directory" && d.name != "symlink" {
+					if kept, err := os.ReadFile(aside[0]); err != nil || bytes.Equal(kept, good) {
+						t.Errorf("the damaged record kept is %d bytes (%v), want the damaged file itself", len(kept), err)
+					}
+				}
+				var rec struct {
+					Version int `json:"version"`
+					Pods    []struct {
+						Name string   `json:"name"`
+						Sole []string `json:"sole"`
+					} `json:"pods"`
+				}
+				if data, err := os.ReadFile(r.stateFile); err != nil || json.Unmarshal(data, &rec) != nil || rec.Version != 1 || len(rec.Pods) != 2 {
+					t.Fatalf("the new record: %+v, %v; want version 1 with pods a and n", rec, err)
+				}
+				for _, p := range rec.Pods {
+					if len(p.Sole) != 1 {
+						t.Errorf("the new record has pod %s hold %v alone, want its GPU", p.Name, p.Sole)
+					}
+				}
+
+				// The new record keeps it so.
+				r.restart(t, cfg)
+				testutil.ErrorSays(t, named("d", "1"), "held by pod tenant/n", "no record")
+				r.removePod(t, a)
+				if err := named("e", "0"); err != nil {
+					t.Errorf("GPU 0, pod a removed: %v", err)
+				}
+			})
+		}
+	}
+}
+
+// TestRebuiltRecordMetric: nri_gpu_record_rebuilt is 1 for a plugin that
+// started on an unusable record, 0 for one that started on a good one.
+func TestRebuiltRecordMetric(t *testing.T) {
+	for _, tc := range []struct {
+		record []byte
+		want   string
+	}{
+		{[]byte(`{"version":1,"pods":[]}`), "nri_gpu_record_rebuilt 0"},
+		{[]byte(`{"version":1,"pods":[`), "nri_gpu_record_rebuilt 1"},
+	} {
+		state := filepath.Join(t.TempDir(), "allocations.json")
+		writeFile(t, state, tc.record)
+		m, p := metricsPlugin(t, plugin.WithStateFile(state))
+		pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+		if _, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil)); err != nil {
+			t.Fatal(err)
+		}
+		if got := scrape(t, m); !strings.Contains(got, tc.want) {
+			t.Errorf("record %q: metrics lack %q:\n%s", tc.record, tc.want, got)
+		}
+	}
+}
+
+// TestSecondPluginRefused: a second nri-gpu given the state file another
+// one holds refuses to start, naming the file and the holder's pid; the
+// first keeps recording; once it has stopped, a new one starts.
+func TestSecondPluginRefused(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "allocations.json")
+	first, _ := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}), plugin.WithStateFile(state))
+	_, err := plugin.New(defaultConfig(t), discard(), plugin.WithStateFile(state))
+	testutil.ErrorSays(t, err, state, "in use by another nri-gpu", "pid "+strconv.Itoa(os.Getpid()))
+	if !errors.Is(err, plugin.ErrStateLocked) {
+		t.Errorf("%v does not wrap ErrStateLocked", err)
+	}
+	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+	if _, _, err := first.CreateContainer(context.Background(), pod, ctrOf(pod, nil)); err != nil {
+		t.Fatalf("the first plugin, once a second was refused: %v", err)
+	}
+	first.Close()
+	second, err := plugin.New(defaultConfig(t), discard(), plugin.WithStateFile(state))
+	if err != nil {
+		t.Fatalf("after the first stopped: %v", err)
+	}
+	second.Close()
+}
+
+// metricsPlugin is a plugin of one GPU with metrics, and the metrics.
+func metricsPlugin(t *testing.T, opts ...plugin.Option) (*metrics.Metrics, *plugin.Plugin) {
+	t.Helper()
+	m := metrics.New()
+	p, _ := logged(t, "", append([]plugin.Option{plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}), plugin.WithMetrics(m)}, opts...)...)
+	return m, p
+}
+
+// scrape returns what the metrics endpoint serves.
+func scrape(t *testing.T, m *metrics.Metrics) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	return rec.Body.String()
+}
+
+func defaultConfig(t *testing.T) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func discard() logrus.FieldLogger {
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	return log
+}
+
+// TestGrantNotRecorded: once the state file cannot be written (its
+// directory replaced by a file; a full filesystem in the e2e and
+// full-disk tests), a grant is not given: the container's creation fails
+// naming the state file and why, nothing is injected and nothing stays
+// held, so another pod is refused for the same reason and not as held.
+// What needs no new record is still served: the second container of a
+// recorded grant, a container asking for nothing. Once the file can be
+// written again, the next grant is given.
+func TestGrantNotRecorded(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	state := filepath.Join(dir, "allocations.json")
+	p, hook := logged(t, "policy: {exclusive: true}", plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}), plugin.WithStateFile(state))
+	create := func(pod *api.PodSandbox, id string) (*api.ContainerAdjustment, error) {
+		c := ctrOf(pod, nil)
+		c.Id = id
+		adj, _, err := p.CreateContainer(context.Background(), pod, c)
+		return adj, err
+	}
+	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	recorded := gpuPod("recorded", map[string]string{"gpus.nri-gpu.io": "1"})
+	if _, err := create(recorded, "r1"); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, dir, nil)
+	for _, name := range []string{"a", "b"} {
+		adj, err := create(gpuPod(name, map[string]string{"gpus.nri-gpu.io": "0"}), name)
+		testutil.ErrorSays(t, err, "devices not given", "could not be recorded", "state file "+state, "not a directory")
+		if adj != nil {
+			t.Errorf("pod %s: adjusted %v with its grant unrecorded", name, adj)
+		}
+	}
+	if n := len(entries(hook, logrus.ErrorLevel, "what pods hold is not kept for a restart")); n == 0 {
+		t.Error("the state file's error is not logged")
+	}
+	if adj, err := create(recorded, "r2"); err != nil || !slices.Equal(devicePaths(adj), []string{"/dev/nvidia1"}) {
+		t.Errorf("the recorded pod's second container: %v, %v; want GPU 1", devicePaths(adj), err)
+	}
+	if _, err := create(gpuPod("plain", nil), "plain"); err != nil {
+		t.Errorf("a container asking for nothing: %v", err)
+	}
+
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	if adj, err := create(gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"}), "a"); err != nil || !slices.Equal(devicePaths(adj), []string{"/dev/nvidia0"}) {
+		t.Errorf("once the state file can be written: %v, %v; want GPU 0", devicePaths(adj), err)
+	}
+	data, err := os.ReadFile(state)
+	if err != nil || !bytes.Contains(data, []byte(`"id-a"`)) || !bytes.Contains(data, []byte(`"id-recorded"`)) {
+		t.Errorf("the record once writable: %s, %v; want pods a and recorded", data, err)
+	}
+}
