@@ -52,15 +52,26 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer p.Close()
-	p.HoldRecorded()
+	// What pods keep though the configuration in force would not give
+	// it (docs/policy.md), one line each.
+	var keptLines []string
+	if err := p.HoldRecorded(); err != nil {
+		lines := strings.Split(err.Error(), "\n")
+		keptLines = lines[1:]
+	}
 	p.CheckHealth()
 
 	adj, grant, err := p.Explain(
 		&api.PodSandbox{Id: "explain", Name: *pod, Namespace: *namespace, Annotations: podAnn},
 		&api.Container{Id: "explain", PodSandboxId: "explain", Name: *container, Annotations: ctrAnn, Linux: &api.LinuxContainer{}})
+	if *output == "text" {
+		for _, l := range keptLines {
+			fmt.Fprintf(stdout, "kept     %s (kept until the pod is removed)\n", l)
+		}
+	}
 	if err != nil {
 		if *output == "json" {
-			_ = json.NewEncoder(stdout).Encode(map[string]string{"denied": err.Error()})
+			_ = json.NewEncoder(stdout).Encode(map[string]any{"denied": err.Error(), "keptAgainstPolicy": keptLines})
 		} else {
 			fmt.Fprintf(stdout, "denied: %v\n", err)
 		}
@@ -70,6 +81,9 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		out := map[string]any{"adjustment": adj}
+		if len(keptLines) > 0 {
+			out["keptAgainstPolicy"] = keptLines
+		}
 		if len(grant.Counted) > 0 {
 			out["count"] = map[string]any{"chosen": specs.Names(grant.Counted), "topologyScore": grant.Score, "free": grant.Considered.Free, "passedOver": grant.Considered.Passed}
 		}

@@ -301,3 +301,24 @@ func TestPrintTopology(t *testing.T) {
 		}
 	}
 }
+
+// TestExplainSaysWhatIsKept: with a configuration whose policy.devices no
+// longer gives what a recorded pod holds, explain says the pod keeps it.
+func TestExplainSaysWhatIsKept(t *testing.T) {
+	specDir := threeGPUs(t)
+	dir := t.TempDir()
+	record, cfg := filepath.Join(dir, "allocations.json"), filepath.Join(dir, "nri-gpu.yaml")
+	data := `{"version":1,"pods":[{"id":"id-a","namespace":"ns","name":"a","counted":[{"name":"nvidia.com/gpu=2","nodes":["c 195:2"]}]}]}`
+	if err := os.WriteFile(record, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, []byte("policy: {devices: [\"nvidia.com/gpu=0\", \"nvidia.com/gpu=1\"]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"explain", "--config", cfg, "--cdi-spec-dirs", specDir, "--state-file", record, "--annotation", "gpus.nri-gpu.io=1"}, &stdout, &stderr)
+	want := `kept     pod ns/a holds "nvidia.com/gpu=2", which policy.devices does not allow (any more) (kept until the pod is removed)`
+	if code != exitOK || !strings.Contains(stdout.String(), want) {
+		t.Errorf("exit %d, want %q:\n%s%s", code, want, stdout.String(), stderr.String())
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -189,6 +190,13 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 		}
 		cfg = &c
 	}
+	for _, dir := range cfg.CDISpecDirs {
+		// One that does not exist yet is watched for; one that is
+		// something else would leave every device unresolvable.
+		if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
+			return nil, fmt.Errorf("cdiSpecDirs: %s is not a directory", dir)
+		}
+	}
 	parser, err := policy.NewParser(cfg.DefaultKind, cfg.HonorsCDIAnnotations(), cfg.AnnotationKeys...)
 	if err != nil {
 		return nil, err
@@ -299,6 +307,15 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 // configuration stays, when the new one cannot be used (its spec
 // directories cannot be watched).
 func (p *Plugin) Reload(cfg *config.Config) error {
+	inForce := p.state().cfg
+	for _, c := range []struct {
+		key       string
+		old, next any
+	}{{"devicePlugin", inForce.DevicePlugin, cfg.DevicePlugin}, {"dra", inForce.DRA, cfg.DRA}} {
+		if !reflect.DeepEqual(c.old, c.next) {
+			return fmt.Errorf("%w: %s is read at start (kubelet's sockets, the resources registered): restart nri-gpu to change it", ErrStartOnly, c.key)
+		}
+	}
 	st, err := p.newState(cfg)
 	if err != nil {
 		return err
@@ -325,6 +342,10 @@ func (p *Plugin) parseRuntimeConfig(cfg string) (*state, error) {
 	}
 	return st, nil
 }
+
+// ErrStartOnly is wrapped by Reload's error for a configuration that
+// changes what only a start reads.
+var ErrStartOnly = errors.New("cannot change while nri-gpu runs")
 
 // ErrNotReady is wrapped by Ready's error.
 var ErrNotReady = errors.New("not ready")
@@ -656,7 +677,7 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		return scrub(ctr), policy.Grant{}, nil
 	}
 	podRef := podOf(pod)
-	if err := st.policy.Check(podRef, ask); err != nil {
+	if err := st.policy.Check(podRef, kept(p.alloc, podRef, ask)); err != nil {
 		return nil, policy.Grant{}, err
 	}
 
@@ -756,6 +777,22 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 	return res.Adjustment, grant, nil
 }
 
+// kept returns ask without what the pod holds already: a device it holds
+// by name, its count grant. What a pod holds is kept until it is removed
+// whatever door it came through, under the configuration it was given
+// by (a reload logged what the new one would not give): a pod's new
+// container gets it as the pod's others did. The rest is judged by the
+// policy in force.
+func kept(alloc *policy.Allocations, pod policy.Pod, ask policy.Ask) policy.Ask {
+	holds, counted := alloc.Holds(pod.ID)
+	out := ask
+	out.Requests = slices.DeleteFunc(slices.Clone(ask.Requests), func(r policy.Request) bool { return holds(r.Device) })
+	if counted {
+		out.Count = 0
+	}
+	return out
+}
+
 // scrub returns the adjustment that removes the annotations nri-gpu
 // writes from a container it gives nothing, or nil if it has none.
 func scrub(ctr *api.Container) *api.ContainerAdjustment {
@@ -835,12 +872,11 @@ func (p *Plugin) known() []policy.Holding {
 
 // HoldRecorded has the pool hold what the state file said pods held at
 // start, as a Synchronize that found all of them running would, for a
-// plugin that is not served (nri-gpu explain). It logs what breaks the
-// policy.
-func (p *Plugin) HoldRecorded() {
-	if err := p.alloc.Restore(p.state().policy, p.known()); err != nil {
-		p.log.Warn(err)
-	}
+// plugin that is not served (nri-gpu explain). It returns what the
+// policy in force would not give, which the pods keep until removed (an
+// error wrapping policy.ErrRestoreConflict), or nil.
+func (p *Plugin) HoldRecorded() error {
+	return p.alloc.Restore(p.state().policy, p.known())
 }
 
 // record returns what the state file keeps: the pods' holdings (those

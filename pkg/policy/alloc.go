@@ -629,6 +629,19 @@ func (a *Allocations) Held() map[Pod][]string {
 	return out
 }
 
+// Holds reports whether pod podID holds the named device, and whether it
+// holds devices for a count request.
+func (a *Allocations) Holds(podID string) (holds func(name string) bool, counted bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h := a.pods[podID]
+	if h == nil {
+		return func(string) bool { return false }, false
+	}
+	names := specs.Names(h.all())
+	return func(name string) bool { return slices.Contains(names, name) }, h.counted != nil
+}
+
 // Rebuilt returns how many pods hold devices alone because they were
 // found in their containers with no record of how they got them.
 func (a *Allocations) Rebuilt() int {

@@ -1,0 +1,106 @@
+package plugin_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/sirupsen/logrus"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+)
+
+// TestReloadChecked: a reload is checked as a start is, and one that is
+// refused leaves the configuration in force serving: a spec directory
+// that is a file, a change of what only a start reads (the device
+// plugin's resources, DRA).
+func TestReloadChecked(t *testing.T) {
+	specDir := gpuSpecDir(t, 1)
+	notADir := filepath.Join(t.TempDir(), "specs")
+	writeFile(t, notADir, nil)
+	inForce := "cdiSpecDirs: [" + specDir + "]\n"
+	for _, tc := range []struct {
+		name, yaml string
+		want       []string
+		startOnly  bool
+	}{
+		{"spec dir a file", "cdiSpecDirs: [" + specDir + ", " + notADir + "]\n", []string{"cdiSpecDirs", notADir, "not a directory"}, false},
+		{"device plugin", inForce + "devicePlugin: {resources: [{name: nvidia.com/gpu, kind: nvidia.com/gpu}]}\n", []string{"devicePlugin", "restart nri-gpu"}, true},
+		{"dra", inForce + "dra: {enabled: true, nodeName: n}\n", []string{"dra", "restart nri-gpu"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := logged(t, inForce)
+			next, err := config.Parse([]byte(tc.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = p.Reload(next)
+			testutil.ErrorSays(t, err, tc.want...)
+			if errors.Is(err, plugin.ErrStartOnly) != tc.startOnly {
+				t.Errorf("%v: wraps ErrStartOnly %v, want %v", err, !tc.startOnly, tc.startOnly)
+			}
+			pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+			if adj, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil)); err != nil || len(devicePaths(adj)) != 1 {
+				t.Errorf("after the refused reload: %v, %v; want GPU 0", devicePaths(adj), err)
+			}
+		})
+	}
+}
+
+// TestReloadKeepsWhatPodsHold: after a reload whose policy.devices gives
+// neither GPU, pod a (GPU 0 by name) and pod b (GPU 1 for a count) both
+// keep theirs for their new containers, one way whatever the door; the
+// reload says so once per holding; a new pod is refused either GPU.
+func TestReloadKeepsWhatPodsHold(t *testing.T) {
+	p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}))
+	a := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+	b := gpuPod("b", map[string]string{"gpu-count.nri-gpu.io": "1"})
+	create := func(pod *api.PodSandbox, id string) ([]string, error) {
+		c := ctrOf(pod, nil)
+		c.Id = id
+		adj, _, err := p.CreateContainer(context.Background(), pod, c)
+		return devicePaths(adj), err
+	}
+	for _, pod := range []*api.PodSandbox{a, b} {
+		if _, err := create(pod, pod.Name+"1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	narrower, err := config.Parse([]byte("policy: {devices: [\"example.com/*\"]}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Reload(narrower); err != nil {
+		t.Fatal(err)
+	}
+	said := entries(hook, logrus.WarnLevel, "would not give some pods what they hold")
+	if len(said) != 1 {
+		t.Fatalf("the reload said %d times that pods keep what it would not give, want once", len(said))
+	}
+	for _, held := range []string{`pod tenant/a holds "nvidia.com/gpu=0"`, `pod tenant/b holds "nvidia.com/gpu=1"`} {
+		if !strings.Contains(said[0].Message, held) {
+			t.Errorf("the reload's warning does not say %q:\n%s", held, said[0].Message)
+		}
+	}
+	for _, tc := range []struct {
+		pod  *api.PodSandbox
+		want string
+	}{{a, "/dev/nvidia0"}, {b, "/dev/nvidia1"}} {
+		if got, err := create(tc.pod, tc.pod.Name+"2"); err != nil || !slices.Equal(got, []string{tc.want}) {
+			t.Errorf("pod %s's new container: %v, %v; want %s, kept", tc.pod.Name, got, err, tc.want)
+		}
+	}
+	for _, ann := range []map[string]string{{"gpus.nri-gpu.io": "0"}, {"gpus.nri-gpu.io": "1"}} {
+		_, err := create(gpuPod("c", ann), "c")
+		testutil.ErrorSays(t, err, "matches none of policy.devices")
+	}
+	if len(entries(hook, logrus.WarnLevel, "would not give some pods what they hold")) != 1 {
+		t.Error("the kept holdings were said again at a request")
+	}
+}
