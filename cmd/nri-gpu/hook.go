@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"os"
 
 	"github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook/commands"
 	"github.com/sirupsen/logrus"
@@ -11,13 +12,14 @@ import (
 
 // hookCommand returns NVIDIA's CDI hook commands (create-symlinks,
 // update-ldcache, enable-cuda-compat, disable-device-node-modification,
-// ...), as nvidia-cdi-hook runs them: the specs nri-gpu generates name
+// ...; chmod replaced by one that stays in the container's root), as
+// nvidia-cdi-hook runs them: the specs nri-gpu generates name
 // nri-gpu itself as their hook, so that a node needs no NVIDIA Container
 // Toolkit for the driver's libraries to load in a container.
 func hookCommand(stdout, stderr io.Writer) *cli.Command {
 	log := logrus.New()
 	log.SetOutput(stderr)
-	return commands.ConfigureCDIHookCommand(log, &cli.Command{
+	cmd := commands.ConfigureCDIHookCommand(log, &cli.Command{
 		Name:      "nri-gpu hook",
 		Usage:     "CDI hooks for NVIDIA devices (nvidia-cdi-hook's), run by the runtime for the specs nri-gpu generates",
 		Writer:    stdout,
@@ -27,6 +29,13 @@ func hookCommand(stdout, stderr io.Writer) *cli.Command {
 			&cli.BoolFlag{Name: "quiet", Sources: cli.EnvVars("NVIDIA_CTK_QUIET")},
 		},
 	})
+	// NVIDIA's chmod follows the image's symlinks out of the container.
+	for i, c := range cmd.Commands {
+		if c.Name == "chmod" {
+			cmd.Commands[i] = chmodCommand(os.Stdin)
+		}
+	}
+	return cmd
 }
 
 // isHook reports whether name is one of the hook commands.
