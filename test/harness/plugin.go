@@ -105,3 +105,6 @@ func (p *Plugin) Stop() {
 		p.done <- <-p.done
 	}
 }
+
+// Pid returns the plugin's process ID.
+func (p *Plugin) Pid() int { return p.cmd.Process.Pid }
