@@ -52,6 +52,21 @@ type Input struct {
 	// from ("" for the defaults).
 	Config     *config.Config
 	ConfigFile string
+	// Record is what nri-gpu's state file tells; nil skips it.
+	Record *Record
+}
+
+// Record is what nri-gpu's state file tells, as the caller read it.
+type Record struct {
+	Path string
+	// Err says why it cannot be read back; nil when it can or there is
+	// none.
+	Err error
+	// Rebuilt are the pods ("namespace/name") that hold devices found
+	// in their containers with no record of them.
+	Rebuilt []string
+	// Damaged are the unusable records set aside beside it.
+	Damaged []string
 }
 
 // Run runs every check.
@@ -63,6 +78,29 @@ func Run(in Input) []Finding {
 		out = append(out, checkContainerd(in.ContainerdConfig, in.SocketPath)...)
 	}
 	out = append(out, checkSpecs(in.Config)...)
+	if in.Record != nil {
+		out = append(out, checkRecord(*in.Record)...)
+	}
+	return out
+}
+
+// checkRecord says whether nri-gpu runs on a whole record of what pods
+// hold, or on one rebuilt from the containers.
+func checkRecord(r Record) []Finding {
+	var out []Finding
+	switch {
+	case r.Err != nil:
+		out = append(out, Finding{Fail, "state file", r.Err.Error(),
+			"nri-gpu sets it aside at its next start and holds each device found in a running container for that pod alone; find what damaged it"})
+	case len(r.Rebuilt) > 0:
+		out = append(out, Finding{Warn, "state file", fmt.Sprintf("runs on a rebuilt record: %d pods hold devices found in their containers with no record of how they got them, each alone until removed: %s",
+			len(r.Rebuilt), strings.Join(r.Rebuilt, ", ")), "nothing to do for the pods (their devices come free when they are removed); find what lost the record"})
+	default:
+		out = append(out, Finding{OK, "state file", r.Path + " is whole (or not written yet)", ""})
+	}
+	if len(r.Damaged) > 0 {
+		out = append(out, Finding{Warn, "state file", "unusable records set aside: " + strings.Join(r.Damaged, ", "), "look at them, then remove them"})
+	}
 	return out
 }
 

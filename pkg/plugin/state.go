@@ -329,3 +329,19 @@ func devices(recs []deviceRecord) []specs.Device {
 	}
 	return out
 }
+
+// InspectRecord reads the state file at path, never writing it, for
+// nri-gpu check: the pods that hold devices found in their containers
+// with no record of them ("namespace/name"), the unusable records set
+// aside beside it, and why the file cannot be read back (nil when it can
+// or there is none).
+func InspectRecord(path string) (rebuilt, damaged []string, err error) {
+	damaged, _ = filepath.Glob(path + ".damaged-*")
+	pods, _, err := (&stateFile{path: path, readOnly: true}).load()
+	for _, h := range pods {
+		if len(h.Sole) > 0 {
+			rebuilt = append(rebuilt, h.Pod.String())
+		}
+	}
+	return rebuilt, damaged, err
+}

@@ -51,13 +51,14 @@ func healthySpecDir(t *testing.T) string {
 func TestCheck(t *testing.T) {
 	needEnv(t)
 	dir := healthySpecDir(t)
-	base := []string{"check", "--config", env.config, "--containerd-config", env.ctd.ConfigPath(), "--cdi-spec-dirs", dir}
+	base := []string{"check", "--config", env.config, "--containerd-config", env.ctd.ConfigPath(), "--cdi-spec-dirs", dir,
+		"--state-file", filepath.Join(env.ctd.Dir, "nri-gpu-state.json")}
 
 	out, code := nriGPU(t, append(base, "--socket-path", env.ctd.NRISock)...)
 	if code != 0 || strings.Contains(out, "FAIL") {
 		t.Errorf("healthy node: exit %d:\n%s", code, out)
 	}
-	for _, want := range []string{"OK    NRI socket", "NRI is on", "enable_cdi is off", "devices can be injected", "exists and is allowed"} {
+	for _, want := range []string{"OK    NRI socket", "NRI is on", "enable_cdi is off", "devices can be injected", "exists and is allowed", "OK    state file"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("healthy node: output lacks %q:\n%s", want, out)
 		}
@@ -66,6 +67,31 @@ func TestCheck(t *testing.T) {
 	out, code = nriGPU(t, append(base, "--socket-path", filepath.Join(env.dir, "no-nri.sock"))...)
 	if code != 1 || !strings.Contains(out, "FAIL  NRI socket") || !strings.Contains(out, "fix: enable NRI") {
 		t.Errorf("NRI unreachable: exit %d:\n%s", code, out)
+	}
+
+	// A record cut short fails; one rebuilt from the containers, with
+	// the damaged one set aside, warns and names the pods.
+	records := t.TempDir()
+	cut := filepath.Join(records, "cut.json")
+	if err := os.WriteFile(cut, []byte(`{"version":1,"pods":[{"id":`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, code = nriGPU(t, "check", "--config", env.config, "--containerd-config", "", "--cdi-spec-dirs", dir, "--socket-path", env.ctd.NRISock, "--state-file", cut)
+	if code != 1 || !strings.Contains(out, "FAIL  state file") || !strings.Contains(out, "unexpected end of JSON input") {
+		t.Errorf("a record cut short: exit %d:\n%s", code, out)
+	}
+	rebuilt := filepath.Join(records, "allocations.json")
+	if err := os.WriteFile(rebuilt, []byte(`{"version":1,"pods":[{"id":"x","namespace":"e2e","name":"a","named":[{"name":"nvidia.com/gpu=0"}],"sole":["nvidia.com/gpu=0"]}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(rebuilt+".damaged-20261201T000000Z", nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, code = nriGPU(t, "check", "--config", env.config, "--containerd-config", "", "--cdi-spec-dirs", dir, "--socket-path", env.ctd.NRISock, "--state-file", rebuilt)
+	for _, want := range []string{"WARN  state file", "runs on a rebuilt record: 1 pods", "e2e/a", "unusable records set aside: " + rebuilt + ".damaged-"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("a rebuilt record: exit %d, output lacks %q:\n%s", code, want, out)
+		}
 	}
 
 	// The suite's own spec dir holds a world-writable spec and a hook
