@@ -24,7 +24,13 @@ func createFails(t *testing.T, podID string, pod harness.Pod, want ...string) {
 // createFailsWith is createFails for the container ctr.
 func createFailsWith(t *testing.T, podID string, pod harness.Pod, ctr harness.Container, want ...string) {
 	t.Helper()
-	id, err := env.ctd.CreateContainer(podID, pod, ctr)
+	createFailsOn(t, env.ctd, podID, pod, ctr, want...)
+}
+
+// createFailsOn is createFailsWith on another containerd.
+func createFailsOn(t *testing.T, ctd *harness.Containerd, podID string, pod harness.Pod, ctr harness.Container, want ...string) {
+	t.Helper()
+	id, err := ctd.CreateContainer(podID, pod, ctr)
 	if err == nil {
 		t.Fatalf("container %s was created, want creation to fail", id)
 	}

@@ -13,21 +13,6 @@ import (
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
-// createFailsOn is createFails on another containerd.
-func createFailsOn(t *testing.T, ctd *harness.Containerd, podID string, pod harness.Pod, want ...string) {
-	t.Helper()
-	id, err := ctd.CreateContainer(podID, pod, harness.Container{Name: "c"})
-	if err == nil {
-		t.Fatalf("container %s was created, want creation to fail", id)
-	}
-	msg := strings.ReplaceAll(err.Error(), `\"`, `"`)
-	for _, w := range want {
-		if !strings.Contains(msg, w) {
-			t.Errorf("error does not say %q:\n%s", w, msg)
-		}
-	}
-}
-
 // TestRebuiltRecord: on real containerd with policy.exclusive off, pod a
 // gets GPU 0 for a count request; nri-gpu is killed and its state file
 // cut short, as a crash mid-write on a disk without ordering would. The
@@ -54,7 +39,7 @@ func TestRebuiltRecord(t *testing.T) {
 	p = startPlugin(t, ctd, "exclusive: false")
 
 	otherID, other := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "0"})
-	createFailsOn(t, ctd, otherID, other, "held by pod e2e/"+pod.Name, "no record")
+	createFailsOn(t, ctd, otherID, other, harness.Container{Name: "c"}, "held by pod e2e/"+pod.Name, "no record")
 	if _, spec := runContainer(t, ctd, podID, pod, harness.Container{Name: "second"}); !slices.Equal(gpuNodes(spec), []string{"/dev/nvidia0"}) {
 		t.Errorf("pod a's next container got %v, want GPU 0", gpuNodes(spec))
 	}
@@ -96,7 +81,7 @@ func TestFullDisk(t *testing.T) {
 
 	for range 2 {
 		podID, pod := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "1"})
-		createFailsOn(t, ctd, podID, pod, "devices not given", "could not be recorded", "state file "+state, "no space left on device")
+		createFailsOn(t, ctd, podID, pod, harness.Container{Name: "c"}, "devices not given", "could not be recorded", "state file "+state, "no space left on device")
 	}
 	plainID, plain := newPod(t, ctd, nil)
 	if _, spec := runContainer(t, ctd, plainID, plain, harness.Container{Name: "plain"}); len(gpuNodes(spec)) != 0 {
