@@ -19,8 +19,10 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
 // damages are what a node does to a state file: a crash mid-write, a disk
@@ -282,5 +284,33 @@ func TestGrantNotRecorded(t *testing.T) {
 	data, err := os.ReadFile(state)
 	if err != nil || !bytes.Contains(data, []byte(`"id-a"`)) || !bytes.Contains(data, []byte(`"id-recorded"`)) {
 		t.Errorf("the record once writable: %s, %v; want pods a and recorded", data, err)
+	}
+}
+
+// TestClaimNotRecorded: a DRA claim whose preparation the state file
+// cannot keep is not prepared (kubelet tries again): another claim may
+// have its GPU meanwhile; with the file writable, the claim is prepared.
+func TestClaimNotRecorded(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	p, _ := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}), plugin.WithStateFile(filepath.Join(dir, "allocations.json")))
+	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	view := p.Claims(config.Default().DRA)
+	gpu := []dra.Allocated{{CDI: "nvidia.com/gpu=0"}}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, dir, nil)
+	err := view.Prepare(policy.Claim{UID: "u", Namespace: "tenant", Name: "c"}, gpu)
+	testutil.ErrorSays(t, err, "claim tenant/c", "could not be recorded", "not a directory")
+	if !errors.Is(err, plugin.ErrNotRecorded) {
+		t.Errorf("%v does not wrap ErrNotRecorded", err)
+	}
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := view.Prepare(policy.Claim{UID: "v", Namespace: "tenant", Name: "other"}, gpu); err != nil {
+		t.Errorf("another claim of the GPU the unrecorded claim did not get: %v", err)
 	}
 }
