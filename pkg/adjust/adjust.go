@@ -84,10 +84,16 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 	for _, d := range devices {
 		names = append(names, d.GetQualifiedName())
 	}
+	var kept []editSet
 	for _, set := range inOrder(devices, opts.Injected, opts.SpecPath) {
 		e, err := supported(set, opts, res)
 		errs = append(errs, err)
 		edits.Append(e)
+		set.edits = e.ContainerEdits
+		kept = append(kept, set)
+	}
+	if !opts.Runtime.CgroupRules {
+		errs = append(errs, widened(kept, opts.Runtime))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -156,13 +162,51 @@ func supported(set editSet, opts Options, res *Result) (*cdi.ContainerEdits, err
 	if len(e.NetDevices) > 0 && !opts.Runtime.NetDevices {
 		unsupported(EditNetDevices, func() { e.NetDevices = nil })
 	}
-	for _, n := range e.DeviceNodes {
-		if n != nil && !grantsReadWrite(n.Permissions) && !opts.Runtime.CgroupRules {
-			errs = append(errs, fmt.Errorf("%s: %w: device node %q asks for cgroup permissions %q, but %s grants \"rw\" to every device NRI adds",
-				where, ErrUnsupportedEdit, n.Path, n.Permissions, runtime))
+	return &cdi.ContainerEdits{ContainerEdits: &e}, errors.Join(errs...)
+}
+
+// widened returns an error for each device node whose access, as CDI
+// computes it over all the devices of the request (the permissions of
+// every device naming the node add up), is narrower than the "rw" a
+// runtime that applies no cgroup rules of a plugin grants every device
+// NRI adds: leaving it out would widen access.
+func widened(sets []editSet, rt Runtime) error {
+	runtime := strings.TrimSpace(rt.Name + " " + rt.Version)
+	if runtime == "" {
+		runtime = "this runtime"
+	}
+	access := map[string]string{} // by host path
+	for _, set := range sets {
+		for _, n := range set.edits.DeviceNodes {
+			if n != nil {
+				access[specs.HostPath(n)] += permissions(n.Permissions)
+			}
 		}
 	}
-	return &cdi.ContainerEdits{ContainerEdits: &e}, errors.Join(errs...)
+	var errs []error
+	for _, set := range sets {
+		where := fmt.Sprintf("device %q", set.device)
+		if set.spec != "" {
+			where = fmt.Sprintf("device %q (spec-level edits of %s)", set.device, set.spec)
+		}
+		for _, n := range set.edits.DeviceNodes {
+			if n != nil && !grantsReadWrite(access[specs.HostPath(n)]) {
+				errs = append(errs, fmt.Errorf("%s: %w: device node %q asks for cgroup permissions %q, but %s grants \"rw\" to every device NRI adds and applies no cgroup rule of a plugin; "+
+					"nri-gpu refuses rather than widen it: run the container on containerd 2.x (its NRI applies nri-gpu's rules), or have the spec give the node \"rw\" if it may be written",
+					where, ErrUnsupportedEdit, n.Path, n.Permissions, runtime))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// permissions returns CDI permissions as the access they grant: empty
+// permissions mean "rwm".
+func permissions(perm string) string {
+	if perm == "" {
+		return "rwm"
+	}
+	return perm
 }
 
 // lacksGroup reports whether the container's process lacks group g.
@@ -189,7 +233,8 @@ func setHookEnv(hooks *oci.Hooks, env []string) {
 // grantsReadWrite reports whether CDI permissions include read and write;
 // empty permissions mean "rwm".
 func grantsReadWrite(perm string) bool {
-	return perm == "" || (strings.Contains(perm, "r") && strings.Contains(perm, "w"))
+	perm = permissions(perm)
+	return strings.Contains(perm, "r") && strings.Contains(perm, "w")
 }
 
 // beyond returns what NRI's own rule for an allowed device grants beyond
@@ -224,13 +269,18 @@ func toAdjustment(s *oci.Spec, rt Runtime) *api.ContainerAdjustment {
 	// NRI derives an "rw" cgroup rule from each device; the rules CDI
 	// computes (default "rwm") are passed as well, for runtimes whose NRI
 	// applies cgroup rules from adjustments (containerd 2.x). There, a
-	// rule narrower than NRI's own is followed by one denying what NRI's
-	// rule allowed beyond it, so that the container's access is CDI's.
+	// node whose access is narrower than NRI's own gets, after all the
+	// rules, one denying what NRI's rule allowed beyond it, so that the
+	// container's access is CDI's: the union of the rules of every device
+	// naming the node, as runc applies CDI's rules.
 	if r := api.FromOCILinuxResources(s.Linux.Resources, nil); r != nil && len(r.Devices) > 0 {
 		if adj.Linux == nil {
 			adj.Linux = &api.LinuxContainerAdjustment{}
 		}
-		var rules []*api.LinuxDeviceCgroup
+		var (
+			rules []*api.LinuxDeviceCgroup
+			nodes []*api.LinuxDeviceCgroup // one union rule per node, in order
+		)
 		for _, rule := range r.Devices {
 			// An allow rule with no access (CDI's permissions "none")
 			// allows nothing, and runc refuses it: the deny rule below
@@ -238,8 +288,21 @@ func toAdjustment(s *oci.Spec, rt Runtime) *api.ContainerAdjustment {
 			if !rule.Allow || rule.Access != "" {
 				rules = append(rules, rule)
 			}
-			if deny := beyond(rule); rt.CgroupRules && deny != "" {
-				rules = append(rules, &api.LinuxDeviceCgroup{Type: rule.Type, Major: rule.Major, Minor: rule.Minor, Access: deny})
+			if !rule.Allow {
+				continue
+			}
+			i := slices.IndexFunc(nodes, func(n *api.LinuxDeviceCgroup) bool {
+				return n.Type == rule.Type && n.Major.GetValue() == rule.Major.GetValue() && n.Minor.GetValue() == rule.Minor.GetValue()
+			})
+			if i < 0 {
+				nodes = append(nodes, &api.LinuxDeviceCgroup{Allow: true, Type: rule.Type, Major: rule.Major, Minor: rule.Minor})
+				i = len(nodes) - 1
+			}
+			nodes[i].Access += rule.Access
+		}
+		for _, n := range nodes {
+			if deny := beyond(n); rt.CgroupRules && deny != "" {
+				rules = append(rules, &api.LinuxDeviceCgroup{Type: n.Type, Major: n.Major, Minor: n.Minor, Access: deny})
 			}
 		}
 		adj.Linux.Resources = &api.LinuxResources{Devices: rules}
