@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestHook runs nri-gpu as the CDI hook of the specs it generates, as a
@@ -38,8 +40,8 @@ func TestHook(t *testing.T) {
 // image, run on a hostile image whose paths are symlinks to a host
 // directory and a host file (absolute ones, and ones that climb out with
 // ".."), changes nothing on the host: chmod leaves the host file's mode,
-// create-symlinks and enable-cuda-compat write no file in the host
-// directory.
+// create-symlinks, enable-cuda-compat and update-application-profile
+// write no file in the host directory.
 func TestHooksStayInRoot(t *testing.T) {
 	host := t.TempDir()
 	hostDir, hostFile := filepath.Join(host, "dir"), filepath.Join(host, "secret")
@@ -53,15 +55,17 @@ func TestHooksStayInRoot(t *testing.T) {
 		name  string
 		image map[string]string // symlinks of the image: path in root -> target
 		files []string          // regular files of the image
+		gpus  []string          // GPU char devices of the image (195:0 on)
 		args  []string
 	}{
-		{"chmod absolute", map[string]string{"dev/nvidia0": hostFile}, nil, []string{"chmod", "--mode", "777", "--path", "/dev/nvidia0"}},
-		{"chmod climbing", map[string]string{"dev/nvidia0": "../../../../../../../../.." + hostFile}, nil, []string{"chmod", "--mode", "777", "--path", "/dev/nvidia0"}},
-		{"chmod through a dir", map[string]string{"dev": host}, nil, []string{"chmod", "--mode", "777", "--path", "/dev/secret"}},
-		{"create-symlinks", map[string]string{"usr/lib": hostDir}, nil, []string{"create-symlinks", "--link", "libcuda.so.1::/usr/lib/libcuda.so"}},
-		{"create-symlinks climbing", map[string]string{"usr/lib": "../../../../../../../.." + hostDir}, nil, []string{"create-symlinks", "--link", "libcuda.so.1::/usr/lib/libcuda.so"}},
+		{"chmod absolute", map[string]string{"dev/nvidia0": hostFile}, nil, nil, []string{"chmod", "--mode", "777", "--path", "/dev/nvidia0"}},
+		{"chmod climbing", map[string]string{"dev/nvidia0": "../../../../../../../../.." + hostFile}, nil, nil, []string{"chmod", "--mode", "777", "--path", "/dev/nvidia0"}},
+		{"chmod through a dir", map[string]string{"dev": host}, nil, nil, []string{"chmod", "--mode", "777", "--path", "/dev/secret"}},
+		{"create-symlinks", map[string]string{"usr/lib": hostDir}, nil, nil, []string{"create-symlinks", "--link", "libcuda.so.1::/usr/lib/libcuda.so"}},
+		{"create-symlinks climbing", map[string]string{"usr/lib": "../../../../../../../.." + hostDir}, nil, nil, []string{"create-symlinks", "--link", "libcuda.so.1::/usr/lib/libcuda.so"}},
 		{"enable-cuda-compat", map[string]string{"etc/ld.so.conf.d": hostDir}, []string{"usr/local/cuda/compat/libcuda.so.999.1"},
-			[]string{"enable-cuda-compat", "--host-driver-version", "100.0"}},
+			nil, []string{"enable-cuda-compat", "--host-driver-version", "100.0"}},
+		{"update-application-profile", map[string]string{"etc/nvidia": hostDir}, nil, []string{"dev/nvidia0"}, []string{"update-application-profile"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bundle := t.TempDir()
@@ -80,6 +84,14 @@ func TestHooksStayInRoot(t *testing.T) {
 				}
 				if err := os.WriteFile(filepath.Join(rootfs, f), nil, 0o644); err != nil {
 					t.Fatal(err)
+				}
+			}
+			for i, g := range tc.gpus {
+				if err := os.MkdirAll(filepath.Dir(filepath.Join(rootfs, g)), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := unix.Mknod(filepath.Join(rootfs, g), unix.S_IFCHR|0o666, int(unix.Mkdev(195, uint32(i)))); err != nil {
+					t.Fatalf("mknod (the tests run as root): %v", err)
 				}
 			}
 			withState(t, bundle, func() {
