@@ -127,14 +127,7 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 // cgroup rules, as leaving them out would widen access. The set's edits,
 // which belong to the spec snapshot, are not modified.
 func supported(set editSet, opts Options, res *Result) (*cdi.ContainerEdits, error) {
-	where := fmt.Sprintf("device %q", set.device)
-	if set.spec != "" {
-		where = fmt.Sprintf("device %q (spec-level edits of %s)", set.device, set.spec)
-	}
-	runtime := strings.TrimSpace(opts.Runtime.Name + " " + opts.Runtime.Version)
-	if runtime == "" {
-		runtime = "this runtime"
-	}
+	where, runtime := set.where(), opts.Runtime.named()
 	e := *set.edits
 	var errs []error
 	unsupported := func(edit string, clear func()) {
@@ -171,10 +164,6 @@ func supported(set editSet, opts Options, res *Result) (*cdi.ContainerEdits, err
 // runtime that applies no cgroup rules of a plugin grants every device
 // NRI adds: leaving it out would widen access.
 func widened(sets []editSet, rt Runtime) error {
-	runtime := strings.TrimSpace(rt.Name + " " + rt.Version)
-	if runtime == "" {
-		runtime = "this runtime"
-	}
 	access := map[string]string{} // by host path
 	for _, set := range sets {
 		for _, n := range set.edits.DeviceNodes {
@@ -185,15 +174,11 @@ func widened(sets []editSet, rt Runtime) error {
 	}
 	var errs []error
 	for _, set := range sets {
-		where := fmt.Sprintf("device %q", set.device)
-		if set.spec != "" {
-			where = fmt.Sprintf("device %q (spec-level edits of %s)", set.device, set.spec)
-		}
 		for _, n := range set.edits.DeviceNodes {
 			if n != nil && !grantsReadWrite(access[specs.HostPath(n)]) {
 				errs = append(errs, fmt.Errorf("%s: %w: device node %q asks for cgroup permissions %q, but %s grants \"rw\" to every device NRI adds and applies no cgroup rule of a plugin; "+
 					"nri-gpu refuses rather than widen it: run the container on containerd 2.x (its NRI applies nri-gpu's rules), or have the spec give the node \"rw\" if it may be written",
-					where, ErrUnsupportedEdit, n.Path, n.Permissions, runtime))
+					set.where(), ErrUnsupportedEdit, n.Path, n.Permissions, rt.named()))
 			}
 		}
 	}

@@ -20,6 +20,7 @@ devices:
   - {name: r, containerEdits: {deviceNodes: [{path: /dev/shared, hostPath: /dev/zero, permissions: r}]}}
   - {name: r2, containerEdits: {deviceNodes: [{path: /dev/shared, hostPath: /dev/zero, permissions: r}]}}
   - {name: w, containerEdits: {deviceNodes: [{path: /dev/shared, hostPath: /dev/zero, permissions: w}]}}
+  - {name: other, containerEdits: {deviceNodes: [{path: /dev/other, hostPath: /dev/null, permissions: r}]}}
 `
 
 // TestEffectiveAccessAsCDI: devices of one request that name one node
@@ -37,20 +38,25 @@ func TestEffectiveAccessAsCDI(t *testing.T) {
 		{[]string{"example.com/perm=r", "example.com/perm=w"}, "rw"},
 		{[]string{"example.com/perm=r", "example.com/perm=r2"}, "r"},
 		{[]string{"example.com/perm=r"}, "r"},
+		// Another node's rules are not this one's.
+		{[]string{"example.com/perm=r", "example.com/perm=other"}, "r"},
+		{[]string{"example.com/perm=rw", "example.com/perm=other"}, "rw"},
 	} {
 		t.Run(strings.Join(tc.names, "+"), func(t *testing.T) {
 			devs, snap := load(t, map[string]string{"perm.yaml": permsSpec}, tc.names...)
-			node := snap.HostNodes["/dev/zero"]
 			viaCDI := injectedByCDI(t, snap, devs, tc.names)
 			res, err := adjust.Build(devs, snap.HostNodes, adjust.Options{Runtime: adjust.Runtime{CgroupRules: true}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			viaNRI := adjustedByNRI(t, res.Adjustment)
-			dev := oci.LinuxDevice{Type: "c", Major: node.Major, Minor: node.Minor}
-			cdi, nri := testutil.DeviceAccess(viaCDI, dev), testutil.DeviceAccess(viaNRI, dev)
-			if cdi != tc.want || nri != cdi {
-				t.Errorf("access to the node: containerd's CDI %q, nri-gpu %q; want both %q", cdi, nri, tc.want)
+			for host, want := range map[string]string{"/dev/zero": tc.want, "/dev/null": "r"} {
+				node := snap.HostNodes[host]
+				dev := oci.LinuxDevice{Type: "c", Major: node.Major, Minor: node.Minor}
+				cdi, nri := testutil.DeviceAccess(viaCDI, dev), testutil.DeviceAccess(viaNRI, dev)
+				if cdi != nri || (cdi != want && cdi != "") {
+					t.Errorf("access to %s: containerd's CDI %q, nri-gpu %q; want both %q", host, cdi, nri, want)
+				}
 			}
 		})
 	}
@@ -69,4 +75,10 @@ func TestNarrowingOnRuntimesWithoutRules(t *testing.T) {
 	devs, snap = load(t, map[string]string{"perm.yaml": permsSpec}, "example.com/perm=r", "example.com/perm=r2")
 	_, err := adjust.Build(devs, snap.HostNodes, adjust.Options{Runtime: rt})
 	testutil.ErrorSays(t, err, `device "example.com/perm=r"`, `device "example.com/perm=r2"`, `permissions "r"`, "containerd v1.7.35", "containerd 2.x", `give the node "rw"`)
+
+	// A spec's own edits are named as the spec's.
+	const specLevel = "cdiVersion: \"0.6.0\"\nkind: example.com/level\ncontainerEdits: {deviceNodes: [{path: /dev/ctl, hostPath: /dev/zero, permissions: r}]}\ndevices: [{name: a, containerEdits: {env: [A=1]}}]\n"
+	devs, snap = load(t, map[string]string{"level.yaml": specLevel}, "example.com/level=a")
+	_, err = adjust.Build(devs, snap.HostNodes, adjust.Options{Runtime: rt})
+	testutil.ErrorSays(t, err, `device "example.com/level=a" (spec-level edits of `)
 }

@@ -1,6 +1,8 @@
 package adjust
 
 import (
+	"fmt"
+
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
@@ -12,6 +14,15 @@ type editSet struct {
 	device string
 	// spec is the spec file of spec-level edits; "" for a device's own.
 	spec string
+}
+
+// where names the set's device, and its spec for spec-level edits, for
+// messages.
+func (s editSet) where() string {
+	if s.spec != "" {
+		return fmt.Sprintf("device %q (spec-level edits of %s)", s.device, s.spec)
+	}
+	return fmt.Sprintf("device %q", s.device)
 }
 
 // inOrder lists the edits of devices in the order CDI's

@@ -35,6 +35,14 @@ func RuntimeOf(name, version string) Runtime {
 	return rt
 }
 
+// named is the runtime's name and version, for messages.
+func (rt Runtime) named() string {
+	if s := strings.TrimSpace(rt.Name + " " + rt.Version); s != "" {
+		return s
+	}
+	return "this runtime"
+}
+
 // String names the runtime and what it applies, for the log.
 func (rt Runtime) String() string {
 	var can, cannot []string

@@ -148,8 +148,11 @@ func TestSynchronizeRestores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(entries(hook, logrus.ErrorLevel, "the record of what pods hold is unusable")) != 1 {
-		t.Error("the unreadable state file is not said")
+	if said := entries(hook, logrus.ErrorLevel, "the record of what pods hold is unusable"); len(said) != 1 || !strings.Contains(said[0].Message, "kept as "+state+".damaged-") {
+		t.Errorf("the unreadable state file is not said, with where it is kept: %v", said)
+	}
+	if sole := entries(hook, logrus.WarnLevel, "that no record has"); len(sole) != 1 || sole[0].Data["pod"] != "live" || sole[0].Data["devices"] != "nvidia.com/gpu=2" {
+		t.Errorf("said of devices no record has: %v; want pod live's GPU 2, once", sole)
 	}
 	restored := entries(hook, logrus.InfoLevel, "restored devices held by pod")
 	if len(restored) != 1 || restored[0].Data["pod"] != "live" || restored[0].Data["devices"] != "nvidia.com/gpu=2" {

@@ -539,8 +539,8 @@ func (p *Plugin) Explain(pod *api.PodSandbox, ctr *api.Container) (*api.Containe
 	start := time.Now()
 	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
 	adj, grant, err := p.handle(p.state(), log, pod, ctr)
-	if err == nil && len(grant.Devices) > 0 {
-		// Only a container given devices changes what pods hold.
+	if err == nil && grant.Added() {
+		// Only a grant that adds to what pods hold changes the record.
 		if err = p.recorded(grant); err != nil {
 			adj, grant = nil, policy.Grant{}
 		}
@@ -914,7 +914,7 @@ func (p *Plugin) held() error {
 // be handed out again after a restart.
 func (p *Plugin) recorded(g policy.Grant) error {
 	err := p.held()
-	if err == nil || !g.Added() {
+	if err == nil {
 		return nil
 	}
 	p.alloc.Revert(g)

@@ -168,9 +168,32 @@ func TestRebuiltRecordMetric(t *testing.T) {
 		if _, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil)); err != nil {
 			t.Fatal(err)
 		}
-		if got := scrape(t, m); !strings.Contains(got, tc.want) {
+		if got := scrape(t, m); !strings.Contains(got, "\n"+tc.want+"\n") {
 			t.Errorf("record %q: metrics lack %q:\n%s", tc.record, tc.want, got)
 		}
+	}
+}
+
+// TestRebuiltHoldingsMetric: on a good record, nri_gpu_record_rebuilt is
+// 1 while a pod holds devices no record had, 0 again once it is removed.
+func TestRebuiltHoldingsMetric(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "allocations.json")
+	writeFile(t, state, []byte(`{"version":1,"pods":[]}`))
+	m, p := metricsPlugin(t, plugin.WithStateFile(state))
+	pod := gpuPod("a", nil)
+	c := ctrOf(pod, map[string]string{plugin.DevicesAnnotation: "x"})
+	c.Linux.Devices = []*api.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}}
+	if _, err := p.Synchronize(context.Background(), []*api.PodSandbox{pod}, []*api.Container{c}); err != nil {
+		t.Fatal(err)
+	}
+	if got := scrape(t, m); !strings.Contains(got, "\nnri_gpu_record_rebuilt 1\n") {
+		t.Errorf("a pod holding a GPU no record had: metrics\n%s", got)
+	}
+	if err := p.RemovePodSandbox(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	if got := scrape(t, m); !strings.Contains(got, "\nnri_gpu_record_rebuilt 0\n") {
+		t.Errorf("the pod removed: metrics\n%s", got)
 	}
 }
 
@@ -179,7 +202,12 @@ func TestRebuiltRecordMetric(t *testing.T) {
 // first keeps recording; once it has stopped, a new one starts.
 func TestSecondPluginRefused(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "allocations.json")
+	// A lock file a dead nri-gpu of a long pid left.
+	writeFile(t, state+".lock", []byte("123456789012\n"))
 	first, _ := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}), plugin.WithStateFile(state))
+	if holder, err := os.ReadFile(state + ".lock"); err != nil || string(holder) != strconv.Itoa(os.Getpid())+"\n" {
+		t.Errorf("the lock file holds %q (%v), want this process's pid alone", holder, err)
+	}
 	_, err := plugin.New(defaultConfig(t), discard(), plugin.WithStateFile(state))
 	testutil.ErrorSays(t, err, state, "in use by another nri-gpu", "pid "+strconv.Itoa(os.Getpid()))
 	if !errors.Is(err, plugin.ErrStateLocked) {
@@ -252,6 +280,9 @@ func TestGrantNotRecorded(t *testing.T) {
 	recorded := gpuPod("recorded", map[string]string{"gpus.nri-gpu.io": "1"})
 	if _, err := create(recorded, "r1"); err != nil {
 		t.Fatal(err)
+	}
+	if n := len(entries(hook, logrus.ErrorLevel, "what pods hold is not kept for a restart")); n != 0 {
+		t.Errorf("%d state file errors logged while it could be written", n)
 	}
 
 	if err := os.RemoveAll(dir); err != nil {

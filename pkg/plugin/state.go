@@ -232,10 +232,9 @@ func (f *stateFile) acquire() error {
 		return fmt.Errorf("state file %s: lock: %w", f.path, err)
 	}
 	f.lock = file
-	if left, _ := filepath.Glob(filepath.Join(dir, tempPrefix(f.path)+"*")); len(left) > 0 {
-		for _, l := range left {
-			_ = os.Remove(l)
-		}
+	left, _ := filepath.Glob(filepath.Join(dir, tempPrefix(f.path)+"*"))
+	for _, l := range left {
+		_ = os.Remove(l)
 	}
 	return nil
 }
