@@ -246,11 +246,12 @@ func (c *Claims) Prepare(claim policy.Claim, allocated []dra.Allocated) error {
 	if err := c.p.alloc.AdmitClaim(st.policy, claim, devs, c.p.unhealthy()); err != nil {
 		return err
 	}
-	if err := c.p.held(); err != nil && !prepared {
-		// Not recorded, not prepared: kubelet tries again.
-		c.p.alloc.ReleaseClaim(claim.UID)
-		_ = c.p.held()
-		return fmt.Errorf("%s: %w: %w", claim, ErrNotRecorded, err)
+	if prepared {
+		return nil // kubelet asked again: nothing new to record
+	}
+	// Not recorded, not prepared: kubelet tries again.
+	if err := c.p.recorded(func() { c.p.alloc.ReleaseClaim(claim.UID) }); err != nil {
+		return fmt.Errorf("%s: %w", claim, err)
 	}
 	return nil
 }

@@ -541,8 +541,8 @@ func (p *Plugin) Explain(pod *api.PodSandbox, ctr *api.Container) (*api.Containe
 	adj, grant, err := p.handle(p.state(), log, pod, ctr)
 	if err == nil && grant.Added() {
 		// Only a grant that adds to what pods hold changes the record.
-		if err = p.recorded(grant); err != nil {
-			adj, grant = nil, policy.Grant{}
+		if err = p.recorded(func() { p.alloc.Revert(grant) }); err != nil {
+			adj, grant, err = nil, policy.Grant{}, fmt.Errorf("devices not given, since their grant %w", err)
 		}
 	}
 	devices, score := specs.Names(grant.Devices), grant.Score
@@ -909,17 +909,18 @@ func (p *Plugin) held() error {
 	return err
 }
 
-// recorded records a grant that added to what its pod holds, or undoes it
-// when the state file cannot keep it: a holding only memory knows would
-// be handed out again after a restart.
-func (p *Plugin) recorded(g policy.Grant) error {
+// recorded records a change that added to what is held (a pod's grant, a
+// prepared claim), or has undo take it back when the state file cannot
+// keep it: a holding only memory knows would be handed out again after a
+// restart.
+func (p *Plugin) recorded(undo func()) error {
 	err := p.held()
 	if err == nil {
 		return nil
 	}
-	p.alloc.Revert(g)
+	undo()
 	_ = p.held() // what was last written again, which needs no write
-	return fmt.Errorf("devices not given, since their grant %w: %w", ErrNotRecorded, err)
+	return fmt.Errorf("%w: %w", ErrNotRecorded, err)
 }
 
 // cdiDeviceNames returns the CDI devices the runtime reports it injects
