@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -54,10 +55,15 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	defer p.Close()
 	// What pods keep though the configuration in force would not give
 	// it (docs/policy.md), one line each.
-	var keptLines []string
-	if err := p.HoldRecorded(); err != nil {
-		lines := strings.Split(err.Error(), "\n")
-		keptLines = lines[1:]
+	var (
+		keptLines []string
+		conflict  *policy.ConflictError
+	)
+	if errors.As(p.HoldRecorded(), &conflict) {
+		keptLines = conflict.Problems
+		if conflict.More > 0 {
+			keptLines = append(keptLines, fmt.Sprintf("(and %d more)", conflict.More))
+		}
 	}
 	p.CheckHealth()
 

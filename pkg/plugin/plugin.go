@@ -873,8 +873,8 @@ func (p *Plugin) known() []policy.Holding {
 // HoldRecorded has the pool hold what the state file said pods held at
 // start, as a Synchronize that found all of them running would, for a
 // plugin that is not served (nri-gpu explain). It returns what the
-// policy in force would not give, which the pods keep until removed (an
-// error wrapping policy.ErrRestoreConflict), or nil.
+// policy in force would not give, which the pods keep until removed (a
+// *policy.ConflictError), or nil.
 func (p *Plugin) HoldRecorded() error {
 	return p.alloc.Restore(p.state().policy, p.known())
 }

@@ -509,6 +509,26 @@ var ErrRestoreConflict = errors.New("restored holdings conflict")
 // maxRestoreProblems caps the problems Restore reports one by one.
 const maxRestoreProblems = 16
 
+// ConflictError is the error of Restore and Check: what the holdings break,
+// one line per problem. It wraps ErrRestoreConflict.
+type ConflictError struct {
+	// Problems are the first maxRestoreProblems problems.
+	Problems []string
+	// More counts the problems left out.
+	More int
+}
+
+func (e *ConflictError) Error() string {
+	more := ""
+	if e.More > 0 {
+		more = fmt.Sprintf("\n(and %d more)", e.More)
+	}
+	return fmt.Sprintf("%s; the devices stay held until their pods are removed:\n%s%s", ErrRestoreConflict, strings.Join(e.Problems, "\n"), more)
+}
+
+// Unwrap returns ErrRestoreConflict.
+func (e *ConflictError) Unwrap() error { return ErrRestoreConflict }
+
 // check reports restored devices p does not allow and devices held by two
 // pods where one of them may not share it. Pods and devices are visited
 // in order, so the report is stable; it is linear but for pods sharing
@@ -563,13 +583,11 @@ func (a *Allocations) check(p *Policy) error {
 	if len(problems) == 0 {
 		return nil
 	}
-	more := ""
+	e := &ConflictError{Problems: problems}
 	if len(problems) > maxRestoreProblems {
-		more = fmt.Sprintf("\n(and %d more)", len(problems)-maxRestoreProblems)
-		problems = problems[:maxRestoreProblems]
+		e.Problems, e.More = problems[:maxRestoreProblems], len(problems)-maxRestoreProblems
 	}
-	return fmt.Errorf("%w; the devices stay held until their pods are removed:\n%s%s",
-		ErrRestoreConflict, strings.Join(problems, "\n"), more)
+	return e
 }
 
 // Holdings returns what each pod holds, ordered by pod ID, for keeping it
