@@ -301,7 +301,7 @@ func TestStateFileUnwritable(t *testing.T) {
 		t.Fatal(err)
 	}
 	state := filepath.Join(notADir, "state.json")
-	_, err := plugin.New(defaultConfig(t), discard(), plugin.WithStateFile(state))
+	_, err := plugin.New(config.Default(), discard(), plugin.WithStateFile(state))
 	testutil.ErrorSays(t, err, "state file "+state, "not a directory")
 }
 

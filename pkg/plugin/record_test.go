@@ -208,7 +208,7 @@ func TestSecondPluginRefused(t *testing.T) {
 	if holder, err := os.ReadFile(state + ".lock"); err != nil || string(holder) != strconv.Itoa(os.Getpid())+"\n" {
 		t.Errorf("the lock file holds %q (%v), want this process's pid alone", holder, err)
 	}
-	_, err := plugin.New(defaultConfig(t), discard(), plugin.WithStateFile(state))
+	_, err := plugin.New(config.Default(), discard(), plugin.WithStateFile(state))
 	testutil.ErrorSays(t, err, state, "in use by another nri-gpu", "pid "+strconv.Itoa(os.Getpid()))
 	if !errors.Is(err, plugin.ErrStateLocked) {
 		t.Errorf("%v does not wrap ErrStateLocked", err)
@@ -218,7 +218,7 @@ func TestSecondPluginRefused(t *testing.T) {
 		t.Fatalf("the first plugin, once a second was refused: %v", err)
 	}
 	first.Close()
-	second, err := plugin.New(defaultConfig(t), discard(), plugin.WithStateFile(state))
+	second, err := plugin.New(config.Default(), discard(), plugin.WithStateFile(state))
 	if err != nil {
 		t.Fatalf("after the first stopped: %v", err)
 	}
@@ -239,15 +239,6 @@ func scrape(t *testing.T, m *metrics.Metrics) string {
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	return rec.Body.String()
-}
-
-func defaultConfig(t *testing.T) *config.Config {
-	t.Helper()
-	cfg, err := config.Parse(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cfg
 }
 
 func discard() logrus.FieldLogger {
