@@ -489,3 +489,70 @@ func TestDRASliceFollowsThePool(t *testing.T) {
 	}
 	waitSlice(t, env.b, gpuNames(env.b)...)
 }
+
+// TestDRAGapWithoutNRI shows the gap nri-gpu closes. With node-a's
+// containerd 1.7.35 (CDI off) running without NRI, so that nri-gpu cannot
+// adjust its containers, kubelet still has the claim allocated and
+// prepared by nri-gpu's DRA driver and hands the CDI device IDs to
+// containerd in the CRI request, which drops them: the pod runs without
+// its GPU, as with any DRA driver on such a node. With NRI back, the same
+// pod gets the GPU through nri-gpu.
+func TestDRAGapWithoutNRI(t *testing.T) {
+	needCluster(t)
+	n := env.a
+	createTemplate(t, "default", "gap-gpu", claimSpec(driverName, 1))
+	cfg := n.Ctd.ConfigPath()
+	orig, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const on = "[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = false"
+	off := strings.Replace(string(orig), on, "[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true", 1)
+	if off == string(orig) {
+		t.Fatalf("%s has no NRI section to turn off", cfg)
+	}
+	restart := func(config string) {
+		t.Helper()
+		if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Ctd.Restart(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	connected := strings.Count(nriLog(t, n), "connected to runtime")
+	restart(off)
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			restart(string(orig))
+		}
+	}
+	t.Cleanup(restore)
+
+	createPod(t, claimPod("default", "gap", n, "gap-gpu", ""))
+	p := waitAllRunning(t, "default", "gap")
+	claim := allocatedClaim(t, p)
+	testutil.Within(t, podWait, "nri-gpu's DRA driver prepared the claim", func() bool {
+		return strings.Contains(nriLog(t, n), "prepared claim")
+	})
+	if seen := seenBy(t, p, "gpu"); len(seen) != 0 {
+		t.Errorf("without NRI, container gpu sees %v: containerd 1.7 with CDI off injected the claim's CDI devices", seen)
+	}
+	t.Logf("without NRI: claim %s allocated %s and prepared, container gpu sees no GPU", claim.Name, claim.Status.Allocation.Devices.Results[0].Device)
+	deletePod(t, "default", "gap")
+
+	restore()
+	testutil.Within(t, podWait, "nri-gpu connected to node-a's containerd again", func() bool {
+		return strings.Count(nriLog(t, n), "connected to runtime") > connected
+	})
+	createPod(t, claimPod("default", "no-gap", n, "gap-gpu", ""))
+	p = waitAllRunning(t, "default", "no-gap")
+	claim = allocatedClaim(t, p)
+	seen := seenBy(t, p, "gpu")
+	if want := "nvidia" + strings.TrimPrefix(claim.Status.Allocation.Devices.Results[0].Device, "gpu-"); len(seen) != 1 || seen[0] != want {
+		t.Errorf("with NRI, container gpu sees %v, want [%s]", seen, want)
+	}
+	deletePod(t, "default", "no-gap")
+}
