@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 )
@@ -79,6 +80,69 @@ type Config struct {
 	DevicePlugin DevicePlugin `yaml:"devicePlugin"`
 	// DRA has nri-gpu serve as a Dynamic Resource Allocation driver too.
 	DRA DRA `yaml:"dra"`
+	// MPS says where the MPS control daemons of GPUs shared with the mps
+	// strategy are, and whether nri-gpu runs them.
+	MPS MPS `yaml:"mps"`
+}
+
+// Strategy is how a shared GPU is shared (policy.sharing[].strategy).
+type Strategy string
+
+const (
+	// StrategyTimeSlicing lets the pods' processes take turns on the GPU, as
+	// the driver schedules them, with no bound on what each uses.
+	StrategyTimeSlicing Strategy = "timeSlicing"
+	// StrategyMPS has the pods' processes run as clients of one MPS server per
+	// GPU, each bounded in compute and device memory.
+	StrategyMPS Strategy = "mps"
+)
+
+// Sharing is one entry of policy.sharing: the devices it covers may be
+// used by up to Replicas pods at once.
+type Sharing struct {
+	// Devices are globs over qualified device names ("nvidia.com/gpu=*").
+	// A device is covered by the first entry that matches one of its
+	// names.
+	Devices []string `yaml:"devices"`
+	// Replicas is how many pods may use one such device at once: 2 or
+	// more.
+	Replicas int `yaml:"replicas"`
+	// Strategy is "timeSlicing" (the default) or "mps".
+	Strategy Strategy `yaml:"strategy"`
+	// ActiveThreadPercentage is, for mps, the share of the GPU's
+	// multiprocessors each client may use: 1 to 100, by default
+	// 100/Replicas.
+	ActiveThreadPercentage int `yaml:"activeThreadPercentage"`
+	// PinnedMemoryLimit is, for mps, the device memory each client may
+	// pin, as a quantity ("10Gi"); by default the GPU's memory (as NVML
+	// tells it) divided by Replicas.
+	PinnedMemoryLimit string `yaml:"pinnedMemoryLimit"`
+}
+
+// MPSDaemon says who runs the MPS control daemons.
+type MPSDaemon string
+
+const (
+	// MPSExternal: the operator runs one control daemon per MPS-shared
+	// GPU, with its pipe directory where nri-gpu looks for it.
+	MPSExternal MPSDaemon = "external"
+	// MPSManaged: nri-gpu starts one control daemon per MPS-shared GPU
+	// and stops it when the GPU is no longer shared with mps.
+	MPSManaged MPSDaemon = "managed"
+)
+
+// MPS is the mps block of the configuration. It is read at start: a
+// change takes a restart.
+type MPS struct {
+	// Daemon is "external" (the default) or "managed".
+	Daemon MPSDaemon `yaml:"daemon"`
+	// ControlCommand is the driver's nvidia-cuda-mps-control, which
+	// nri-gpu runs to start, ask and stop a daemon.
+	ControlCommand string `yaml:"controlCommand"`
+	// Root holds each MPS-shared GPU's directories: Root/<GPU>/pipe, log
+	// and shm, <GPU> its UUID where the spec names it so, else its name
+	// within its kind.
+	Root string `yaml:"root"`
 }
 
 // DRA is the dra block of the configuration: nri-gpu as a Dynamic
@@ -175,6 +239,10 @@ type Policy struct {
 	// AllowUnhealthy lets a pod ask by name for a device whose GPU nri-gpu
 	// found unhealthy (count requests never get one).
 	AllowUnhealthy bool `yaml:"allowUnhealthy"`
+	// Sharing lists devices that several pods may use at once, and how;
+	// a device no entry covers serves one pod at a time or any number,
+	// as Exclusive says.
+	Sharing []Sharing `yaml:"sharing"`
 }
 
 // Defaults of the configuration, applied to every key not set.
@@ -192,6 +260,8 @@ var (
 	DefaultDRADriverName    = "gpu.nri-gpu.io"
 	DefaultDRAPluginDir     = "/var/lib/kubelet/plugins"
 	DefaultDRARegistryDir   = "/var/lib/kubelet/plugins_registry"
+	DefaultMPSControl       = "/usr/bin/nvidia-cuda-mps-control"
+	DefaultMPSRoot          = "/run/nri-gpu/mps"
 )
 
 // Default returns the configuration used when none is given.
@@ -303,7 +373,22 @@ func (c *Config) setDefaults() {
 	if r.RegistryDir == "" {
 		r.RegistryDir = DefaultDRARegistryDir
 	}
+	m := &c.MPS
+	if m.Daemon == "" {
+		m.Daemon = MPSExternal
+	}
+	if m.ControlCommand == "" {
+		m.ControlCommand = DefaultMPSControl
+	}
+	if m.Root == "" {
+		m.Root = DefaultMPSRoot
+	}
 	p := &c.Policy
+	for i := range p.Sharing {
+		if p.Sharing[i].Strategy == "" {
+			p.Sharing[i].Strategy = StrategyTimeSlicing
+		}
+	}
 	if p.Namespaces == nil {
 		p.Namespaces = append([]string(nil), DefaultNamespaces...)
 	}
@@ -364,7 +449,72 @@ func (c *Config) problems() []error {
 	}
 	errs = append(errs, c.Policy.validate()...)
 	errs = append(errs, c.DRA.validate()...)
+	errs = append(errs, c.MPS.validate()...)
 	return append(errs, c.DevicePlugin.validate()...)
+}
+
+func (m *MPS) validate() []error {
+	var errs []error
+	switch m.Daemon {
+	case MPSExternal, MPSManaged:
+	default:
+		errs = append(errs, fmt.Errorf("mps.daemon: %q is neither %q nor %q", m.Daemon, MPSExternal, MPSManaged))
+	}
+	for key, p := range map[string]string{"mps.controlCommand": m.ControlCommand, "mps.root": m.Root} {
+		if !filepath.IsAbs(p) {
+			errs = append(errs, fmt.Errorf("%s: %q is not an absolute path", key, p))
+		}
+	}
+	return errs
+}
+
+func (s *Sharing) validate(at string) []error {
+	var errs []error
+	if len(s.Devices) == 0 {
+		errs = append(errs, fmt.Errorf("%s.devices: at least one glob is needed", at))
+	}
+	for _, g := range s.Devices {
+		if _, err := path.Match(g, ""); err != nil {
+			errs = append(errs, fmt.Errorf("%s.devices: glob %q: %w", at, g, err))
+		}
+	}
+	if s.Replicas < 2 {
+		errs = append(errs, fmt.Errorf("%s.replicas: %d: a shared device needs 2 replicas or more", at, s.Replicas))
+	}
+	switch s.Strategy {
+	case StrategyTimeSlicing:
+		if s.ActiveThreadPercentage != 0 || s.PinnedMemoryLimit != "" {
+			errs = append(errs, fmt.Errorf("%s: activeThreadPercentage and pinnedMemoryLimit bound MPS clients only; time-slicing has no bounds (set strategy: mps)", at))
+		}
+	case StrategyMPS:
+		if s.ActiveThreadPercentage < 0 || s.ActiveThreadPercentage > 100 {
+			errs = append(errs, fmt.Errorf("%s.activeThreadPercentage: %d is not between 1 and 100 (0 means 100/replicas)", at, s.ActiveThreadPercentage))
+		}
+		if s.PinnedMemoryLimit != "" {
+			if _, err := s.PinnedMemory(); err != nil {
+				errs = append(errs, fmt.Errorf("%s.pinnedMemoryLimit: %w", at, err))
+			}
+		}
+	default:
+		errs = append(errs, fmt.Errorf("%s.strategy: %q is neither %q nor %q", at, s.Strategy, StrategyTimeSlicing, StrategyMPS))
+	}
+	return errs
+}
+
+// PinnedMemory returns PinnedMemoryLimit in bytes, 0 when it is not set.
+func (s *Sharing) PinnedMemory() (int64, error) {
+	if s.PinnedMemoryLimit == "" {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(s.PinnedMemoryLimit)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a quantity such as 10Gi: %w", s.PinnedMemoryLimit, err)
+	}
+	// MPS takes limits in MiB.
+	if q.Value() < 1<<20 {
+		return 0, fmt.Errorf("%q is less than 1Mi", s.PinnedMemoryLimit)
+	}
+	return q.Value(), nil
 }
 
 func (d *DRA) validate() []error {
@@ -454,6 +604,9 @@ func (p *Policy) validate() []error {
 		if !filepath.IsAbs(h) {
 			errs = append(errs, fmt.Errorf("policy.hookPaths: %q is not an absolute path", h))
 		}
+	}
+	for i := range p.Sharing {
+		errs = append(errs, p.Sharing[i].validate(fmt.Sprintf("policy.sharing[%d]", i))...)
 	}
 	return errs
 }

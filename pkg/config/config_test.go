@@ -35,6 +35,7 @@ func TestParse(t *testing.T) {
 			DriverName: "gpu.nri-gpu.io", Kinds: []string{"nvidia.com/gpu"}, Devices: []string{"*"},
 			PluginDir: "/var/lib/kubelet/plugins", RegistryDir: "/var/lib/kubelet/plugins_registry",
 		},
+		MPS: config.MPS{Daemon: config.MPSExternal, ControlCommand: "/usr/bin/nvidia-cuda-mps-control", Root: "/run/nri-gpu/mps"},
 	}
 	tests := []struct {
 		name    string
@@ -66,6 +67,18 @@ policy:
   hookPaths: [/usr/local/bin/hook]
   exemptCDIAnnotations: true
   allowUnhealthy: true
+  sharing:
+  - devices: ["example.com/fpga=0"]
+    replicas: 4
+  - devices: ["example.com/fpga=1", "example.com/fpga=2"]
+    replicas: 3
+    strategy: mps
+    activeThreadPercentage: 30
+    pinnedMemoryLimit: 10Gi
+mps:
+  daemon: managed
+  controlCommand: /run/nvidia/driver/usr/bin/nvidia-cuda-mps-control
+  root: /run/mps
 devicePlugin:
   kubeletDir: /var/lib/k3s/device-plugins
   cdiDevices: cri
@@ -99,7 +112,12 @@ dra:
 					Namespaces: []string{"agents-*"}, Devices: []string{"example.com/fpga=*"},
 					AllowAll: true, MaxDevicesPerPod: 2, Exclusive: true, HookPaths: []string{"/usr/local/bin/hook"},
 					ExemptCDIAnnotations: true, AllowUnhealthy: true,
+					Sharing: []config.Sharing{
+						{Devices: []string{"example.com/fpga=0"}, Replicas: 4, Strategy: config.StrategyTimeSlicing},
+						{Devices: []string{"example.com/fpga=1", "example.com/fpga=2"}, Replicas: 3, Strategy: config.StrategyMPS, ActiveThreadPercentage: 30, PinnedMemoryLimit: "10Gi"},
+					},
 				},
+				MPS: config.MPS{Daemon: config.MPSManaged, ControlCommand: "/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control", Root: "/run/mps"},
 				DevicePlugin: config.DevicePlugin{
 					KubeletDir: "/var/lib/k3s/device-plugins", CDIDevices: config.CDICRI,
 					Resources: []config.Resource{
@@ -144,6 +162,20 @@ dra:
 		{name: "relative kubeconfig", yaml: "dra:\n  kubeconfig: kubeconfig\n", wantErr: []string{`dra.kubeconfig: "kubeconfig" is not an absolute path`}},
 		{name: "relative plugin dir", yaml: "dra:\n  pluginDir: plugins\n", wantErr: []string{`dra.pluginDir: "plugins" is not an absolute path`}},
 		{name: "relative registry dir", yaml: "dra:\n  registryDir: reg\n", wantErr: []string{`dra.registryDir: "reg" is not an absolute path`}},
+		{name: "sharing without devices", yaml: "policy:\n  sharing: [{replicas: 2}]\n", wantErr: []string{"policy.sharing[0].devices: at least one glob is needed"}},
+		{name: "bad sharing glob", yaml: "policy:\n  sharing: [{devices: ['['], replicas: 2}]\n", wantErr: []string{`policy.sharing[0].devices: glob "["`}},
+		{name: "one replica", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 1}]\n", wantErr: []string{"policy.sharing[0].replicas: 1: a shared device needs 2 replicas or more"}},
+		{name: "no replicas", yaml: "policy:\n  sharing: [{devices: ['*']}]\n", wantErr: []string{"policy.sharing[0].replicas: 0"}},
+		{name: "bad strategy", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mig}]\n", wantErr: []string{`policy.sharing[0].strategy: "mig" is neither "timeSlicing" nor "mps"`}},
+		{name: "limits on time-slicing", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, activeThreadPercentage: 50}]\n", wantErr: []string{"policy.sharing[0]: activeThreadPercentage and pinnedMemoryLimit bound MPS clients only"}},
+		{name: "memory limit on time-slicing", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, pinnedMemoryLimit: 1Gi}]\n", wantErr: []string{"bound MPS clients only"}},
+		{name: "thread percentage over 100", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, activeThreadPercentage: 101}]\n", wantErr: []string{"policy.sharing[0].activeThreadPercentage: 101 is not between 1 and 100"}},
+		{name: "negative thread percentage", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, activeThreadPercentage: -1}]\n", wantErr: []string{"activeThreadPercentage: -1 is not between"}},
+		{name: "bad memory limit", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, pinnedMemoryLimit: lots}]\n", wantErr: []string{`policy.sharing[0].pinnedMemoryLimit: "lots" is not a quantity`}},
+		{name: "memory limit under 1Mi", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, pinnedMemoryLimit: 1023Ki}]\n", wantErr: []string{`"1023Ki" is less than 1Mi`}},
+		{name: "bad MPS daemon", yaml: "mps:\n  daemon: systemd\n", wantErr: []string{`mps.daemon: "systemd" is neither "external" nor "managed"`}},
+		{name: "relative MPS control", yaml: "mps:\n  controlCommand: nvidia-cuda-mps-control\n", wantErr: []string{`mps.controlCommand: "nvidia-cuda-mps-control" is not an absolute path`}},
+		{name: "relative MPS root", yaml: "mps:\n  root: mps\n", wantErr: []string{`mps.root: "mps" is not an absolute path`}},
 		{name: "two documents", yaml: "defaultKind: a.com/b\n---\ndefaultKind: c.com/d\n", wantErr: []string{"more than one YAML document"}},
 		{
 			name:    "all problems at once",

@@ -309,11 +309,15 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 func (p *Plugin) Reload(cfg *config.Config) error {
 	inForce := p.state().cfg
 	for _, c := range []struct {
-		key       string
+		key, what string
 		old, next any
-	}{{"devicePlugin", inForce.DevicePlugin, cfg.DevicePlugin}, {"dra", inForce.DRA, cfg.DRA}} {
+	}{
+		{"devicePlugin", "kubelet's sockets, the resources registered", inForce.DevicePlugin, cfg.DevicePlugin},
+		{"dra", "kubelet's sockets, the resources registered", inForce.DRA, cfg.DRA},
+		{"mps", "the MPS control daemons run or looked for", inForce.MPS, cfg.MPS},
+	} {
 		if !reflect.DeepEqual(c.old, c.next) {
-			return fmt.Errorf("%w: %s is read at start (kubelet's sockets, the resources registered): restart nri-gpu to change it", ErrStartOnly, c.key)
+			return fmt.Errorf("%w: %s is read at start (%s): restart nri-gpu to change it", ErrStartOnly, c.key, c.what)
 		}
 	}
 	st, err := p.newState(cfg)

@@ -116,9 +116,11 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 				continue
 			}
 		}
-		if other, held := a.heldByOther(pod.ID, d, p.exclusive, claims); held != nil {
-			errs = append(errs, deny(RuleExclusive, fmt.Errorf("%w: device %q is held by %s (as %q)%s",
-				ErrDenied, d.Name, other, held.Name, other.hint(p.exclusive))))
+		if slices.ContainsFunc(own.named, func(h specs.Device) bool { return h.Name == d.Name }) {
+			continue // the pod holds it: kept, as a reload or restore left it
+		}
+		if err := a.judge(p, pod.ID, d, p.exclusive, claims).err(d, p.exclusive); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -129,7 +131,8 @@ func (a *Allocations) Admit(p *Policy, pod Pod, named []specs.Device, count int,
 	var considered Considered
 	if count > 0 && counted == nil {
 		var err error
-		if counted, score, considered, err = a.choose(p, pod.ID, count, ch, claims); err != nil {
+		mine := slices.Concat(own.named, named, a.claimDevices(claims))
+		if counted, score, considered, err = a.choose(p, pod.ID, count, ch, claims, mine); err != nil {
 			return Grant{}, err
 		}
 	}
@@ -213,11 +216,27 @@ func (h holder) hint(exclusive bool) string {
 	return fmt.Sprintf(", which got it for a count request; it is free again when pod %s is removed", h.pod)
 }
 
-// heldByOther returns who, other than pod podID and the claims it uses,
-// holds a device that overlaps d, and the device it holds. Counted
-// devices, devices held alone and claims' devices always count; named
-// ones only when exclusive.
-func (a *Allocations) heldByOther(podID string, d specs.Device, exclusive bool, uses []string) (holder, *specs.Device) {
+// key tells holders apart: one pod, one claim.
+func (h holder) key() string {
+	if h.claim != nil {
+		return "claim:" + h.claim.UID
+	}
+	return "pod:" + h.pod.ID
+}
+
+// user is a holder of a device that overlaps the one asked for.
+type user struct {
+	holder
+	dev *specs.Device
+	// strict says no one else may have it unless it is shared: a count
+	// grant, a claim's device, a device held alone.
+	strict bool
+}
+
+// users returns the holders, other than pod podID and the claims it
+// uses, of devices that overlap d: claims by UID, then pods by ID.
+func (a *Allocations) users(podID string, d specs.Device, uses []string) []user {
+	var out []user
 	for _, uid := range slices.Sorted(maps.Keys(a.claims)) {
 		c := a.claims[uid]
 		if slices.Contains(uses, uid) {
@@ -225,55 +244,137 @@ func (a *Allocations) heldByOther(podID string, d specs.Device, exclusive bool, 
 		}
 		for i := range c.devices {
 			if overlaps(c.devices[i].Device, d) {
-				return holder{claim: &c.claim}, &c.devices[i].Device
+				out = append(out, user{holder{claim: &c.claim}, &c.devices[i].Device, true})
 			}
 		}
 	}
-	for id, h := range a.pods {
+	for _, id := range slices.Sorted(maps.Keys(a.pods)) {
+		h := a.pods[id]
 		if id == podID {
 			continue
 		}
 		for i := range h.counted {
 			if overlaps(h.counted[i], d) {
-				return holder{pod: h.pod}, &h.counted[i]
+				out = append(out, user{holder{pod: h.pod}, &h.counted[i], true})
 			}
 		}
 		for i := range h.named {
-			sole := slices.Contains(h.sole, h.named[i].Name)
-			if (exclusive || sole) && overlaps(h.named[i], d) {
-				return holder{pod: h.pod, sole: sole}, &h.named[i]
+			if overlaps(h.named[i], d) {
+				sole := slices.Contains(h.sole, h.named[i].Name)
+				out = append(out, user{holder{pod: h.pod, sole: sole}, &h.named[i], sole})
 			}
 		}
 	}
-	return holder{}, nil
+	return out
+}
+
+// verdict is whether a device may be given beside what others hold.
+type verdict struct {
+	// by is a holder that keeps it, nil if none.
+	by *user
+	// share is how the device is shared, nil if it is not; sharers are
+	// the holders (one entry each) it is shared with.
+	share   *Share
+	sharers []user
+}
+
+// full reports whether the device is shared and every replica is used.
+func (v verdict) full() bool { return v.share != nil && len(v.sharers) >= v.share.Replicas }
+
+// free reports whether the device may be given.
+func (v verdict) free() bool { return v.by == nil && !v.full() }
+
+// judge says whether pod podID (and the claims it uses) may have d beside
+// what others hold. A device policy.sharing covers is shared with every
+// other holder of the same hardware, whichever of its names they hold,
+// up to its replicas; but a holder found with no record keeps it alone.
+// Any other holder of overlapping hardware keeps it when it holds it
+// strictly (a count grant, a claim, held alone) or exclusive is set.
+func (a *Allocations) judge(p *Policy, podID string, d specs.Device, exclusive bool, uses []string) verdict {
+	v := verdict{share: p.Sharing(d.Name)}
+	seen := map[string]bool{}
+	for _, u := range a.users(podID, d, uses) {
+		if v.share != nil && !u.sole && sameHardware(*u.dev, d) {
+			if !seen[u.key()] {
+				seen[u.key()] = true
+				v.sharers = append(v.sharers, u)
+			}
+			continue
+		}
+		if u.strict || exclusive {
+			v.by = &u
+			return v
+		}
+	}
+	return v
+}
+
+// err is the denial of a device the verdict does not free, or nil.
+func (v verdict) err(d specs.Device, exclusive bool) error {
+	switch {
+	case v.by != nil:
+		return deny(RuleExclusive, fmt.Errorf("%w: device %q is held by %s (as %q)%s",
+			ErrDenied, d.Name, v.by.holder, v.by.dev.Name, v.by.hint(exclusive)))
+	case v.full():
+		return deny(RuleSharing, fmt.Errorf("%w: device %q is shared by %s and used by %d already: %s; it is free for one more when one of them is removed, or raise replicas",
+			ErrDenied, d.Name, v.share, len(v.sharers), describeUsers(v.sharers)))
+	}
+	return nil
+}
+
+func describeUsers(us []user) string {
+	parts := make([]string, 0, len(us))
+	for _, u := range us {
+		parts = append(parts, u.holder.String())
+	}
+	return strings.Join(parts, ", ")
+}
+
+// sameHardware reports whether two devices are one piece of hardware:
+// the same name, or the same device nodes (a GPU by index and by UUID).
+func sameHardware(a, b specs.Device) bool {
+	return a.Name == b.Name || (len(a.Nodes) > 0 && covers(a, b) && covers(b, a))
 }
 
 // choose picks count free candidates that ch.Usable accepts, one name
-// per device: the first in order, or, for more than one device where
-// ch.Links is known, the set whose pairs score highest (ties keep spec
-// order). It returns them and their score.
-func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses []string) ([]specs.Device, int, Considered, error) {
+// per device and no shared one the pod uses already (mine): the least
+// used first
+// (shared devices by how many pods use them), then the first in order,
+// or, for more than one device where ch.Links is known, the set whose
+// pairs score highest among the least used (ties keep spec order). It
+// returns them and their score.
+func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses []string, mine []specs.Device) ([]specs.Device, int, Considered, error) {
 	var (
 		free, seen []specs.Device
+		used       []int // how many pods use each of free
 		unusable   []error
 		passed     []Passed
 	)
-	// With the topology known, every free device is a candidate for the
-	// best set; else the first count do.
+	// With the topology known or devices shared, every free device is a
+	// candidate; else the first count do.
 	enough := count
-	if ch.Links != nil && count > 1 {
+	if (ch.Links != nil && count > 1) || len(p.sharing) > 0 {
 		enough = len(ch.Candidates)
 	}
 	held, unhealthy := 0, 0
 	for _, c := range ch.Candidates {
-		if !p.Allowed(c.Name) || slices.ContainsFunc(seen, func(s specs.Device) bool { return overlaps(s, c) }) {
+		if !p.Allowed(c.Name) || Overlaps(c, seen) {
 			continue
 		}
 		seen = append(seen, c)
-		// A device held by another pod in any way is not free.
-		if other, h := a.heldByOther(podID, c, true, uses); h != nil {
+		if Overlaps(c, mine) && p.Sharing(c.Name) != nil {
+			continue // the pod uses it already: never one shared GPU twice
+		}
+		// A device held by another pod in any way is not free, unless
+		// it is shared and a replica is left.
+		v := a.judge(p, podID, c, true, uses)
+		if !v.free() {
 			held++
-			passed = append(passed, Passed{c.Name, "held by " + other.String()})
+			why := "held by " + describeUsers(v.sharers)
+			if v.by != nil {
+				why = "held by " + v.by.holder.String()
+			}
+			passed = append(passed, Passed{c.Name, why})
 			continue
 		}
 		if ch.Unhealthy != nil {
@@ -291,6 +392,7 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses
 			}
 		}
 		free = append(free, c)
+		used = append(used, len(v.sharers))
 	}
 	if len(free) < count {
 		kind := "devices"
@@ -309,11 +411,30 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses
 			CountAnnotationKey, ErrDenied, count, kind, len(free), held, len(seen), why))
 	}
 	considered := Considered{Free: specs.Names(free), Passed: passed}
+	fixed, rest := leastUsed(free, used, count)
+	need := count - len(fixed)
 	if ch.Links == nil || count == 1 {
-		return free[:count], 0, considered, nil
+		return append(fixed, rest[:need]...), 0, considered, nil
 	}
-	best, score := Closest(nil, free, count, ch.Links)
-	return best, score, considered, nil
+	best, score := Closest(fixed, rest, need, ch.Links)
+	return append(fixed, best...), score, considered, nil
+}
+
+// leastUsed splits the least-used count devices of free (shared ones by
+// how many pods use them) into those that must be taken (fewer users
+// than the count-th least used) and those to choose the rest among (as
+// many users as it), each in the order of free.
+func leastUsed(free []specs.Device, used []int, count int) (fixed, rest []specs.Device) {
+	limit := slices.Sorted(slices.Values(used))[count-1]
+	for i, d := range free {
+		switch {
+		case used[i] < limit:
+			fixed = append(fixed, d)
+		case used[i] == limit:
+			rest = append(rest, d)
+		}
+	}
+	return fixed, rest
 }
 
 // Considered is what a count request looked at: the free devices (not
@@ -542,10 +663,41 @@ func (a *Allocations) check(p *Policy) error {
 	type owner struct {
 		who     string
 		id      string
-		device  string
+		dev     specs.Device
 		counted bool
+		// share is how the device is shared, nil if it is not.
+		share *Share
 	}
 	byNode := map[string][]owner{}
+	// shares reports whether o and the device d of holder id (counted:
+	// strictly) share one piece of hardware as policy.sharing allows.
+	shares := func(o owner, d specs.Device, share *Share, sole bool) bool {
+		return (share != nil || o.share != nil) && !sole && sameHardware(o.dev, d)
+	}
+	// users counts the holders of each shared piece of hardware, by its
+	// first node.
+	type use struct {
+		device string
+		share  *Share
+		who    []string
+	}
+	users := map[string]*use{}
+	var order []string
+	count := func(o owner) {
+		if o.share == nil || len(o.dev.Nodes) == 0 {
+			return
+		}
+		n := o.dev.Nodes[0]
+		u := users[n]
+		if u == nil {
+			u = &use{device: o.dev.Name, share: o.share}
+			users[n] = u
+			order = append(order, n)
+		}
+		if !slices.Contains(u.who, o.who) {
+			u.who = append(u.who, o.who)
+		}
+	}
 	// A claim's devices are its own, as a count grant's are.
 	for _, uid := range slices.Sorted(maps.Keys(a.claims)) {
 		c := a.claims[uid]
@@ -553,12 +705,16 @@ func (a *Allocations) check(p *Policy) error {
 			if !p.Allowed(d.Name) {
 				report("%s holds %q, which policy.devices does not allow (any more)", c.claim, d.Name)
 			}
+			share := p.Sharing(d.Name)
 			for _, n := range d.Nodes {
 				for _, o := range byNode[n] {
-					report("%s (%q) and %s (%q) both hold %s", o.who, o.device, c.claim, d.Name, n)
+					if !shares(o, d.Device, share, false) {
+						report("%s (%q) and %s (%q) both hold %s", o.who, o.dev.Name, c.claim, d.Name, n)
+					}
 				}
-				byNode[n] = append(byNode[n], owner{c.claim.String(), "claim:" + uid, d.Name, true})
+				byNode[n] = append(byNode[n], owner{c.claim.String(), "claim:" + uid, d.Device, true, share})
 			}
+			count(owner{who: c.claim.String(), dev: d.Device, share: share})
 		}
 	}
 	for _, id := range ids {
@@ -569,15 +725,26 @@ func (a *Allocations) check(p *Policy) error {
 			}
 		}
 		for i, d := range h.all() {
-			counted := i >= len(h.named) || slices.Contains(h.sole, d.Name)
+			sole := slices.Contains(h.sole, d.Name)
+			counted := i >= len(h.named) || sole
+			share := p.Sharing(d.Name)
+			if sole {
+				share = nil
+			}
 			for _, n := range d.Nodes {
 				for _, o := range byNode[n] {
-					if o.id != id && (counted || o.counted || p.exclusive) {
-						report("%s (%q) and pod %s (%q) both hold %s", o.who, o.device, h.pod, d.Name, n)
+					if o.id != id && (counted || o.counted || p.exclusive) && !shares(o, d, share, sole) {
+						report("%s (%q) and pod %s (%q) both hold %s", o.who, o.dev.Name, h.pod, d.Name, n)
 					}
 				}
-				byNode[n] = append(byNode[n], owner{"pod " + h.pod.String(), id, d.Name, counted})
+				byNode[n] = append(byNode[n], owner{"pod " + h.pod.String(), id, d, counted, share})
 			}
+			count(owner{who: "pod " + h.pod.String(), dev: d, share: share})
+		}
+	}
+	for _, n := range order {
+		if u := users[n]; len(u.who) > u.share.Replicas {
+			report("%d hold %q, which %s lets %d use at once: %s", len(u.who), u.device, u.share, u.share.Replicas, strings.Join(u.who, ", "))
 		}
 	}
 	if len(problems) == 0 {

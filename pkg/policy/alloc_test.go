@@ -124,40 +124,43 @@ func TestAdmit(t *testing.T) {
 		},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			candidates, byName := gpus()
-			p := policy.New(tc.policy)
-			a := policy.NewAllocations()
-			for i, s := range tc.steps {
-				if s.release {
-					a.Release(pod(s.pod).ID)
-					continue
-				}
-				var named []specs.Device
-				for _, n := range s.named {
-					named = append(named, byName[n])
-				}
-				g, err := a.Admit(p, pod(s.pod), named, s.count, policy.Choice{Candidates: candidates}, nil)
-				if len(s.wantErr) > 0 {
-					wantDenied(t, err, s.rule, s.wantErr...)
-					continue
-				}
-				if err != nil {
-					t.Fatalf("step %d: %v", i, err)
-				}
-				var got []string
-				for _, d := range g.Devices {
-					got = append(got, d.Name)
-				}
-				var want []string
-				for _, n := range s.want {
-					want = append(want, byName[n].Name)
-				}
-				if !slices.Equal(got, want) {
-					t.Errorf("step %d: pod %s got %v, want %v", i, s.pod, got, want)
-				}
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { runSteps(t, policy.New(tc.policy), policy.NewAllocations(), tc.steps) })
+	}
+}
+
+// runSteps admits and releases as steps say, on gpus(), and checks each
+// grant and denial.
+func runSteps(t *testing.T, p *policy.Policy, a *policy.Allocations, steps []step) {
+	t.Helper()
+	candidates, byName := gpus()
+	for i, s := range steps {
+		if s.release {
+			a.Release(pod(s.pod).ID)
+			continue
+		}
+		var named []specs.Device
+		for _, n := range s.named {
+			named = append(named, byName[n])
+		}
+		g, err := a.Admit(p, pod(s.pod), named, s.count, policy.Choice{Candidates: candidates}, nil)
+		if len(s.wantErr) > 0 {
+			wantDenied(t, err, s.rule, s.wantErr...)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		var got []string
+		for _, d := range g.Devices {
+			got = append(got, d.Name)
+		}
+		var want []string
+		for _, n := range s.want {
+			want = append(want, byName[n].Name)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("step %d: pod %s got %v, want %v", i, s.pod, got, want)
+		}
 	}
 }
 

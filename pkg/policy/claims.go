@@ -100,10 +100,10 @@ func (a *Allocations) AdmitClaim(p *Policy, c Claim, devices []ClaimDevice, unhe
 				continue
 			}
 		}
-		// Whatever exclusive says: a claim's devices are its own.
-		if other, held := a.heldByOther("", d.Device, true, nil); held != nil {
-			errs = append(errs, deny(RuleExclusive, fmt.Errorf("%s: %w: device %q is held by %s (as %q)%s",
-				c, ErrDenied, d.Name, other, held.Name, other.hint(true))))
+		// Whatever exclusive says: a claim's devices are its own, but
+		// for a shared device's replicas.
+		if err := a.judge(p, "", d.Device, true, nil).err(d.Device, true); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", c, err))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -24,6 +24,7 @@ const (
 	RuleCount      = "count"
 	RuleHookPaths  = "hookPaths"
 	RuleUnhealthy  = "allowUnhealthy"
+	RuleSharing    = "sharing"
 )
 
 // Denial is a policy denial: it wraps ErrDenied and says which rule
@@ -66,6 +67,42 @@ type Policy struct {
 	// allowUnhealthy lets a device whose GPU is unhealthy be asked for by
 	// name.
 	allowUnhealthy bool
+	// sharing are the policy.sharing entries, in order.
+	sharing []Share
+}
+
+// Share is how the devices of a policy.sharing entry are shared.
+type Share struct {
+	// Index is the entry's place in policy.sharing, for messages.
+	Index int
+	// Replicas is how many pods may use one such device at once.
+	Replicas int
+	// Strategy is time-slicing or MPS.
+	Strategy config.Strategy
+	// ActiveThreadPercentage and PinnedMemory (bytes) bound each MPS
+	// client; PinnedMemory 0 takes the GPU's memory divided by Replicas.
+	ActiveThreadPercentage int
+	PinnedMemory           int64
+
+	globs []string
+}
+
+// String describes the entry for messages: "policy.sharing[0]
+// (replicas 4, timeSlicing)".
+func (s *Share) String() string {
+	return fmt.Sprintf("policy.sharing[%d] (replicas %d, %s)", s.Index, s.Replicas, s.Strategy)
+}
+
+// Sharing returns how the named device is shared: the first
+// policy.sharing entry one of whose globs matches it, or nil when it is
+// not shared.
+func (p *Policy) Sharing(name string) *Share {
+	for i := range p.sharing {
+		if MatchAny(p.sharing[i].globs, name) {
+			return &p.sharing[i]
+		}
+	}
+	return nil
 }
 
 // New returns the policy of a validated configuration block.
@@ -80,7 +117,24 @@ func New(p config.Policy) *Policy {
 		exemptCDI:  p.ExemptCDIAnnotations,
 
 		allowUnhealthy: p.AllowUnhealthy,
+		sharing:        shares(p.Sharing),
 	}
+}
+
+func shares(entries []config.Sharing) []Share {
+	out := make([]Share, 0, len(entries))
+	for i, e := range entries {
+		s := Share{Index: i, Replicas: e.Replicas, Strategy: e.Strategy, globs: slices.Clone(e.Devices)}
+		if e.Strategy == config.StrategyMPS {
+			s.ActiveThreadPercentage = e.ActiveThreadPercentage
+			if s.ActiveThreadPercentage == 0 {
+				s.ActiveThreadPercentage = max(1, 100/e.Replicas)
+			}
+			s.PinnedMemory, _ = e.PinnedMemory() // validated
+		}
+		out = append(out, s)
+	}
+	return out
 }
 
 // Check applies the rules that need no state to what a container of pod
