@@ -22,6 +22,8 @@ package main
 import (
 	"io"
 	"os"
+
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 )
 
 // Exit codes.
@@ -53,6 +55,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runCheck(args[1:], stdout, stderr)
 		case "hook":
 			return runHook(args[1:], stdout, stderr)
+		case plugin.MPSShmCommand:
+			return runMPSShm(args[1:], stderr)
 		case "version", "--version", "-version":
 			return runVersion(stdout)
 		}

@@ -44,6 +44,17 @@ type Options struct {
 	// SpecPath names the file a spec was read from, for messages
 	// (specs.Snapshot.SpecPath); nil takes the path CDI knows.
 	SpecPath func(*cdi.Spec) string
+	// Extra are edits of nri-gpu's own (not of a spec), applied after the
+	// devices' as theirs are.
+	Extra []Extra
+}
+
+// Extra is a set of edits of nri-gpu's own, such as what a client of an
+// MPS-shared GPU needs.
+type Extra struct {
+	// Name says what the edits are for, in messages.
+	Name  string
+	Edits *cdispec.ContainerEdits
 }
 
 // Skipped is an unsupported edit that Build left out.
@@ -85,7 +96,11 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 		names = append(names, d.GetQualifiedName())
 	}
 	var kept []editSet
-	for _, set := range inOrder(devices, opts.Injected, opts.SpecPath) {
+	sets := inOrder(devices, opts.Injected, opts.SpecPath)
+	for _, x := range opts.Extra {
+		sets = append(sets, editSet{edits: x.Edits, device: x.Name})
+	}
+	for _, set := range sets {
 		e, err := supported(set, opts, res)
 		errs = append(errs, err)
 		edits.Append(e)

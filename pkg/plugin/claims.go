@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
@@ -19,7 +17,6 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
-	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 // ClaimFinder tells which prepared DRA claims a container uses.
@@ -92,15 +89,6 @@ var _ dra.Source = (*Claims)(nil)
 type Claims struct {
 	p   *Plugin
 	cfg config.DRA
-
-	once sync.Once
-	// gpus is what NVML says of the GPUs, by minor; nil without NVML.
-	gpus map[int]gpuInfo
-}
-
-type gpuInfo struct {
-	nvidia.GPU
-	driverVersion string
 }
 
 // Devices returns the devices to offer: of the configured kinds, matching
@@ -138,40 +126,18 @@ func (c *Claims) Devices() []dra.Device {
 	return out
 }
 
-var (
-	gpuNode = regexp.MustCompile(`^/dev/nvidia([0-9]+)$`)
-	migName = regexp.MustCompile(`^([0-9]+):([0-9]+)$`)
-)
 
 // info returns what is known of a device: from its spec (its name, its
 // other names, its device nodes) and, for an NVIDIA GPU, NVML.
 func (c *Claims) info(snap *specs.Snapshot, kind string, d specs.Device, cands []specs.Device) dra.Info {
 	_, _, name := parser.ParseDevice(d.Name)
 	info := dra.Info{Kind: kind, Name: name, Index: -1, Minor: -1}
-	if e, err := snap.Lookup(d.Name); err == nil {
-		for _, n := range e.Device.ContainerEdits.DeviceNodes {
-			if m := gpuNode.FindStringSubmatch(n.Path); m != nil {
-				info.Minor, _ = strconv.Atoi(m[1])
-			}
-		}
-	}
+	info.Minor = minorOf(snap, d.Name)
 	nv := kind == config.DefaultKind
 	if !nv {
 		return info
 	}
-	uuid := func(dev specs.Device) string {
-		_, _, n := parser.ParseDevice(dev.Name)
-		if strings.HasPrefix(n, "GPU-") || strings.HasPrefix(n, "MIG-") {
-			return n
-		}
-		return ""
-	}
-	info.UUID = uuid(d)
-	for _, o := range cands {
-		if info.UUID == "" && len(o.Nodes) == len(d.Nodes) && policy.Overlaps(o, []specs.Device{d}) {
-			info.UUID = uuid(o)
-		}
-	}
+	info.UUID = uuidOf(d, cands)
 	switch m := migName.FindStringSubmatch(name); {
 	case m != nil:
 		info.Type = dra.TypeMIG
@@ -187,7 +153,7 @@ func (c *Claims) info(snap *specs.Snapshot, kind string, d specs.Device, cands [
 	// A MIG device's node /dev/nvidiaN is its GPU's: it has the GPU's
 	// product, versions and PCI address (as NVIDIA's DRA driver gives
 	// them), its own UUID and memory.
-	if g, ok := c.nvml()[info.Minor]; ok {
+	if g, ok := c.p.gpus()[info.Minor]; ok {
 		info.ProductName, info.Brand, info.Architecture = g.Model, g.Brand, g.Architecture
 		info.DriverVersion, info.CUDAComputeCapability = g.driverVersion, g.CUDAComputeCapability
 		info.PCIBusID = g.PCIBusID
@@ -201,23 +167,6 @@ func (c *Claims) info(snap *specs.Snapshot, kind string, d specs.Device, cands [
 		}
 	}
 	return info
-}
-
-// nvml returns what NVML says of the GPUs (asked once), by minor; nil
-// where NVML cannot be had.
-func (c *Claims) nvml() map[int]gpuInfo {
-	c.once.Do(func() {
-		inv, err := nvidia.Discover(c.p.nvmlLib(c.p.state().cfg))
-		if err != nil {
-			c.p.log.Infof("GPU attributes from the CDI specs only (%v)", err)
-			return
-		}
-		c.gpus = map[int]gpuInfo{}
-		for _, g := range inv.GPUs {
-			c.gpus[g.Minor] = gpuInfo{g, inv.DriverVersion}
-		}
-	})
-	return c.gpus
 }
 
 // Prepare holds a claim's devices in the pool, under the policy: each

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"io/fs"
+	"os/exec"
 	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -48,3 +49,10 @@ func WithRecord(path string) Option {
 // WithSysfs has the DRA driver's view look PCIe roots up in sysfs
 // instead of the host's /sys (tests).
 func WithSysfs(sysfs fs.ReadLinkFS) Option { return func(p *Plugin) { p.sysfs = sysfs } }
+
+// WithMPSStart has managed MPS control daemons started by start, which
+// runs the command it is given with shm as its /dev/shm (by default
+// nri-gpu's mps-shm command, in a mount namespace of its own).
+func WithMPSStart(start func(shm string, cmd *exec.Cmd) error) Option {
+	return func(p *Plugin) { p.mpsStart = start }
+}

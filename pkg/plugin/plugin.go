@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"reflect"
 	"slices"
 	"strings"
@@ -26,6 +27,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
@@ -108,6 +110,18 @@ type Plugin struct {
 	// runtime may tell only through their containers' removal.
 	recovered recovered
 
+	// mpsStart starts an MPS control daemon with a /dev/shm of its own.
+	mpsStart func(shm string, cmd *exec.Cmd) error
+	mpsMu    sync.Mutex
+	// mpsStarted are the daemons nri-gpu started or found answering, by
+	// directory; mpsWarned the problems logged while they last.
+	mpsStarted map[string]mps.Daemon
+	mpsWarned  map[string]bool
+
+	gpusOnce sync.Once
+	// gpuFacts is what NVML says of the GPUs, by minor; nil without NVML.
+	gpuFacts map[int]gpuInfo
+
 	topologyOnce sync.Once
 	// topology is nil where NVML cannot be had.
 	topology nvidia.Topology
@@ -129,9 +143,10 @@ type state struct {
 
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
-	p := &Plugin{log: log, alloc: policy.NewAllocations()}
+	p := &Plugin{log: log, alloc: policy.NewAllocations(), mpsStarted: map[string]mps.Daemon{}}
 	if self, err := os.Executable(); err == nil {
 		p.hookPath = self
+		p.mpsStart = startInShm(self)
 	}
 	for _, o := range opts {
 		o(p)
@@ -758,7 +773,12 @@ func (p *Plugin) handle(st *state, log logrus.FieldLogger, pod *api.PodSandbox, 
 		}
 	}
 	grant.Devices = append(grant.Devices, claimed...)
-	res, err := st.build(snap, named, injected, grant, ctr, rt)
+	extra, err := p.mpsEdits(context.Background(), st, snap, grant.Devices)
+	if err != nil {
+		p.alloc.Revert(grant)
+		return nil, policy.Grant{}, err
+	}
+	res, err := st.build(snap, named, injected, grant, ctr, rt, extra)
 	if err != nil {
 		p.alloc.Revert(grant)
 		return nil, policy.Grant{}, err
@@ -825,8 +845,9 @@ func (st *state) resolve(snap *specs.Snapshot, name string) (*specs.Entry, error
 }
 
 // build resolves the counted devices of a grant and builds the adjustment
-// for all the container's devices but those the runtime injected itself.
-func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, injected []*cdi.Device, grant policy.Grant, ctr *api.Container, rt adjust.Runtime) (*adjust.Result, error) {
+// for all the container's devices but those the runtime injected itself,
+// and the edits of nri-gpu's own (extra).
+func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, injected []*cdi.Device, grant policy.Grant, ctr *api.Container, rt adjust.Runtime, extra []adjust.Extra) (*adjust.Result, error) {
 	var devices []*cdi.Device
 	for _, e := range named {
 		if !slices.Contains(injected, e.Device) {
@@ -845,7 +866,9 @@ func (st *state) build(snap *specs.Snapshot, named []*specs.Entry, injected []*c
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return adjust.Build(devices, snap.HostNodes, st.buildOptions(snap, injected, ctr, rt))
+	opts := st.buildOptions(snap, injected, ctr, rt)
+	opts.Extra = extra
+	return adjust.Build(devices, snap.HostNodes, opts)
 }
 
 // buildOptions are the options of adjust.Build for a container.
@@ -1015,6 +1038,8 @@ func rule(err error) string {
 		return "injectedTwice"
 	case errors.Is(err, ErrNotRecorded):
 		return "notRecorded"
+	case errors.Is(err, ErrMPS):
+		return "mps"
 	}
 	return "other"
 }

@@ -37,6 +37,7 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 	defer cancel() // stops the generator whenever Serve returns
 	go p.keepGenerating(ctx)
 	go p.keepWatchingHealth(ctx)
+	go p.keepMPSDaemons(ctx)
 	delay := MinBackoff
 	for attempt := 1; ; attempt++ {
 		s, err := stub.New(p, opts...)

@@ -1,0 +1,243 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"tags.cncf.io/container-device-interface/pkg/parser"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// ErrMPS is wrapped by the error for a container whose MPS-shared GPU
+// cannot be given with its bounds.
+var ErrMPS = errors.New("MPS-shared GPU not served")
+
+// mpsGPU is an MPS-shared GPU: its daemon, and what bounds each client.
+type mpsGPU struct {
+	device string
+	share  *policy.Share
+	daemon mps.Daemon
+	limits mps.Limits
+}
+
+// mpsOf returns how device d is shared with MPS, or nil when it is not.
+// It fails for an MPS-shared device nri-gpu cannot bound: a MIG device,
+// or a GPU whose memory is not known when no pinnedMemoryLimit is set.
+func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU, error) {
+	share := st.policy.Sharing(d.Name)
+	if share == nil || share.Strategy != config.StrategyMPS {
+		return nil, nil
+	}
+	vendor, class, name := parser.ParseDevice(d.Name)
+	uuid := uuidOf(d, snap.Candidates(vendor+"/"+class))
+	if migName.MatchString(name) || strings.HasPrefix(uuid, "MIG-") {
+		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, which nri-gpu does not do for MIG devices (nor does NVIDIA's device plugin); share MIG devices with strategy timeSlicing",
+			ErrMPS, d.Name, share)
+	}
+	g, known := p.gpus()[minorOf(snap, d.Name)]
+	if uuid == "" && known {
+		uuid = g.UUID
+	}
+	memory := share.PinnedMemory
+	if memory == 0 {
+		if !known || g.MemoryBytes == 0 {
+			return nil, fmt.Errorf("%w: device %q: %s bounds each MPS client to an equal share of the GPU's memory, which NVML does not tell here; set its pinnedMemoryLimit",
+				ErrMPS, d.Name, share)
+		}
+		memory = int64(g.MemoryBytes) / int64(share.Replicas)
+	}
+	dir := uuid
+	if dir == "" {
+		dir = name
+	}
+	return &mpsGPU{
+		device: d.Name,
+		share:  share,
+		daemon: mps.Daemon{Control: st.cfg.MPS.ControlCommand, Dir: filepath.Join(st.cfg.MPS.Root, dir), GPU: uuid},
+		limits: mps.Limits{ActiveThreadPercentage: share.ActiveThreadPercentage, PinnedMemoryMiB: memory >> 20},
+	}, nil
+}
+
+// mpsEdits returns what a container given devices needs of MPS: for its
+// MPS-shared GPU (one at most: a client reaches one daemon), the
+// daemon's directories and the client's limits, once the daemon answers.
+// A container of an MPS-shared GPU whose daemon does not run is refused:
+// never given the GPU unbounded.
+func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, devices []specs.Device) ([]adjust.Extra, error) {
+	var (
+		gpus []*mpsGPU
+		errs []error
+	)
+	for _, d := range devices {
+		g, err := p.mpsOf(st, snap, d)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if g != nil && !slices.ContainsFunc(gpus, func(o *mpsGPU) bool { return o.daemon.Dir == g.daemon.Dir }) {
+			gpus = append(gpus, g)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	switch len(gpus) {
+	case 0:
+		return nil, nil
+	case 1:
+	default:
+		var names []string
+		for _, g := range gpus {
+			names = append(names, fmt.Sprintf("%q", g.device))
+		}
+		return nil, fmt.Errorf("%w: the container would have %d MPS-shared GPUs (%s), and an MPS client reaches one GPU's daemon; give each container one of them",
+			ErrMPS, len(gpus), strings.Join(names, ", "))
+	}
+	g := gpus[0]
+	if err := g.daemon.Running(ctx); err != nil {
+		how := fmt.Sprintf("run one with CUDA_MPS_PIPE_DIRECTORY=%s, CUDA_MPS_LOG_DIRECTORY=%s and %s as its /dev/shm (mps.daemon: external)",
+			g.daemon.PipeDir(), g.daemon.LogDir(), g.daemon.ShmDir())
+		if st.cfg.MPS.Daemon == config.MPSManaged {
+			how = "nri-gpu starts it (mps.daemon: managed): its log says why it could not"
+		}
+		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, but %v; nri-gpu does not give an MPS-shared GPU unbounded: %s",
+			ErrMPS, g.device, g.share, err, how)
+	}
+	mount := func(host, ctr string, opts ...string) cdispec.Mount {
+		return cdispec.Mount{HostPath: host, ContainerPath: ctr, Type: "bind", Options: append([]string{"rbind", "nosuid", "nodev"}, opts...)}
+	}
+	return []adjust.Extra{{
+		Name: fmt.Sprintf("MPS of %s", g.device),
+		Edits: &cdispec.ContainerEdits{
+			Env: mps.ClientEnv(g.limits),
+			Mounts: []*cdispec.Mount{
+				ptr(mount(g.daemon.PipeDir(), mps.ClientPipeDir, "rw")),
+				ptr(mount(g.daemon.LogDir(), mps.ClientLogDir, "ro")),
+				ptr(mount(g.daemon.ShmDir(), mps.ClientShmDir, "rw")),
+			},
+		},
+	}}, nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// mpsDaemons returns the daemons of every GPU the policy shares with
+// MPS, by directory, and the problems of those it cannot bound.
+func (p *Plugin) mpsDaemons(st *state) (map[string]*mpsGPU, []error) {
+	snap := st.specs.Snapshot()
+	out := map[string]*mpsGPU{}
+	var errs []error
+	for _, d := range st.hardware(snap, st.cfg.DefaultKind, []string{"*"}, nil) {
+		g, err := p.mpsOf(st, snap, d)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case g != nil:
+			out[g.daemon.Dir] = g
+		}
+	}
+	return out, errs
+}
+
+// keepMPS starts, with mps.daemon: managed, the MPS control daemon of
+// each GPU the policy shares with MPS that does not answer, and stops
+// those it started whose GPU it no longer shares so. Daemons are left
+// running when nri-gpu exits, so that running clients keep their server
+// through a restart of nri-gpu; the next one finds them answering.
+func (p *Plugin) keepMPS(ctx context.Context) {
+	st := p.state()
+	if st.cfg.MPS.Daemon != config.MPSManaged {
+		return
+	}
+	want, errs := p.mpsDaemons(st)
+	p.mpsMu.Lock()
+	defer p.mpsMu.Unlock()
+	warned := p.mpsWarned
+	p.mpsWarned = map[string]bool{}
+	// warn logs each problem once while it lasts.
+	warn := func(msg string) {
+		if !warned[msg] {
+			p.log.Warn(msg)
+		}
+		p.mpsWarned[msg] = true
+	}
+	for _, err := range errs {
+		warn(fmt.Sprintf("MPS daemon not started: %v", err))
+	}
+	for _, dir := range slices.Sorted(maps.Keys(want)) {
+		g := want[dir]
+		if g.daemon.Running(ctx) == nil {
+			p.mpsStarted[dir] = g.daemon
+			continue
+		}
+		if g.daemon.GPU == "" {
+			warn(fmt.Sprintf("MPS daemon of %s not started: its UUID is not known (name the GPU by UUID in its spec, or give nri-gpu NVML)", g.device))
+			continue
+		}
+		if err := g.daemon.Start(ctx, g.limits, p.mpsStart); err != nil {
+			warn(fmt.Sprintf("MPS daemon of %s not started: %v", g.device, err))
+			continue
+		}
+		p.mpsStarted[dir] = g.daemon
+		p.log.WithFields(map[string]any{"device": g.device, "pipe": g.daemon.PipeDir(), "activeThreadPercentage": g.limits.ActiveThreadPercentage, "pinnedMemoryMiB": g.limits.PinnedMemoryMiB}).
+			Info("started MPS control daemon")
+	}
+	for _, dir := range slices.Sorted(maps.Keys(p.mpsStarted)) {
+		if _, ok := want[dir]; ok {
+			continue
+		}
+		if err := p.mpsStarted[dir].Stop(ctx); err != nil {
+			warn(fmt.Sprintf("stopping the MPS daemon of %s, no longer shared with MPS: %v", dir, err))
+		} else {
+			p.log.WithField("dir", dir).Info("stopped MPS control daemon: its GPU is no longer shared with MPS")
+		}
+		delete(p.mpsStarted, dir)
+	}
+}
+
+// keepMPSDaemons runs keepMPS at once, then every healthInterval, until
+// ctx is done.
+func (p *Plugin) keepMPSDaemons(ctx context.Context) {
+	for {
+		p.keepMPS(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(p.state().cfg.HealthInterval):
+		}
+	}
+}
+
+// startInShm runs cmd (nvidia-cuda-mps-control -d) through nri-gpu's
+// "mps-shm" command in a mount namespace of its own, where shm is
+// mounted on /dev/shm: the daemon, the server it starts and the clients
+// (which get shm as their /dev/shm) then share it.
+func startInShm(self string) func(shm string, cmd *exec.Cmd) error {
+	return func(shm string, cmd *exec.Cmd) error {
+		cmd.Args = append([]string{self, MPSShmCommand, shm, cmd.Path}, cmd.Args[1:]...)
+		cmd.Path = self
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+		out, err := cmd.CombinedOutput()
+		if err != nil && len(out) > 0 {
+			return fmt.Errorf("%w: %s", err, strings.TrimSpace(string(out)))
+		}
+		return err
+	}
+}
+
+// MPSShmCommand is nri-gpu's command that mounts a directory on /dev/shm
+// and runs a program (startInShm).
+const MPSShmCommand = "mps-shm"

@@ -1,0 +1,258 @@
+package plugin_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+
+	"github.com/nri-gpu/nri-gpu/internal/mpsstandin"
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
+)
+
+var (
+	standinOnce sync.Once
+	standinPath string
+	standinErr  error
+)
+
+// TestMain removes the stand-in built for the tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if standinPath != "" {
+		_ = os.RemoveAll(filepath.Dir(standinPath))
+	}
+	os.Exit(code)
+}
+
+// standin returns the stand-in for nvidia-cuda-mps-control
+// (test/tools/mps-control), built once per test binary.
+func standin(t *testing.T) string {
+	t.Helper()
+	standinOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "mps-control-")
+		if err != nil {
+			standinErr = err
+			return
+		}
+		standinPath = filepath.Join(dir, "nvidia-cuda-mps-control")
+		out, err := exec.Command("go", "build", "-o", standinPath, "github.com/nri-gpu/nri-gpu/test/tools/mps-control").CombinedOutput()
+		if err != nil {
+			standinErr = fmt.Errorf("building the MPS control stand-in: %w: %s", err, out)
+		}
+	})
+	if standinErr != nil {
+		t.Fatal(standinErr)
+	}
+	return standinPath
+}
+
+// startedInDir starts the stand-in's daemon with shm as its /dev/shm, as
+// the mps-shm command would.
+func startedInDir(shm string, cmd *exec.Cmd) error {
+	cmd.Env = append(cmd.Env, "STANDIN_SHM="+shm)
+	return cmd.Run()
+}
+
+func mpsConfig(ctl, root, daemon, limit string) string {
+	mem := ""
+	if limit != "" {
+		mem = ", pinnedMemoryLimit: " + limit
+	}
+	return fmt.Sprintf(`healthInterval: 100ms
+policy:
+  exclusive: true
+  sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 3, strategy: mps%s}]
+mps: {daemon: %s, controlCommand: %s, root: %s}
+`, mem, daemon, ctl, root)
+}
+
+// clientOf returns the MPS client environment and mounts an adjustment
+// gives.
+func clientOf(adj *api.ContainerAdjustment) (env, mounts []string) {
+	for _, kv := range adj.GetEnv() {
+		if strings.HasPrefix(kv.Key, "CUDA_MPS_") {
+			env = append(env, kv.Key+"="+kv.Value)
+		}
+	}
+	for _, m := range adj.GetMounts() {
+		mounts = append(mounts, fmt.Sprintf("%s:%s:%s", m.Source, m.Destination, strings.Join(m.Options, ",")))
+	}
+	slices.Sort(env)
+	slices.Sort(mounts)
+	return env, mounts
+}
+
+func wantClient(t *testing.T, adj *api.ContainerAdjustment, dir string, threads int, memMiB int64) {
+	t.Helper()
+	env, mounts := clientOf(adj)
+	wantEnv := []string{
+		fmt.Sprintf("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%d", threads),
+		"CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps",
+		fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=%dM", memMiB),
+		"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+	}
+	wantMounts := []string{
+		dir + "/log:/var/log/nvidia-mps:rbind,nosuid,nodev,ro",
+		dir + "/pipe:/tmp/nvidia-mps:rbind,nosuid,nodev,rw",
+		dir + "/shm:/dev/shm:rbind,nosuid,nodev,rw",
+	}
+	if !slices.Equal(env, wantEnv) {
+		t.Errorf("MPS client env %q, want %q", env, wantEnv)
+	}
+	if !slices.Equal(mounts, wantMounts) {
+		t.Errorf("MPS client mounts %q, want %q", mounts, wantMounts)
+	}
+}
+
+// TestMPSOverNRI: GPUs shared with MPS, the daemons run by the operator
+// (mps.daemon: external), over NRI's runtime side. A pod is refused while
+// its GPU's daemon does not answer, saying where nri-gpu looks for it;
+// once it runs, each pod's container gets the GPU's pipe, log and shm
+// directories and the per-client limits (an equal share of compute, the
+// configured memory), up to the replicas; a container with two
+// MPS-shared GPUs is refused, as is a pod once the daemon quits.
+func TestMPSOverNRI(t *testing.T) {
+	ctl, root := standin(t), testutil.ShortDir(t)
+	r := runtime(t, mpsConfig(ctl, root, "external", "2Gi"))
+	ask := func(name, devices string) (*api.ContainerAdjustment, error) {
+		pod := gpuPod(name, map[string]string{"gpus.nri-gpu.io": devices})
+		return r.create(pod, ctrOf(pod, nil))
+	}
+	gpu0 := filepath.Join(root, "0")
+	// Pod z is refused, and holds nothing: a, b and c are the three.
+	_, err := ask("z", "0")
+	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=0": policy.sharing[0] (replicas 3, mps) shares it with MPS, but MPS control daemon not running (pipe directory `+gpu0+`/pipe)`,
+		"nri-gpu does not give an MPS-shared GPU unbounded",
+		"run one with CUDA_MPS_PIPE_DIRECTORY="+gpu0+"/pipe, CUDA_MPS_LOG_DIRECTORY="+gpu0+"/log and "+gpu0+"/shm as its /dev/shm")
+
+	d := mps.Daemon{Control: ctl, Dir: gpu0}
+	if err := d.Start(context.Background(), mps.Limits{ActiveThreadPercentage: 33, PinnedMemoryMiB: 2048}, startedInDir); err != nil {
+		t.Fatal(err)
+	}
+	for _, pod := range []string{"a", "b", "c"} {
+		adj, err := ask(pod, "0")
+		if err != nil {
+			t.Fatalf("pod %s: %v", pod, err)
+		}
+		wantClient(t, adj, gpu0, 33, 2048)
+	}
+	_, err = ask("d", "0")
+	testutil.ErrorSays(t, err, `is shared by policy.sharing[0] (replicas 3, mps) and used by 3 already: pod tenant/a, pod tenant/b, pod tenant/c`)
+	_, err = ask("e", "0,1")
+	testutil.ErrorSays(t, err, "used by 3 already")
+	r.removePod(t, gpuPod("c", nil))
+	_, err = ask("e", "0,1")
+	testutil.ErrorSays(t, err, `the container would have 2 MPS-shared GPUs ("nvidia.com/gpu=0", "nvidia.com/gpu=1"), and an MPS client reaches one GPU's daemon`)
+
+	if err := d.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ask("f", "0")
+	testutil.ErrorSays(t, err, "MPS control daemon not running")
+	if _, err := ask("f", "1"); err == nil {
+		t.Error("GPU 1, whose daemon never ran, was given")
+	}
+}
+
+// TestMPSManaged: with mps.daemon: managed, nri-gpu starts one control
+// daemon per MPS-shared GPU, named by its UUID (NVML), with its own
+// directories and /dev/shm, and the per-client limits as its defaults (an
+// equal share of the GPU's memory, as NVML tells it, and of compute); it
+// starts a daemon again when it dies, and stops the daemons when a reload
+// shares the GPUs no more.
+func TestMPSManaged(t *testing.T) {
+	ctl, root := standin(t), testutil.ShortDir(t)
+	lib := testutil.NVML(2)
+	inv, err := nvidia.Discover(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := runtimeSetUp(t, "v2.3.7", mpsConfig(ctl, root, "managed", ""), func(p *plugin.Plugin) {
+		plugin.WithNVML(lib)(p)
+		plugin.WithMPSStart(startedInDir)(p)
+	})
+	dirOf := func(i int) string { return filepath.Join(root, inv.GPUs[i].UUID) }
+	running := func(i int) bool {
+		_, err := os.Stat(filepath.Join(dirOf(i), "pipe", mpsstandin.Running))
+		return err == nil
+	}
+	// Started, with its defaults set.
+	ready := func(i int) bool {
+		data, _ := os.ReadFile(filepath.Join(dirOf(i), "pipe", mpsstandin.Defaults))
+		return running(i) && strings.Count(string(data), "\n") == 2
+	}
+	testutil.Within(t, 10*time.Second, "a daemon for each GPU", func() bool { return ready(0) && ready(1) })
+	memMiB := int64(inv.GPUs[0].MemoryBytes/3) >> 20
+	for i := range 2 {
+		log := readFile(t, filepath.Join(dirOf(i), "log", mpsstandin.Log))
+		if want := fmt.Sprintf(`run args=["-d"] CUDA_VISIBLE_DEVICES=%q`, inv.GPUs[i].UUID); !strings.Contains(log, want) {
+			t.Errorf("GPU %d's daemon log:\n%s\nwant %s", i, log, want)
+		}
+		defaults := readFile(t, filepath.Join(dirOf(i), "pipe", mpsstandin.Defaults))
+		if want := fmt.Sprintf("set_default_active_thread_percentage 33\nset_default_device_pinned_mem_limit 0 %dM\n", memMiB); defaults != want {
+			t.Errorf("GPU %d's daemon defaults %q, want %q", i, defaults, want)
+		}
+		if got := readFile(t, filepath.Join(dirOf(i), "shm", mpsstandin.Started)); got != filepath.Join(dirOf(i), "pipe") {
+			t.Errorf("GPU %d's daemon's /dev/shm is not its shm directory (%q)", i, got)
+		}
+	}
+	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+	adj, err := r.create(pod, ctrOf(pod, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantClient(t, adj, dirOf(0), 33, memMiB)
+
+	// The daemon of GPU 1 dies: nri-gpu starts it again.
+	if err := os.Remove(filepath.Join(dirOf(1), "pipe", mpsstandin.Running)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 10*time.Second, "GPU 1's daemon started again", func() bool { return running(1) })
+
+	unshared, err := config.Parse([]byte("healthInterval: 100ms\npolicy: {exclusive: true}\nmps: {daemon: managed, controlCommand: " + ctl + ", root: " + root + "}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.plugin.Reload(unshared); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 10*time.Second, "both daemons stopped", func() bool { return !running(0) && !running(1) })
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// TestMPSRefused: what MPS sharing cannot bound is refused, saying why: a
+// MIG device, and a GPU whose memory nothing tells (no NVML, no
+// pinnedMemoryLimit).
+func TestMPSRefused(t *testing.T) {
+	cfg := "policy: {sharing: [{devices: [\"nvidia.com/gpu=*\"], replicas: 2, strategy: mps}]}\nmps: {controlCommand: " + standin(t) + "}\n"
+	p, _ := logged(t, cfg, plugin.WithSpecDirs([]string{fourGPUs(t)}))
+	for _, tc := range []struct{ device, want string }{
+		{"3:0", `device "nvidia.com/gpu=3:0": policy.sharing[0] (replicas 2, mps) shares it with MPS, which nri-gpu does not do for MIG devices`},
+		{"0", `device "nvidia.com/gpu=0": policy.sharing[0] (replicas 2, mps) bounds each MPS client to an equal share of the GPU's memory, which NVML does not tell here; set its pinnedMemoryLimit`},
+	} {
+		pod := gpuPod("a-"+strings.ReplaceAll(tc.device, ":", "-"), map[string]string{"gpus.nri-gpu.io": tc.device})
+		_, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil))
+		testutil.ErrorSays(t, err, tc.want)
+	}
+}
