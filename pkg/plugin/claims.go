@@ -126,7 +126,6 @@ func (c *Claims) Devices() []dra.Device {
 	return out
 }
 
-
 // info returns what is known of a device: from its spec (its name, its
 // other names, its device nodes) and, for an NVIDIA GPU, NVML.
 func (c *Claims) info(snap *specs.Snapshot, kind string, d specs.Device, cands []specs.Device) dra.Info {
