@@ -38,13 +38,31 @@ var _ api.DevicePluginServer = (*Plugin)(nil)
 // resource does not offer.
 var ErrUnknownDevice = errors.New("unknown device")
 
+// ErrSameDeviceTwice is wrapped by Allocate's error for a container given
+// two replicas of one shared device.
+var ErrSameDeviceTwice = errors.New("one shared device twice")
+
 // Device is a device a resource offers kubelet.
 type Device struct {
 	// ID is kubelet's name for it: its CDI device name within the kind
-	// ("0", "GPU-<uuid>").
+	// ("0", "GPU-<uuid>"), or a replica of a shared one (ReplicaID).
 	ID string
 	// Healthy says whether kubelet may hand it out.
 	Healthy bool
+}
+
+// replicaSep separates a shared device's name from its replica's number
+// in an ID, as NVIDIA's device plugin writes replicas.
+const replicaSep = "::"
+
+// ReplicaID is the ID of replica k of the shared device id: "0::1".
+func ReplicaID(id string, k int) string { return id + replicaSep + strconv.Itoa(k) }
+
+// DeviceOf returns the device an ID is of: the shared device of a
+// replica's ID, else the ID itself.
+func DeviceOf(id string) string {
+	dev, _, _ := strings.Cut(id, replicaSep)
+	return dev
 }
 
 // Source is where a resource's devices come from.
@@ -309,7 +327,11 @@ func (p *Plugin) Allocate(_ context.Context, req *api.AllocateRequest) (*api.All
 			if !known[id] {
 				return nil, fmt.Errorf("%w: %s has no device %q", ErrUnknownDevice, p.resource, id)
 			}
-			names = append(names, parser.QualifiedName(vendor, class, id))
+			name := parser.QualifiedName(vendor, class, DeviceOf(id))
+			if slices.Contains(names, name) {
+				return nil, fmt.Errorf("%w: kubelet chose two replicas of %s (%s) for one container, which gets a shared device once: ask for fewer %s than there are devices, or for one replica per container", ErrSameDeviceTwice, name, strings.Join(r.GetDevicesIds(), ", "), p.resource)
+			}
+			names = append(names, name)
 		}
 		c := &api.ContainerAllocateResponse{}
 		switch p.mode {

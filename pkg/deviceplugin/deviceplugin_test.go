@@ -63,7 +63,7 @@ func quiet() logrus.FieldLogger {
 var gpu = config.Resource{Name: "nvidia.com/gpu", Kind: "nvidia.com/gpu"}
 
 func TestAllocate(t *testing.T) {
-	src := &source{devs: []Device{{ID: "0", Healthy: true}, {ID: "1", Healthy: true}}}
+	src := &source{devs: []Device{{ID: "0", Healthy: true}, {ID: "1", Healthy: true}, {ID: "2::0", Healthy: true}, {ID: "2::1", Healthy: true}, {ID: "3::0", Healthy: true}}}
 	tests := []struct {
 		name    string
 		mode    config.CDIDevices
@@ -85,6 +85,21 @@ func TestAllocate(t *testing.T) {
 			}},
 		},
 		{name: "a device the resource does not offer", mode: config.CDIAnnotations, ids: [][]string{{"0"}, {"7"}}, wantErr: ErrUnknownDevice},
+		{
+			name: "replicas of shared devices are their devices", mode: config.CDIAnnotations, ids: [][]string{{"2::1", "3::0"}, {"2::0"}},
+			want: &api.AllocateResponse{ContainerResponses: []*api.ContainerAllocateResponse{
+				{Annotations: map[string]string{"cdi.k8s.io/nri-gpu_nvidia.com_gpu": "nvidia.com/gpu=2,nvidia.com/gpu=3"}},
+				{Annotations: map[string]string{"cdi.k8s.io/nri-gpu_nvidia.com_gpu": "nvidia.com/gpu=2"}},
+			}},
+		},
+		{
+			name: "replicas as CRI CDI devices", mode: config.CDICRI, ids: [][]string{{"2::1"}},
+			want: &api.AllocateResponse{ContainerResponses: []*api.ContainerAllocateResponse{
+				{CdiDevices: []*api.CDIDevice{{Name: "nvidia.com/gpu=2"}}},
+			}},
+		},
+		{name: "two replicas of one device for one container", mode: config.CDIAnnotations, ids: [][]string{{"2::0", "2::1"}}, wantErr: ErrSameDeviceTwice},
+		{name: "a replica the resource does not offer", mode: config.CDIAnnotations, ids: [][]string{{"3::1"}}, wantErr: ErrUnknownDevice},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -40,25 +40,41 @@ func (p *Plugin) OnHeldChange(f func()) { p.onHeld = append(p.onHeld, f) }
 // Devices returns the resource's devices: each device of its kind whose
 // name matches its globs and that policy.devices allows, one name per
 // device (the first of a GPU's names: its index before its UUID), not
-// "all". A device is healthy when its spec is there and trusted, its
-// device nodes exist, its GPU is healthy (NVML), and no pod holds it
-// other than through kubelet (an annotation or count request): kubelet is
-// never offered a device such a pod holds.
+// "all"; a device policy.sharing shares N ways is offered as N replicas
+// ("0::0" to "0::N-1"), so that the scheduler counts replicas. A device is
+// healthy when its spec is there and trusted, its device nodes exist, its
+// GPU is healthy (NVML), and no pod holds it other than through kubelet
+// (an annotation or count request): kubelet is never offered a device
+// such a pod holds; of a shared device, as many replicas as such pods
+// and claims use are unhealthy, the last ones.
 func (r *Resource) Devices() []deviceplugin.Device {
 	st := r.p.state()
 	snap := st.specs.Snapshot()
 	withheld := r.p.alloc.Withheld()
 	offered := st.hardware(snap, r.cfg.Kind, r.cfg.Devices, nil)
 	healthy := map[string]bool{}
+	var ids []string
 	for _, c := range offered {
 		_, _, id := parser.ParseDevice(c.Name)
-		healthy[id] = r.p.free(snap, c, withheld)
+		share := st.policy.Sharing(c.Name)
+		if share == nil {
+			healthy[id] = r.p.free(snap, c, withheld)
+			ids = append(ids, id)
+			continue
+		}
+		ok := r.p.free(snap, c, nil)
+		users, none := r.p.alloc.Apart(st.policy, c)
+		for k := range share.Replicas {
+			rid := deviceplugin.ReplicaID(id, k)
+			healthy[rid] = ok && !none && k < share.Replicas-users
+			ids = append(ids, rid)
+		}
 	}
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, c := range offered {
-		if _, _, id := parser.ParseDevice(c.Name); !slices.Contains(r.known, id) {
+	for _, id := range ids {
+		if !slices.Contains(r.known, id) {
 			r.known = append(r.known, id)
 		}
 	}
@@ -70,13 +86,18 @@ func (r *Resource) Devices() []deviceplugin.Device {
 }
 
 // Preferred returns mustInclude and then, up to size, available devices
-// as a count request chooses them: the set most closely connected to each
-// other and to mustInclude where NVML tells the topology, else the first
-// in the order Devices lists them (neighbours by index).
+// as a count request chooses them: the set most closely connected to
+// each other and to mustInclude where NVML tells the topology, else the
+// first in the order Devices lists them (neighbours by index). Replicas
+// of shared devices are spread (spread).
 func (r *Resource) Preferred(available, mustInclude []string, size int) []string {
 	out := slices.Clone(mustInclude)
+	devs := r.Devices()
+	if slices.ContainsFunc(devs, func(d deviceplugin.Device) bool { return d.ID != deviceplugin.DeviceOf(d.ID) }) {
+		return spread(devs, available, out, size)
+	}
 	var rest []string
-	for _, d := range r.Devices() {
+	for _, d := range devs {
 		if slices.Contains(available, d.ID) && !slices.Contains(out, d.ID) {
 			rest = append(rest, d.ID)
 		}
@@ -105,6 +126,47 @@ func (r *Resource) Preferred(available, mustInclude []string, size int) []string
 	best, _ := policy.Closest(footprints(out), footprints(rest), want, links)
 	for _, d := range best {
 		_, _, id := parser.ParseDevice(d.Name)
+		out = append(out, id)
+	}
+	return out
+}
+
+// spread chooses, after out, up to size available devices where some
+// are replicas of shared ones: one replica per device, of the devices
+// with the fewest replicas in use (not available) first, ties in order;
+// a second replica of a device out or the choice has already comes
+// last, only to make up size (Allocate refuses a container two of one
+// device, which is what kubelet then says).
+func spread(devs []deviceplugin.Device, available, out []string, size int) []string {
+	used := map[string]int{}
+	for _, d := range devs {
+		if !slices.Contains(available, d.ID) {
+			used[deviceplugin.DeviceOf(d.ID)]++
+		}
+	}
+	taken := map[string]bool{}
+	for _, id := range out {
+		taken[deviceplugin.DeviceOf(id)] = true
+	}
+	var first, twice []string
+	for _, d := range devs {
+		if !slices.Contains(available, d.ID) || slices.Contains(out, d.ID) {
+			continue
+		}
+		if dev := deviceplugin.DeviceOf(d.ID); !taken[dev] {
+			taken[dev] = true
+			first = append(first, d.ID)
+		} else {
+			twice = append(twice, d.ID)
+		}
+	}
+	slices.SortStableFunc(first, func(a, b string) int {
+		return used[deviceplugin.DeviceOf(a)] - used[deviceplugin.DeviceOf(b)]
+	})
+	for _, id := range append(first, twice...) {
+		if len(out) >= size {
+			break
+		}
 		out = append(out, id)
 	}
 	return out

@@ -110,3 +110,64 @@ func TestResourceDevices(t *testing.T) {
 		t.Errorf("a resource of GPU-* and 2 under a policy of 0, 1 and GPU-*: %q, want GPU-0 only", got)
 	}
 }
+
+// TestSharedResource: a device policy.sharing shares N ways is offered as
+// N replicas, which kubelet hands out as it does devices; replicas used
+// through other doors (an annotation pod, a count) are withheld, the last
+// ones first; a preferred allocation spreads a pod's replicas over
+// devices, the least used first, and gives one device twice only to make
+// up the size. Devices sharing does not cover are offered as before.
+func TestSharedResource(t *testing.T) {
+	specDir := gpuSpecDir(t, 3)
+	p := inProcess(t, `policy:
+  exclusive: true
+  sharing: [{devices: ["nvidia.com/gpu=0", "nvidia.com/gpu=1"], replicas: 3}]
+`, specDir)
+	res := p.Resource(config.Resource{Name: "nvidia.com/gpu.shared", Kind: "nvidia.com/gpu", Devices: []string{"*"}})
+	want := func(what, list string) {
+		t.Helper()
+		if got := deviceplugin.Describe(res.Devices()); got != list {
+			t.Errorf("%s: devices %q, want %q", what, got, list)
+		}
+	}
+	create := func(podName string, podAnn map[string]string) {
+		t.Helper()
+		pod := gpuPod(podName, podAnn)
+		if _, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want("at start", "0::0 healthy, 0::1 healthy, 0::2 healthy, 1::0 healthy, 1::1 healthy, 1::2 healthy, 2 healthy")
+	create("ann", map[string]string{"gpus.nri-gpu.io": "0"})
+	create("count", map[string]string{"gpu-count.nri-gpu.io": "1"})
+	// The count takes the least used shared GPU: 1 (0 has a user).
+	want("GPU 0 and GPU 1 used once each through annotations", "0::0 healthy, 0::1 healthy, 0::2 unhealthy, 1::0 healthy, 1::1 healthy, 1::2 unhealthy, 2 healthy")
+	create("ann2", map[string]string{"gpus.nri-gpu.io": "0"})
+	want("GPU 0 used twice", "0::0 healthy, 0::1 unhealthy, 0::2 unhealthy, 1::0 healthy, 1::1 healthy, 1::2 unhealthy, 2 healthy")
+	// kubelet's own allocations are its own count: a pod kubelet gave
+	// replica 0::0 changes nothing here.
+	kube := gpuPod("kube", nil)
+	if _, _, err := p.CreateContainer(context.Background(), kube, ctrOf(kube, map[string]string{"cdi.k8s.io/nri-gpu_nvidia.com_gpu.shared": "nvidia.com/gpu=0"})); err != nil {
+		t.Fatal(err)
+	}
+	want("kubelet's pod on GPU 0", "0::0 healthy, 0::1 unhealthy, 0::2 unhealthy, 1::0 healthy, 1::1 healthy, 1::2 unhealthy, 2 healthy")
+	// ... and GPU 0 now has its three users: a fourth is refused.
+	extra := gpuPod("extra", map[string]string{"gpus.nri-gpu.io": "0"})
+	_, _, err := p.CreateContainer(context.Background(), extra, ctrOf(extra, nil))
+	testutil.ErrorSays(t, err, "used by 3 already: pod tenant/ann, pod tenant/ann2, pod tenant/kube")
+
+	for _, tc := range []struct {
+		name            string
+		available, must []string
+		size            int
+		want            []string
+	}{
+		{"one replica per GPU, the least used first", []string{"0::0", "1::0", "1::1", "2"}, nil, 2, []string{"2", "1::0"}},
+		{"a GPU the pod must have is not given again", []string{"0::0", "1::0", "1::1", "2"}, []string{"1::1"}, 2, []string{"1::1", "2"}},
+		{"a second replica only to make up the size", []string{"1::0", "1::1"}, nil, 2, []string{"1::0", "1::1"}},
+	} {
+		if got := res.Preferred(tc.available, tc.must, tc.size); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: preferred %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

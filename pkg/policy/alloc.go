@@ -231,6 +231,8 @@ type user struct {
 	// strict says no one else may have it unless it is shared: a count
 	// grant, a claim's device, a device held alone.
 	strict bool
+	// kubelet says kubelet allocated it to the pod (a device plugin's).
+	kubelet bool
 }
 
 // users returns the holders, other than pod podID and the claims it
@@ -244,7 +246,7 @@ func (a *Allocations) users(podID string, d specs.Device, uses []string) []user 
 		}
 		for i := range c.devices {
 			if overlaps(c.devices[i].Device, d) {
-				out = append(out, user{holder{claim: &c.claim}, &c.devices[i].Device, true})
+				out = append(out, user{holder: holder{claim: &c.claim}, dev: &c.devices[i].Device, strict: true})
 			}
 		}
 	}
@@ -255,13 +257,13 @@ func (a *Allocations) users(podID string, d specs.Device, uses []string) []user 
 		}
 		for i := range h.counted {
 			if overlaps(h.counted[i], d) {
-				out = append(out, user{holder{pod: h.pod}, &h.counted[i], true})
+				out = append(out, user{holder: holder{pod: h.pod}, dev: &h.counted[i], strict: true})
 			}
 		}
 		for i := range h.named {
 			if overlaps(h.named[i], d) {
 				sole := slices.Contains(h.sole, h.named[i].Name)
-				out = append(out, user{holder{pod: h.pod, sole: sole}, &h.named[i], sole})
+				out = append(out, user{holder: holder{pod: h.pod, sole: sole}, dev: &h.named[i], strict: sole, kubelet: slices.Contains(h.kubelet, h.named[i].Name)})
 			}
 		}
 	}
@@ -795,6 +797,28 @@ func (a *Allocations) Withheld() []specs.Device {
 		}
 	}
 	return out
+}
+
+// Apart returns how many of the replicas of device d, shared by p, are
+// used other than through kubelet (by pods that asked by annotation or
+// count, by claims), and whether it is held so that no replica is left
+// (held alone, or hardware overlapping it held): what a device plugin
+// must not offer kubelet beside its own allocations.
+func (a *Allocations) Apart(p *Policy, d specs.Device) (users int, none bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	seen := map[string]bool{}
+	for _, u := range a.users("", d, nil) {
+		switch {
+		case u.kubelet:
+		case u.sole || !sameHardware(*u.dev, d):
+			none = true
+		case !seen[u.key()]:
+			seen[u.key()] = true
+			users++
+		}
+	}
+	return users, none
 }
 
 // Overlaps reports whether d shares hardware with any of devs (the same
