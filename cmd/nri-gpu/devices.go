@@ -4,10 +4,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
@@ -20,6 +22,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 	flags := addConfigFlags(fs)
 	var (
 		driverRoot = fs.String("driver-root", config.DefaultDriverRoot, "root of the driver's files, for NVML")
+		stateFile  = fs.String("state-file", plugin.DefaultStateFile, "nri-gpu's state file, read and never written, for who shares each shared device")
 	)
 	if code, done := parseFlags(fs, args); done {
 		return code
@@ -52,6 +55,9 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		for _, err := range errs {
 			fmt.Fprintf(stdout, "spec %s not used: %v\n", path, err)
 		}
+	}
+	if len(cfg.Policy.Sharing) > 0 {
+		printSharing(stdout, cfg, *stateFile)
 	}
 
 	inv, err := nvidia.Discover(nvidia.Library(*driverRoot))
@@ -89,6 +95,40 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 		printTopology(stdout, inv.GPUs, topo)
 	}
 	return exitOK
+}
+
+// printSharing prints the devices policy.sharing shares, and who uses
+// each as the state file says.
+func printSharing(out io.Writer, cfg *config.Config, stateFile string) {
+	var opts []plugin.Option
+	record := "users as the state file " + stateFile + " says"
+	if _, err := os.Stat(stateFile); err == nil {
+		opts = append(opts, plugin.WithRecord(stateFile))
+	} else {
+		record = fmt.Sprintf("users unknown: %v", err)
+	}
+	p, err := plugin.New(cfg, quietLogger(), opts...)
+	if err != nil {
+		fmt.Fprintf(out, "\nShared devices: %v\n", err)
+		return
+	}
+	defer p.Close()
+	_ = p.HoldRecorded() // what pods keep against the policy: explain says it
+	fmt.Fprintf(out, "\nShared devices (%s):\n", record)
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "DEVICE\tSHARING\tUSERS\tLIMITS\n")
+	for _, s := range p.SharedDevices() {
+		users := "-"
+		if len(s.Users) > 0 {
+			users = strings.Join(s.Users, ", ")
+		}
+		limits := s.Limits
+		if limits == "" {
+			limits = "none (time-slicing)"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", s.Device, s.Sharing, users, limits)
+	}
+	_ = w.Flush()
 }
 
 // printTopology prints how closely each pair of GPUs is connected, as

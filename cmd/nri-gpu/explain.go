@@ -70,14 +70,16 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	adj, grant, err := p.Explain(
 		&api.PodSandbox{Id: "explain", Name: *pod, Namespace: *namespace, Annotations: podAnn},
 		&api.Container{Id: "explain", PodSandboxId: "explain", Name: *container, Annotations: ctrAnn, Linux: &api.LinuxContainer{}})
+	shared := p.SharedDevices()
 	if *output == "text" {
 		for _, l := range keptLines {
 			fmt.Fprintf(stdout, "kept     %s (kept until the pod is removed)\n", l)
 		}
+		printShared(stdout, shared)
 	}
 	if err != nil {
 		if *output == "json" {
-			_ = json.NewEncoder(stdout).Encode(map[string]any{"denied": err.Error(), "keptAgainstPolicy": keptLines})
+			_ = json.NewEncoder(stdout).Encode(map[string]any{"denied": err.Error(), "keptAgainstPolicy": keptLines, "shared": shared})
 		} else {
 			fmt.Fprintf(stdout, "denied: %v\n", err)
 		}
@@ -90,6 +92,9 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		if len(keptLines) > 0 {
 			out["keptAgainstPolicy"] = keptLines
 		}
+		if len(shared) > 0 {
+			out["shared"] = shared
+		}
 		if len(grant.Counted) > 0 {
 			out["count"] = map[string]any{"chosen": specs.Names(grant.Counted), "topologyScore": grant.Score, "free": grant.Considered.Free, "passedOver": grant.Considered.Passed}
 		}
@@ -99,6 +104,20 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	printCount(stdout, grant)
 	printAdjustment(stdout, adj)
 	return exitOK
+}
+
+// printShared prints, per shared device, how it is shared and by whom.
+func printShared(w io.Writer, shared []plugin.Shared) {
+	for _, s := range shared {
+		users := "no one"
+		if len(s.Users) > 0 {
+			users = fmt.Sprintf("%d: %s", len(s.Users), strings.Join(s.Users, ", "))
+		}
+		fmt.Fprintf(w, "shared   %s by %s, used by %s\n", s.Device, s.Sharing, users)
+		if s.Limits != "" {
+			fmt.Fprintf(w, "shared   %s: %s\n", s.Device, s.Limits)
+		}
+	}
 }
 
 // printCount prints what a count request chose and passed over.

@@ -322,3 +322,60 @@ func TestExplainSaysWhatIsKept(t *testing.T) {
 		t.Errorf("exit %d, want %q:\n%s%s", code, want, stdout.String(), stderr.String())
 	}
 }
+
+// TestSharersShown: explain and devices show, per shared GPU, the
+// policy.sharing entry, who uses it as the state file says, and each MPS
+// client's bounds.
+func TestSharersShown(t *testing.T) {
+	specDir := threeGPUs(t)
+	dir := t.TempDir()
+	record, cfg := filepath.Join(dir, "allocations.json"), filepath.Join(dir, "nri-gpu.yaml")
+	data := `{"version":1,"pods":[` +
+		`{"id":"id-a","namespace":"ns","name":"a","named":[{"name":"nvidia.com/gpu=2","nodes":["c 195:2"]}]},` +
+		`{"id":"id-b","namespace":"ns","name":"b","counted":[{"name":"nvidia.com/gpu=2","nodes":["c 195:2"]}]}]}`
+	if err := os.WriteFile(record, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	config := `policy:
+  sharing:
+  - {devices: ["nvidia.com/gpu=2"], replicas: 2}
+  - {devices: ["nvidia.com/gpu=1"], replicas: 4, strategy: mps, pinnedMemoryLimit: 4Gi}
+mps: {root: /run/mps}
+`
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"explain", "--config", cfg, "--cdi-spec-dirs", specDir, "--state-file", record, "--annotation", "gpus.nri-gpu.io=2"}, &stdout, &stderr)
+	for _, want := range []string{
+		"shared   nvidia.com/gpu=2 by policy.sharing[0] (replicas 2, timeSlicing), used by 2: pod ns/a, pod ns/b\n",
+		"shared   nvidia.com/gpu=1 by policy.sharing[1] (replicas 4, mps), used by no one\n",
+		"shared   nvidia.com/gpu=1: each client 25% of compute, 4096 MiB of pinned memory; daemon in /run/mps/1\n",
+		"used by 2 already: pod ns/a, pod ns/b",
+	} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("explain does not say %q:\n%s%s", want, stdout.String(), stderr.String())
+		}
+	}
+	if code != exitError {
+		t.Errorf("a third pod on GPU 2: exit %d, want %d", code, exitError)
+	}
+
+	stdout.Reset()
+	if code := run([]string{"devices", "--config", cfg, "--cdi-spec-dirs", specDir, "--state-file", record}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("devices: exit %d: %s", code, stderr.String())
+	}
+	var rows []string
+	for _, l := range strings.Split(stdout.String(), "\n") {
+		if strings.HasPrefix(l, "nvidia.com/gpu=") && strings.Contains(l, "policy.sharing") {
+			rows = append(rows, strings.Join(strings.Fields(l), " "))
+		}
+	}
+	want := []string{
+		"nvidia.com/gpu=1 policy.sharing[1] (replicas 4, mps) - each client 25% of compute, 4096 MiB of pinned memory; daemon in /run/mps/1",
+		"nvidia.com/gpu=2 policy.sharing[0] (replicas 2, timeSlicing) pod ns/a, pod ns/b none (time-slicing)",
+	}
+	if !slices.Equal(rows, want) {
+		t.Errorf("devices' shared rows:\n%q\nwant\n%q\n%s", rows, want, stdout.String())
+	}
+}

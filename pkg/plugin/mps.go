@@ -241,3 +241,39 @@ func startInShm(self string) func(shm string, cmd *exec.Cmd) error {
 // MPSShmCommand is nri-gpu's command that mounts a directory on /dev/shm
 // and runs a program (startInShm).
 const MPSShmCommand = "mps-shm"
+
+// Shared is a device policy.sharing shares, as explain and devices show
+// it.
+type Shared struct {
+	// Device is its name (the first of its names).
+	Device string `json:"device"`
+	// Sharing is the policy.sharing entry that shares it.
+	Sharing string `json:"sharing"`
+	// Users are the pods and claims that use it now.
+	Users []string `json:"users"`
+	// Limits are each MPS client's bounds ("" for time-slicing), or why
+	// it cannot be bounded.
+	Limits string `json:"limits,omitempty"`
+}
+
+// SharedDevices returns the devices of the default kind that the policy
+// in force shares, who uses each and, for MPS, each client's bounds.
+func (p *Plugin) SharedDevices() []Shared {
+	st := p.state()
+	snap := st.specs.Snapshot()
+	var out []Shared
+	for _, d := range st.hardware(snap, st.cfg.DefaultKind, []string{"*"}, nil) {
+		share := st.policy.Sharing(d.Name)
+		if share == nil {
+			continue
+		}
+		s := Shared{Device: d.Name, Sharing: share.String(), Users: p.alloc.Users(d)}
+		if g, err := p.mpsOf(st, snap, d); err != nil {
+			s.Limits = err.Error()
+		} else if g != nil {
+			s.Limits = fmt.Sprintf("each client %d%% of compute, %d MiB of pinned memory; daemon in %s", g.limits.ActiveThreadPercentage, g.limits.PinnedMemoryMiB, g.daemon.Dir)
+		}
+		out = append(out, s)
+	}
+	return out
+}

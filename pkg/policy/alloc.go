@@ -821,6 +821,20 @@ func (a *Allocations) Apart(p *Policy, d specs.Device) (users int, none bool) {
 	return users, none
 }
 
+// Users returns who holds device d's hardware (whichever of its names),
+// one entry per pod or claim, in order: for showing who shares a GPU.
+func (a *Allocations) Users(d specs.Device) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []string
+	for _, u := range a.users("", d, nil) {
+		if w := u.holder.String(); sameHardware(*u.dev, d) && !slices.Contains(out, w) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
 // Overlaps reports whether d shares hardware with any of devs (the same
 // name, or one's footprint within the other's).
 func Overlaps(d specs.Device, devs []specs.Device) bool {
