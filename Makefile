@@ -105,13 +105,18 @@ $(CNI)/bridge:
 $(BIN)/nvidia-nri-plugin: FORCE
 	$(GO) build -o $@ ./test/tools/nvidia-nri
 
+# A stand-in for nvidia-cuda-mps-control (static: it runs in nri-gpu's
+# image on the cluster too).
+$(BIN)/mps-control: FORCE
+	CGO_ENABLED=0 $(GO) build -o $@ ./test/tools/mps-control
+
 $(BIN)/crictl:
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
 
 deps:
 	./hack/install-deps.sh
 
-e2e-tools: deps build image $(BIN)/nvidia-nri-plugin $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd $(KUBELET) $(BIN)/helm $(CNI)/bridge
+e2e-tools: deps build image $(BIN)/nvidia-nri-plugin $(BIN)/mps-control $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd $(KUBELET) $(BIN)/helm $(CNI)/bridge
 
 lint:
 	@out=$$(gofmt -l cmd pkg test internal hack); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
