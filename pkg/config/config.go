@@ -384,6 +384,9 @@ func (c *Config) setDefaults() {
 		m.Root = DefaultMPSRoot
 	}
 	p := &c.Policy
+	if len(p.Sharing) == 0 {
+		p.Sharing = nil // "sharing: []" is the default, none
+	}
 	for i := range p.Sharing {
 		if p.Sharing[i].Strategy == "" {
 			p.Sharing[i].Strategy = StrategyTimeSlicing

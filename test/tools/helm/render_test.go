@@ -337,3 +337,39 @@ func TestDRAValues(t *testing.T) {
 		t.Errorf("DeviceClass %+v", r.deviceClass)
 	}
 }
+
+// TestMPSValues: with a GPU shared with MPS the chart mounts the daemons'
+// root at its host path (nri-gpu hands its directories to clients by
+// that path) and, for daemons nri-gpu manages, adds CAP_SYS_ADMIN (each
+// daemon's /dev/shm is mounted in a namespace of its own) and nothing
+// else; without MPS, neither.
+func TestMPSValues(t *testing.T) {
+	for _, tc := range []struct {
+		values, root string
+		sysAdmin     bool
+	}{
+		{"", "", false},
+		{"ci/multitenant-values.yaml", "", false},
+		{"ci/mps-values.yaml", "/run/nri-gpu-mps", true},
+	} {
+		r := render(t, tc.values)
+		if len(parseConfig(t, r.configMap).Policy.Sharing) > 0 != (tc.root != "") {
+			t.Fatalf("%s: sharing in the rendered config does not match the case", tc.values)
+		}
+		spec := r.daemonSet.Spec.Template.Spec
+		var root string
+		for _, v := range spec.Volumes {
+			if v.Name == "mps" && v.HostPath != nil {
+				root = v.HostPath.Path
+			}
+		}
+		mounted := slices.ContainsFunc(spec.Containers[0].VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "mps" && m.MountPath == tc.root })
+		if root != tc.root || (tc.root != "" && !mounted) {
+			t.Errorf("%s: MPS root host path %q (mounted at it: %v), want %q", tc.values, root, mounted, tc.root)
+		}
+		caps := spec.Containers[0].SecurityContext.Capabilities
+		if got := slices.Contains(caps.Add, "SYS_ADMIN"); got != tc.sysAdmin || len(caps.Add) > 1 || !slices.Equal(caps.Drop, []corev1.Capability{"ALL"}) {
+			t.Errorf("%s: capabilities %+v, want SYS_ADMIN added: %v", tc.values, caps, tc.sysAdmin)
+		}
+	}
+}

@@ -34,3 +34,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "nri-gpu.draRegistryDir" -}}
 {{- (.Values.config.dra | default dict).registryDir | default "/var/lib/kubelet/plugins_registry" }}
 {{- end }}
+
+{{/* "true" when a policy.sharing entry shares with MPS. */}}
+{{- define "nri-gpu.mps" -}}
+{{- range ((.Values.config.policy | default dict).sharing | default list) }}{{ if eq (.strategy | default "") "mps" }}true{{ end }}{{ end }}
+{{- end }}
+
+{{/* The MPS daemons' root directory. */}}
+{{- define "nri-gpu.mpsRoot" -}}
+{{- ((.Values.config.mps | default dict).root) | default "/run/nri-gpu/mps" }}
+{{- end }}
+
+{{/* Who runs the MPS control daemons: external or managed. */}}
+{{- define "nri-gpu.mpsDaemon" -}}
+{{- ((.Values.config.mps | default dict).daemon) | default "external" }}
+{{- end }}
