@@ -111,7 +111,7 @@ func (c *Claims) Devices() []dra.Device {
 		offered = append(offered, hw...)
 		cands := snap.Candidates(kind)
 		for _, cand := range hw {
-			if !c.p.free(snap, cand, byPods) {
+			if !c.offered(st, snap, cand, byPods) {
 				continue
 			}
 			info := c.info(snap, kind, cand, cands)
@@ -124,6 +124,18 @@ func (c *Claims) Devices() []dra.Device {
 		}
 	}
 	return out
+}
+
+// offered reports whether a device may be allocated to a claim: free,
+// or, shared by policy.sharing, with a replica no pod uses (a claim is
+// one user, whichever pods use it).
+func (c *Claims) offered(st *state, snap *specs.Snapshot, d specs.Device, byPods []specs.Device) bool {
+	share := st.policy.Sharing(d.Name)
+	if share == nil {
+		return c.p.free(snap, d, byPods)
+	}
+	pods, none := c.p.alloc.PodUsers(d)
+	return c.p.free(snap, d, nil) && !none && pods < share.Replicas
 }
 
 // info returns what is known of a device: from its spec (its name, its

@@ -243,6 +243,52 @@ func TestClaimDevices(t *testing.T) {
 	testutil.ErrorSays(t, err, "claim ns/ghost", "nvidia.com/gpu=7", "nvidia.com/gpu=8")
 }
 
+// TestSharedClaimDevices: a GPU policy.sharing shares stays in the DRA
+// driver's slice while a replica is left for a claim: held by one pod of
+// two replicas, it is offered and a claim gets it, the claim counting as
+// one user (a third pod is refused naming the pod and the claim); held by
+// two pods it is not offered, and a claim is refused it.
+func TestSharedClaimDevices(t *testing.T) {
+	p := inProcess(t, `policy:
+  exclusive: true
+  sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 2}]
+`, gpuSpecDir(t, 2))
+	view := p.Claims(config.Default().DRA)
+	offered := func() []string {
+		var out []string
+		for _, d := range view.Devices() {
+			out = append(out, d.CDI)
+		}
+		return out
+	}
+	ask := func(name, device string) error {
+		pod := gpuPod(name, map[string]string{"gpus.nri-gpu.io": device})
+		_, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil))
+		return err
+	}
+	if err := ask("a", "0"); err != nil {
+		t.Fatal(err)
+	}
+	if got := offered(); !slices.Equal(got, []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}) {
+		t.Errorf("GPU 0 used once of 2: offered %v, want both GPUs", got)
+	}
+	if err := view.Prepare(policy.Claim{UID: "u", Namespace: "tenant", Name: "c", Pods: []string{"tenant/p"}}, []dra.Allocated{{CDI: "nvidia.com/gpu=0"}}); err != nil {
+		t.Fatalf("a claim on GPU 0's second replica: %v", err)
+	}
+	testutil.ErrorSays(t, ask("b", "0"), "used by 2 already: claim tenant/c of pod tenant/p, pod tenant/a")
+	if err := ask("b", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ask("d", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := offered(); !slices.Equal(got, []string{"nvidia.com/gpu=0"}) {
+		t.Errorf("GPU 0 with a claim, GPU 1 used by two pods: offered %v, want GPU 0 only (the claim's)", got)
+	}
+	err := view.Prepare(policy.Claim{UID: "v", Namespace: "tenant", Name: "late"}, []dra.Allocated{{CDI: "nvidia.com/gpu=1"}})
+	testutil.ErrorSays(t, err, "claim tenant/late", "used by 2 already: pod tenant/b, pod tenant/d")
+}
+
 // TestClaimDevicesChosen: the DRA driver offers the devices of each
 // configured kind that dra.devices and policy.devices both allow; a
 // device of another vendor has no GPU's attributes, and is named from

@@ -821,6 +821,27 @@ func (a *Allocations) Apart(p *Policy, d specs.Device) (users int, none bool) {
 	return users, none
 }
 
+// PodUsers returns how many pods use the shared device d (whichever door
+// they came through; claims not counted), and whether a pod holds it so
+// that it cannot be shared (alone, or hardware overlapping it): for a DRA
+// driver offering a shared device while a replica is left.
+func (a *Allocations) PodUsers(d specs.Device) (pods int, none bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	seen := map[string]bool{}
+	for _, u := range a.users("", d, nil) {
+		switch {
+		case u.claim != nil:
+		case u.sole || !sameHardware(*u.dev, d):
+			none = true
+		case !seen[u.key()]:
+			seen[u.key()] = true
+			pods++
+		}
+	}
+	return pods, none
+}
+
 // Users returns who holds device d's hardware (whichever of its names),
 // one entry per pod or claim, in order: for showing who shares a GPU.
 func (a *Allocations) Users(d specs.Device) []string {
