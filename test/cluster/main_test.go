@@ -54,6 +54,7 @@ var env struct {
 	// forwards give nri-gpu's pods the API server.
 	forwards []*harness.PodForwarder
 	values   string
+	tools    harness.Tools
 }
 
 // suiteValues are the chart values of the installation: the image
@@ -73,6 +74,12 @@ config:
       - name: nvidia.com/gpu
   dra:
     enabled: true
+  # MPS daemons nri-gpu runs, once a test shares GPUs with MPS: the
+  # stand-in control program the test puts in the state directory.
+  mps:
+    daemon: managed
+    controlCommand: /run/nri-gpu/bin/mps-control
+    root: /run/nri-gpu/mps
 dra:
   # No kube-proxy here: the harness forwards this port of nri-gpu's pods
   # to the API server (harness.PodForwarder).
@@ -140,6 +147,7 @@ func setup() (int, error) {
 		fmt.Fprintf(os.Stderr, "SKIP cluster: %s\n", env.skip)
 		return 0, nil
 	}
+	env.tools = tools
 	toolsB, err := tools.WithContainerd(os.Getenv(containerd2))
 	if err != nil {
 		return 1, err

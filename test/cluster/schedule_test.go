@@ -21,34 +21,9 @@ import (
 // the scheduler says why.
 func TestDeploymentPlacedByGPUs(t *testing.T) {
 	needCluster(t)
-	ctx := context.Background()
 	labels := map[string]string{"app": "gpu-deployment"}
-	tmpl := gpuPod("default", "", 1, nil, "")
-	replicas := int32(6)
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "gpu-deployment", Namespace: "default"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &replicas,
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: tmpl.Spec},
-		},
-	}
-	deps := env.client.AppsV1().Deployments("default")
-	if _, err := deps.Create(ctx, dep, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { deleteDeployment(t, dep.Name, labels) })
-
-	var pods []corev1.Pod
-	for deadline := time.Now().Add(2 * podWait); ; time.Sleep(200 * time.Millisecond) {
-		pods = labelled(t, labels)
-		if len(pods) == 6 && !slices.ContainsFunc(pods, func(p corev1.Pod) bool { return p.Status.Phase != corev1.PodRunning }) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not 6 running GPU pods in %s:\n%s", 2*podWait, describe(pods))
-		}
-	}
+	dep := createDeployment(t, "gpu-deployment", labels, 6)
+	pods := runningPods(t, labels, 6)
 	perNode := map[string][]string{}
 	for i := range pods {
 		seen := gpusSeen(t, &pods[i])
@@ -69,19 +44,60 @@ func TestDeploymentPlacedByGPUs(t *testing.T) {
 	}
 
 	// A seventh replica finds no GPU free anywhere.
-	replicas = 7
-	dep.Spec.Replicas = &replicas
-	scale, err := deps.GetScale(ctx, dep.Name, metav1.GetOptions{})
+	scaleUnschedulable(t, dep.Name, labels, 7, "nvidia.com/gpu")
+}
+
+// createDeployment creates a Deployment of replicas sleeping pods asking
+// for one nvidia.com/gpu each, deleted when the test ends.
+func createDeployment(t *testing.T, name string, labels map[string]string, replicas int32) *appsv1.Deployment {
+	t.Helper()
+	tmpl := gpuPod("default", "", 1, nil, "")
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: tmpl.Spec},
+		},
+	}
+	if _, err := env.client.AppsV1().Deployments("default").Create(context.Background(), dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteDeployment(t, dep.Name, labels) })
+	return dep
+}
+
+// runningPods waits until n pods with labels run, and returns them.
+func runningPods(t *testing.T, labels map[string]string, n int) []corev1.Pod {
+	t.Helper()
+	for deadline := time.Now().Add(2 * podWait); ; time.Sleep(200 * time.Millisecond) {
+		pods := labelled(t, labels)
+		if len(pods) == n && !slices.ContainsFunc(pods, func(p corev1.Pod) bool { return p.Status.Phase != corev1.PodRunning }) {
+			return pods
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not %d running GPU pods in %s:\n%s", n, 2*podWait, describe(pods))
+		}
+	}
+}
+
+// scaleUnschedulable scales Deployment name to replicas and waits until
+// a pod of it is unschedulable for want of resource.
+func scaleUnschedulable(t *testing.T, name string, labels map[string]string, replicas int32, resource string) {
+	t.Helper()
+	ctx := context.Background()
+	deps := env.client.AppsV1().Deployments("default")
+	scale, err := deps.GetScale(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	scale.Spec.Replicas = 7
-	if _, err := deps.UpdateScale(ctx, dep.Name, scale, metav1.UpdateOptions{}); err != nil {
+	scale.Spec.Replicas = replicas
+	if _, err := deps.UpdateScale(ctx, name, scale, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Within(t, podWait, "the seventh replica unschedulable", func() bool {
+	testutil.Within(t, podWait, fmt.Sprintf("replica %d unschedulable", replicas), func() bool {
 		for _, p := range labelled(t, labels) {
-			if p.Spec.NodeName == "" && unschedulable(p, "Insufficient nvidia.com/gpu") {
+			if p.Spec.NodeName == "" && unschedulable(p, "Insufficient "+resource) {
 				return true
 			}
 		}

@@ -35,9 +35,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- (.Values.config.dra | default dict).registryDir | default "/var/lib/kubelet/plugins_registry" }}
 {{- end }}
 
-{{/* "true" when a policy.sharing entry shares with MPS. */}}
+{{/* "true" when config.mps is set or a policy.sharing entry shares with
+     MPS (set config.mps to have the mount before sharing is turned on: a
+     helm upgrade then reloads, never replaces, nri-gpu's pods). */}}
 {{- define "nri-gpu.mps" -}}
+{{- if .Values.config.mps }}true{{ else }}
 {{- range ((.Values.config.policy | default dict).sharing | default list) }}{{ if eq (.strategy | default "") "mps" }}true{{ end }}{{ end }}
+{{- end }}
 {{- end }}
 
 {{/* The MPS daemons' root directory. */}}

@@ -1,0 +1,137 @@
+package cluster
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/internal/mpsstandin"
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/test/harness"
+)
+
+// TestSharedReplicasPlaced: a helm upgrade shares every GPU two ways with
+// MPS (nri-gpu reloads; its pods are not replaced). nri-gpu, in its pod,
+// starts a control daemon per GPU (a stand-in for nvidia-cuda-mps-control
+// that records how it was started: the GPU's UUID, the limits as its
+// defaults, the GPU's shm directory as its /dev/shm), and its device
+// plugin offers two replicas per GPU: allocatable 4 and 8. A Deployment
+// of 12 one-GPU pods is placed by the scheduler 4 and 8, each pod sees
+// one GPU with its MPS client environment and daemon directories, every
+// GPU is seen by two pods; a 13th is Unschedulable. The upgrade undone,
+// the daemons are stopped and allocatable is 2 and 4 again.
+func TestSharedReplicasPlaced(t *testing.T) {
+	needCluster(t)
+	nodes := []*harness.Node{env.a, env.b}
+	standin, err := os.ReadFile(env.tools.Path("mps-control"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mpsDir := func(n *harness.Node, gpu int) string {
+		return filepath.Join(n.Dir, "run", "nri-gpu", "mps", harness.UUID(gpu))
+	}
+	for _, n := range nodes {
+		bin := filepath.Join(n.Dir, "run", "nri-gpu", "bin", "mps-control")
+		if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, standin, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(filepath.Join(n.Dir, "run", "nri-gpu", "mps")) })
+	}
+	before := nriPods(t)
+	shared := filepath.Join(env.dir, "shared-values.yaml")
+	if err := os.WriteFile(shared, []byte(`config:
+  policy:
+    sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 2, strategy: mps, pinnedMemoryLimit: 2Gi}]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	upgrade(t, env.values, shared)
+	undone := false
+	undo := func() {
+		if !undone {
+			undone = true
+			upgrade(t, env.values)
+		}
+	}
+	t.Cleanup(undo)
+	for node, p := range nriPods(t) {
+		if before[node].UID != p.UID {
+			t.Errorf("%s: the upgrade replaced nri-gpu's pod; want it reloaded", node)
+		}
+	}
+	for _, n := range nodes {
+		waitAllocatable(t, n, 2*n.GPUs)
+		for i := range n.GPUs {
+			testutil.Within(t, podWait, fmt.Sprintf("%s: GPU %d's daemon started with its limits", n.Name, i), func() bool {
+				data, _ := os.ReadFile(filepath.Join(mpsDir(n, i), "pipe", mpsstandin.Defaults))
+				return string(data) == "set_default_active_thread_percentage 50\nset_default_device_pinned_mem_limit 0 2048M\n"
+			})
+			log, _ := os.ReadFile(filepath.Join(mpsDir(n, i), "log", mpsstandin.Log))
+			if want := fmt.Sprintf(`run args=["-d"] CUDA_VISIBLE_DEVICES=%q`, harness.UUID(i)); !strings.Contains(string(log), want) {
+				t.Errorf("%s GPU %d's daemon:\n%s\nwant %s", n.Name, i, log, want)
+			}
+			// Written to the daemon's /dev/shm, from inside nri-gpu's pod.
+			if _, err := os.Stat(filepath.Join(mpsDir(n, i), "shm", mpsstandin.Started)); err != nil {
+				t.Errorf("%s GPU %d's daemon did not have its shm directory as /dev/shm: %v", n.Name, i, err)
+			}
+		}
+	}
+
+	labels := map[string]string{"app": "shared-gpus"}
+	dep := createDeployment(t, "shared-gpus", labels, 12)
+	pods := runningPods(t, labels, 12)
+	seen := map[string][]string{} // node -> GPUs its pods see
+	for i := range pods {
+		p := &pods[i]
+		gpus := gpusSeen(t, p)
+		if len(gpus) != 1 {
+			t.Errorf("pod %s on %s sees %v, want one GPU", p.Name, p.Spec.NodeName, gpus)
+			continue
+		}
+		seen[p.Spec.NodeName] = append(seen[p.Spec.NodeName], gpus[0])
+		n := nodeOf(t, p)
+		spec, err := n.Ctd.ContainerSpec(strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpu := int(gpus[0][len("nvidia")] - '0')
+		if !slices.Contains(spec.Process.Env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M") ||
+			!slices.ContainsFunc(spec.Mounts, func(m oci.Mount) bool {
+				return m.Destination == "/tmp/nvidia-mps" && m.Source == "/run/nri-gpu/mps/"+harness.UUID(gpu)+"/pipe"
+			}) {
+			t.Errorf("pod %s (%s) has no MPS client of GPU %d: env %v", p.Name, gpus[0], gpu, spec.Process.Env)
+		}
+	}
+	for _, n := range nodes {
+		got := seen[n.Name]
+		slices.Sort(got)
+		var want []string
+		for i := range n.GPUs {
+			want = append(want, fmt.Sprintf("nvidia%d", i), fmt.Sprintf("nvidia%d", i))
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: its pods see %v, want each GPU twice %v", n.Name, got, want)
+		}
+	}
+	scaleUnschedulable(t, dep.Name, labels, 13, "nvidia.com/gpu")
+
+	deleteDeployment(t, dep.Name, labels)
+	undo()
+	for _, n := range nodes {
+		waitAllocatable(t, n, n.GPUs)
+		for i := range n.GPUs {
+			testutil.Within(t, podWait, fmt.Sprintf("%s: GPU %d's daemon stopped", n.Name, i), func() bool {
+				_, err := os.Stat(filepath.Join(mpsDir(n, i), "pipe", mpsstandin.Running))
+				return os.IsNotExist(err)
+			})
+		}
+	}
+}
