@@ -12,7 +12,11 @@
 # throwaway containerd and gives GPU 0 to a container that loads
 # libcuda.so.1, calls cuInit and cuDeviceGetCount, and runs nvidia-smi -L;
 # and (TestRealGPUAttributes) checks that the DRA driver's devices carry
-# NVML's product, architecture, versions, memory and the PCIe root.
+# NVML's product, architecture, versions, memory and the PCIe root; and
+# (TestRealMPS) shares GPU 0 two ways with MPS, nri-gpu running the
+# driver's nvidia-cuda-mps-control, and runs a small CUDA program in two
+# pods at once: the one allocating past its 2 GiB limit fails there, the
+# other keeps running.
 # It writes nothing outside temp dirs, and exits non-zero with the reason
 # on any miss.
 set -euo pipefail
@@ -53,7 +57,7 @@ while read -r path; do
 done < <(sed -n 's/^ *hostPath: *//p' "$spec" | sort -u)
 [ "$missing" -eq 0 ] || { echo "FAIL: the spec names host paths that do not exist" >&2; exit 1; }
 
-echo "== a container given GPU 0: CUDA loads, nvidia-smi -L; the DRA driver's attributes from NVML (TestRealGPUAttributes)"
+echo "== a container given GPU 0: CUDA loads, nvidia-smi -L; the DRA driver's attributes from NVML (TestRealGPUAttributes); two pods on GPU 0 under MPS (TestRealMPS)"
 cd "$(dirname "$0")/../.."
-NRI_GPU_REAL=1 NRI_GPU_TOOLS="$(dirname "$bin")" go test -count=1 -v -run TestRealGPU ./test/gpu/
+NRI_GPU_REAL=1 NRI_GPU_TOOLS="$(dirname "$bin")" go test -count=1 -v -run "TestRealGPU|TestRealMPS" ./test/gpu/
 echo "PASS"

@@ -1,0 +1,175 @@
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
+	"github.com/nri-gpu/nri-gpu/test/harness"
+)
+
+// mpsClient allocates device memory through the CUDA driver API, loaded
+// by soname: "alloc MiB" allocates MiB in 64 MiB pieces and says whether
+// it could; "hold MiB SECONDS" allocates MiB, holds it for SECONDS, then
+// writes to it and says it is alive.
+const mpsClient = `#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+typedef int (*fn)();
+int main(int argc, char **argv) {
+	if (argc < 3) { printf("usage: alloc|hold MiB [seconds]\n"); return 2; }
+	void *h = dlopen("libcuda.so.1", RTLD_NOW);
+	if (!h) { printf("dlopen libcuda.so.1: %s\n", dlerror()); return 1; }
+	int (*init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
+	int (*get)(int *, int) = (int (*)(int *, int))dlsym(h, "cuDeviceGet");
+	int (*ctx)(void **, unsigned, int) = (int (*)(void **, unsigned, int))dlsym(h, "cuCtxCreate_v2");
+	int (*alloc)(unsigned long long *, size_t) = (int (*)(unsigned long long *, size_t))dlsym(h, "cuMemAlloc_v2");
+	int (*memset8)(unsigned long long, unsigned char, size_t) = (int (*)(unsigned long long, unsigned char, size_t))dlsym(h, "cuMemsetD8_v2");
+	int (*sync)(void) = (int (*)(void))dlsym(h, "cuCtxSynchronize");
+	if (!init || !get || !ctx || !alloc || !memset8 || !sync) { printf("dlsym: %s\n", dlerror()); return 1; }
+	int dev, r;
+	void *c;
+	if ((r = init(0)) || (r = get(&dev, 0)) || (r = ctx(&c, 0, dev))) { printf("context: error %d\n", r); return 1; }
+	long want = atol(argv[2]), got = 0;
+	unsigned long long first = 0, p;
+	while (got < want) {
+		if ((r = alloc(&p, 64UL << 20))) { printf("failed at %ld MiB: error %d\n", got, r); fflush(stdout); return 3; }
+		if (!first) first = p;
+		got += 64;
+	}
+	printf("allocated %ld MiB\n", got);
+	fflush(stdout);
+	if (strcmp(argv[1], "hold") == 0 && argc > 3) {
+		sleep(atoi(argv[3]));
+		if ((r = memset8(first, 7, 64UL << 20)) || (r = sync())) { printf("dead: error %d\n", r); return 4; }
+		printf("alive\n");
+	}
+	return 0;
+}
+`
+
+// TestRealMPS shares GPU 0 two ways with MPS, nri-gpu running its control
+// daemon (the driver's nvidia-cuda-mps-control, mps.daemon: managed) with
+// a pinned-memory limit of 2 GiB per client, on a throwaway containerd.
+// Two pods' containers run a small CUDA program on GPU 0 at once: one
+// holds 1 GiB; the other's 1 GiB fits, its 3 GiB fails at the limit; the
+// first still runs and writes to its memory after that.
+func TestRealMPS(t *testing.T) {
+	if os.Getenv(RealEnv) != "1" {
+		t.Skipf("needs an NVIDIA GPU and root: run test/gpu/run.sh on a GPU node (it sets %s=1)", RealEnv)
+	}
+	control, err := exec.LookPath("nvidia-cuda-mps-control")
+	if err != nil {
+		t.Fatalf("the driver's MPS control program: %v", err)
+	}
+	tools, err := harness.FindTools("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "mpsclient.c")
+	if err := os.WriteFile(src, []byte(mpsClient), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cc", "-o", filepath.Join(dir, "mpsclient"), src, "-ldl").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, out)
+	}
+	files, err := harness.ProgramFiles(filepath.Join(dir, "mpsclient"), "mpsclient")
+	if err != nil {
+		t.Fatal(err)
+	}
+	image := filepath.Join(dir, "image.tar")
+	if err := harness.BuildImage(tools.Busybox, image, files...); err != nil {
+		t.Fatal(err)
+	}
+	specDir := filepath.Join(dir, "cdi")
+	if err := os.MkdirAll(specDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(tools.Path("nri-gpu"), "generate", "--output", filepath.Join(specDir, "nvidia.yaml")).CombinedOutput(); err != nil {
+		t.Fatalf("nri-gpu generate: %v\n%s", err, out)
+	}
+	ctd, err := harness.StartContainerd(filepath.Join(dir, "ctd"), tools, harness.Options{Image: image})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := ctd.Stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	root := filepath.Join(dir, "mps")
+	config := filepath.Join(dir, "nri-gpu.yaml")
+	text := fmt.Sprintf(`cdiSpecDirs: [%s]
+policy:
+  sharing: [{devices: ["nvidia.com/gpu=0", "nvidia.com/gpu=GPU-*"], replicas: 2, strategy: mps, pinnedMemoryLimit: 2Gi}]
+mps: {daemon: managed, controlCommand: %s, root: %s}
+`, specDir, control, root)
+	if err := os.WriteFile(config, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := ctd.StartPlugin("--config", config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// nri-gpu leaves its daemons running when it exits: quit them here.
+	defer func() {
+		dirs, _ := filepath.Glob(filepath.Join(root, "GPU-*"))
+		for _, d := range dirs {
+			if err := (mps.Daemon{Control: control, Dir: d}).Stop(context.Background()); err != nil {
+				t.Logf("quitting the MPS daemon of %s: %v", d, err)
+			}
+		}
+	}()
+	for deadline := time.Now().Add(60 * time.Second); !strings.Contains(p.Log(), "started MPS control daemon"); time.Sleep(time.Second) {
+		if time.Now().After(deadline) {
+			t.Fatalf("nri-gpu did not start the MPS daemon:\n%s", p.Log())
+		}
+	}
+	run := func(name string) string {
+		t.Helper()
+		pod := harness.Pod{Name: name, Namespace: "default", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+		podID, err := ctd.RunPod(pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := ctd.CreateContainer(podID, pod, harness.Container{Name: "cuda"})
+		if err != nil {
+			t.Fatalf("pod %s: %v\n%s", name, err, p.Log())
+		}
+		if err := ctd.StartContainer(id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	holder, other := run("holder"), run("other")
+	if out, err := ctd.Exec(holder, "sh", "-c", "/mpsclient hold 1024 40 > /tmp/hold.log 2>&1 &"); err != nil {
+		t.Fatalf("starting the holder: %v: %s", err, out)
+	}
+	time.Sleep(10 * time.Second)
+	out, err := ctd.Exec(other, "/mpsclient", "alloc", "1024")
+	t.Logf("the other pod, 1 GiB under its 2 GiB limit: %s", out)
+	if err != nil || !strings.Contains(out, "allocated 1024 MiB") {
+		t.Errorf("1 GiB under the limit: %v", err)
+	}
+	out, err = ctd.Exec(other, "/mpsclient", "alloc", "3072")
+	t.Logf("the other pod, 3 GiB past its 2 GiB limit: %s", out)
+	if err == nil || !regexp.MustCompile(`failed at (1[0-9]{3}|20[0-9]{2}) MiB`).MatchString(out) {
+		t.Errorf("3 GiB past the limit did not fail near 2 GiB: %v", err)
+	}
+	time.Sleep(40 * time.Second)
+	log, _ := ctd.Exec(holder, "cat", "/tmp/hold.log")
+	t.Logf("the holder: %s", log)
+	if !strings.Contains(log, "allocated 1024 MiB") || !strings.Contains(log, "alive") {
+		t.Errorf("the holder did not keep running beside the other's failed allocation")
+	}
+}
