@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 )
@@ -106,4 +107,15 @@ func defaultOf(pipe, command, def string) string {
 		}
 	}
 	return def
+}
+
+// Build builds the stand-in (test/tools/mps-control) into dir as
+// nvidia-cuda-mps-control and returns its path, for tests.
+func Build(dir string) (string, error) {
+	path := filepath.Join(dir, "nvidia-cuda-mps-control")
+	out, err := exec.Command("go", "build", "-o", path, "github.com/nri-gpu/nri-gpu/test/tools/mps-control").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("building the MPS control stand-in: %w: %s", err, out)
+	}
+	return path, nil
 }

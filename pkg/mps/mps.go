@@ -151,7 +151,7 @@ func (d Daemon) Start(ctx context.Context, l Limits, start func(shm string, cmd 
 			return fmt.Errorf("MPS daemon of %s: %w", d.Dir, err)
 		}
 	}
-	if err := os.Chmod(d.ShmDir(), 0o1777); err != nil {
+	if err := os.Chmod(d.ShmDir(), 0o777|os.ModeSticky); err != nil {
 		return fmt.Errorf("MPS daemon of %s: %w", d.Dir, err)
 	}
 	cmd := exec.CommandContext(ctx, d.Control, "-d")

@@ -47,11 +47,7 @@ func standin(t *testing.T) string {
 			standinErr = err
 			return
 		}
-		standinPath = filepath.Join(dir, "nvidia-cuda-mps-control")
-		out, err := exec.Command("go", "build", "-o", standinPath, "github.com/nri-gpu/nri-gpu/test/tools/mps-control").CombinedOutput()
-		if err != nil {
-			standinErr = fmt.Errorf("building the MPS control stand-in: %w: %s", err, out)
-		}
+		standinPath, standinErr = mpsstandin.Build(dir)
 	})
 	if standinErr != nil {
 		t.Fatal(standinErr)

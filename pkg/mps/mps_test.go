@@ -1,0 +1,115 @@
+package mps_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nri-gpu/nri-gpu/internal/mpsstandin"
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
+)
+
+func TestLimits(t *testing.T) {
+	l := mps.Limits{ActiveThreadPercentage: 25, PinnedMemoryMiB: 20480}
+	if got, want := l.Commands(), []string{"set_default_active_thread_percentage 25", "set_default_device_pinned_mem_limit 0 20480M"}; !slices.Equal(got, want) {
+		t.Errorf("commands %q, want %q", got, want)
+	}
+	want := []string{
+		"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps",
+		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M",
+	}
+	if got := mps.ClientEnv(l); !slices.Equal(got, want) {
+		t.Errorf("client env %q, want %q", got, want)
+	}
+	d := mps.Daemon{Dir: "/run/mps/GPU-1"}
+	if d.PipeDir() != "/run/mps/GPU-1/pipe" || d.LogDir() != "/run/mps/GPU-1/log" || d.ShmDir() != "/run/mps/GPU-1/shm" {
+		t.Errorf("directories %s %s %s", d.PipeDir(), d.LogDir(), d.ShmDir())
+	}
+}
+
+// inShm runs the daemon's command with shm as the stand-in's /dev/shm.
+func inShm(shm string, cmd *exec.Cmd) error {
+	cmd.Env = append(cmd.Env, "STANDIN_SHM="+shm)
+	return cmd.Run()
+}
+
+// TestDaemon starts, asks and stops a daemon (the stand-in for
+// nvidia-cuda-mps-control): its directories, its environment, its
+// limits as defaults, and the errors of one that does not run.
+func TestDaemon(t *testing.T) {
+	ctl, err := mpsstandin.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, gpu := range []string{"GPU-1234", ""} {
+		d := mps.Daemon{Control: ctl, Dir: filepath.Join(t.TempDir(), "gpu"), GPU: gpu}
+		err := d.Running(ctx)
+		if !errors.Is(err, mps.ErrNotRunning) {
+			t.Fatalf("before it starts: %v, want ErrNotRunning", err)
+		}
+		testutil.ErrorSays(t, err, "pipe directory "+d.PipeDir())
+		if err := d.Start(ctx, mps.Limits{ActiveThreadPercentage: 33, PinnedMemoryMiB: 1024}, inShm); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Running(ctx); err != nil {
+			t.Errorf("started: %v", err)
+		}
+		if got, err := d.Ask(ctx, "get_default_active_thread_percentage"); err != nil || got != "33" {
+			t.Errorf("its default thread percentage: %q, %v; want 33", got, err)
+		}
+		log, _ := os.ReadFile(filepath.Join(d.LogDir(), mpsstandin.Log))
+		if want := `run args=["-d"] CUDA_VISIBLE_DEVICES="` + gpu + `"`; !strings.Contains(string(log), want) {
+			t.Errorf("log:\n%s\nwant %s", log, want)
+		}
+		if !strings.Contains(string(log), "command set_default_device_pinned_mem_limit 0 1024M") {
+			t.Errorf("the memory limit was not set:\n%s", log)
+		}
+		if got, _ := os.ReadFile(filepath.Join(d.ShmDir(), mpsstandin.Started)); string(got) != d.PipeDir() {
+			t.Errorf("started with /dev/shm other than its shm directory: %q", got)
+		}
+		if fi, err := os.Stat(d.ShmDir()); err != nil || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
+			t.Errorf("shm directory mode %v, %v; want sticky and open to every client", fi.Mode(), err)
+		}
+		if err := d.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Running(ctx); !errors.Is(err, mps.ErrNotRunning) {
+			t.Errorf("stopped: %v, want ErrNotRunning", err)
+		}
+		_, err = d.Ask(ctx, "quit")
+		testutil.ErrorSays(t, err, `"quit"`, "Cannot find MPS control daemon process")
+	}
+}
+
+// TestStartFails: a daemon that cannot start, or cannot take its limits,
+// is an error naming its directory.
+func TestStartFails(t *testing.T) {
+	ctl, err := mpsstandin.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	d := mps.Daemon{Control: ctl, Dir: filepath.Join(t.TempDir(), "gpu")}
+	err = d.Start(ctx, mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1}, func(string, *exec.Cmd) error { return errors.New("no namespace") })
+	testutil.ErrorSays(t, err, "starting "+ctl+" -d for "+d.Dir, "no namespace")
+	// Started, but gone before its limits are set.
+	err = d.Start(ctx, mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1}, func(shm string, cmd *exec.Cmd) error {
+		if err := inShm(shm, cmd); err != nil {
+			return err
+		}
+		return os.Remove(filepath.Join(d.PipeDir(), mpsstandin.Running))
+	})
+	testutil.ErrorSays(t, err, "MPS daemon of "+d.Dir, "set_default_active_thread_percentage 50")
+	blocked := mps.Daemon{Control: ctl, Dir: filepath.Join(t.TempDir(), "file")}
+	if err := os.WriteFile(blocked.Dir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testutil.ErrorSays(t, blocked.Start(ctx, mps.Limits{}, inShm), "MPS daemon of "+blocked.Dir)
+}
