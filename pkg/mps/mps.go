@@ -6,7 +6,7 @@
 //
 // The layout under a root directory, per GPU:
 //
-//	ROOT/GPU/pipe  the daemon's pipes and sockets (CUDA_MPS_PIPE_DIRECTORY)
+//	ROOT/GPU/pipe  the daemon's pipes and sockets, its control socket among them (CUDA_MPS_PIPE_DIRECTORY)
 //	ROOT/GPU/log   its control.log and server.log (CUDA_MPS_LOG_DIRECTORY)
 //	ROOT/GPU/shm   its /dev/shm, which its clients must share
 //
@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -111,14 +112,24 @@ func ClientEnv(l Limits) []string {
 	}, l.Env()...)
 }
 
-// Running returns nil when the daemon answers, and an error wrapping
-// ErrNotRunning saying why not otherwise.
+// Running returns nil when the daemon answers on its control socket
+// (PipeDir/control, where CUDA's clients reach it), and an error wrapping
+// ErrNotRunning saying why not otherwise. It needs no control program:
+// it works where the driver's cannot run (nri-gpu's image).
 func (d Daemon) Running(ctx context.Context) error {
-	if _, err := d.Ask(ctx, "get_default_active_thread_percentage"); err != nil {
+	var dialer net.Dialer
+	ctx, cancel := context.WithTimeout(ctx, askTimeout)
+	defer cancel()
+	conn, err := dialer.DialContext(ctx, "unix", filepath.Join(d.PipeDir(), ControlSocket))
+	if err != nil {
 		return fmt.Errorf("%w (pipe directory %s): %w", ErrNotRunning, d.PipeDir(), err)
 	}
-	return nil
+	return conn.Close()
 }
+
+// ControlSocket is the socket, in its pipe directory, that a control
+// daemon listens on.
+const ControlSocket = "control"
 
 // Ask sends one command to the daemon and returns its answer.
 func (d Daemon) Ask(ctx context.Context, command string) (string, error) {

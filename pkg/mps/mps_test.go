@@ -104,7 +104,7 @@ func TestStartFails(t *testing.T) {
 		if err := inShm(shm, cmd); err != nil {
 			return err
 		}
-		return os.Remove(filepath.Join(d.PipeDir(), mpsstandin.Running))
+		return mpsstandin.Kill(d.PipeDir())
 	})
 	testutil.ErrorSays(t, err, "MPS daemon of "+d.Dir, "set_default_active_thread_percentage 50")
 	blocked := mps.Daemon{Control: ctl, Dir: filepath.Join(t.TempDir(), "file")}

@@ -135,6 +135,7 @@ func TestMPSOverNRI(t *testing.T) {
 		"run one with CUDA_MPS_PIPE_DIRECTORY="+gpu0+"/pipe, CUDA_MPS_LOG_DIRECTORY="+gpu0+"/log and "+gpu0+"/shm as its /dev/shm")
 
 	d := mps.Daemon{Control: ctl, Dir: gpu0}
+	t.Cleanup(func() { quitAll(root) })
 	if err := d.Start(context.Background(), mps.Limits{ActiveThreadPercentage: 33, PinnedMemoryMiB: 2048}, startedInDir); err != nil {
 		t.Fatal(err)
 	}
@@ -181,10 +182,8 @@ func TestMPSManaged(t *testing.T) {
 		plugin.WithMPSStart(startedInDir)(p)
 	})
 	dirOf := func(i int) string { return filepath.Join(root, inv.GPUs[i].UUID) }
-	running := func(i int) bool {
-		_, err := os.Stat(filepath.Join(dirOf(i), "pipe", mpsstandin.Running))
-		return err == nil
-	}
+	running := func(i int) bool { return (mps.Daemon{Dir: dirOf(i)}).Running(context.Background()) == nil }
+	t.Cleanup(func() { quitAll(root) })
 	// Started, with its defaults set.
 	ready := func(i int) bool {
 		data, _ := os.ReadFile(filepath.Join(dirOf(i), "pipe", mpsstandin.Defaults))
@@ -213,7 +212,7 @@ func TestMPSManaged(t *testing.T) {
 	wantClient(t, adj, dirOf(0), 33, memMiB)
 
 	// The daemon of GPU 1 dies: nri-gpu starts it again.
-	if err := os.Remove(filepath.Join(dirOf(1), "pipe", mpsstandin.Running)); err != nil {
+	if err := mpsstandin.Kill(filepath.Join(dirOf(1), "pipe")); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Within(t, 10*time.Second, "GPU 1's daemon started again", func() bool { return running(1) })
@@ -226,6 +225,14 @@ func TestMPSManaged(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Within(t, 10*time.Second, "both daemons stopped", func() bool { return !running(0) && !running(1) })
+}
+
+// quitAll has every stand-in daemon under root quit.
+func quitAll(root string) {
+	dirs, _ := filepath.Glob(filepath.Join(root, "*"))
+	for _, d := range dirs {
+		_ = (mps.Daemon{Control: standinPath, Dir: d}).Stop(context.Background())
+	}
 }
 
 func readFile(t *testing.T, path string) string {

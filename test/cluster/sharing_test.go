@@ -129,8 +129,8 @@ func TestSharedReplicasPlaced(t *testing.T) {
 		waitAllocatable(t, n, n.GPUs)
 		for i := range n.GPUs {
 			testutil.Within(t, podWait, fmt.Sprintf("%s: GPU %d's daemon stopped", n.Name, i), func() bool {
-				_, err := os.Stat(filepath.Join(mpsDir(n, i), "pipe", mpsstandin.Running))
-				return os.IsNotExist(err)
+				log, _ := os.ReadFile(filepath.Join(mpsDir(n, i), "log", mpsstandin.Log))
+				return strings.HasSuffix(string(log), "command quit\n")
 			})
 		}
 	}

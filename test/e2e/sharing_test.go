@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/internal/mpsstandin"
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
@@ -43,6 +45,12 @@ func TestSharingWithMPS(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := func(i int) string { return filepath.Join(root, harness.UUID(i)) }
+	// nri-gpu leaves its daemons running when it exits: quit them.
+	t.Cleanup(func() {
+		for i := range 4 {
+			_ = (mps.Daemon{Control: env.tools.Path("mps-control"), Dir: dir(i)}).Stop(context.Background())
+		}
+	})
 	testutil.Within(t, 20*time.Second, "nri-gpu started a daemon for each GPU", func() bool {
 		for i := range 4 {
 			data, _ := os.ReadFile(filepath.Join(dir(i), "pipe", mpsstandin.Defaults))
@@ -104,7 +112,7 @@ func TestSharingWithMPS(t *testing.T) {
 		}
 		// What the container sees: its daemon's pipe directory, and the
 		// daemon's /dev/shm.
-		if out, err := ctd.Exec(id, "cat", "/tmp/nvidia-mps/"+mpsstandin.Running, "/dev/shm/"+mpsstandin.Started); err != nil || !strings.Contains(out, filepath.Join(dir(0), "pipe")) {
+		if out, err := ctd.Exec(id, "sh", "-c", "test -S /tmp/nvidia-mps/"+mpsstandin.Socket+" && cat /dev/shm/"+mpsstandin.Started); err != nil || !strings.Contains(out, filepath.Join(dir(0), "pipe")) {
 			t.Errorf("inside pod %s's container: %q, %v", pod.Name, out, err)
 		}
 	}
