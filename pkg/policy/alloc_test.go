@@ -573,11 +573,22 @@ func TestUnhealthyDevices(t *testing.T) {
 
 // TestCountPacksMIGDevices: with the topology known, a count request for
 // MIG devices takes two of one GPU rather than one of each of two.
+// mig is MIG device m of GPU g: its GPU's node and a capability's.
+func mig(g, m int) specs.Device {
+	return specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d:%d", g, m), Nodes: []string{nvidia.GPUNode(g), fmt.Sprintf("c 511:%d", 10*g+m)}}
+}
+
+// byIndex is GPUs 0 to n-1, by index only.
+func byIndex(n int) []specs.Device {
+	var out []specs.Device
+	for i := range n {
+		out = append(out, specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d", i), Nodes: []string{nvidia.GPUNode(i)}})
+	}
+	return out
+}
+
 func TestCountPacksMIGDevices(t *testing.T) {
 	gpu := nvidia.GPUNode
-	mig := func(g, m int) specs.Device {
-		return specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d:%d", g, m), Nodes: []string{gpu(g), fmt.Sprintf("c 511:%d", 10*g+m)}}
-	}
 	candidates := []specs.Device{mig(0, 1), mig(0, 2), mig(1, 1), mig(1, 2)}
 	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
@@ -597,10 +608,7 @@ func TestCountPacksMIGDevices(t *testing.T) {
 // TestConcurrentCountRequests: pods asking at once, with the topology
 // known, never share a device.
 func TestConcurrentCountRequests(t *testing.T) {
-	var candidates []specs.Device
-	for i := 0; i < 8; i++ {
-		candidates = append(candidates, specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d", i), Nodes: []string{nvidia.GPUNode(i)}})
-	}
+	candidates := byIndex(8)
 	topo := nvidia.Topology{}
 	for i := 0; i < 8; i++ {
 		for j := i + 1; j < 8; j++ {

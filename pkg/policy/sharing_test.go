@@ -1,7 +1,6 @@
 package policy_test
 
 import (
-	"fmt"
 	"slices"
 	"testing"
 
@@ -148,11 +147,7 @@ func TestSharingLowered(t *testing.T) {
 // one GPU are two devices, and a shared MIG device does not share its
 // parent GPU.
 func TestSharingMIG(t *testing.T) {
-	gpu := nvidia.GPUNode
-	mig := func(g, m int) specs.Device {
-		return specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d:%d", g, m), Nodes: []string{gpu(g), fmt.Sprintf("c 511:%d", 10*g+m)}}
-	}
-	whole := specs.Device{Name: "nvidia.com/gpu=0", Nodes: []string{gpu(0)}}
+	whole := byIndex(1)[0]
 	p := policy.New(shared(2, "nvidia.com/gpu=*:*"))
 	a := policy.NewAllocations()
 	admit := func(name string, d specs.Device) error {
@@ -184,10 +179,7 @@ func TestSharingMIG(t *testing.T) {
 // TestSharingLeastUsedWithTopology: with the topology known, a count of
 // two takes the closest pair among the least-used GPUs.
 func TestSharingLeastUsedWithTopology(t *testing.T) {
-	var candidates []specs.Device
-	for i := 0; i < 4; i++ {
-		candidates = append(candidates, specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d", i), Nodes: []string{nvidia.GPUNode(i)}})
-	}
+	candidates := byIndex(4)
 	topo := nvidia.Topology{{nvidia.GPUNode(0), nvidia.GPUNode(1)}: nvidia.ScoreNVLink, {nvidia.GPUNode(2), nvidia.GPUNode(3)}: nvidia.ScoreNVLink}
 	p := policy.New(shared(2, "nvidia.com/gpu=*"))
 	a := policy.NewAllocations()

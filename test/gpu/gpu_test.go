@@ -42,22 +42,8 @@ func TestRealGPU(t *testing.T) {
 	if os.Getenv(RealEnv) != "1" {
 		t.Skipf("needs an NVIDIA GPU and root: run test/gpu/run.sh on a GPU node (it sets %s=1)", RealEnv)
 	}
-	tools, err := harness.FindTools("")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	src := filepath.Join(dir, "probe.c")
-	if err := os.WriteFile(src, []byte(probe), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("cc", "-o", filepath.Join(dir, "probe"), src, "-ldl").CombinedOutput(); err != nil {
-		t.Fatalf("cc: %v\n%s", err, out)
-	}
-	files, err := harness.ProgramFiles(filepath.Join(dir, "probe"), "probe")
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := program(t, dir, "probe", probe)
 	// nvidia-smi comes from the spec; the C libraries it needs from here.
 	if smi, err := exec.LookPath("nvidia-smi"); err == nil {
 		more, err := harness.ProgramFiles(smi, "tmp/nvidia-smi-of-the-host")
@@ -66,27 +52,7 @@ func TestRealGPU(t *testing.T) {
 		}
 		files = append(files, more[1:]...)
 	}
-	image := filepath.Join(dir, "image.tar")
-	if err := harness.BuildImage(tools.Busybox, image, files...); err != nil {
-		t.Fatal(err)
-	}
-
-	specDir := filepath.Join(dir, "cdi")
-	if err := os.MkdirAll(specDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(tools.Path("nri-gpu"), "generate", "--output", filepath.Join(specDir, "nvidia.yaml")).CombinedOutput(); err != nil {
-		t.Fatalf("nri-gpu generate: %v\n%s", err, out)
-	}
-	ctd, err := harness.StartContainerd(filepath.Join(dir, "ctd"), tools, harness.Options{Image: image})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := ctd.Stop(); err != nil {
-			t.Error(err)
-		}
-	}()
+	specDir, ctd := realNode(t, dir, files)
 	config := filepath.Join(dir, "nri-gpu.yaml")
 	if err := os.WriteFile(config, []byte("cdiSpecDirs: ["+specDir+"]\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -116,4 +82,54 @@ func TestRealGPU(t *testing.T) {
 	if err != nil || !strings.Contains(out, "GPU 0:") {
 		t.Errorf("nvidia-smi -L: %v", err)
 	}
+}
+
+// program compiles the C source src as name in dir and returns it and
+// the C libraries it needs, as files of an image.
+func program(t *testing.T, dir, name, src string) []harness.File {
+	t.Helper()
+	c := filepath.Join(dir, name+".c")
+	if err := os.WriteFile(c, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cc", "-o", filepath.Join(dir, name), c, "-ldl").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, out)
+	}
+	files, err := harness.ProgramFiles(filepath.Join(dir, name), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// realNode builds an image of busybox and files, generates the spec of
+// the host's GPUs with nri-gpu (real NVML) into dir/cdi, and starts a
+// throwaway containerd with the image, stopped when the test ends.
+func realNode(t *testing.T, dir string, files []harness.File) (specDir string, ctd *harness.Containerd) {
+	t.Helper()
+	tools, err := harness.FindTools("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	image := filepath.Join(dir, "image.tar")
+	if err := harness.BuildImage(tools.Busybox, image, files...); err != nil {
+		t.Fatal(err)
+	}
+	specDir = filepath.Join(dir, "cdi")
+	if err := os.MkdirAll(specDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(tools.Path("nri-gpu"), "generate", "--output", filepath.Join(specDir, "nvidia.yaml")).CombinedOutput(); err != nil {
+		t.Fatalf("nri-gpu generate: %v\n%s", err, out)
+	}
+	ctd, err = harness.StartContainerd(filepath.Join(dir, "ctd"), tools, harness.Options{Image: image})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := ctd.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return specDir, ctd
 }

@@ -71,42 +71,8 @@ func TestRealMPS(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the driver's MPS control program: %v", err)
 	}
-	tools, err := harness.FindTools("")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	src := filepath.Join(dir, "mpsclient.c")
-	if err := os.WriteFile(src, []byte(mpsClient), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("cc", "-o", filepath.Join(dir, "mpsclient"), src, "-ldl").CombinedOutput(); err != nil {
-		t.Fatalf("cc: %v\n%s", err, out)
-	}
-	files, err := harness.ProgramFiles(filepath.Join(dir, "mpsclient"), "mpsclient")
-	if err != nil {
-		t.Fatal(err)
-	}
-	image := filepath.Join(dir, "image.tar")
-	if err := harness.BuildImage(tools.Busybox, image, files...); err != nil {
-		t.Fatal(err)
-	}
-	specDir := filepath.Join(dir, "cdi")
-	if err := os.MkdirAll(specDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(tools.Path("nri-gpu"), "generate", "--output", filepath.Join(specDir, "nvidia.yaml")).CombinedOutput(); err != nil {
-		t.Fatalf("nri-gpu generate: %v\n%s", err, out)
-	}
-	ctd, err := harness.StartContainerd(filepath.Join(dir, "ctd"), tools, harness.Options{Image: image})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := ctd.Stop(); err != nil {
-			t.Error(err)
-		}
-	}()
+	specDir, ctd := realNode(t, dir, program(t, dir, "mpsclient", mpsClient))
 	root := filepath.Join(dir, "mps")
 	config := filepath.Join(dir, "nri-gpu.yaml")
 	text := fmt.Sprintf(`cdiSpecDirs: [%s]
