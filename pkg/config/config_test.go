@@ -304,3 +304,24 @@ func TestValidateIntervals(t *testing.T) {
 		t.Errorf("1ns intervals: %v", err)
 	}
 }
+
+// TestSharingBounds: the edges of policy.sharing's values that are
+// allowed: 2 replicas, 0 (100/replicas) and 100 per cent of threads, a
+// memory limit of exactly 1Mi.
+func TestSharingBounds(t *testing.T) {
+	for _, entry := range []string{
+		"{devices: ['*'], replicas: 2}",
+		"{devices: ['*'], replicas: 2, strategy: mps, activeThreadPercentage: 0}",
+		"{devices: ['*'], replicas: 2, strategy: mps, activeThreadPercentage: 100}",
+		"{devices: ['*'], replicas: 2, strategy: mps, activeThreadPercentage: 1, pinnedMemoryLimit: 1Mi}",
+	} {
+		c, err := config.Parse([]byte("policy:\n  sharing: [" + entry + "]\n"))
+		if err != nil {
+			t.Errorf("%s: %v", entry, err)
+			continue
+		}
+		if mem, err := c.Policy.Sharing[0].PinnedMemory(); err != nil || (strings.Contains(entry, "1Mi") && mem != 1<<20) {
+			t.Errorf("%s: pinned memory %d, %v", entry, mem, err)
+		}
+	}
+}

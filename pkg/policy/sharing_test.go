@@ -99,6 +99,15 @@ func TestSharing(t *testing.T) {
 			},
 		},
 		{
+			name:   "a device the pod holds is not judged again, the others are",
+			policy: shared(2, "nvidia.com/gpu=0", "nvidia.com/gpu=GPU-0"),
+			steps: []step{
+				{pod: "b", named: []string{"1"}, want: []string{"1"}},
+				{pod: "a", named: []string{"0"}, want: []string{"0"}},
+				{pod: "a", named: []string{"0", "1"}, rule: policy.RuleExclusive, wantErr: []string{`device "nvidia.com/gpu=1" is held by pod ns/b`}},
+			},
+		},
+		{
 			name:   "all is not shared with a shared GPU's users",
 			policy: func() config.Policy { p := shared(2, "nvidia.com/gpu=*"); p.AllowAll = true; return p }(),
 			steps: []step{
@@ -138,6 +147,16 @@ func TestSharingLowered(t *testing.T) {
 	})
 	if err := a.Check(lower); err != nil {
 		t.Errorf("with as many users as replicas: %v", err)
+	}
+	// Restored users of GPU 0 by index and by UUID, shared by its index
+	// only, are within replicas: not reported.
+	_, byName := gpus()
+	restored := policy.NewAllocations()
+	if err := restored.Restore(policy.New(shared(2, "nvidia.com/gpu=0")), []policy.Holding{
+		{Pod: pod("x"), Named: []specs.Device{byName["0"]}},
+		{Pod: pod("y"), Named: []specs.Device{byName["GPU-0"]}},
+	}); err != nil {
+		t.Errorf("users of GPU 0 by index and by UUID, shared by index: %v", err)
 	}
 	// Unshared again: GPU 0's two users are reported, as exclusive says.
 	testutil.ErrorSays(t, a.Check(policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})), `pod ns/e ("nvidia.com/gpu=0") and pod ns/f ("nvidia.com/gpu=0") both hold /dev/nvidia0`)
@@ -200,5 +219,49 @@ func TestSharingLeastUsedWithTopology(t *testing.T) {
 	}
 	if got := specs.Names(g.Counted); !slices.Equal(got, []string{"nvidia.com/gpu=3", "nvidia.com/gpu=2"}) {
 		t.Errorf("got %v, want 3 (unused) with its NVLink peer 2", got)
+	}
+
+	// Fresh: 2 and 3 used once, 0 and 1 not: a count of 3 takes 0 and 1
+	// and one of the others, and its score counts the pair it must take.
+	a = policy.NewAllocations()
+	for i, name := range []string{"x", "y"} {
+		if _, err := a.Admit(p, pod(name), []specs.Device{candidates[2+i]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err = a.Admit(p, pod("z"), nil, 3, policy.Choice{Candidates: candidates, Links: topo.Links}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := specs.Names(g.Counted); !slices.Equal(got, []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=2"}) || g.Score != nvidia.ScoreNVLink {
+		t.Errorf("a count of 3: %v scoring %d, want 0, 1 (unused) and 2, scoring the 0-1 NVLink (%d)", got, g.Score, nvidia.ScoreNVLink)
+	}
+}
+
+// TestShareOf: how policy.sharing entries are read: MPS limits default to
+// an equal share of compute, time-slicing has none; the first entry
+// matching a name wins.
+func TestShareOf(t *testing.T) {
+	p := policy.New(config.Policy{Sharing: []config.Sharing{
+		{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 4, Strategy: config.StrategyTimeSlicing},
+		{Devices: []string{"nvidia.com/gpu=*"}, Replicas: 3, Strategy: config.StrategyMPS, PinnedMemoryLimit: "1Gi"},
+		{Devices: []string{"nvidia.com/gpu=1"}, Replicas: 2, Strategy: config.StrategyMPS, ActiveThreadPercentage: 70},
+	}})
+	for _, tc := range []struct {
+		name string
+		want *policy.Share
+	}{
+		{"nvidia.com/gpu=0", &policy.Share{Index: 0, Replicas: 4, Strategy: config.StrategyTimeSlicing}},
+		{"nvidia.com/gpu=1", &policy.Share{Index: 1, Replicas: 3, Strategy: config.StrategyMPS, ActiveThreadPercentage: 33, PinnedMemory: 1 << 30}},
+		{"example.com/x=1", nil},
+	} {
+		got := p.Sharing(tc.name)
+		if (got == nil) != (tc.want == nil) || (got != nil && (got.Index != tc.want.Index || got.Replicas != tc.want.Replicas || got.Strategy != tc.want.Strategy ||
+			got.ActiveThreadPercentage != tc.want.ActiveThreadPercentage || got.PinnedMemory != tc.want.PinnedMemory)) {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+	if s := policy.New(config.Policy{Sharing: []config.Sharing{{Devices: []string{"*/*"}, Replicas: 2, Strategy: config.StrategyMPS, ActiveThreadPercentage: 70}}}).Sharing("a/b=c"); s.ActiveThreadPercentage != 70 || s.String() != "policy.sharing[0] (replicas 2, mps)" {
+		t.Errorf("a set thread percentage: %+v %s", s, s)
 	}
 }
