@@ -143,6 +143,11 @@ type MPS struct {
 	// and shm, <GPU> its UUID where the spec names it so, else its name
 	// within its kind.
 	Root string `yaml:"root"`
+	// HostRoot, when set, is where nri-gpu sees the host's root
+	// directory (the chart mounts it at /host): ControlCommand then runs
+	// chrooted there, with the host's libraries, and Root must be the
+	// same directory on the host and in nri-gpu's view.
+	HostRoot string `yaml:"hostRoot"`
 }
 
 // DRA is the dra block of the configuration: nri-gpu as a Dynamic
@@ -467,6 +472,9 @@ func (m *MPS) validate() []error {
 		if !filepath.IsAbs(p) {
 			errs = append(errs, fmt.Errorf("%s: %q is not an absolute path", key, p))
 		}
+	}
+	if m.HostRoot != "" && !filepath.IsAbs(m.HostRoot) {
+		errs = append(errs, fmt.Errorf("mps.hostRoot: %q is not an absolute path", m.HostRoot))
 	}
 	return errs
 }

@@ -77,8 +77,9 @@ policy:
     pinnedMemoryLimit: 10Gi
 mps:
   daemon: managed
-  controlCommand: /run/nvidia/driver/usr/bin/nvidia-cuda-mps-control
+  controlCommand: /usr/bin/nvidia-cuda-mps-control
   root: /run/mps
+  hostRoot: /host
 devicePlugin:
   kubeletDir: /var/lib/k3s/device-plugins
   cdiDevices: cri
@@ -117,7 +118,7 @@ dra:
 						{Devices: []string{"example.com/fpga=1", "example.com/fpga=2"}, Replicas: 3, Strategy: config.StrategyMPS, ActiveThreadPercentage: 30, PinnedMemoryLimit: "10Gi"},
 					},
 				},
-				MPS: config.MPS{Daemon: config.MPSManaged, ControlCommand: "/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control", Root: "/run/mps"},
+				MPS: config.MPS{Daemon: config.MPSManaged, ControlCommand: "/usr/bin/nvidia-cuda-mps-control", Root: "/run/mps", HostRoot: "/host"},
 				DevicePlugin: config.DevicePlugin{
 					KubeletDir: "/var/lib/k3s/device-plugins", CDIDevices: config.CDICRI,
 					Resources: []config.Resource{
@@ -176,6 +177,7 @@ dra:
 		{name: "bad MPS daemon", yaml: "mps:\n  daemon: systemd\n", wantErr: []string{`mps.daemon: "systemd" is neither "external" nor "managed"`}},
 		{name: "relative MPS control", yaml: "mps:\n  controlCommand: nvidia-cuda-mps-control\n", wantErr: []string{`mps.controlCommand: "nvidia-cuda-mps-control" is not an absolute path`}},
 		{name: "relative MPS root", yaml: "mps:\n  root: mps\n", wantErr: []string{`mps.root: "mps" is not an absolute path`}},
+		{name: "relative host root", yaml: "mps:\n  hostRoot: host\n", wantErr: []string{`mps.hostRoot: "host" is not an absolute path`}},
 		{name: "two documents", yaml: "defaultKind: a.com/b\n---\ndefaultKind: c.com/d\n", wantErr: []string{"more than one YAML document"}},
 		{
 			name:    "all problems at once",

@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -51,6 +52,22 @@ type Daemon struct {
 	// GPU is what CUDA_VISIBLE_DEVICES names the GPU by for the daemon
 	// (its UUID); empty leaves the variable unset.
 	GPU string
+	// Root, when set, is the host's root directory as the caller sees
+	// it: Control runs chrooted there (it is a path of the host's, and
+	// finds the host's libraries), and Dir is then the same path on the
+	// host and here.
+	Root string
+}
+
+// command returns Control run with args in the daemon's environment,
+// chrooted into Root when set.
+func (d Daemon) command(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, d.Control, args...)
+	cmd.Env = d.env()
+	if d.Root != "" {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: d.Root}
+	}
+	return cmd
 }
 
 // PipeDir, LogDir and ShmDir are the daemon's directories on the host.
@@ -138,8 +155,7 @@ func (d Daemon) Ask(ctx context.Context, command string) (string, error) {
 	if _, err := os.Stat(d.PipeDir()); err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(ctx, d.Control)
-	cmd.Env = d.env()
+	cmd := d.command(ctx)
 	cmd.Stdin = strings.NewReader(command + "\n")
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -154,8 +170,8 @@ func (d Daemon) Ask(ctx context.Context, command string) (string, error) {
 
 // Start makes the daemon's directories and starts it in the background
 // (nvidia-cuda-mps-control -d) through start, which runs the command it
-// is given with ShmDir as its /dev/shm, then makes the limits its
-// clients' defaults.
+// is given (chrooted into Root when its SysProcAttr says so) with ShmDir
+// as its /dev/shm, then makes the limits its clients' defaults.
 func (d Daemon) Start(ctx context.Context, l Limits, start func(shm string, cmd *exec.Cmd) error) error {
 	for _, dir := range []string{d.PipeDir(), d.LogDir(), d.ShmDir()} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -165,8 +181,7 @@ func (d Daemon) Start(ctx context.Context, l Limits, start func(shm string, cmd 
 	if err := os.Chmod(d.ShmDir(), 0o777|os.ModeSticky); err != nil {
 		return fmt.Errorf("MPS daemon of %s: %w", d.Dir, err)
 	}
-	cmd := exec.CommandContext(ctx, d.Control, "-d")
-	cmd.Env = d.env()
+	cmd := d.command(ctx, "-d")
 	if err := start(d.ShmDir(), cmd); err != nil {
 		return fmt.Errorf("starting %s -d for %s: %w", d.Control, d.Dir, err)
 	}

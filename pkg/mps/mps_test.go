@@ -48,8 +48,11 @@ func TestDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	for _, gpu := range []string{"GPU-1234", ""} {
-		d := mps.Daemon{Control: ctl, Dir: filepath.Join(t.TempDir(), "gpu"), GPU: gpu}
+	for _, tc := range []struct{ gpu, root string }{{"GPU-1234", ""}, {"", ""}, {"GPU-5678", "/"}} {
+		gpu := tc.gpu
+		// Root "/": run chrooted into this machine's root, as into a
+		// host's mounted in nri-gpu's container.
+		d := mps.Daemon{Control: ctl, Dir: filepath.Join(t.TempDir(), "gpu"), GPU: gpu, Root: tc.root}
 		err := d.Running(ctx)
 		if !errors.Is(err, mps.ErrNotRunning) {
 			t.Fatalf("before it starts: %v, want ErrNotRunning", err)

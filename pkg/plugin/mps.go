@@ -67,7 +67,7 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 	return &mpsGPU{
 		device: d.Name,
 		share:  share,
-		daemon: mps.Daemon{Control: st.cfg.MPS.ControlCommand, Dir: filepath.Join(st.cfg.MPS.Root, dir), GPU: uuid},
+		daemon: mps.Daemon{Control: st.cfg.MPS.ControlCommand, Dir: filepath.Join(st.cfg.MPS.Root, dir), GPU: uuid, Root: st.cfg.MPS.HostRoot},
 		limits: mps.Limits{ActiveThreadPercentage: share.ActiveThreadPercentage, PinnedMemoryMiB: memory >> 20},
 	}, nil
 }
@@ -223,11 +223,16 @@ func (p *Plugin) keepMPSDaemons(ctx context.Context) {
 
 // startInShm runs cmd (nvidia-cuda-mps-control -d) through nri-gpu's
 // "mps-shm" command in a mount namespace of its own, where shm is
-// mounted on /dev/shm: the daemon, the server it starts and the clients
-// (which get shm as their /dev/shm) then share it.
+// mounted on /dev/shm (of the root cmd chroots into, which mps-shm then
+// does): the daemon, the server it starts and the clients (which get shm
+// as their /dev/shm) then share it.
 func startInShm(self string) func(shm string, cmd *exec.Cmd) error {
 	return func(shm string, cmd *exec.Cmd) error {
-		cmd.Args = append([]string{self, MPSShmCommand, shm, cmd.Path}, cmd.Args[1:]...)
+		args := []string{self, MPSShmCommand}
+		if cmd.SysProcAttr != nil && cmd.SysProcAttr.Chroot != "" {
+			args = append(args, "--root", cmd.SysProcAttr.Chroot)
+		}
+		cmd.Args = append(append(args, shm, cmd.Path), cmd.Args[1:]...)
 		cmd.Path = self
 		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
 		out, err := cmd.CombinedOutput()

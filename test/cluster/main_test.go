@@ -75,11 +75,14 @@ config:
   dra:
     enabled: true
   # MPS daemons nri-gpu runs, once a test shares GPUs with MPS: the
-  # stand-in control program the test puts in the state directory.
+  # stand-in control program the test puts on the node, where nri-gpu's
+  # container has no such path: it runs chrooted into the node's root, as
+  # the driver's would.
   mps:
     daemon: managed
-    controlCommand: /run/nri-gpu/bin/mps-control
+    controlCommand: /var/lib/mps-standin/nvidia-cuda-mps-control
     root: /run/nri-gpu/mps
+    hostRoot: /host
 dra:
   # No kube-proxy here: the harness forwards this port of nri-gpu's pods
   # to the API server (harness.PodForwarder).

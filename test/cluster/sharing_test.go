@@ -18,8 +18,10 @@ import (
 // TestSharedReplicasPlaced: a helm upgrade shares every GPU two ways with
 // MPS (nri-gpu reloads; its pods are not replaced). nri-gpu, in its pod,
 // starts a control daemon per GPU (a stand-in for nvidia-cuda-mps-control
-// that records how it was started: the GPU's UUID, the limits as its
-// defaults, the GPU's shm directory as its /dev/shm), and its device
+// at a path of the node's that only the node's root mounted in the pod
+// has, run chrooted there as the chart's mps.hostRoot says; it records
+// how it was started: the GPU's UUID, the limits as its defaults, the
+// GPU's shm directory as its /dev/shm), and its device
 // plugin offers two replicas per GPU: allocatable 4 and 8. A Deployment
 // of 12 one-GPU pods is placed by the scheduler 4 and 8, each pod sees
 // one GPU with its MPS client environment and daemon directories, every
@@ -36,14 +38,19 @@ func TestSharedReplicasPlaced(t *testing.T) {
 		return filepath.Join(n.Dir, "run", "nri-gpu", "mps", harness.UUID(gpu))
 	}
 	for _, n := range nodes {
-		bin := filepath.Join(n.Dir, "run", "nri-gpu", "bin", "mps-control")
+		// The node's /var/lib/mps-standin, which nri-gpu's container
+		// reaches only through the node's root (mps.hostRoot).
+		bin := filepath.Join(n.Dir, "var-lib", "mps-standin", "nvidia-cuda-mps-control")
 		if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(bin, standin, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = os.RemoveAll(filepath.Join(n.Dir, "run", "nri-gpu", "mps")) })
+		t.Cleanup(func() {
+			_ = os.RemoveAll(filepath.Dir(bin))
+			_ = os.RemoveAll(filepath.Join(n.Dir, "run", "nri-gpu", "mps"))
+		})
 	}
 	before := nriPods(t)
 	shared := filepath.Join(env.dir, "shared-values.yaml")

@@ -8,6 +8,7 @@
 package helm
 
 import (
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -341,35 +342,50 @@ func TestDRAValues(t *testing.T) {
 // TestMPSValues: with a GPU shared with MPS the chart mounts the daemons'
 // root at its host path (nri-gpu hands its directories to clients by
 // that path) and, for daemons nri-gpu manages, adds CAP_SYS_ADMIN (each
-// daemon's /dev/shm is mounted in a namespace of its own) and nothing
-// else; without MPS, neither.
+// daemon's /dev/shm is mounted in a namespace of its own) and, with
+// mps.hostRoot, CAP_SYS_CHROOT and the host's root read-only there with
+// the daemons' root writable inside it; nothing else; without MPS,
+// neither.
 func TestMPSValues(t *testing.T) {
 	for _, tc := range []struct {
 		values, root string
-		sysAdmin     bool
+		caps         []corev1.Capability
+		mounts       map[string]string // mount path -> volume
 	}{
-		{"", "", false},
-		{"ci/multitenant-values.yaml", "", false},
-		{"ci/mps-values.yaml", "/run/nri-gpu-mps", true},
+		{"", "", nil, nil},
+		{"ci/multitenant-values.yaml", "", nil, nil},
+		{"ci/mps-values.yaml", "/run/nri-gpu-mps", []corev1.Capability{"SYS_ADMIN", "SYS_CHROOT"},
+			map[string]string{"/run/nri-gpu-mps": "mps", "/host": "host-root", "/host/run/nri-gpu-mps": "mps"}},
 	} {
 		r := render(t, tc.values)
-		if len(parseConfig(t, r.configMap).Policy.Sharing) > 0 != (tc.root != "") {
+		if cfg := parseConfig(t, r.configMap); len(cfg.Policy.Sharing) > 0 != (tc.root != "") {
 			t.Fatalf("%s: sharing in the rendered config does not match the case", tc.values)
 		}
 		spec := r.daemonSet.Spec.Template.Spec
-		var root string
+		hostPath := map[string]string{}
 		for _, v := range spec.Volumes {
-			if v.Name == "mps" && v.HostPath != nil {
-				root = v.HostPath.Path
+			if v.HostPath != nil {
+				hostPath[v.Name] = v.HostPath.Path
 			}
 		}
-		mounted := slices.ContainsFunc(spec.Containers[0].VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "mps" && m.MountPath == tc.root })
-		if root != tc.root || (tc.root != "" && !mounted) {
-			t.Errorf("%s: MPS root host path %q (mounted at it: %v), want %q", tc.values, root, mounted, tc.root)
+		if hostPath["mps"] != tc.root || (tc.root != "" && hostPath["host-root"] != "/") {
+			t.Errorf("%s: MPS root host path %q, host root %q; want %q and /", tc.values, hostPath["mps"], hostPath["host-root"], tc.root)
+		}
+		mounts := map[string]string{}
+		for _, m := range spec.Containers[0].VolumeMounts {
+			if m.Name == "mps" || m.Name == "host-root" {
+				mounts[m.MountPath] = m.Name
+				if m.ReadOnly != (m.Name == "host-root") {
+					t.Errorf("%s: %s mounted read-only: %v", tc.values, m.MountPath, m.ReadOnly)
+				}
+			}
+		}
+		if len(tc.mounts) > 0 && !maps.Equal(mounts, tc.mounts) || len(tc.mounts) == 0 && len(mounts) > 0 {
+			t.Errorf("%s: MPS mounts %v, want %v", tc.values, mounts, tc.mounts)
 		}
 		caps := spec.Containers[0].SecurityContext.Capabilities
-		if got := slices.Contains(caps.Add, "SYS_ADMIN"); got != tc.sysAdmin || len(caps.Add) > 1 || !slices.Equal(caps.Drop, []corev1.Capability{"ALL"}) {
-			t.Errorf("%s: capabilities %+v, want SYS_ADMIN added: %v", tc.values, caps, tc.sysAdmin)
+		if !slices.Equal(caps.Add, tc.caps) || !slices.Equal(caps.Drop, []corev1.Capability{"ALL"}) {
+			t.Errorf("%s: capabilities %+v, want %v added", tc.values, caps, tc.caps)
 		}
 	}
 }

@@ -53,3 +53,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "nri-gpu.mpsDaemon" -}}
 {{- ((.Values.config.mps | default dict).daemon) | default "external" }}
 {{- end }}
+
+{{/* Where nri-gpu sees the host's root for its MPS daemons, or "". */}}
+{{- define "nri-gpu.mpsHostRoot" -}}
+{{- ((.Values.config.mps | default dict).hostRoot) | default "" }}
+{{- end }}
