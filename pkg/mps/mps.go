@@ -185,6 +185,12 @@ func (d Daemon) Start(ctx context.Context, l Limits, start func(shm string, cmd 
 	if err := start(d.ShmDir(), cmd); err != nil {
 		return fmt.Errorf("starting %s -d for %s: %w", d.Control, d.Dir, err)
 	}
+	return d.SetLimits(ctx, l)
+}
+
+// SetLimits makes l the defaults of the clients of the daemon's next
+// server (MPS applies defaults when it starts a server).
+func (d Daemon) SetLimits(ctx context.Context, l Limits) error {
 	for _, c := range l.Commands() {
 		if _, err := d.Ask(ctx, c); err != nil {
 			return fmt.Errorf("MPS daemon of %s: %w", d.Dir, err)

@@ -180,7 +180,19 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 	for _, dir := range slices.Sorted(maps.Keys(want)) {
 		g := want[dir]
 		if g.daemon.Running(ctx) == nil {
-			p.mpsStarted[dir] = g.daemon
+			// Found answering (started by an nri-gpu before this one),
+			// or with other limits since a reload: its defaults are
+			// set again, for its next server (MPS applies them to a
+			// server it starts, not to one running).
+			if had, ok := p.mpsStarted[dir]; !ok || had.limits != g.limits {
+				if err := g.daemon.SetLimits(ctx, g.limits); err != nil {
+					warn(fmt.Sprintf("MPS daemon of %s: %v", g.device, err))
+					continue
+				}
+				p.log.WithFields(map[string]any{"device": g.device, "activeThreadPercentage": g.limits.ActiveThreadPercentage, "pinnedMemoryMiB": g.limits.PinnedMemoryMiB}).
+					Info("set the MPS control daemon's limits, for its next server")
+			}
+			p.mpsStarted[dir] = g
 			continue
 		}
 		if g.daemon.GPU == "" {
@@ -191,7 +203,7 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 			warn(fmt.Sprintf("MPS daemon of %s not started: %v", g.device, err))
 			continue
 		}
-		p.mpsStarted[dir] = g.daemon
+		p.mpsStarted[dir] = g
 		p.log.WithFields(map[string]any{"device": g.device, "pipe": g.daemon.PipeDir(), "activeThreadPercentage": g.limits.ActiveThreadPercentage, "pinnedMemoryMiB": g.limits.PinnedMemoryMiB}).
 			Info("started MPS control daemon")
 	}
@@ -199,7 +211,7 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 		if _, ok := want[dir]; ok {
 			continue
 		}
-		if err := p.mpsStarted[dir].Stop(ctx); err != nil {
+		if err := p.mpsStarted[dir].daemon.Stop(ctx); err != nil {
 			warn(fmt.Sprintf("stopping the MPS daemon of %s, no longer shared with MPS: %v", dir, err))
 		} else {
 			p.log.WithField("dir", dir).Info("stopped MPS control daemon: its GPU is no longer shared with MPS")

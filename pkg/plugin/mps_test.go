@@ -217,6 +217,25 @@ func TestMPSManaged(t *testing.T) {
 	}
 	testutil.Within(t, 10*time.Second, "GPU 1's daemon started again", func() bool { return running(1) })
 
+	// A reload that changes the limits sets them on the running daemons,
+	// for their next servers.
+	lower, err := config.Parse([]byte(mpsConfig(ctl, root, "managed", "1Gi")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.plugin.Reload(lower); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 10*time.Second, "the new limits set on both daemons", func() bool {
+		for i := range 2 {
+			data, _ := os.ReadFile(filepath.Join(dirOf(i), "pipe", mpsstandin.Defaults))
+			if !strings.HasSuffix(string(data), "set_default_active_thread_percentage 33\nset_default_device_pinned_mem_limit 0 1024M\n") {
+				return false
+			}
+		}
+		return true
+	})
+
 	unshared, err := config.Parse([]byte("healthInterval: 100ms\npolicy: {exclusive: true}\nmps: {daemon: managed, controlCommand: " + ctl + ", root: " + root + "}\n"))
 	if err != nil {
 		t.Fatal(err)

@@ -27,7 +27,6 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
-	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
@@ -114,8 +113,9 @@ type Plugin struct {
 	mpsStart func(shm string, cmd *exec.Cmd) error
 	mpsMu    sync.Mutex
 	// mpsStarted are the daemons nri-gpu started or found answering, by
-	// directory; mpsWarned the problems logged while they last.
-	mpsStarted map[string]mps.Daemon
+	// directory, with the limits set on them; mpsWarned the problems
+	// logged while they last.
+	mpsStarted map[string]*mpsGPU
 	mpsWarned  map[string]bool
 
 	gpusOnce sync.Once
@@ -143,7 +143,7 @@ type state struct {
 
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
-	p := &Plugin{log: log, alloc: policy.NewAllocations(), mpsStarted: map[string]mps.Daemon{}}
+	p := &Plugin{log: log, alloc: policy.NewAllocations(), mpsStarted: map[string]*mpsGPU{}}
 	if self, err := os.Executable(); err == nil {
 		p.hookPath = self
 		p.mpsStart = startInShm(self)
