@@ -63,7 +63,7 @@ func (r *Resource) Devices() []deviceplugin.Device {
 			continue
 		}
 		ok := r.p.free(snap, c, nil)
-		users, none := r.p.alloc.Apart(st.policy, c)
+		users, none := r.p.alloc.Apart(c)
 		for k := range share.Replicas {
 			rid := deviceplugin.ReplicaID(id, k)
 			healthy[rid] = ok && !none && k < share.Replicas-users

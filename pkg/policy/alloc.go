@@ -799,12 +799,12 @@ func (a *Allocations) Withheld() []specs.Device {
 	return out
 }
 
-// Apart returns how many of the replicas of device d, shared by p, are
+// Apart returns how many of the replicas of the shared device d are
 // used other than through kubelet (by pods that asked by annotation or
 // count, by claims), and whether it is held so that no replica is left
 // (held alone, or hardware overlapping it held): what a device plugin
 // must not offer kubelet beside its own allocations.
-func (a *Allocations) Apart(p *Policy, d specs.Device) (users int, none bool) {
+func (a *Allocations) Apart(d specs.Device) (users int, none bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	seen := map[string]bool{}
