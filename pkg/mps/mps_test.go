@@ -52,7 +52,7 @@ func TestDaemon(t *testing.T) {
 		gpu := tc.gpu
 		// Root "/": run chrooted into this machine's root, as into a
 		// host's mounted in nri-gpu's container.
-		d := mps.Daemon{Control: ctl, Dir: filepath.Join(t.TempDir(), "gpu"), GPU: gpu, Root: tc.root}
+		d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu"), GPU: gpu, Root: tc.root}
 		err := d.Running(ctx)
 		if !errors.Is(err, mps.ErrNotRunning) {
 			t.Fatalf("before it starts: %v, want ErrNotRunning", err)
@@ -99,7 +99,7 @@ func TestStartFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	d := mps.Daemon{Control: ctl, Dir: filepath.Join(t.TempDir(), "gpu")}
+	d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu")}
 	err = d.Start(ctx, mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1}, func(string, *exec.Cmd) error { return errors.New("no namespace") })
 	testutil.ErrorSays(t, err, "starting "+ctl+" -d for "+d.Dir, "no namespace")
 	// Started, but gone before its limits are set.
