@@ -206,6 +206,11 @@ func Kill(pipe string) error {
 	if _, err := fmt.Sscan(string(data), &pid); err != nil {
 		return err
 	}
+	// Only a stand-in daemon: a pid file left by a killed one may name
+	// another process by now.
+	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err != nil || !strings.Contains(string(cmdline), serve) {
+		return fmt.Errorf("pid %d is no stand-in daemon", pid)
+	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return err
 	}

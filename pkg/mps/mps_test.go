@@ -53,6 +53,8 @@ func TestDaemon(t *testing.T) {
 		// Root "/": run chrooted into this machine's root, as into a
 		// host's mounted in nri-gpu's container.
 		d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu"), GPU: gpu, Root: tc.root}
+		// Whatever the test finds, no daemon outlives it.
+		t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
 		err := d.Running(ctx)
 		if !errors.Is(err, mps.ErrNotRunning) {
 			t.Fatalf("before it starts: %v, want ErrNotRunning", err)
@@ -100,6 +102,7 @@ func TestStartFails(t *testing.T) {
 	}
 	ctx := context.Background()
 	d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu")}
+	t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
 	err = d.Start(ctx, mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1}, func(string, *exec.Cmd) error { return errors.New("no namespace") })
 	testutil.ErrorSays(t, err, "starting "+ctl+" -d for "+d.Dir, "no namespace")
 	// Started, but gone before its limits are set.

@@ -246,11 +246,14 @@ func TestMPSManaged(t *testing.T) {
 	testutil.Within(t, 10*time.Second, "both daemons stopped", func() bool { return !running(0) && !running(1) })
 }
 
-// quitAll has every stand-in daemon under root quit.
+// quitAll has every stand-in daemon under root quit, or killed where
+// it does not quit.
 func quitAll(root string) {
 	dirs, _ := filepath.Glob(filepath.Join(root, "*"))
 	for _, d := range dirs {
-		_ = (mps.Daemon{Control: standinPath, Dir: d}).Stop(context.Background())
+		if (mps.Daemon{Control: standinPath, Dir: d}).Stop(context.Background()) != nil {
+			_ = mpsstandin.Kill(filepath.Join(d, "pipe"))
+		}
 	}
 }
 
