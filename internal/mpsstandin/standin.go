@@ -20,13 +20,12 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 )
 
 // Files the stand-in keeps.
 const (
-	// Socket, in the pipe directory, is where its daemon listens (the
-	// real daemon's name for it).
-	Socket = "control"
 	// PidFile, in the pipe directory, holds its daemon's pid (the real
 	// daemon's name for it).
 	PidFile = "nvidia-cuda-mps-control.pid"
@@ -72,7 +71,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		if cmd == "" {
 			continue
 		}
-		conn, err := net.Dial("unix", filepath.Join(pipe, Socket))
+		conn, err := net.Dial("unix", filepath.Join(pipe, mps.ControlSocket))
 		if err != nil {
 			fmt.Fprintln(stdout, "Cannot find MPS control daemon process")
 			return 1
@@ -122,7 +121,7 @@ func (s standin) start() error {
 		return err
 	}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if conn, err := net.Dial("unix", filepath.Join(s.pipe, Socket)); err == nil {
+		if conn, err := net.Dial("unix", filepath.Join(s.pipe, mps.ControlSocket)); err == nil {
 			conn.Close()
 			return cmd.Process.Release()
 		}
@@ -133,7 +132,7 @@ func (s standin) start() error {
 
 // serve is the daemon: it answers each connection's command until quit.
 func (s standin) serve() error {
-	sock := filepath.Join(s.pipe, Socket)
+	sock := filepath.Join(s.pipe, mps.ControlSocket)
 	_ = os.Remove(sock)
 	l, err := net.Listen("unix", sock)
 	if err != nil {

@@ -116,23 +116,21 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, but %v; nri-gpu does not give an MPS-shared GPU unbounded: %s",
 			ErrMPS, g.device, g.share, err, how)
 	}
-	mount := func(host, ctr string, opts ...string) cdispec.Mount {
-		return cdispec.Mount{HostPath: host, ContainerPath: ctr, Type: "bind", Options: append([]string{"rbind", "nosuid", "nodev"}, opts...)}
+	mount := func(host, ctr string, opts ...string) *cdispec.Mount {
+		return &cdispec.Mount{HostPath: host, ContainerPath: ctr, Type: "bind", Options: append([]string{"rbind", "nosuid", "nodev"}, opts...)}
 	}
 	return []adjust.Extra{{
 		Name: fmt.Sprintf("MPS of %s", g.device),
 		Edits: &cdispec.ContainerEdits{
 			Env: mps.ClientEnv(g.limits),
 			Mounts: []*cdispec.Mount{
-				ptr(mount(g.daemon.PipeDir(), mps.ClientPipeDir, "rw")),
-				ptr(mount(g.daemon.LogDir(), mps.ClientLogDir, "ro")),
-				ptr(mount(g.daemon.ShmDir(), mps.ClientShmDir, "rw")),
+				mount(g.daemon.PipeDir(), mps.ClientPipeDir, "rw"),
+				mount(g.daemon.LogDir(), mps.ClientLogDir, "ro"),
+				mount(g.daemon.ShmDir(), mps.ClientShmDir, "rw"),
 			},
 		},
 	}}, nil
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // mpsDaemons returns the daemons of every GPU the policy shares with
 // MPS, by directory, and the problems of those it cannot bound.

@@ -340,11 +340,10 @@ func sameHardware(a, b specs.Device) bool {
 
 // choose picks count free candidates that ch.Usable accepts, one name
 // per device and no shared one the pod uses already (mine): the least
-// used first
-// (shared devices by how many pods use them), then the first in order,
-// or, for more than one device where ch.Links is known, the set whose
-// pairs score highest among the least used (ties keep spec order). It
-// returns them and their score.
+// used first (shared devices by how many pods use them), then the first
+// in order, or, for more than one device where ch.Links is known, the
+// set whose pairs score highest among the least used (ties keep spec
+// order). It returns them and their score.
 func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses []string, mine []specs.Device) ([]specs.Device, int, Considered, error) {
 	var (
 		free, seen []specs.Device
@@ -805,12 +804,27 @@ func (a *Allocations) Withheld() []specs.Device {
 // (held alone, or hardware overlapping it held): what a device plugin
 // must not offer kubelet beside its own allocations.
 func (a *Allocations) Apart(d specs.Device) (users int, none bool) {
+	return a.sharedUse(d, func(u user) bool { return u.kubelet })
+}
+
+// PodUsers returns how many pods use the shared device d (whichever door
+// they came through; claims not counted), and whether a pod holds it so
+// that it cannot be shared (alone, or hardware overlapping it): for a DRA
+// driver offering a shared device while a replica is left.
+func (a *Allocations) PodUsers(d specs.Device) (pods int, none bool) {
+	return a.sharedUse(d, func(u user) bool { return u.claim != nil })
+}
+
+// sharedUse counts the holders of the shared device d but those skip
+// leaves out, one per pod or claim, and says whether one of them holds it
+// so that no replica is left (held alone, or hardware overlapping it).
+func (a *Allocations) sharedUse(d specs.Device, skip func(user) bool) (users int, none bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	seen := map[string]bool{}
 	for _, u := range a.users("", d, nil) {
 		switch {
-		case u.kubelet:
+		case skip(u):
 		case u.sole || !sameHardware(*u.dev, d):
 			none = true
 		case !seen[u.key()]:
@@ -819,27 +833,6 @@ func (a *Allocations) Apart(d specs.Device) (users int, none bool) {
 		}
 	}
 	return users, none
-}
-
-// PodUsers returns how many pods use the shared device d (whichever door
-// they came through; claims not counted), and whether a pod holds it so
-// that it cannot be shared (alone, or hardware overlapping it): for a DRA
-// driver offering a shared device while a replica is left.
-func (a *Allocations) PodUsers(d specs.Device) (pods int, none bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	seen := map[string]bool{}
-	for _, u := range a.users("", d, nil) {
-		switch {
-		case u.claim != nil:
-		case u.sole || !sameHardware(*u.dev, d):
-			none = true
-		case !seen[u.key()]:
-			seen[u.key()] = true
-			pods++
-		}
-	}
-	return pods, none
 }
 
 // Users returns who holds device d's hardware (whichever of its names),

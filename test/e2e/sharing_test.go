@@ -112,7 +112,7 @@ func TestSharingWithMPS(t *testing.T) {
 		}
 		// What the container sees: its daemon's pipe directory, and the
 		// daemon's /dev/shm.
-		if out, err := ctd.Exec(id, "sh", "-c", "test -S /tmp/nvidia-mps/"+mpsstandin.Socket+" && cat /dev/shm/"+mpsstandin.Started); err != nil || !strings.Contains(out, filepath.Join(dir(0), "pipe")) {
+		if out, err := ctd.Exec(id, "sh", "-c", "test -S /tmp/nvidia-mps/"+mps.ControlSocket+" && cat /dev/shm/"+mpsstandin.Started); err != nil || !strings.Contains(out, filepath.Join(dir(0), "pipe")) {
 			t.Errorf("inside pod %s's container: %q, %v", pod.Name, out, err)
 		}
 	}
