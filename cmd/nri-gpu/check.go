@@ -8,7 +8,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 
 	"github.com/nri-gpu/nri-gpu/pkg/doctor"
-	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/record"
 )
 
 // runCheck checks the node and prints each finding; it exits 1 on a FAIL.
@@ -19,7 +19,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	var (
 		socketPath = fs.String("socket-path", api.DefaultSocketPath, "NRI socket")
 		ctdConfig  = fs.String("containerd-config", "/etc/containerd/config.toml", `containerd's config.toml ("" to skip)`)
-		stateFile  = fs.String("state-file", plugin.DefaultStateFile, `nri-gpu's state file, read and never written ("" to skip)`)
+		stateFile  = fs.String("state-file", record.DefaultPath, `nri-gpu's state file, read and never written ("" to skip)`)
 	)
 	if code, done := parseFlags(fs, args); done {
 		return code
@@ -37,7 +37,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	in.Config = cfg
 	if *stateFile != "" {
-		rebuilt, damaged, err := plugin.InspectRecord(*stateFile)
+		rebuilt, damaged, err := record.Inspect(*stateFile)
 		in.Record = &doctor.Record{Path: *stateFile, Err: err, Rebuilt: rebuilt, Damaged: damaged}
 	}
 	findings := doctor.Run(in)

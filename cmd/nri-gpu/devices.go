@@ -10,6 +10,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/record"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
@@ -22,7 +23,7 @@ func runDevices(args []string, stdout, stderr io.Writer) int {
 	flags := addConfigFlags(fs)
 	var (
 		driverRoot = fs.String("driver-root", config.DefaultDriverRoot, "root of the driver's files, for NVML")
-		stateFile  = fs.String("state-file", plugin.DefaultStateFile, "nri-gpu's state file, read and never written, for who shares each shared device")
+		stateFile  = fs.String("state-file", record.DefaultPath, "nri-gpu's state file, read and never written, for who shares each shared device")
 	)
 	if code, done := parseFlags(fs, args); done {
 		return code

@@ -18,6 +18,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/record"
 )
 
 // runPlugin runs the plugin with the given command-line arguments.
@@ -33,7 +34,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 		logFormat  = fs.String("log-format", "text", "log format: text or json")
 		generate   = fs.Bool("generate-specs", false, "generate the CDI spec of the node's NVIDIA GPUs with NVML (config generateSpecs)")
 		metricsAt  = fs.String("metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, and the probes /healthz and /readyz (off when empty)")
-		stateFile  = fs.String("state-file", plugin.DefaultStateFile, "file in which the plugin keeps which pod holds which devices, for a restart (none when empty)")
+		stateFile  = fs.String("state-file", record.DefaultPath, "file in which the plugin keeps which pod holds which devices, for a restart (none when empty)")
 	)
 	if code, done := parseFlags(fs, args); done {
 		return code

@@ -8,6 +8,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
+	"github.com/nri-gpu/nri-gpu/pkg/record"
 )
 
 // Option tunes a Plugin.
@@ -36,14 +37,14 @@ func WithHookPath(path string) Option { return func(p *Plugin) { p.hookPath = pa
 // Without it, a restarted plugin learns it from the device nodes of the
 // containers it gave devices only.
 func WithStateFile(path string) Option {
-	return func(p *Plugin) { p.saved = &stateFile{path: path} }
+	return func(p *Plugin) { p.saved = record.Open(path) }
 }
 
 // WithRecord has the plugin start from what the state file at path says
 // pods and DRA claims hold (HoldRecorded), and never write it: for
 // nri-gpu explain, beside the running plugin.
 func WithRecord(path string) Option {
-	return func(p *Plugin) { p.saved = &stateFile{path: path, readOnly: true} }
+	return func(p *Plugin) { p.saved = record.OpenReadOnly(path) }
 }
 
 // WithSysfs has the DRA driver's view look PCIe roots up in sysfs

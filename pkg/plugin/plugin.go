@@ -28,6 +28,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/record"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
@@ -66,7 +67,7 @@ type Plugin struct {
 	// alloc outlives configurations.
 	alloc *policy.Allocations
 	// saved keeps alloc across restarts; nil when there is no state file.
-	saved *stateFile
+	saved *record.File
 	// lost says the state file could not be read back at start.
 	lost atomic.Bool
 	// pending are the pods' holdings read from saved at start, until the
@@ -157,16 +158,17 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	}
 	p.st = st
 	if p.saved != nil {
-		if !p.saved.readOnly {
-			if err := p.saved.acquire(); err != nil {
+		if !p.saved.ReadOnly() {
+			if err := p.saved.Lock(); err != nil {
 				st.specs.Close()
 				return nil, err
 			}
 		}
-		pods, claims, err := p.saved.load()
+		kept, err := p.saved.Load()
 		if err != nil {
 			p.recordLost(err)
 		}
+		pods, claims := kept.Pods, kept.Claims
 		if err := p.alloc.RestoreClaims(st.policy, claims); err != nil {
 			p.log.Warn(err)
 		}
@@ -184,8 +186,8 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 // in a running container is then held by its pod alone (Synchronize).
 func (p *Plugin) recordLost(err error) {
 	kept := "left where it is"
-	if !p.saved.readOnly {
-		aside, aerr := p.saved.setAside()
+	if !p.saved.ReadOnly() {
+		aside, aerr := p.saved.SetAside()
 		if aerr != nil {
 			kept = aerr.Error()
 		} else {
@@ -270,7 +272,7 @@ func (p *Plugin) connectedRuntime() adjust.Runtime {
 func (p *Plugin) Close() {
 	p.state().specs.Close()
 	if p.saved != nil {
-		p.saved.release()
+		p.saved.Unlock()
 	}
 }
 
@@ -361,6 +363,10 @@ func (p *Plugin) parseRuntimeConfig(cfg string) (*state, error) {
 	}
 	return st, nil
 }
+
+// ErrNotRecorded is wrapped by the error of a request whose grant could
+// not be written to the state file: it is not given.
+var ErrNotRecorded = errors.New("could not be recorded")
 
 // ErrStartOnly is wrapped by Reload's error for a configuration that
 // changes what only a start reads.
@@ -908,14 +914,14 @@ func (p *Plugin) HoldRecorded() error {
 
 // record returns what the state file keeps: the pods' holdings (those
 // read at start, while they are pending) and the prepared claims.
-func (p *Plugin) record() ([]policy.Holding, []policy.ClaimHolding) {
+func (p *Plugin) record() record.Content {
 	p.mu.RLock()
 	pending, restoring := p.pending, p.restoring
 	p.mu.RUnlock()
 	if restoring {
-		return pending, p.alloc.Claims()
+		return record.Content{Pods: pending, Claims: p.alloc.Claims()}
 	}
-	return p.alloc.Holdings(), p.alloc.Claims()
+	return record.Content{Pods: p.alloc.Holdings(), Claims: p.alloc.Claims()}
 }
 
 // held records what pods hold: in the state file, and in the
@@ -924,7 +930,7 @@ func (p *Plugin) record() ([]policy.Holding, []policy.ClaimHolding) {
 func (p *Plugin) held() error {
 	var err error
 	if p.saved != nil {
-		if err = p.saved.save(p.record); err != nil {
+		if err = p.saved.Save(p.record); err != nil {
 			p.log.Errorf("what pods hold is not kept for a restart: %v", err)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/record"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
@@ -210,8 +211,8 @@ func TestSecondPluginRefused(t *testing.T) {
 	}
 	_, err := plugin.New(config.Default(), discard(), plugin.WithStateFile(state))
 	testutil.ErrorSays(t, err, state, "in use by another nri-gpu", "pid "+strconv.Itoa(os.Getpid()))
-	if !errors.Is(err, plugin.ErrStateLocked) {
-		t.Errorf("%v does not wrap ErrStateLocked", err)
+	if !errors.Is(err, record.ErrLocked) {
+		t.Errorf("%v does not wrap record.ErrLocked", err)
 	}
 	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
 	if _, _, err := first.CreateContainer(context.Background(), pod, ctrOf(pod, nil)); err != nil {

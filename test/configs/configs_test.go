@@ -17,6 +17,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/record"
 )
 
 const dir = "../../config"
@@ -151,7 +152,7 @@ func TestSystemdUnit(t *testing.T) {
 	unit := string(read(t, "systemd/nri-gpu.service"))
 	for _, want := range []string{"After=containerd.service", "Restart=always", "ExecStart=/usr/local/bin/nri-gpu --config /etc/nri-gpu/config.yaml", "WantedBy=multi-user.target",
 		// The state dir, /run/nri-gpu, writable and kept across restarts.
-		"RuntimeDirectory=" + filepath.Base(filepath.Dir(plugin.DefaultStateFile)), "RuntimeDirectoryPreserve=yes"} {
+		"RuntimeDirectory=" + filepath.Base(filepath.Dir(record.DefaultPath)), "RuntimeDirectoryPreserve=yes"} {
 		if !strings.Contains(unit, want+"\n") {
 			t.Errorf("unit lacks %q", want)
 		}
@@ -231,7 +232,7 @@ func TestDaemonSet(t *testing.T) {
 		}
 	}
 	// path -> read-only; the state dir, where the plugin looks for it.
-	want := map[string]bool{"/var/run/nri": false, "/etc/cdi": true, "/var/run/cdi": true, "/dev": true, filepath.Dir(plugin.DefaultStateFile): false}
+	want := map[string]bool{"/var/run/nri": false, "/etc/cdi": true, "/var/run/cdi": true, "/dev": true, filepath.Dir(record.DefaultPath): false}
 	var got []string
 	for _, m := range c.VolumeMounts {
 		path, ok := hostPaths[m.Name]
@@ -239,7 +240,7 @@ func TestDaemonSet(t *testing.T) {
 			continue
 		}
 		got = append(got, path)
-		if path == filepath.Dir(plugin.DefaultStateFile) && m.MountPath != path {
+		if path == filepath.Dir(record.DefaultPath) && m.MountPath != path {
 			t.Errorf("the state dir is mounted at %s, not where nri-gpu keeps its state (%s)", m.MountPath, path)
 		}
 		if ro, known := want[path]; !known {

@@ -1,4 +1,11 @@
-package plugin
+// Package record keeps what nri-gpu's pods and DRA claims hold in a file
+// only nri-gpu writes, so that a restarted nri-gpu learns it again: saved
+// whole, flushed and renamed into place (a reader finds the old record or
+// the new one), read back only when it is a regular file nri-gpu's user
+// owns and no one else may write, locked for one nri-gpu at a time, and
+// set aside for the operator when it cannot be read back. It decides
+// nothing: pkg/policy's pool is what it keeps.
+package record
 
 import (
 	"bytes"
@@ -20,57 +27,70 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
-// DefaultStateFile is where the plugin keeps what pods hold, so that a
-// restarted plugin knows it from a file only it writes. /run is emptied
-// at boot, as are the pods.
-const DefaultStateFile = "/run/nri-gpu/allocations.json"
+// DefaultPath is where nri-gpu keeps what pods hold (its --state-file).
+// /run is emptied at boot, as are the pods.
+const DefaultPath = "/run/nri-gpu/allocations.json"
 
 // maxStateSize caps the state file read: far above what a node's pods
 // hold (a few hundred bytes a pod).
 const maxStateSize = 16 << 20
 
-// errStateUntrusted is wrapped when the state file is not one only the
-// plugin's user could have written.
-var errStateUntrusted = errors.New("not trusted")
+// ErrUntrusted is wrapped by Load's error for a file that is not one
+// only nri-gpu's user could have written.
+var ErrUntrusted = errors.New("not trusted")
 
-// ErrStateLocked is wrapped by New's error when another process holds
-// the state file's lock: one nri-gpu per record.
-var ErrStateLocked = errors.New("in use by another nri-gpu")
+// ErrLocked is wrapped by Lock's error when another process holds the
+// file's lock: one nri-gpu per record.
+var ErrLocked = errors.New("in use by another nri-gpu")
 
-// ErrNotRecorded is wrapped by the error of a request whose grant could
-// not be written to the state file: it is not given.
-var ErrNotRecorded = errors.New("could not be recorded")
-
-// lockWait is how long a starting plugin waits for the state file's lock
+// lockWait is how long Lock waits for another process to let the lock go
 // (the nri-gpu it replaces may still be stopping) before it refuses.
-var lockWait = 5 * time.Second
-
-// saveStep, when set (tests), is called at each step of a save, with its
-// name, so that a test can stop the process there.
-var saveStep func(step string)
-
-func step(name string) {
-	if saveStep != nil {
-		saveStep(name)
-	}
-}
+const lockWait = 5 * time.Second
 
 // tempPrefix starts the names of the files a save of the state file at
 // path writes before it renames one into place; those a killed save left
 // are removed at start.
 func tempPrefix(path string) string { return "." + filepath.Base(path) + ".tmp-" }
 
-// stateFile keeps the allocations in a file, written whole and renamed
-// into place, so that a reader sees the old state or the new one.
-type stateFile struct {
+// File is the record at one path.
+type File struct {
 	path string
 	// readOnly files are read, never written (nri-gpu explain).
 	readOnly bool
+	// step, when set (the package's own tests), is called at each step
+	// of a save with its name, so that a test can kill the process there.
+	step func(name string)
 
 	mu   sync.Mutex
 	last []byte // what was last written, so unchanged state is not
 	// lock holds the lock file open (and locked) while the plugin runs.
 	lock *os.File
+}
+
+// Open returns the record at path, for reading and writing.
+func Open(path string) *File { return &File{path: path} }
+
+// OpenReadOnly returns the record at path, which Save then never writes
+// (for nri-gpu explain and devices, beside the running plugin).
+func OpenReadOnly(path string) *File { return &File{path: path, readOnly: true} }
+
+// Path is where the record is kept.
+func (f *File) Path() string { return f.path }
+
+// ReadOnly reports whether the record is only read.
+func (f *File) ReadOnly() bool { return f.readOnly }
+
+// Content is what the record keeps: the pods' holdings and the prepared
+// DRA claims.
+type Content struct {
+	Pods   []policy.Holding
+	Claims []policy.ClaimHolding
+}
+
+func (f *File) mark(name string) {
+	if f.step != nil {
+		f.step(name)
+	}
 }
 
 // stateRecord is the file's content.
@@ -114,24 +134,25 @@ type deviceRecord struct {
 
 const stateVersion = 1
 
-// save writes what held returns, unless it is what was last written.
-// held is called under the file's lock, so that of two saves at once the
-// later one writes the later state.
-func (f *stateFile) save(held func() ([]policy.Holding, []policy.ClaimHolding)) error {
+// Save writes what held returns, unless it is what was last written; a
+// read-only record is never written. held is called under the file's
+// lock, so that of two saves at once the later one writes the later
+// state.
+func (f *File) Save(held func() Content) error {
 	if f.readOnly {
 		return nil
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	rec := stateRecord{Version: stateVersion, Pods: []podRecord{}}
-	pods, claims := held()
-	for _, h := range pods {
+	c := held()
+	for _, h := range c.Pods {
 		rec.Pods = append(rec.Pods, podRecord{
 			ID: h.Pod.ID, Namespace: h.Pod.Namespace, Name: h.Pod.Name,
 			Named: deviceRecords(h.Named), Counted: deviceRecords(h.Counted), Kubelet: h.Kubelet, Sole: h.Sole,
 		})
 	}
-	for _, c := range claims {
+	for _, c := range c.Claims {
 		r := claimRecord{UID: c.Claim.UID, Namespace: c.Claim.Namespace, Name: c.Claim.Name, Pods: c.Claim.Pods}
 		for _, d := range c.Devices {
 			r.Devices = append(r.Devices, claimDeviceRecord{deviceRecord{Name: d.Name, Nodes: d.Nodes}, d.Requests})
@@ -145,7 +166,7 @@ func (f *stateFile) save(held func() ([]policy.Holding, []policy.ClaimHolding)) 
 	if bytes.Equal(data, f.last) {
 		return nil
 	}
-	if err := writeAtomic(f.path, data); err != nil {
+	if err := f.writeAtomic(data); err != nil {
 		return fmt.Errorf("state file %s: %w", f.path, err)
 	}
 	f.last = data
@@ -155,23 +176,24 @@ func (f *stateFile) save(held func() ([]policy.Holding, []policy.ClaimHolding)) 
 // writeAtomic writes data to a new file beside path, flushed to disk, and
 // renames it into place: a reader, or the plugin after a crash or a
 // power loss at any step, finds the old content or the new, whole.
-func writeAtomic(path string, data []byte) error {
+func (f *File) writeAtomic(data []byte) error {
+	path := f.path
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	step("create")
+	f.mark("create")
 	tmp, err := os.CreateTemp(dir, tempPrefix(path)+"*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name()) // gone after the rename; removed if it failed
-	step("write")
+	f.mark("write")
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
 		return err
 	}
-	step("sync")
+	f.mark("sync")
 	if err := tmp.Sync(); err != nil {
 		tmp.Close()
 		return err
@@ -179,11 +201,11 @@ func writeAtomic(path string, data []byte) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	step("rename")
+	f.mark("rename")
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return err
 	}
-	step("renamed")
+	f.mark("renamed")
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
@@ -192,11 +214,11 @@ func writeAtomic(path string, data []byte) error {
 	return d.Sync()
 }
 
-// acquire locks the state file for this process (a lock file beside it,
+// Lock locks the record for this process (a lock file beside it,
 // holding the pid), waiting up to lockWait for another process to let it
 // go; a lock whose process died is let go with it. It then removes what
 // saves of an earlier process left half done.
-func (f *stateFile) acquire() error {
+func (f *File) Lock() error {
 	dir := filepath.Dir(f.path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("state file %s: %w", f.path, err)
@@ -219,7 +241,7 @@ func (f *stateFile) acquire() error {
 		if pid == "" {
 			pid = "unknown"
 		}
-		return fmt.Errorf("state file %s: %w (pid %s holds %s): run one nri-gpu per state file, or give this one another --state-file", f.path, ErrStateLocked, pid, name)
+		return fmt.Errorf("state file %s: %w (pid %s holds %s): run one nri-gpu per state file, or give this one another --state-file", f.path, ErrLocked, pid, name)
 	}
 	if err == nil {
 		err = file.Truncate(0)
@@ -239,18 +261,18 @@ func (f *stateFile) acquire() error {
 	return nil
 }
 
-// release lets the lock go.
-func (f *stateFile) release() {
+// Unlock lets the lock go.
+func (f *File) Unlock() {
 	if f.lock != nil {
 		f.lock.Close()
 		f.lock = nil
 	}
 }
 
-// setAside renames an unusable state file (a file, a symlink, a
+// SetAside renames an unusable state file (a file, a symlink, a
 // directory) to a name of its own beside it, never over another, for the
 // operator to look at, and returns that name.
-func (f *stateFile) setAside() (string, error) {
+func (f *File) SetAside() (string, error) {
 	aside := fmt.Sprintf("%s.damaged-%s", f.path, time.Now().UTC().Format("20060102T150405.000000000Z"))
 	if err := unix.Renameat2(unix.AT_FDCWD, f.path, unix.AT_FDCWD, aside, unix.RENAME_NOREPLACE); err != nil {
 		return "", fmt.Errorf("state file %s: keeping it as %s: %w", f.path, aside, err)
@@ -258,42 +280,42 @@ func (f *stateFile) setAside() (string, error) {
 	return aside, nil
 }
 
-// load reads the holdings and claims saved. A missing file holds nothing. A file the
-// plugin's user does not own, that others may write, that is not a
-// regular file or is too big is not read (errStateUntrusted).
-func (f *stateFile) load() ([]policy.Holding, []policy.ClaimHolding, error) {
+// Load reads what the record keeps. A missing file holds nothing. A file
+// nri-gpu's user does not own, that others may write, that is not a
+// regular file or is too big is not read (ErrUntrusted).
+func (f *File) Load() (Content, error) {
 	file, err := os.OpenFile(f.path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil, nil
+		return Content{}, nil
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("state file %s: %w", f.path, err)
+		return Content{}, fmt.Errorf("state file %s: %w", f.path, err)
 	}
 	defer file.Close()
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(file.Fd()), &st); err != nil {
-		return nil, nil, fmt.Errorf("state file %s: %w", f.path, err)
+		return Content{}, fmt.Errorf("state file %s: %w", f.path, err)
 	}
 	switch {
 	case st.Mode&syscall.S_IFMT != syscall.S_IFREG:
-		return nil, nil, fmt.Errorf("state file %s: %w: not a regular file", f.path, errStateUntrusted)
+		return Content{}, fmt.Errorf("state file %s: %w: not a regular file", f.path, ErrUntrusted)
 	case int(st.Uid) != os.Geteuid():
-		return nil, nil, fmt.Errorf("state file %s: %w: owned by uid %d, not the plugin's %d", f.path, errStateUntrusted, st.Uid, os.Geteuid())
+		return Content{}, fmt.Errorf("state file %s: %w: owned by uid %d, not the plugin's %d", f.path, ErrUntrusted, st.Uid, os.Geteuid())
 	case st.Mode&0o022 != 0:
-		return nil, nil, fmt.Errorf("state file %s: %w: writable by group or others (mode %#o)", f.path, errStateUntrusted, st.Mode&0o777)
+		return Content{}, fmt.Errorf("state file %s: %w: writable by group or others (mode %#o)", f.path, ErrUntrusted, st.Mode&0o777)
 	case st.Size > maxStateSize:
-		return nil, nil, fmt.Errorf("state file %s: %w: %d bytes, more than %d", f.path, errStateUntrusted, st.Size, maxStateSize)
+		return Content{}, fmt.Errorf("state file %s: %w: %d bytes, more than %d", f.path, ErrUntrusted, st.Size, maxStateSize)
 	}
 	data, err := io.ReadAll(io.LimitReader(file, maxStateSize))
 	if err != nil {
-		return nil, nil, fmt.Errorf("state file %s: %w", f.path, err)
+		return Content{}, fmt.Errorf("state file %s: %w", f.path, err)
 	}
 	var rec stateRecord
 	if err := json.Unmarshal(data, &rec); err != nil {
-		return nil, nil, fmt.Errorf("state file %s: %w", f.path, err)
+		return Content{}, fmt.Errorf("state file %s: %w", f.path, err)
 	}
 	if rec.Version != stateVersion {
-		return nil, nil, fmt.Errorf("state file %s: version %d, want %d", f.path, rec.Version, stateVersion)
+		return Content{}, fmt.Errorf("state file %s: version %d, want %d", f.path, rec.Version, stateVersion)
 	}
 	out := make([]policy.Holding, 0, len(rec.Pods))
 	for _, r := range rec.Pods {
@@ -310,7 +332,7 @@ func (f *stateFile) load() ([]policy.Holding, []policy.ClaimHolding, error) {
 		}
 		claims = append(claims, c)
 	}
-	return out, claims, nil
+	return Content{Pods: out, Claims: claims}, nil
 }
 
 func deviceRecords(devs []specs.Device) []deviceRecord {
@@ -329,15 +351,15 @@ func devices(recs []deviceRecord) []specs.Device {
 	return out
 }
 
-// InspectRecord reads the state file at path, never writing it, for
-// nri-gpu check: the pods that hold devices found in their containers
-// with no record of them ("namespace/name"), the unusable records set
-// aside beside it, and why the file cannot be read back (nil when it can
-// or there is none).
-func InspectRecord(path string) (rebuilt, damaged []string, err error) {
+// Inspect reads the record at path, never writing it, for nri-gpu
+// check: the pods that hold devices found in their containers with no
+// record of them ("namespace/name"), the unusable records set aside
+// beside it, and why the file cannot be read back (nil when it can or
+// there is none).
+func Inspect(path string) (rebuilt, damaged []string, err error) {
 	damaged, _ = filepath.Glob(path + ".damaged-*")
-	pods, _, err := (&stateFile{path: path, readOnly: true}).load()
-	for _, h := range pods {
+	c, err := OpenReadOnly(path).Load()
+	for _, h := range c.Pods {
 		if len(h.Sole) > 0 {
 			rebuilt = append(rebuilt, h.Pod.String())
 		}

@@ -1,4 +1,4 @@
-package plugin
+package record
 
 import (
 	"errors"
@@ -18,7 +18,7 @@ import (
 )
 
 func TestStateFileRoundTrip(t *testing.T) {
-	f := &stateFile{path: filepath.Join(t.TempDir(), "sub", "allocations.json")}
+	f := Open(filepath.Join(t.TempDir(), "sub", "allocations.json"))
 	holdings := []policy.Holding{
 		{Pod: policy.Pod{ID: "id-a", Namespace: "ns", Name: "a"},
 			Named:   []specs.Device{{Name: "nvidia.com/gpu=0", Nodes: []string{"c 195:0"}}},
@@ -31,7 +31,7 @@ func TestStateFileRoundTrip(t *testing.T) {
 		Claim:   policy.Claim{UID: "uid-1", Namespace: "ns", Name: "c", Pods: []string{"ns/a", "ns/b"}},
 		Devices: []policy.ClaimDevice{{Device: specs.Device{Name: "nvidia.com/gpu=3", Nodes: []string{"c 195:3"}}, Requests: []string{"gpu"}}},
 	}}
-	if err := f.save(func() ([]policy.Holding, []policy.ClaimHolding) { return holdings, claims }); err != nil {
+	if err := f.Save(func() Content { return Content{Pods: holdings, Claims: claims} }); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := os.Stat(f.path)
@@ -41,22 +41,22 @@ func TestStateFileRoundTrip(t *testing.T) {
 	if fi.Mode().Perm()&0o077 != 0 {
 		t.Errorf("state file mode %v, want it readable by its owner only", fi.Mode())
 	}
-	got, gotClaims, err := (&stateFile{path: f.path}).load()
+	got, err := Open(f.path).Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(got, holdings) {
-		t.Errorf("loaded %+v, want %+v", got, holdings)
+	if !reflect.DeepEqual(got.Pods, holdings) {
+		t.Errorf("loaded %+v, want %+v", got.Pods, holdings)
 	}
-	if !reflect.DeepEqual(gotClaims, claims) {
-		t.Errorf("loaded claims %+v, want %+v", gotClaims, claims)
+	if !reflect.DeepEqual(got.Claims, claims) {
+		t.Errorf("loaded claims %+v, want %+v", got.Claims, claims)
 	}
 	// Released: nothing held, and that is what a restart finds.
-	if err := f.save(func() ([]policy.Holding, []policy.ClaimHolding) { return nil, nil }); err != nil {
+	if err := f.Save(func() Content { return Content{} }); err != nil {
 		t.Fatal(err)
 	}
-	if got, gotClaims, err := f.load(); err != nil || len(got) != 0 || len(gotClaims) != 0 {
-		t.Errorf("after saving no holdings, loaded %v, %v, %v", got, gotClaims, err)
+	if got, err := f.Load(); err != nil || len(got.Pods) != 0 || len(got.Claims) != 0 {
+		t.Errorf("after saving no holdings, loaded %v, %v", got, err)
 	}
 	entries, _ := os.ReadDir(filepath.Dir(f.path))
 	if len(entries) != 1 {
@@ -117,7 +117,7 @@ func TestStateFileTrust(t *testing.T) {
 				got []policy.Holding
 				err error
 			)
-			go func() { defer close(done); got, _, err = (&stateFile{path: path}).load() }()
+			go func() { defer close(done); var c Content; c, err = Open(path).Load(); got = c.Pods }()
 			select {
 			case <-done:
 			case <-time.After(5 * time.Second):
@@ -135,8 +135,8 @@ func TestStateFileTrust(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one saying %q", err, tc.want)
 			}
-			if errors.Is(err, errStateUntrusted) != tc.untrust {
-				t.Errorf("errors.Is(%v, errStateUntrusted) = %v, want %v", err, !tc.untrust, tc.untrust)
+			if errors.Is(err, ErrUntrusted) != tc.untrust {
+				t.Errorf("errors.Is(%v, ErrUntrusted) = %v, want %v", err, !tc.untrust, tc.untrust)
 			}
 			if len(got) != 0 {
 				t.Errorf("with an error, loaded %v", got)
@@ -158,7 +158,7 @@ func write(t *testing.T, path string, data []byte, mode os.FileMode) {
 // TestStateFileLastSaveWins: of saves at once, the file ends with the
 // latest state, never an earlier one written last.
 func TestStateFileLastSaveWins(t *testing.T) {
-	f := &stateFile{path: filepath.Join(t.TempDir(), "allocations.json")}
+	f := Open(filepath.Join(t.TempDir(), "allocations.json"))
 	var (
 		n  atomic.Int64
 		wg sync.WaitGroup
@@ -168,17 +168,18 @@ func TestStateFileLastSaveWins(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			n.Add(1) // the state changes, then it is saved
-			if err := f.save(func() ([]policy.Holding, []policy.ClaimHolding) {
+			if err := f.Save(func() Content {
 				id := fmt.Sprint(n.Load())
 				time.Sleep(time.Millisecond) // a slow read of the state
-				return []policy.Holding{{Pod: policy.Pod{ID: id}}}, nil
+				return Content{Pods: []policy.Holding{{Pod: policy.Pod{ID: id}}}}
 			}); err != nil {
 				t.Error(err)
 			}
 		}()
 	}
 	wg.Wait()
-	got, _, err := f.load()
+	c, err := f.Load()
+	got := c.Pods
 	if err != nil || len(got) != 1 || got[0].Pod.ID != "64" {
 		t.Errorf("after 64 changes saved at once, the file holds %v, %v; want the last state", got, err)
 	}
