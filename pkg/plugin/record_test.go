@@ -22,8 +22,8 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
-	"github.com/nri-gpu/nri-gpu/pkg/record"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/record"
 )
 
 // damages are what a node does to a state file: a crash mid-write, a disk
