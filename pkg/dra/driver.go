@@ -21,6 +21,8 @@ import (
 	"github.com/sirupsen/logrus"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -61,8 +63,12 @@ type Source interface {
 	Devices() []Device
 	// Prepare holds a claim's devices, or says why it cannot.
 	Prepare(claim policy.Claim, devices []Allocated) error
-	// Unprepare releases what a claim holds.
-	Unprepare(uid string)
+	// Unprepare releases what a claim holds; an error when the release
+	// cannot be recorded (kubelet then asks again).
+	Unprepare(uid string) error
+	// Prepared returns the claims held now: prepared since the start, or
+	// restored from nri-gpu's record.
+	Prepared() []policy.Claim
 }
 
 // Driver is nri-gpu's DRA driver on one node.
@@ -128,6 +134,9 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 	}
 	defer helper.Stop()
 	d.log.Infof("DRA driver registering with kubelet at %s for node %s", d.cfg.RegistryDir, d.node)
+	if err := d.ReleaseGone(ctx, client); err != nil {
+		d.log.Warnf("prepared claims not checked against the API server (they stay held until kubelet unprepares them or nri-gpu starts again): %v", err)
+	}
 	var last []resourceapi.Device
 	for published := false; ; published = true {
 		changed := d.changes()
@@ -258,15 +267,72 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) (kubeletplugin.PrepareRes
 }
 
 // UnprepareResourceClaims releases what each claim holds. A claim not
-// prepared (any more) is no error.
+// prepared (any more) is no error; a release that cannot be recorded is,
+// so that kubelet asks again rather than forget a claim the record still
+// holds.
 func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
-		d.src.Unprepare(string(c.UID))
-		d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name}).Info("unprepared claim")
+		log := d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name})
+		if err := d.src.Unprepare(string(c.UID)); err != nil {
+			log.Errorf("claim not unprepared: %v", err)
+			out[c.UID] = fmt.Errorf("nri-gpu: %w", err)
+			continue
+		}
+		log.Info("unprepared claim")
 		out[c.UID] = nil
 	}
 	return out, nil
+}
+
+// ReleaseGone releases the prepared claims that the API server no longer
+// has (deleted, or replaced by another of the same name) or no longer
+// allocates on this node through this driver: kubelet will never
+// unprepare them (it forgot them, or nri-gpu restarted after an
+// unprepare it could not record), and their devices would stay held for
+// good. A claim the API server cannot be asked about stays held, and the
+// error says so.
+func (d *Driver) ReleaseGone(ctx context.Context, client kubernetes.Interface) error {
+	var errs []error
+	for _, c := range d.src.Prepared() {
+		why, err := d.gone(ctx, client, c)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", c, err))
+			continue
+		}
+		if why == "" {
+			continue
+		}
+		log := d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name})
+		if err := d.src.Unprepare(c.UID); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", c, err))
+			continue
+		}
+		log.Infof("released a prepared claim that %s", why)
+	}
+	return errors.Join(errs...)
+}
+
+// gone says why claim c is no longer prepared on this node ("" when it
+// is).
+func (d *Driver) gone(ctx context.Context, client kubernetes.Interface, c policy.Claim) (string, error) {
+	got, err := client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return "the API server no longer has", nil
+	case err != nil:
+		return "", err
+	case string(got.UID) != c.UID:
+		return fmt.Sprintf("the API server has replaced (UID %s, not %s)", got.UID, c.UID), nil
+	case got.Status.Allocation == nil:
+		return "is no longer allocated", nil
+	}
+	for _, r := range got.Status.Allocation.Devices.Results {
+		if r.Driver == d.cfg.DriverName && r.Pool == d.node {
+			return "", nil
+		}
+	}
+	return "is no longer allocated on this node", nil
 }
 
 // HandleError logs what went wrong in the background (publishing the

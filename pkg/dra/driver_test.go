@@ -19,8 +19,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
@@ -38,6 +40,8 @@ type source struct {
 	prepared   map[string][]dra.Allocated
 	claims     map[string]policy.Claim
 	unprepared []string
+	// unrecorded, when set, is Unprepare's error.
+	unrecorded error
 	// looks counts the calls of Devices.
 	looks int
 }
@@ -74,10 +78,26 @@ func (s *source) Prepare(c policy.Claim, devs []dra.Allocated) error {
 	return nil
 }
 
-func (s *source) Unprepare(uid string) {
+func (s *source) Unprepare(uid string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.unrecorded != nil {
+		return s.unrecorded
+	}
 	s.unprepared = append(s.unprepared, uid)
+	delete(s.claims, uid)
+	return nil
+}
+
+func (s *source) Prepared() []policy.Claim {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []policy.Claim
+	for _, c := range s.claims {
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b policy.Claim) int { return strings.Compare(a.UID, b.UID) })
+	return out
 }
 
 // started is a driver serving kubelet's DRA API in a temporary kubelet
@@ -301,4 +321,94 @@ func TestPrepareNotAllocated(t *testing.T) {
 	if len(src.prepared) > 0 {
 		t.Errorf("the source held %v", src.prepared)
 	}
+}
+
+// TestUnprepareNotRecorded: a release the source cannot record reaches
+// kubelet as the claim's error (kubelet asks again), never as done.
+func TestUnprepareNotRecorded(t *testing.T) {
+	src := newSource("gpu-0")
+	s := start(t, src, allocated("one", "uid-one", result("gpus", driver, node, "gpu-0")))
+	ctx := context.Background()
+	claim := []*drapb.Claim{{Namespace: "ns", Name: "one", Uid: "uid-one"}}
+	if _, err := s.dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: claim}); err != nil {
+		t.Fatal(err)
+	}
+	src.mu.Lock()
+	src.unrecorded = errors.New("state file: no space left on device")
+	src.mu.Unlock()
+	resp, err := s.dra.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: claim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Claims["uid-one"].GetError(); !strings.Contains(got, "nri-gpu: state file: no space left on device") {
+		t.Errorf("unprepare unrecorded: error %q, want the record's", got)
+	}
+	src.mu.Lock()
+	src.unrecorded = nil
+	src.mu.Unlock()
+	resp, err = s.dra.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: claim})
+	if err != nil || resp.Claims["uid-one"].GetError() != "" {
+		t.Errorf("kubelet's next try: %v, %v; want done", resp, err)
+	}
+}
+
+// TestReleaseGone: of the claims held when the driver starts, those the
+// API server no longer has, has under another UID, no longer allocates,
+// or allocates on another node or through another driver are released;
+// the others stay held, and so do all of them while the API server
+// cannot tell.
+func TestReleaseGone(t *testing.T) {
+	kept := allocated("kept", "uid-kept", result("gpus", driver, node, "gpu-0"))
+	replaced := allocated("replaced", "uid-new", result("gpus", driver, node, "gpu-0"))
+	unallocated := allocated("unallocated", "uid-unallocated")
+	unallocated.Status.Allocation = nil
+	moved := allocated("moved", "uid-moved", result("gpus", driver, "node-2", "gpu-0"))
+	other := allocated("other", "uid-other", result("gpus", "gpu.nvidia.com", node, "gpu-0"))
+	held := []policy.Claim{
+		{UID: "uid-deleted", Namespace: "ns", Name: "deleted"},
+		{UID: "uid-kept", Namespace: "ns", Name: "kept"},
+		{UID: "uid-moved", Namespace: "ns", Name: "moved"},
+		{UID: "uid-other", Namespace: "ns", Name: "other"},
+		{UID: "uid-old", Namespace: "ns", Name: "replaced"},
+		{UID: "uid-unallocated", Namespace: "ns", Name: "unallocated"},
+	}
+	src := newSource("gpu-0")
+	for _, c := range held {
+		src.claims[c.UID] = c
+	}
+	client := fake.NewClientset()
+	for _, c := range []*resourceapi.ResourceClaim{kept, replaced, unallocated, moved, other} {
+		if _, err := client.ResourceV1().ResourceClaims("ns").Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log, hook := test.NewNullLogger()
+	d := dra.New(config.Default().DRA, node, src, log)
+
+	down := fake.NewClientset()
+	down.PrependReactor("get", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	err := d.ReleaseGone(context.Background(), down)
+	testutil.ErrorSays(t, err, "claim ns/kept", "connection refused")
+	if len(src.unprepared) > 0 {
+		t.Errorf("released %v while the API server could not tell", src.unprepared)
+	}
+
+	if err := d.ReleaseGone(context.Background(), client); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"uid-deleted", "uid-moved", "uid-old", "uid-other", "uid-unallocated"}
+	if diff := cmp.Diff(want, src.unprepared); diff != "" {
+		t.Errorf("released (-want +got):\n%s", diff)
+	}
+	var why []string
+	for _, e := range hook.AllEntries() {
+		why = append(why, e.Data["claim"].(string)+": "+e.Message)
+	}
+	testutil.ErrorSays(t, errors.New(strings.Join(why, "\n")),
+		"deleted: released a prepared claim that the API server no longer has",
+		"replaced: released a prepared claim that the API server has replaced (UID uid-new, not uid-old)",
+		"unallocated: released a prepared claim that is no longer allocated",
+		"moved: released a prepared claim that is no longer allocated on this node")
 }

@@ -216,10 +216,27 @@ func (c *Claims) Prepare(claim policy.Claim, allocated []dra.Allocated) error {
 	return nil
 }
 
-// Unprepare releases what a claim holds.
-func (c *Claims) Unprepare(uid string) {
-	if released := c.p.alloc.ReleaseClaim(uid); len(released) > 0 {
-		_ = c.p.held() // not recorded: a restart holds it for a pod that is gone, until Synchronize
+// Unprepare releases what a claim holds, and records it. When the record
+// cannot be written it returns the error, and kubelet asks again: the
+// devices are free meanwhile, but a restart would find the claim in the
+// record (the DRA driver then releases it if the API server no longer
+// has it on this node).
+func (c *Claims) Unprepare(uid string) error {
+	released := c.p.alloc.ReleaseClaim(uid)
+	if len(released) > 0 {
 		c.p.log.WithFields(logrus.Fields{"claim": uid, "devices": strings.Join(released, ",")}).Info("released devices of DRA claim")
 	}
+	if err := c.p.held(); err != nil {
+		return fmt.Errorf("claim %s released, but %w: %w", uid, ErrNotRecorded, err)
+	}
+	return nil
+}
+
+// Prepared returns the claims the pool holds.
+func (c *Claims) Prepared() []policy.Claim {
+	var out []policy.Claim
+	for _, h := range c.p.alloc.Claims() {
+		out = append(out, h.Claim)
+	}
+	return out
 }

@@ -111,7 +111,9 @@ func TestClaimsOverNRI(t *testing.T) {
 	_, err = r.create(x, container(x, "main"))
 	testutil.ErrorSays(t, err, "is held by claim tenant/c")
 
-	r.plugin.Claims(config.Default().DRA).Unprepare("uid-c")
+	if err := r.plugin.Claims(config.Default().DRA).Unprepare("uid-c"); err != nil {
+		t.Fatal(err)
+	}
 	if adj, err := r.create(x, container(x, "main")); err != nil || !slices.Equal(devicePaths(adj), []string{"/dev/nvidia1"}) {
 		t.Errorf("after the claim was unprepared, a pod asking by name got %v, %v", adj, err)
 	}

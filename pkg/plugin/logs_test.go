@@ -383,11 +383,15 @@ func TestClaimLogs(t *testing.T) {
 
 	view := p.Claims(config.Default().DRA)
 	hook.Reset()
-	view.Unprepare("uid-unknown")
+	if err := view.Unprepare("uid-unknown"); err != nil {
+		t.Errorf("unpreparing a claim not prepared: %v", err)
+	}
 	if len(hook.AllEntries()) != 0 {
 		t.Errorf("unpreparing a claim not prepared logged %v", hook.AllEntries()[0].Message)
 	}
-	view.Unprepare("uid-c")
+	if err := view.Unprepare("uid-c"); err != nil {
+		t.Fatal(err)
+	}
 	if got := entries(hook, logrus.InfoLevel, "released devices of DRA claim"); len(got) != 1 || got[0].Data["devices"] != "nvidia.com/gpu=1" {
 		t.Errorf("unprepare logged %v", got)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
@@ -335,5 +336,66 @@ func TestClaimNotRecorded(t *testing.T) {
 	}
 	if err := view.Prepare(policy.Claim{UID: "v", Namespace: "tenant", Name: "other"}, gpu); err != nil {
 		t.Errorf("another claim of the GPU the unrecorded claim did not get: %v", err)
+	}
+}
+
+// TestUnprepareNotRecorded: kubelet unprepares a claim while the state
+// file cannot be written: Unprepare says so (kubelet asks again) and
+// the GPU is free at once. nri-gpu is then killed before any later save
+// (the record still has the claim) and starts again: the restored claim
+// holds the GPU (fail closed) until the DRA driver, starting, finds that
+// the API server no longer has the claim and releases it; then a new
+// claim of that GPU is prepared, and the record no longer has the old
+// one.
+func TestUnprepareNotRecorded(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	state := filepath.Join(dir, "allocations.json")
+	specDir := gpuSpecDir(t, 1)
+	p, _ := logged(t, "", plugin.WithSpecDirs([]string{specDir}), plugin.WithStateFile(state))
+	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	gpu := []dra.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus"}}}
+	old := policy.Claim{UID: "uid-old", Namespace: "tenant", Name: "old"}
+	if err := p.Claims(config.Default().DRA).Prepare(old, gpu); err != nil {
+		t.Fatal(err)
+	}
+
+	// The state directory swapped for a file: every save fails, the
+	// record written before stays aside.
+	if err := os.Rename(dir, dir+".kept"); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, dir, nil)
+	err := p.Claims(config.Default().DRA).Unprepare(old.UID)
+	testutil.ErrorSays(t, err, "claim uid-old released", "could not be recorded", "not a directory")
+	if !errors.Is(err, plugin.ErrNotRecorded) {
+		t.Errorf("%v does not wrap ErrNotRecorded", err)
+	}
+	p.Close() // killed: nothing saved since
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(dir+".kept", dir); err != nil {
+		t.Fatal(err)
+	}
+
+	p, _ = logged(t, "", plugin.WithSpecDirs([]string{specDir}), plugin.WithStateFile(state))
+	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	view := p.Claims(config.Default().DRA)
+	next := policy.Claim{UID: "uid-next", Namespace: "tenant", Name: "next"}
+	testutil.ErrorSays(t, view.Prepare(next, gpu), "held by claim tenant/old")
+	quiet := logrus.New()
+	quiet.SetOutput(io.Discard)
+	if err := dra.New(config.Default().DRA, "node-1", view, quiet).ReleaseGone(context.Background(), fake.NewClientset()); err != nil {
+		t.Fatal(err)
+	}
+	if err := view.Prepare(next, gpu); err != nil {
+		t.Errorf("a new claim of the GPU once the gone claim was released: %v", err)
+	}
+	if data, err := os.ReadFile(state); err != nil || bytes.Contains(data, []byte("uid-old")) || !bytes.Contains(data, []byte("uid-next")) {
+		t.Errorf("the record %s, %v: want claim next, not old", data, err)
 	}
 }
