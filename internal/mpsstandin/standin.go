@@ -197,12 +197,8 @@ func defaultOf(pipe, command, def string) string {
 // Kill kills the daemon of pipe directory pipe, as a crash would: its
 // socket is left behind, and no longer answers.
 func Kill(pipe string) error {
-	data, err := os.ReadFile(filepath.Join(pipe, PidFile))
+	pid, err := Pid(pipe)
 	if err != nil {
-		return err
-	}
-	var pid int
-	if _, err := fmt.Sscan(string(data), &pid); err != nil {
 		return err
 	}
 	// Only a stand-in daemon: a pid file left by a killed one may name
@@ -214,11 +210,33 @@ func Kill(pipe string) error {
 		return err
 	}
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if syscall.Kill(pid, 0) != nil {
+		if syscall.Kill(pid, 0) != nil || Zombie(pid) {
 			return nil
 		}
 	}
 	return fmt.Errorf("pid %d did not die", pid)
+}
+
+// Zombie reports whether process pid has quit and waits for its parent
+// to reap it.
+func Zombie(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	return i >= 0 && strings.HasPrefix(string(data[i+1:]), " Z")
+}
+
+// Pid returns the pid its daemon wrote in pipe directory pipe.
+func Pid(pipe string) (int, error) {
+	data, err := os.ReadFile(filepath.Join(pipe, PidFile))
+	if err != nil {
+		return 0, err
+	}
+	var pid int
+	_, err = fmt.Sscan(string(data), &pid)
+	return pid, err
 }
 
 // Build builds the stand-in (test/tools/mps-control) into dir as

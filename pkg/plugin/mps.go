@@ -15,6 +15,8 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
@@ -150,9 +152,10 @@ func (p *Plugin) mpsDaemons(st *state) (map[string]*mpsGPU, []error) {
 	return out, errs
 }
 
-// keepMPS starts, with mps.daemon: managed, the MPS control daemon of
-// each GPU the policy shares with MPS that does not answer, and stops
-// those it started whose GPU it no longer shares so. Daemons are left
+// keepMPS has the MPS manager, with mps.daemon: managed, keep the
+// control daemon of each GPU the policy shares with MPS running, and
+// stop those it kept whose GPU it no longer shares so; it logs what the
+// manager did, and each problem once while it lasts. Daemons are left
 // running when nri-gpu exits, so that running clients keep their server
 // through a restart of nri-gpu; the next one finds them answering.
 func (p *Plugin) keepMPS(ctx context.Context) {
@@ -160,61 +163,37 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 	if st.cfg.MPS.Daemon != config.MPSManaged {
 		return
 	}
-	want, errs := p.mpsDaemons(st)
+	daemons, errs := p.mpsDaemons(st)
+	var want []mps.Want
+	for _, dir := range slices.Sorted(maps.Keys(daemons)) {
+		g := daemons[dir]
+		want = append(want, mps.Want{Device: g.device, Daemon: g.daemon, Limits: g.limits})
+	}
+	events, failed := p.mps.Sync(ctx, want)
+	for _, e := range events {
+		log := p.log.WithFields(logrus.Fields{"device": e.Device, "activeThreadPercentage": e.Limits.ActiveThreadPercentage, "pinnedMemoryMiB": e.Limits.PinnedMemoryMiB})
+		switch e.What {
+		case mps.Started:
+			log.WithField("pipe", e.Daemon.PipeDir()).Info("started MPS control daemon")
+		case mps.LimitsSet:
+			log.Info("set the MPS control daemon's limits, for its next server")
+		case mps.Stopped:
+			p.log.WithField("dir", e.Daemon.Dir).Info("stopped MPS control daemon: its GPU is no longer shared with MPS")
+		}
+	}
 	p.mpsMu.Lock()
 	defer p.mpsMu.Unlock()
 	warned := p.mpsWarned
 	p.mpsWarned = map[string]bool{}
-	// warn logs each problem once while it lasts.
-	warn := func(msg string) {
+	for i := range errs {
+		errs[i] = fmt.Errorf("MPS daemon not started: %w", errs[i])
+	}
+	for _, err := range append(errs, failed...) {
+		msg := err.Error()
 		if !warned[msg] {
 			p.log.Warn(msg)
 		}
 		p.mpsWarned[msg] = true
-	}
-	for _, err := range errs {
-		warn(fmt.Sprintf("MPS daemon not started: %v", err))
-	}
-	for _, dir := range slices.Sorted(maps.Keys(want)) {
-		g := want[dir]
-		if g.daemon.Running(ctx) == nil {
-			// Found answering (started by an nri-gpu before this one),
-			// or with other limits since a reload: its defaults are
-			// set again, for its next server (MPS applies them to a
-			// server it starts, not to one running).
-			if had, ok := p.mpsStarted[dir]; !ok || had.limits != g.limits {
-				if err := g.daemon.SetLimits(ctx, g.limits); err != nil {
-					warn(fmt.Sprintf("MPS daemon of %s: %v", g.device, err))
-					continue
-				}
-				p.log.WithFields(map[string]any{"device": g.device, "activeThreadPercentage": g.limits.ActiveThreadPercentage, "pinnedMemoryMiB": g.limits.PinnedMemoryMiB}).
-					Info("set the MPS control daemon's limits, for its next server")
-			}
-			p.mpsStarted[dir] = g
-			continue
-		}
-		if g.daemon.GPU == "" {
-			warn(fmt.Sprintf("MPS daemon of %s not started: its UUID is not known (name the GPU by UUID in its spec, or give nri-gpu NVML)", g.device))
-			continue
-		}
-		if err := g.daemon.Start(ctx, g.limits, p.mpsStart); err != nil {
-			warn(fmt.Sprintf("MPS daemon of %s not started: %v", g.device, err))
-			continue
-		}
-		p.mpsStarted[dir] = g
-		p.log.WithFields(map[string]any{"device": g.device, "pipe": g.daemon.PipeDir(), "activeThreadPercentage": g.limits.ActiveThreadPercentage, "pinnedMemoryMiB": g.limits.PinnedMemoryMiB}).
-			Info("started MPS control daemon")
-	}
-	for _, dir := range slices.Sorted(maps.Keys(p.mpsStarted)) {
-		if _, ok := want[dir]; ok {
-			continue
-		}
-		if err := p.mpsStarted[dir].daemon.Stop(ctx); err != nil {
-			warn(fmt.Sprintf("stopping the MPS daemon of %s, no longer shared with MPS: %v", dir, err))
-		} else {
-			p.log.WithField("dir", dir).Info("stopped MPS control daemon: its GPU is no longer shared with MPS")
-		}
-		delete(p.mpsStarted, dir)
 	}
 }
 
@@ -236,7 +215,7 @@ func (p *Plugin) keepMPSDaemons(ctx context.Context) {
 // mounted on /dev/shm (of the root cmd chroots into, which mps-shm then
 // does): the daemon, the server it starts and the clients (which get shm
 // as their /dev/shm) then share it.
-func startInShm(self string) func(shm string, cmd *exec.Cmd) error {
+func startInShm(self string) mps.Start {
 	return func(shm string, cmd *exec.Cmd) error {
 		args := []string{self, MPSShmCommand}
 		if cmd.SysProcAttr != nil && cmd.SysProcAttr.Chroot != "" {

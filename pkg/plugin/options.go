@@ -2,12 +2,12 @@ package plugin
 
 import (
 	"io/fs"
-	"os/exec"
 	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
 )
 
@@ -54,6 +54,6 @@ func WithSysfs(sysfs fs.ReadLinkFS) Option { return func(p *Plugin) { p.sysfs = 
 // WithMPSStart has managed MPS control daemons started by start, which
 // runs the command it is given with shm as its /dev/shm (by default
 // nri-gpu's mps-shm command, in a mount namespace of its own).
-func WithMPSStart(start func(shm string, cmd *exec.Cmd) error) Option {
-	return func(p *Plugin) { p.mpsStart = start }
+func WithMPSStart(start mps.Start) Option {
+	return func(p *Plugin) { p.mps = mps.NewManager(start) }
 }

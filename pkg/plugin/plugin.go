@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"reflect"
 	"slices"
 	"strings"
@@ -27,6 +26,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -110,14 +110,11 @@ type Plugin struct {
 	// runtime may tell only through their containers' removal.
 	recovered recovered
 
-	// mpsStart starts an MPS control daemon with a /dev/shm of its own.
-	mpsStart func(shm string, cmd *exec.Cmd) error
-	mpsMu    sync.Mutex
-	// mpsStarted are the daemons nri-gpu started or found answering, by
-	// directory, with the limits set on them; mpsWarned the problems
-	// logged while they last.
-	mpsStarted map[string]*mpsGPU
-	mpsWarned  map[string]bool
+	// mps keeps the managed MPS control daemons.
+	mps   *mps.Manager
+	mpsMu sync.Mutex
+	// mpsWarned are the MPS problems logged, while they last.
+	mpsWarned map[string]bool
 
 	gpusOnce sync.Once
 	// gpuFacts is what NVML says of the GPUs, by minor; nil without NVML.
@@ -144,10 +141,10 @@ type state struct {
 
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
-	p := &Plugin{log: log, alloc: policy.NewAllocations(), mpsStarted: map[string]*mpsGPU{}}
+	p := &Plugin{log: log, alloc: policy.NewAllocations(), mps: mps.NewManager(nil)}
 	if self, err := os.Executable(); err == nil {
 		p.hookPath = self
-		p.mpsStart = startInShm(self)
+		p.mps = mps.NewManager(startInShm(self))
 	}
 	for _, o := range opts {
 		o(p)

@@ -1,0 +1,250 @@
+package mps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Want is a daemon a Manager is told to keep running.
+type Want struct {
+	// Device names the GPU, for the manager's events and errors.
+	Device string
+	// Daemon is the GPU's daemon.
+	Daemon Daemon
+	// Limits are its clients' defaults.
+	Limits Limits
+}
+
+// Event is something a Manager did, for the caller to log.
+type Event struct {
+	// What is one of Started, LimitsSet and Stopped.
+	What string
+	Want
+}
+
+// What a Manager did to a daemon.
+const (
+	Started   = "started"
+	LimitsSet = "limits set"
+	Stopped   = "stopped"
+)
+
+// Start runs a daemon's "nvidia-cuda-mps-control -d" command with shm
+// as its /dev/shm, and returns once that command has exited.
+type Start func(shm string, cmd *exec.Cmd) error
+
+// Manager keeps the MPS control daemons it is told are wanted running
+// (mps.daemon: managed): it starts one that does not answer, sets the
+// limits again on one whose limits changed or that it finds running,
+// and stops those it kept that are no longer wanted. It reaps the
+// daemons it knows that have quit: nri-gpu in its container is PID 1
+// there, and a daemon started through "-d" is reparented to it.
+type Manager struct {
+	start Start
+
+	mu sync.Mutex
+	// kept are the daemons started or found answering, by directory.
+	kept map[string]*kept
+}
+
+// kept is a daemon a Manager keeps: what it was told, and its process.
+type kept struct {
+	Want
+	proc proc
+}
+
+// NewManager returns a manager that starts daemons through start.
+func NewManager(start Start) *Manager {
+	return &Manager{start: start, kept: map[string]*kept{}}
+}
+
+// Sync makes the daemons running those of want, as above, and returns
+// what it did and what it could not (one error per daemon).
+func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var (
+		events []Event
+		errs   []error
+	)
+	wanted := map[string]bool{}
+	for _, w := range want {
+		wanted[w.Daemon.Dir] = true
+		had, known := m.kept[w.Daemon.Dir]
+		if w.Daemon.Running(ctx) == nil {
+			// Found answering (started by an nri-gpu before this one),
+			// or with other limits since a reload: its defaults are set
+			// again, for its next server (MPS applies them to a server
+			// it starts, not to one running).
+			if !known || had.Limits != w.Limits {
+				if err := w.Daemon.SetLimits(ctx, w.Limits); err != nil {
+					errs = append(errs, fmt.Errorf("MPS daemon of %s: %w", w.Device, err))
+					continue
+				}
+				events = append(events, Event{What: LimitsSet, Want: w})
+			}
+			m.kept[w.Daemon.Dir] = &kept{Want: w, proc: procOf(w.Daemon, had)}
+			continue
+		}
+		if known {
+			had.proc.reap() // it died: not left a zombie
+			delete(m.kept, w.Daemon.Dir)
+		}
+		if w.Daemon.GPU == "" {
+			errs = append(errs, fmt.Errorf("MPS daemon of %s not started: its UUID is not known (name the GPU by UUID in its spec, or give nri-gpu NVML)", w.Device))
+			continue
+		}
+		if err := w.Daemon.Start(ctx, w.Limits, m.start); err != nil {
+			errs = append(errs, fmt.Errorf("MPS daemon of %s not started: %w", w.Device, err))
+			continue
+		}
+		m.kept[w.Daemon.Dir] = &kept{Want: w, proc: procOf(w.Daemon, nil)}
+		events = append(events, Event{What: Started, Want: w})
+	}
+	for _, dir := range slices.Sorted(maps.Keys(m.kept)) {
+		if wanted[dir] {
+			continue
+		}
+		k := m.kept[dir]
+		if err := k.Daemon.Stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("stopping the MPS daemon of %s, no longer shared with MPS: %w", dir, err))
+		} else {
+			k.proc.awaitAndReap(ctx)
+			events = append(events, Event{What: Stopped, Want: k.Want})
+		}
+		delete(m.kept, dir)
+	}
+	return events, errs
+}
+
+// Kept returns the limits set on the daemon in dir, and whether the
+// manager keeps it.
+func (m *Manager) Kept(dir string) (Limits, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k, ok := m.kept[dir]
+	if !ok {
+		return Limits{}, false
+	}
+	return k.Limits, true
+}
+
+// proc is a process known by its pid and its start time (so that a pid
+// used again by another process is not taken for it); zero when unknown.
+type proc struct {
+	pid   int
+	start uint64
+}
+
+// procOf returns the process that listens on the daemon's control
+// socket, or had's when it is the same daemon, or zero.
+func procOf(d Daemon, had *kept) proc {
+	pid, err := d.listener()
+	if err != nil {
+		if had != nil {
+			return had.proc
+		}
+		return proc{}
+	}
+	state, start, err := stat(pid)
+	if err != nil || state == 'Z' {
+		return proc{}
+	}
+	return proc{pid: pid, start: start}
+}
+
+// listener returns the pid of the process listening on the daemon's
+// control socket, as the kernel tells a client (SO_PEERCRED).
+func (d Daemon) listener() (int, error) {
+	conn, err := net.DialTimeout("unix", filepath.Join(d.PipeDir(), ControlSocket), time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	raw, err := conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var (
+		cred *unix.Ucred
+		cerr error
+	)
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if cerr != nil {
+		return 0, cerr
+	}
+	return int(cred.Pid), nil
+}
+
+// stat returns a process's state and start time (fields 3 and 22 of
+// /proc/PID/stat).
+func stat(pid int) (byte, uint64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	// The command, field 2, is in parentheses and may hold anything.
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return 0, 0, errors.New("no command in stat")
+	}
+	fields := strings.Fields(string(data[i+1:]))
+	if len(fields) < 20 {
+		return 0, 0, fmt.Errorf("%d fields in stat", len(fields)+2)
+	}
+	start, err := strconv.ParseUint(fields[19], 10, 64)
+	if err != nil {
+		return 0, 0, err
+	}
+	return fields[0][0], start, nil
+}
+
+// reap collects p's exit status when p is a child of this process that
+// has quit (a zombie), so that it does not stay one; any other process
+// is left alone.
+func (p proc) reap() bool {
+	if p.pid <= 0 {
+		return false
+	}
+	state, start, err := stat(p.pid)
+	if err != nil || start != p.start || state != 'Z' {
+		return false
+	}
+	got, err := unix.Wait4(p.pid, nil, unix.WNOHANG, nil)
+	return err == nil && got == p.pid
+}
+
+// reapWait bounds how long a stopped daemon is waited for.
+const reapWait = 2 * time.Second
+
+// awaitAndReap waits, up to reapWait, for p to quit and reaps it.
+func (p proc) awaitAndReap(ctx context.Context) {
+	if p.pid <= 0 {
+		return
+	}
+	for deadline := time.Now().Add(reapWait); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
+		if p.reap() {
+			return
+		}
+		if _, start, err := stat(p.pid); err != nil || start != p.start {
+			return // gone, reaped by its own parent
+		}
+	}
+}

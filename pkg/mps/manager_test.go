@@ -1,0 +1,135 @@
+package mps_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nri-gpu/nri-gpu/internal/mpsstandin"
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
+)
+
+// asPID1 makes the test process what nri-gpu is in its container for
+// the daemons it starts: the process they are reparented to when their
+// starter exits (PID 1 there; a child subreaper here), which must reap
+// them.
+func asPID1(t *testing.T) {
+	t.Helper()
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Skipf("cannot become a child subreaper: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
+}
+
+func whats(events []mps.Event) []string {
+	var out []string
+	for _, e := range events {
+		out = append(out, e.What+" "+e.Device)
+	}
+	return out
+}
+
+// gone reports whether process pid has left no trace: neither running
+// nor a zombie.
+func gone(pid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return os.IsNotExist(err)
+}
+
+// TestManager: told a daemon is wanted, the manager starts it with its
+// limits; a daemon that dies is started again, the dead one reaped (not
+// left a zombie of the process it was reparented to, as nri-gpu is PID 1
+// in its container); found running with other limits, they are set
+// again; no longer wanted, it is stopped and reaped.
+func TestManager(t *testing.T) {
+	asPID1(t)
+	ctl, err := mpsstandin.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu"), GPU: "GPU-1234"}
+	t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
+	want := mps.Want{Device: "nvidia.com/gpu=0", Daemon: d, Limits: mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1024}}
+	m := mps.NewManager(inShm)
+
+	events, errs := m.Sync(ctx, []mps.Want{want})
+	if len(errs) > 0 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=0"}) {
+		t.Fatalf("first sync: %v, %v; want started", whats(events), errs)
+	}
+	first, err := mpsstandin.Pid(d.PipeDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if events, errs := m.Sync(ctx, []mps.Want{want}); len(events) > 0 || len(errs) > 0 {
+		t.Errorf("a sync with nothing to do: %v, %v", whats(events), errs)
+	}
+
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 5*time.Second, "the killed daemon a zombie of this process, its socket closed", func() bool {
+		return mpsstandin.Zombie(first) && d.Running(ctx) != nil
+	})
+	events, errs = m.Sync(ctx, []mps.Want{want})
+	if len(errs) > 0 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=0"}) {
+		t.Fatalf("after the daemon died: %v, %v; want started again", whats(events), errs)
+	}
+	if !gone(first) {
+		t.Errorf("the dead daemon (pid %d) was not reaped", first)
+	}
+	second, err := mpsstandin.Pid(d.PipeDir())
+	if err != nil || second == first {
+		t.Fatalf("the new daemon's pid %d, %v", second, err)
+	}
+
+	want.Limits.ActiveThreadPercentage = 25
+	events, errs = m.Sync(ctx, []mps.Want{want})
+	if len(errs) > 0 || !slices.Equal(whats(events), []string{"limits set nvidia.com/gpu=0"}) {
+		t.Errorf("new limits: %v, %v; want them set", whats(events), errs)
+	}
+	if got, err := d.Ask(ctx, "get_default_active_thread_percentage"); err != nil || got != "25" {
+		t.Errorf("the daemon's default thread percentage %q, %v; want 25", got, err)
+	}
+
+	events, errs = m.Sync(ctx, nil)
+	if len(errs) > 0 || !slices.Equal(whats(events), []string{"stopped nvidia.com/gpu=0"}) {
+		t.Fatalf("no longer wanted: %v, %v; want stopped", whats(events), errs)
+	}
+	if !gone(second) {
+		t.Errorf("the stopped daemon (pid %d) was not reaped", second)
+	}
+	if err := d.Running(ctx); err == nil {
+		t.Error("the stopped daemon still answers")
+	}
+}
+
+// TestManagerCannotStart: a daemon whose GPU has no UUID, or that fails
+// to start, is an error naming its device, and nothing is kept.
+func TestManagerCannotStart(t *testing.T) {
+	ctx := context.Background()
+	m := mps.NewManager(inShm)
+	noUUID := mps.Want{Device: "nvidia.com/gpu=1", Daemon: mps.Daemon{Control: "/nonexistent", Dir: filepath.Join(t.TempDir(), "x")}}
+	events, errs := m.Sync(ctx, []mps.Want{noUUID})
+	if len(events) > 0 || len(errs) != 1 {
+		t.Fatalf("%v, %v; want one error", whats(events), errs)
+	}
+	testutil.ErrorSays(t, errs[0], "MPS daemon of nvidia.com/gpu=1 not started", "its UUID is not known")
+	noUUID.Daemon.GPU = "GPU-1"
+	events, errs = m.Sync(ctx, []mps.Want{noUUID})
+	if len(events) > 0 || len(errs) != 1 {
+		t.Fatalf("%v, %v; want one error", whats(events), errs)
+	}
+	testutil.ErrorSays(t, errs[0], "MPS daemon of nvidia.com/gpu=1 not started", "/nonexistent")
+	if _, kept := m.Kept(noUUID.Daemon.Dir); kept {
+		t.Error("a daemon that did not start is kept")
+	}
+}
