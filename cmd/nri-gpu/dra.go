@@ -37,7 +37,7 @@ func startDRA(ctx context.Context, cfg config.DRA, p *plugin.Plugin, log logrus.
 	if err != nil {
 		return fmt.Errorf("dra: %w", err)
 	}
-	d := dra.New(cfg, node, p.Claims(cfg), log)
+	d := dra.New(cfg, node, p.DRAView(cfg), log)
 	p.UseClaims(dra.NewFinder(ctx, client, cfg.DriverName, node))
 	p.OnHeldChange(d.Notify)
 	go func() {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -67,7 +68,7 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	}
 	p.CheckHealth()
 
-	adj, grant, err := p.Explain(
+	adj, grant, err := p.Create(context.Background(),
 		&api.PodSandbox{Id: "explain", Name: *pod, Namespace: *namespace, Annotations: podAnn},
 		&api.Container{Id: "explain", PodSandboxId: "explain", Name: *container, Annotations: ctrAnn, Linux: &api.LinuxContainer{}})
 	shared := p.SharedDevices()

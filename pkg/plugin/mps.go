@@ -24,10 +24,6 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
-// ErrMPS is wrapped by the error for a container whose MPS-shared GPU
-// cannot be given with its bounds.
-var ErrMPS = errors.New("MPS-shared GPU not served")
-
 // mpsGPU is an MPS-shared GPU: its daemon, and what bounds each client.
 type mpsGPU struct {
 	device string

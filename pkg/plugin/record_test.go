@@ -320,7 +320,7 @@ func TestClaimNotRecorded(t *testing.T) {
 	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	view := p.Claims(config.Default().DRA)
+	view := p.DRAView(config.Default().DRA)
 	gpu := []dra.Allocated{{CDI: "nvidia.com/gpu=0"}}
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
@@ -357,7 +357,7 @@ func TestUnprepareNotRecorded(t *testing.T) {
 	}
 	gpu := []dra.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus"}}}
 	old := policy.Claim{UID: "uid-old", Namespace: "tenant", Name: "old"}
-	if err := p.Claims(config.Default().DRA).Prepare(old, gpu); err != nil {
+	if err := p.DRAView(config.Default().DRA).Prepare(old, gpu); err != nil {
 		t.Fatal(err)
 	}
 
@@ -367,7 +367,7 @@ func TestUnprepareNotRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, dir, nil)
-	err := p.Claims(config.Default().DRA).Unprepare(old.UID)
+	err := p.DRAView(config.Default().DRA).Unprepare(old.UID)
 	testutil.ErrorSays(t, err, "claim uid-old released", "could not be recorded", "not a directory")
 	if !errors.Is(err, plugin.ErrNotRecorded) {
 		t.Errorf("%v does not wrap ErrNotRecorded", err)
@@ -384,7 +384,7 @@ func TestUnprepareNotRecorded(t *testing.T) {
 	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	view := p.Claims(config.Default().DRA)
+	view := p.DRAView(config.Default().DRA)
 	next := policy.Claim{UID: "uid-next", Namespace: "tenant", Name: "next"}
 	testutil.ErrorSays(t, view.Prepare(next, gpu), "held by claim tenant/old")
 	quiet := logrus.New()

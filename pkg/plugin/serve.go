@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -16,10 +15,6 @@ const (
 	MinBackoff = 500 * time.Millisecond
 	MaxBackoff = 5 * time.Second
 )
-
-// ErrConfig is wrapped by Serve's error when the runtime handed the plugin
-// a configuration it rejected.
-var ErrConfig = errors.New("invalid configuration")
 
 // Serve connects the plugin to the runtime and serves it until ctx is
 // done. An external plugin whose connection fails or closes (containerd

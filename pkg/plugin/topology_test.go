@@ -127,7 +127,7 @@ func TestExplainSeesLostGPUs(t *testing.T) {
 	p := nvmlPlugin(t, "", specDir, s)
 	p.CheckHealth()
 	pod := &api.PodSandbox{Id: "id", Name: "p", Namespace: "tenant", Annotations: map[string]string{"gpu-count.nri-gpu.io": "1"}}
-	_, g, err := p.Explain(pod, &api.Container{Id: "c", PodSandboxId: "id", Name: "c", Linux: &api.LinuxContainer{}})
+	_, g, err := p.Create(context.Background(), pod, &api.Container{Id: "c", PodSandboxId: "id", Name: "c", Linux: &api.LinuxContainer{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -17,11 +16,6 @@ import (
 )
 
 var _ stub.ValidateContainerAdjustmentInterface = (*Plugin)(nil)
-
-// ErrInjectedTwice is wrapped by the error that refuses a container in
-// which a device nri-gpu injects would be injected a second time, by the
-// runtime's own CDI at another NRI plugin's request.
-var ErrInjectedTwice = errors.New("a device would be injected twice")
 
 // validationSince is the first NRI version whose runtime side asks
 // validators (containerd 2.2 and later). An older runtime refuses a plugin

@@ -142,7 +142,7 @@ func runSteps(t *testing.T, p *policy.Policy, a *policy.Allocations, steps []ste
 		for _, n := range s.named {
 			named = append(named, byName[n])
 		}
-		g, err := a.Admit(p, pod(s.pod), named, s.count, policy.Choice{Candidates: candidates}, nil)
+		g, err := admit(a, p, pod(s.pod), named, s.count, policy.Choice{Candidates: candidates}, nil)
 		if len(s.wantErr) > 0 {
 			wantDenied(t, err, s.rule, s.wantErr...)
 			continue
@@ -169,7 +169,7 @@ func TestRevertAndRestore(t *testing.T) {
 	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 
-	g, err := a.Admit(p, pod("a"), []specs.Device{byName["0"]}, 1, policy.Choice{Candidates: candidates}, nil)
+	g, err := admit(a, p, pod("a"), []specs.Device{byName["0"]}, 1, policy.Choice{Candidates: candidates}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,10 +180,10 @@ func TestRevertAndRestore(t *testing.T) {
 
 	// A second container of a pod asks for the device its first one has:
 	// held once, and reverting the second leaves the first's.
-	if _, err := a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
+	if _, err := admit(a, p, pod("a"), []specs.Device{byName["2"]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
 		t.Fatal(err)
 	}
-	g, err = a.Admit(p, pod("a"), []specs.Device{byName["2"]}, 0, policy.Choice{Candidates: candidates}, nil)
+	g, err = admit(a, p, pod("a"), []specs.Device{byName["2"]}, 0, policy.Choice{Candidates: candidates}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,28 +191,28 @@ func TestRevertAndRestore(t *testing.T) {
 		t.Errorf("a device two containers of a pod asked for is counted %d times", n)
 	}
 	a.Revert(g)
-	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["2"]}, 0, policy.Choice{Candidates: candidates}, nil); err == nil {
+	if _, err := admit(a, p, pod("b"), []specs.Device{byName["2"]}, 0, policy.Choice{Candidates: candidates}, nil); err == nil {
 		t.Error("reverting a second container's grant released the first one's device")
 	}
 	a.Release(pod("a").ID)
 
 	// A restarted plugin learns from the runtime that a holds GPU 0 by
 	// name and GPU 1 by count; pod z, gone meanwhile, is not mentioned.
-	a.Admit(p, pod("z"), []specs.Device{byName["3"]}, 0, policy.Choice{Candidates: candidates}, nil)
+	admit(a, p, pod("z"), []specs.Device{byName["3"]}, 0, policy.Choice{Candidates: candidates}, nil)
 	if err := a.Restore(p, []policy.Holding{
 		{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
 		{Pod: pod("a"), Counted: []specs.Device{byName["1"]}},
 	}); err != nil {
 		t.Fatalf("restoring holdings that agree: %v", err)
 	}
-	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["GPU-0"]}, 0, policy.Choice{Candidates: candidates}, nil); err == nil {
+	if _, err := admit(a, p, pod("b"), []specs.Device{byName["GPU-0"]}, 0, policy.Choice{Candidates: candidates}, nil); err == nil {
 		t.Error("a restored holding was handed out again")
 	}
-	g, err = a.Admit(p, pod("a"), nil, 1, policy.Choice{Candidates: candidates}, nil)
+	g, err = admit(a, p, pod("a"), nil, 1, policy.Choice{Candidates: candidates}, nil)
 	if err != nil || len(g.Counted) != 1 || g.Counted[0].Name != byName["1"].Name {
 		t.Errorf("the restored pod's count request got %v, %v; want its GPU 1 again", g.Counted, err)
 	}
-	if _, err := a.Admit(p, pod("b"), []specs.Device{byName["3"]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
+	if _, err := admit(a, p, pod("b"), []specs.Device{byName["3"]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
 		t.Errorf("a device of a pod gone while the plugin was away is still held: %v", err)
 	}
 	// What the devices-held metric reports: a holds GPU 0 and GPU 1, b GPU 3.
@@ -291,7 +291,7 @@ func TestRestoreChecks(t *testing.T) {
 			}
 			// Whatever the problem, the restored devices stay held: a
 			// pod asking for all four GPUs finds some taken.
-			if g, err := a.Admit(policy.New(config.Policy{Devices: config.DefaultDevices}), pod("new"), nil, 4, policy.Choice{Candidates: candidates}, nil); err == nil {
+			if g, err := admit(a, policy.New(config.Policy{Devices: config.DefaultDevices}), pod("new"), nil, 4, policy.Choice{Candidates: candidates}, nil); err == nil {
 				t.Errorf("after a conflicting restore, all GPUs were free: %v", g.Counted)
 			}
 		})
@@ -313,7 +313,7 @@ func TestCountSkipsUnusable(t *testing.T) {
 		return nil
 	}
 	a := policy.NewAllocations()
-	g, err := a.Admit(p, pod("a"), nil, 1, policy.Choice{Candidates: candidates, Usable: usable}, nil)
+	g, err := admit(a, p, pod("a"), nil, 1, policy.Choice{Candidates: candidates, Usable: usable}, nil)
 	if err != nil || len(g.Counted) != 1 || g.Counted[0].Nodes[0] != "/dev/nvidia2" {
 		t.Fatalf("got %v, %v; want GPU 2, the first usable one", g.Counted, err)
 	}
@@ -321,7 +321,7 @@ func TestCountSkipsUnusable(t *testing.T) {
 	if want := []string{byName["0"].Name, byName["1"].Name, byName["2"].Name}; !slices.Equal(asked, want) {
 		t.Errorf("usable asked about %v, want %v", asked, want)
 	}
-	_, err = a.Admit(p, pod("b"), nil, 2, policy.Choice{Candidates: candidates, Usable: usable}, nil)
+	_, err = admit(a, p, pod("b"), nil, 2, policy.Choice{Candidates: candidates, Usable: usable}, nil)
 	testutil.ErrorSays(t, err, "asks for 2", "1 are free and 1 held", "2 more cannot be given to this container, such as: its spec injects the hook /bin/evil")
 	if !errors.Is(err, policy.ErrDenied) {
 		t.Errorf("error %v does not wrap ErrDenied", err)
@@ -351,7 +351,7 @@ func TestConcurrentAdmissions(t *testing.T) {
 			} else {
 				count = 1
 			}
-			g, err := a.Admit(p, pd, named, count, policy.Choice{Candidates: candidates}, nil)
+			g, err := admit(a, p, pd, named, count, policy.Choice{Candidates: candidates}, nil)
 			if err != nil {
 				return
 			}
@@ -374,15 +374,16 @@ func TestConcurrentAdmissions(t *testing.T) {
 }
 
 // TestWithheld: a device plugin offers kubelet no device a pod holds
-// other than through kubelet; what kubelet allocated (under any of its
-// names, as a restart finds them) stays kubelet's to account for.
+// other than through kubelet (the pool's room for it through the device
+// plugin's door is 0); what kubelet allocated (under any of its names,
+// as a restart finds them) stays kubelet's to account for.
 func TestWithheld(t *testing.T) {
 	candidates, byName := gpus()
 	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true, AllowAll: true})
 	withheld := func(a *policy.Allocations) []string {
 		var out []string
 		for _, c := range candidates {
-			if _, n, _ := strings.Cut(c.Name, "="); !strings.HasPrefix(n, "GPU-") && policy.Overlaps(c, a.Withheld()) {
+			if _, n, _ := strings.Cut(c.Name, "="); !strings.HasPrefix(n, "GPU-") && a.Room(p, c, policy.DevicePlugin) == 0 {
 				out = append(out, n)
 			}
 		}
@@ -396,28 +397,28 @@ func TestWithheld(t *testing.T) {
 	}{
 		{name: "nothing held", admit: func(*policy.Allocations) error { return nil }},
 		{name: "an annotation request", want: []string{"0"}, admit: func(a *policy.Allocations) error {
-			_, err := a.Admit(p, pod("a"), []specs.Device{byName["0"]}, 0, policy.Choice{Candidates: candidates}, nil)
+			_, err := admit(a, p, pod("a"), []specs.Device{byName["0"]}, 0, policy.Choice{Candidates: candidates}, nil)
 			return err
 		}},
 		{name: "a count request", want: []string{"0", "1"}, admit: func(a *policy.Allocations) error {
-			_, err := a.Admit(p, pod("a"), nil, 2, policy.Choice{Candidates: candidates}, nil)
+			_, err := admit(a, p, pod("a"), nil, 2, policy.Choice{Candidates: candidates}, nil)
 			return err
 		}},
 		{name: "kubelet's allocation", admit: func(a *policy.Allocations) error {
-			_, err := a.Admit(p, pod("a"), []specs.Device{byName["1"]}, 0, policy.Choice{Candidates: candidates}, []string{byName["1"].Name})
+			_, err := admit(a, p, pod("a"), []specs.Device{byName["1"]}, 0, policy.Choice{Candidates: candidates}, []string{byName["1"].Name})
 			return err
 		}},
 		{name: "kubelet's and an annotation request in one pod", want: []string{"2"}, admit: func(a *policy.Allocations) error {
-			_, err := a.Admit(p, pod("a"), []specs.Device{byName["1"], byName["2"]}, 0, policy.Choice{Candidates: candidates}, []string{byName["1"].Name})
+			_, err := admit(a, p, pod("a"), []specs.Device{byName["1"], byName["2"]}, 0, policy.Choice{Candidates: candidates}, []string{byName["1"].Name})
 			return err
 		}},
 		{name: "kubelet's, reverted then asked for by annotation", want: []string{"1"}, admit: func(a *policy.Allocations) error {
-			g, err := a.Admit(p, pod("a"), []specs.Device{byName["1"]}, 0, policy.Choice{Candidates: candidates}, []string{byName["1"].Name})
+			g, err := admit(a, p, pod("a"), []specs.Device{byName["1"]}, 0, policy.Choice{Candidates: candidates}, []string{byName["1"].Name})
 			if err != nil {
 				return err
 			}
 			a.Revert(g)
-			_, err = a.Admit(p, pod("a"), []specs.Device{byName["1"]}, 0, policy.Choice{Candidates: candidates}, nil)
+			_, err = admit(a, p, pod("a"), []specs.Device{byName["1"]}, 0, policy.Choice{Candidates: candidates}, nil)
 			return err
 		}},
 		{name: "restored: kubelet's by index, found again by UUID", admit: func(a *policy.Allocations) error {
@@ -509,11 +510,11 @@ func TestCountChoosesClosest(t *testing.T) {
 			p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
 			a := policy.NewAllocations()
 			for _, h := range tc.held {
-				if _, err := a.Admit(p, pod(fmt.Sprint("holder", h)), []specs.Device{candidates[h]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
+				if _, err := admit(a, p, pod(fmt.Sprint("holder", h)), []specs.Device{candidates[h]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
 					t.Fatal(err)
 				}
 			}
-			g, err := a.Admit(p, pod("counted"), nil, tc.count, policy.Choice{Candidates: candidates, Links: tc.links}, nil)
+			g, err := admit(a, p, pod("counted"), nil, tc.count, policy.Choice{Candidates: candidates, Links: tc.links}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -544,7 +545,7 @@ func TestUnhealthyDevices(t *testing.T) {
 	strict := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
 
 	a := policy.NewAllocations()
-	g, err := a.Admit(strict, pod("a"), nil, 2, ch, nil)
+	g, err := admit(a, strict, pod("a"), nil, 2, ch, nil)
 	if err != nil || len(g.Counted) != 2 || g.Counted[0].Name != byName["0"].Name || g.Counted[1].Name != byName["2"].Name {
 		t.Errorf("count 2 got %v, %v; want GPUs 0 and 2, passing over the unhealthy 1", g.Counted, err)
 	}
@@ -554,11 +555,11 @@ func TestUnhealthyDevices(t *testing.T) {
 	if want := []string{byName["0"].Name, byName["2"].Name, byName["3"].Name}; !slices.Equal(g.Considered.Free, want) {
 		t.Errorf("free %v, want %v", g.Considered.Free, want)
 	}
-	_, err = a.Admit(strict, pod("b"), nil, 2, ch, nil)
+	_, err = admit(a, strict, pod("b"), nil, 2, ch, nil)
 	testutil.ErrorSays(t, err, "1 are free", "1 more are unhealthy")
 
 	for _, name := range []string{"1", "GPU-1"} {
-		_, err = a.Admit(strict, pod("c"), []specs.Device{byName[name]}, 0, ch, nil)
+		_, err = admit(a, strict, pod("c"), []specs.Device{byName[name]}, 0, ch, nil)
 		testutil.ErrorSays(t, err, `device "nvidia.com/gpu=`+name+`"`, "critical Xid error 79", "policy.allowUnhealthy")
 		var d *policy.Denial
 		if !errors.As(err, &d) || d.Rule != policy.RuleUnhealthy {
@@ -566,7 +567,7 @@ func TestUnhealthyDevices(t *testing.T) {
 		}
 	}
 	lenient := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true, AllowUnhealthy: true})
-	if _, err := a.Admit(lenient, pod("c"), []specs.Device{byName["1"]}, 0, ch, nil); err != nil {
+	if _, err := admit(a, lenient, pod("c"), []specs.Device{byName["1"]}, 0, ch, nil); err != nil {
 		t.Errorf("with policy.allowUnhealthy, a named request for the unhealthy GPU: %v", err)
 	}
 }
@@ -592,11 +593,11 @@ func TestCountPacksMIGDevices(t *testing.T) {
 	candidates := []specs.Device{mig(0, 1), mig(0, 2), mig(1, 1), mig(1, 2)}
 	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
-	if _, err := a.Admit(p, pod("holder"), []specs.Device{candidates[0]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
+	if _, err := admit(a, p, pod("holder"), []specs.Device{candidates[0]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
 		t.Fatal(err)
 	}
 	topo := nvidia.Topology{{gpu(0), gpu(1)}: nvidia.ScoreNVLink}
-	g, err := a.Admit(p, pod("counted"), nil, 2, policy.Choice{Candidates: candidates, Links: topo.Links}, nil)
+	g, err := admit(a, p, pod("counted"), nil, 2, policy.Choice{Candidates: candidates, Links: topo.Links}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -628,7 +629,7 @@ func TestConcurrentCountRequests(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			grants[i], errs[i] = a.Admit(p, pod(fmt.Sprint("p", i)), nil, 2, policy.Choice{Candidates: candidates, Links: topo.Links}, nil)
+			grants[i], errs[i] = admit(a, p, pod(fmt.Sprint("p", i)), nil, 2, policy.Choice{Candidates: candidates, Links: topo.Links}, nil)
 		}()
 	}
 	wg.Wait()

@@ -102,7 +102,7 @@ func (a *Allocations) AdmitClaim(p *Policy, c Claim, devices []ClaimDevice, unhe
 		}
 		// Whatever exclusive says: a claim's devices are its own, but
 		// for a shared device's replicas.
-		if err := a.judge(p, "", d.Device, true, nil).err(d.Device, true); err != nil {
+		if err := a.judge(p, who{exclusive: true}, d.Device).err(d.Device, true); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", c, err))
 		}
 	}
@@ -182,19 +182,6 @@ func (a *Allocations) claimDevices(uids []string) []specs.Device {
 		if c := a.claims[uid]; c != nil {
 			out = append(out, footprints(c.devices)...)
 		}
-	}
-	return out
-}
-
-// HeldByPods returns every device pods hold, through whichever door but
-// a claim: a DRA driver must not offer any device that overlaps one of
-// them.
-func (a *Allocations) HeldByPods() []specs.Device {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var out []specs.Device
-	for _, h := range a.pods {
-		out = append(out, h.all()...)
 	}
 	return out
 }

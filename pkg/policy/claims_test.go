@@ -115,10 +115,10 @@ func TestClaimInThePool(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, err := a.Admit(p, pod("x"), []specs.Device{byName["GPU-0"]}, 0, policy.Choice{}, nil)
+	_, err := admit(a, p, pod("x"), []specs.Device{byName["GPU-0"]}, 0, policy.Choice{}, nil)
 	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=GPU-0" is held by claim ns/c of pod ns/p (as "nvidia.com/gpu=0")`)
 
-	g, err := a.Admit(p, pod("x"), nil, 2, policy.Choice{Candidates: cands}, nil)
+	g, err := admit(a, p, pod("x"), nil, 2, policy.Choice{Candidates: cands}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,15 +137,15 @@ func TestClaimInThePool(t *testing.T) {
 	if err := a.AdmitClaim(p, other, otherDevs, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, err = a.Admit(p, pod("y"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil, other.UID)
+	_, err = admit(a, p, pod("y"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil, other.UID)
 	testutil.ErrorSays(t, err, "is held by claim ns/c")
 	a.ReleaseClaim(other.UID)
 
 	// The claim's own pod: it may use them, and they count.
-	if _, err := a.Admit(p, pod("p"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil, c.UID); err != nil {
+	if _, err := admit(a, p, pod("p"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil, c.UID); err != nil {
 		t.Errorf("the claim's pod refused its device: %v", err)
 	}
-	_, err = a.Admit(p, pod("p"), []specs.Device{byName["2"]}, 0, policy.Choice{}, nil, c.UID)
+	_, err = admit(a, p, pod("p"), []specs.Device{byName["2"]}, 0, policy.Choice{}, nil, c.UID)
 	testutil.ErrorSays(t, err, "pod ns/p would hold 3 devices, more than policy.maxDevicesPerPod (2)")
 	a.Release("id-p")
 
@@ -158,11 +158,21 @@ func TestClaimInThePool(t *testing.T) {
 	if n := a.Count(); n != 2 {
 		t.Errorf("Count %d, want the claim's 2", n)
 	}
-	if w := specs.Names(a.Withheld()); !slices.Equal(w, []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}) {
-		t.Errorf("withheld from the device plugin %v, want the claim's", w)
+	var withheld, offered []string
+	for _, n := range []string{"0", "1", "2", "3"} {
+		d := byName[n]
+		if a.Room(p, d, policy.DevicePlugin) == 0 {
+			withheld = append(withheld, d.Name)
+		}
+		if a.Room(p, d, policy.DRA) == 1 {
+			offered = append(offered, d.Name)
+		}
 	}
-	if h := a.HeldByPods(); len(h) != 0 {
-		t.Errorf("held by pods %v, want none (the DRA driver keeps offering a claim's devices)", h)
+	if !slices.Equal(withheld, []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}) {
+		t.Errorf("withheld from the device plugin %v, want the claim's", withheld)
+	}
+	if len(offered) != 4 {
+		t.Errorf("room through DRA on %v, want every GPU (the DRA driver keeps offering a claim's devices)", offered)
 	}
 	// A restart of the pods' record keeps the claims.
 	if err := a.Restore(p, nil); err != nil {
@@ -174,7 +184,7 @@ func TestClaimInThePool(t *testing.T) {
 	if a.ReleaseClaim(c.UID) != nil {
 		t.Error("a claim released twice released something")
 	}
-	if _, err := a.Admit(p, pod("x"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil); err != nil {
+	if _, err := admit(a, p, pod("x"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil); err != nil {
 		t.Errorf("after the claim was released: %v", err)
 	}
 	if _, _, err := a.Claim(c.UID, nil); !errors.Is(err, policy.ErrNotPrepared) {
@@ -219,10 +229,10 @@ func TestRestoreClaims(t *testing.T) {
 func holdBefore(t *testing.T, a *policy.Allocations, byName map[string]specs.Device) {
 	t.Helper()
 	any := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices})
-	if _, err := a.Admit(any, pod("a"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil); err != nil {
+	if _, err := admit(a, any, pod("a"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Admit(any, pod("b"), nil, 1, policy.Choice{Candidates: []specs.Device{byName["1"]}}, nil); err != nil {
+	if _, err := admit(a, any, pod("b"), nil, 1, policy.Choice{Candidates: []specs.Device{byName["1"]}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	old := policy.Claim{UID: "uid-old", Namespace: "ns", Name: "old", Pods: []string{"ns/p"}}

@@ -58,7 +58,7 @@ func FuzzParseAndCheck(f *testing.F) {
 			if ok, _ := path.Match(config.DefaultDevices[0], r.Device); !ok {
 				t.Fatalf("allowed %q, outside policy.devices", r.Device)
 			}
-			if _, _, name := parser.ParseDevice(r.Device); name == policy.AllDevice && r.Source == policy.SourcePod && !allowAll {
+			if _, _, name := parser.ParseDevice(r.Device); name == policy.AllDevice && r.Origin == policy.OriginPod && !allowAll {
 				t.Fatalf("allowed %q without allowAll", r.Device)
 			}
 		}

@@ -33,7 +33,7 @@ func TestNamedUnhealthyEach(t *testing.T) {
 		return nil
 	}
 	p := policy.New(config.Policy{Devices: config.DefaultDevices})
-	_, err := policy.NewAllocations().Admit(p, pod("a"), []specs.Device{gpus[1], gpus[2]}, 0, policy.Choice{Candidates: gpus, Unhealthy: sick}, nil)
+	_, err := admit(policy.NewAllocations(), p, pod("a"), []specs.Device{gpus[1], gpus[2]}, 0, policy.Choice{Candidates: gpus, Unhealthy: sick}, nil)
 	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=1"`, `device "nvidia.com/gpu=2"`)
 }
 
@@ -45,11 +45,11 @@ func TestRevertLeavesTheCount(t *testing.T) {
 	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 	ch := policy.Choice{Candidates: gpus}
-	first, err := a.Admit(p, pod("a"), nil, 1, ch, nil)
+	first, err := admit(a, p, pod("a"), nil, 1, ch, nil)
 	if err != nil || len(first.Counted) != 1 {
 		t.Fatalf("count 1: %v, %v", first.Counted, err)
 	}
-	second, err := a.Admit(p, pod("a"), []specs.Device{gpus[2]}, 1, ch, nil)
+	second, err := admit(a, p, pod("a"), []specs.Device{gpus[2]}, 1, ch, nil)
 	if err != nil || !slices.Equal(specs.Names(second.Counted), specs.Names(first.Counted)) {
 		t.Fatalf("the second container's count: %v, %v; want the first's %v", second.Counted, err, first.Counted)
 	}
@@ -58,7 +58,7 @@ func TestRevertLeavesTheCount(t *testing.T) {
 	if got := a.Held(); len(got) != 1 || !slices.Equal(got[pod("a")], want[pod("a")]) {
 		t.Errorf("after reverting the second container, held %v, want %v", got, want)
 	}
-	if _, err := a.Admit(p, pod("b"), nil, 3, ch, nil); err == nil {
+	if _, err := admit(a, p, pod("b"), nil, 3, ch, nil); err == nil {
 		t.Error("another pod got all three GPUs: the first container's count was given up")
 	}
 }
@@ -71,15 +71,15 @@ func TestHeldByAnyOtherPod(t *testing.T) {
 	a := policy.NewAllocations()
 	ch := policy.Choice{Candidates: gpus}
 	for i := range gpus[:11] {
-		if _, err := a.Admit(p, pod(fmt.Sprint("holder", i)), []specs.Device{gpus[i]}, 0, ch, nil); err != nil {
+		if _, err := admit(a, p, pod(fmt.Sprint("holder", i)), []specs.Device{gpus[i]}, 0, ch, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := a.Admit(p, pod("b"), []specs.Device{gpus[11]}, 0, ch, nil); err != nil {
+	if _, err := admit(a, p, pod("b"), []specs.Device{gpus[11]}, 0, ch, nil); err != nil {
 		t.Fatal(err)
 	}
 	for i := range gpus[:11] {
-		_, err := a.Admit(p, pod("b"), []specs.Device{gpus[i]}, 0, ch, nil)
+		_, err := admit(a, p, pod("b"), []specs.Device{gpus[i]}, 0, ch, nil)
 		testutil.ErrorSays(t, err, fmt.Sprintf("is held by pod ns/holder%d", i))
 	}
 }
@@ -125,7 +125,7 @@ func TestCountChecksWhatItMayChoose(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
-			g, err := policy.NewAllocations().Admit(p, pod("a"), nil, tc.count, policy.Choice{Candidates: gpus, Usable: usable(tc.unusable), Links: tc.links}, nil)
+			g, err := admit(policy.NewAllocations(), p, pod("a"), nil, tc.count, policy.Choice{Candidates: gpus, Usable: usable(tc.unusable), Links: tc.links}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -146,12 +146,12 @@ func TestCountChecksWhatItMayChoose(t *testing.T) {
 func TestCountShortfallSays(t *testing.T) {
 	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
-	_, err := a.Admit(p, pod("a"), nil, 3, policy.Choice{Candidates: numbered(2)}, nil)
+	_, err := admit(a, p, pod("a"), nil, 3, policy.Choice{Candidates: numbered(2)}, nil)
 	testutil.ErrorSays(t, err, "asks for 3 nvidia.com/gpu devices, but 2 are free and 0 held")
 	if err != nil && strings.Contains(err.Error(), "unhealthy") {
 		t.Errorf("no GPU is unhealthy, but: %v", err)
 	}
-	_, err = a.Admit(p, pod("a"), nil, 1, policy.Choice{}, nil)
+	_, err = admit(a, p, pod("a"), nil, 1, policy.Choice{}, nil)
 	testutil.ErrorSays(t, err, "asks for 1 devices, but 0 are free")
 }
 
@@ -182,7 +182,7 @@ func TestRelease(t *testing.T) {
 	gpus := numbered(2)
 	p := policy.New(config.Policy{Devices: config.DefaultDevices})
 	a := policy.NewAllocations()
-	if _, err := a.Admit(p, pod("a"), []specs.Device{gpus[1]}, 0, policy.Choice{Candidates: gpus}, nil); err != nil {
+	if _, err := admit(a, p, pod("a"), []specs.Device{gpus[1]}, 0, policy.Choice{Candidates: gpus}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := a.Release(pod("a").ID); !slices.Equal(got, []string{"nvidia.com/gpu=1"}) {
@@ -208,11 +208,11 @@ func TestRestoreCounts(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	g, err := a.Admit(p, pod("a"), nil, 1, ch, nil)
+	g, err := admit(a, p, pod("a"), nil, 1, ch, nil)
 	if err != nil || !slices.Equal(specs.Names(g.Counted), []string{"nvidia.com/gpu=1"}) {
 		t.Errorf("pod a's count: %v, %v; want GPU 1, restored first", specs.Names(g.Counted), err)
 	}
-	g, err = a.Admit(p, pod("b"), nil, 1, ch, nil)
+	g, err = admit(a, p, pod("b"), nil, 1, ch, nil)
 	if err != nil || len(g.Counted) != 1 {
 		t.Errorf("pod b's count after an empty restored one: %v, %v; want one GPU", specs.Names(g.Counted), err)
 	}
@@ -250,7 +250,7 @@ func TestMaxDevicesCountsAll(t *testing.T) {
 	}{{5, true}, {4, false}} {
 		pol := open
 		pol.MaxDevicesPerPod = tc.max
-		_, err := policy.NewAllocations().Admit(policy.New(pol), pod("a"), []specs.Device{all, nic}, 0, policy.Choice{Candidates: gpus}, nil)
+		_, err := admit(policy.NewAllocations(), policy.New(pol), pod("a"), []specs.Device{all, nic}, 0, policy.Choice{Candidates: gpus}, nil)
 		if (err == nil) != tc.allowed {
 			t.Errorf("all 4 GPUs and a NIC under maxDevicesPerPod %d: %v", tc.max, err)
 		}
@@ -262,8 +262,8 @@ func TestMaxDevicesCountsAll(t *testing.T) {
 func TestRuntimeRequestsDoNotHideOthers(t *testing.T) {
 	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: []string{"nvidia.com/gpu=0"}})
 	ask := policy.Ask{Requests: []policy.Request{
-		{Device: "nvidia.com/gpu=9", Item: "nvidia.com/gpu=9", Source: policy.SourceRuntime},
-		{Device: "nvidia.com/gpu=1", Item: "1", Key: "gpus.nri-gpu.io", Source: policy.SourcePod},
+		{Device: "nvidia.com/gpu=9", Item: "nvidia.com/gpu=9", Origin: policy.OriginRuntime},
+		{Device: "nvidia.com/gpu=1", Item: "1", Key: "gpus.nri-gpu.io", Origin: policy.OriginPod},
 	}}
 	testutil.ErrorSays(t, p.Check(pod("a"), ask), `"nvidia.com/gpu=1"`, "policy.devices")
 }
@@ -274,7 +274,7 @@ func TestNamedOnlyHasNoCount(t *testing.T) {
 	gpus := numbered(2)
 	p := policy.New(config.Policy{Devices: config.DefaultDevices})
 	a := policy.NewAllocations()
-	g, err := a.Admit(p, pod("a"), []specs.Device{gpus[0]}, 0, policy.Choice{Candidates: gpus}, nil)
+	g, err := admit(a, p, pod("a"), []specs.Device{gpus[0]}, 0, policy.Choice{Candidates: gpus}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -153,7 +153,7 @@ func (p *Policy) Check(pod Pod, ask Ask) error {
 	}
 	var errs []error
 	for _, r := range ask.Requests {
-		if r.Source == SourceRuntime {
+		if r.Origin == OriginRuntime {
 			continue // node components chose it; it is held, not checked
 		}
 		if err := p.checkRequest(r); err != nil {
@@ -166,7 +166,7 @@ func (p *Policy) Check(pod Pod, ask Ask) error {
 // tenantWritten reports whether r came from an annotation the rules for
 // tenants (namespaces, allowAll) apply to.
 func (p *Policy) tenantWritten(r Request) bool {
-	return r.Source == SourcePod || (r.Source == SourceCDI && !p.exemptCDI)
+	return r.Origin == OriginPod || (r.Origin == OriginCDI && !p.exemptCDI)
 }
 
 // annotationRequest describes the first request of ask subject to

@@ -10,8 +10,8 @@ import (
 )
 
 func TestCheck(t *testing.T) {
-	req := func(device string, src policy.Source) policy.Request {
-		return policy.Request{Device: device, Item: device, Key: "k", Source: src}
+	req := func(device string, src policy.Origin) policy.Request {
+		return policy.Request{Device: device, Item: device, Key: "k", Origin: src}
 	}
 	open := config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}
 	tenants := config.Policy{Namespaces: []string{"agents-*", "ml"}, Devices: config.DefaultDevices}
@@ -26,55 +26,55 @@ func TestCheck(t *testing.T) {
 		{
 			name:   "default devices allow nvidia.com/gpu",
 			policy: open,
-			ask:    policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourcePod), req("nvidia.com/gpu=GPU-1", policy.SourceCDI)}},
+			ask:    policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.OriginPod), req("nvidia.com/gpu=GPU-1", policy.OriginCDI)}},
 		},
 		{
 			name:     "default devices deny another kind, from either source",
 			policy:   open,
-			ask:      policy.Ask{Requests: []policy.Request{req("example.com/nic=0", policy.SourcePod), req("example.com/fpga=1", policy.SourceCDI)}},
+			ask:      policy.Ask{Requests: []policy.Request{req("example.com/nic=0", policy.OriginPod), req("example.com/fpga=1", policy.OriginCDI)}},
 			wantRule: policy.RuleDevices,
 			wantErr:  []string{`device "example.com/nic=0" matches none of policy.devices [nvidia.com/gpu=*]`, `"example.com/fpga=1"`, "add a glob"},
 		},
 		{
 			name:   "*/* allows every device",
 			policy: config.Policy{Namespaces: []string{"*"}, Devices: []string{"*/*"}},
-			ask:    policy.Ask{Requests: []policy.Request{req("example.com/nic=0", policy.SourcePod)}},
+			ask:    policy.Ask{Requests: []policy.Request{req("example.com/nic=0", policy.OriginPod)}},
 		},
 		{
 			name:     "all denied without allowAll",
 			policy:   open,
-			ask:      policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.SourcePod)}},
+			ask:      policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.OriginPod)}},
 			wantRule: policy.RuleAllowAll,
 			wantErr:  []string{`device "nvidia.com/gpu=all" gives every device of its kind`, "policy.allowAll: true"},
 		},
 		{
 			name:   "all allowed with allowAll",
 			policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, AllowAll: true},
-			ask:    policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.SourcePod)}},
+			ask:    policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.OriginPod)}},
 		},
 		{
 			name:     "all from a cdi.k8s.io annotation, which a tenant can write too, denied without allowAll",
 			policy:   open,
-			ask:      policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.SourceCDI)}},
+			ask:      policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.OriginCDI)}},
 			wantRule: policy.RuleAllowAll,
 			wantErr:  []string{`container annotation "k" request "nvidia.com/gpu=all"`, "policy.allowAll: true"},
 		},
 		{
 			name:   "all from a cdi.k8s.io annotation, with exemptCDIAnnotations",
 			policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, ExemptCDIAnnotations: true},
-			ask:    policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.SourceCDI)}},
+			ask:    policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=all", policy.OriginCDI)}},
 		},
 		{
 			name:      "namespace allowed by a glob",
 			policy:    tenants,
 			namespace: "agents-7",
-			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourcePod)}},
+			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.OriginPod)}},
 		},
 		{
 			name:      "namespace denied, naming it",
 			policy:    tenants,
 			namespace: "default",
-			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourcePod)}},
+			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.OriginPod)}},
 			wantRule:  policy.RuleNamespaces,
 			wantErr:   []string{`pod annotation "k" request "nvidia.com/gpu=0"`, `pods of namespace "default" may not request devices through annotations`, "policy.namespaces [agents-*, ml]"},
 		},
@@ -90,13 +90,13 @@ func TestCheck(t *testing.T) {
 			name:      "the runtime's CDI devices are subject to no rule here: node components chose them",
 			policy:    tenants,
 			namespace: "default",
-			ask:       policy.Ask{Requests: []policy.Request{req("example.com/nic=all", policy.SourceRuntime)}},
+			ask:       policy.Ask{Requests: []policy.Request{req("example.com/nic=all", policy.OriginRuntime)}},
 		},
 		{
 			name:      "cdi.k8s.io requests are subject to namespaces",
 			policy:    tenants,
 			namespace: "default",
-			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourceCDI)}},
+			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.OriginCDI)}},
 			wantRule:  policy.RuleNamespaces,
 			wantErr:   []string{`container annotation "k" request "nvidia.com/gpu=0"`, `pods of namespace "default"`},
 		},
@@ -104,13 +104,13 @@ func TestCheck(t *testing.T) {
 			name:      "cdi.k8s.io requests exempt from namespaces with exemptCDIAnnotations",
 			policy:    config.Policy{Namespaces: tenants.Namespaces, Devices: config.DefaultDevices, ExemptCDIAnnotations: true},
 			namespace: "kube-system",
-			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourceCDI)}},
+			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.OriginCDI)}},
 		},
 		{
 			name:      "exemptCDIAnnotations does not exempt pod annotations",
 			policy:    config.Policy{Namespaces: tenants.Namespaces, Devices: config.DefaultDevices, ExemptCDIAnnotations: true},
 			namespace: "default",
-			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.SourceCDI), req("nvidia.com/gpu=1", policy.SourcePod)}},
+			ask:       policy.Ask{Requests: []policy.Request{req("nvidia.com/gpu=0", policy.OriginCDI), req("nvidia.com/gpu=1", policy.OriginPod)}},
 			wantRule:  policy.RuleNamespaces,
 			wantErr:   []string{`pod annotation "k" request "nvidia.com/gpu=1"`},
 		},

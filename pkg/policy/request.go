@@ -51,19 +51,19 @@ const kubeletAnnotationPrefix = "cdi.k8s.io/" + DevicePluginName + "_"
 // ErrInvalidRequest is wrapped by every error about a malformed request.
 var ErrInvalidRequest = errors.New("invalid device request")
 
-// Source tells where a request came from.
-type Source int
+// Origin tells where a request came from.
+type Origin int
 
 const (
-	// SourcePod is a gpus.nri-gpu.io pod annotation.
-	SourcePod Source = iota
-	// SourceCDI is a cdi.k8s.io/* container annotation.
-	SourceCDI
-	// SourceRuntime is a CDI device the runtime reports it injects itself
+	// OriginPod is a gpus.nri-gpu.io pod annotation.
+	OriginPod Origin = iota
+	// OriginCDI is a cdi.k8s.io/* container annotation.
+	OriginCDI
+	// OriginRuntime is a CDI device the runtime reports it injects itself
 	// (the CDI devices of the CRI request, which kubelet fills from
 	// device plugins and DRA drivers). It is held like any other, and
 	// injected by the runtime, not by nri-gpu.
-	SourceRuntime
+	OriginRuntime
 )
 
 // Request is one device that a container asks for.
@@ -74,8 +74,9 @@ type Request struct {
 	Item string
 	// Key is the annotation key the request came from.
 	Key string
-	// Source tells whether Key is a pod or a container annotation.
-	Source Source
+	// Origin tells whether Key is a pod or a container annotation, or
+	// the runtime's own CDI devices.
+	Origin Origin
 }
 
 // FromKubelet reports whether kubelet allocated the device: it came
@@ -83,16 +84,16 @@ type Request struct {
 // nri-gpu's device plugin (on Kubernetes only kubelet writes a
 // container's annotations).
 func (r Request) FromKubelet() bool {
-	return r.Source == SourceRuntime || (r.Source == SourceCDI && strings.HasPrefix(r.Key, kubeletAnnotationPrefix))
+	return r.Origin == OriginRuntime || (r.Origin == OriginCDI && strings.HasPrefix(r.Key, kubeletAnnotationPrefix))
 }
 
 // String describes the request for error messages.
 func (r Request) String() string {
-	if r.Source == SourceRuntime {
+	if r.Origin == OriginRuntime {
 		return fmt.Sprintf("CDI device %q of the container's CRI request", r.Device)
 	}
 	kind := "pod annotation"
-	if r.Source == SourceCDI {
+	if r.Origin == OriginCDI {
 		kind = "container annotation"
 	}
 	if r.Item == r.Device {
@@ -235,7 +236,7 @@ func (p *Parser) parseNamed(c Container) ([]Request, error) {
 		if _, _, _, err := parser.ParseQualifiedName(d); err != nil {
 			return nil, fmt.Errorf("CDI device %q of the container's CRI request: %w: %w", truncate(d), ErrInvalidRequest, err)
 		}
-		reqs = append(reqs, Request{Device: d, Item: d, Source: SourceRuntime})
+		reqs = append(reqs, Request{Device: d, Item: d, Origin: OriginRuntime})
 	}
 	return dedup(reqs), nil
 }
@@ -272,7 +273,7 @@ func (p *Parser) parsePodValue(base, key, value string) ([]Request, error) {
 			return nil, fmt.Errorf("pod annotation %q, item %d %q: %w: %w",
 				key, i+1, truncate(item), ErrInvalidRequest, err)
 		}
-		reqs = append(reqs, Request{Device: device, Item: item, Key: key, Source: SourcePod})
+		reqs = append(reqs, Request{Device: device, Item: item, Key: key, Origin: OriginPod})
 	}
 	return reqs, nil
 }
@@ -321,7 +322,7 @@ func parseCDIAnnotations(annotations map[string]string) ([]Request, error) {
 			return nil, fmt.Errorf("container annotation %q: %w: %w", k, ErrInvalidRequest, err)
 		}
 		for _, d := range devices {
-			reqs = append(reqs, Request{Device: d, Item: d, Key: k, Source: SourceCDI})
+			reqs = append(reqs, Request{Device: d, Item: d, Key: k, Origin: OriginCDI})
 		}
 	}
 	return reqs, nil

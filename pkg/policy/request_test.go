@@ -14,10 +14,10 @@ import (
 
 func TestParse(t *testing.T) {
 	pod := func(key, item, device string) policy.Request {
-		return policy.Request{Device: device, Item: item, Key: key, Source: policy.SourcePod}
+		return policy.Request{Device: device, Item: item, Key: key, Origin: policy.OriginPod}
 	}
 	cdiReq := func(key, device string) policy.Request {
-		return policy.Request{Device: device, Item: device, Key: key, Source: policy.SourceCDI}
+		return policy.Request{Device: device, Item: device, Key: key, Origin: policy.OriginCDI}
 	}
 	both := []string{"gpus.nri-gpu.io", "nvidia.cdi.k8s.io"}
 	tests := []struct {
@@ -98,7 +98,7 @@ func TestParse(t *testing.T) {
 			cdiDevs:  []string{"nvidia.com/gpu=1", "nvidia.com/gpu=0"},
 			want: []policy.Request{
 				pod("gpus.nri-gpu.io", "0", "nvidia.com/gpu=0"),
-				{Device: "nvidia.com/gpu=1", Item: "nvidia.com/gpu=1", Source: policy.SourceRuntime},
+				{Device: "nvidia.com/gpu=1", Item: "nvidia.com/gpu=1", Origin: policy.OriginRuntime},
 			},
 		},
 		{

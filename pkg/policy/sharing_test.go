@@ -169,24 +169,24 @@ func TestSharingMIG(t *testing.T) {
 	whole := byIndex(1)[0]
 	p := policy.New(shared(2, "nvidia.com/gpu=*:*"))
 	a := policy.NewAllocations()
-	admit := func(name string, d specs.Device) error {
-		_, err := a.Admit(p, pod(name), []specs.Device{d}, 0, policy.Choice{}, nil)
+	ask := func(name string, d specs.Device) error {
+		_, err := admit(a, p, pod(name), []specs.Device{d}, 0, policy.Choice{}, nil)
 		return err
 	}
 	for _, who := range []string{"a", "b"} {
-		if err := admit(who, mig(0, 1)); err != nil {
+		if err := ask(who, mig(0, 1)); err != nil {
 			t.Fatalf("pod %s, MIG 0:1 shared 2 ways: %v", who, err)
 		}
 	}
-	wantDenied(t, admit("c", mig(0, 1)), policy.RuleSharing, `device "nvidia.com/gpu=0:1" is shared by policy.sharing[0] (replicas 2, timeSlicing) and used by 2 already: pod ns/a, pod ns/b`)
-	if err := admit("c", mig(0, 2)); err != nil {
+	wantDenied(t, ask("c", mig(0, 1)), policy.RuleSharing, `device "nvidia.com/gpu=0:1" is shared by policy.sharing[0] (replicas 2, timeSlicing) and used by 2 already: pod ns/a, pod ns/b`)
+	if err := ask("c", mig(0, 2)); err != nil {
 		t.Errorf("MIG 0:2 beside 0:1: %v", err)
 	}
-	wantDenied(t, admit("d", whole), policy.RuleExclusive, "held by pod ns/a")
+	wantDenied(t, ask("d", whole), policy.RuleExclusive, "held by pod ns/a")
 
 	// A count over MIG devices takes the least used.
 	candidates := []specs.Device{mig(0, 1), mig(0, 2), mig(1, 1)}
-	g, err := a.Admit(p, pod("e"), nil, 2, policy.Choice{Candidates: candidates}, nil)
+	g, err := admit(a, p, pod("e"), nil, 2, policy.Choice{Candidates: candidates}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,10 +202,10 @@ func TestSharingLeastUsedWithTopology(t *testing.T) {
 	topo := nvidia.Topology{{nvidia.GPUNode(0), nvidia.GPUNode(1)}: nvidia.ScoreNVLink, {nvidia.GPUNode(2), nvidia.GPUNode(3)}: nvidia.ScoreNVLink}
 	p := policy.New(shared(2, "nvidia.com/gpu=*"))
 	a := policy.NewAllocations()
-	if _, err := a.Admit(p, pod("a"), []specs.Device{candidates[2]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
+	if _, err := admit(a, p, pod("a"), []specs.Device{candidates[2]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
 		t.Fatal(err)
 	}
-	g, err := a.Admit(p, pod("b"), nil, 2, policy.Choice{Candidates: candidates, Links: topo.Links}, nil)
+	g, err := admit(a, p, pod("b"), nil, 2, policy.Choice{Candidates: candidates, Links: topo.Links}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestSharingLeastUsedWithTopology(t *testing.T) {
 		t.Errorf("got %v, want the unused NVLink pair 0, 1", got)
 	}
 	// Now 0, 1 and 2 are used once, 3 not: 3 and its NVLink peer 2.
-	g, err = a.Admit(p, pod("c"), nil, 2, policy.Choice{Candidates: candidates, Links: topo.Links}, nil)
+	g, err = admit(a, p, pod("c"), nil, 2, policy.Choice{Candidates: candidates, Links: topo.Links}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,11 +225,11 @@ func TestSharingLeastUsedWithTopology(t *testing.T) {
 	// and one of the others, and its score counts the pair it must take.
 	a = policy.NewAllocations()
 	for i, name := range []string{"x", "y"} {
-		if _, err := a.Admit(p, pod(name), []specs.Device{candidates[2+i]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
+		if _, err := admit(a, p, pod(name), []specs.Device{candidates[2+i]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	g, err = a.Admit(p, pod("z"), nil, 3, policy.Choice{Candidates: candidates, Links: topo.Links}, nil)
+	g, err = admit(a, p, pod("z"), nil, 3, policy.Choice{Candidates: candidates, Links: topo.Links}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
-	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
 )
 

@@ -55,7 +55,7 @@ func prepare(t *testing.T, r *testRuntime, c policy.Claim, devices ...string) {
 	for _, d := range devices {
 		allocated = append(allocated, dra.Allocated{CDI: d, Requests: []string{"gpus"}})
 	}
-	if err := r.plugin.Claims(config.Default().DRA).Prepare(c, allocated); err != nil {
+	if err := r.plugin.DRAView(config.Default().DRA).Prepare(c, allocated); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -111,7 +111,7 @@ func TestClaimsOverNRI(t *testing.T) {
 	_, err = r.create(x, container(x, "main"))
 	testutil.ErrorSays(t, err, "is held by claim tenant/c")
 
-	if err := r.plugin.Claims(config.Default().DRA).Unprepare("uid-c"); err != nil {
+	if err := r.plugin.DRAView(config.Default().DRA).Unprepare("uid-c"); err != nil {
 		t.Fatal(err)
 	}
 	if adj, err := r.create(x, container(x, "main")); err != nil || !slices.Equal(devicePaths(adj), []string{"/dev/nvidia1"}) {
@@ -203,7 +203,7 @@ func TestClaimDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := inProcess(t, "policy: {exclusive: true}", dir)
-	view := p.Claims(config.Default().DRA)
+	view := p.DRAView(config.Default().DRA)
 	names := func() []string {
 		var out []string
 		for _, d := range view.Devices() {
@@ -233,7 +233,7 @@ func TestClaimDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	holder := &api.PodSandbox{Id: "id-h", Name: "h", Namespace: "ns", Annotations: map[string]string{"gpus.nri-gpu.io": "GPU-0"}}
-	if _, _, err := p.Explain(holder, &api.Container{Id: "h", PodSandboxId: "id-h", Name: "main", Linux: &api.LinuxContainer{}}); err != nil {
+	if _, _, err := p.Create(context.Background(), holder, &api.Container{Id: "h", PodSandboxId: "id-h", Name: "main", Linux: &api.LinuxContainer{}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := names(); !slices.Equal(got, want[1:]) {
@@ -255,7 +255,7 @@ func TestSharedClaimDevices(t *testing.T) {
   exclusive: true
   sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 2}]
 `, gpuSpecDir(t, 2))
-	view := p.Claims(config.Default().DRA)
+	view := p.DRAView(config.Default().DRA)
 	offered := func() []string {
 		var out []string
 		for _, d := range view.Devices() {
@@ -345,7 +345,7 @@ devices:
 	cfg.Kinds, cfg.Devices = []string{"vendor.com/fpga", "nvidia.com/gpu"}, []string{"Card_*", "1", "*:*"}
 	var got []string
 	attrs := map[string]int{}
-	for _, d := range p.Claims(cfg).Devices() {
+	for _, d := range p.DRAView(cfg).Devices() {
 		got = append(got, d.Device.Name+"="+d.CDI)
 		attrs[d.Device.Name] = len(d.Device.Attributes)
 		if d.Device.Name == "gpu-2-0" {

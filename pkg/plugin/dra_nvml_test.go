@@ -92,7 +92,7 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	devs := p.Claims(cfg.DRA).Devices()
+	devs := p.DRAView(cfg.DRA).Devices()
 	if len(devs) != 4 {
 		t.Fatalf("%d devices, want 4", len(devs))
 	}
@@ -121,7 +121,7 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 
 	// A MIG device: its GPU's product and PCI address, its GPU's UUID as
 	// its parent's, no memory of the whole GPU.
-	mig := p.Claims(config.DRA{Kinds: cfg.DRA.Kinds, Devices: []string{"*:*"}}).Devices()
+	mig := p.DRAView(config.DRA{Kinds: cfg.DRA.Kinds, Devices: []string{"*:*"}}).Devices()
 	if len(mig) != 1 || mig[0].Device.Name != "gpu-3-0" {
 		t.Fatalf("MIG devices offered: %v", mig)
 	}
@@ -169,7 +169,7 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 	lib.Devices[1].(*dgxa100.Device).GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
 	p.CheckHealth()
 	var offered []string
-	for _, d := range p.Claims(cfg.DRA).Devices() {
+	for _, d := range p.DRAView(cfg.DRA).Devices() {
 		offered = append(offered, d.Device.Name)
 	}
 	if strings.Join(offered, ",") != "gpu-0,gpu-2,gpu-3" {

@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"os"
 	"slices"
 	"sync"
 
@@ -50,23 +49,21 @@ func (p *Plugin) OnHeldChange(f func()) { p.onHeld = append(p.onHeld, f) }
 func (r *Resource) Devices() []deviceplugin.Device {
 	st := r.p.state()
 	snap := st.specs.Snapshot()
-	withheld := r.p.alloc.Withheld()
 	offered := st.hardware(snap, r.cfg.Kind, r.cfg.Devices, nil)
 	healthy := map[string]bool{}
 	var ids []string
 	for _, c := range offered {
 		_, _, id := parser.ParseDevice(c.Name)
+		room := r.p.room(st, snap, c, policy.DevicePlugin)
 		share := st.policy.Sharing(c.Name)
 		if share == nil {
-			healthy[id] = r.p.free(snap, c, withheld)
+			healthy[id] = room > 0
 			ids = append(ids, id)
 			continue
 		}
-		ok := r.p.free(snap, c, nil)
-		users, none := r.p.alloc.Apart(c)
 		for k := range share.Replicas {
 			rid := deviceplugin.ReplicaID(id, k)
-			healthy[rid] = ok && !none && k < share.Replicas-users
+			healthy[rid] = k < room
 			ids = append(ids, rid)
 		}
 	}
@@ -170,42 +167,4 @@ func spread(devs []deviceplugin.Device, available, out []string, size int) []str
 		out = append(out, id)
 	}
 	return out
-}
-
-// hardware returns the devices of kind whose names match globs and that
-// policy.devices allows, one name per piece of hardware (the first of a
-// GPU's names: its index before its UUID; one that shares hardware with
-// a device of seen is left out), never "all".
-func (st *state) hardware(snap *specs.Snapshot, kind string, globs []string, seen []specs.Device) []specs.Device {
-	var out []specs.Device
-	for _, c := range snap.Candidates(kind) {
-		_, _, id := parser.ParseDevice(c.Name)
-		if !policy.MatchAny(globs, id) || !st.policy.Allowed(c.Name) || policy.Overlaps(c, seen) || policy.Overlaps(c, out) {
-			continue
-		}
-		out = append(out, c)
-	}
-	return out
-}
-
-// free reports whether a device may be handed out now: no device of held
-// overlaps it, its device nodes exist and its GPU is healthy (NVML).
-func (p *Plugin) free(snap *specs.Snapshot, d specs.Device, held []specs.Device) bool {
-	sick := p.unhealthy()
-	return !policy.Overlaps(d, held) && nodesExist(snap, d.Name) && (sick == nil || sick(d) == nil)
-}
-
-// nodesExist reports whether every device node of the named device is on
-// the host now.
-func nodesExist(snap *specs.Snapshot, name string) bool {
-	e, err := snap.Lookup(name)
-	if err != nil {
-		return false
-	}
-	for _, n := range e.Device.ContainerEdits.DeviceNodes {
-		if _, err := os.Stat(specs.HostPath(n)); err != nil {
-			return false
-		}
-	}
-	return true
 }

@@ -41,11 +41,11 @@ const claimLookupTimeout = 10 * time.Second
 // API server cannot tell, the creation fails if a prepared claim was
 // reserved for the pod (the container would run without its devices),
 // and goes on without claims otherwise.
-func (p *Plugin) claimDevices(pod *api.PodSandbox, ctr *api.Container) ([]string, []specs.Device, error) {
+func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]string, []specs.Device, error) {
 	if p.claims == nil {
 		return nil, nil, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), claimLookupTimeout)
+	ctx, cancel := context.WithTimeout(ctx, claimLookupTimeout)
 	defer cancel()
 	ref := dra.PodRef{Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: pod.GetUid()}
 	uses, err := p.claims.Uses(ctx, ref, ctr.GetName())
@@ -78,15 +78,15 @@ func (p *Plugin) claimDevices(pod *api.PodSandbox, ctr *api.Container) ([]string
 	return uids, devs, nil
 }
 
-// Claims returns the DRA driver's view of the devices, for a driver
+// DRAView returns the DRA driver's view of the devices, for a driver
 // configured by cfg.
-func (p *Plugin) Claims(cfg config.DRA) *Claims { return &Claims{p: p, cfg: cfg} }
+func (p *Plugin) DRAView(cfg config.DRA) *DRAView { return &DRAView{p: p, cfg: cfg} }
 
-var _ dra.Source = (*Claims)(nil)
+var _ dra.Source = (*DRAView)(nil)
 
-// Claims is the devices a DRA driver offers, and what preparing a claim
+// DRAView is the devices a DRA driver offers, and what preparing a claim
 // holds, in the plugin's specs and pool.
-type Claims struct {
+type DRAView struct {
 	p   *Plugin
 	cfg config.DRA
 }
@@ -97,10 +97,9 @@ type Claims struct {
 // device nodes exist, whose GPU is healthy and which no pod holds through
 // another door (an annotation, a count, the device plugin). Devices held
 // by claims stay: the scheduler knows them allocated.
-func (c *Claims) Devices() []dra.Device {
+func (c *DRAView) Devices() []dra.Device {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
-	byPods := c.p.alloc.HeldByPods()
 	var (
 		out     []dra.Device
 		offered []specs.Device
@@ -111,7 +110,9 @@ func (c *Claims) Devices() []dra.Device {
 		offered = append(offered, hw...)
 		cands := snap.Candidates(kind)
 		for _, cand := range hw {
-			if !c.offered(st, snap, cand, byPods) {
+			// Free, or shared with a replica no pod uses (a claim is one
+			// user, whichever pods use it; claims are the scheduler's).
+			if c.p.room(st, snap, cand, policy.DRA) == 0 {
 				continue
 			}
 			info := c.info(snap, kind, cand, cands)
@@ -126,21 +127,9 @@ func (c *Claims) Devices() []dra.Device {
 	return out
 }
 
-// offered reports whether a device may be allocated to a claim: free,
-// or, shared by policy.sharing, with a replica no pod uses (a claim is
-// one user, whichever pods use it).
-func (c *Claims) offered(st *state, snap *specs.Snapshot, d specs.Device, byPods []specs.Device) bool {
-	share := st.policy.Sharing(d.Name)
-	if share == nil {
-		return c.p.free(snap, d, byPods)
-	}
-	pods, none := c.p.alloc.PodUsers(d)
-	return c.p.free(snap, d, nil) && !none && pods < share.Replicas
-}
-
 // info returns what is known of a device: from its spec (its name, its
 // other names, its device nodes) and, for an NVIDIA GPU, NVML.
-func (c *Claims) info(snap *specs.Snapshot, kind string, d specs.Device, cands []specs.Device) dra.Info {
+func (c *DRAView) info(snap *specs.Snapshot, kind string, d specs.Device, cands []specs.Device) dra.Info {
 	_, _, name := parser.ParseDevice(d.Name)
 	info := dra.Info{Kind: kind, Name: name, Index: -1, Minor: -1}
 	info.Minor = minorOf(snap, d.Name)
@@ -183,7 +172,7 @@ func (c *Claims) info(snap *specs.Snapshot, kind string, d specs.Device, cands [
 // Prepare holds a claim's devices in the pool, under the policy: each
 // must resolve in the trusted specs with its hooks allowed, and be free
 // of every other holding.
-func (c *Claims) Prepare(claim policy.Claim, allocated []dra.Allocated) error {
+func (c *DRAView) Prepare(claim policy.Claim, allocated []dra.Allocated) error {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
 	var (
@@ -221,19 +210,19 @@ func (c *Claims) Prepare(claim policy.Claim, allocated []dra.Allocated) error {
 // devices are free meanwhile, but a restart would find the claim in the
 // record (the DRA driver then releases it if the API server no longer
 // has it on this node).
-func (c *Claims) Unprepare(uid string) error {
+func (c *DRAView) Unprepare(uid string) error {
 	released := c.p.alloc.ReleaseClaim(uid)
 	if len(released) > 0 {
 		c.p.log.WithFields(logrus.Fields{"claim": uid, "devices": strings.Join(released, ",")}).Info("released devices of DRA claim")
 	}
-	if err := c.p.held(); err != nil {
+	if err := c.p.saveAndNotify(); err != nil {
 		return fmt.Errorf("claim %s released, but %w: %w", uid, ErrNotRecorded, err)
 	}
 	return nil
 }
 
 // Prepared returns the claims the pool holds.
-func (c *Claims) Prepared() []policy.Claim {
+func (c *DRAView) Prepared() []policy.Claim {
 	var out []policy.Claim
 	for _, h := range c.p.alloc.Claims() {
 		out = append(out, h.Claim)

@@ -1,0 +1,86 @@
+package plugin
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// ErrNotRecorded is wrapped by the error of a request whose grant could
+// not be written to the state file: it is not given.
+var ErrNotRecorded = errors.New("could not be recorded")
+
+// ErrStartOnly is wrapped by Reload's error for a configuration that
+// changes what only a start reads.
+var ErrStartOnly = errors.New("cannot change while nri-gpu runs")
+
+// ErrNotReady is wrapped by Ready's error.
+var ErrNotReady = errors.New("not ready")
+
+// maxErrorLen bounds the error returned to the runtime, which shows it to
+// users (crictl, kubelet events) and must fit in one ttrpc message.
+const maxErrorLen = 4096
+
+// boundedError is an error whose message was cut to maxErrorLen.
+type boundedError struct {
+	msg string
+	err error
+}
+
+func (e *boundedError) Error() string { return e.msg }
+
+// Unwrap returns the whole error, for errors.Is and errors.As.
+func (e *boundedError) Unwrap() error { return e.err }
+
+// bounded returns err with its message cut to maxErrorLen.
+func bounded(err error) error {
+	msg := err.Error()
+	if len(msg) <= maxErrorLen {
+		return err
+	}
+	cut := fmt.Sprintf(" ... (%d more bytes; the plugin's log has all of it)", len(msg)-(maxErrorLen-64))
+	return &boundedError{msg: msg[:maxErrorLen-64] + cut, err: err}
+}
+
+// rule names what refused a container, for the denials metric: a policy
+// rule, or the kind of problem with the request.
+func rule(err error) string {
+	var d *policy.Denial
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &d):
+		return d.Rule
+	case errors.Is(err, policy.ErrInvalidRequest):
+		return "invalidRequest"
+	case errors.Is(err, specs.ErrUntrusted):
+		return "untrustedSpec"
+	case errors.Is(err, specs.ErrUnresolvable):
+		return "unresolvable"
+	case errors.Is(err, adjust.ErrUnsupportedEdit):
+		return "unsupportedEdits"
+	case errors.Is(err, ErrInjectedTwice):
+		return "injectedTwice"
+	case errors.Is(err, ErrNotRecorded):
+		return "notRecorded"
+	case errors.Is(err, ErrMPS):
+		return "mps"
+	}
+	return "other"
+}
+
+// ErrMPS is wrapped by the error for a container whose MPS-shared GPU
+// cannot be given with its bounds.
+var ErrMPS = errors.New("MPS-shared GPU not served")
+
+// ErrInjectedTwice is wrapped by the error that refuses a container in
+// which a device nri-gpu injects would be injected a second time, by the
+// runtime's own CDI at another NRI plugin's request.
+var ErrInjectedTwice = errors.New("a device would be injected twice")
+
+// ErrConfig is wrapped by Serve's error when the runtime handed the plugin
+// a configuration it rejected.
+var ErrConfig = errors.New("invalid configuration")

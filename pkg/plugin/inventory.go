@@ -1,0 +1,208 @@
+package plugin
+
+// The node's hardware as nri-gpu knows it, one inventory for every door
+// (the NRI side, the device plugin, DRA, MPS): what exists (the trusted
+// specs' devices, one name per piece of hardware), what NVML says of it
+// (facts, health, topology), and what is free (the pool's room for it,
+// through the door that asks).
+
+import (
+	"context"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
+)
+
+// unhealthy says why a device's GPU is unhealthy, or returns nil where
+// nri-gpu watches no GPU (no NVML): every device is then healthy.
+func (p *Plugin) unhealthy() func(specs.Device) error {
+	if m := p.health.Load(); m != nil {
+		return m.Unhealthy
+	}
+	return nil
+}
+
+// nvmlLib returns the NVML spec generation, health and topology ask: the
+// one given (tests), else the driver's under cfg's driver root.
+func (p *Plugin) nvmlLib(cfg *config.Config) nvml.Interface {
+	if p.nvml != nil {
+		return p.nvml
+	}
+	return nvidia.Library(cfg.DriverRoot)
+}
+
+// CheckHealth looks once at the NVIDIA GPUs' health (a GPU a check finds
+// lost), for a plugin that does not Serve (nri-gpu explain); without
+// NVML it does nothing.
+func (p *Plugin) CheckHealth() {
+	m, err := nvidia.NewMonitor(p.nvmlLib(p.state().cfg))
+	if err != nil {
+		return
+	}
+	m.Check()
+	m.Close() // what it found stays
+	p.health.Store(m)
+}
+
+// keepWatchingHealth watches the NVIDIA GPUs' health through NVML until
+// ctx is done; without NVML it says that it takes every GPU as healthy.
+func (p *Plugin) keepWatchingHealth(ctx context.Context) {
+	cfg := p.state().cfg
+	m, err := nvidia.NewMonitor(p.nvmlLib(cfg))
+	if err != nil {
+		p.log.Infof("GPU health not watched (%v): every device is taken as healthy", err)
+		return
+	}
+	defer m.Close()
+	m.RecoverAfter = cfg.HealthRecoverAfter
+	m.OnChange = func(node, why string) {
+		if why != "" {
+			p.log.WithField("gpu", node).Warnf("GPU unhealthy: %s", why)
+		} else {
+			p.log.WithField("gpu", node).Info("GPU healthy again")
+		}
+		p.metrics.UnhealthyGPUs(len(m.Unhealthies()))
+		for _, f := range p.onHeld {
+			f()
+		}
+	}
+	p.health.Store(m)
+	defer p.health.Store(nil)
+	p.log.Infof("watching the health of NVIDIA GPUs (critical Xid events, a check every %s)", cfg.HealthInterval)
+	m.Run(ctx, cfg.HealthInterval)
+}
+
+// links returns how closely two devices are connected, from the GPU
+// topology NVML reports (asked once), or nil where NVML cannot be had:
+// count requests then take free devices in spec order.
+func (p *Plugin) links() func(a, b specs.Device) int {
+	p.topologyOnce.Do(func() {
+		t, err := nvidia.DiscoverTopology(p.nvmlLib(p.state().cfg))
+		if err != nil {
+			p.log.Infof("GPU topology unknown (%v): count requests take free devices in spec order", err)
+			return
+		}
+		p.log.Infof("GPU topology of %d pairs known: count requests take the most closely connected free devices", len(t))
+		p.topology = t
+	})
+	if p.topology == nil {
+		return nil
+	}
+	return p.topology.Links
+}
+
+// gpuInfo is what NVML says of a GPU.
+type gpuInfo struct {
+	nvidia.GPU
+	driverVersion string
+}
+
+var (
+	gpuNode = regexp.MustCompile(`^/dev/nvidia([0-9]+)$`)
+	migName = regexp.MustCompile(`^([0-9]+):([0-9]+)$`)
+)
+
+// gpus returns what NVML says of the GPUs (asked once), by minor; nil
+// where NVML cannot be had.
+func (p *Plugin) gpus() map[int]gpuInfo {
+	p.gpusOnce.Do(func() {
+		inv, err := nvidia.Discover(p.nvmlLib(p.state().cfg))
+		if err != nil {
+			p.log.Infof("GPU facts from the CDI specs only (%v)", err)
+			return
+		}
+		p.gpuFacts = map[int]gpuInfo{}
+		for _, g := range inv.GPUs {
+			p.gpuFacts[g.Minor] = gpuInfo{g, inv.DriverVersion}
+		}
+	})
+	return p.gpuFacts
+}
+
+// minorOf returns the minor of the NVIDIA GPU node (/dev/nvidiaN) the
+// named device's spec gives it, or -1.
+func minorOf(snap *specs.Snapshot, name string) int {
+	minor := -1
+	if e, err := snap.Lookup(name); err == nil {
+		for _, n := range e.Device.ContainerEdits.DeviceNodes {
+			if m := gpuNode.FindStringSubmatch(n.Path); m != nil {
+				minor, _ = strconv.Atoi(m[1])
+			}
+		}
+	}
+	return minor
+}
+
+// uuidOf returns the UUID a device is named by (GPU-..., MIG-...), its
+// own name or that of a candidate of the same hardware, or "".
+func uuidOf(d specs.Device, cands []specs.Device) string {
+	uuid := func(dev specs.Device) string {
+		_, _, n := parser.ParseDevice(dev.Name)
+		if strings.HasPrefix(n, "GPU-") || strings.HasPrefix(n, "MIG-") {
+			return n
+		}
+		return ""
+	}
+	if u := uuid(d); u != "" {
+		return u
+	}
+	for _, o := range cands {
+		if len(o.Nodes) == len(d.Nodes) && policy.Overlaps(o, []specs.Device{d}) {
+			if u := uuid(o); u != "" {
+				return u
+			}
+		}
+	}
+	return ""
+}
+
+// hardware returns the devices of kind whose names match globs and that
+// policy.devices allows, one name per piece of hardware (the first of a
+// GPU's names: its index before its UUID; one that shares hardware with
+// a device of seen is left out), never "all".
+func (st *state) hardware(snap *specs.Snapshot, kind string, globs []string, seen []specs.Device) []specs.Device {
+	var out []specs.Device
+	for _, c := range snap.Candidates(kind) {
+		_, _, id := parser.ParseDevice(c.Name)
+		if !policy.MatchAny(globs, id) || !st.policy.Allowed(c.Name) || policy.Overlaps(c, seen) || policy.Overlaps(c, out) {
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// room returns how many more users device d may take through door now:
+// the pool's answer (0 or 1 for a device that is not shared, the
+// replicas left for one that is), or 0 when its device nodes are not on
+// the host or its GPU is unhealthy (NVML).
+func (p *Plugin) room(st *state, snap *specs.Snapshot, d specs.Device, door policy.Door) int {
+	if sick := p.unhealthy(); !nodesExist(snap, d.Name) || (sick != nil && sick(d) != nil) {
+		return 0
+	}
+	return p.alloc.Room(st.policy, d, door)
+}
+
+// nodesExist reports whether every device node of the named device is on
+// the host now.
+func nodesExist(snap *specs.Snapshot, name string) bool {
+	e, err := snap.Lookup(name)
+	if err != nil {
+		return false
+	}
+	for _, n := range e.Device.ContainerEdits.DeviceNodes {
+		if _, err := os.Stat(specs.HostPath(n)); err != nil {
+			return false
+		}
+	}
+	return true
+}

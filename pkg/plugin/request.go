@@ -1,0 +1,421 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/sirupsen/logrus"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/metrics"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// CreateContainer injects the devices a container asks for, or fails its
+// creation saying why. A container that asks for nothing is left alone.
+func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	adj, _, err := p.Create(ctx, pod, ctr)
+	if err == nil {
+		p.recovered.add(pod.GetId(), ctr.GetId())
+	}
+	return adj, nil, err
+}
+
+// Create serves one container's creation, as CreateContainer does for
+// the runtime: it decides what the container gets, builds the
+// adjustment, then holds and records the grant; it records the metrics,
+// logs the decision once and wraps a denial for the runtime. It also
+// returns what the pool granted, with the devices a count request passed
+// over and the chosen set's score, for nri-gpu explain.
+func (p *Plugin) Create(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, policy.Grant, error) {
+	start := time.Now()
+	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
+	req := &request{st: p.state(), rt: p.connectedRuntime(), pod: pod, ctr: ctr, resolved: map[string]resolved{}}
+	req.snap = req.st.specs.Snapshot() // one snapshot for the whole request
+	adj, grant, err := p.serve(ctx, req, log)
+	devices, score := specs.Names(grant.Devices), grant.Score
+	result := metrics.ResultInjected
+	switch {
+	case err != nil:
+		result = metrics.ResultDenied
+	case len(devices) == 0:
+		result = metrics.ResultNone
+	}
+	p.metrics.Request(result, rule(err), time.Since(start))
+	if err != nil {
+		log.Errorf("denied: %v", err)
+		return nil, grant, bounded(fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
+			ctr.GetName(), pod.GetNamespace(), pod.GetName(), err))
+	}
+	if len(devices) == 0 {
+		if adj != nil {
+			log.Warnf("no devices requested; removed the annotations %s and %s, which only nri-gpu writes", DevicesAnnotation, CountedAnnotation)
+		} else {
+			log.Debug("no devices requested")
+		}
+		return adj, grant, nil
+	}
+	entry := log.WithField("devices", strings.Join(devices, ","))
+	if score > 0 {
+		entry = entry.WithField("topologyScore", score)
+	}
+	entry.Info("injected devices")
+	return adj, grant, nil
+}
+
+// request is one container's creation: its pod and container, the
+// configuration and runtime it is served under, and the one snapshot of
+// the specs in which each device is resolved once.
+type request struct {
+	st       *state
+	snap     *specs.Snapshot
+	rt       adjust.Runtime
+	pod      *api.PodSandbox
+	ctr      *api.Container
+	resolved map[string]resolved
+}
+
+// resolved is a device looked up for a request, and whether the
+// container can have it alone (usable: its edits build).
+type resolved struct {
+	entry  *specs.Entry
+	err    error
+	usable error
+	built  bool
+}
+
+// resolve looks a device up in the request's snapshot and checks its
+// hooks, once per request.
+func (r *request) resolve(name string) (*specs.Entry, error) {
+	if got, ok := r.resolved[name]; ok {
+		return got.entry, got.err
+	}
+	e, err := r.st.resolve(r.snap, name)
+	r.resolved[name] = resolved{entry: e, err: err}
+	return e, err
+}
+
+// usable says why the container cannot have device d (it does not
+// resolve, has a hook outside policy.hookPaths, edits the runtime cannot
+// apply), or nil: what a count request passes over.
+func (r *request) usable(d specs.Device) error {
+	e, err := r.resolve(d.Name)
+	if err != nil {
+		return err
+	}
+	got := r.resolved[d.Name]
+	if !got.built {
+		_, got.usable = adjust.Build([]*cdi.Device{e.Device}, r.snap.HostNodes, r.options(nil))
+		got.built = true
+		r.resolved[d.Name] = got
+	}
+	return got.usable
+}
+
+// options are the options of adjust.Build for the request's container.
+func (r *request) options(injected []*cdi.Device) adjust.Options {
+	return adjust.Options{
+		SpecPath:        r.snap.SpecPath,
+		SkipUnsupported: r.st.cfg.UnsupportedEdits == config.UnsupportedWarn,
+		Injected:        injected,
+		UID:             r.ctr.GetUser().GetUid(),
+		GID:             r.ctr.GetUser().GetGid(),
+		AdditionalGIDs:  r.ctr.GetUser().GetAdditionalGids(),
+		Runtime:         r.rt,
+	}
+}
+
+// asked is what a container asks for, resolved: the devices to inject
+// (those of its claims and its requests by name), those of them the
+// runtime injected itself, what the pool is asked (to hold by name, and
+// the count request), and the claims it uses.
+type asked struct {
+	inject   []*specs.Entry
+	injected []*cdi.Device
+	want     policy.Want
+	claimed  []specs.Device
+}
+
+// holds reports whether the request asks the pool to hold anything: the
+// devices of the claims it uses are the claims' holdings already.
+func (a asked) holds() bool { return len(a.want.Named) > 0 || a.want.Count > 0 }
+
+// maxPlans bounds how often a request plans again when the pool changed
+// between its plan and its commit. A stale plan means another request's
+// commit took a device this one chose, so the pool filled: a request
+// plans again at most as often as there are devices to take, and the
+// bound is only a guard.
+const maxPlans = 1024
+
+// serve runs one request: what the container asks is parsed, checked by
+// the policy and resolved once; the pool plans the grant; the adjustment
+// is built and MPS readiness checked; only then is the grant held and
+// recorded, in one step with one undo (commit). It returns the
+// adjustment (nil when nothing is asked for) and what the pool granted.
+func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) (*api.ContainerAdjustment, policy.Grant, error) {
+	ask, err := r.st.parser.Parse(policy.Container{
+		Namespace:      r.pod.GetNamespace(),
+		Pod:            r.pod.GetName(),
+		Name:           r.ctr.GetName(),
+		PodAnnotations: r.pod.GetAnnotations(),
+		Annotations:    r.ctr.GetAnnotations(),
+		CDIDevices:     cdiDeviceNames(r.ctr),
+	})
+	if err != nil {
+		return nil, policy.Grant{}, err
+	}
+	claims, claimed, err := p.claimDevices(ctx, r.pod, r.ctr)
+	if err != nil {
+		return nil, policy.Grant{}, err
+	}
+	if ask.Empty() && len(claimed) == 0 {
+		return scrub(r.ctr), policy.Grant{}, nil
+	}
+	pod := podOf(r.pod)
+	if err := r.st.policy.Check(pod, kept(p.alloc, pod, ask)); err != nil {
+		return nil, policy.Grant{}, err
+	}
+	a, err := r.decide(ask, claimed, log)
+	if err != nil {
+		return nil, policy.Grant{}, err
+	}
+	a.want.Pod, a.want.Claims = pod, claims
+	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Unhealthy: p.unhealthy()}
+	if ask.Count > 1 {
+		a.want.Choice.Links = p.links()
+	}
+	for attempt := 1; ; attempt++ {
+		var plan policy.Plan
+		if a.holds() {
+			if plan, err = p.alloc.Plan(r.st.policy, a.want); err != nil {
+				return nil, policy.Grant{}, err
+			}
+		}
+		adj, err := p.build(ctx, r, a, plan, log)
+		if err != nil {
+			return nil, policy.Grant{}, err
+		}
+		grant := policy.Grant{Pod: pod}
+		if a.holds() {
+			grant, err = p.commit(r.st, plan)
+		}
+		if errors.Is(err, policy.ErrStale) && attempt < maxPlans {
+			continue
+		}
+		if err != nil {
+			return nil, policy.Grant{}, err
+		}
+		grant.Devices = append(grant.Devices, claimed...)
+		return adj, grant, nil
+	}
+}
+
+// decide resolves what a container asks for by name, each device once:
+// the devices of the claims it uses (injected unless the runtime did;
+// not held again), its requests (held by the pod; injected unless the
+// runtime's own CDI did, or injects them from its own spec dirs).
+func (r *request) decide(ask policy.Ask, claimed []specs.Device, log logrus.FieldLogger) (asked, error) {
+	var (
+		a    = asked{claimed: claimed, want: policy.Want{Count: ask.Count}}
+		errs []error
+	)
+	for _, d := range claimed {
+		e, err := r.resolve(d.Name)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("DRA claim device %q: %w", d.Name, err))
+			continue
+		}
+		a.inject = append(a.inject, e)
+		if injectedByRuntime(e, r.ctr) {
+			a.injected = append(a.injected, e.Device)
+		}
+	}
+	for _, q := range ask.Requests {
+		if q.Origin == policy.OriginRuntime && slices.ContainsFunc(claimed, func(d specs.Device) bool { return d.Name == q.Device }) {
+			continue // a claim's, above
+		}
+		if q.FromKubelet() {
+			a.want.FromKubelet = append(a.want.FromKubelet, q.Device)
+		}
+		if q.Origin == policy.OriginRuntime {
+			// The runtime injects it from its own spec dirs: it is held
+			// by the pod, and its spec's edits are not applied again.
+			a.want.Named = append(a.want.Named, r.snap.Footprints([]string{q.Device})...)
+			if e, err := r.snap.Lookup(q.Device); err == nil {
+				a.injected = append(a.injected, e.Device)
+			}
+			continue
+		}
+		e, err := r.resolve(q.Device)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", q, err))
+			continue
+		}
+		a.inject = append(a.inject, e)
+		a.want.Named = append(a.want.Named, e.Footprint)
+		if q.Origin == policy.OriginCDI && injectedByRuntime(e, r.ctr) {
+			a.injected = append(a.injected, e.Device)
+			log.WithField("device", q.Device).Info("device already injected by the runtime's own CDI support; not injected again")
+		}
+	}
+	return a, errors.Join(errs...)
+}
+
+// build builds the adjustment of what the plan grants: every device of
+// the container but those the runtime injected itself, with what MPS
+// needs for an MPS-shared GPU (once its daemon answers), and the
+// annotations that say what the container got.
+func (p *Plugin) build(ctx context.Context, r *request, a asked, plan policy.Plan, log logrus.FieldLogger) (*api.ContainerAdjustment, error) {
+	var devices []*cdi.Device
+	for _, e := range a.inject {
+		if !slices.Contains(a.injected, e.Device) {
+			devices = append(devices, e.Device)
+		}
+	}
+	var errs []error
+	for _, c := range plan.Counted() {
+		e, err := r.resolve(c.Name)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pod annotation %q: %w", policy.CountAnnotationKey, err))
+			continue
+		}
+		devices = append(devices, e.Device)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	given := append(plan.Devices(), a.claimed...)
+	extra, err := p.mpsEdits(ctx, r.st, r.snap, given)
+	if err != nil {
+		return nil, err
+	}
+	opts := r.options(a.injected)
+	opts.Extra = extra
+	res, err := adjust.Build(devices, r.snap.HostNodes, opts)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range res.Skipped {
+		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
+			Warn("skipped a CDI edit the runtime cannot apply (unsupportedEdits: warn)")
+	}
+	for _, s := range res.Unneeded {
+		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
+			Info("left out a CDI edit the runtime cannot apply and the container does not need (its process runs as root or has the groups)")
+	}
+	res.Adjustment.AddAnnotation(DevicesAnnotation, strings.Join(specs.Names(given), ","))
+	if counted := plan.Counted(); len(counted) > 0 {
+		res.Adjustment.AddAnnotation(CountedAnnotation, strings.Join(specs.Names(counted), ","))
+	} else if _, ok := r.ctr.GetAnnotations()[CountedAnnotation]; ok {
+		res.Adjustment.RemoveAnnotation(CountedAnnotation)
+	}
+	return res.Adjustment, nil
+}
+
+// commit holds what the plan grants and records it, in one step with
+// one undo: a grant that adds to what pods hold is written before the
+// container gets it, and taken back when the record cannot keep it (a
+// holding only memory knows would be handed out again after a restart).
+func (p *Plugin) commit(st *state, plan policy.Plan) (policy.Grant, error) {
+	grant, err := p.alloc.Commit(st.policy, plan)
+	if err != nil || !grant.Added() {
+		return grant, err
+	}
+	if err := p.recorded(func() { p.alloc.Revert(grant) }); err != nil {
+		return policy.Grant{}, fmt.Errorf("devices not given, since their grant %w", err)
+	}
+	return grant, nil
+}
+
+// kept returns ask without what the pod holds already: a device it holds
+// by name, its count grant. What a pod holds is kept until it is removed
+// whatever door it came through, under the configuration it was given
+// by (a reload logged what the new one would not give): a pod's new
+// container gets it as the pod's others did. The rest is judged by the
+// policy in force.
+func kept(alloc *policy.Allocations, pod policy.Pod, ask policy.Ask) policy.Ask {
+	holds, counted := alloc.Holds(pod.ID)
+	out := ask
+	out.Requests = slices.DeleteFunc(slices.Clone(ask.Requests), func(r policy.Request) bool { return holds(r.Device) })
+	if counted {
+		out.Count = 0
+	}
+	return out
+}
+
+// scrub returns the adjustment that removes the annotations nri-gpu
+// writes from a container it gives nothing, or nil if it has none.
+func scrub(ctr *api.Container) *api.ContainerAdjustment {
+	var adj *api.ContainerAdjustment
+	for _, key := range []string{DevicesAnnotation, CountedAnnotation} {
+		if _, ok := ctr.GetAnnotations()[key]; ok {
+			if adj == nil {
+				adj = &api.ContainerAdjustment{}
+			}
+			adj.RemoveAnnotation(key)
+		}
+	}
+	return adj
+}
+
+// resolve looks a device up in the trusted specs and checks its hooks.
+func (st *state) resolve(snap *specs.Snapshot, name string) (*specs.Entry, error) {
+	e, err := snap.Lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.policy.CheckHooks(name, e.Hooks); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// cdiDeviceNames returns the CDI devices the runtime reports it injects
+// into the container.
+func cdiDeviceNames(ctr *api.Container) []string {
+	var out []string
+	for _, d := range ctr.GetCDIDevices() {
+		out = append(out, d.GetName())
+	}
+	return out
+}
+
+// injectedByRuntime reports whether the runtime already injected a device
+// into the container (containerd's own CDI support, enable_cdi, acting on
+// a cdi.k8s.io annotation before NRI is called): the runtime reports it
+// among the CDI devices it injects (containerd 2.x), or every device node
+// and env entry of the device's own edits is there already. A device the
+// runtime does not report and whose edits have neither cannot be told
+// apart and counts as not injected.
+func injectedByRuntime(e *specs.Entry, ctr *api.Container) bool {
+	if slices.Contains(cdiDeviceNames(ctr), e.Footprint.Name) {
+		return true
+	}
+	edits := e.Device.ContainerEdits
+	if len(edits.DeviceNodes) == 0 && len(edits.Env) == 0 {
+		return false
+	}
+	for _, n := range edits.DeviceNodes {
+		if n != nil && !slices.ContainsFunc(ctr.GetLinux().GetDevices(), func(d *api.LinuxDevice) bool { return d.GetPath() == n.Path }) {
+			return false
+		}
+	}
+	for _, kv := range edits.Env {
+		if !slices.Contains(ctr.GetEnv(), kv) {
+			return false
+		}
+	}
+	return true
+}
+
+func podOf(pod *api.PodSandbox) policy.Pod {
+	return policy.Pod{ID: pod.GetId(), Namespace: pod.GetNamespace(), Name: pod.GetName()}
+}

@@ -1,0 +1,231 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/sirupsen/logrus"
+
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/record"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// recordLost handles a state file that cannot be read back: it is set
+// aside for the operator (never when read only), and every device found
+// in a running container is then held by its pod alone (Synchronize).
+func (p *Plugin) recordLost(err error) {
+	kept := "left where it is"
+	if !p.saved.ReadOnly() {
+		aside, aerr := p.saved.SetAside()
+		if aerr != nil {
+			kept = aerr.Error()
+		} else {
+			kept = "kept as " + aside
+		}
+	}
+	p.lost.Store(true)
+	p.log.Errorf("the record of what pods hold is unusable (%v; %s): it is rebuilt from the device nodes of the running containers, each device found held by its pod alone (as a count grant is) until the pod is removed", err, kept)
+}
+
+// Synchronize rebuilds what pods hold after a restart, from sources no
+// tenant can write: the state file the plugin keeps, for the pods the
+// runtime still runs, and the device nodes the runtime reports in the
+// containers nri-gpu gave devices. Pods gone while the plugin was away,
+// and pods all of whose containers have stopped (stopped pods, not yet
+// removed), hold nothing any more. Holdings that break the policy or each
+// other are logged, and stay held.
+func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
+	st := p.state()
+	live := make(map[string]policy.Pod, len(pods))
+	for _, pod := range pods {
+		live[pod.GetId()] = podOf(pod)
+	}
+	withContainers, running := map[string]bool{}, map[string]bool{} // by pod ID
+	for _, c := range containers {
+		withContainers[c.GetPodSandboxId()] = true
+		if c.GetState() != api.ContainerState_CONTAINER_STOPPED {
+			running[c.GetPodSandboxId()] = true
+		}
+	}
+	for id := range withContainers {
+		if !running[id] { // a stopped pod, not yet removed
+			delete(live, id)
+		}
+	}
+	var holdings []policy.Holding
+	recorded := map[string][]specs.Device{} // by pod ID
+	for _, h := range p.takeRestored() {
+		if pod, ok := live[h.Pod.ID]; ok {
+			h.Pod = pod
+			holdings = append(holdings, h)
+			recorded[pod.ID] = append(recorded[pod.ID], slices.Concat(h.Named, h.Counted)...)
+		}
+	}
+	candidates := st.specs.Snapshot().Candidates(st.cfg.DefaultKind)
+	// A device of a prepared claim, found in a container, is the claim's.
+	claimed := p.alloc.ClaimHeld()
+	candidates = slices.DeleteFunc(candidates, func(d specs.Device) bool { return policy.Overlaps(d, claimed) })
+	for _, c := range containers {
+		pod, ok := live[c.GetPodSandboxId()]
+		if !ok || c.GetState() == api.ContainerState_CONTAINER_STOPPED {
+			continue
+		}
+		found := foundIn(c, candidates)
+		if len(found) == 0 {
+			continue
+		}
+		// What no record has is held as strictly as it may have been
+		// given: by the pod alone.
+		var sole []string
+		for _, d := range found {
+			if !policy.Overlaps(d, recorded[pod.ID]) {
+				sole = append(sole, d.Name)
+			}
+		}
+		holdings = append(holdings, policy.Holding{Pod: pod, Named: found, Sole: sole})
+		if len(sole) > 0 {
+			p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "container": c.GetName(), "devices": strings.Join(sole, ",")}).
+				Warn("devices found in a running container that no record has: held by its pod alone until the pod is removed")
+		}
+	}
+	if err := p.alloc.Restore(st.policy, holdings); err != nil {
+		p.log.Warn(err)
+	}
+	p.recovered.reset(containers, func(id string) bool { _, ok := live[id]; return ok })
+	p.saveAndNotify()
+	p.setSynced(true)
+	for pod, devices := range p.alloc.Held() {
+		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": strings.Join(devices, ",")}).
+			Info("restored devices held by pod")
+	}
+	return nil, nil
+}
+
+// maxContainerDevices caps the device nodes of one container looked at.
+const maxContainerDevices = 1024
+
+// foundIn returns the candidates whose device nodes are all in a
+// container nri-gpu gave devices, as the runtime reports them (its spec).
+// A container nri-gpu gave nothing (a privileged one, say) holds nothing.
+func foundIn(c *api.Container, candidates []specs.Device) []specs.Device {
+	if _, ok := c.GetAnnotations()[DevicesAnnotation]; !ok {
+		return nil
+	}
+	nodes := map[string]bool{}
+	for i, d := range c.GetLinux().GetDevices() {
+		if i == maxContainerDevices {
+			break
+		}
+		nodes[specs.NodeID(d.GetType(), d.GetMajor(), d.GetMinor())] = true
+	}
+	var found []specs.Device
+	for _, cand := range candidates {
+		if len(cand.Nodes) > 0 && !slices.ContainsFunc(cand.Nodes, func(n string) bool { return !nodes[n] }) {
+			found = append(found, cand)
+		}
+	}
+	return found
+}
+
+// StopPodSandbox releases the devices a pod held.
+func (p *Plugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.recovered.forget(pod.GetId())
+	p.release(pod)
+	return nil
+}
+
+// RemovePodSandbox releases the devices a pod held, if its stop did not.
+func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.recovered.forget(pod.GetId())
+	p.release(pod)
+	return nil
+}
+
+// RemoveContainer releases the devices of a pod the runtime reported at
+// Synchronize once its last container is removed: after the runtime
+// restarted, that is all it tells of the pod's end (see recovered).
+func (p *Plugin) RemoveContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	if p.recovered.remove(pod.GetId(), ctr.GetId()) {
+		p.release(pod)
+	}
+	return nil
+}
+
+func (p *Plugin) release(pod *api.PodSandbox) {
+	if released := p.alloc.Release(pod.GetId()); len(released) > 0 {
+		p.saveAndNotify()
+		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "devices": strings.Join(released, ",")}).
+			Info("released devices")
+	}
+}
+
+// takeRestored returns what pods hold as far as the plugin knows: what
+// the state file said at start, until the first Synchronize (which this
+// ends); then the pool's.
+func (p *Plugin) takeRestored() []policy.Holding {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.restoring {
+		p.restoring = false
+		return p.pending
+	}
+	return p.alloc.Holdings()
+}
+
+// HoldRecorded has the pool hold what the state file said pods held at
+// start, as a Synchronize that found all of them running would, for a
+// plugin that is not served (nri-gpu explain). It returns what the
+// policy in force would not give, which the pods keep until removed (a
+// *policy.ConflictError), or nil.
+func (p *Plugin) HoldRecorded() error {
+	return p.alloc.Restore(p.state().policy, p.takeRestored())
+}
+
+// record returns what the state file keeps: the pods' holdings (those
+// read at start, while they are pending) and the prepared claims.
+func (p *Plugin) record() record.Content {
+	p.mu.RLock()
+	pending, restoring := p.pending, p.restoring
+	p.mu.RUnlock()
+	if restoring {
+		return record.Content{Pods: pending, Claims: p.alloc.Claims()}
+	}
+	return record.Content{Pods: p.alloc.Holdings(), Claims: p.alloc.Claims()}
+}
+
+// saveAndNotify records what pods hold, in the state file and in the
+// devices-held and rebuilt-record metrics, and tells the doors that keep
+// a view of it (the device plugin, DRA). It returns the state file's
+// error, which it also logs.
+func (p *Plugin) saveAndNotify() error {
+	var err error
+	if p.saved != nil {
+		if err = p.saved.Save(p.record); err != nil {
+			p.log.Errorf("what pods hold is not kept for a restart: %v", err)
+		}
+	}
+	p.metrics.DevicesHeld(p.alloc.Count()) // nil metrics: nothing
+	p.metrics.RecordRebuilt(p.lost.Load() || p.alloc.Rebuilt() > 0)
+	for _, f := range p.onHeld {
+		f()
+	}
+	return err
+}
+
+// recorded records a change that added to what is held (a pod's grant, a
+// prepared claim), or has undo take it back when the state file cannot
+// keep it: a holding only memory knows would be handed out again after a
+// restart.
+func (p *Plugin) recorded(undo func()) error {
+	err := p.saveAndNotify()
+	if err == nil {
+		return nil
+	}
+	undo()
+	_ = p.saveAndNotify() // what was last written again, which needs no write
+	return fmt.Errorf("%w: %w", ErrNotRecorded, err)
+}

@@ -1,0 +1,227 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// Want is what one container of a pod asks the pool for.
+type Want struct {
+	// Pod is the container's pod.
+	Pod Pod
+	// Named are the devices asked for by name.
+	Named []specs.Device
+	// Count asks for that many devices chosen as Choice says (0: none).
+	Count int
+	// Choice is what a count request chooses among, and how.
+	Choice Choice
+	// FromKubelet names those of Named that kubelet allocated the pod
+	// (through a device plugin), which kubelet accounts for itself.
+	FromKubelet []string
+	// Claims are the UIDs of the prepared DRA claims the container uses:
+	// the devices they hold are the pod's to use, and stay the claims'
+	// holdings (they are not among Named).
+	Claims []string
+}
+
+// A Plan is what a container would be granted, decided on the pool as it
+// was: nothing is held until Commit.
+type Plan struct {
+	want Want
+	// counted are the devices for the count request: the pod's own, or
+	// chosen now (fresh).
+	counted []specs.Device
+	fresh   bool
+	score   int
+	// considered is what a fresh choice chose among and passed over.
+	considered Considered
+}
+
+// Devices are the named devices and then the counted ones.
+func (pl Plan) Devices() []specs.Device { return slices.Concat(pl.want.Named, pl.counted) }
+
+// Counted are the devices for the pod's count request.
+func (pl Plan) Counted() []specs.Device { return pl.counted }
+
+// Grant is what Commit gives a container.
+type Grant struct {
+	// Pod is the pod the grant is for.
+	Pod Pod
+	// Devices are the named devices and then the counted ones.
+	Devices []specs.Device
+	// Counted are the devices chosen for the pod's count request.
+	Counted []specs.Device
+	// Considered is what the count request chose among and passed over.
+	Considered Considered
+	// Score is how closely the devices chosen for a count request are
+	// connected: the sum of Links over their pairs (0 when one device was
+	// chosen, the topology is unknown, or the pod had them already).
+	Score int
+
+	// added, addedKubelet and addedCount say what this grant added to
+	// the pod's holding, for Revert.
+	added        []string
+	addedKubelet []string
+	addedCount   bool
+}
+
+// ErrStale is wrapped by Commit's error when the pool changed since the
+// plan so that its choice for a count request no longer holds (another
+// request took a device it chose): plan again.
+var ErrStale = errors.New("the pool changed since the plan")
+
+// Plan decides, under p's rules, whether a container of w.Pod may have
+// the named devices and, for a count request, chooses w.Count devices as
+// w.Choice says: free ones the container can have, the most closely
+// connected set where the topology is known, else the first in spec
+// order. It holds nothing. Containers of one pod share its devices: a
+// pod's count request is answered with the same devices every time.
+func (a *Allocations) Plan(p *Policy, w Want) (Plan, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	own := a.pods[w.Pod.ID]
+	if own == nil {
+		own = &holding{pod: w.Pod}
+	}
+	if err := a.judgeNamed(p, own, w, true); err != nil {
+		return Plan{}, err
+	}
+	pl := Plan{want: w, counted: own.counted}
+	if w.Count > 0 && own.counted == nil {
+		mine := slices.Concat(own.named, w.Named, a.claimDevices(w.Claims))
+		var err error
+		if pl.counted, pl.score, pl.considered, err = a.choose(p, w.Pod.ID, w.Count, w.Choice, w.Claims, mine); err != nil {
+			return Plan{}, err
+		}
+		pl.fresh = true
+	}
+	return pl, a.checkMax(p, own, w, pl.counted)
+}
+
+// Commit holds what the plan grants, if it still holds on the pool as
+// it is now: the named devices are judged again (another pod may have
+// taken one meanwhile: denied as Plan would), and a fresh choice for a
+// count request must still be free (else ErrStale: plan again). What it
+// returns is undone by Revert.
+func (a *Allocations) Commit(p *Policy, pl Plan) (Grant, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	w := pl.want
+	own := a.pods[w.Pod.ID]
+	if own == nil {
+		own = &holding{pod: w.Pod}
+	}
+	if err := a.judgeNamed(p, own, w, false); err != nil {
+		return Grant{}, err
+	}
+	if pl.fresh {
+		if own.counted != nil {
+			return Grant{}, fmt.Errorf("%w: pod %s was given devices for its count request meanwhile", ErrStale, w.Pod)
+		}
+		mine := slices.Concat(own.named, w.Named, a.claimDevices(w.Claims))
+		for _, c := range pl.counted {
+			if (Overlaps(c, mine) && p.Sharing(c.Name) != nil) || a.judge(p, who{pod: w.Pod.ID, claims: w.Claims, exclusive: true}, c).room() == 0 {
+				return Grant{}, fmt.Errorf("%w: device %q, chosen for pod %s, was taken meanwhile", ErrStale, c.Name, w.Pod)
+			}
+		}
+	} else if !slices.EqualFunc(pl.counted, own.counted, func(x, y specs.Device) bool { return x.Name == y.Name }) {
+		return Grant{}, fmt.Errorf("%w: pod %s's devices for its count request changed meanwhile", ErrStale, w.Pod)
+	}
+	if err := a.checkMax(p, own, w, pl.counted); err != nil {
+		return Grant{}, err
+	}
+
+	// The pod's counted devices are replaced whole, never modified in
+	// place, so the grant may share them.
+	g := Grant{Pod: w.Pod, Devices: pl.Devices(), Counted: pl.counted, Score: pl.score, Considered: pl.considered}
+	for _, d := range w.Named {
+		if !slices.ContainsFunc(own.named, func(h specs.Device) bool { return h.Name == d.Name }) {
+			own.named = append(own.named, d)
+			g.added = append(g.added, d.Name)
+		}
+		if slices.Contains(w.FromKubelet, d.Name) && !slices.Contains(own.kubelet, d.Name) {
+			own.kubelet = append(own.kubelet, d.Name)
+			g.addedKubelet = append(g.addedKubelet, d.Name)
+		}
+	}
+	g.addedCount = own.counted == nil && pl.counted != nil
+	own.counted = pl.counted
+	a.pods[w.Pod.ID] = own
+	return g, nil
+}
+
+// judgeNamed judges the named devices of w that the pod does not hold
+// yet (those it holds are kept, as a reload or restore left them): each
+// must be free of other holders as p says and, when health is asked
+// (Plan), healthy unless policy.allowUnhealthy.
+func (a *Allocations) judgeNamed(p *Policy, own *holding, w Want, health bool) error {
+	var errs []error
+	for _, d := range w.Named {
+		if health && w.Choice.Unhealthy != nil && !p.allowUnhealthy {
+			if err := w.Choice.Unhealthy(d); err != nil {
+				errs = append(errs, deny(RuleUnhealthy, fmt.Errorf("%w: device %q: %w; set policy.allowUnhealthy: true to allow it", ErrDenied, d.Name, err)))
+				continue
+			}
+		}
+		if slices.ContainsFunc(own.named, func(h specs.Device) bool { return h.Name == d.Name }) {
+			continue
+		}
+		if err := a.judge(p, who{pod: w.Pod.ID, claims: w.Claims, exclusive: p.exclusive}, d).err(d, p.exclusive); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkMax refuses a grant after which the pod would hold more devices
+// than policy.maxDevicesPerPod.
+func (a *Allocations) checkMax(p *Policy, own *holding, w Want, counted []specs.Device) error {
+	if p.max == 0 {
+		return nil
+	}
+	all := slices.Concat(own.named, own.counted, w.Named, counted, a.claimDevices(w.Claims))
+	if n := units(all, w.Choice.Candidates); n > p.max {
+		return deny(RuleMax, fmt.Errorf("%w: pod %s would hold %d devices, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
+			ErrDenied, w.Pod, n, p.max))
+	}
+	return nil
+}
+
+// Added reports whether the grant added to what its pod holds (a device
+// not held before, or a count grant): what must be recorded before the
+// container may have it.
+func (g Grant) Added() bool { return len(g.added) > 0 || len(g.addedKubelet) > 0 || g.addedCount }
+
+// Revert undoes what a grant added, when the container it was for could
+// not be given its devices after all.
+func (a *Allocations) Revert(g Grant) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	own := a.pods[g.Pod.ID]
+	if own == nil {
+		return
+	}
+	own.named = slices.DeleteFunc(own.named, func(d specs.Device) bool { return slices.Contains(g.added, d.Name) })
+	own.kubelet = slices.DeleteFunc(own.kubelet, func(n string) bool { return slices.Contains(g.addedKubelet, n) })
+	if g.addedCount {
+		own.counted = nil
+	}
+	if len(own.named) == 0 && own.counted == nil {
+		delete(a.pods, g.Pod.ID)
+	}
+}
+
+// Release forgets what a pod holds, and returns the names it held.
+func (a *Allocations) Release(podID string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h := a.pods[podID]
+	delete(a.pods, podID)
+	if h == nil {
+		return nil
+	}
+	return specs.Names(h.all())
+}

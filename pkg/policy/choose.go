@@ -1,0 +1,243 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+
+	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// Choice is what a count request chooses among, and how.
+type Choice struct {
+	// Candidates are the individual devices of the default kind, in spec
+	// order.
+	Candidates []specs.Device
+	// Usable says why the container cannot have a device, or nil if it
+	// can; a nil Usable takes any.
+	Usable func(specs.Device) error
+	// Unhealthy says why a device's hardware is unhealthy, or nil; a nil
+	// Unhealthy takes every device as healthy. A count request never gets
+	// an unhealthy device; a request by name is denied one unless
+	// policy.allowUnhealthy.
+	Unhealthy func(specs.Device) error
+	// Links scores how closely two devices are connected, higher is
+	// closer (NVLink, one PCIe switch, one socket); nil when the topology
+	// is not known. A request for more than one device takes the free set
+	// whose members are the most closely connected.
+	Links func(a, b specs.Device) int
+}
+
+// choose picks count free candidates that ch.Usable accepts, one name
+// per device and no shared one the pod uses already (mine): the least
+// used first (shared devices by how many pods use them), then the first
+// in order, or, for more than one device where ch.Links is known, the
+// set whose pairs score highest among the least used (ties keep spec
+// order). It returns them and their score.
+func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses []string, mine []specs.Device) ([]specs.Device, int, Considered, error) {
+	var (
+		free, seen []specs.Device
+		used       []int // how many pods use each of free
+		unusable   []error
+		passed     []Passed
+	)
+	// With the topology known or devices shared, every free device is a
+	// candidate; else the first count do.
+	enough := count
+	if (ch.Links != nil && count > 1) || len(p.sharing) > 0 {
+		enough = len(ch.Candidates)
+	}
+	held, unhealthy := 0, 0
+	for _, c := range ch.Candidates {
+		if !p.Allowed(c.Name) || Overlaps(c, seen) {
+			continue
+		}
+		seen = append(seen, c)
+		if Overlaps(c, mine) && p.Sharing(c.Name) != nil {
+			continue // the pod uses it already: never one shared GPU twice
+		}
+		// A device held by another pod in any way is not free, unless
+		// it is shared and a replica is left.
+		v := a.judge(p, who{pod: podID, claims: uses, exclusive: true}, c)
+		if v.room() == 0 {
+			held++
+			why := "held by " + describeUsers(v.sharers)
+			if v.by != nil {
+				why = "held by " + v.by.holder.String()
+			}
+			passed = append(passed, Passed{c.Name, why})
+			continue
+		}
+		if ch.Unhealthy != nil {
+			if err := ch.Unhealthy(c); err != nil {
+				unhealthy++
+				passed = append(passed, Passed{c.Name, err.Error()})
+				continue
+			}
+		}
+		if len(free) < enough && ch.Usable != nil {
+			if err := ch.Usable(c); err != nil {
+				unusable = append(unusable, err)
+				passed = append(passed, Passed{c.Name, err.Error()})
+				continue
+			}
+		}
+		free = append(free, c)
+		used = append(used, len(v.sharers))
+	}
+	if len(free) < count {
+		kind := "devices"
+		if len(ch.Candidates) > 0 {
+			v, c, _ := parser.ParseDevice(ch.Candidates[0].Name)
+			kind = v + "/" + c + " devices"
+		}
+		why := ""
+		if unhealthy > 0 {
+			why = fmt.Sprintf("; %d more are unhealthy", unhealthy)
+		}
+		if len(unusable) > 0 {
+			why += fmt.Sprintf("; %d more cannot be given to this container, such as: %v", len(unusable), unusable[0])
+		}
+		return nil, 0, Considered{}, deny(RuleCount, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices)%s; they are free again when their pods are removed",
+			CountAnnotationKey, ErrDenied, count, kind, len(free), held, len(seen), why))
+	}
+	considered := Considered{Free: specs.Names(free), Passed: passed}
+	fixed, rest := leastUsed(free, used, count)
+	need := count - len(fixed)
+	if ch.Links == nil || count == 1 {
+		return append(fixed, rest[:need]...), 0, considered, nil
+	}
+	best, score := Closest(fixed, rest, need, ch.Links)
+	return append(fixed, best...), score, considered, nil
+}
+
+// leastUsed splits the least-used count devices of free (shared ones by
+// how many pods use them) into those that must be taken (fewer users
+// than the count-th least used) and those to choose the rest among (as
+// many users as it), each in the order of free.
+func leastUsed(free []specs.Device, used []int, count int) (fixed, rest []specs.Device) {
+	limit := slices.Sorted(slices.Values(used))[count-1]
+	for i, d := range free {
+		switch {
+		case used[i] < limit:
+			fixed = append(fixed, d)
+		case used[i] == limit:
+			rest = append(rest, d)
+		}
+	}
+	return fixed, rest
+}
+
+// Considered is what a count request looked at: the free devices (not
+// held, healthy) it chose among, and those it passed over, with why.
+type Considered struct {
+	Free   []string
+	Passed []Passed
+}
+
+// Passed is a device a count request passed over, and why.
+type Passed struct {
+	Device, Reason string
+}
+
+// maxSets bounds the sets closest scores one by one; beyond it, sets are
+// grown greedily from each device.
+const maxSets = 20000
+
+// Closest returns the count devices of free (count <= len(free)) that,
+// together with fixed (devices already chosen), score highest under links
+// over all their pairs, and that score (fixed's own pairs included). Of
+// sets that score alike, the first in spec order wins, so the choice is
+// deterministic.
+func Closest(fixed, free []specs.Device, count int, links func(a, b specs.Device) int) ([]specs.Device, int) {
+	base := 0
+	for i := range fixed {
+		for j := i + 1; j < len(fixed); j++ {
+			base += links(fixed[i], fixed[j])
+		}
+	}
+	score := func(set []int) int {
+		total := base
+		for i := range set {
+			for _, f := range fixed {
+				total += links(f, free[set[i]])
+			}
+			for j := i + 1; j < len(set); j++ {
+				total += links(free[set[i]], free[set[j]])
+			}
+		}
+		return total
+	}
+	var best []int
+	bestScore := -1
+	consider := func(set []int) {
+		if s := score(set); s > bestScore {
+			best, bestScore = slices.Clone(set), s
+		}
+	}
+	if binomial(len(free), count) <= maxSets {
+		// Every set, in lexicographic order.
+		set := make([]int, count)
+		for i := range set {
+			set[i] = i
+		}
+		for {
+			consider(set)
+			i := count - 1
+			for i >= 0 && set[i] == len(free)-count+i {
+				i--
+			}
+			if i < 0 {
+				break
+			}
+			set[i]++
+			for j := i + 1; j < count; j++ {
+				set[j] = set[j-1] + 1
+			}
+		}
+	} else {
+		// From each device, add the one closest to those chosen.
+		for start := range free {
+			set := []int{start}
+			for len(set) < count {
+				next, nextScore := -1, -1
+				for c := range free {
+					if slices.Contains(set, c) {
+						continue
+					}
+					s := 0
+					for _, m := range set {
+						s += links(free[m], free[c])
+					}
+					for _, f := range fixed {
+						s += links(f, free[c])
+					}
+					if s > nextScore {
+						next, nextScore = c, s
+					}
+				}
+				set = append(set, next)
+			}
+			slices.Sort(set)
+			consider(set)
+		}
+	}
+	out := make([]specs.Device, len(best))
+	for i, b := range best {
+		out[i] = free[b]
+	}
+	return out, bestScore
+}
+
+// binomial returns n choose k, or more than maxSets once it passes that.
+func binomial(n, k int) int {
+	r := 1
+	for i := 1; i <= k; i++ {
+		r = r * (n - k + i) / i
+		if r > maxSets {
+			return maxSets + 1
+		}
+	}
+	return r
+}

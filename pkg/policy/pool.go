@@ -1,0 +1,403 @@
+package policy
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+
+	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// Allocations records which pod holds which devices. Devices given for a
+// count request are always held by their pod alone; devices asked for by
+// name are held by their pod alone when policy.exclusive is true. Its
+// methods are safe for concurrent use, and an admission is atomic: two
+// pods asking at once never both get a device one of them holds.
+type Allocations struct {
+	mu   sync.Mutex
+	pods map[string]*holding
+	// claims are the DRA claims prepared on the node, by UID.
+	claims map[string]*claimHolding
+}
+
+// holding is what one pod holds.
+type holding struct {
+	pod     Pod
+	named   []specs.Device
+	counted []specs.Device
+	// kubelet names those of named that kubelet allocated the pod (a
+	// device plugin's): kubelet accounts for them itself.
+	kubelet []string
+	// sole names those of named that the pod holds alone whatever
+	// policy.exclusive says, as a count grant: devices found in its
+	// containers that no record of holdings had (the record was lost).
+	sole []string
+}
+
+func (h *holding) all() []specs.Device { return append(slices.Clone(h.named), h.counted...) }
+
+// NewAllocations returns empty allocations.
+func NewAllocations() *Allocations {
+	return &Allocations{pods: map[string]*holding{}, claims: map[string]*claimHolding{}}
+}
+
+// holder is who holds a device: a pod, or a DRA claim.
+type holder struct {
+	pod   Pod
+	claim *Claim
+	// sole says the pod holds it alone as found without a record.
+	sole bool
+}
+
+func (h holder) String() string {
+	if h.claim != nil {
+		return h.claim.String()
+	}
+	return "pod " + h.pod.String()
+}
+
+// hint says when the device is free again, and why it is not shared.
+func (h holder) hint(exclusive bool) string {
+	switch {
+	case h.claim != nil:
+		return "; a device allocated to a claim serves the pods that use the claim only; it is free again when kubelet unprepares the claim (its pods removed)"
+	case h.sole:
+		return fmt.Sprintf(", which nri-gpu found using it with no record of how it got it (its record of holdings was lost), so it is held by that pod alone; it is free again when pod %s is removed", h.pod)
+	case exclusive:
+		return fmt.Sprintf(" and policy.exclusive is true; it is free again when pod %s is removed", h.pod)
+	}
+	return fmt.Sprintf(", which got it for a count request; it is free again when pod %s is removed", h.pod)
+}
+
+// key tells holders apart: one pod, one claim.
+func (h holder) key() string {
+	if h.claim != nil {
+		return "claim:" + h.claim.UID
+	}
+	return "pod:" + h.pod.ID
+}
+
+// user is a holder of a device that overlaps the one asked for.
+type user struct {
+	holder
+	dev *specs.Device
+	// strict says no one else may have it unless it is shared: a count
+	// grant, a claim's device, a device held alone.
+	strict bool
+	// kubelet says kubelet allocated it to the pod (a device plugin's),
+	// by this name or by another name of the same hardware.
+	kubelet bool
+}
+
+// who asks the pool whether it may have a device: a pod (and the claims
+// it uses), through a door.
+type who struct {
+	// pod and claims are left out of the device's holders: what they
+	// hold is theirs already.
+	pod    string
+	claims []string
+	// door leaves out the holders its own scheduler accounts for.
+	door Door
+	// exclusive says no other holder may have the device unless it is
+	// shared (policy.exclusive for a request by name; a count request,
+	// kubelet and DRA always).
+	exclusive bool
+}
+
+// Door is a way into the pool.
+type Door int
+
+const (
+	// NRI is a container's request through the runtime: its pod's
+	// annotations, its count request, the runtime's CDI devices.
+	NRI Door = iota
+	// DevicePlugin is kubelet's device plugin: kubelet accounts for the
+	// devices it allocated.
+	DevicePlugin
+	// DRA is the DRA driver: kube-scheduler accounts for the devices it
+	// allocated to claims.
+	DRA
+)
+
+// leaves reports whether door leaves u out of a device's holders.
+func (w who) leaves(u user) bool {
+	switch w.door {
+	case DevicePlugin:
+		return u.kubelet
+	case DRA:
+		return u.claim != nil
+	}
+	return false
+}
+
+// users returns the holders of devices that overlap d, but those w
+// leaves out: claims by UID, then pods by ID.
+func (a *Allocations) users(w who, d specs.Device) []user {
+	var out []user
+	for _, uid := range slices.Sorted(maps.Keys(a.claims)) {
+		c := a.claims[uid]
+		if slices.Contains(w.claims, uid) {
+			continue
+		}
+		for i := range c.devices {
+			if overlaps(c.devices[i].Device, d) {
+				out = append(out, user{holder: holder{claim: &c.claim}, dev: &c.devices[i].Device, strict: true})
+			}
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(a.pods)) {
+		h := a.pods[id]
+		if id == w.pod && w.pod != "" {
+			continue
+		}
+		for i := range h.counted {
+			if overlaps(h.counted[i], d) {
+				out = append(out, user{holder: holder{pod: h.pod}, dev: &h.counted[i], strict: true})
+			}
+		}
+		for i := range h.named {
+			if overlaps(h.named[i], d) {
+				sole := slices.Contains(h.sole, h.named[i].Name)
+				out = append(out, user{holder: holder{pod: h.pod, sole: sole}, dev: &h.named[i], strict: sole, kubelet: h.fromKubelet(h.named[i])})
+			}
+		}
+	}
+	return slices.DeleteFunc(out, w.leaves)
+}
+
+// fromKubelet reports whether kubelet allocated the pod d: by its name,
+// or by another name of hardware d is within (its UUID, found in the
+// container's device nodes after a restart).
+func (h *holding) fromKubelet(d specs.Device) bool {
+	return slices.ContainsFunc(h.named, func(k specs.Device) bool {
+		return slices.Contains(h.kubelet, k.Name) && (k.Name == d.Name || covers(k, d))
+	})
+}
+
+// verdict is whether a device may be given beside what others hold.
+type verdict struct {
+	// by is a holder that keeps it, nil if none.
+	by *user
+	// share is how the device is shared, nil if it is not; sharers are
+	// the holders (one entry each) it is shared with.
+	share   *Share
+	sharers []user
+}
+
+// room is how many more users the device may take: 0 or 1 for a device
+// that is not shared, the replicas left for one that is.
+func (v verdict) room() int {
+	switch {
+	case v.by != nil:
+		return 0
+	case v.share == nil:
+		return 1
+	}
+	return max(0, v.share.Replicas-len(v.sharers))
+}
+
+// judge says whether w may have d beside what others hold. A device
+// policy.sharing covers is shared with every other holder of the same
+// hardware, whichever of its names they hold, up to its replicas; but a
+// holder found with no record keeps it alone. Any other holder of
+// overlapping hardware keeps it when it holds it strictly (a count
+// grant, a claim, held alone) or w is exclusive. This is the pool's one
+// answer to every door.
+func (a *Allocations) judge(p *Policy, w who, d specs.Device) verdict {
+	v := verdict{share: p.Sharing(d.Name)}
+	seen := map[string]bool{}
+	for _, u := range a.users(w, d) {
+		if v.share != nil && !u.sole && sameHardware(*u.dev, d) {
+			if !seen[u.key()] {
+				seen[u.key()] = true
+				v.sharers = append(v.sharers, u)
+			}
+			continue
+		}
+		if u.strict || w.exclusive {
+			v.by = &u
+			return v
+		}
+	}
+	return v
+}
+
+// Room returns how many more users device d may take through door, on
+// the pool as it is and under p: 0 or 1 for a device policy.sharing does
+// not share, the replicas left for one it shares. Holders the door's own
+// scheduler accounts for are left out (kubelet's allocations for the
+// device plugin, claims for DRA); every other holder counts, whichever
+// door it came through.
+func (a *Allocations) Room(p *Policy, d specs.Device, door Door) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.judge(p, who{door: door, exclusive: true}, d).room()
+}
+
+// err is the denial of a device the verdict does not free, or nil.
+func (v verdict) err(d specs.Device, exclusive bool) error {
+	switch {
+	case v.by != nil:
+		return deny(RuleExclusive, fmt.Errorf("%w: device %q is held by %s (as %q)%s",
+			ErrDenied, d.Name, v.by.holder, v.by.dev.Name, v.by.hint(exclusive)))
+	case v.room() == 0:
+		return deny(RuleSharing, fmt.Errorf("%w: device %q is shared by %s and used by %d already: %s; it is free for one more when one of them is removed, or raise replicas",
+			ErrDenied, d.Name, v.share, len(v.sharers), describeUsers(v.sharers)))
+	}
+	return nil
+}
+
+func describeUsers(us []user) string {
+	parts := make([]string, 0, len(us))
+	for _, u := range us {
+		parts = append(parts, u.holder.String())
+	}
+	return strings.Join(parts, ", ")
+}
+
+// sameHardware reports whether two devices are one piece of hardware:
+// the same name, or the same device nodes (a GPU by index and by UUID).
+func sameHardware(a, b specs.Device) bool {
+	return a.Name == b.Name || (len(a.Nodes) > 0 && covers(a, b) && covers(b, a))
+}
+
+// Holdings returns what each pod holds, ordered by pod ID, for keeping it
+// across a restart.
+func (a *Allocations) Holdings() []Holding {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Holding, 0, len(a.pods))
+	for _, id := range slices.Sorted(maps.Keys(a.pods)) {
+		h := a.pods[id]
+		out = append(out, Holding{Pod: h.pod, Named: slices.Clone(h.named), Counted: slices.Clone(h.counted), Kubelet: slices.Clone(h.kubelet), Sole: slices.Clone(h.sole)})
+	}
+	return out
+}
+
+// Users returns who holds device d's hardware (whichever of its names),
+// one entry per pod or claim, in order: for showing who shares a GPU.
+func (a *Allocations) Users(d specs.Device) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []string
+	for _, u := range a.users(who{}, d) {
+		if w := u.holder.String(); sameHardware(*u.dev, d) && !slices.Contains(out, w) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// Overlaps reports whether d shares hardware with any of devs (the same
+// name, or one's footprint within the other's).
+func Overlaps(d specs.Device, devs []specs.Device) bool {
+	return slices.ContainsFunc(devs, func(o specs.Device) bool { return overlaps(d, o) })
+}
+
+// Held returns, per pod, the names of the devices it holds.
+func (a *Allocations) Held() map[Pod][]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[Pod][]string, len(a.pods))
+	for _, h := range a.pods {
+		out[h.pod] = specs.Names(h.all())
+	}
+	return out
+}
+
+// Holds reports whether pod podID holds the named device, and whether it
+// holds devices for a count request.
+func (a *Allocations) Holds(podID string) (holds func(name string) bool, counted bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h := a.pods[podID]
+	if h == nil {
+		return func(string) bool { return false }, false
+	}
+	names := specs.Names(h.all())
+	return func(name string) bool { return slices.Contains(names, name) }, h.counted != nil
+}
+
+// Rebuilt returns how many pods hold devices alone because they were
+// found in their containers with no record of how they got them.
+func (a *Allocations) Rebuilt() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, h := range a.pods {
+		if len(h.sole) > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// Count returns how many device names all pods and claims hold together.
+func (a *Allocations) Count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, h := range a.pods {
+		n += len(h.named) + len(h.counted)
+	}
+	for _, c := range a.claims {
+		n += len(c.devices)
+	}
+	return n
+}
+
+// overlaps reports whether two devices share hardware: the same name, or
+// the footprint of one within the other's (a GPU by index and by UUID; a
+// GPU and "all"; a GPU and its MIG devices).
+func overlaps(a, b specs.Device) bool {
+	return a.Name == b.Name || covers(a, b) || covers(b, a)
+}
+
+// covers reports whether b's footprint is within a's.
+func covers(a, b specs.Device) bool {
+	if len(b.Nodes) == 0 {
+		return false
+	}
+	for _, n := range b.Nodes {
+		if !slices.Contains(a.Nodes, n) {
+			return false
+		}
+	}
+	return true
+}
+
+// units counts the devices a set of devices amounts to: names of one
+// device count once, and a kind's "all" device counts as every candidate
+// it covers.
+func units(devs, candidates []specs.Device) int {
+	keys := map[string]bool{}
+	key := func(d specs.Device) string {
+		switch len(d.Nodes) {
+		case 0:
+			return "name:" + d.Name
+		case 1:
+			return d.Nodes[0]
+		}
+		return strings.Join(d.Nodes, "\x00")
+	}
+	for _, d := range devs {
+		if _, _, name := parser.ParseDevice(d.Name); name == AllDevice {
+			covered := false
+			for _, c := range candidates {
+				if covers(d, c) {
+					keys[key(c)] = true
+					covered = true
+				}
+			}
+			if covered {
+				continue
+			}
+		}
+		keys[key(d)] = true
+	}
+	return len(keys)
+}

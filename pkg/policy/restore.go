@@ -1,0 +1,206 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// Holding is what a pod was found to hold, for Restore.
+type Holding struct {
+	Pod     Pod
+	Named   []specs.Device
+	Counted []specs.Device
+	// Kubelet names those of Named that kubelet allocated the pod.
+	Kubelet []string
+	// Sole names those of Named the pod holds alone whatever
+	// policy.exclusive says, as it holds Counted: devices found in its
+	// containers that no record of holdings had.
+	Sole []string
+}
+
+// Restore replaces all allocations with the given holdings, as rebuilt
+// after a restart of the plugin from what tenants cannot write. Pods not
+// among them hold nothing any more. Every restored device stays held,
+// since a container already has it; the holdings are checked against p
+// and against each other, and what no longer holds (a device p does not
+// allow, a device two pods hold though one of them got it for a count
+// request or p is exclusive) is returned as an error wrapping
+// ErrRestoreConflict, one line per problem, for the caller to log.
+// Restoring is linear in the holdings and their devices.
+func (a *Allocations) Restore(p *Policy, holdings []Holding) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pods = map[string]*holding{}
+	named := map[string]map[string]bool{} // pod ID -> names held, so that restoring is linear
+	for _, h := range holdings {
+		own := a.pods[h.Pod.ID]
+		if own == nil {
+			own = &holding{pod: h.Pod}
+			a.pods[h.Pod.ID] = own
+			named[h.Pod.ID] = map[string]bool{}
+		}
+		for _, d := range h.Named {
+			if !named[h.Pod.ID][d.Name] {
+				named[h.Pod.ID][d.Name] = true
+				own.named = append(own.named, d)
+				if slices.Contains(h.Kubelet, d.Name) {
+					own.kubelet = append(own.kubelet, d.Name)
+				}
+			}
+			if slices.Contains(h.Sole, d.Name) && !slices.Contains(own.sole, d.Name) {
+				own.sole = append(own.sole, d.Name)
+			}
+		}
+		if own.counted == nil && len(h.Counted) > 0 {
+			own.counted = slices.Clone(h.Counted)
+		}
+	}
+	return a.check(p)
+}
+
+// Check reports, as Restore does, held devices p would not give (after a
+// change of configuration): they stay held until their pods are removed.
+func (a *Allocations) Check(p *Policy) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.check(p)
+}
+
+// ErrRestoreConflict is wrapped by the error Restore returns when restored
+// holdings break the policy or each other.
+var ErrRestoreConflict = errors.New("restored holdings conflict")
+
+// maxRestoreProblems caps the problems Restore reports one by one.
+const maxRestoreProblems = 16
+
+// ConflictError is the error of Restore and Check: what the holdings break,
+// one line per problem. It wraps ErrRestoreConflict.
+type ConflictError struct {
+	// Problems are the first maxRestoreProblems problems.
+	Problems []string
+	// More counts the problems left out.
+	More int
+}
+
+func (e *ConflictError) Error() string {
+	more := ""
+	if e.More > 0 {
+		more = fmt.Sprintf("\n(and %d more)", e.More)
+	}
+	return fmt.Sprintf("%s; the devices stay held until their pods are removed:\n%s%s", ErrRestoreConflict, strings.Join(e.Problems, "\n"), more)
+}
+
+// Unwrap returns ErrRestoreConflict.
+func (e *ConflictError) Unwrap() error { return ErrRestoreConflict }
+
+// check reports restored devices p does not allow and devices held by two
+// pods where one of them may not share it. Pods and devices are visited
+// in order, so the report is stable; it is linear but for pods sharing
+// a node, which are compared with each other only.
+func (a *Allocations) check(p *Policy) error {
+	var problems []string
+	report := func(format string, args ...any) {
+		problems = append(problems, fmt.Sprintf(format, args...))
+	}
+	ids := slices.Sorted(maps.Keys(a.pods))
+	type owner struct {
+		who     string
+		id      string
+		dev     specs.Device
+		counted bool
+		// share is how the device is shared, nil if it is not.
+		share *Share
+	}
+	byNode := map[string][]owner{}
+	// shares reports whether o and the device d of holder id (counted:
+	// strictly) share one piece of hardware as policy.sharing allows.
+	shares := func(o owner, d specs.Device, share *Share, sole bool) bool {
+		return (share != nil || o.share != nil) && !sole && sameHardware(o.dev, d)
+	}
+	// users counts the holders of each shared piece of hardware, by its
+	// first node.
+	type use struct {
+		device string
+		share  *Share
+		who    []string
+	}
+	users := map[string]*use{}
+	var order []string
+	count := func(o owner) {
+		if o.share == nil || len(o.dev.Nodes) == 0 {
+			return
+		}
+		n := o.dev.Nodes[0]
+		u := users[n]
+		if u == nil {
+			u = &use{device: o.dev.Name, share: o.share}
+			users[n] = u
+			order = append(order, n)
+		}
+		if !slices.Contains(u.who, o.who) {
+			u.who = append(u.who, o.who)
+		}
+	}
+	// A claim's devices are its own, as a count grant's are.
+	for _, uid := range slices.Sorted(maps.Keys(a.claims)) {
+		c := a.claims[uid]
+		for _, d := range c.devices {
+			if !p.Allowed(d.Name) {
+				report("%s holds %q, which policy.devices does not allow (any more)", c.claim, d.Name)
+			}
+			share := p.Sharing(d.Name)
+			for _, n := range d.Nodes {
+				for _, o := range byNode[n] {
+					if !shares(o, d.Device, share, false) {
+						report("%s (%q) and %s (%q) both hold %s", o.who, o.dev.Name, c.claim, d.Name, n)
+					}
+				}
+				byNode[n] = append(byNode[n], owner{c.claim.String(), "claim:" + uid, d.Device, true, share})
+			}
+			count(owner{who: c.claim.String(), dev: d.Device, share: share})
+		}
+	}
+	for _, id := range ids {
+		h := a.pods[id]
+		for _, d := range h.all() {
+			if !p.Allowed(d.Name) {
+				report("pod %s holds %q, which policy.devices does not allow (any more)", h.pod, d.Name)
+			}
+		}
+		for i, d := range h.all() {
+			sole := slices.Contains(h.sole, d.Name)
+			counted := i >= len(h.named) || sole
+			share := p.Sharing(d.Name)
+			if sole {
+				share = nil
+			}
+			for _, n := range d.Nodes {
+				for _, o := range byNode[n] {
+					if o.id != id && (counted || o.counted || p.exclusive) && !shares(o, d, share, sole) {
+						report("%s (%q) and pod %s (%q) both hold %s", o.who, o.dev.Name, h.pod, d.Name, n)
+					}
+				}
+				byNode[n] = append(byNode[n], owner{"pod " + h.pod.String(), id, d, counted, share})
+			}
+			count(owner{who: "pod " + h.pod.String(), dev: d, share: share})
+		}
+	}
+	for _, n := range order {
+		if u := users[n]; len(u.who) > u.share.Replicas {
+			report("%d hold %q, which %s lets %d use at once: %s", len(u.who), u.device, u.share, u.share.Replicas, strings.Join(u.who, ", "))
+		}
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	e := &ConflictError{Problems: problems}
+	if len(problems) > maxRestoreProblems {
+		e.Problems, e.More = problems[:maxRestoreProblems], len(problems)-maxRestoreProblems
+	}
+	return e
+}
