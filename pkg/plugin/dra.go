@@ -116,7 +116,7 @@ func (c *DRAView) Devices() []dra.Device {
 				continue
 			}
 			info := c.info(snap, kind, cand, cands)
-			dev := info.Device(c.p.sysfs)
+			dev := info.Device(c.p.hw.sysfs)
 			if names[dev.Name] {
 				continue // two CDI names that make one DNS label: the first wins
 			}

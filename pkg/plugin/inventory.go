@@ -8,10 +8,13 @@ package plugin
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"tags.cncf.io/container-device-interface/pkg/parser"
@@ -25,7 +28,7 @@ import (
 // unhealthy says why a device's GPU is unhealthy, or returns nil where
 // nri-gpu watches no GPU (no NVML): every device is then healthy.
 func (p *Plugin) unhealthy() func(specs.Device) error {
-	if m := p.health.Load(); m != nil {
+	if m := p.hw.health.Load(); m != nil {
 		return m.Unhealthy
 	}
 	return nil
@@ -34,8 +37,8 @@ func (p *Plugin) unhealthy() func(specs.Device) error {
 // nvmlLib returns the NVML spec generation, health and topology ask: the
 // one given (tests), else the driver's under cfg's driver root.
 func (p *Plugin) nvmlLib(cfg *config.Config) nvml.Interface {
-	if p.nvml != nil {
-		return p.nvml
+	if p.hw.nvml != nil {
+		return p.hw.nvml
 	}
 	return nvidia.Library(cfg.DriverRoot)
 }
@@ -50,7 +53,7 @@ func (p *Plugin) CheckHealth() {
 	}
 	m.Check()
 	m.Close() // what it found stays
-	p.health.Store(m)
+	p.hw.health.Store(m)
 }
 
 // keepWatchingHealth watches the NVIDIA GPUs' health through NVML until
@@ -75,8 +78,8 @@ func (p *Plugin) keepWatchingHealth(ctx context.Context) {
 			f()
 		}
 	}
-	p.health.Store(m)
-	defer p.health.Store(nil)
+	p.hw.health.Store(m)
+	defer p.hw.health.Store(nil)
 	p.log.Infof("watching the health of NVIDIA GPUs (critical Xid events, a check every %s)", cfg.HealthInterval)
 	m.Run(ctx, cfg.HealthInterval)
 }
@@ -85,19 +88,38 @@ func (p *Plugin) keepWatchingHealth(ctx context.Context) {
 // topology NVML reports (asked once), or nil where NVML cannot be had:
 // count requests then take free devices in spec order.
 func (p *Plugin) links() func(a, b specs.Device) int {
-	p.topologyOnce.Do(func() {
+	p.hw.topologyOnce.Do(func() {
 		t, err := nvidia.DiscoverTopology(p.nvmlLib(p.state().cfg))
 		if err != nil {
 			p.log.Infof("GPU topology unknown (%v): count requests take free devices in spec order", err)
 			return
 		}
 		p.log.Infof("GPU topology of %d pairs known: count requests take the most closely connected free devices", len(t))
-		p.topology = t
+		p.hw.topology = t
 	})
-	if p.topology == nil {
+	if p.hw.topology == nil {
 		return nil
 	}
-	return p.topology.Links
+	return p.hw.topology.Links
+}
+
+// inventory is what NVML says of the node's GPUs: facts and topology,
+// asked once, and health, watched.
+type inventory struct {
+	// nvml, when set, replaces the driver's NVML (tests).
+	nvml nvml.Interface
+	// sysfs, when set, replaces the host's /sys for PCIe roots.
+	sysfs fs.ReadLinkFS
+
+	gpusOnce sync.Once
+	// gpuFacts is what NVML says of the GPUs, by minor; nil without NVML.
+	gpuFacts map[int]gpuInfo
+
+	topologyOnce sync.Once
+	// topology is nil where NVML cannot be had.
+	topology nvidia.Topology
+	// health watches the NVIDIA GPUs; nil where NVML cannot be had.
+	health atomic.Pointer[nvidia.Monitor]
 }
 
 // gpuInfo is what NVML says of a GPU.
@@ -114,18 +136,18 @@ var (
 // gpus returns what NVML says of the GPUs (asked once), by minor; nil
 // where NVML cannot be had.
 func (p *Plugin) gpus() map[int]gpuInfo {
-	p.gpusOnce.Do(func() {
+	p.hw.gpusOnce.Do(func() {
 		inv, err := nvidia.Discover(p.nvmlLib(p.state().cfg))
 		if err != nil {
 			p.log.Infof("GPU facts from the CDI specs only (%v)", err)
 			return
 		}
-		p.gpuFacts = map[int]gpuInfo{}
+		p.hw.gpuFacts = map[int]gpuInfo{}
 		for _, g := range inv.GPUs {
-			p.gpuFacts[g.Minor] = gpuInfo{g, inv.DriverVersion}
+			p.hw.gpuFacts[g.Minor] = gpuInfo{g, inv.DriverVersion}
 		}
 	})
-	return p.gpuFacts
+	return p.hw.gpuFacts
 }
 
 // minorOf returns the minor of the NVIDIA GPU node (/dev/nvidiaN) the

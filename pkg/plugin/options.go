@@ -26,7 +26,7 @@ func WithMetrics(m *metrics.Metrics) Option { return func(p *Plugin) { p.metrics
 
 // WithNVML has the plugin use lib for spec generation instead of the
 // driver's NVML (tests use go-nvml's mock servers).
-func WithNVML(lib nvml.Interface) Option { return func(p *Plugin) { p.nvml = lib } }
+func WithNVML(lib nvml.Interface) Option { return func(p *Plugin) { p.hw.nvml = lib } }
 
 // WithHookPath has the specs the plugin generates name path as their CDI
 // hook, instead of the plugin's own executable.
@@ -37,19 +37,19 @@ func WithHookPath(path string) Option { return func(p *Plugin) { p.hookPath = pa
 // Without it, a restarted plugin learns it from the device nodes of the
 // containers it gave devices only.
 func WithStateFile(path string) Option {
-	return func(p *Plugin) { p.saved = record.Open(path) }
+	return func(p *Plugin) { p.rec.file = record.Open(path) }
 }
 
 // WithRecord has the plugin start from what the state file at path says
 // pods and DRA claims hold (HoldRecorded), and never write it: for
 // nri-gpu explain, beside the running plugin.
 func WithRecord(path string) Option {
-	return func(p *Plugin) { p.saved = record.OpenReadOnly(path) }
+	return func(p *Plugin) { p.rec.file = record.OpenReadOnly(path) }
 }
 
 // WithSysfs has the DRA driver's view look PCIe roots up in sysfs
 // instead of the host's /sys (tests).
-func WithSysfs(sysfs fs.ReadLinkFS) Option { return func(p *Plugin) { p.sysfs = sysfs } }
+func WithSysfs(sysfs fs.ReadLinkFS) Option { return func(p *Plugin) { p.hw.sysfs = sysfs } }
 
 // WithMPSStart has managed MPS control daemons started by start, which
 // runs the command it is given with shm as its /dev/shm (by default

@@ -1,22 +1,15 @@
-// Package plugin is the NRI glue of nri-gpu: it receives the runtime's
-// requests, has pkg/policy read and judge what a container asks for,
-// pkg/specs resolve it and pkg/adjust build the adjustment, keeps track of
-// which pod holds which devices, and logs each decision once.
 package plugin
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"reflect"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
@@ -26,9 +19,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
-	"github.com/nri-gpu/nri-gpu/pkg/record"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
-	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 // Annotations nri-gpu adds to each container it gives devices, for
@@ -64,15 +55,8 @@ type Plugin struct {
 	specDirs []string
 	// alloc outlives configurations.
 	alloc *policy.Allocations
-	// saved keeps alloc across restarts; nil when there is no state file.
-	saved *record.File
-	// lost says the state file could not be read back at start.
-	lost atomic.Bool
-	// pending are the pods' holdings read from saved at start, until the
-	// first Synchronize tells which of their pods still run; restoring
-	// says they are still pending.
-	pending   []policy.Holding
-	restoring bool
+	// rec keeps alloc across restarts.
+	rec kept
 	// claims tells which prepared DRA claims a container uses; nil
 	// without DRA.
 	claims ClaimFinder
@@ -92,10 +76,8 @@ type Plugin struct {
 	// stub of the current connection learnt it; nil outside Serve.
 	nriVersion func() string
 
-	// sysfs, when set, replaces the host's /sys for PCIe roots.
-	sysfs fs.ReadLinkFS
-	// nvml, when set, replaces the driver's NVML for spec generation.
-	nvml nvml.Interface
+	// hw is what NVML says of the node's GPUs.
+	hw inventory
 	// hookPath is the CDI hook that the specs the plugin generates name
 	// (nri-gpu itself, by default), which the policy allows.
 	hookPath string
@@ -113,16 +95,6 @@ type Plugin struct {
 	mpsMu sync.Mutex
 	// mpsWarned are the MPS problems logged, while they last.
 	mpsWarned map[string]bool
-
-	gpusOnce sync.Once
-	// gpuFacts is what NVML says of the GPUs, by minor; nil without NVML.
-	gpuFacts map[int]gpuInfo
-
-	topologyOnce sync.Once
-	// topology is nil where NVML cannot be had.
-	topology nvidia.Topology
-	// health watches the NVIDIA GPUs; nil where NVML cannot be had.
-	health atomic.Pointer[nvidia.Monitor]
 
 	problemsMu sync.Mutex
 	// problems are the spec problems logged, by spec file.
@@ -152,14 +124,14 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 		return nil, err
 	}
 	p.st = st
-	if p.saved != nil {
-		if !p.saved.ReadOnly() {
-			if err := p.saved.Lock(); err != nil {
+	if p.rec.file != nil {
+		if !p.rec.file.ReadOnly() {
+			if err := p.rec.file.Lock(); err != nil {
 				st.specs.Close()
 				return nil, err
 			}
 		}
-		kept, err := p.saved.Load()
+		kept, err := p.rec.file.Load()
 		if err != nil {
 			p.recordLost(err)
 		}
@@ -171,7 +143,7 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 			p.log.WithFields(logrus.Fields{"namespace": c.Claim.Namespace, "claim": c.Claim.Name, "devices": strings.Join(specs.Names(c.Footprints()), ",")}).
 				Info("restored devices held by prepared DRA claim")
 		}
-		p.pending, p.restoring = pods, true
+		p.rec.pending, p.rec.restoring = pods, true
 	}
 	return p, nil
 }
@@ -249,8 +221,8 @@ func (p *Plugin) connectedRuntime() adjust.Runtime {
 // lock go.
 func (p *Plugin) Close() {
 	p.state().specs.Close()
-	if p.saved != nil {
-		p.saved.Unlock()
+	if p.rec.file != nil {
+		p.rec.file.Unlock()
 	}
 }
 

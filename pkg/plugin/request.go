@@ -180,7 +180,7 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 		return scrub(r.ctr), policy.Grant{}, nil
 	}
 	pod := podOf(r.pod)
-	if err := r.st.policy.Check(pod, kept(p.alloc, pod, ask)); err != nil {
+	if err := r.st.policy.Check(pod, unheld(p.alloc, pod, ask)); err != nil {
 		return nil, policy.Grant{}, err
 	}
 	a, err := r.decide(ask, claimed, log)
@@ -335,13 +335,13 @@ func (p *Plugin) commit(st *state, plan policy.Plan) (policy.Grant, error) {
 	return grant, nil
 }
 
-// kept returns ask without what the pod holds already: a device it holds
+// unheld returns ask without what the pod holds already: a device it holds
 // by name, its count grant. What a pod holds is kept until it is removed
 // whatever door it came through, under the configuration it was given
 // by (a reload logged what the new one would not give): a pod's new
 // container gets it as the pod's others did. The rest is judged by the
 // policy in force.
-func kept(alloc *policy.Allocations, pod policy.Pod, ask policy.Ask) policy.Ask {
+func unheld(alloc *policy.Allocations, pod policy.Pod, ask policy.Ask) policy.Ask {
 	holds, counted := alloc.Holds(pod.ID)
 	out := ask
 	out.Requests = slices.DeleteFunc(slices.Clone(ask.Requests), func(r policy.Request) bool { return holds(r.Device) })

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
@@ -14,20 +15,34 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
+// kept is the record of what pods and claims hold, as the plugin keeps
+// it across restarts.
+type kept struct {
+	// file is the state file; nil when there is none.
+	file *record.File
+	// lost says the state file could not be read back at start.
+	lost atomic.Bool
+	// pending are the pods' holdings read from file at start, until the
+	// first Synchronize tells which of their pods still run; restoring
+	// says they are still pending (both under the plugin's mu).
+	pending   []policy.Holding
+	restoring bool
+}
+
 // recordLost handles a state file that cannot be read back: it is set
 // aside for the operator (never when read only), and every device found
 // in a running container is then held by its pod alone (Synchronize).
 func (p *Plugin) recordLost(err error) {
 	kept := "left where it is"
-	if !p.saved.ReadOnly() {
-		aside, aerr := p.saved.SetAside()
+	if !p.rec.file.ReadOnly() {
+		aside, aerr := p.rec.file.SetAside()
 		if aerr != nil {
 			kept = aerr.Error()
 		} else {
 			kept = "kept as " + aside
 		}
 	}
-	p.lost.Store(true)
+	p.rec.lost.Store(true)
 	p.log.Errorf("the record of what pods hold is unusable (%v; %s): it is rebuilt from the device nodes of the running containers, each device found held by its pod alone (as a count grant is) until the pod is removed", err, kept)
 }
 
@@ -169,9 +184,9 @@ func (p *Plugin) release(pod *api.PodSandbox) {
 func (p *Plugin) takeRestored() []policy.Holding {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.restoring {
-		p.restoring = false
-		return p.pending
+	if p.rec.restoring {
+		p.rec.restoring = false
+		return p.rec.pending
 	}
 	return p.alloc.Holdings()
 }
@@ -189,7 +204,7 @@ func (p *Plugin) HoldRecorded() error {
 // read at start, while they are pending) and the prepared claims.
 func (p *Plugin) record() record.Content {
 	p.mu.RLock()
-	pending, restoring := p.pending, p.restoring
+	pending, restoring := p.rec.pending, p.rec.restoring
 	p.mu.RUnlock()
 	if restoring {
 		return record.Content{Pods: pending, Claims: p.alloc.Claims()}
@@ -203,13 +218,13 @@ func (p *Plugin) record() record.Content {
 // error, which it also logs.
 func (p *Plugin) saveAndNotify() error {
 	var err error
-	if p.saved != nil {
-		if err = p.saved.Save(p.record); err != nil {
+	if p.rec.file != nil {
+		if err = p.rec.file.Save(p.record); err != nil {
 			p.log.Errorf("what pods hold is not kept for a restart: %v", err)
 		}
 	}
 	p.metrics.DevicesHeld(p.alloc.Count()) // nil metrics: nothing
-	p.metrics.RecordRebuilt(p.lost.Load() || p.alloc.Rebuilt() > 0)
+	p.metrics.RecordRebuilt(p.rec.lost.Load() || p.alloc.Rebuilt() > 0)
 	for _, f := range p.onHeld {
 		f()
 	}
