@@ -65,7 +65,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 		return exitUsage
 	}
 	if *generate {
-		cfg.GenerateSpecs = true
+		cfg.Generate.Enabled = true
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -111,7 +111,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 		load := func() (*config.Config, error) {
 			cfg, err := flags.load()
 			if err == nil && *generate {
-				cfg.GenerateSpecs = true
+				cfg.Generate.Enabled = true
 			}
 			return cfg, err
 		}
@@ -119,15 +119,15 @@ func runPlugin(args []string, stderr io.Writer) int {
 	}
 	// Device-plugin mode: each resource served to kubelet beside the NRI
 	// side, over the same specs and pool.
-	dp := cfg.DevicePlugin
+	dp := cfg.Start.DevicePlugin
 	for _, r := range dp.Resources {
 		d := deviceplugin.New(r, dp.KubeletDir, dp.CDIDevices, p.Resource(r), log)
 		p.OnHeldChange(d.Notify)
 		go func() { _ = d.Run(ctx) }()
 	}
 
-	if cfg.DRA.Enabled {
-		if err := startDRA(ctx, cfg.DRA, p, log); err != nil {
+	if cfg.Start.DRA.Enabled {
+		if err := startDRA(ctx, cfg.Start.DRA, p, log); err != nil {
 			fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
 			return exitUsage
 		}

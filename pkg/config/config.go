@@ -3,6 +3,14 @@
 // One function, Parse, serves both the configuration file given with
 // --config and the string that NRI's Configure hands a pre-registered
 // plugin, so no caller ever holds an unvalidated configuration.
+//
+// A file of version v1 (the key version: v1) keeps what is read only at
+// start in its start block (driverRoot, health, devicePlugin, dra, mps):
+// a reload that changes one of them is refused naming the key. All the
+// rest reloads. A file without version is read in the layout nri-gpu had
+// before versions (those start-only keys and generateSpecs,
+// generateInterval, healthInterval, healthRecoverAfter at the top level)
+// and converted, so that existing files keep working.
 package config
 
 import (
@@ -11,15 +19,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
-	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/util/validation"
-	"tags.cncf.io/container-device-interface/pkg/parser"
 )
 
 // UnsupportedEdits says what to do with CDI edits that NRI cannot express.
@@ -41,9 +43,14 @@ const (
 	KeyNVIDIA = "nvidia.cdi.k8s.io"
 )
 
+// Version is the configuration's version this nri-gpu reads.
+const Version = "v1"
+
 // Config is nri-gpu's configuration. Every field is documented in the
 // README and in config/nri-gpu.yaml.
 type Config struct {
+	// Version is the file's layout: "v1".
+	Version string `yaml:"version"`
 	// CDISpecDirs are the directories CDI specs are read from; a spec in a
 	// later directory wins over one of the same name in an earlier one.
 	CDISpecDirs []string `yaml:"cdiSpecDirs"`
@@ -60,22 +67,33 @@ type Config struct {
 	// UnsupportedEdits is "error" or "warn": what to do with CDI edits
 	// (additionalGids, intelRdt, netDevices) that NRI cannot express.
 	UnsupportedEdits UnsupportedEdits `yaml:"unsupportedEdits"`
-	// GenerateSpecs has the plugin generate the CDI spec of the node's
-	// NVIDIA GPUs with NVML, at start and whenever the GPUs change, into
-	// the last spec directory.
-	GenerateSpecs bool `yaml:"generateSpecs"`
-	// GenerateInterval is how often the GPUs are checked for changes.
-	GenerateInterval time.Duration `yaml:"generateInterval"`
-	// DriverRoot is where the NVIDIA driver's files are, for generation.
-	DriverRoot string `yaml:"driverRoot"`
-	// HealthInterval is how often the NVIDIA GPUs are checked (NVML).
-	HealthInterval time.Duration `yaml:"healthInterval"`
-	// HealthRecoverAfter is how long after a critical Xid error a GPU that
-	// answers its checks is healthy again; 0 keeps it unhealthy until
-	// nri-gpu restarts.
-	HealthRecoverAfter time.Duration `yaml:"healthRecoverAfter"`
+	// Generate has nri-gpu write the CDI spec of the node's NVIDIA GPUs.
+	Generate Generate `yaml:"generate"`
 	// Policy says who may have which devices.
 	Policy Policy `yaml:"policy"`
+	// Start is what is read only when nri-gpu starts.
+	Start Start `yaml:"start"`
+}
+
+// Generate is the generate block: the CDI spec of the node's NVIDIA GPUs
+// generated with NVML (of start.driverRoot), at start and whenever the
+// GPUs change, into the last spec directory.
+type Generate struct {
+	// Enabled turns generation on; it is off by default.
+	Enabled bool `yaml:"enabled"`
+	// Interval is how often the GPUs are checked for changes.
+	Interval time.Duration `yaml:"interval"`
+}
+
+// Start is the start block: what nri-gpu reads when it starts, and a
+// reload may not change (restart nri-gpu to change it).
+type Start struct {
+	// DriverRoot is where the NVIDIA driver's files are: the NVML that
+	// generation, health, topology and DRA's attributes ask is the one
+	// under it, and generated specs name the driver's files under it.
+	DriverRoot string `yaml:"driverRoot"`
+	// Health says how the NVIDIA GPUs' health is watched (NVML).
+	Health Health `yaml:"health"`
 	// DevicePlugin has nri-gpu serve kubelet's device-plugin API too.
 	DevicePlugin DevicePlugin `yaml:"devicePlugin"`
 	// DRA has nri-gpu serve as a Dynamic Resource Allocation driver too.
@@ -83,6 +101,16 @@ type Config struct {
 	// MPS says where the MPS control daemons of GPUs shared with the mps
 	// strategy are, and whether nri-gpu runs them.
 	MPS MPS `yaml:"mps"`
+}
+
+// Health is the start.health block.
+type Health struct {
+	// Interval is how often the NVIDIA GPUs are checked (NVML).
+	Interval time.Duration `yaml:"interval"`
+	// RecoverAfter is how long after a critical Xid error a GPU that
+	// answers its checks is healthy again; 0 keeps it unhealthy until
+	// nri-gpu restarts.
+	RecoverAfter time.Duration `yaml:"recoverAfter"`
 }
 
 // Strategy is how a shared GPU is shared (policy.sharing[].strategy).
@@ -131,8 +159,7 @@ const (
 	MPSManaged MPSDaemon = "managed"
 )
 
-// MPS is the mps block of the configuration. It is read at start: a
-// change takes a restart.
+// MPS is the start.mps block of the configuration.
 type MPS struct {
 	// Daemon is "external" (the default) or "managed".
 	Daemon MPSDaemon `yaml:"daemon"`
@@ -148,12 +175,14 @@ type MPS struct {
 	// chrooted there, with the host's libraries, and Root must be the
 	// same directory on the host and in nri-gpu's view.
 	HostRoot string `yaml:"hostRoot"`
+	// CheckInterval is how often nri-gpu looks at the daemons it
+	// manages (daemon: managed): starts those gone, sets new limits.
+	CheckInterval time.Duration `yaml:"checkInterval"`
 }
 
-// DRA is the dra block of the configuration: nri-gpu as a Dynamic
+// DRA is the start.dra block of the configuration: nri-gpu as a Dynamic
 // Resource Allocation driver (kubelet's DRA plugin API, ResourceSlices
-// published through the API server). It is read at start: a change takes
-// a restart.
+// published through the API server).
 type DRA struct {
 	// Enabled turns the driver on; it is off by default.
 	Enabled bool `yaml:"enabled"`
@@ -194,8 +223,7 @@ const (
 	CDICRI CDIDevices = "cri"
 )
 
-// DevicePlugin is the devicePlugin block of the configuration. It is read
-// at start: a change takes a restart.
+// DevicePlugin is the start.devicePlugin block of the configuration.
 type DevicePlugin struct {
 	// Resources are the extended resources to offer kubelet; none turns
 	// device-plugin mode off.
@@ -267,6 +295,7 @@ var (
 	DefaultDRARegistryDir   = "/var/lib/kubelet/plugins_registry"
 	DefaultMPSControl       = "/usr/bin/nvidia-cuda-mps-control"
 	DefaultMPSRoot          = "/run/nri-gpu/mps"
+	DefaultMPSCheckInterval = 10 * time.Second
 )
 
 // Default returns the configuration used when none is given.
@@ -291,24 +320,60 @@ func Load(file string) (*Config, error) {
 	return c, nil
 }
 
-// Parse unmarshals data strictly (an unknown key is an error), fills in
-// defaults and validates the result. Empty data gives the defaults.
+// Parse unmarshals data strictly (an unknown key is an error) in the
+// layout its version key names (none: the layout before versions), fills
+// in defaults and validates the result. Empty data gives the defaults.
 func Parse(data []byte) (*Config, error) {
-	c := &Config{}
+	c, unversioned, err := decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("invalid config: %w", err)
+	}
+	c.setDefaults()
+	if errs := c.problems(); len(errs) > 0 {
+		return nil, invalid(spelt(errs, unversioned))
+	}
+	return c, nil
+}
+
+// decode unmarshals data strictly into a Config, as its version says,
+// and reports whether it had none.
+func decode(data []byte) (*Config, bool, error) {
+	var head struct {
+		Version string `yaml:"version"`
+	}
+	if err := yaml.Unmarshal(data, &head); err != nil {
+		return nil, false, err
+	}
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err == nil && (len(root.Content) == 0 || len(root.Content[0].Content) == 0) {
+		head.Version = Version // nothing set: the defaults, in v1
+	}
+	var (
+		c   = &Config{}
+		old = &unversioned{}
+		dst any
+	)
+	switch head.Version {
+	case Version:
+		dst = c
+	case "":
+		dst = old
+	default:
+		return nil, false, fmt.Errorf("version: %q is not one this nri-gpu reads (%s)", head.Version, Version)
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("invalid config: %w", err)
+	if err := dec.Decode(dst); err != nil && !errors.Is(err, io.EOF) {
+		return nil, false, err
 	}
 	var extra any
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, errors.New("invalid config: more than one YAML document")
+		return nil, false, errors.New("more than one YAML document")
 	}
-	c.setDefaults()
-	if err := c.Validate(); err != nil {
-		return nil, err
+	if dst == old {
+		return old.convert(), true, nil
 	}
-	return c, nil
+	return c, false, nil
 }
 
 // HonorsCDIAnnotations reports whether cdi.k8s.io/* container annotations
@@ -334,16 +399,19 @@ func (c *Config) setDefaults() {
 	if c.UnsupportedEdits == "" {
 		c.UnsupportedEdits = UnsupportedError
 	}
-	if c.GenerateInterval == 0 {
-		c.GenerateInterval = DefaultGenerateInterval
+	if c.Version == "" {
+		c.Version = Version
 	}
-	if c.DriverRoot == "" {
-		c.DriverRoot = DefaultDriverRoot
+	if c.Generate.Interval == 0 {
+		c.Generate.Interval = DefaultGenerateInterval
 	}
-	if c.HealthInterval == 0 {
-		c.HealthInterval = DefaultHealthInterval
+	if c.Start.DriverRoot == "" {
+		c.Start.DriverRoot = DefaultDriverRoot
 	}
-	d := &c.DevicePlugin
+	if c.Start.Health.Interval == 0 {
+		c.Start.Health.Interval = DefaultHealthInterval
+	}
+	d := &c.Start.DevicePlugin
 	if d.KubeletDir == "" {
 		d.KubeletDir = DefaultKubeletDir
 	}
@@ -362,7 +430,7 @@ func (c *Config) setDefaults() {
 			r.Devices = append([]string(nil), DefaultResourceDevices...)
 		}
 	}
-	r := &c.DRA
+	r := &c.Start.DRA
 	if r.DriverName == "" {
 		r.DriverName = DefaultDRADriverName
 	}
@@ -378,7 +446,10 @@ func (c *Config) setDefaults() {
 	if r.RegistryDir == "" {
 		r.RegistryDir = DefaultDRARegistryDir
 	}
-	m := &c.MPS
+	m := &c.Start.MPS
+	if m.CheckInterval == 0 {
+		m.CheckInterval = DefaultMPSCheckInterval
+	}
 	if m.Daemon == "" {
 		m.Daemon = MPSExternal
 	}
@@ -406,233 +477,4 @@ func (c *Config) setDefaults() {
 	if p.HookPaths == nil {
 		p.HookPaths = append([]string(nil), DefaultHookPaths...)
 	}
-}
-
-// Validate checks every key and joins all problems found into one error.
-func (c *Config) Validate() error {
-	if errs := c.problems(); len(errs) > 0 {
-		return fmt.Errorf("invalid config: %w", errors.Join(errs...))
-	}
-	return nil
-}
-
-// problems checks every key; each error starts with the key's path.
-func (c *Config) problems() []error {
-	var errs []error
-	if len(c.CDISpecDirs) == 0 {
-		errs = append(errs, errors.New("cdiSpecDirs: at least one directory is needed"))
-	}
-	for _, dir := range c.CDISpecDirs {
-		if !filepath.IsAbs(dir) {
-			errs = append(errs, fmt.Errorf("cdiSpecDirs: %q is not an absolute path", dir))
-		}
-	}
-	if _, _, err := ParseKind(c.DefaultKind); err != nil {
-		errs = append(errs, fmt.Errorf("defaultKind: %w", err))
-	}
-	for _, k := range c.AnnotationKeys {
-		if k != KeyNRIGPU && k != KeyNVIDIA {
-			errs = append(errs, fmt.Errorf("annotationKeys: %q is neither %q nor %q", k, KeyNRIGPU, KeyNVIDIA))
-		}
-	}
-	switch c.UnsupportedEdits {
-	case UnsupportedError, UnsupportedWarn:
-	default:
-		errs = append(errs, fmt.Errorf("unsupportedEdits: %q is neither %q nor %q",
-			c.UnsupportedEdits, UnsupportedError, UnsupportedWarn))
-	}
-	// Parse makes 0 the default; a Config built otherwise must not poll
-	// without pause.
-	if c.GenerateInterval <= 0 {
-		errs = append(errs, fmt.Errorf("generateInterval: %s is not positive", c.GenerateInterval))
-	}
-	if c.HealthInterval <= 0 {
-		errs = append(errs, fmt.Errorf("healthInterval: %s is not positive", c.HealthInterval))
-	}
-	if c.HealthRecoverAfter < 0 {
-		errs = append(errs, fmt.Errorf("healthRecoverAfter: %s is negative (0 means never)", c.HealthRecoverAfter))
-	}
-	if !filepath.IsAbs(c.DriverRoot) {
-		errs = append(errs, fmt.Errorf("driverRoot: %q is not an absolute path", c.DriverRoot))
-	}
-	errs = append(errs, c.Policy.validate()...)
-	errs = append(errs, c.DRA.validate()...)
-	errs = append(errs, c.MPS.validate()...)
-	return append(errs, c.DevicePlugin.validate()...)
-}
-
-func (m *MPS) validate() []error {
-	var errs []error
-	switch m.Daemon {
-	case MPSExternal, MPSManaged:
-	default:
-		errs = append(errs, fmt.Errorf("mps.daemon: %q is neither %q nor %q", m.Daemon, MPSExternal, MPSManaged))
-	}
-	for key, p := range map[string]string{"mps.controlCommand": m.ControlCommand, "mps.root": m.Root} {
-		if !filepath.IsAbs(p) {
-			errs = append(errs, fmt.Errorf("%s: %q is not an absolute path", key, p))
-		}
-	}
-	if m.HostRoot != "" && !filepath.IsAbs(m.HostRoot) {
-		errs = append(errs, fmt.Errorf("mps.hostRoot: %q is not an absolute path", m.HostRoot))
-	}
-	return errs
-}
-
-func (s *Sharing) validate(at string) []error {
-	var errs []error
-	if len(s.Devices) == 0 {
-		errs = append(errs, fmt.Errorf("%s.devices: at least one glob is needed", at))
-	}
-	for _, g := range s.Devices {
-		if _, err := path.Match(g, ""); err != nil {
-			errs = append(errs, fmt.Errorf("%s.devices: glob %q: %w", at, g, err))
-		}
-	}
-	if s.Replicas < 2 {
-		errs = append(errs, fmt.Errorf("%s.replicas: %d: a shared device needs 2 replicas or more", at, s.Replicas))
-	}
-	switch s.Strategy {
-	case StrategyTimeSlicing:
-		if s.ActiveThreadPercentage != 0 || s.PinnedMemoryLimit != "" {
-			errs = append(errs, fmt.Errorf("%s: activeThreadPercentage and pinnedMemoryLimit bound MPS clients only; time-slicing has no bounds (set strategy: mps)", at))
-		}
-	case StrategyMPS:
-		if s.ActiveThreadPercentage < 0 || s.ActiveThreadPercentage > 100 {
-			errs = append(errs, fmt.Errorf("%s.activeThreadPercentage: %d is not between 1 and 100 (0 means 100/replicas)", at, s.ActiveThreadPercentage))
-		}
-		if s.PinnedMemoryLimit != "" {
-			if _, err := s.PinnedMemory(); err != nil {
-				errs = append(errs, fmt.Errorf("%s.pinnedMemoryLimit: %w", at, err))
-			}
-		}
-	default:
-		errs = append(errs, fmt.Errorf("%s.strategy: %q is neither %q nor %q", at, s.Strategy, StrategyTimeSlicing, StrategyMPS))
-	}
-	return errs
-}
-
-// PinnedMemory returns PinnedMemoryLimit in bytes, 0 when it is not set.
-func (s *Sharing) PinnedMemory() (int64, error) {
-	if s.PinnedMemoryLimit == "" {
-		return 0, nil
-	}
-	q, err := resource.ParseQuantity(s.PinnedMemoryLimit)
-	if err != nil {
-		return 0, fmt.Errorf("%q is not a quantity such as 10Gi: %w", s.PinnedMemoryLimit, err)
-	}
-	// MPS takes limits in MiB.
-	if q.Value() < 1<<20 {
-		return 0, fmt.Errorf("%q is less than 1Mi", s.PinnedMemoryLimit)
-	}
-	return q.Value(), nil
-}
-
-func (d *DRA) validate() []error {
-	var errs []error
-	if msgs := validation.IsDNS1123Subdomain(d.DriverName); len(msgs) > 0 {
-		errs = append(errs, fmt.Errorf("dra.driverName: %q is not a DNS subdomain: %s", d.DriverName, strings.Join(msgs, "; ")))
-	}
-	if len(d.Kinds) == 0 {
-		errs = append(errs, errors.New("dra.kinds: at least one CDI kind is needed"))
-	}
-	for _, k := range d.Kinds {
-		if _, _, err := ParseKind(k); err != nil {
-			errs = append(errs, fmt.Errorf("dra.kinds: %w", err))
-		}
-	}
-	for _, g := range d.Devices {
-		if _, err := path.Match(g, ""); err != nil {
-			errs = append(errs, fmt.Errorf("dra.devices: glob %q: %w", g, err))
-		}
-	}
-	if d.NodeName != "" {
-		if msgs := validation.IsDNS1123Subdomain(d.NodeName); len(msgs) > 0 {
-			errs = append(errs, fmt.Errorf("dra.nodeName: %q is not a node name: %s", d.NodeName, strings.Join(msgs, "; ")))
-		}
-	}
-	if d.Kubeconfig != "" && !filepath.IsAbs(d.Kubeconfig) {
-		errs = append(errs, fmt.Errorf("dra.kubeconfig: %q is not an absolute path", d.Kubeconfig))
-	}
-	for key, dir := range map[string]string{"dra.pluginDir": d.PluginDir, "dra.registryDir": d.RegistryDir} {
-		if !filepath.IsAbs(dir) {
-			errs = append(errs, fmt.Errorf("%s: %q is not an absolute path", key, dir))
-		}
-	}
-	return errs
-}
-
-func (d *DevicePlugin) validate() []error {
-	var errs []error
-	if !filepath.IsAbs(d.KubeletDir) {
-		errs = append(errs, fmt.Errorf("devicePlugin.kubeletDir: %q is not an absolute path", d.KubeletDir))
-	}
-	switch d.CDIDevices {
-	case CDIAnnotations, CDICRI:
-	default:
-		errs = append(errs, fmt.Errorf("devicePlugin.cdiDevices: %q is neither %q nor %q", d.CDIDevices, CDIAnnotations, CDICRI))
-	}
-	seen := map[string]bool{}
-	for i, r := range d.Resources {
-		at := fmt.Sprintf("devicePlugin.resources[%d]", i)
-		// A resource name is an extended resource: a domain, a slash
-		// and a name, as a CDI kind is written.
-		if _, _, err := ParseKind(r.Name); err != nil {
-			errs = append(errs, fmt.Errorf("%s.name: %w", at, err))
-		}
-		if seen[r.Name] {
-			errs = append(errs, fmt.Errorf("%s.name: %q is listed twice", at, r.Name))
-		}
-		seen[r.Name] = true
-		if _, _, err := ParseKind(r.Kind); err != nil {
-			errs = append(errs, fmt.Errorf("%s.kind: %w", at, err))
-		}
-		for _, g := range r.Devices {
-			if _, err := path.Match(g, ""); err != nil {
-				errs = append(errs, fmt.Errorf("%s.devices: glob %q: %w", at, g, err))
-			}
-		}
-	}
-	return errs
-}
-
-func (p *Policy) validate() []error {
-	var errs []error
-	for _, g := range p.Namespaces {
-		if _, err := path.Match(g, ""); err != nil {
-			errs = append(errs, fmt.Errorf("policy.namespaces: glob %q: %w", g, err))
-		}
-	}
-	for _, g := range p.Devices {
-		if _, err := path.Match(g, ""); err != nil {
-			errs = append(errs, fmt.Errorf("policy.devices: glob %q: %w", g, err))
-		}
-	}
-	if p.MaxDevicesPerPod < 0 {
-		errs = append(errs, fmt.Errorf("policy.maxDevicesPerPod: %d is negative (0 means no limit)", p.MaxDevicesPerPod))
-	}
-	for _, h := range p.HookPaths {
-		if !filepath.IsAbs(h) {
-			errs = append(errs, fmt.Errorf("policy.hookPaths: %q is not an absolute path", h))
-		}
-	}
-	for i := range p.Sharing {
-		errs = append(errs, p.Sharing[i].validate(fmt.Sprintf("policy.sharing[%d]", i))...)
-	}
-	return errs
-}
-
-// ParseKind splits a CDI kind ("vendor/class") and validates both parts.
-func ParseKind(kind string) (vendor, class string, err error) {
-	vendor, class = parser.ParseQualifier(kind)
-	if vendor == "" || class == "" {
-		return "", "", fmt.Errorf("kind %q is not of the form vendor/class", kind)
-	}
-	if err := parser.ValidateVendorName(vendor); err != nil {
-		return "", "", fmt.Errorf("kind %q: %w", kind, err)
-	}
-	if err := parser.ValidateClassName(class); err != nil {
-		return "", "", fmt.Errorf("kind %q: %w", kind, err)
-	}
-	return vendor, class, nil
 }

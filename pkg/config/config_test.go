@@ -3,6 +3,7 @@ package config_test
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,20 +23,59 @@ func TestParse(t *testing.T) {
 		AnnotationKeys:      []string{"gpus.nri-gpu.io"},
 		HonorCDIAnnotations: &honor,
 		UnsupportedEdits:    config.UnsupportedError,
-		GenerateInterval:    time.Minute,
-		DriverRoot:          "/",
-		HealthInterval:      10 * time.Second,
+		Version:             "v1",
+		Generate:            config.Generate{Interval: time.Minute},
 		Policy: config.Policy{
 			Namespaces: []string{"*"},
 			Devices:    []string{"nvidia.com/gpu=*"},
 			HookPaths:  []string{"/usr/bin/nvidia-cdi-hook", "/usr/bin/nvidia-ctk"},
 		},
-		DevicePlugin: config.DevicePlugin{KubeletDir: "/var/lib/kubelet/device-plugins", CDIDevices: config.CDIAnnotations},
-		DRA: config.DRA{
-			DriverName: "gpu.nri-gpu.io", Kinds: []string{"nvidia.com/gpu"}, Devices: []string{"*"},
-			PluginDir: "/var/lib/kubelet/plugins", RegistryDir: "/var/lib/kubelet/plugins_registry",
+		Start: config.Start{
+			DriverRoot:   "/",
+			Health:       config.Health{Interval: 10 * time.Second},
+			DevicePlugin: config.DevicePlugin{KubeletDir: "/var/lib/kubelet/device-plugins", CDIDevices: config.CDIAnnotations},
+			DRA: config.DRA{
+				DriverName: "gpu.nri-gpu.io", Kinds: []string{"nvidia.com/gpu"}, Devices: []string{"*"},
+				PluginDir: "/var/lib/kubelet/plugins", RegistryDir: "/var/lib/kubelet/plugins_registry",
+			},
+			MPS: config.MPS{Daemon: config.MPSExternal, ControlCommand: "/usr/bin/nvidia-cuda-mps-control", Root: "/run/nri-gpu/mps", CheckInterval: 10 * time.Second},
 		},
-		MPS: config.MPS{Daemon: config.MPSExternal, ControlCommand: "/usr/bin/nvidia-cuda-mps-control", Root: "/run/nri-gpu/mps"},
+	}
+	// everyKey is what the two spellings of every key below give.
+	everyKey := &config.Config{
+		Version:             "v1",
+		CDISpecDirs:         []string{"/etc/cdi"},
+		DefaultKind:         "example.com/fpga",
+		AnnotationKeys:      []string{"gpus.nri-gpu.io", "nvidia.cdi.k8s.io"},
+		HonorCDIAnnotations: &noHonor,
+		UnsupportedEdits:    config.UnsupportedWarn,
+		Generate:            config.Generate{Enabled: true, Interval: 5 * time.Minute},
+		Policy: config.Policy{
+			Namespaces: []string{"agents-*"}, Devices: []string{"example.com/fpga=*"},
+			AllowAll: true, MaxDevicesPerPod: 2, Exclusive: true, HookPaths: []string{"/usr/local/bin/hook"},
+			ExemptCDIAnnotations: true, AllowUnhealthy: true,
+			Sharing: []config.Sharing{
+				{Devices: []string{"example.com/fpga=0"}, Replicas: 4, Strategy: config.StrategyTimeSlicing},
+				{Devices: []string{"example.com/fpga=1", "example.com/fpga=2"}, Replicas: 3, Strategy: config.StrategyMPS, ActiveThreadPercentage: 30, PinnedMemoryLimit: "10Gi"},
+			},
+		},
+		Start: config.Start{
+			DriverRoot: "/run/nvidia/driver",
+			Health:     config.Health{Interval: 30 * time.Second, RecoverAfter: 10 * time.Minute},
+			MPS:        config.MPS{Daemon: config.MPSManaged, ControlCommand: "/usr/bin/nvidia-cuda-mps-control", Root: "/run/mps", HostRoot: "/host", CheckInterval: 30 * time.Second},
+			DevicePlugin: config.DevicePlugin{
+				KubeletDir: "/var/lib/k3s/device-plugins", CDIDevices: config.CDICRI,
+				Resources: []config.Resource{
+					{Name: "example.com/fpga", Kind: "example.com/fpga", Devices: []string{"*"}},
+					{Name: "example.com/fpga-half", Kind: "example.com/fpga", Devices: []string{"*:*"}},
+				},
+			},
+			DRA: config.DRA{
+				Enabled: true, DriverName: "fpga.example.com", Kinds: []string{"example.com/fpga", "example.com/nic"},
+				Devices: []string{"[0-9]*"}, NodeName: "node-1", Kubeconfig: "/etc/nri-gpu/kubeconfig",
+				PluginDir: "/var/lib/k3s/plugins", RegistryDir: "/var/lib/k3s/plugins_registry",
+			},
+		},
 	}
 	tests := []struct {
 		name    string
@@ -98,52 +138,83 @@ dra:
   pluginDir: /var/lib/k3s/plugins
   registryDir: /var/lib/k3s/plugins_registry
 `,
-			want: &config.Config{
-				CDISpecDirs:         []string{"/etc/cdi"},
-				DefaultKind:         "example.com/fpga",
-				AnnotationKeys:      []string{"gpus.nri-gpu.io", "nvidia.cdi.k8s.io"},
-				HonorCDIAnnotations: &noHonor,
-				UnsupportedEdits:    config.UnsupportedWarn,
-				GenerateSpecs:       true,
-				GenerateInterval:    5 * time.Minute,
-				DriverRoot:          "/run/nvidia/driver",
-				HealthInterval:      30 * time.Second,
-				HealthRecoverAfter:  10 * time.Minute,
-				Policy: config.Policy{
-					Namespaces: []string{"agents-*"}, Devices: []string{"example.com/fpga=*"},
-					AllowAll: true, MaxDevicesPerPod: 2, Exclusive: true, HookPaths: []string{"/usr/local/bin/hook"},
-					ExemptCDIAnnotations: true, AllowUnhealthy: true,
-					Sharing: []config.Sharing{
-						{Devices: []string{"example.com/fpga=0"}, Replicas: 4, Strategy: config.StrategyTimeSlicing},
-						{Devices: []string{"example.com/fpga=1", "example.com/fpga=2"}, Replicas: 3, Strategy: config.StrategyMPS, ActiveThreadPercentage: 30, PinnedMemoryLimit: "10Gi"},
-					},
-				},
-				MPS: config.MPS{Daemon: config.MPSManaged, ControlCommand: "/usr/bin/nvidia-cuda-mps-control", Root: "/run/mps", HostRoot: "/host"},
-				DevicePlugin: config.DevicePlugin{
-					KubeletDir: "/var/lib/k3s/device-plugins", CDIDevices: config.CDICRI,
-					Resources: []config.Resource{
-						{Name: "example.com/fpga", Kind: "example.com/fpga", Devices: []string{"*"}},
-						{Name: "example.com/fpga-half", Kind: "example.com/fpga", Devices: []string{"*:*"}},
-					},
-				},
-				DRA: config.DRA{
-					Enabled: true, DriverName: "fpga.example.com", Kinds: []string{"example.com/fpga", "example.com/nic"},
-					Devices: []string{"[0-9]*"}, NodeName: "node-1", Kubeconfig: "/etc/nri-gpu/kubeconfig",
-					PluginDir: "/var/lib/k3s/plugins", RegistryDir: "/var/lib/k3s/plugins_registry",
-				},
-			},
+			want: everyKey,
 		},
+		{
+			name: "every key, v1",
+			yaml: `
+version: v1
+cdiSpecDirs: [/etc/cdi]
+defaultKind: example.com/fpga
+annotationKeys: [gpus.nri-gpu.io, nvidia.cdi.k8s.io]
+honorCDIAnnotations: false
+unsupportedEdits: warn
+generate:
+  enabled: true
+  interval: 5m
+policy:
+  namespaces: ["agents-*"]
+  devices: ["example.com/fpga=*"]
+  allowAll: true
+  maxDevicesPerPod: 2
+  exclusive: true
+  hookPaths: [/usr/local/bin/hook]
+  exemptCDIAnnotations: true
+  allowUnhealthy: true
+  sharing:
+  - devices: ["example.com/fpga=0"]
+    replicas: 4
+  - devices: ["example.com/fpga=1", "example.com/fpga=2"]
+    replicas: 3
+    strategy: mps
+    activeThreadPercentage: 30
+    pinnedMemoryLimit: 10Gi
+start:
+  driverRoot: /run/nvidia/driver
+  health:
+    interval: 30s
+    recoverAfter: 10m
+  mps:
+    daemon: managed
+    controlCommand: /usr/bin/nvidia-cuda-mps-control
+    root: /run/mps
+    hostRoot: /host
+    checkInterval: 30s
+  devicePlugin:
+    kubeletDir: /var/lib/k3s/device-plugins
+    cdiDevices: cri
+    resources:
+    - name: example.com/fpga
+    - name: example.com/fpga-half
+      kind: example.com/fpga
+      devices: ["*:*"]
+  dra:
+    enabled: true
+    driverName: fpga.example.com
+    kinds: [example.com/fpga, example.com/nic]
+    devices: ["[0-9]*"]
+    nodeName: node-1
+    kubeconfig: /etc/nri-gpu/kubeconfig
+    pluginDir: /var/lib/k3s/plugins
+    registryDir: /var/lib/k3s/plugins_registry
+`,
+			want: everyKey,
+		},
+		{name: "v1 refuses the keys before versions", yaml: "version: v1\ngenerateSpecs: true\ndra: {enabled: true}\n", wantErr: []string{"field generateSpecs not found", "field dra not found"}},
+		{name: "unknown version", yaml: "version: v2\n", wantErr: []string{`version: "v2" is not one this nri-gpu reads (v1)`}},
+		{name: "v1 errors name v1 keys", yaml: "version: v1\ngenerate: {interval: -1s}\nstart: {health: {interval: -1s}, dra: {pluginDir: plugins}, mps: {checkInterval: -1s}}\n",
+			wantErr: []string{"generate.interval: -1s is not positive", "start.health.interval: -1s is not positive", `start.dra.pluginDir: "plugins" is not an absolute path`, "start.mps.checkInterval: -1s is not positive"}},
 		{name: "unknown key", yaml: "cdiSpecDir: [/etc/cdi]\n", wantErr: []string{"line 1", `field cdiSpecDir not found`}},
 		{name: "unknown policy key", yaml: "policy:\n  allow_all: true\n", wantErr: []string{"line 2", "allow_all"}},
 		{name: "wrong type", yaml: "policy:\n  maxDevicesPerPod: many\n", wantErr: []string{"line 2", "many"}},
 		{name: "bad unsupportedEdits", yaml: "unsupportedEdits: ignore\n", wantErr: []string{`unsupportedEdits: "ignore" is neither "error" nor "warn"`}},
-		{name: "relative spec dir", yaml: "cdiSpecDirs: [cdi]\n", wantErr: []string{`cdiSpecDirs: "cdi" is not an absolute path`}},
+		{name: "relative spec dir", yaml: "cdiSpecDirs: [cdi]\n", wantErr: []string{`cdiSpecDirs[0]: "cdi" is not an absolute path`}},
 		{name: "empty spec dirs", yaml: "cdiSpecDirs: []\n", wantErr: []string{"cdiSpecDirs: at least one directory"}},
 		{name: "bad kind", yaml: "defaultKind: gpu\n", wantErr: []string{`defaultKind: kind "gpu" is not of the form vendor/class`}},
 		{name: "bad vendor", yaml: "defaultKind: -x/gpu\n", wantErr: []string{"defaultKind:", "invalid vendor"}},
-		{name: "bad glob", yaml: "policy:\n  devices: ['nvidia.com/gpu=[']\n", wantErr: []string{`policy.devices: glob "nvidia.com/gpu=["`}},
+		{name: "bad glob", yaml: "policy:\n  devices: ['nvidia.com/gpu=[']\n", wantErr: []string{`policy.devices[0]: glob "nvidia.com/gpu=["`}},
 		{name: "negative max", yaml: "policy:\n  maxDevicesPerPod: -1\n", wantErr: []string{"policy.maxDevicesPerPod: -1 is negative"}},
-		{name: "relative hook", yaml: "policy:\n  hookPaths: [nvidia-ctk]\n", wantErr: []string{`policy.hookPaths: "nvidia-ctk" is not an absolute path`}},
+		{name: "relative hook", yaml: "policy:\n  hookPaths: [nvidia-ctk]\n", wantErr: []string{`policy.hookPaths[0]: "nvidia-ctk" is not an absolute path`}},
 		{name: "bad interval", yaml: "generateInterval: soon\n", wantErr: []string{"line 1", "soon"}},
 		{name: "negative interval", yaml: "generateInterval: -1s\n", wantErr: []string{"generateInterval: -1s is not positive"}},
 		{name: "relative driver root", yaml: "driverRoot: run/nvidia\n", wantErr: []string{`driverRoot: "run/nvidia" is not an absolute path`}},
@@ -151,20 +222,20 @@ dra:
 		{name: "relative kubelet dir", yaml: "devicePlugin:\n  kubeletDir: kubelet\n", wantErr: []string{`devicePlugin.kubeletDir: "kubelet" is not an absolute path`}},
 		{name: "bad resource name", yaml: "devicePlugin:\n  resources: [{name: gpu}]\n", wantErr: []string{`devicePlugin.resources[0].name: kind "gpu" is not of the form vendor/class`}},
 		{name: "resource twice", yaml: "devicePlugin:\n  resources: [{name: a.com/b}, {name: a.com/b}]\n", wantErr: []string{`devicePlugin.resources[1].name: "a.com/b" is listed twice`}},
-		{name: "bad resource glob", yaml: "devicePlugin:\n  resources: [{name: a.com/b, devices: ['[']}]\n", wantErr: []string{`devicePlugin.resources[0].devices: glob "["`}},
+		{name: "bad resource glob", yaml: "devicePlugin:\n  resources: [{name: a.com/b, devices: ['[']}]\n", wantErr: []string{`devicePlugin.resources[0].devices[0]: glob "["`}},
 		{name: "negative health interval", yaml: "healthInterval: -1s\n", wantErr: []string{"healthInterval: -1s is not positive"}},
 		{name: "negative recovery", yaml: "healthRecoverAfter: -1m\n", wantErr: []string{"healthRecoverAfter: -1m0s is negative"}},
-		{name: "unknown annotation key", yaml: "annotationKeys: [gpu.example.com]\n", wantErr: []string{`annotationKeys: "gpu.example.com" is neither "gpus.nri-gpu.io" nor "nvidia.cdi.k8s.io"`}},
+		{name: "unknown annotation key", yaml: "annotationKeys: [gpu.example.com]\n", wantErr: []string{`annotationKeys[0]: "gpu.example.com" is neither "gpus.nri-gpu.io" nor "nvidia.cdi.k8s.io"`}},
 		{name: "bad driver name", yaml: "dra:\n  driverName: GPU_driver\n", wantErr: []string{`dra.driverName: "GPU_driver" is not a DNS subdomain`}},
 		{name: "no DRA kinds", yaml: "dra:\n  kinds: []\n", wantErr: []string{"dra.kinds: at least one CDI kind"}},
-		{name: "bad DRA kind", yaml: "dra:\n  kinds: [gpu]\n", wantErr: []string{`dra.kinds: kind "gpu" is not of the form vendor/class`}},
-		{name: "bad DRA glob", yaml: "dra:\n  devices: ['[']\n", wantErr: []string{`dra.devices: glob "["`}},
+		{name: "bad DRA kind", yaml: "dra:\n  kinds: [gpu]\n", wantErr: []string{`dra.kinds[0]: kind "gpu" is not of the form vendor/class`}},
+		{name: "bad DRA glob", yaml: "dra:\n  devices: ['[']\n", wantErr: []string{`dra.devices[0]: glob "["`}},
 		{name: "bad node name", yaml: "dra:\n  nodeName: Node_1\n", wantErr: []string{`dra.nodeName: "Node_1" is not a node name`}},
 		{name: "relative kubeconfig", yaml: "dra:\n  kubeconfig: kubeconfig\n", wantErr: []string{`dra.kubeconfig: "kubeconfig" is not an absolute path`}},
 		{name: "relative plugin dir", yaml: "dra:\n  pluginDir: plugins\n", wantErr: []string{`dra.pluginDir: "plugins" is not an absolute path`}},
 		{name: "relative registry dir", yaml: "dra:\n  registryDir: reg\n", wantErr: []string{`dra.registryDir: "reg" is not an absolute path`}},
 		{name: "sharing without devices", yaml: "policy:\n  sharing: [{replicas: 2}]\n", wantErr: []string{"policy.sharing[0].devices: at least one glob is needed"}},
-		{name: "bad sharing glob", yaml: "policy:\n  sharing: [{devices: ['['], replicas: 2}]\n", wantErr: []string{`policy.sharing[0].devices: glob "["`}},
+		{name: "bad sharing glob", yaml: "policy:\n  sharing: [{devices: ['['], replicas: 2}]\n", wantErr: []string{`policy.sharing[0].devices[0]: glob "["`}},
 		{name: "one replica", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 1}]\n", wantErr: []string{"policy.sharing[0].replicas: 1: a shared device needs 2 replicas or more"}},
 		{name: "no replicas", yaml: "policy:\n  sharing: [{devices: ['*']}]\n", wantErr: []string{"policy.sharing[0].replicas: 0"}},
 		{name: "bad strategy", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mig}]\n", wantErr: []string{`policy.sharing[0].strategy: "mig" is neither "timeSlicing" nor "mps"`}},
@@ -252,18 +323,23 @@ func TestProblems(t *testing.T) {
 		{
 			name: "several semantic problems, each at its key's line",
 			yaml: "cdiSpecDirs: [rel]\npolicy:\n  devices: ['[']\n  maxDevicesPerPod: -2\n",
-			want: []string{`line 1: cdiSpecDirs: "rel" is not an absolute path`, "line 3: policy.devices: glob", "line 4: policy.maxDevicesPerPod: -2 is negative"},
+			want: []string{`line 1: cdiSpecDirs[0]: "rel" is not an absolute path`, "line 3: policy.devices[0]: glob", "line 4: policy.maxDevicesPerPod: -2 is negative"},
 		},
 		{name: "wrong type", yaml: "\n\nhonorCDIAnnotations: maybe\n", want: []string{"line 3: cannot unmarshal !!str `maybe`"}},
 		{
-			name: "a key in block style, at the key's line",
+			name: "a list item in block style, at the item's line",
 			yaml: "policy:\n  hookPaths:\n    - rel\n",
-			want: []string{`line 2: policy.hookPaths: "rel" is not an absolute path`},
+			want: []string{`line 3: policy.hookPaths[0]: "rel" is not an absolute path`},
+		},
+		{
+			name: "v1: a start key at its line",
+			yaml: "version: v1\nstart:\n  dra:\n    kinds: [gpu]\n",
+			want: []string{`line 4: start.dra.kinds[0]: kind "gpu"`},
 		},
 		{
 			name: "a list entry, at its line; a key it lacks, at none",
 			yaml: "devicePlugin:\n  resources:\n  - name: nvidia.com/gpu\n    kind: nvidia.com/gpu\n    devices: ['[']\n  - {name: bad}\n",
-			want: []string{`line 5: devicePlugin.resources[0].devices: glob "["`, `line 6: devicePlugin.resources[1].name: kind "bad"`, `devicePlugin.resources[1].kind: kind "bad"`},
+			want: []string{`line 5: devicePlugin.resources[0].devices[0]: glob "["`, `line 6: devicePlugin.resources[1].name: kind "bad"`, `devicePlugin.resources[1].kind: kind "bad"`},
 		},
 	}
 	for _, tc := range tests {
@@ -296,12 +372,12 @@ func TestProblems(t *testing.T) {
 // refuses it.
 func TestValidateIntervals(t *testing.T) {
 	c, err := config.Parse([]byte("generateInterval: 0s\nhealthInterval: 0s\n"))
-	if err != nil || c.GenerateInterval != config.DefaultGenerateInterval || c.HealthInterval != config.DefaultHealthInterval {
-		t.Fatalf("zero intervals: %v, %v, %v; want the defaults", c.GenerateInterval, c.HealthInterval, err)
+	if err != nil || c.Generate.Interval != config.DefaultGenerateInterval || c.Start.Health.Interval != config.DefaultHealthInterval || c.Start.MPS.CheckInterval != config.DefaultMPSCheckInterval {
+		t.Fatalf("zero intervals: %v, %v, %v, %v; want the defaults", c.Generate.Interval, c.Start.Health.Interval, c.Start.MPS.CheckInterval, err)
 	}
-	c.GenerateInterval, c.HealthInterval = 0, 0
-	testutil.ErrorSays(t, c.Validate(), "generateInterval: 0s is not positive", "healthInterval: 0s is not positive")
-	c.GenerateInterval, c.HealthInterval = time.Nanosecond, time.Nanosecond
+	c.Generate.Interval, c.Start.Health.Interval, c.Start.MPS.CheckInterval = 0, 0, 0
+	testutil.ErrorSays(t, c.Validate(), "generate.interval: 0s is not positive", "start.health.interval: 0s is not positive", "start.mps.checkInterval: 0s is not positive")
+	c.Generate.Interval, c.Start.Health.Interval, c.Start.MPS.CheckInterval = time.Nanosecond, time.Nanosecond, time.Nanosecond
 	if err := c.Validate(); err != nil {
 		t.Errorf("1ns intervals: %v", err)
 	}
@@ -325,5 +401,36 @@ func TestSharingBounds(t *testing.T) {
 		if mem, err := c.Policy.Sharing[0].PinnedMemory(); err != nil || (strings.Contains(entry, "1Mi") && mem != 1<<20) {
 			t.Errorf("%s: pinned memory %d, %v", entry, mem, err)
 		}
+	}
+}
+
+// TestStartChanged: what a reload would change that only a start reads is
+// named by its key (start.dra, whatever the file's layout); everything
+// else reloads.
+func TestStartChanged(t *testing.T) {
+	parse := func(yaml string) *config.Config {
+		t.Helper()
+		c, err := config.Parse([]byte(yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	inForce := parse("")
+	for _, tc := range []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"nothing", "version: v1\n", nil},
+		{"what reloads", "version: v1\ncdiSpecDirs: [/cdi]\ngenerate: {enabled: true, interval: 1s}\npolicy: {exclusive: true}\n", nil},
+		{"v1", "version: v1\nstart:\n  driverRoot: /run/nvidia/driver\n  dra: {enabled: true}\n  mps: {checkInterval: 1s}\n", []string{"start.driverRoot", "start.dra", "start.mps"}},
+		{"health, v1", "version: v1\nstart: {health: {recoverAfter: 1m}}\n", []string{"start.health"}},
+		{"without version", "devicePlugin: {kubeletDir: /k}\nhealthInterval: 1s\n", []string{"start.health", "start.devicePlugin", "start.mps"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := inForce.StartChanged(parse(tc.yaml)); !slices.Equal(got, tc.want) {
+				t.Errorf("start keys changed %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -1,10 +1,8 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"regexp"
 	"strconv"
 	"strings"
@@ -33,10 +31,8 @@ var yamlLine = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
 // Problems lists everything wrong with a configuration, each at its
 // line: what Parse would reject, one problem at a time.
 func Problems(data []byte) []Problem {
-	c := &Config{}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+	c, unversioned, err := decode(data)
+	if err != nil {
 		var te *yaml.TypeError
 		if errors.As(err, &te) {
 			var out []Problem
@@ -51,9 +47,8 @@ func Problems(data []byte) []Problem {
 	_ = yaml.Unmarshal(data, &root)
 	c.setDefaults()
 	var out []Problem
-	for _, err := range c.problems() {
-		key, _, _ := strings.Cut(err.Error(), ":")
-		out = append(out, Problem{Line: lineOf(&root, strings.Split(key, ".")), Message: err.Error()})
+	for _, e := range spelt(c.problems(), unversioned) {
+		out = append(out, Problem{Line: lineOf(&root, strings.Split(e.Field, ".")), Message: describe(e)})
 	}
 	return out
 }

@@ -114,7 +114,7 @@ type started struct {
 func start(t *testing.T, src *source, objects ...*resourceapi.ResourceClaim) *started {
 	t.Helper()
 	dir := testutil.ShortDir(t) // it holds unix sockets, whatever TMPDIR is
-	cfg := config.Default().DRA
+	cfg := config.Default().Start.DRA
 	cfg.PluginDir, cfg.RegistryDir = filepath.Join(dir, "plugins"), filepath.Join(dir, "registry")
 	for _, d := range []string{filepath.Join(cfg.PluginDir, cfg.DriverName), cfg.RegistryDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -310,7 +310,7 @@ func TestPrepareNotAllocated(t *testing.T) {
 	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "pending", Namespace: "ns", UID: "uid-p"}}
 	src := newSource("gpu-0")
 	log, _ := test.NewNullLogger()
-	d := dra.New(config.Default().DRA, node, src, log)
+	d := dra.New(config.Default().Start.DRA, node, src, log)
 	res, err := d.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{c})
 	if err != nil {
 		t.Fatal(err)
@@ -383,7 +383,7 @@ func TestReleaseGone(t *testing.T) {
 		}
 	}
 	log, hook := test.NewNullLogger()
-	d := dra.New(config.Default().DRA, node, src, log)
+	d := dra.New(config.Default().Start.DRA, node, src, log)
 
 	down := fake.NewClientset()
 	down.PrependReactor("get", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {

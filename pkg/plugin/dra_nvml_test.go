@@ -92,7 +92,7 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	devs := p.DRAView(cfg.DRA).Devices()
+	devs := p.DRAView(cfg.Start.DRA).Devices()
 	if len(devs) != 4 {
 		t.Fatalf("%d devices, want 4", len(devs))
 	}
@@ -121,7 +121,7 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 
 	// A MIG device: its GPU's product and PCI address, its GPU's UUID as
 	// its parent's, no memory of the whole GPU.
-	mig := p.DRAView(config.DRA{Kinds: cfg.DRA.Kinds, Devices: []string{"*:*"}}).Devices()
+	mig := p.DRAView(config.DRA{Kinds: cfg.Start.DRA.Kinds, Devices: []string{"*:*"}}).Devices()
 	if len(mig) != 1 || mig[0].Device.Name != "gpu-3-0" {
 		t.Fatalf("MIG devices offered: %v", mig)
 	}
@@ -134,20 +134,20 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 	// The scheduler's allocator, over the slice nri-gpu publishes: GPU 0
 	// is taken, so the pair on one root is 2 and 3, not 1 and 2.
 	slice := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "node-1-gpu"}, Spec: resourceapi.ResourceSliceSpec{
-		Driver: cfg.DRA.DriverName, NodeName: new("node-1"), Pool: resourceapi.ResourcePool{Name: "node-1", ResourceSliceCount: 1},
+		Driver: cfg.Start.DRA.DriverName, NodeName: new("node-1"), Pool: resourceapi.ResourcePool{Name: "node-1", ResourceSliceCount: 1},
 	}}
 	for _, d := range devs {
 		slice.Spec.Devices = append(slice.Spec.Devices, d.Device)
 	}
 	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpu"}, Spec: resourceapi.DeviceClassSpec{
-		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "` + cfg.DRA.DriverName + `"`}}},
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "` + cfg.Start.DRA.DriverName + `"`}}},
 	}}
 	root := resourceapi.FullyQualifiedName("resource.kubernetes.io/pcieRoot")
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "pair", Namespace: "ns", UID: "uid-pair"}, Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
 		Requests:    []resourceapi.DeviceRequest{{Name: "gpus", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 2}}},
 		Constraints: []resourceapi.DeviceConstraint{{MatchAttribute: &root}},
 	}}}
-	taken := structured.AllocatedState{AllocatedDevices: sets.New(structured.MakeDeviceID(cfg.DRA.DriverName, "node-1", "gpu-0"))}
+	taken := structured.AllocatedState{AllocatedDevices: sets.New(structured.MakeDeviceID(cfg.Start.DRA.DriverName, "node-1", "gpu-0"))}
 	alloc, err := structured.NewAllocator(context.Background(), structured.Features{}, taken, classes{class}, []*resourceapi.ResourceSlice{slice}, cel.NewCache(10, cel.Features{}))
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +169,7 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 	lib.Devices[1].(*dgxa100.Device).GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
 	p.CheckHealth()
 	var offered []string
-	for _, d := range p.DRAView(cfg.DRA).Devices() {
+	for _, d := range p.DRAView(cfg.Start.DRA).Devices() {
 		offered = append(offered, d.Device.Name)
 	}
 	if strings.Join(offered, ",") != "gpu-0,gpu-2,gpu-3" {

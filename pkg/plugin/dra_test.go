@@ -55,7 +55,7 @@ func prepare(t *testing.T, r *testRuntime, c policy.Claim, devices ...string) {
 	for _, d := range devices {
 		allocated = append(allocated, dra.Allocated{CDI: d, Requests: []string{"gpus"}})
 	}
-	if err := r.plugin.DRAView(config.Default().DRA).Prepare(c, allocated); err != nil {
+	if err := r.plugin.DRAView(config.Default().Start.DRA).Prepare(c, allocated); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -111,7 +111,7 @@ func TestClaimsOverNRI(t *testing.T) {
 	_, err = r.create(x, container(x, "main"))
 	testutil.ErrorSays(t, err, "is held by claim tenant/c")
 
-	if err := r.plugin.DRAView(config.Default().DRA).Unprepare("uid-c"); err != nil {
+	if err := r.plugin.DRAView(config.Default().Start.DRA).Unprepare("uid-c"); err != nil {
 		t.Fatal(err)
 	}
 	if adj, err := r.create(x, container(x, "main")); err != nil || !slices.Equal(devicePaths(adj), []string{"/dev/nvidia1"}) {
@@ -203,7 +203,7 @@ func TestClaimDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := inProcess(t, "policy: {exclusive: true}", dir)
-	view := p.DRAView(config.Default().DRA)
+	view := p.DRAView(config.Default().Start.DRA)
 	names := func() []string {
 		var out []string
 		for _, d := range view.Devices() {
@@ -255,7 +255,7 @@ func TestSharedClaimDevices(t *testing.T) {
   exclusive: true
   sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 2}]
 `, gpuSpecDir(t, 2))
-	view := p.DRAView(config.Default().DRA)
+	view := p.DRAView(config.Default().Start.DRA)
 	offered := func() []string {
 		var out []string
 		for _, d := range view.Devices() {
@@ -341,7 +341,7 @@ devices:
 		}
 	}
 	p := inProcess(t, `policy: {devices: ["nvidia.com/gpu=[02]*", "vendor.com/fpga=*"]}`, specDir)
-	cfg := config.Default().DRA
+	cfg := config.Default().Start.DRA
 	cfg.Kinds, cfg.Devices = []string{"vendor.com/fpga", "nvidia.com/gpu"}, []string{"Card_*", "1", "*:*"}
 	var got []string
 	attrs := map[string]int{}

@@ -24,11 +24,11 @@ func (p *Plugin) keepGenerating(ctx context.Context) {
 	var last, lastErr string
 	for {
 		st := p.state()
-		if !st.cfg.GenerateSpecs {
+		if !st.cfg.Generate.Enabled {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(st.cfg.GenerateInterval):
+			case <-time.After(st.cfg.Generate.Interval):
 				continue
 			}
 		}
@@ -47,7 +47,7 @@ func (p *Plugin) keepGenerating(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(st.cfg.GenerateInterval):
+		case <-time.After(st.cfg.Generate.Interval):
 		}
 	}
 }
@@ -60,11 +60,11 @@ func (p *Plugin) generate(lib nvml.Interface, path, last string) (string, error)
 		return "", err
 	}
 	cfg := p.state().cfg
-	fingerprint := fmt.Sprintf("driver %s, GPUs %s, control nodes %s", inv.DriverVersion, gpuList(inv), controlNodes(cfg.DriverRoot))
+	fingerprint := fmt.Sprintf("driver %s, GPUs %s, control nodes %s", inv.DriverVersion, gpuList(inv), controlNodes(cfg.Start.DriverRoot))
 	if _, err := os.Stat(path); err == nil && fingerprint == last {
 		return fingerprint, nil
 	}
-	spec, err := nvidia.Generate(lib, nvidia.Options{DriverRoot: cfg.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.hookPath, CreateControlNodes: true})
+	spec, err := nvidia.Generate(lib, nvidia.Options{DriverRoot: cfg.Start.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.hookPath, CreateControlNodes: true})
 	if err != nil {
 		return "", err
 	}

@@ -40,7 +40,7 @@ func (p *Plugin) nvmlLib(cfg *config.Config) nvml.Interface {
 	if p.hw.nvml != nil {
 		return p.hw.nvml
 	}
-	return nvidia.Library(cfg.DriverRoot)
+	return nvidia.Library(cfg.Start.DriverRoot)
 }
 
 // CheckHealth looks once at the NVIDIA GPUs' health (a GPU a check finds
@@ -66,7 +66,7 @@ func (p *Plugin) keepWatchingHealth(ctx context.Context) {
 		return
 	}
 	defer m.Close()
-	m.RecoverAfter = cfg.HealthRecoverAfter
+	m.RecoverAfter = cfg.Start.Health.RecoverAfter
 	m.OnChange = func(node, why string) {
 		if why != "" {
 			p.log.WithField("gpu", node).Warnf("GPU unhealthy: %s", why)
@@ -80,8 +80,8 @@ func (p *Plugin) keepWatchingHealth(ctx context.Context) {
 	}
 	p.hw.health.Store(m)
 	defer p.hw.health.Store(nil)
-	p.log.Infof("watching the health of NVIDIA GPUs (critical Xid events, a check every %s)", cfg.HealthInterval)
-	m.Run(ctx, cfg.HealthInterval)
+	p.log.Infof("watching the health of NVIDIA GPUs (critical Xid events, a check every %s)", cfg.Start.Health.Interval)
+	m.Run(ctx, cfg.Start.Health.Interval)
 }
 
 // links returns how closely two devices are connected, from the GPU

@@ -381,7 +381,7 @@ func TestClaimLogs(t *testing.T) {
 		t.Errorf("a claim the policy no longer gives: warnings %v", narrow.AllEntries())
 	}
 
-	view := p.DRAView(config.Default().DRA)
+	view := p.DRAView(config.Default().Start.DRA)
 	hook.Reset()
 	if err := view.Unprepare("uid-unknown"); err != nil {
 		t.Errorf("unpreparing a claim not prepared: %v", err)

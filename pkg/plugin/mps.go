@@ -65,7 +65,7 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 	return &mpsGPU{
 		device: d.Name,
 		share:  share,
-		daemon: mps.Daemon{Control: st.cfg.MPS.ControlCommand, Dir: filepath.Join(st.cfg.MPS.Root, dir), GPU: uuid, Root: st.cfg.MPS.HostRoot},
+		daemon: mps.Daemon{Control: st.cfg.Start.MPS.ControlCommand, Dir: filepath.Join(st.cfg.Start.MPS.Root, dir), GPU: uuid, Root: st.cfg.Start.MPS.HostRoot},
 		limits: mps.Limits{ActiveThreadPercentage: share.ActiveThreadPercentage, PinnedMemoryMiB: memory >> 20},
 	}, nil
 }
@@ -108,7 +108,7 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 	if err := g.daemon.Running(ctx); err != nil {
 		how := fmt.Sprintf("run one with CUDA_MPS_PIPE_DIRECTORY=%s, CUDA_MPS_LOG_DIRECTORY=%s and %s as its /dev/shm (mps.daemon: external)",
 			g.daemon.PipeDir(), g.daemon.LogDir(), g.daemon.ShmDir())
-		if st.cfg.MPS.Daemon == config.MPSManaged {
+		if st.cfg.Start.MPS.Daemon == config.MPSManaged {
 			how = "nri-gpu starts it (mps.daemon: managed): its log says why it could not"
 		}
 		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, but %v; nri-gpu does not give an MPS-shared GPU unbounded: %s",
@@ -156,7 +156,7 @@ func (p *Plugin) mpsDaemons(st *state) (map[string]*mpsGPU, []error) {
 // through a restart of nri-gpu; the next one finds them answering.
 func (p *Plugin) keepMPS(ctx context.Context) {
 	st := p.state()
-	if st.cfg.MPS.Daemon != config.MPSManaged {
+	if st.cfg.Start.MPS.Daemon != config.MPSManaged {
 		return
 	}
 	daemons, errs := p.mpsDaemons(st)
@@ -193,15 +193,15 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 	}
 }
 
-// keepMPSDaemons runs keepMPS at once, then every healthInterval, until
-// ctx is done.
+// keepMPSDaemons runs keepMPS at once, then every start.mps.checkInterval,
+// until ctx is done.
 func (p *Plugin) keepMPSDaemons(ctx context.Context) {
 	for {
 		p.keepMPS(ctx)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(p.state().cfg.HealthInterval):
+		case <-time.After(p.state().cfg.Start.MPS.CheckInterval):
 		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -274,18 +273,8 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 // configuration stays, when the new one cannot be used (its spec
 // directories cannot be watched).
 func (p *Plugin) Reload(cfg *config.Config) error {
-	inForce := p.state().cfg
-	for _, c := range []struct {
-		key, what string
-		old, next any
-	}{
-		{"devicePlugin", "kubelet's sockets, the resources registered", inForce.DevicePlugin, cfg.DevicePlugin},
-		{"dra", "kubelet's sockets, the resources registered", inForce.DRA, cfg.DRA},
-		{"mps", "the MPS control daemons run or looked for", inForce.MPS, cfg.MPS},
-	} {
-		if !reflect.DeepEqual(c.old, c.next) {
-			return fmt.Errorf("%w: %s is read at start (%s): restart nri-gpu to change it", ErrStartOnly, c.key, c.what)
-		}
+	if keys := p.state().cfg.StartChanged(cfg); len(keys) > 0 {
+		return fmt.Errorf("%w: %s is read at start: restart nri-gpu to change it", ErrStartOnly, strings.Join(keys, ", "))
 	}
 	st, err := p.newState(cfg)
 	if err != nil {

@@ -320,7 +320,7 @@ func TestClaimNotRecorded(t *testing.T) {
 	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	view := p.DRAView(config.Default().DRA)
+	view := p.DRAView(config.Default().Start.DRA)
 	gpu := []dra.Allocated{{CDI: "nvidia.com/gpu=0"}}
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
@@ -357,7 +357,7 @@ func TestUnprepareNotRecorded(t *testing.T) {
 	}
 	gpu := []dra.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus"}}}
 	old := policy.Claim{UID: "uid-old", Namespace: "tenant", Name: "old"}
-	if err := p.DRAView(config.Default().DRA).Prepare(old, gpu); err != nil {
+	if err := p.DRAView(config.Default().Start.DRA).Prepare(old, gpu); err != nil {
 		t.Fatal(err)
 	}
 
@@ -367,7 +367,7 @@ func TestUnprepareNotRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, dir, nil)
-	err := p.DRAView(config.Default().DRA).Unprepare(old.UID)
+	err := p.DRAView(config.Default().Start.DRA).Unprepare(old.UID)
 	testutil.ErrorSays(t, err, "claim uid-old released", "could not be recorded", "not a directory")
 	if !errors.Is(err, plugin.ErrNotRecorded) {
 		t.Errorf("%v does not wrap ErrNotRecorded", err)
@@ -384,12 +384,12 @@ func TestUnprepareNotRecorded(t *testing.T) {
 	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	view := p.DRAView(config.Default().DRA)
+	view := p.DRAView(config.Default().Start.DRA)
 	next := policy.Claim{UID: "uid-next", Namespace: "tenant", Name: "next"}
 	testutil.ErrorSays(t, view.Prepare(next, gpu), "held by claim tenant/old")
 	quiet := logrus.New()
 	quiet.SetOutput(io.Discard)
-	if err := dra.New(config.Default().DRA, "node-1", view, quiet).ReleaseGone(context.Background(), fake.NewClientset()); err != nil {
+	if err := dra.New(config.Default().Start.DRA, "node-1", view, quiet).ReleaseGone(context.Background(), fake.NewClientset()); err != nil {
 		t.Fatal(err)
 	}
 	if err := view.Prepare(next, gpu); err != nil {

@@ -38,7 +38,7 @@ func TestRealGPUAttributes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	devs := p.DRAView(config.Default().DRA).Devices()
+	devs := p.DRAView(config.Default().Start.DRA).Devices()
 	if len(devs) == 0 {
 		t.Fatal("no device offered")
 	}

@@ -193,13 +193,13 @@ func TestDefaultValuesMatchTheTestedDaemonSet(t *testing.T) {
 func TestMultiTenantValues(t *testing.T) {
 	r := render(t, "ci/multitenant-values.yaml")
 	cfg := parseConfig(t, r.configMap)
-	if !cfg.Policy.Exclusive || len(cfg.DevicePlugin.Resources) != 1 || cfg.DevicePlugin.KubeletDir != "/var/lib/kubelet/device-plugins" {
+	if !cfg.Policy.Exclusive || len(cfg.Start.DevicePlugin.Resources) != 1 || cfg.Start.DevicePlugin.KubeletDir != "/var/lib/kubelet/device-plugins" {
 		t.Errorf("configuration %+v", cfg)
 	}
 	c := r.daemonSet.Spec.Template.Spec.Containers[0]
 	mounted := false
 	for _, m := range c.VolumeMounts {
-		mounted = mounted || (m.Name == "device-plugins" && m.MountPath == cfg.DevicePlugin.KubeletDir && !m.ReadOnly)
+		mounted = mounted || (m.Name == "device-plugins" && m.MountPath == cfg.Start.DevicePlugin.KubeletDir && !m.ReadOnly)
 	}
 	if !mounted {
 		t.Errorf("device-plugin mode without kubelet's device-plugin directory mounted read-write: %+v", c.VolumeMounts)
@@ -286,8 +286,8 @@ func TestNoToken(t *testing.T) {
 func TestDRAValues(t *testing.T) {
 	r := render(t, "ci/dra-values.yaml")
 	cfg := parseConfig(t, r.configMap)
-	if !cfg.DRA.Enabled || cfg.DRA.DriverName != "gpu.nri-gpu.io" {
-		t.Errorf("dra config %+v", cfg.DRA)
+	if !cfg.Start.DRA.Enabled || cfg.Start.DRA.DriverName != "gpu.nri-gpu.io" {
+		t.Errorf("dra config %+v", cfg.Start.DRA)
 	}
 	spec := r.daemonSet.Spec.Template.Spec
 	if spec.AutomountServiceAccountToken == nil || !*spec.AutomountServiceAccountToken {
