@@ -187,8 +187,13 @@ func checkContainerd(file, socketPath string) []Finding {
 func checkSpecs(cfg *config.Config) []Finding {
 	var out []Finding
 	for _, dir := range cfg.CDISpecDirs {
-		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		fi, err := os.Stat(dir)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
 			out = append(out, Finding{Warn, "spec dir", dir + " does not exist", "fine if no spec is to be there; nri-gpu picks it up once it is created"})
+			continue
+		case err == nil && !fi.IsDir():
+			out = append(out, Finding{Fail, "spec dir", dir + " is not a directory", "remove it, or make it the directory of the specs: nri-gpu does not start with a spec dir that is something else"})
 			continue
 		}
 		if err := specs.CheckDir(dir); err != nil {

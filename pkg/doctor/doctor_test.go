@@ -44,8 +44,13 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := config.Default()
-	// An absent dir first: the dirs after it are checked too.
-	cfg.CDISpecDirs = []string{filepath.Join(dir, "absent"), specDir}
+	// An absent dir first: the dirs after it are checked too. A file is
+	// no spec dir: it fails (nri-gpu does not start), it is not "absent".
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.CDISpecDirs = []string{filepath.Join(dir, "absent"), specDir, file}
 
 	fs := doctor.Run(doctor.Input{SocketPath: sock, ContainerdConfig: ctdConfig, Config: cfg})
 	want := map[string]doctor.Status{"NRI socket": doctor.OK, "containerd NRI": doctor.Fail, "devices": doctor.Warn, "nri-gpu config": doctor.OK}
@@ -56,7 +61,8 @@ func TestRun(t *testing.T) {
 		}
 	}
 	dirs := find(fs, "spec dir")
-	if len(dirs) != 2 || dirs[1].Status != doctor.Fail || !strings.Contains(dirs[1].Detail, "writable by group or others") || dirs[0].Status != doctor.Warn {
+	if len(dirs) != 3 || dirs[1].Status != doctor.Fail || !strings.Contains(dirs[1].Detail, "writable by group or others") || dirs[0].Status != doctor.Warn ||
+		dirs[2].Status != doctor.Fail || dirs[2].Detail != file+" is not a directory" {
 		t.Errorf("spec dirs: %+v", dirs)
 	}
 	if !doctor.Failed(fs) {
