@@ -389,3 +389,30 @@ func TestMPSValues(t *testing.T) {
 		}
 	}
 }
+
+// TestV1Values: a configuration of version v1 (its start block) gets from
+// the chart what the layout without version does: kubelet's device-plugin
+// directory mounted and written into start.devicePlugin.kubeletDir, the
+// DRA driver's token, RBAC and DeviceClass, the MPS root mounted, the
+// last spec dir writable for generate.enabled; and nri-gpu reads it as v1.
+func TestV1Values(t *testing.T) {
+	r := render(t, "ci/v1-values.yaml")
+	cfg := parseConfig(t, r.configMap)
+	if cfg.Version != "v1" || !cfg.Generate.Enabled || !cfg.Start.DRA.Enabled || cfg.Start.MPS.Daemon != "managed" ||
+		len(cfg.Start.DevicePlugin.Resources) != 1 || cfg.Start.DevicePlugin.KubeletDir != "/var/lib/kubelet/device-plugins" {
+		t.Errorf("configuration %+v", cfg)
+	}
+	spec := r.daemonSet.Spec.Template.Spec
+	if spec.AutomountServiceAccountToken == nil || !*spec.AutomountServiceAccountToken || r.clusterRole == nil || r.deviceClass == nil {
+		t.Error("DRA on in v1's start block, but no token, ClusterRole or DeviceClass")
+	}
+	mounts := map[string]bool{}
+	for _, m := range spec.Containers[0].VolumeMounts {
+		mounts[m.MountPath] = !m.ReadOnly
+	}
+	for path, writable := range map[string]bool{"/var/lib/kubelet/device-plugins": true, "/var/run/cdi": true, "/etc/cdi": false, "/run/nri-gpu/mps": true} {
+		if w, ok := mounts[path]; !ok || w != writable {
+			t.Errorf("%s mounted %v (writable %v), want writable %v", path, ok, w, writable)
+		}
+	}
+}
