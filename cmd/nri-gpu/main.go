@@ -1,6 +1,9 @@
 // Command nri-gpu is a containerd NRI plugin that injects CDI devices
-// (GPUs and others) into containers from their pods' annotations, without
-// relying on the runtime's own CDI support.
+// (GPUs and others) into containers, without relying on the runtime's own
+// CDI support: the devices a pod asks for through its annotations,
+// kubelet's device-plugin allocation (nri-gpu's own device plugin) or its
+// DRA claims (nri-gpu's own DRA driver), judged by one policy over one
+// pool of holdings.
 //
 // With no subcommand it runs the plugin: this is how containerd starts a
 // pre-registered plugin from its plugin_path. Subcommands:
