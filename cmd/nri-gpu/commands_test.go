@@ -168,15 +168,13 @@ func TestCheckOutput(t *testing.T) {
 // given; "-" writes it to standard output.
 func TestGenerateOutput(t *testing.T) {
 	s := testutil.NVML(2)
-	driver := nvmlLibrary
-	nvmlLibrary = func(string) nvml.Interface { return s }
-	t.Cleanup(func() { nvmlLibrary = driver })
+	mock := func(string) nvml.Interface { return s }
 	root, err := filepath.Abs("../../pkg/specs/nvidia/testdata/minimal-root")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"generate", "--driver-root", root, "--hook-path", "/usr/bin/nvidia-cdi-hook", "--output", "-"}, &stdout, &stderr)
+	code := runGenerate([]string{"--driver-root", root, "--hook-path", "/usr/bin/nvidia-cdi-hook", "--output", "-"}, &stdout, &stderr, mock)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
@@ -209,7 +207,7 @@ func TestGenerateOutput(t *testing.T) {
 
 	out := filepath.Join(testutil.ShortDir(t), "gpu.json")
 	stderr.Reset()
-	if code := run([]string{"generate", "--driver-root", root, "--output", out}, &stdout, &stderr); code != exitOK {
+	if code := runGenerate([]string{"--driver-root", root, "--output", out}, &stdout, &stderr, mock); code != exitOK {
 		t.Fatalf("to a file: exit %d: %s", code, stderr.String())
 	}
 	data, err := os.ReadFile(out)

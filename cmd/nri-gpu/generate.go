@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
@@ -16,12 +17,10 @@ import (
 // DefaultSpecPath is where generate writes by default.
 const DefaultSpecPath = "/var/run/cdi/nvidia.com-gpu.yaml"
 
-// nvmlLibrary is the NVML generate reads the GPUs from: the driver's,
-// found under the driver root (tests give go-nvml's mock).
-var nvmlLibrary = nvidia.Library
-
-// runGenerate writes the CDI spec of the node's NVIDIA GPUs.
-func runGenerate(args []string, stdout, stderr io.Writer) int {
+// runGenerate writes the CDI spec of the node's NVIDIA GPUs, read from
+// the NVML lib returns for the driver root (nvidia.Library: the driver's;
+// tests give go-nvml's mock).
+func runGenerate(args []string, stdout, stderr io.Writer, lib func(driverRoot string) nvml.Interface) int {
 	fs := flag.NewFlagSet("nri-gpu generate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
@@ -55,7 +54,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) int {
 		DriverRoot: *driverRoot, DevRoot: *devRoot, Kind: *kind, HookPath: *hookPath, CreateControlNodes: *mkNodes,
 		NameStrategies: strings.Split(*strategies, ","),
 	}
-	spec, err := nvidia.Generate(nvmlLibrary(*driverRoot), opts)
+	spec, err := nvidia.Generate(lib(*driverRoot), opts)
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu generate: %v\n", err)
 		if errors.Is(err, nvidia.ErrOptions) {

@@ -27,6 +27,7 @@ import (
 	"os"
 
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 // Exit codes.
@@ -45,7 +46,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
 		case "generate":
-			return runGenerate(args[1:], stdout, stderr)
+			return runGenerate(args[1:], stdout, stderr, nvidia.Library)
 		case "devices":
 			return runDevices(args[1:], stdout, stderr)
 		case "validate":
