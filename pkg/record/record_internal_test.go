@@ -184,3 +184,38 @@ func TestStateFileLastSaveWins(t *testing.T) {
 		t.Errorf("after 64 changes saved at once, the file holds %v, %v; want the last state", got, err)
 	}
 }
+
+// TestLock: one process per record. The lock file beside the record
+// holds its holder's pid, readable by the owner only, in a directory only
+// the owner may enter; a second lock of the record waits, then is refused
+// naming the holder; once let go, the record can be locked again.
+func TestLock(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state", "allocations.json")
+	first := Open(path)
+	if err := first.Lock(); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path + ".lock")
+	if err != nil || string(data) != fmt.Sprintf("%d\n", os.Getpid()) {
+		t.Errorf("lock file %q, %v; want this pid", data, err)
+	}
+	for file, want := range map[string]os.FileMode{path + ".lock": 0o600, filepath.Dir(path): 0o700 | os.ModeDir} {
+		if fi, err := os.Stat(file); err != nil || fi.Mode() != want {
+			t.Errorf("%s: mode %v, %v; want %v", file, fi.Mode(), err, want)
+		}
+	}
+	second := Open(path)
+	start := time.Now()
+	err = second.Lock()
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d holds %s.lock", os.Getpid(), path)) {
+		t.Errorf("a second lock: %v, want ErrLocked naming this pid", err)
+	}
+	if waited := time.Since(start); waited < lockWait {
+		t.Errorf("refused after %s, want a wait of %s first", waited, lockWait)
+	}
+	first.Unlock()
+	if err := second.Lock(); err != nil {
+		t.Errorf("once let go: %v", err)
+	}
+	second.Unlock()
+}

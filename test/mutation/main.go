@@ -37,16 +37,26 @@ func main() {
 		workers   = flag.Int("workers", 0, "gremlins workers (0: one per CPU)")
 		coeff     = flag.Int("timeout-coefficient", 20, "gremlins' timeout: this times the coverage run's")
 		only      = flag.String("only", "", "comma-separated packages to run again; the others' last results are reused")
+		own       = flag.Bool("own", true, "run nri-gpu's own mutants too (an error returned as nil, a continue or break deleted, an integer constant one off, true and false swapped)")
+		sample    = flag.Int("own-sample", 0, "run this many of each package's own mutants, chosen at random with a fixed seed (0: all)")
+		noGrem    = flag.Bool("no-gremlins", false, "run nri-gpu's own mutants only; gremlins' last results are reused")
 	)
 	flag.Parse()
 	pkgs := flag.Args() // relative to the module root
-	if err := run(*gremlins, *out, *equiv, *results, *only, *threshold, *workers, *coeff, pkgs); err != nil {
+	o := options{own: *own, sample: *sample, gremlins: !*noGrem}
+	if err := run(*gremlins, *out, *equiv, *results, *only, *threshold, *workers, *coeff, pkgs, o); err != nil {
 		fmt.Fprintln(os.Stderr, "mutation:", err)
 		os.Exit(1)
 	}
 }
 
-func run(gremlins, out, equivFile, results, only string, threshold float64, workers, coeff int, pkgs []string) error {
+// options are what a run runs beside gremlins.
+type options struct {
+	own, gremlins bool
+	sample        int
+}
+
+func run(gremlins, out, equivFile, results, only string, threshold float64, workers, coeff int, pkgs []string, o options) error {
 	equivalents, err := readEquivalents(equivFile)
 	if err != nil {
 		return err
@@ -75,26 +85,44 @@ func run(gremlins, out, equivFile, results, only string, threshold float64, work
 				exclude = append(exclude, "^"+regexp.QuoteMeta(rel)+"/")
 			}
 		}
-		raw, err := unleash(gremlins, root, pkg, exclude, workers, coeff)
-		if err != nil {
-			return fmt.Errorf("%s: %w", pkg, err)
+		if o.gremlins {
+			raw, err := unleash(gremlins, root, pkg, exclude, workers, coeff)
+			if err != nil {
+				return fmt.Errorf("%s: %w", pkg, err)
+			}
+			if err := keep(resultFile(results, pkg), raw, filepath.Join(root, pkg)); err != nil {
+				return fmt.Errorf("%s: %w", pkg, err)
+			}
 		}
-		if err := keep(resultFile(results, pkg), raw, filepath.Join(root, pkg)); err != nil {
-			return fmt.Errorf("%s: %w", pkg, err)
+		if o.own {
+			raw, err := unleashOwn(root, pkg, o.sample, 10*time.Minute)
+			if err != nil {
+				return fmt.Errorf("%s: own mutants: %w", pkg, err)
+			}
+			if err := keep(ownResultFile(results, pkg), raw, filepath.Join(root, pkg)); err != nil {
+				return fmt.Errorf("%s: %w", pkg, err)
+			}
 		}
 	}
 	rep := &report{pkgs: map[string]*stats{}, lived: map[string][]mutant{}, equivalents: equivalents}
 	var failed []string
 	for _, pkg := range pkgs {
-		raw, err := os.ReadFile(resultFile(results, pkg))
-		if err != nil {
-			return fmt.Errorf("%s: no results (run it: -only %s): %w", pkg, pkg, err)
+		found := false
+		for _, file := range []string{resultFile(results, pkg), ownResultFile(results, pkg)} {
+			raw, err := os.ReadFile(file)
+			if err != nil {
+				continue
+			}
+			var k kept
+			if err := json.Unmarshal(raw, &k); err != nil {
+				return fmt.Errorf("%s: kept results %s: %w", pkg, file, err)
+			}
+			rep.add(k, pkg)
+			found = true
 		}
-		var k kept
-		if err := json.Unmarshal(raw, &k); err != nil {
-			return fmt.Errorf("%s: kept results: %w", pkg, err)
+		if !found {
+			return fmt.Errorf("%s: no results (run it: -only %s)", pkg, pkg)
 		}
-		rep.add(k, pkg)
 		switch s := rep.pkgs[pkg]; {
 		case s == nil:
 			failed = append(failed, pkg+" (no mutants)")
@@ -119,6 +147,12 @@ func run(gremlins, out, equivFile, results, only string, threshold float64, work
 
 func resultFile(dir, pkg string) string {
 	return filepath.Join(dir, strings.ReplaceAll(pkg, "/", "_")+".json")
+}
+
+// ownResultFile is where the results of nri-gpu's own mutants of pkg are
+// kept.
+func ownResultFile(dir, pkg string) string {
+	return filepath.Join(dir, strings.ReplaceAll(pkg, "/", "_")+".own.json")
 }
 
 // kept is a package's result as kept between runs: gremlins' output and
@@ -345,7 +379,7 @@ func (r *report) add(k kept, pkg string) {
 
 func (r *report) markdown(threshold float64, ran string, took time.Duration) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Mutation testing\n\nWritten by `make mutation` on %s, running %s in %s (gremlins, every mutator it has on by default plus `--invert-logical` and `--invert-loopctrl`; each mutant's package tests, the protocol tests on NRI's runtime side included). Score: killed / (killed + lived), timed-out mutants counted as killed, equivalent mutants (`test/mutation/equivalent.txt`, each with its reason) left out. Not covered: mutants in code no test of the package runs (gremlins also counts a switch case's condition as not covered, since Go's coverage blocks start after its colon). Each package is held to %.0f%%. The line numbers are those of the run.\n\n",
+	fmt.Fprintf(&b, "# Mutation testing\n\nWritten by `make mutation` on %s, running %s in %s (gremlins, every mutator it has on by default plus `--invert-logical` and `--invert-loopctrl`; and nri-gpu's own mutators for what gremlins does not do, `test/mutation/own.go`: ERROR_TO_NIL, an error a function returns replaced by nil; LOOPCTRL_DELETED, a continue or break deleted; INT_OFF_BY_ONE, an integer constant one more; BOOL_SWAPPED, true and false swapped; each mutant's package tests, the protocol tests on NRI's runtime side included). Score: killed / (killed + lived), timed-out mutants counted as killed, equivalent mutants (`test/mutation/equivalent.txt`, each with its reason) left out. Not covered: mutants in code no test of the package runs (gremlins also counts a switch case's condition as not covered, since Go's coverage blocks start after its colon). Each package is held to %.0f%%. The line numbers are those of the run.\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), ran, took.Round(time.Second), threshold)
 	b.WriteString("| package | mutants | killed | timed out | lived | equivalent | not covered | score |\n|---|---|---|---|---|---|---|---|\n")
 	pkgs := make([]string, 0, len(r.pkgs))
