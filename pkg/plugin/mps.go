@@ -177,19 +177,16 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 			p.log.WithField("dir", e.Daemon.Dir).Info("stopped MPS control daemon: its GPU is no longer shared with MPS")
 		}
 	}
-	p.mpsMu.Lock()
-	defer p.mpsMu.Unlock()
-	warned := p.mpsWarned
-	p.mpsWarned = map[string]bool{}
-	for i := range errs {
-		errs[i] = fmt.Errorf("MPS daemon not started: %w", errs[i])
+	current := map[string]string{}
+	for _, err := range errs {
+		current["MPS daemon not started: "+err.Error()] = ""
 	}
-	for _, err := range append(errs, failed...) {
-		msg := err.Error()
-		if !warned[msg] {
-			p.log.Warn(msg)
-		}
-		p.mpsWarned[msg] = true
+	for _, err := range failed {
+		current[err.Error()] = ""
+	}
+	appeared, _ := p.mpsProblems.update(current)
+	for _, msg := range appeared {
+		p.log.Warn(msg)
 	}
 }
 

@@ -62,18 +62,8 @@ type Plugin struct {
 
 	mu sync.RWMutex
 	st *state
-	// configured counts successful Configure calls, one per connection.
-	configured int
-	// synced says the plugin is registered with the runtime: it has had
-	// Synchronize on its current connection.
-	synced bool
-	// configErr is the last rejected configuration from the runtime.
-	configErr error
-	// runtime is what the connected runtime applies, decided at Configure.
-	runtime adjust.Runtime
-	// nriVersion returns the connected runtime's NRI version, as the
-	// stub of the current connection learnt it; nil outside Serve.
-	nriVersion func() string
+	// conn is the connection to the runtime (under mu).
+	conn connection
 
 	// hw is what NVML says of the node's GPUs.
 	hw inventory
@@ -89,15 +79,29 @@ type Plugin struct {
 	// runtime may tell only through their containers' removal.
 	recovered recovered
 
-	// mps keeps the managed MPS control daemons.
-	mps   *mps.Manager
-	mpsMu sync.Mutex
-	// mpsWarned are the MPS problems logged, while they last.
-	mpsWarned map[string]bool
+	// mps keeps the managed MPS control daemons; mpsProblems are the
+	// problems with them logged, while they last.
+	mps         *mps.Manager
+	mpsProblems lasting
 
-	problemsMu sync.Mutex
 	// problems are the spec problems logged, by spec file.
-	problems map[string]string
+	problems lasting
+}
+
+// connection is what the plugin knows of its connection to the runtime.
+type connection struct {
+	// configured counts successful Configure calls, one per connection.
+	configured int
+	// synced says the plugin is registered with the runtime: it has had
+	// Synchronize on its current connection.
+	synced bool
+	// configErr is the last rejected configuration from the runtime.
+	configErr error
+	// runtime is what the connected runtime applies, decided at Configure.
+	runtime adjust.Runtime
+	// nriVersion returns the connected runtime's NRI version, as the
+	// stub of the current connection learnt it; nil outside Serve.
+	nriVersion func() string
 }
 
 // state is everything a request needs, replaced whole on reconfiguration.
@@ -184,23 +188,46 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 // logProblems logs each spec problem once, when it appears, and when it
 // is gone.
 func (p *Plugin) logProblems(s *specs.Snapshot) {
-	p.problemsMu.Lock()
-	defer p.problemsMu.Unlock()
 	current := map[string]string{}
 	for path, errs := range s.Problems {
-		msg := errors.Join(errs...).Error()
-		current[path] = msg
-		if p.problems[path] != msg {
-			p.log.WithField("spec", path).Warnf("CDI spec not used: %s", msg)
-		}
+		current[path] = errors.Join(errs...).Error()
 	}
-	for path := range p.problems {
-		if _, ok := current[path]; !ok {
-			p.log.WithField("spec", path).Info("CDI spec problem gone")
-		}
+	appeared, gone := p.problems.update(current)
+	for _, path := range appeared {
+		p.log.WithField("spec", path).Warnf("CDI spec not used: %s", current[path])
 	}
-	p.problems = current
+	for _, path := range gone {
+		p.log.WithField("spec", path).Info("CDI spec problem gone")
+	}
 	p.metrics.SpecErrors(len(current))
+}
+
+// lasting are problems logged once while they last: each by a key, with
+// its message.
+type lasting struct {
+	mu   sync.Mutex
+	last map[string]string
+}
+
+// update makes current the problems in force, and returns the keys of
+// those that appeared (or changed message) and of those gone, sorted.
+func (l *lasting) update(current map[string]string) (appeared, gone []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k, msg := range current {
+		if prev, ok := l.last[k]; !ok || prev != msg {
+			appeared = append(appeared, k)
+		}
+	}
+	for k := range l.last {
+		if _, ok := current[k]; !ok {
+			gone = append(gone, k)
+		}
+	}
+	l.last = current
+	slices.Sort(appeared)
+	slices.Sort(gone)
+	return appeared, gone
 }
 
 func (p *Plugin) state() *state {
@@ -213,7 +240,7 @@ func (p *Plugin) state() *state {
 func (p *Plugin) connectedRuntime() adjust.Runtime {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.runtime
+	return p.conn.runtime
 }
 
 // Close stops watching the spec directories and lets the state file's
@@ -232,10 +259,10 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 	log := p.log.WithFields(logrus.Fields{"runtime": runtime, "version": version})
 	rt := adjust.RuntimeOf(runtime, version)
 	p.mu.Lock()
-	p.runtime = rt
+	p.conn.runtime = rt
 	nriVersion := "unknown"
-	if p.nriVersion != nil {
-		nriVersion = p.nriVersion()
+	if p.conn.nriVersion != nil {
+		nriVersion = p.conn.nriVersion()
 	}
 	p.mu.Unlock()
 	log.Infof("what the runtime can apply: %s", rt)
@@ -245,7 +272,7 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 	}
 	if cfg == "" {
 		p.mu.Lock()
-		p.configured++
+		p.conn.configured++
 		p.mu.Unlock()
 		log.Info("connected to runtime")
 		return ev, nil
@@ -253,13 +280,13 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 	st, err := p.parseRuntimeConfig(cfg)
 	p.mu.Lock()
 	if err != nil {
-		p.configErr = err
+		p.conn.configErr = err
 		p.mu.Unlock()
 		return 0, err
 	}
 	old := p.st
 	p.st = st
-	p.configured++
+	p.conn.configured++
 	p.mu.Unlock()
 	old.specs.Close()
 	log.Info("connected to runtime, using the configuration it passed")
@@ -311,7 +338,7 @@ func (p *Plugin) Ready() error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	switch {
-	case !p.synced:
+	case !p.conn.synced:
 		return fmt.Errorf("%w: not registered with the runtime (connecting)", ErrNotReady)
 	case p.st.specs.Snapshot() == nil:
 		return fmt.Errorf("%w: no snapshot of the CDI specs yet", ErrNotReady)
@@ -322,21 +349,21 @@ func (p *Plugin) Ready() error {
 func (p *Plugin) setSynced(v bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.synced = v
+	p.conn.synced = v
 }
 
 // connections returns how many connections the runtime configured.
 func (p *Plugin) connections() int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.configured
+	return p.conn.configured
 }
 
 // takeConfigError returns and forgets the last rejected configuration.
 func (p *Plugin) takeConfigError() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	err := p.configErr
-	p.configErr = nil
+	err := p.conn.configErr
+	p.conn.configErr = nil
 	return err
 }
