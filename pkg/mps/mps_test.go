@@ -82,6 +82,11 @@ func TestDaemon(t *testing.T) {
 		if fi, err := os.Stat(d.ShmDir()); err != nil || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
 			t.Errorf("shm directory mode %v, %v; want sticky and open to every client", fi.Mode(), err)
 		}
+		for _, dir := range []string{d.PipeDir(), d.LogDir()} {
+			if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o755 {
+				t.Errorf("%s: mode %v, %v; want 0755 (clients of any user reach it; only root writes it)", dir, fi.Mode(), err)
+			}
+		}
 		if err := d.Stop(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -41,6 +41,9 @@ func TestStateFileRoundTrip(t *testing.T) {
 	if fi.Mode().Perm()&0o077 != 0 {
 		t.Errorf("state file mode %v, want it readable by its owner only", fi.Mode())
 	}
+	if di, err := os.Stat(filepath.Dir(f.path)); err != nil || di.Mode() != os.ModeDir|0o700 {
+		t.Errorf("the directory a save made: %v, %v; want one only its owner may enter", di.Mode(), err)
+	}
 	got, err := Open(f.path).Load()
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +80,8 @@ func TestStateFileTrust(t *testing.T) {
 		{name: "missing", make: func(*testing.T, string) {}},
 		{name: "valid", make: func(t *testing.T, path string) { write(t, path, valid, 0o600) }},
 		{name: "group writable", make: func(t *testing.T, path string) { write(t, path, valid, 0o620) },
-			want: "writable by group or others", untrust: true},
+			want: "writable by group or others (mode 0620)", untrust: true},
+		{name: "others may execute, not write", make: func(t *testing.T, path string) { write(t, path, valid, 0o601) }},
 		{name: "owned by another user", make: func(t *testing.T, path string) {
 			if os.Geteuid() != 0 {
 				t.Skip("giving a file away needs root")

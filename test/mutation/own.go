@@ -82,7 +82,17 @@ func ownMutants(dir string) ([]ownMutant, error) {
 			}
 			return true
 		})
+		// The other results of a return of an error, which callers do
+		// not look at: no constant there is mutated.
+		var dontCare [][2]token.Pos
 		add := func(n ast.Node, kind, with string) {
+			if kind == IntOffByOne || kind == BoolSwapped {
+				for _, r := range dontCare {
+					if n.Pos() >= r[0] && n.End() <= r[1] {
+						return
+					}
+				}
+			}
 			p, q := fset.Position(n.Pos()), fset.Position(n.End())
 			cover := p
 			for _, c := range cases {
@@ -113,6 +123,9 @@ func ownMutants(dir string) ([]ownMutant, error) {
 				if len(erring) > 0 && erring[len(erring)-1] && len(n.Results) > 0 {
 					if last := n.Results[len(n.Results)-1]; !isNil(last) {
 						add(last, ErrorToNil, "nil")
+						if len(n.Results) > 1 {
+							dontCare = append(dontCare, [2]token.Pos{n.Results[0].Pos(), n.Results[len(n.Results)-2].End()})
+						}
 					}
 				}
 			case *ast.BranchStmt:
