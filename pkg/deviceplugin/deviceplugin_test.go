@@ -8,12 +8,14 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -139,9 +141,18 @@ type kubelet struct {
 	api.UnimplementedRegistrationServer
 	srv  *grpc.Server
 	regs chan *api.RegisterRequest
+	// refuse is how many registrations it refuses first.
+	refuse int
+	mu     sync.Mutex
 }
 
 func (k *kubelet) Register(_ context.Context, r *api.RegisterRequest) (*api.Empty, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.refuse > 0 {
+		k.refuse--
+		return nil, errors.New("kubelet is not ready")
+	}
 	k.regs <- r
 	return &api.Empty{}, nil
 }
@@ -149,6 +160,13 @@ func (k *kubelet) Register(_ context.Context, r *api.RegisterRequest) (*api.Empt
 // startKubelet starts a fake kubelet in dir, as kubelet starts: it first
 // empties the directory.
 func startKubelet(t *testing.T, dir string, regs chan *api.RegisterRequest) *kubelet {
+	t.Helper()
+	return startRefusingKubelet(t, dir, regs, 0)
+}
+
+// startRefusingKubelet starts a fake kubelet that refuses the first
+// refuse registrations.
+func startRefusingKubelet(t *testing.T, dir string, regs chan *api.RegisterRequest, refuse int) *kubelet {
 	t.Helper()
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
@@ -158,7 +176,7 @@ func startKubelet(t *testing.T, dir string, regs chan *api.RegisterRequest) *kub
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &kubelet{srv: grpc.NewServer(), regs: regs}
+	k := &kubelet{srv: grpc.NewServer(), regs: regs, refuse: refuse}
 	api.RegisterRegistrationServer(k.srv, k)
 	go func() { _ = k.srv.Serve(l) }()
 	t.Cleanup(k.srv.Stop)
@@ -194,7 +212,8 @@ var socketName = regexp.MustCompile(`^nri-gpu-nvidia\.com-gpu-[0-9a-z]+\.sock$`)
 func TestRun(t *testing.T) {
 	dir := testutil.ShortDir(t)
 	src := &source{devs: []Device{{ID: "0", Healthy: true}, {ID: "1", Healthy: true}}}
-	p := New(gpu, dir, config.CDIAnnotations, src, quiet())
+	log, hook := logtest.NewNullLogger()
+	p := New(gpu, dir, config.CDIAnnotations, src, log)
 	p.poll = 20 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
@@ -233,6 +252,9 @@ func TestRun(t *testing.T) {
 	if got := health(received(t, stream)); !slices.Equal(got, []string{"0 Healthy", "1 Healthy"}) {
 		t.Errorf("first list %v", got)
 	}
+	// Unchanged over several polls: not sent again; the next list kubelet
+	// gets is the changed one.
+	time.Sleep(10 * p.poll)
 	src.set(Device{ID: "0", Healthy: false}, Device{ID: "1", Healthy: true})
 	p.Notify()
 	if got := health(received(t, stream)); !slices.Equal(got, []string{"0 Unhealthy", "1 Healthy"}) {
@@ -266,5 +288,72 @@ func TestRun(t *testing.T) {
 	}
 	if _, err := os.Stat(p.socket); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the plugin's socket is left behind: %v", err)
+	}
+	// The warning about pods admitted before the first registration is
+	// given once, not again when kubelet restarts.
+	n := 0
+	for _, e := range hook.AllEntries() {
+		if strings.HasPrefix(e.Message, "kubelet hands out nvidia.com/gpu from now on") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("the first registration's warning logged %d times, want once", n)
+	}
+}
+
+// TestRunRegistrationRefused: a registration kubelet refuses is tried
+// again, and the plugin says so; it is not taken as registered.
+func TestRunRegistrationRefused(t *testing.T) {
+	dir := testutil.ShortDir(t)
+	log, hook := logtest.NewNullLogger()
+	p := New(gpu, dir, config.CDIAnnotations, &source{}, log)
+	p.poll = 20 * time.Millisecond
+	regs := make(chan *api.RegisterRequest, 4)
+	startRefusingKubelet(t, dir, regs, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- p.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	r := registration(t, regs)
+	if r.GetResourceName() != "nvidia.com/gpu" {
+		t.Errorf("registered as %q", r.GetResourceName())
+	}
+	var warned, registered int
+	for _, e := range hook.AllEntries() {
+		switch {
+		case strings.Contains(e.Message, "registering with kubelet: rpc error: code = Unknown desc = kubelet is not ready; trying again"):
+			warned++
+		case strings.HasPrefix(e.Message, "registered with kubelet"):
+			registered++
+		}
+	}
+	if warned != 1 || registered > 1 {
+		t.Errorf("logged the refusal %d times and a registration %d times, want 1 and at most 1", warned, registered)
+	}
+}
+
+// TestListAndWatchEmpty: with no devices, kubelet is told so at once
+// (an empty list), not left waiting for a first one.
+func TestListAndWatchEmpty(t *testing.T) {
+	p := New(gpu, testutil.ShortDir(t), config.CDIAnnotations, &source{}, quiet())
+	srv, err := p.serve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	conn, err := grpc.NewClient("unix://"+p.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stream, err := api.NewDevicePluginClient(conn).ListAndWatch(ctx, &api.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if devs := received(t, stream); len(devs) != 0 {
+		t.Errorf("first list %v, want none", devs)
 	}
 }
