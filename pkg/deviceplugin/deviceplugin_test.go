@@ -276,6 +276,7 @@ func TestRun(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, again.GetEndpoint())); err != nil {
 		t.Errorf("the new socket: %v", err)
 	}
+	testutil.Within(t, 10*time.Second, "the second registration logged", func() bool { return logged(hook, "registered with kubelet") == 2 })
 
 	cancel()
 	select {
@@ -291,13 +292,7 @@ func TestRun(t *testing.T) {
 	}
 	// The warning about pods admitted before the first registration is
 	// given once, not again when kubelet restarts.
-	n := 0
-	for _, e := range hook.AllEntries() {
-		if strings.HasPrefix(e.Message, "kubelet hands out nvidia.com/gpu from now on") {
-			n++
-		}
-	}
-	if n != 1 {
+	if n := logged(hook, "kubelet hands out nvidia.com/gpu from now on"); n != 1 {
 		t.Errorf("the first registration's warning logged %d times, want once", n)
 	}
 }
@@ -314,23 +309,29 @@ func TestRunRegistrationRefused(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- p.Run(ctx) }()
-	defer func() { cancel(); <-done }()
 	r := registration(t, regs)
 	if r.GetResourceName() != "nvidia.com/gpu" {
 		t.Errorf("registered as %q", r.GetResourceName())
 	}
-	var warned, registered int
+	testutil.Within(t, 10*time.Second, "the registration logged", func() bool { return logged(hook, "registered with kubelet") > 0 })
+	time.Sleep(200 * time.Millisecond) // a registration taken for done before it was would be logged twice by now
+	cancel()
+	<-done
+	warned, registered := logged(hook, "registering with kubelet: rpc error: code = Unknown desc = kubelet is not ready; trying again"), logged(hook, "registered with kubelet")
+	if warned != 1 || registered != 1 {
+		t.Errorf("logged the refusal %d times and a registration %d times, want once each", warned, registered)
+	}
+}
+
+// logged counts the entries that start with prefix.
+func logged(hook *logtest.Hook, prefix string) int {
+	n := 0
 	for _, e := range hook.AllEntries() {
-		switch {
-		case strings.Contains(e.Message, "registering with kubelet: rpc error: code = Unknown desc = kubelet is not ready; trying again"):
-			warned++
-		case strings.HasPrefix(e.Message, "registered with kubelet"):
-			registered++
+		if strings.HasPrefix(e.Message, prefix) {
+			n++
 		}
 	}
-	if warned != 1 || registered > 1 {
-		t.Errorf("logged the refusal %d times and a registration %d times, want 1 and at most 1", warned, registered)
-	}
+	return n
 }
 
 // TestListAndWatchEmpty: with no devices, kubelet is told so at once
