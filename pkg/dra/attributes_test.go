@@ -2,6 +2,7 @@ package dra_test
 
 import (
 	"io/fs"
+	"strings"
 	"testing"
 	"testing/fstest"
 
@@ -68,6 +69,10 @@ func TestDevice(t *testing.T) {
 		name: "a name longer than a label: cut to 63",
 		info: dra.Info{Kind: "vendor.com/x", Name: "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-bbbb", Index: -1, Minor: -1},
 		want: resourceapi.Device{Name: "x-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}},
+	}, {
+		name: "a name longer than a label, cut within a word: 63 characters",
+		info: dra.Info{Kind: "vendor.com/x", Name: strings.Repeat("a", 70), Index: -1, Minor: -1},
+		want: resourceapi.Device{Name: "x-" + strings.Repeat("a", 61), Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}},
 	}, {
 		name: "versions NVML gives that are not versions, a bus ID not in sysfs: left out",
 		info: dra.Info{Kind: "nvidia.com/gpu", Name: "0", Type: dra.TypeGPU, Index: 0, Minor: 0, DriverVersion: "unknown", CUDAComputeCapability: "n/a", PCIBusID: "0000:99:00.0"},
