@@ -202,10 +202,22 @@ func TestPublish(t *testing.T) {
 	s.src.set("gpu-0")
 	s.driver.Notify()
 	waitFor(t, "slice of gpu-0 only", func() bool { return slices.Equal(s.published(t), []string{"gpu-0"}) })
+	s.logged(t, "gpu-0")
 	s.src.set()
 	s.driver.Notify()
 	waitFor(t, "an empty slice", func() bool { return len(s.published(t)) == 0 })
 	s.logged(t, "none")
+}
+
+// TestPublishNothing: a node with no device to offer publishes its
+// ResourceSlice all the same, empty (the scheduler then knows it has
+// none), at once.
+func TestPublishNothing(t *testing.T) {
+	s := start(t, newSource())
+	s.logged(t, "none")
+	if got := s.published(t); len(got) != 0 {
+		t.Errorf("published %v, want no device", got)
+	}
 }
 
 // logged checks that the driver logged publishing devices.
