@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
@@ -103,4 +104,19 @@ func TestReloadKeepsWhatPodsHold(t *testing.T) {
 	if len(entries(hook, logrus.WarnLevel, "would not give some pods what they hold")) != 1 {
 		t.Error("the kept holdings were said again at a request")
 	}
+}
+
+// TestReady: the readiness probe's answer follows the connection: not
+// ready before the runtime synchronized the plugin, ready once it did,
+// not ready again once its connection is gone.
+func TestReady(t *testing.T) {
+	idle, _ := logged(t, "")
+	if err := idle.Ready(); !errors.Is(err, plugin.ErrNotReady) {
+		t.Errorf("a plugin never connected: %v, want ErrNotReady", err)
+	}
+	r := runtimeSetUp(t, "v1.7.35", "", nil)
+	testutil.Within(t, 5*time.Second, "ready once synchronized", func() bool { return r.plugin.Ready() == nil })
+	r.stopPlugin()
+	testutil.Within(t, 5*time.Second, "not ready once disconnected", func() bool { return errors.Is(r.plugin.Ready(), plugin.ErrNotReady) })
+	testutil.ErrorSays(t, r.plugin.Ready(), "not registered with the runtime")
 }
