@@ -267,15 +267,21 @@ func unleash(gremlins, root, pkg string, exclude []string, workers, coeff int) (
 
 // result is gremlins' JSON output, as much of it as is read here.
 type result struct {
-	Files []struct {
-		FileName  string `json:"file_name"`
-		Mutations []struct {
-			Line   int    `json:"line"`
-			Column int    `json:"column"`
-			Type   string `json:"type"`
-			Status string `json:"status"`
-		} `json:"mutations"`
-	} `json:"files"`
+	Files []fileResult `json:"files"`
+}
+
+// fileResult is the mutants of one file.
+type fileResult struct {
+	FileName  string     `json:"file_name"`
+	Mutations []mutation `json:"mutations"`
+}
+
+// mutation is one mutant and what became of it.
+type mutation struct {
+	Line   int    `json:"line"`
+	Column int    `json:"column"`
+	Type   string `json:"type"`
+	Status string `json:"status"`
 }
 
 // equivalent is a mutant that cannot change behaviour, found by its file,

@@ -254,22 +254,9 @@ func unleashOwn(root, pkg string, sample int, timeout time.Duration) ([]byte, er
 		if !ok {
 			j = len(res.Files)
 			byFile[m.file] = j
-			res.Files = append(res.Files, struct {
-				FileName  string `json:"file_name"`
-				Mutations []struct {
-					Line   int    `json:"line"`
-					Column int    `json:"column"`
-					Type   string `json:"type"`
-					Status string `json:"status"`
-				} `json:"mutations"`
-			}{FileName: m.file})
+			res.Files = append(res.Files, fileResult{FileName: m.file})
 		}
-		res.Files[j].Mutations = append(res.Files[j].Mutations, struct {
-			Line   int    `json:"line"`
-			Column int    `json:"column"`
-			Type   string `json:"type"`
-			Status string `json:"status"`
-		}{m.line, m.col, m.kind, status})
+		res.Files[j].Mutations = append(res.Files[j].Mutations, mutation{m.line, m.col, m.kind, status})
 	}
 	return json.Marshal(res)
 }
