@@ -130,18 +130,6 @@ func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 	return events, errs
 }
 
-// Kept returns the limits set on the daemon in dir, and whether the
-// manager keeps it.
-func (m *Manager) Kept(dir string) (Limits, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	k, ok := m.kept[dir]
-	if !ok {
-		return Limits{}, false
-	}
-	return k.Limits, true
-}
-
 // proc is a process known by its pid and its start time (so that a pid
 // used again by another process is not taken for it); zero when unknown.
 type proc struct {

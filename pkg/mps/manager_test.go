@@ -113,7 +113,8 @@ func TestManager(t *testing.T) {
 }
 
 // TestManagerCannotStart: a daemon whose GPU has no UUID, or that fails
-// to start, is an error naming its device, and nothing is kept.
+// to start, is an error naming its device, and nothing is kept (there is
+// nothing to stop once it is no longer wanted).
 func TestManagerCannotStart(t *testing.T) {
 	ctx := context.Background()
 	m := mps.NewManager(inShm)
@@ -129,7 +130,8 @@ func TestManagerCannotStart(t *testing.T) {
 		t.Fatalf("%v, %v; want one error", whats(events), errs)
 	}
 	testutil.ErrorSays(t, errs[0], "MPS daemon of nvidia.com/gpu=1 not started", "/nonexistent")
-	if _, kept := m.Kept(noUUID.Daemon.Dir); kept {
-		t.Error("a daemon that did not start is kept")
+	// Kept, it would be stopped now that it is no longer wanted.
+	if events, errs := m.Sync(ctx, nil); len(events) > 0 || len(errs) > 0 {
+		t.Errorf("a daemon that did not start is kept: %v, %v", whats(events), errs)
 	}
 }
