@@ -338,15 +338,19 @@ func Parse(data []byte) (*Config, error) {
 // decode unmarshals data strictly into a Config, as its version says,
 // and reports whether it had none.
 func decode(data []byte) (*Config, bool, error) {
-	var head struct {
-		Version string `yaml:"version"`
-	}
-	if err := yaml.Unmarshal(data, &head); err != nil {
+	var (
+		root yaml.Node
+		head struct {
+			Version string `yaml:"version"`
+		}
+	)
+	if err := yaml.Unmarshal(data, &root); err != nil {
 		return nil, false, err
 	}
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err == nil && (len(root.Content) == 0 || len(root.Content[0].Content) == 0) {
+	if len(root.Content) == 0 || len(root.Content[0].Content) == 0 {
 		head.Version = Version // nothing set: the defaults, in v1
+	} else if err := root.Content[0].Decode(&head); err != nil {
+		return nil, false, err
 	}
 	var (
 		c   = &Config{}
