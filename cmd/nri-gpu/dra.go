@@ -4,16 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"time"
 
 	"github.com/sirupsen/logrus"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/nri-gpu/nri-gpu/pkg/config"
-	"github.com/nri-gpu/nri-gpu/pkg/dra"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 )
 
@@ -21,60 +20,68 @@ import (
 // it from the pod's spec.nodeName).
 const nodeNameEnv = "NODE_NAME"
 
-// startDRA starts the DRA driver of cfg beside the NRI side, over p's
-// specs and pool, and has p inject the claims its containers use. It
-// returns an error for a configuration that cannot work (no node name, no
-// credentials); registering with kubelet is retried until ctx is done.
-func startDRA(ctx context.Context, cfg config.DRA, p *plugin.Plugin, log logrus.FieldLogger) error {
-	node := cfg.NodeName
-	if node == "" {
-		node = os.Getenv(nodeNameEnv)
+// driverProgram is the DRA driver's program: beside nri-gpu's own, or
+// else on the PATH.
+const driverProgram = "nri-gpu-dra"
+
+// driverRestart is how long nri-gpu waits to start a driver that quit
+// again.
+const driverRestart = 5 * time.Second
+
+// startDRA starts nri-gpu's DRA driver, a process of its own (Kubernetes'
+// client is paid for only here), served p's specs and pool over the link,
+// and has p inject the claims its containers use. It returns an error for
+// a configuration that cannot work (no node name, no driver program);
+// a driver that quits is started again, but one whose own configuration
+// cannot work (no credentials for the API server) stops nri-gpu, through
+// fail.
+func startDRA(ctx context.Context, opts link.Options, p *plugin.Plugin, stderr io.Writer, log logrus.FieldLogger, fail context.CancelCauseFunc) error {
+	opts.Node = opts.DRA.NodeName
+	if opts.Node == "" {
+		opts.Node = os.Getenv(nodeNameEnv)
 	}
-	if node == "" {
+	if opts.Node == "" {
 		return fmt.Errorf("dra: no node name: set dra.nodeName or the %s environment variable", nodeNameEnv)
 	}
-	client, err := kubeClient(cfg.Kubeconfig)
+	path, err := driverPath()
 	if err != nil {
 		return fmt.Errorf("dra: %w", err)
 	}
-	d := dra.New(cfg, node, p.DRAView(cfg), log)
-	p.UseClaims(dra.NewFinder(ctx, client, cfg.DriverName, node))
-	p.OnHeldChange(d.Notify)
+	proc := link.NewProcess(path, opts.Args(), stderr, p.DRAView(opts.DRA))
+	p.UseClaims(proc)
+	p.OnHeldChange(proc.Notify)
 	go func() {
 		for {
-			err := d.Run(ctx, client)
+			err := proc.Run(ctx)
 			if ctx.Err() != nil {
 				return
 			}
-			log.Warnf("%v; trying again", err)
+			if errors.Is(err, link.ErrConfig) {
+				fail(err)
+				return
+			}
+			log.Warnf("%v; starting it again in %s", err, driverRestart)
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(5 * time.Second):
+			case <-time.After(driverRestart):
 			}
 		}
 	}()
 	return nil
 }
 
-// kubeClient returns a client of the API server: from the kubeconfig
-// file, or else the pod's service account.
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	var (
-		rc  *rest.Config
-		err error
-	)
-	if kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-		if errors.Is(err, rest.ErrNotInCluster) {
-			err = fmt.Errorf("%w: set dra.kubeconfig, or run nri-gpu in a pod with a service account token", err)
+// driverPath finds the DRA driver's program.
+func driverPath() (string, error) {
+	if self, err := os.Executable(); err == nil {
+		path := filepath.Join(filepath.Dir(self), driverProgram)
+		if _, err := os.Stat(path); err == nil {
+			return path, nil
 		}
 	}
+	path, err := exec.LookPath(driverProgram)
 	if err != nil {
-		return nil, err
+		return "", fmt.Errorf("%s is neither beside nri-gpu nor on the PATH: %w", driverProgram, err)
 	}
-	rc.UserAgent = "nri-gpu"
-	return kubernetes.NewForConfig(rc)
+	return path, nil
 }

@@ -14,7 +14,9 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nri-gpu/nri-gpu/internal/logflags"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
@@ -45,18 +47,8 @@ func runPlugin(args []string, stderr io.Writer) int {
 	}
 	log := logrus.StandardLogger()
 	log.SetOutput(stderr)
-	level, err := logrus.ParseLevel(*logLevel)
-	if err != nil {
-		fmt.Fprintf(stderr, "nri-gpu: --log-level: %v\n", err)
-		return exitUsage
-	}
-	log.SetLevel(level)
-	switch *logFormat {
-	case "text":
-	case "json":
-		log.SetFormatter(&logrus.JSONFormatter{})
-	default:
-		fmt.Fprintf(stderr, "nri-gpu: --log-format: %q is neither text nor json\n", *logFormat)
+	if err := logflags.Apply(log, *logLevel, *logFormat); err != nil {
+		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
 		return exitUsage
 	}
 	cfg, err := flags.load()
@@ -127,7 +119,8 @@ func runPlugin(args []string, stderr io.Writer) int {
 	}
 
 	if cfg.Start.DRA.Enabled {
-		if err := startDRA(ctx, cfg.Start.DRA, p, log); err != nil {
+		opts := link.Options{DRA: cfg.Start.DRA, LogLevel: *logLevel, LogFormat: *logFormat}
+		if err := startDRA(ctx, opts, p, stderr, log, fail); err != nil {
 			fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
 			return exitUsage
 		}

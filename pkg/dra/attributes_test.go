@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 )
 
 func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }
@@ -28,17 +29,17 @@ func TestDevice(t *testing.T) {
 	mem := resource.NewQuantity(80<<30, resource.BinarySI)
 	tests := []struct {
 		name string
-		info dra.Info
+		info link.Info
 		want resourceapi.Device
 	}{{
 		name: "a GPU from its spec only: what the spec tells, nothing made up",
-		info: dra.Info{Kind: "nvidia.com/gpu", Name: "0", Type: dra.TypeGPU, Index: 0, Minor: 0, UUID: "GPU-abc"},
+		info: link.Info{Kind: "nvidia.com/gpu", Name: "0", Type: link.TypeGPU, Index: 0, Minor: 0, UUID: "GPU-abc"},
 		want: resourceapi.Device{Name: "gpu-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 			"type": str("gpu"), "index": num(0), "minor": num(0), "uuid": str("GPU-abc"),
 		}},
 	}, {
 		name: "a GPU NVML tells of, named by its minor as NVIDIA's driver names it",
-		info: dra.Info{Kind: "nvidia.com/gpu", Name: "1", Type: dra.TypeGPU, Index: 1, Minor: 3, UUID: "GPU-def",
+		info: link.Info{Kind: "nvidia.com/gpu", Name: "1", Type: link.TypeGPU, Index: 1, Minor: 3, UUID: "GPU-def",
 			ProductName: "NVIDIA H100 80GB HBM3", Brand: "Nvidia", Architecture: "Hopper", DriverVersion: "550.54.15",
 			CUDAComputeCapability: "9.0", PCIBusID: "0000:3b:00.0", MemoryBytes: 80 << 30},
 		want: resourceapi.Device{Name: "gpu-3", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
@@ -49,40 +50,40 @@ func TestDevice(t *testing.T) {
 		}, Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: *mem}}},
 	}, {
 		name: "a MIG device: its parent's index and UUID",
-		info: dra.Info{Kind: "nvidia.com/gpu", Name: "0:1", Type: dra.TypeMIG, Index: 0, Minor: 0, UUID: "MIG-1", ParentUUID: "GPU-abc", Profile: "1g.10gb"},
+		info: link.Info{Kind: "nvidia.com/gpu", Name: "0:1", Type: link.TypeMIG, Index: 0, Minor: 0, UUID: "MIG-1", ParentUUID: "GPU-abc", Profile: "1g.10gb"},
 		want: resourceapi.Device{Name: "gpu-0-1", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 			"type": str("mig"), "index": num(0), "minor": num(0), "uuid": str("MIG-1"), "parentUUID": str("GPU-abc"), "profile": str("1g.10gb"),
 		}},
 	}, {
 		name: "a device of another kind: its class and name as a DNS label, no attributes",
-		info: dra.Info{Kind: "vendor.com/fpga", Name: "Card_A.1", Index: -1, Minor: -1},
+		info: link.Info{Kind: "vendor.com/fpga", Name: "Card_A.1", Index: -1, Minor: -1},
 		want: resourceapi.Device{Name: "fpga-card-a-1", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}},
 	}, {
 		name: "a GPU named by UUID, minor 0: named by its minor",
-		info: dra.Info{Kind: "nvidia.com/gpu", Name: "GPU-abc", Type: dra.TypeGPU, Index: -1, Minor: 0},
+		info: link.Info{Kind: "nvidia.com/gpu", Name: "GPU-abc", Type: link.TypeGPU, Index: -1, Minor: 0},
 		want: resourceapi.Device{Name: "gpu-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": str("gpu"), "minor": num(0)}},
 	}, {
 		name: "a GPU whose minor is unknown: named from the CDI name",
-		info: dra.Info{Kind: "nvidia.com/gpu", Name: "GPU-ABC", Type: dra.TypeGPU, Index: -1, Minor: -1},
+		info: link.Info{Kind: "nvidia.com/gpu", Name: "GPU-ABC", Type: link.TypeGPU, Index: -1, Minor: -1},
 		want: resourceapi.Device{Name: "gpu-gpu-abc", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": str("gpu")}},
 	}, {
 		name: "a name longer than a label: cut to 63",
-		info: dra.Info{Kind: "vendor.com/x", Name: "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-bbbb", Index: -1, Minor: -1},
+		info: link.Info{Kind: "vendor.com/x", Name: "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-bbbb", Index: -1, Minor: -1},
 		want: resourceapi.Device{Name: "x-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}},
 	}, {
 		name: "a name longer than a label, cut within a word: 63 characters",
-		info: dra.Info{Kind: "vendor.com/x", Name: strings.Repeat("a", 70), Index: -1, Minor: -1},
+		info: link.Info{Kind: "vendor.com/x", Name: strings.Repeat("a", 70), Index: -1, Minor: -1},
 		want: resourceapi.Device{Name: "x-" + strings.Repeat("a", 61), Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}},
 	}, {
 		name: "versions NVML gives that are not versions, a bus ID not in sysfs: left out",
-		info: dra.Info{Kind: "nvidia.com/gpu", Name: "0", Type: dra.TypeGPU, Index: 0, Minor: 0, DriverVersion: "unknown", CUDAComputeCapability: "n/a", PCIBusID: "0000:99:00.0"},
+		info: link.Info{Kind: "nvidia.com/gpu", Name: "0", Type: link.TypeGPU, Index: 0, Minor: 0, DriverVersion: "unknown", CUDAComputeCapability: "n/a", PCIBusID: "0000:99:00.0"},
 		want: resourceapi.Device{Name: "gpu-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 			"type": str("gpu"), "index": num(0), "minor": num(0), "pcieBusID": str("0000:99:00.0"), "resource.kubernetes.io/pciBusID": str("0000:99:00.0"),
 		}},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := tc.info.Device(sysfs)
+			got := dra.DeviceOf(tc.info, sysfs)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("device (-want +got):\n%s", diff)
 			}

@@ -1,17 +1,19 @@
-// Package dra is the Dynamic Resource Allocation glue of nri-gpu: through
-// Kubernetes' kubelet-plugin helper it publishes the node's devices as
-// ResourceSlices, prepares and unprepares the claims kube-scheduler
-// allocated on them, and (Finder) tells which prepared claims a container
-// being created uses, from the API server. What the devices are, and what
-// preparing a claim holds, come from a Source: nri-gpu's trusted specs and
-// its one pool of holdings, shared with the NRI side and the device
-// plugin.
+// Package dra is the Dynamic Resource Allocation glue of nri-gpu, run by
+// its DRA driver process (nri-gpu-dra): through Kubernetes' kubelet-plugin
+// helper it publishes the node's devices as ResourceSlices, prepares and
+// unprepares the claims kube-scheduler allocated on them, and (Finder)
+// tells which prepared claims a container being created uses, from the
+// API server. What the devices are, and what preparing a claim holds,
+// come from a link.Pool: nri-gpu's trusted specs and its one pool of
+// holdings, shared with the NRI side and the device plugin, asked over
+// the link to nri-gpu.
 package dra
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -30,6 +32,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
@@ -39,44 +42,14 @@ var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
 // device the driver does not offer on this node.
 var ErrUnknownDevice = errors.New("not a device nri-gpu offers on this node")
 
-// Device is a device the driver offers: a ResourceSlice entry and the CDI
-// device it stands for.
-type Device struct {
-	// CDI is the qualified CDI name ("nvidia.com/gpu=0").
-	CDI string
-	// Device is its ResourceSlice entry; Device.Name is a DNS label.
-	Device resourceapi.Device
-}
-
-// Allocated is a device allocated to a claim on this node.
-type Allocated struct {
-	// CDI is the device's qualified CDI name.
-	CDI string
-	// Requests are the claim's requests it was allocated for.
-	Requests []string
-}
-
-// Source is what the devices are and what preparing a claim holds.
-type Source interface {
-	// Devices returns the devices to offer now, in order: healthy ones
-	// that no pod holds through another door.
-	Devices() []Device
-	// Prepare holds a claim's devices, or says why it cannot.
-	Prepare(claim policy.Claim, devices []Allocated) error
-	// Unprepare releases what a claim holds; an error when the release
-	// cannot be recorded (kubelet then asks again).
-	Unprepare(uid string) error
-	// Prepared returns the claims held now: prepared since the start, or
-	// restored from nri-gpu's record.
-	Prepared() []policy.Claim
-}
-
 // Driver is nri-gpu's DRA driver on one node.
 type Driver struct {
 	cfg  config.DRA
 	node string
-	src  Source
+	src  link.Pool
 	log  logrus.FieldLogger
+	// Sysfs, when set, replaces the host's /sys for PCIe roots.
+	Sysfs fs.ReadLinkFS
 	// poll is how often the devices are looked at without Notify.
 	poll time.Duration
 
@@ -88,7 +61,7 @@ type Driver struct {
 }
 
 // New returns the driver of node, configured by cfg.
-func New(cfg config.DRA, node string, src Source, log logrus.FieldLogger) *Driver {
+func New(cfg config.DRA, node string, src link.Pool, log logrus.FieldLogger) *Driver {
 	return &Driver{
 		cfg:     cfg,
 		node:    node,
@@ -138,10 +111,12 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 		d.log.Warnf("prepared claims not checked against the API server (they stay held until kubelet unprepares them or nri-gpu starts again): %v", err)
 	}
 	var last []resourceapi.Device
-	for published := false; ; published = true {
+	for published := false; ; {
 		changed := d.changes()
-		devs := d.offer()
-		if !published || !equality.Semantic.DeepEqual(devs, last) {
+		devs, err := d.offer(ctx)
+		if err != nil {
+			d.log.Warnf("the node's ResourceSlice not published again: %v", err)
+		} else if !published || !equality.Semantic.DeepEqual(devs, last) {
 			res := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
 				d.node: {Slices: []resourceslice.Slice{{Devices: devs}}},
 			}}
@@ -152,7 +127,7 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 				return fmt.Errorf("DRA driver %s: %w", d.cfg.DriverName, err)
 			}
 			d.log.WithField("devices", describe(devs)).Info("published the node's ResourceSlice")
-			last = devs
+			last, published = devs, true
 		}
 		select {
 		case <-ctx.Done():
@@ -163,18 +138,22 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 	}
 }
 
-// offer returns the ResourceSlice devices of the source's devices, and
+// offer returns the ResourceSlice devices of the pool's devices, and
 // remembers their CDI names.
-func (d *Driver) offer() []resourceapi.Device {
-	devs := d.src.Devices()
+func (d *Driver) offer(ctx context.Context) ([]resourceapi.Device, error) {
+	devs, err := d.src.Devices(ctx)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]resourceapi.Device, 0, len(devs))
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, dev := range devs {
-		d.names[dev.Device.Name] = dev.CDI
-		out = append(out, dev.Device)
+		entry := DeviceOf(dev.Info, d.Sysfs)
+		d.names[entry.Name] = dev.CDI
+		out = append(out, entry)
 	}
-	return out
+	return out, nil
 }
 
 func describe(devs []resourceapi.Device) string {
@@ -189,18 +168,21 @@ func describe(devs []resourceapi.Device) string {
 }
 
 // cdiName returns the CDI name of a device the driver offers.
-func (d *Driver) cdiName(device string) (string, bool) {
+func (d *Driver) cdiName(ctx context.Context, device string) (string, bool, error) {
 	d.mu.Lock()
 	name, ok := d.names[device]
 	d.mu.Unlock()
 	if ok {
-		return name, true
+		return name, true, nil
 	}
-	d.offer() // a device offered since the last look, or after a restart
+	// A device offered since the last look, or after a restart.
+	if _, err := d.offer(ctx); err != nil {
+		return "", false, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	name, ok = d.names[device]
-	return name, ok
+	return name, ok, nil
 }
 
 // PrepareResourceClaims holds each claim's devices on this node in the
@@ -208,10 +190,10 @@ func (d *Driver) cdiName(device string) (string, bool) {
 // A claim that cannot be prepared gets its reason, which kubelet puts in
 // the pod's events; preparing a claim again (kubelet does, after a
 // restart) returns the same devices.
-func (d *Driver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
-		res, err := d.prepare(c)
+		res, err := d.prepare(ctx, c)
 		log := d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name})
 		if err != nil {
 			log.Errorf("claim not prepared: %v", err)
@@ -228,7 +210,7 @@ func (d *Driver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.
 	return out, nil
 }
 
-func (d *Driver) prepare(c *resourceapi.ResourceClaim) (kubeletplugin.PrepareResult, error) {
+func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) (kubeletplugin.PrepareResult, error) {
 	claim := policy.Claim{UID: string(c.UID), Namespace: c.Namespace, Name: c.Name}
 	if c.Status.Allocation == nil {
 		return kubeletplugin.PrepareResult{}, fmt.Errorf("claim %s/%s is not allocated", c.Namespace, c.Name)
@@ -240,19 +222,22 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) (kubeletplugin.PrepareRes
 	}
 	var (
 		res       kubeletplugin.PrepareResult
-		allocated []Allocated
+		allocated []link.Allocated
 	)
 	for _, r := range c.Status.Allocation.Devices.Results {
 		if r.Driver != d.cfg.DriverName || r.Pool != d.node {
 			continue
 		}
-		name, ok := d.cdiName(r.Device)
+		name, ok, err := d.cdiName(ctx, r.Device)
+		if err != nil {
+			return res, fmt.Errorf("%s: device %q of pool %q: %w", claim, r.Device, r.Pool, err)
+		}
 		if !ok {
 			return res, fmt.Errorf("%s: device %q of pool %q: %w", claim, r.Device, r.Pool, ErrUnknownDevice)
 		}
-		i := slices.IndexFunc(allocated, func(a Allocated) bool { return a.CDI == name })
+		i := slices.IndexFunc(allocated, func(a link.Allocated) bool { return a.CDI == name })
 		if i < 0 {
-			allocated = append(allocated, Allocated{CDI: name})
+			allocated = append(allocated, link.Allocated{CDI: name})
 			i = len(allocated) - 1
 		}
 		allocated[i].Requests = append(allocated[i].Requests, resourceclaim.BaseRequestRef(r.Request))
@@ -260,7 +245,7 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) (kubeletplugin.PrepareRes
 			Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{name},
 		})
 	}
-	if err := d.src.Prepare(claim, allocated); err != nil {
+	if err := d.src.Prepare(ctx, claim, allocated); err != nil {
 		return kubeletplugin.PrepareResult{}, err
 	}
 	return res, nil
@@ -270,11 +255,11 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) (kubeletplugin.PrepareRes
 // prepared (any more) is no error; a release that cannot be recorded is,
 // so that kubelet asks again rather than forget a claim the record still
 // holds.
-func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		log := d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name})
-		if err := d.src.Unprepare(string(c.UID)); err != nil {
+		if err := d.src.Unprepare(ctx, string(c.UID)); err != nil {
 			log.Errorf("claim not unprepared: %v", err)
 			out[c.UID] = fmt.Errorf("nri-gpu: %w", err)
 			continue
@@ -293,8 +278,12 @@ func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplug
 // good. A claim the API server cannot be asked about stays held, and the
 // error says so.
 func (d *Driver) ReleaseGone(ctx context.Context, client kubernetes.Interface) error {
+	prepared, err := d.src.Prepared(ctx)
+	if err != nil {
+		return err
+	}
 	var errs []error
-	for _, c := range d.src.Prepared() {
+	for _, c := range prepared {
 		why, err := d.gone(ctx, client, c)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", c, err))
@@ -304,7 +293,7 @@ func (d *Driver) ReleaseGone(ctx context.Context, client kubernetes.Interface) e
 			continue
 		}
 		log := d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name})
-		if err := d.src.Unprepare(c.UID); err != nil {
+		if err := d.src.Unprepare(ctx, c.UID); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", c, err))
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -28,6 +29,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
@@ -35,19 +37,22 @@ import (
 // prepared and unprepared.
 type source struct {
 	mu         sync.Mutex
-	devices    []dra.Device
+	devices    []link.Device
 	refuse     error
-	prepared   map[string][]dra.Allocated
+	prepared   map[string][]link.Allocated
 	claims     map[string]policy.Claim
 	unprepared []string
 	// unrecorded, when set, is Unprepare's error.
 	unrecorded error
 	// looks counts the calls of Devices.
 	looks int
+	// down, when set, is the error of every call: nri-gpu cannot be
+	// asked (the link is down).
+	down error
 }
 
 func newSource(names ...string) *source {
-	s := &source{prepared: map[string][]dra.Allocated{}, claims: map[string]policy.Claim{}}
+	s := &source{prepared: map[string][]link.Allocated{}, claims: map[string]policy.Claim{}}
 	s.set(names...)
 	return s
 }
@@ -57,18 +62,26 @@ func (s *source) set(names ...string) {
 	defer s.mu.Unlock()
 	s.devices = nil
 	for _, n := range names {
-		s.devices = append(s.devices, dra.Device{CDI: "nvidia.com/gpu=" + strings.TrimPrefix(n, "gpu-"), Device: resourceapi.Device{Name: n}})
+		minor, err := strconv.Atoi(strings.TrimPrefix(n, "gpu-"))
+		if err != nil {
+			panic("not a GPU's name: " + n)
+		}
+		s.devices = append(s.devices, link.Device{CDI: "nvidia.com/gpu=" + strconv.Itoa(minor),
+			Info: link.Info{Kind: "nvidia.com/gpu", Name: strconv.Itoa(minor), Type: link.TypeGPU, Index: minor, Minor: minor}})
 	}
 }
 
-func (s *source) Devices() []dra.Device {
+func (s *source) Devices(context.Context) ([]link.Device, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.looks++
-	return slices.Clone(s.devices)
+	if s.down != nil {
+		return nil, s.down
+	}
+	return slices.Clone(s.devices), nil
 }
 
-func (s *source) Prepare(c policy.Claim, devs []dra.Allocated) error {
+func (s *source) Prepare(_ context.Context, c policy.Claim, devs []link.Allocated) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.refuse != nil {
@@ -78,7 +91,7 @@ func (s *source) Prepare(c policy.Claim, devs []dra.Allocated) error {
 	return nil
 }
 
-func (s *source) Unprepare(uid string) error {
+func (s *source) Unprepare(_ context.Context, uid string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.unrecorded != nil {
@@ -89,7 +102,7 @@ func (s *source) Unprepare(uid string) error {
 	return nil
 }
 
-func (s *source) Prepared() []policy.Claim {
+func (s *source) Prepared(context.Context) ([]policy.Claim, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []policy.Claim
@@ -97,7 +110,7 @@ func (s *source) Prepared() []policy.Claim {
 		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b policy.Claim) int { return strings.Compare(a.UID, b.UID) })
-	return out
+	return out, nil
 }
 
 // started is a driver serving kubelet's DRA API in a temporary kubelet
@@ -220,6 +233,37 @@ func TestPublishNothing(t *testing.T) {
 	}
 }
 
+// TestPublishWhileThePoolCannotTell: while nri-gpu cannot be asked
+// (its link to the driver is down), the slice published last stays:
+// not emptied, which would tell the scheduler the node has no device,
+// nor published from a guess; it follows the pool again once it answers.
+func TestPublishWhileThePoolCannotTell(t *testing.T) {
+	s := start(t, newSource("gpu-0", "gpu-1"))
+	waitFor(t, "slice of gpu-0 and gpu-1", func() bool { return slices.Equal(s.published(t), []string{"gpu-0", "gpu-1"}) })
+	s.src.mu.Lock()
+	s.src.down = errors.New("link down")
+	s.src.devices = nil
+	s.src.mu.Unlock()
+	s.driver.Notify()
+	waitFor(t, "the warning", func() bool {
+		for _, e := range s.logs.AllEntries() {
+			if strings.Contains(e.Message, "not published again: link down") {
+				return true
+			}
+		}
+		return false
+	})
+	if got := s.published(t); !slices.Equal(got, []string{"gpu-0", "gpu-1"}) {
+		t.Errorf("published %v while the pool could not be asked, want the last slice kept", got)
+	}
+	s.src.mu.Lock()
+	s.src.down = nil
+	s.src.mu.Unlock()
+	s.src.set("gpu-1")
+	s.driver.Notify()
+	waitFor(t, "slice of gpu-1", func() bool { return slices.Equal(s.published(t), []string{"gpu-1"}) })
+}
+
 // logged checks that the driver logged publishing devices.
 func (s *started) logged(t *testing.T, devices string) {
 	t.Helper()
@@ -282,7 +326,7 @@ func TestPrepare(t *testing.T) {
 		t.Errorf("prepared devices (-want +got):\n%s", diff)
 	}
 	// A device of two requests is held once, for both.
-	wantHeld := []dra.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus", "extra"}}, {CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}}
+	wantHeld := []link.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus", "extra"}}, {CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}}
 	if diff := cmp.Diff(wantHeld, src.prepared["uid-two"]); diff != "" {
 		t.Errorf("held (-want +got):\n%s", diff)
 	}

@@ -2,7 +2,6 @@ package dra
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,28 +12,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
+
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 )
 
-// ErrNotReserved is wrapped by the error for a claim a container names
-// that is not reserved for its pod.
-var ErrNotReserved = errors.New("not reserved for the pod")
-
-// PodRef is the pod of a container being created, as the runtime knows
-// it.
-type PodRef struct {
-	Namespace, Name string
-	// UID is the pod's UID (kubelet's, on the sandbox).
-	UID string
-}
-
-// Use is a claim of this driver that a container uses.
-type Use struct {
-	// UID, Namespace and Name are the ResourceClaim's.
-	UID, Namespace, Name string
-	// Requests are the claim's requests the container names; empty for
-	// all of them.
-	Requests []string
-}
+var _ link.Finder = (*Finder)(nil)
 
 // Finder tells which of the driver's claims a container uses, from the
 // API server: the pod's spec (a container's resources.claims), its status
@@ -61,7 +43,7 @@ func NewFinder(ctx context.Context, client kubernetes.Interface, driver, node st
 
 // pod returns the pod, from the node's watched pods or else the API
 // server, and checks that it is the runtime's (the same UID).
-func (f *Finder) pod(ctx context.Context, ref PodRef) (*corev1.Pod, error) {
+func (f *Finder) pod(ctx context.Context, ref link.PodRef) (*corev1.Pod, error) {
 	pod, err := f.pods.Pods(ref.Namespace).Get(ref.Name)
 	if err != nil || (ref.UID != "" && string(pod.UID) != ref.UID) {
 		if pod, err = f.client.CoreV1().Pods(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{}); err != nil {
@@ -76,7 +58,7 @@ func (f *Finder) pod(ctx context.Context, ref PodRef) (*corev1.Pod, error) {
 
 // Uses returns the claims of this driver, allocated on this node, that
 // the named container of the pod uses.
-func (f *Finder) Uses(ctx context.Context, ref PodRef, container string) ([]Use, error) {
+func (f *Finder) Uses(ctx context.Context, ref link.PodRef, container string) ([]link.Use, error) {
 	pod, err := f.pod(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -88,7 +70,7 @@ func (f *Finder) Uses(ctx context.Context, ref PodRef, container string) ([]Use,
 			break
 		}
 	}
-	var uses []Use
+	var uses []link.Use
 	for _, cc := range claims {
 		var podClaim *corev1.PodResourceClaim
 		for i := range pod.Spec.ResourceClaims {
@@ -119,9 +101,9 @@ func (f *Finder) Uses(ctx context.Context, ref PodRef, container string) ([]Use,
 			continue
 		}
 		if !resourceclaim.IsReservedForPod(pod, claim, false) {
-			return nil, fmt.Errorf("claim %s/%s: %w %s/%s", claim.Namespace, claim.Name, ErrNotReserved, pod.Namespace, pod.Name)
+			return nil, fmt.Errorf("claim %s/%s: %w %s/%s", claim.Namespace, claim.Name, link.ErrNotReserved, pod.Namespace, pod.Name)
 		}
-		u := Use{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name}
+		u := link.Use{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name}
 		if cc.Request != "" {
 			u.Requests = []string{cc.Request}
 		}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 )
 
 const (
@@ -61,16 +62,16 @@ func TestUses(t *testing.T) {
 	tests := []struct {
 		name      string
 		objects   []runtime.Object
-		ref       dra.PodRef
+		ref       link.PodRef
 		container string
-		want      []dra.Use
+		want      []link.Use
 		wantErr   error
 		errSays   string
 	}{{
 		name:      "a container using a claim by name",
 		objects:   []runtime.Object{pod(byName, nil, uses, nil), mine},
 		container: "gpu",
-		want:      []dra.Use{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
+		want:      []link.Use{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
 	}, {
 		name:      "a container of the pod that uses no claim",
 		objects:   []runtime.Object{pod(byName, nil, uses, nil), mine},
@@ -86,7 +87,7 @@ func TestUses(t *testing.T) {
 			withOwner(claim("p-gpu-x", "uid-2", driver, node, "pod-uid"), "pod-uid"),
 		},
 		container: "gpu",
-		want:      []dra.Use{{UID: "uid-2", Namespace: "ns", Name: "p-gpu-x"}},
+		want:      []link.Use{{UID: "uid-2", Namespace: "ns", Name: "p-gpu-x"}},
 	}, {
 		name: "a claim made from a template for another pod",
 		objects: []runtime.Object{
@@ -107,17 +108,17 @@ func TestUses(t *testing.T) {
 			claim("nic", "uid-nic", "nic.example.com", node, "pod-uid"), mine,
 		},
 		container: "gpu",
-		want:      []dra.Use{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
+		want:      []link.Use{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
 	}, {
 		name:      "one request of the claim",
 		objects:   []runtime.Object{pod(byName, nil, map[string][]corev1.ResourceClaim{"gpu": {{Name: "gpu", Request: "big"}}}, nil), mine},
 		container: "gpu",
-		want:      []dra.Use{{UID: "uid-1", Namespace: "ns", Name: "mine", Requests: []string{"big"}}},
+		want:      []link.Use{{UID: "uid-1", Namespace: "ns", Name: "mine", Requests: []string{"big"}}},
 	}, {
 		name:      "an init container",
 		objects:   []runtime.Object{pod(byName, nil, nil, uses), mine},
 		container: "gpu",
-		want:      []dra.Use{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
+		want:      []link.Use{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
 	}, {
 		name:      "a claim of another driver",
 		objects:   []runtime.Object{pod(byName, nil, uses, nil), claim("mine", "uid-1", "gpu.nvidia.com", node, "pod-uid")},
@@ -134,7 +135,7 @@ func TestUses(t *testing.T) {
 		name:      "a claim not reserved for the pod",
 		objects:   []runtime.Object{pod(byName, nil, uses, nil), claim("mine", "uid-1", driver, node, "someone-else")},
 		container: "gpu",
-		wantErr:   dra.ErrNotReserved,
+		wantErr:   link.ErrNotReserved,
 		errSays:   "claim ns/mine: not reserved for the pod ns/p",
 	}, {
 		name:      "a claim that is gone",
@@ -148,7 +149,7 @@ func TestUses(t *testing.T) {
 	}, {
 		name:      "a pod of the name, but not the runtime's (another UID)",
 		objects:   []runtime.Object{pod(byName, nil, uses, nil), mine},
-		ref:       dra.PodRef{Namespace: "ns", Name: "p", UID: "old-uid"},
+		ref:       link.PodRef{Namespace: "ns", Name: "p", UID: "old-uid"},
 		container: "gpu",
 		errSays:   "the API server has UID pod-uid, the runtime's sandbox old-uid",
 	}}
@@ -159,7 +160,7 @@ func TestUses(t *testing.T) {
 			f := dra.NewFinder(ctx, fake.NewClientset(tc.objects...), driver, node)
 			ref := tc.ref
 			if ref.Name == "" {
-				ref = dra.PodRef{Namespace: "ns", Name: "p", UID: "pod-uid"}
+				ref = link.PodRef{Namespace: "ns", Name: "p", UID: "pod-uid"}
 			}
 			got, err := f.Uses(ctx, ref, tc.container)
 			if tc.errSays != "" || tc.wantErr != nil {
@@ -203,7 +204,7 @@ func TestUsesFromTheWatch(t *testing.T) {
 		}
 		return n
 	}
-	ref := dra.PodRef{Namespace: "ns", Name: "p", UID: "pod-uid"}
+	ref := link.PodRef{Namespace: "ns", Name: "p", UID: "pod-uid"}
 	// Until the watch has the pod, the finder asks the API server.
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		before := podGets()
@@ -218,7 +219,7 @@ func TestUsesFromTheWatch(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	for _, r := range []dra.PodRef{ref, {Namespace: "ns", Name: "p"}} {
+	for _, r := range []link.PodRef{ref, {Namespace: "ns", Name: "p"}} {
 		before := podGets()
 		if uses, err := f.Uses(ctx, r, "gpu"); err != nil || len(uses) != 1 {
 			t.Fatalf("%+v: %v, %v", r, uses, err)
@@ -228,7 +229,7 @@ func TestUsesFromTheWatch(t *testing.T) {
 		}
 	}
 	before := podGets()
-	if _, err := f.Uses(ctx, dra.PodRef{Namespace: "ns", Name: "p", UID: "new-uid"}, "gpu"); err == nil {
+	if _, err := f.Uses(ctx, link.PodRef{Namespace: "ns", Name: "p", UID: "new-uid"}, "gpu"); err == nil {
 		t.Error("a pod of another UID than the runtime's was taken")
 	}
 	if podGets() != before+1 {

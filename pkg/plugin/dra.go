@@ -14,24 +14,18 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
-	"github.com/nri-gpu/nri-gpu/pkg/dra"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
-// ClaimFinder tells which prepared DRA claims a container uses.
-type ClaimFinder interface {
-	// Uses returns the claims the container uses, each reserved for its
-	// pod, as the API server says; an error when it cannot tell.
-	Uses(ctx context.Context, pod dra.PodRef, container string) ([]dra.Use, error)
-}
-
 // UseClaims has the plugin inject the devices of the prepared DRA claims
-// that f says a container uses. It must be called before Serve.
-func (p *Plugin) UseClaims(f ClaimFinder) { p.claims = f }
+// that f (the DRA driver) says a container uses. It must be called before
+// Serve.
+func (p *Plugin) UseClaims(f link.Finder) { p.claims = f }
 
-// claimLookupTimeout bounds asking the API server during a container's
-// creation.
+// claimLookupTimeout bounds asking the DRA driver (and so the API
+// server) during a container's creation.
 const claimLookupTimeout = 10 * time.Second
 
 // claimDevices returns the UIDs of the prepared claims the container
@@ -47,9 +41,9 @@ func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api
 	}
 	ctx, cancel := context.WithTimeout(ctx, claimLookupTimeout)
 	defer cancel()
-	ref := dra.PodRef{Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: pod.GetUid()}
+	ref := link.PodRef{Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: pod.GetUid()}
 	uses, err := p.claims.Uses(ctx, ref, ctr.GetName())
-	if errors.Is(err, dra.ErrNotReserved) {
+	if errors.Is(err, link.ErrNotReserved) {
 		return nil, nil, err
 	}
 	if err != nil {
@@ -82,7 +76,7 @@ func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api
 // configured by cfg.
 func (p *Plugin) DRAView(cfg config.DRA) *DRAView { return &DRAView{p: p, cfg: cfg} }
 
-var _ dra.Source = (*DRAView)(nil)
+var _ link.Pool = (*DRAView)(nil)
 
 // DRAView is the devices a DRA driver offers, and what preparing a claim
 // holds, in the plugin's specs and pool.
@@ -97,11 +91,11 @@ type DRAView struct {
 // device nodes exist, whose GPU is healthy and which no pod holds through
 // another door (an annotation, a count, the device plugin). Devices held
 // by claims stay: the scheduler knows them allocated.
-func (c *DRAView) Devices() []dra.Device {
+func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
 	var (
-		out     []dra.Device
+		out     []link.Device
 		offered []specs.Device
 		names   = map[string]bool{}
 	)
@@ -116,22 +110,22 @@ func (c *DRAView) Devices() []dra.Device {
 				continue
 			}
 			info := c.info(snap, kind, cand, cands)
-			dev := info.Device(c.p.hw.sysfs)
-			if names[dev.Name] {
+			name := info.DeviceName()
+			if names[name] {
 				continue // two CDI names that make one DNS label: the first wins
 			}
-			names[dev.Name] = true
-			out = append(out, dra.Device{CDI: cand.Name, Device: dev})
+			names[name] = true
+			out = append(out, link.Device{CDI: cand.Name, Info: info})
 		}
 	}
-	return out
+	return out, nil
 }
 
 // info returns what is known of a device: from its spec (its name, its
 // other names, its device nodes) and, for an NVIDIA GPU, NVML.
-func (c *DRAView) info(snap *specs.Snapshot, kind string, d specs.Device, cands []specs.Device) dra.Info {
+func (c *DRAView) info(snap *specs.Snapshot, kind string, d specs.Device, cands []specs.Device) link.Info {
 	_, _, name := parser.ParseDevice(d.Name)
-	info := dra.Info{Kind: kind, Name: name, Index: -1, Minor: -1}
+	info := link.Info{Kind: kind, Name: name, Index: -1, Minor: -1}
 	info.Minor = minorOf(snap, d.Name)
 	nv := kind == config.DefaultKind
 	if !nv {
@@ -140,12 +134,12 @@ func (c *DRAView) info(snap *specs.Snapshot, kind string, d specs.Device, cands 
 	info.UUID = uuidOf(d, cands)
 	switch m := migName.FindStringSubmatch(name); {
 	case m != nil:
-		info.Type = dra.TypeMIG
+		info.Type = link.TypeMIG
 		info.Index, _ = strconv.Atoi(m[1])
 	case strings.HasPrefix(info.UUID, "MIG-"):
-		info.Type = dra.TypeMIG
+		info.Type = link.TypeMIG
 	default:
-		info.Type = dra.TypeGPU
+		info.Type = link.TypeGPU
 		if i, err := strconv.Atoi(name); err == nil {
 			info.Index = i
 		}
@@ -157,7 +151,7 @@ func (c *DRAView) info(snap *specs.Snapshot, kind string, d specs.Device, cands 
 		info.ProductName, info.Brand, info.Architecture = g.Model, g.Brand, g.Architecture
 		info.DriverVersion, info.CUDAComputeCapability = g.driverVersion, g.CUDAComputeCapability
 		info.PCIBusID = g.PCIBusID
-		if info.Type == dra.TypeMIG {
+		if info.Type == link.TypeMIG {
 			info.ParentUUID = g.UUID
 		} else {
 			info.MemoryBytes = g.MemoryBytes
@@ -172,7 +166,7 @@ func (c *DRAView) info(snap *specs.Snapshot, kind string, d specs.Device, cands 
 // Prepare holds a claim's devices in the pool, under the policy: each
 // must resolve in the trusted specs with its hooks allowed, and be free
 // of every other holding.
-func (c *DRAView) Prepare(claim policy.Claim, allocated []dra.Allocated) error {
+func (c *DRAView) Prepare(_ context.Context, claim policy.Claim, allocated []link.Allocated) error {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
 	var (
@@ -210,7 +204,7 @@ func (c *DRAView) Prepare(claim policy.Claim, allocated []dra.Allocated) error {
 // devices are free meanwhile, but a restart would find the claim in the
 // record (the DRA driver then releases it if the API server no longer
 // has it on this node).
-func (c *DRAView) Unprepare(uid string) error {
+func (c *DRAView) Unprepare(_ context.Context, uid string) error {
 	released := c.p.alloc.ReleaseClaim(uid)
 	if len(released) > 0 {
 		c.p.log.WithFields(logrus.Fields{"claim": uid, "devices": strings.Join(released, ",")}).Info("released devices of DRA claim")
@@ -222,10 +216,10 @@ func (c *DRAView) Unprepare(uid string) error {
 }
 
 // Prepared returns the claims the pool holds.
-func (c *DRAView) Prepared() []policy.Claim {
+func (c *DRAView) Prepared(context.Context) ([]policy.Claim, error) {
 	var out []policy.Claim
 	for _, h := range c.p.alloc.Claims() {
 		out = append(out, h.Claim)
 	}
-	return out
+	return out, nil
 }

@@ -87,12 +87,12 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{fourGPUs(t)}), plugin.WithNVML(lib), plugin.WithSysfs(sysfs))
+	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{fourGPUs(t)}), plugin.WithNVML(lib))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	devs := p.DRAView(cfg.Start.DRA).Devices()
+	devs := offer(t, p.DRAView(cfg.Start.DRA), sysfs)
 	if len(devs) != 4 {
 		t.Fatalf("%d devices, want 4", len(devs))
 	}
@@ -121,7 +121,7 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 
 	// A MIG device: its GPU's product and PCI address, its GPU's UUID as
 	// its parent's, no memory of the whole GPU.
-	mig := p.DRAView(config.DRA{Kinds: cfg.Start.DRA.Kinds, Devices: []string{"*:*"}}).Devices()
+	mig := offer(t, p.DRAView(config.DRA{Kinds: cfg.Start.DRA.Kinds, Devices: []string{"*:*"}}), sysfs)
 	if len(mig) != 1 || mig[0].Device.Name != "gpu-3-0" {
 		t.Fatalf("MIG devices offered: %v", mig)
 	}
@@ -169,7 +169,7 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 	lib.Devices[1].(*dgxa100.Device).GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
 	p.CheckHealth()
 	var offered []string
-	for _, d := range p.DRAView(cfg.Start.DRA).Devices() {
+	for _, d := range offer(t, p.DRAView(cfg.Start.DRA), sysfs) {
 		offered = append(offered, d.Device.Name)
 	}
 	if strings.Join(offered, ",") != "gpu-0,gpu-2,gpu-3" {

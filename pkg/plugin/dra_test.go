@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,10 +13,12 @@ import (
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
+	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
@@ -24,17 +27,38 @@ import (
 // container ("pod/container") uses, or an error for the pod.
 type finder struct {
 	mu   sync.Mutex
-	uses map[string][]dra.Use
+	uses map[string][]link.Use
 	errs map[string]error
 }
 
-func (f *finder) Uses(_ context.Context, pod dra.PodRef, ctr string) ([]dra.Use, error) {
+func (f *finder) Uses(_ context.Context, pod link.PodRef, ctr string) ([]link.Use, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.errs[pod.Name]; err != nil {
 		return nil, err
 	}
 	return f.uses[pod.Name+"/"+ctr], nil
+}
+
+// offered is a device the DRA driver offers, as its ResourceSlice entry.
+type offered struct {
+	CDI    string
+	Device resourceapi.Device
+}
+
+// offer returns the devices the view offers, as the DRA driver publishes
+// them (PCIe roots from sysfs; nil: the host's).
+func offer(t *testing.T, view *plugin.DRAView, sysfs fs.ReadLinkFS) []offered {
+	t.Helper()
+	devs, err := view.Devices(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []offered
+	for _, d := range devs {
+		out = append(out, offered{CDI: d.CDI, Device: dra.DeviceOf(d.Info, sysfs)})
+	}
+	return out
 }
 
 var claimC = policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a"}}
@@ -51,11 +75,11 @@ func claimRuntime(t *testing.T, containerdVersion string, f *finder) *testRuntim
 
 func prepare(t *testing.T, r *testRuntime, c policy.Claim, devices ...string) {
 	t.Helper()
-	var allocated []dra.Allocated
+	var allocated []link.Allocated
 	for _, d := range devices {
-		allocated = append(allocated, dra.Allocated{CDI: d, Requests: []string{"gpus"}})
+		allocated = append(allocated, link.Allocated{CDI: d, Requests: []string{"gpus"}})
 	}
-	if err := r.plugin.DRAView(config.Default().Start.DRA).Prepare(c, allocated); err != nil {
+	if err := r.plugin.DRAView(config.Default().Start.DRA).Prepare(context.Background(), c, allocated); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -75,7 +99,7 @@ func container(pod *api.PodSandbox, name string, cdi ...string) *api.Container {
 // gets them under exclusive; the claim survives a restart of nri-gpu,
 // and once unprepared its GPU is free.
 func TestClaimsOverNRI(t *testing.T) {
-	f := &finder{uses: map[string][]dra.Use{
+	f := &finder{uses: map[string][]link.Use{
 		"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}},
 		"b/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}},
 	}}
@@ -111,7 +135,7 @@ func TestClaimsOverNRI(t *testing.T) {
 	_, err = r.create(x, container(x, "main"))
 	testutil.ErrorSays(t, err, "is held by claim tenant/c")
 
-	if err := r.plugin.DRAView(config.Default().Start.DRA).Unprepare("uid-c"); err != nil {
+	if err := r.plugin.DRAView(config.Default().Start.DRA).Unprepare(context.Background(), "uid-c"); err != nil {
 		t.Fatal(err)
 	}
 	if adj, err := r.create(x, container(x, "main")); err != nil || !slices.Equal(devicePaths(adj), []string{"/dev/nvidia1"}) {
@@ -124,7 +148,7 @@ func TestClaimsOverNRI(t *testing.T) {
 // twice, and holds them as the claim's, not the pod's (a second pod of
 // the claim is not refused under exclusive).
 func TestClaimsInjectedByTheRuntime(t *testing.T) {
-	f := &finder{uses: map[string][]dra.Use{
+	f := &finder{uses: map[string][]link.Use{
 		"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}},
 		"b/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}},
 	}}
@@ -147,7 +171,7 @@ func TestClaimsInjectedByTheRuntime(t *testing.T) {
 	// plugin, CRI CDI devices): the other is the pod's.
 	c := &api.PodSandbox{Id: "id-c", Name: "c", Namespace: "tenant"}
 	f.mu.Lock()
-	f.uses["c/gpu"] = []dra.Use{{UID: "uid-c", Namespace: "tenant", Name: "c"}}
+	f.uses["c/gpu"] = []link.Use{{UID: "uid-c", Namespace: "tenant", Name: "c"}}
 	f.mu.Unlock()
 	if _, err := r.create(c, container(c, "gpu", "nvidia.com/gpu=1", "nvidia.com/gpu=0")); err != nil {
 		t.Fatal(err)
@@ -165,8 +189,8 @@ func TestClaimsInjectedByTheRuntime(t *testing.T) {
 func TestClaimsTheAPIServerCannotTell(t *testing.T) {
 	down := errors.New("connection refused")
 	f := &finder{
-		uses: map[string][]dra.Use{"y/gpu": {{UID: "uid-gone", Namespace: "tenant", Name: "gone"}}},
-		errs: map[string]error{"a": down, "x": down, "z": dra.ErrNotReserved},
+		uses: map[string][]link.Use{"y/gpu": {{UID: "uid-gone", Namespace: "tenant", Name: "gone"}}},
+		errs: map[string]error{"a": down, "x": down, "z": link.ErrNotReserved},
 	}
 	r := claimRuntime(t, "v1.7.35", f)
 	for _, tc := range []struct {
@@ -206,7 +230,7 @@ func TestClaimDevices(t *testing.T) {
 	view := p.DRAView(config.Default().Start.DRA)
 	names := func() []string {
 		var out []string
-		for _, d := range view.Devices() {
+		for _, d := range offer(t, view, nil) {
 			out = append(out, d.Device.Name+"="+d.CDI)
 		}
 		return out
@@ -215,11 +239,11 @@ func TestClaimDevices(t *testing.T) {
 	if got := names(); !slices.Equal(got, want) {
 		t.Errorf("offered %v, want %v", got, want)
 	}
-	d := view.Devices()[0].Device
+	d := offer(t, view, nil)[0].Device
 	if u := d.Attributes["uuid"].StringValue; u == nil || *u != "GPU-0" {
 		t.Errorf("gpu-0's uuid %v, want the spec's other name GPU-0", u)
 	}
-	one := view.Devices()[1].Device
+	one := offer(t, view, nil)[1].Device
 	if u, ok := one.Attributes["uuid"]; ok {
 		t.Errorf("gpu-1, which the spec names by index only, has uuid %v (another GPU's)", *u.StringValue)
 	}
@@ -229,7 +253,7 @@ func TestClaimDevices(t *testing.T) {
 	if ty := d.Attributes["type"].StringValue; ty == nil || *ty != "gpu" {
 		t.Errorf("gpu-0's type %v", ty)
 	}
-	if err := view.Prepare(policy.Claim{UID: "u", Namespace: "ns", Name: "c"}, []dra.Allocated{{CDI: "nvidia.com/gpu=2"}}); err != nil {
+	if err := view.Prepare(context.Background(), policy.Claim{UID: "u", Namespace: "ns", Name: "c"}, []link.Allocated{{CDI: "nvidia.com/gpu=2"}}); err != nil {
 		t.Fatal(err)
 	}
 	holder := &api.PodSandbox{Id: "id-h", Name: "h", Namespace: "ns", Annotations: map[string]string{"gpus.nri-gpu.io": "GPU-0"}}
@@ -239,9 +263,9 @@ func TestClaimDevices(t *testing.T) {
 	if got := names(); !slices.Equal(got, want[1:]) {
 		t.Errorf("with GPU 0 held by a pod and GPU 2 by a claim, offered %v, want %v", got, want[1:])
 	}
-	err := view.Prepare(policy.Claim{UID: "v", Namespace: "ns", Name: "late"}, []dra.Allocated{{CDI: "nvidia.com/gpu=0"}})
+	err := view.Prepare(context.Background(), policy.Claim{UID: "v", Namespace: "ns", Name: "late"}, []link.Allocated{{CDI: "nvidia.com/gpu=0"}})
 	testutil.ErrorSays(t, err, "claim ns/late", "is held by pod ns/h")
-	err = view.Prepare(policy.Claim{UID: "w", Namespace: "ns", Name: "ghost"}, []dra.Allocated{{CDI: "nvidia.com/gpu=7"}, {CDI: "nvidia.com/gpu=8"}})
+	err = view.Prepare(context.Background(), policy.Claim{UID: "w", Namespace: "ns", Name: "ghost"}, []link.Allocated{{CDI: "nvidia.com/gpu=7"}, {CDI: "nvidia.com/gpu=8"}})
 	testutil.ErrorSays(t, err, "claim ns/ghost", "nvidia.com/gpu=7", "nvidia.com/gpu=8")
 }
 
@@ -258,7 +282,7 @@ func TestSharedClaimDevices(t *testing.T) {
 	view := p.DRAView(config.Default().Start.DRA)
 	offered := func() []string {
 		var out []string
-		for _, d := range view.Devices() {
+		for _, d := range offer(t, view, nil) {
 			out = append(out, d.CDI)
 		}
 		return out
@@ -274,7 +298,7 @@ func TestSharedClaimDevices(t *testing.T) {
 	if got := offered(); !slices.Equal(got, []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}) {
 		t.Errorf("GPU 0 used once of 2: offered %v, want both GPUs", got)
 	}
-	if err := view.Prepare(policy.Claim{UID: "u", Namespace: "tenant", Name: "c", Pods: []string{"tenant/p"}}, []dra.Allocated{{CDI: "nvidia.com/gpu=0"}}); err != nil {
+	if err := view.Prepare(context.Background(), policy.Claim{UID: "u", Namespace: "tenant", Name: "c", Pods: []string{"tenant/p"}}, []link.Allocated{{CDI: "nvidia.com/gpu=0"}}); err != nil {
 		t.Fatalf("a claim on GPU 0's second replica: %v", err)
 	}
 	testutil.ErrorSays(t, ask("b", "0"), "used by 2 already: claim tenant/c of pod tenant/p, pod tenant/a")
@@ -287,7 +311,7 @@ func TestSharedClaimDevices(t *testing.T) {
 	if got := offered(); !slices.Equal(got, []string{"nvidia.com/gpu=0"}) {
 		t.Errorf("GPU 0 with a claim, GPU 1 used by two pods: offered %v, want GPU 0 only (the claim's)", got)
 	}
-	err := view.Prepare(policy.Claim{UID: "v", Namespace: "tenant", Name: "late"}, []dra.Allocated{{CDI: "nvidia.com/gpu=1"}})
+	err := view.Prepare(context.Background(), policy.Claim{UID: "v", Namespace: "tenant", Name: "late"}, []link.Allocated{{CDI: "nvidia.com/gpu=1"}})
 	testutil.ErrorSays(t, err, "claim tenant/late", "used by 2 already: pod tenant/b, pod tenant/d")
 }
 
@@ -345,7 +369,7 @@ devices:
 	cfg.Kinds, cfg.Devices = []string{"vendor.com/fpga", "nvidia.com/gpu"}, []string{"Card_*", "1", "*:*"}
 	var got []string
 	attrs := map[string]int{}
-	for _, d := range p.DRAView(cfg).Devices() {
+	for _, d := range offer(t, p.DRAView(cfg), nil) {
 		got = append(got, d.Device.Name+"="+d.CDI)
 		attrs[d.Device.Name] = len(d.Device.Attributes)
 		if d.Device.Name == "gpu-2-0" {

@@ -8,7 +8,6 @@ package plugin
 
 import (
 	"context"
-	"io/fs"
 	"os"
 	"regexp"
 	"strconv"
@@ -108,8 +107,6 @@ func (p *Plugin) links() func(a, b specs.Device) int {
 type inventory struct {
 	// nvml, when set, replaces the driver's NVML (tests).
 	nvml nvml.Interface
-	// sysfs, when set, replaces the host's /sys for PCIe roots.
-	sysfs fs.ReadLinkFS
 
 	gpusOnce sync.Once
 	// gpuFacts is what NVML says of the GPUs, by minor; nil without NVML.

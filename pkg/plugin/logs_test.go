@@ -383,13 +383,13 @@ func TestClaimLogs(t *testing.T) {
 
 	view := p.DRAView(config.Default().Start.DRA)
 	hook.Reset()
-	if err := view.Unprepare("uid-unknown"); err != nil {
+	if err := view.Unprepare(context.Background(), "uid-unknown"); err != nil {
 		t.Errorf("unpreparing a claim not prepared: %v", err)
 	}
 	if len(hook.AllEntries()) != 0 {
 		t.Errorf("unpreparing a claim not prepared logged %v", hook.AllEntries()[0].Message)
 	}
-	if err := view.Unprepare("uid-c"); err != nil {
+	if err := view.Unprepare(context.Background(), "uid-c"); err != nil {
 		t.Fatal(err)
 	}
 	if got := entries(hook, logrus.InfoLevel, "released devices of DRA claim"); len(got) != 1 || got[0].Data["devices"] != "nvidia.com/gpu=1" {

@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"io/fs"
 	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -46,10 +45,6 @@ func WithStateFile(path string) Option {
 func WithRecord(path string) Option {
 	return func(p *Plugin) { p.rec.file = record.OpenReadOnly(path) }
 }
-
-// WithSysfs has the DRA driver's view look PCIe roots up in sysfs
-// instead of the host's /sys (tests).
-func WithSysfs(sysfs fs.ReadLinkFS) Option { return func(p *Plugin) { p.hw.sysfs = sysfs } }
 
 // WithMPSStart has managed MPS control daemons started by start, which
 // runs the command it is given with shm as its /dev/shm (by default

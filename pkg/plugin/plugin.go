@@ -15,6 +15,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
@@ -58,7 +59,7 @@ type Plugin struct {
 	rec kept
 	// claims tells which prepared DRA claims a container uses; nil
 	// without DRA.
-	claims ClaimFinder
+	claims link.Finder
 
 	mu sync.RWMutex
 	st *state

@@ -21,6 +21,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
@@ -321,12 +322,12 @@ func TestClaimNotRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	view := p.DRAView(config.Default().Start.DRA)
-	gpu := []dra.Allocated{{CDI: "nvidia.com/gpu=0"}}
+	gpu := []link.Allocated{{CDI: "nvidia.com/gpu=0"}}
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
 	writeFile(t, dir, nil)
-	err := view.Prepare(policy.Claim{UID: "u", Namespace: "tenant", Name: "c"}, gpu)
+	err := view.Prepare(context.Background(), policy.Claim{UID: "u", Namespace: "tenant", Name: "c"}, gpu)
 	testutil.ErrorSays(t, err, "claim tenant/c", "could not be recorded", "not a directory")
 	if !errors.Is(err, plugin.ErrNotRecorded) {
 		t.Errorf("%v does not wrap ErrNotRecorded", err)
@@ -334,7 +335,7 @@ func TestClaimNotRecorded(t *testing.T) {
 	if err := os.Remove(dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := view.Prepare(policy.Claim{UID: "v", Namespace: "tenant", Name: "other"}, gpu); err != nil {
+	if err := view.Prepare(context.Background(), policy.Claim{UID: "v", Namespace: "tenant", Name: "other"}, gpu); err != nil {
 		t.Errorf("another claim of the GPU the unrecorded claim did not get: %v", err)
 	}
 }
@@ -355,9 +356,9 @@ func TestUnprepareNotRecorded(t *testing.T) {
 	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	gpu := []dra.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus"}}}
+	gpu := []link.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus"}}}
 	old := policy.Claim{UID: "uid-old", Namespace: "tenant", Name: "old"}
-	if err := p.DRAView(config.Default().Start.DRA).Prepare(old, gpu); err != nil {
+	if err := p.DRAView(config.Default().Start.DRA).Prepare(context.Background(), old, gpu); err != nil {
 		t.Fatal(err)
 	}
 
@@ -367,7 +368,7 @@ func TestUnprepareNotRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, dir, nil)
-	err := p.DRAView(config.Default().Start.DRA).Unprepare(old.UID)
+	err := p.DRAView(config.Default().Start.DRA).Unprepare(context.Background(), old.UID)
 	testutil.ErrorSays(t, err, "claim uid-old released", "could not be recorded", "not a directory")
 	if !errors.Is(err, plugin.ErrNotRecorded) {
 		t.Errorf("%v does not wrap ErrNotRecorded", err)
@@ -386,13 +387,13 @@ func TestUnprepareNotRecorded(t *testing.T) {
 	}
 	view := p.DRAView(config.Default().Start.DRA)
 	next := policy.Claim{UID: "uid-next", Namespace: "tenant", Name: "next"}
-	testutil.ErrorSays(t, view.Prepare(next, gpu), "held by claim tenant/old")
+	testutil.ErrorSays(t, view.Prepare(context.Background(), next, gpu), "held by claim tenant/old")
 	quiet := logrus.New()
 	quiet.SetOutput(io.Discard)
 	if err := dra.New(config.Default().Start.DRA, "node-1", view, quiet).ReleaseGone(context.Background(), fake.NewClientset()); err != nil {
 		t.Fatal(err)
 	}
-	if err := view.Prepare(next, gpu); err != nil {
+	if err := view.Prepare(context.Background(), next, gpu); err != nil {
 		t.Errorf("a new claim of the GPU once the gone claim was released: %v", err)
 	}
 	if data, err := os.ReadFile(state); err != nil || bytes.Contains(data, []byte("uid-old")) || !bytes.Contains(data, []byte("uid-next")) {

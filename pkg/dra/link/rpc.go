@@ -1,0 +1,227 @@
+package link
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/rpc"
+	"net/rpc/jsonrpc"
+	"time"
+
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+)
+
+// The services' names on the link.
+const (
+	poolName   = "Pool"
+	driverName = "Driver"
+)
+
+// Bounded is embedded in the arguments of a call that can wait: the
+// caller's deadline, which the serving end keeps too.
+type Bounded struct {
+	// Deadline is the caller's; zero for none.
+	Deadline time.Time `json:",omitzero"`
+}
+
+func (b Bounded) context() (context.Context, context.CancelFunc) {
+	if b.Deadline.IsZero() {
+		return context.WithCancel(context.Background())
+	}
+	return context.WithDeadline(context.Background(), b.Deadline)
+}
+
+func bounded(ctx context.Context) Bounded {
+	d, _ := ctx.Deadline()
+	return Bounded{Deadline: d}
+}
+
+// PrepareArgs are Pool.Prepare's arguments.
+type PrepareArgs struct {
+	Bounded
+	Claim   policy.Claim
+	Devices []Allocated
+}
+
+// UnprepareArgs are Pool.Unprepare's arguments.
+type UnprepareArgs struct {
+	Bounded
+	UID string
+}
+
+// UsesArgs are Driver.Uses's arguments.
+type UsesArgs struct {
+	Bounded
+	Pod       PodRef
+	Container string
+}
+
+// UsesReply is Driver.Uses's reply.
+type UsesReply struct {
+	Uses []Use
+	// NotReserved is the error, when it wraps ErrNotReserved.
+	NotReserved string `json:",omitempty"`
+}
+
+// PoolService serves a Pool on the link. Its methods are net/rpc's
+// spelling of Pool's.
+type PoolService struct{ pool Pool }
+
+// Devices calls Pool.Devices.
+func (s *PoolService) Devices(in Bounded, out *[]Device) (err error) {
+	ctx, cancel := in.context()
+	defer cancel()
+	*out, err = s.pool.Devices(ctx)
+	return err
+}
+
+// Prepare calls Pool.Prepare.
+func (s *PoolService) Prepare(in PrepareArgs, _ *struct{}) error {
+	ctx, cancel := in.context()
+	defer cancel()
+	return s.pool.Prepare(ctx, in.Claim, in.Devices)
+}
+
+// Unprepare calls Pool.Unprepare.
+func (s *PoolService) Unprepare(in UnprepareArgs, _ *struct{}) error {
+	ctx, cancel := in.context()
+	defer cancel()
+	return s.pool.Unprepare(ctx, in.UID)
+}
+
+// Prepared calls Pool.Prepared.
+func (s *PoolService) Prepared(in Bounded, out *[]policy.Claim) (err error) {
+	ctx, cancel := in.context()
+	defer cancel()
+	*out, err = s.pool.Prepared(ctx)
+	return err
+}
+
+// DriverService serves the driver's Finder and Notify on the link.
+type DriverService struct {
+	finder Finder
+	notify func()
+}
+
+// Uses calls Finder.Uses.
+func (s *DriverService) Uses(in UsesArgs, out *UsesReply) error {
+	ctx, cancel := in.context()
+	defer cancel()
+	uses, err := s.finder.Uses(ctx, in.Pod, in.Container)
+	if errors.Is(err, ErrNotReserved) {
+		out.NotReserved = err.Error()
+		return nil
+	}
+	out.Uses = uses
+	return err
+}
+
+// Notify calls the driver's notify.
+func (s *DriverService) Notify(struct{}, *struct{}) error {
+	s.notify()
+	return nil
+}
+
+// serve serves rcvr as name on conn until conn closes.
+func serve(conn io.ReadWriteCloser, name string, rcvr any) {
+	srv := rpc.NewServer()
+	if err := srv.RegisterName(name, rcvr); err != nil {
+		panic(err) // the services' methods are fixed
+	}
+	srv.ServeCodec(jsonrpc.NewServerCodec(conn))
+}
+
+// ServePool serves pool on conn (nri-gpu's end of the link) until conn
+// closes.
+func ServePool(conn io.ReadWriteCloser, pool Pool) {
+	serve(conn, poolName, &PoolService{pool: pool})
+}
+
+// ServeDriver serves f and notify on conn (the driver's end of the link)
+// until conn closes: when nri-gpu stops or dies.
+func ServeDriver(conn io.ReadWriteCloser, f Finder, notify func()) {
+	serve(conn, driverName, &DriverService{finder: f, notify: notify})
+}
+
+// ErrLink is wrapped by the error of a call the other end did not
+// answer: the link is down (the other process quit) or the caller's
+// context ended first.
+var ErrLink = errors.New("no answer over the link between nri-gpu and its DRA driver")
+
+// call calls method over c, waiting no longer than ctx lets it.
+func call(ctx context.Context, c *rpc.Client, method string, args, reply any) error {
+	done := c.Go(method, args, reply, make(chan *rpc.Call, 1)).Done
+	select {
+	case r := <-done:
+		var remote rpc.ServerError
+		if r.Error == nil || errors.As(r.Error, &remote) {
+			return r.Error
+		}
+		return fmt.Errorf("%s: %w: %w", method, ErrLink, r.Error)
+	case <-ctx.Done():
+		return fmt.Errorf("%s: %w: %w", method, ErrLink, context.Cause(ctx))
+	}
+}
+
+var _ Pool = (*PoolClient)(nil)
+
+// PoolClient is nri-gpu's pool as its DRA driver asks it, over the link.
+type PoolClient struct{ c *rpc.Client }
+
+// NewPoolClient returns the pool served on conn.
+func NewPoolClient(conn io.ReadWriteCloser) *PoolClient {
+	return &PoolClient{c: jsonrpc.NewClient(conn)}
+}
+
+// Close closes the link.
+func (p *PoolClient) Close() error { return p.c.Close() }
+
+// Devices returns the pool's devices to offer.
+func (p *PoolClient) Devices(ctx context.Context) ([]Device, error) {
+	var out []Device
+	err := call(ctx, p.c, poolName+".Devices", bounded(ctx), &out)
+	return out, err
+}
+
+// Prepare asks the pool to hold a claim's devices.
+func (p *PoolClient) Prepare(ctx context.Context, claim policy.Claim, devices []Allocated) error {
+	return call(ctx, p.c, poolName+".Prepare", PrepareArgs{Bounded: bounded(ctx), Claim: claim, Devices: devices}, &struct{}{})
+}
+
+// Unprepare asks the pool to release what a claim holds.
+func (p *PoolClient) Unprepare(ctx context.Context, uid string) error {
+	return call(ctx, p.c, poolName+".Unprepare", UnprepareArgs{Bounded: bounded(ctx), UID: uid}, &struct{}{})
+}
+
+// Prepared returns the claims the pool holds.
+func (p *PoolClient) Prepared(ctx context.Context) ([]policy.Claim, error) {
+	var out []policy.Claim
+	err := call(ctx, p.c, poolName+".Prepared", bounded(ctx), &out)
+	return out, err
+}
+
+// notReserved is an error from the other end that wraps ErrNotReserved.
+type notReserved string
+
+func (e notReserved) Error() string { return string(e) }
+func (e notReserved) Unwrap() error { return ErrNotReserved }
+
+// driverClient is the DRA driver as nri-gpu asks it, over the link.
+type driverClient struct{ c *rpc.Client }
+
+func (d driverClient) uses(ctx context.Context, pod PodRef, container string) ([]Use, error) {
+	var out UsesReply
+	if err := call(ctx, d.c, driverName+".Uses", UsesArgs{Bounded: bounded(ctx), Pod: pod, Container: container}, &out); err != nil {
+		return nil, err
+	}
+	if out.NotReserved != "" {
+		return nil, notReserved(out.NotReserved)
+	}
+	return out.Uses, nil
+}
+
+// notify tells the driver, without waiting for its answer.
+func (d driverClient) notify() {
+	d.c.Go(driverName+".Notify", struct{}{}, &struct{}{}, make(chan *rpc.Call, 1))
+}
