@@ -35,7 +35,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 all: build
 
-build: $(BIN)/nri-gpu
+build: $(BIN)/nri-gpu $(BIN)/nri-gpu-dra
 
 # What `nri-gpu version` says: the tag (or commit) and the commit.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -45,8 +45,13 @@ LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 $(BIN)/nri-gpu: FORCE
 	$(GO) build -ldflags "$(LDFLAGS)" -o $@ ./cmd/nri-gpu
 
-# nri-gpu's OCI image, as a tar `ctr images import` reads: the binary and
-# the C runtime it links, built by hack/image with go-containerregistry
+# The DRA driver, a program of its own that nri-gpu starts (from beside
+# itself) when DRA is on: only it links Kubernetes' client.
+$(BIN)/nri-gpu-dra: FORCE
+	$(GO) build -ldflags "$(LDFLAGS)" -o $@ ./cmd/nri-gpu-dra
+
+# nri-gpu's OCI image, as a tar `ctr images import` reads: the binaries and
+# the C runtime they link, built by hack/image with go-containerregistry
 # (no Docker, no registry). The shipped manifests run $(IMAGE).
 IMAGE     ?= nri-gpu:latest
 IMAGE_TAR := $(OUT)/nri-gpu-image.tar
@@ -56,7 +61,7 @@ SOURCE    ?=
 export NRI_GPU_IMAGE := $(IMAGE_TAR)
 
 image: build
-	cd hack/image && $(GO) run . -binary $(BIN)/nri-gpu -out $(IMAGE_TAR) -name $(IMAGE) \
+	cd hack/image && $(GO) run . -binary $(BIN)/nri-gpu -dra-binary $(BIN)/nri-gpu-dra -out $(IMAGE_TAR) -name $(IMAGE) \
 		-version $(VERSION) -revision $(COMMIT) -source '$(SOURCE)'
 
 # containerd v1.7, ctr and the runc shim, built from containerd's Go module

@@ -16,8 +16,8 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/internal/logflags"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
-	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/record"

@@ -1,11 +1,12 @@
 // Command image builds nri-gpu's OCI image without Docker or a registry:
-// one layer holding the nri-gpu binary and exactly the shared objects it
-// links (its ELF interpreter and DT_NEEDED libraries, found as the dynamic
+// one layer holding the nri-gpu binary, its DRA driver beside it, and
+// exactly the shared objects they link (its ELF interpreter and DT_NEEDED libraries, found as the dynamic
 // loader finds them, and theirs in turn), a config that runs it as a
 // non-root user unless the pod says otherwise, and OCI labels. The image
 // is written as a tar that `ctr images import` and `docker load` read.
 //
-//	go run . -binary ../../_output/bin/nri-gpu -out ../../_output/nri-gpu-image.tar \
+//	go run . -binary ../../_output/bin/nri-gpu -dra-binary ../../_output/bin/nri-gpu-dra \
+//	    -out ../../_output/nri-gpu-image.tar \
 //	    -name nri-gpu:latest -version v0.1.0 -revision <commit> -source <repository URL>
 package main
 
@@ -31,11 +32,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
-// Where nri-gpu goes in the image, and the user it runs as by default
-// (the DaemonSet runs it as root, to reach containerd's NRI socket).
+// Where nri-gpu and its DRA driver go in the image (the driver beside
+// nri-gpu, where nri-gpu looks for it), and the user it runs as by
+// default (the DaemonSet runs it as root, to reach containerd's NRI
+// socket).
 const (
-	binaryPath = "/usr/local/bin/nri-gpu"
-	nonRoot    = "65532:65532"
+	binaryPath    = "/usr/local/bin/nri-gpu"
+	draBinaryPath = "/usr/local/bin/nri-gpu-dra"
+	nonRoot       = "65532:65532"
 )
 
 // libDirs are searched, in order, for a needed library, as the dynamic
@@ -50,6 +54,7 @@ var archOf = map[elf.Machine]string{elf.EM_X86_64: "amd64", elf.EM_AARCH64: "arm
 func main() {
 	var (
 		binary   = flag.String("binary", "", "the nri-gpu binary")
+		dra      = flag.String("dra-binary", "", "the nri-gpu-dra binary (none when empty)")
 		out      = flag.String("out", "", "the image tar to write")
 		ref      = flag.String("name", "nri-gpu:latest", "the image's name and tag")
 		version  = flag.String("version", "dev", "org.opencontainers.image.version")
@@ -72,13 +77,13 @@ func main() {
 	if *source != "" {
 		labels["org.opencontainers.image.source"] = *source
 	}
-	if err := build(*binary, *out, *ref, labels); err != nil {
+	if err := build(*binary, *dra, *out, *ref, labels); err != nil {
 		fmt.Fprintf(os.Stderr, "image: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func build(binary, out, ref string, labels map[string]string) error {
+func build(binary, dra, out, ref string, labels map[string]string) error {
 	tag, err := name.NewTag(ref)
 	if err != nil {
 		return err
@@ -87,6 +92,16 @@ func build(binary, out, ref string, labels map[string]string) error {
 	machine, err := closure(binary, files)
 	if err != nil {
 		return err
+	}
+	if dra != "" {
+		files[draBinaryPath] = dra
+		draMachine, err := closure(dra, files)
+		if err != nil {
+			return err
+		}
+		if draMachine != machine {
+			return fmt.Errorf("%s is for %s, %s for %s", dra, draMachine, binary, machine)
+		}
 	}
 	layer, err := layerOf(files)
 	if err != nil {

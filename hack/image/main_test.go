@@ -12,13 +12,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
-// TestBuild builds the image of a dynamically linked program (/bin/ls)
-// and reads it back as `ctr images import` would: the program as
-// nri-gpu, executable; its loader and libc at the paths the loader looks
-// at; a non-root user; the labels.
+// TestBuild builds the image of dynamically linked programs (/bin/ls as
+// nri-gpu, /bin/cat as its DRA driver) and reads it back as `ctr images
+// import` would: the programs executable, the driver beside nri-gpu; the
+// loader and libc at the paths the loader looks at; a non-root user; the
+// labels.
 func TestBuild(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "image.tar")
-	if err := build("/bin/ls", out, "nri-gpu:test", map[string]string{"org.opencontainers.image.revision": "abc"}); err != nil {
+	if err := build("/bin/ls", "/bin/cat", out, "nri-gpu:test", map[string]string{"org.opencontainers.image.revision": "abc"}); err != nil {
 		t.Fatal(err)
 	}
 	img, err := tarball.ImageFromPath(out, nil)
@@ -53,8 +54,13 @@ func TestBuild(t *testing.T) {
 		}
 		modes["/"+h.Name] = h.Mode
 	}
-	if modes[binaryPath]&0o111 == 0 {
-		t.Errorf("%s not executable: %o (files %v)", binaryPath, modes[binaryPath], modes)
+	for _, p := range []string{binaryPath, draBinaryPath} {
+		if modes[p]&0o111 == 0 {
+			t.Errorf("%s not executable: %o (files %v)", p, modes[p], modes)
+		}
+	}
+	if filepath.Dir(draBinaryPath) != filepath.Dir(binaryPath) {
+		t.Errorf("the DRA driver at %s, not beside nri-gpu at %s, where nri-gpu looks for it", draBinaryPath, binaryPath)
 	}
 	if !slices.ContainsFunc(slices.Collect(maps.Keys(modes)), func(p string) bool { return filepath.Base(p) == "libc.so.6" }) {
 		t.Errorf("no libc in the image: %v", modes)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/rpc/jsonrpc"
 	"os"
 	"os/exec"
 	"sync"
@@ -86,7 +85,7 @@ func (p *Process) Run(ctx context.Context) error {
 		return fmt.Errorf("DRA driver: %w", err)
 	}
 	go ServePool(poolConn, p.pool)
-	client := &driverClient{c: jsonrpc.NewClient(driverConn)}
+	client := &driverClient{c: newClient(driverConn)}
 	p.set(client)
 	err = cmd.Wait()
 	p.set(nil)

@@ -171,8 +171,10 @@ type PoolClient struct{ c *rpc.Client }
 
 // NewPoolClient returns the pool served on conn.
 func NewPoolClient(conn io.ReadWriteCloser) *PoolClient {
-	return &PoolClient{c: jsonrpc.NewClient(conn)}
+	return &PoolClient{c: newClient(conn)}
 }
+
+func newClient(conn io.ReadWriteCloser) *rpc.Client { return jsonrpc.NewClient(conn) }
 
 // Close closes the link.
 func (p *PoolClient) Close() error { return p.c.Close() }
