@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"context"
 	"io"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
@@ -38,11 +40,16 @@ func TestRealGPUAttributes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	devs := p.DRAView(config.Default().Start.DRA).Devices()
-	if len(devs) == 0 {
-		t.Fatal("no device offered")
+	offered, err := p.DRAView(config.Default().Start.DRA).Devices(context.Background())
+	if err != nil || len(offered) == 0 {
+		t.Fatalf("no device offered (%v)", err)
 	}
-	for _, d := range devs {
+	for _, o := range offered {
+		// As the DRA driver publishes it, PCIe root from the host's /sys.
+		d := struct {
+			CDI    string
+			Device resourceapi.Device
+		}{o.CDI, dra.DeviceOf(o.Info, nil)}
 		t.Logf("%s (%s): attributes %v, capacity %v", d.Device.Name, d.CDI, d.Device.Attributes, d.Device.Capacity)
 		if d.Device.Attributes["type"].StringValue == nil || *d.Device.Attributes["type"].StringValue != "gpu" {
 			continue
