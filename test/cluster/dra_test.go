@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -424,7 +427,8 @@ func TestDRAPrepareRefused(t *testing.T) {
 func TestDRAFaults(t *testing.T) {
 	needCluster(t)
 	createTemplate(t, "default", "fault-gpu", claimSpec(driverName, 1))
-	for _, tc := range nodeFaults() {
+	faults := append(nodeFaults(), nodeFault{"DRA driver killed", func() *harness.Node { return env.b }, killDRADriver})
+	for _, tc := range faults {
 		t.Run(tc.name, func(t *testing.T) {
 			n := tc.node()
 			createPod(t, claimPod("default", "claim-running", n, "fault-gpu", ""))
@@ -451,6 +455,51 @@ func TestDRAFaults(t *testing.T) {
 			waitSlice(t, n, gpuNames(n)...)
 		})
 	}
+}
+
+// killDRADriver kills node n's DRA driver, nri-gpu-dra (the process
+// nri-gpu starts beside itself), and waits until nri-gpu has started it
+// again and it has registered with kubelet anew: nri-gpu's pool, and so
+// every claim, GPU and pod, is untouched (TestDRAFaults checks them).
+func killDRADriver(t *testing.T, n *harness.Node) {
+	t.Helper()
+	pid := draDriver(t, n)
+	if pid == 0 {
+		t.Fatalf("%s: no nri-gpu-dra process", n.Name)
+	}
+	registered := strings.Count(nriLog(t, n), "DRA driver registering with kubelet")
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, podWait, n.Name+": nri-gpu-dra started again and registered", func() bool {
+		again := draDriver(t, n)
+		return again != 0 && again != pid && strings.Count(nriLog(t, n), "DRA driver registering with kubelet") > registered
+	})
+	if log := nriLog(t, n); !strings.Contains(log, "starting it again") {
+		t.Errorf("%s: nri-gpu did not say it starts its DRA driver again:\n%s", n.Name, log)
+	}
+}
+
+// draDriver returns the pid of node n's nri-gpu-dra (0 when none runs):
+// the process of that program whose --node-name is n's.
+func draDriver(t *testing.T, n *harness.Node) int {
+	t.Helper()
+	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if filepath.Base(args[0]) == "nri-gpu-dra" && slices.Contains(args, "--node-name="+n.Name) {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			return pid
+		}
+	}
+	return 0
 }
 
 // TestDRASliceFollowsThePool: a GPU held through another door (an

@@ -2,6 +2,9 @@ package cluster
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -39,6 +42,12 @@ func TestInstalled(t *testing.T) {
 		}
 		if log := nriLog(t, n); !strings.Contains(log, "connected to runtime") {
 			t.Errorf("%s: nri-gpu's log does not say it connected to containerd:\n%s", n.Name, log)
+		}
+		// DRA on: its driver runs as nri-gpu's child, in its container.
+		if pid := draDriver(t, n); pid == 0 {
+			t.Errorf("%s: no nri-gpu-dra process with DRA on", n.Name)
+		} else if parent := parentProgram(t, pid); parent != "nri-gpu" {
+			t.Errorf("%s: nri-gpu-dra's parent is %q, want nri-gpu", n.Name, parent)
 		}
 	}
 	if _, err := env.client.CoreV1().ServiceAccounts(nriNamespace).Get(ctx, releaseName, metav1.GetOptions{}); err != nil {
@@ -128,4 +137,20 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// parentProgram returns the program name of process pid's parent.
+func parentProgram(t *testing.T, pid int) string {
+	t.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// pid (comm) state ppid ...: comm may hold spaces, so read after ')'.
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	cmdline, err := os.ReadFile("/proc/" + fields[1] + "/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Base(strings.Split(string(cmdline), "\x00")[0])
 }
