@@ -18,7 +18,8 @@
 //	inventory.go     the node's hardware for every door: devices, NVML
 //	                 facts, health and topology, and what is free
 //	deviceplugin.go  the device plugin's view (pkg/deviceplugin)
-//	dra.go           the DRA driver's view, and a container's claims (pkg/dra)
+//	dra.go           the pool as the DRA driver process asks it, and a
+//	                 container's claims as it answers (pkg/dra/link)
 //	mps.go           MPS clients' edits, and the managed daemons (pkg/mps)
 //	generate.go      spec generation from NVML (pkg/specs/nvidia)
 //	errors.go        the package's errors, and what a denial is counted as
