@@ -64,12 +64,12 @@ type UsesReply struct {
 	NotReserved string `json:",omitempty"`
 }
 
-// PoolService serves a Pool on the link. Its methods are net/rpc's
+// poolService serves a Pool on the link. Its methods are net/rpc's
 // spelling of Pool's.
-type PoolService struct{ pool Pool }
+type poolService struct{ pool Pool }
 
 // Devices calls Pool.Devices.
-func (s *PoolService) Devices(in Bounded, out *[]Device) (err error) {
+func (s *poolService) Devices(in Bounded, out *[]Device) (err error) {
 	ctx, cancel := in.context()
 	defer cancel()
 	*out, err = s.pool.Devices(ctx)
@@ -77,35 +77,35 @@ func (s *PoolService) Devices(in Bounded, out *[]Device) (err error) {
 }
 
 // Prepare calls Pool.Prepare.
-func (s *PoolService) Prepare(in PrepareArgs, _ *struct{}) error {
+func (s *poolService) Prepare(in PrepareArgs, _ *struct{}) error {
 	ctx, cancel := in.context()
 	defer cancel()
 	return s.pool.Prepare(ctx, in.Claim, in.Devices)
 }
 
 // Unprepare calls Pool.Unprepare.
-func (s *PoolService) Unprepare(in UnprepareArgs, _ *struct{}) error {
+func (s *poolService) Unprepare(in UnprepareArgs, _ *struct{}) error {
 	ctx, cancel := in.context()
 	defer cancel()
 	return s.pool.Unprepare(ctx, in.UID)
 }
 
 // Prepared calls Pool.Prepared.
-func (s *PoolService) Prepared(in Bounded, out *[]policy.Claim) (err error) {
+func (s *poolService) Prepared(in Bounded, out *[]policy.Claim) (err error) {
 	ctx, cancel := in.context()
 	defer cancel()
 	*out, err = s.pool.Prepared(ctx)
 	return err
 }
 
-// DriverService serves the driver's Finder and Notify on the link.
-type DriverService struct {
+// driverService serves the driver's Finder and Notify on the link.
+type driverService struct {
 	finder Finder
 	notify func()
 }
 
 // Uses calls Finder.Uses.
-func (s *DriverService) Uses(in UsesArgs, out *UsesReply) error {
+func (s *driverService) Uses(in UsesArgs, out *UsesReply) error {
 	ctx, cancel := in.context()
 	defer cancel()
 	uses, err := s.finder.Uses(ctx, in.Pod, in.Container)
@@ -118,7 +118,7 @@ func (s *DriverService) Uses(in UsesArgs, out *UsesReply) error {
 }
 
 // Notify calls the driver's notify.
-func (s *DriverService) Notify(struct{}, *struct{}) error {
+func (s *driverService) Notify(struct{}, *struct{}) error {
 	s.notify()
 	return nil
 }
@@ -135,13 +135,13 @@ func serve(conn io.ReadWriteCloser, name string, rcvr any) {
 // ServePool serves pool on conn (nri-gpu's end of the link) until conn
 // closes.
 func ServePool(conn io.ReadWriteCloser, pool Pool) {
-	serve(conn, poolName, &PoolService{pool: pool})
+	serve(conn, poolName, &poolService{pool: pool})
 }
 
 // ServeDriver serves f and notify on conn (the driver's end of the link)
 // until conn closes: when nri-gpu stops or dies.
 func ServeDriver(conn io.ReadWriteCloser, f Finder, notify func()) {
-	serve(conn, driverName, &DriverService{finder: f, notify: notify})
+	serve(conn, driverName, &driverService{finder: f, notify: notify})
 }
 
 // ErrLink is wrapped by the error of a call the other end did not
