@@ -70,17 +70,28 @@ func run(args []string, stderr io.Writer) int {
 		link.ServeDriver(driverConn, finder, d.Notify)
 		cancel() // nri-gpu stopped, or died
 	}()
+	go func() {
+		<-pool.Down()
+		cancel()
+	}()
 	for {
 		err := d.Run(ctx, client)
 		if ctx.Err() != nil {
-			return 0
+			break
 		}
 		log.Warnf("%v; trying again", err)
 		select {
 		case <-ctx.Done():
-			return 0
 		case <-time.After(registerRetry):
 		}
+	}
+	select {
+	case <-pool.Down():
+		// nri-gpu starts the driver again, with a new link.
+		log.Error("nri-gpu-dra: the link to nri-gpu broke")
+		return 1
+	default:
+		return 0
 	}
 }
 

@@ -85,11 +85,21 @@ func (p *Process) Run(ctx context.Context) error {
 		return fmt.Errorf("DRA driver: %w", err)
 	}
 	go ServePool(poolConn, p.pool)
-	client := &driverClient{c: newClient(driverConn)}
+	client := &driverClient{newClient(driverConn)}
 	p.set(client)
+	exited := make(chan struct{})
+	go func() {
+		// A link that broke is not mended: the driver is started anew.
+		select {
+		case <-client.Down():
+			_ = cmd.Process.Kill()
+		case <-exited:
+		}
+	}()
 	err = cmd.Wait()
+	close(exited)
 	p.set(nil)
-	client.c.Close()
+	client.Close()
 	if ctx.Err() != nil {
 		return nil
 	}

@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 // container uses every claim the pool has prepared (asking the pool
 // back), and on Notify unprepares claim "notified". Mode "config" quits
 // as a driver whose configuration cannot work, "crash" as one that
-// failed.
+// failed; "garbage" answers what nri-gpu cannot read, and hangs.
 func driver(mode string) int {
 	switch mode {
 	case "config":
@@ -41,6 +41,11 @@ func driver(mode string) int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return link.ExitConfig
+	}
+	if mode == "garbage" {
+		// Answers nri-gpu cannot read, and hangs on.
+		_, _ = driverConn.Write([]byte("}{ not JSON-RPC\n"))
+		select {}
 	}
 	pool := link.NewPoolClient(poolConn)
 	uses := func(ctx context.Context, pod link.PodRef, ctr string) ([]link.Use, error) {
@@ -170,6 +175,30 @@ func TestProcessQuits(t *testing.T) {
 				t.Errorf("Run: %v; want an error, ErrConfig %v", err, tc.config)
 			}
 		})
+	}
+}
+
+// TestProcessLinkBroken: a driver whose answers nri-gpu cannot read (the
+// link is broken for good) is killed, and Run returns, so that nri-gpu
+// starts it again with a new link rather than ask a dead one forever.
+func TestProcessLinkBroken(t *testing.T) {
+	t.Setenv(driverEnv, "garbage")
+	p := link.NewProcess(os.Args[0], []string{"-test.run=^$"}, &strings.Builder{}, &pool{})
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	within(t, "the broken link noticed", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := p.Uses(ctx, link.PodRef{}, "gpu")
+		return errors.Is(err, link.ErrLink) && !errors.Is(err, context.DeadlineExceeded)
+	})
+	select {
+	case err := <-done:
+		if err == nil || errors.Is(err, link.ErrConfig) {
+			t.Errorf("Run: %v, want the driver's end (to be started again)", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the driver still runs 10s after its link broke")
 	}
 }
 

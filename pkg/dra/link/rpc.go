@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/rpc"
 	"net/rpc/jsonrpc"
+	"sync"
 	"time"
 
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
@@ -57,6 +58,14 @@ type UsesArgs struct {
 	Container string
 }
 
+// DevicesReply is Pool.Devices's reply. Every reply is an object: JSON-RPC
+// takes a null result (a nil slice) for a broken answer and closes the
+// link.
+type DevicesReply struct{ Devices []Device }
+
+// PreparedReply is Pool.Prepared's reply.
+type PreparedReply struct{ Claims []policy.Claim }
+
 // UsesReply is Driver.Uses's reply.
 type UsesReply struct {
 	Uses []Use
@@ -69,10 +78,10 @@ type UsesReply struct {
 type poolService struct{ pool Pool }
 
 // Devices calls Pool.Devices.
-func (s *poolService) Devices(in Bounded, out *[]Device) (err error) {
+func (s *poolService) Devices(in Bounded, out *DevicesReply) (err error) {
 	ctx, cancel := in.context()
 	defer cancel()
-	*out, err = s.pool.Devices(ctx)
+	out.Devices, err = s.pool.Devices(ctx)
 	return err
 }
 
@@ -91,10 +100,10 @@ func (s *poolService) Unprepare(in UnprepareArgs, _ *struct{}) error {
 }
 
 // Prepared calls Pool.Prepared.
-func (s *poolService) Prepared(in Bounded, out *[]policy.Claim) (err error) {
+func (s *poolService) Prepared(in Bounded, out *PreparedReply) (err error) {
 	ctx, cancel := in.context()
 	defer cancel()
-	*out, err = s.pool.Prepared(ctx)
+	out.Claims, err = s.pool.Prepared(ctx)
 	return err
 }
 
@@ -149,15 +158,40 @@ func ServeDriver(conn io.ReadWriteCloser, f Finder, notify func()) {
 // context ended first.
 var ErrLink = errors.New("no answer over the link between nri-gpu and its DRA driver")
 
-// call calls method over c, waiting no longer than ctx lets it.
-func call(ctx context.Context, c *rpc.Client, method string, args, reply any) error {
-	done := c.Go(method, args, reply, make(chan *rpc.Call, 1)).Done
+// client is a client of the other end of the link that says when the
+// link broke: net/rpc then fails every call for good.
+type client struct {
+	c    *rpc.Client
+	once sync.Once
+	down chan struct{}
+}
+
+func newClient(conn io.ReadWriteCloser) *client {
+	return &client{c: jsonrpc.NewClient(conn), down: make(chan struct{})}
+}
+
+// Down is closed once a call found the link broken (the other end quit,
+// or its answer could not be read) or the client was closed.
+func (c *client) Down() <-chan struct{} { return c.down }
+
+func (c *client) broken() { c.once.Do(func() { close(c.down) }) }
+
+// Close closes the link.
+func (c *client) Close() error {
+	c.broken()
+	return c.c.Close()
+}
+
+// call calls method, waiting no longer than ctx lets it.
+func (c *client) call(ctx context.Context, method string, args, reply any) error {
+	done := c.c.Go(method, args, reply, make(chan *rpc.Call, 1)).Done
 	select {
 	case r := <-done:
 		var remote rpc.ServerError
 		if r.Error == nil || errors.As(r.Error, &remote) {
 			return r.Error
 		}
+		c.broken()
 		return fmt.Errorf("%s: %w: %w", method, ErrLink, r.Error)
 	case <-ctx.Done():
 		return fmt.Errorf("%s: %w: %w", method, ErrLink, context.Cause(ctx))
@@ -167,40 +201,37 @@ func call(ctx context.Context, c *rpc.Client, method string, args, reply any) er
 var _ Pool = (*PoolClient)(nil)
 
 // PoolClient is nri-gpu's pool as its DRA driver asks it, over the link.
-type PoolClient struct{ c *rpc.Client }
+// Its Down is closed once the link broke: the driver then quits, and
+// nri-gpu starts it again.
+type PoolClient struct{ *client }
 
 // NewPoolClient returns the pool served on conn.
 func NewPoolClient(conn io.ReadWriteCloser) *PoolClient {
-	return &PoolClient{c: newClient(conn)}
+	return &PoolClient{newClient(conn)}
 }
-
-func newClient(conn io.ReadWriteCloser) *rpc.Client { return jsonrpc.NewClient(conn) }
-
-// Close closes the link.
-func (p *PoolClient) Close() error { return p.c.Close() }
 
 // Devices returns the pool's devices to offer.
 func (p *PoolClient) Devices(ctx context.Context) ([]Device, error) {
-	var out []Device
-	err := call(ctx, p.c, poolName+".Devices", bounded(ctx), &out)
-	return out, err
+	var out DevicesReply
+	err := p.call(ctx, poolName+".Devices", bounded(ctx), &out)
+	return out.Devices, err
 }
 
 // Prepare asks the pool to hold a claim's devices.
 func (p *PoolClient) Prepare(ctx context.Context, claim policy.Claim, devices []Allocated) error {
-	return call(ctx, p.c, poolName+".Prepare", PrepareArgs{Bounded: bounded(ctx), Claim: claim, Devices: devices}, &struct{}{})
+	return p.call(ctx, poolName+".Prepare", PrepareArgs{Bounded: bounded(ctx), Claim: claim, Devices: devices}, &struct{}{})
 }
 
 // Unprepare asks the pool to release what a claim holds.
 func (p *PoolClient) Unprepare(ctx context.Context, uid string) error {
-	return call(ctx, p.c, poolName+".Unprepare", UnprepareArgs{Bounded: bounded(ctx), UID: uid}, &struct{}{})
+	return p.call(ctx, poolName+".Unprepare", UnprepareArgs{Bounded: bounded(ctx), UID: uid}, &struct{}{})
 }
 
 // Prepared returns the claims the pool holds.
 func (p *PoolClient) Prepared(ctx context.Context) ([]policy.Claim, error) {
-	var out []policy.Claim
-	err := call(ctx, p.c, poolName+".Prepared", bounded(ctx), &out)
-	return out, err
+	var out PreparedReply
+	err := p.call(ctx, poolName+".Prepared", bounded(ctx), &out)
+	return out.Claims, err
 }
 
 // notReserved is an error from the other end that wraps ErrNotReserved.
@@ -210,11 +241,11 @@ func (e notReserved) Error() string { return string(e) }
 func (e notReserved) Unwrap() error { return ErrNotReserved }
 
 // driverClient is the DRA driver as nri-gpu asks it, over the link.
-type driverClient struct{ c *rpc.Client }
+type driverClient struct{ *client }
 
 func (d driverClient) uses(ctx context.Context, pod PodRef, container string) ([]Use, error) {
 	var out UsesReply
-	if err := call(ctx, d.c, driverName+".Uses", UsesArgs{Bounded: bounded(ctx), Pod: pod, Container: container}, &out); err != nil {
+	if err := d.call(ctx, driverName+".Uses", UsesArgs{Bounded: bounded(ctx), Pod: pod, Container: container}, &out); err != nil {
 		return nil, err
 	}
 	if out.NotReserved != "" {

@@ -153,6 +153,32 @@ func TestPoolOverTheLink(t *testing.T) {
 	}
 }
 
+// TestNothingOverTheLink: a pool with nothing to offer and nothing
+// prepared (a node's first start) answers so, and the link stays up:
+// JSON-RPC takes a null result for a broken answer, which once closed
+// the link for good at every driver's first start.
+func TestNothingOverTheLink(t *testing.T) {
+	pool := &fakePool{}
+	c, _ := linked(t, pool)
+	ctx := context.Background()
+	for range 2 {
+		if devs, err := c.Devices(ctx); err != nil || len(devs) != 0 {
+			t.Errorf("no devices: %v, %v", devs, err)
+		}
+		if claims, err := c.Prepared(ctx); err != nil || len(claims) != 0 {
+			t.Errorf("no claims: %v, %v", claims, err)
+		}
+		if err := c.Unprepare(ctx, "uid-1"); err != nil {
+			t.Errorf("unprepare: %v", err)
+		}
+	}
+	select {
+	case <-c.Down():
+		t.Error("the link is down after empty answers")
+	default:
+	}
+}
+
 // TestLinkDown: a call the other end does not answer ends when the
 // caller's context does, and a call over a closed link at once, both
 // with ErrLink: nothing waits longer than its caller lets it.
@@ -170,10 +196,20 @@ func TestLinkDown(t *testing.T) {
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("the call took %v past its 100ms deadline", took)
 	}
+	select {
+	case <-c.Down():
+		t.Error("the link is down after a call ran out of time: the pool may still answer")
+	default:
+	}
 	conn.Close()
 	err = c.Unprepare(context.Background(), "uid-1")
 	if !errors.Is(err, ErrLink) {
 		t.Errorf("a call over a closed link: %v, want ErrLink", err)
+	}
+	select {
+	case <-c.Down():
+	default:
+		t.Error("the link is not down after the pool's end closed")
 	}
 }
 
@@ -218,7 +254,7 @@ func TestDriverOverTheLink(t *testing.T) {
 	notified := make(chan struct{}, 1)
 	served := make(chan struct{})
 	go func() { ServeDriver(driverEnd, f, func() { notified <- struct{}{} }); close(served) }()
-	d := driverClient{c: newClient(conn)}
+	d := driverClient{newClient(conn)}
 
 	want := time.Now().Add(10 * time.Second).Truncate(time.Millisecond)
 	ctx, cancel := context.WithDeadline(context.Background(), want)
@@ -247,7 +283,7 @@ func TestDriverOverTheLink(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Error("Notify did not reach the driver")
 	}
-	d.c.Close()
+	d.Close()
 	select {
 	case <-served:
 	case <-time.After(10 * time.Second):
