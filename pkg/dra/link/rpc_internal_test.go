@@ -58,19 +58,26 @@ func (f *fakePool) Prepared(ctx context.Context) ([]policy.Claim, error) {
 	return f.prepared, f.refuse
 }
 
-// linked serves pool on one end of a new socket pair and returns its
-// client on the other.
-func linked(t *testing.T, pool Pool) (*PoolClient, net.Conn) {
+// pair returns the two ends of a new socket pair, as the link's.
+func pair(t *testing.T) (net.Conn, net.Conn) {
 	t.Helper()
 	conn, end, err := socketpair()
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := net.FileConn(end)
+	other, err := net.FileConn(end)
 	end.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return conn, other
+}
+
+// linked serves pool on one end of a new socket pair and returns its
+// client on the other.
+func linked(t *testing.T, pool Pool) (*PoolClient, net.Conn) {
+	t.Helper()
+	conn, client := pair(t)
 	served := make(chan struct{})
 	go func() { ServePool(conn, pool); close(served) }()
 	c := NewPoolClient(client)
@@ -226,15 +233,7 @@ func (f finderFunc) Uses(ctx context.Context, pod PodRef, ctr string) ([]Use, er
 // container for it, and only for it); Notify reaches the driver; the
 // driver's service ends when nri-gpu's end closes.
 func TestDriverOverTheLink(t *testing.T) {
-	conn, end, err := socketpair()
-	if err != nil {
-		t.Fatal(err)
-	}
-	driverEnd, err := net.FileConn(end)
-	end.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, driverEnd := pair(t)
 	uses := []Use{{UID: "uid-1", Namespace: "tenant", Name: "c", Requests: []string{"gpus"}}}
 	var (
 		seen     []string
