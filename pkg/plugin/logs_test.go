@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -317,6 +318,30 @@ func TestDevicesHeldMetric(t *testing.T) {
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	if !strings.Contains(rec.Body.String(), "nri_gpu_devices_held 2") {
 		t.Errorf("metrics after two GPUs given:\n%s", rec.Body.String())
+	}
+}
+
+// TestRequestsMetric: each request is counted once by its result: a
+// container given one device or two is "injected", one that asked for
+// none "none", one refused "denied".
+func TestRequestsMetric(t *testing.T) {
+	m := metrics.New()
+	p, _ := logged(t, "policy: {exclusive: true}", plugin.WithSpecDirs([]string{gpuSpecDir(t, 3)}), plugin.WithMetrics(m))
+	for i, ann := range []map[string]string{
+		{"gpus.nri-gpu.io": "0"},
+		{"gpus.nri-gpu.io": "1,2"},
+		nil,
+		{"gpus.nri-gpu.io": "0"}, // held by the first pod
+	} {
+		pod := gpuPod(fmt.Sprintf("pod-%d", i), ann)
+		_, _, _ = p.CreateContainer(context.Background(), pod, ctrOf(pod, nil))
+	}
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, want := range []string{`nri_gpu_requests_total{result="injected"} 2`, `nri_gpu_requests_total{result="none"} 1`, `nri_gpu_requests_total{result="denied"} 1`} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("no %s in the metrics:\n%s", want, rec.Body.String())
+		}
 	}
 }
 
