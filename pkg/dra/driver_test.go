@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
@@ -46,9 +47,12 @@ type source struct {
 	unrecorded error
 	// looks counts the calls of Devices.
 	looks int
-	// down, when set, is the error of every call: nri-gpu cannot be
-	// asked (the link is down).
+	// down, when set, is the error of Devices and Prepared: nri-gpu
+	// cannot be asked (the link is down).
 	down error
+	// unrecordedUID, when set, is the claim whose release Unprepare
+	// cannot record.
+	unrecordedUID string
 }
 
 func newSource(names ...string) *source {
@@ -97,6 +101,9 @@ func (s *source) Unprepare(_ context.Context, uid string) error {
 	if s.unrecorded != nil {
 		return s.unrecorded
 	}
+	if uid == s.unrecordedUID {
+		return errors.New("state file: no space left on device")
+	}
 	s.unprepared = append(s.unprepared, uid)
 	delete(s.claims, uid)
 	return nil
@@ -105,6 +112,9 @@ func (s *source) Unprepare(_ context.Context, uid string) error {
 func (s *source) Prepared(context.Context) ([]policy.Claim, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.down != nil {
+		return nil, s.down
+	}
 	var out []policy.Claim
 	for _, c := range s.claims {
 		out = append(out, c)
@@ -212,6 +222,19 @@ func TestPublish(t *testing.T) {
 	if looks > 2 {
 		t.Errorf("the devices were looked at %d times in 300ms with nothing changed", looks)
 	}
+	// Told of changes that changed nothing: looked at, not published
+	// again.
+	for i := range 3 {
+		s.driver.Notify()
+		waitFor(t, "a look on Notify", func() bool {
+			s.src.mu.Lock()
+			defer s.src.mu.Unlock()
+			return s.src.looks > before+looks+i
+		})
+	}
+	if n := s.publishedLogs(); n != 1 {
+		t.Errorf("the unchanged slice was published %d times", n)
+	}
 	s.src.set("gpu-0")
 	s.driver.Notify()
 	waitFor(t, "slice of gpu-0 only", func() bool { return slices.Equal(s.published(t), []string{"gpu-0"}) })
@@ -262,6 +285,128 @@ func TestPublishWhileThePoolCannotTell(t *testing.T) {
 	s.src.set("gpu-1")
 	s.driver.Notify()
 	waitFor(t, "slice of gpu-1", func() bool { return slices.Equal(s.published(t), []string{"gpu-1"}) })
+}
+
+// publishedLogs counts the driver's logs of publishing its slice.
+func (s *started) publishedLogs() int {
+	n := 0
+	for _, e := range s.logs.AllEntries() {
+		if e.Message == "published the node's ResourceSlice" {
+			n++
+		}
+	}
+	return n
+}
+
+// warned reports whether the driver logged a warning saying what.
+func (s *started) warned(what string) bool {
+	for _, e := range s.logs.AllEntries() {
+		if e.Level == logrus.WarnLevel && strings.Contains(e.Message, what) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestStartWhileThePoolCannotTell: a driver that starts while nri-gpu's
+// pool cannot be asked says that the prepared claims were not checked
+// against the API server, publishes no slice (not an empty one: the
+// scheduler would take the node for one without devices), and publishes
+// once the pool answers. A driver that could ask says nothing of it.
+func TestStartWhileThePoolCannotTell(t *testing.T) {
+	src := newSource("gpu-0")
+	src.down = errors.New("link down")
+	s := start(t, src)
+	waitFor(t, "the warning", func() bool {
+		return s.warned("prepared claims not checked against the API server") && s.warned("link down")
+	})
+	if n := s.publishedLogs(); n != 0 || len(s.published(t)) != 0 {
+		t.Errorf("published %v (%d times) before the pool answered", s.published(t), n)
+	}
+	src.mu.Lock()
+	src.down = nil
+	src.mu.Unlock()
+	s.driver.Notify()
+	waitFor(t, "slice of gpu-0", func() bool { return slices.Equal(s.published(t), []string{"gpu-0"}) })
+
+	up := start(t, newSource("gpu-0"))
+	up.logged(t, "gpu-0")
+	if up.warned("not checked") {
+		t.Error("warned that the prepared claims were not checked, with the pool answering")
+	}
+}
+
+// TestRegistration: kubelet is told of the DRA service only: no health
+// stream is offered that the driver does not keep (an unhealthy device
+// leaves the slice instead).
+func TestRegistration(t *testing.T) {
+	s := start(t, newSource("gpu-0"))
+	conn, err := grpc.NewClient("unix://"+filepath.Join(s.cfg.RegistryDir, s.cfg.DriverName+"-reg.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	info, err := registerapi.NewRegistrationClient(conn).GetInfo(context.Background(), &registerapi.InfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Type != registerapi.DRAPlugin || info.Name != s.cfg.DriverName || len(info.SupportedVersions) == 0 {
+		t.Errorf("registration %+v", info)
+	}
+	for _, v := range info.SupportedVersions {
+		if strings.Contains(v, "Health") {
+			t.Errorf("kubelet is offered %s, which the driver does not serve", v)
+		}
+	}
+}
+
+// TestPrepareDeviceNotYetPublished: a claim allocated a device the pool
+// offers but the driver has not published yet (kubelet may ask before the
+// next look, or after a restart) is prepared; while the pool cannot be
+// asked, such a claim fails with the pool's reason.
+func TestPrepareDeviceNotYetPublished(t *testing.T) {
+	src := newSource("gpu-0")
+	s := start(t, src,
+		allocated("new", "uid-new", result("gpus", driver, node, "gpu-1")),
+		allocated("later", "uid-later", result("gpus", driver, node, "gpu-2")))
+	s.logged(t, "gpu-0")
+	src.set("gpu-0", "gpu-1")
+	ctx := context.Background()
+	resp, err := s.dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{{Namespace: "ns", Name: "new", Uid: "uid-new"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Claims["uid-new"]; got.GetError() != "" || len(got.GetDevices()) != 1 || got.GetDevices()[0].CdiDeviceIds[0] != "nvidia.com/gpu=1" {
+		t.Errorf("a device not yet published: %+v", got)
+	}
+	src.mu.Lock()
+	src.down = errors.New("link down")
+	src.mu.Unlock()
+	resp, err = s.dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{{Namespace: "ns", Name: "later", Uid: "uid-later"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Claims["uid-later"].GetError(); !strings.Contains(got, "link down") {
+		t.Errorf("a device not yet published, the pool down: error %q, want the pool's", got)
+	}
+}
+
+// TestUnprepareOneNotRecorded: of two claims unprepared at once, one
+// whose release cannot be recorded does not keep the other from being
+// released.
+func TestUnprepareOneNotRecorded(t *testing.T) {
+	src := newSource("gpu-0", "gpu-1")
+	src.unrecordedUID = "uid-one"
+	s := start(t, src)
+	resp, err := s.dra.NodeUnprepareResources(context.Background(), &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{
+		{Namespace: "ns", Name: "one", Uid: "uid-one"}, {Namespace: "ns", Name: "two", Uid: "uid-two"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Claims["uid-one"].GetError() == "" || resp.Claims["uid-two"].GetError() != "" || !slices.Equal(src.unprepared, []string{"uid-two"}) {
+		t.Errorf("one of two not recorded: %v; released %v", resp.Claims, src.unprepared)
+	}
 }
 
 // logged checks that the driver logged publishing devices.
