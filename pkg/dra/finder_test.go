@@ -138,6 +138,21 @@ func TestUses(t *testing.T) {
 		wantErr:   link.ErrNotReserved,
 		errSays:   "claim ns/mine: not reserved for the pod ns/p",
 	}, {
+		// Claims of a PodGroup (DRAWorkloadResourceClaims, alpha) are
+		// not taken: only a claim made for the pod and reserved for it.
+		name: "a claim made for the pod's PodGroup, not the pod",
+		objects: []runtime.Object{
+			inGroup(pod(fromTemplate, []corev1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: ptr("g-gpu-x")}}, uses, nil)),
+			groupOwned(claim("g-gpu-x", "uid-3", driver, node, "pod-uid")),
+		},
+		container: "gpu",
+		errSays:   "was not created for Pod ns/p",
+	}, {
+		name:      "a claim reserved for the pod's PodGroup, not the pod",
+		objects:   []runtime.Object{inGroup(pod(byName, nil, uses, nil)), groupReserved(claim("mine", "uid-1", driver, node))},
+		container: "gpu",
+		wantErr:   link.ErrNotReserved,
+	}, {
 		name:      "a claim that is gone",
 		objects:   []runtime.Object{pod(byName, nil, uses, nil)},
 		container: "gpu",
@@ -182,6 +197,26 @@ func TestUses(t *testing.T) {
 func withOwner(c *resourceapi.ResourceClaim, podUID string) *resourceapi.ResourceClaim {
 	yes := true
 	c.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "p", UID: types.UID(podUID), Controller: &yes}}
+	return c
+}
+
+// inGroup puts pod in PodGroup "group".
+func inGroup(p *corev1.Pod) *corev1.Pod {
+	p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr("group")}
+	return p
+}
+
+// groupOwned has PodGroup "group" control c, as for a claim made from
+// the group's template.
+func groupOwned(c *resourceapi.ResourceClaim) *resourceapi.ResourceClaim {
+	yes := true
+	c.OwnerReferences = []metav1.OwnerReference{{APIVersion: "scheduling.k8s.io/v1beta1", Kind: "PodGroup", Name: "group", UID: "group-uid", Controller: &yes}}
+	return c
+}
+
+// groupReserved reserves c for PodGroup "group".
+func groupReserved(c *resourceapi.ResourceClaim) *resourceapi.ResourceClaim {
+	c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{APIGroup: "scheduling.k8s.io", Resource: "podgroups", Name: "group", UID: "group-uid"})
 	return c
 }
 

@@ -23,6 +23,8 @@ func TestDeviceName(t *testing.T) {
 		{"another kind", link.Info{Kind: "vendor.com/fpga", Name: "Card_A.1", Minor: -1}, "fpga-card-a-1"},
 		{"cut at a dash", link.Info{Kind: "vendor.com/x", Name: strings.Repeat("a", 61) + "-bbbb", Minor: -1}, "x-" + strings.Repeat("a", 61)},
 		{"cut within a word", link.Info{Kind: "vendor.com/x", Name: strings.Repeat("a", 70), Minor: -1}, "x-" + strings.Repeat("a", 61)},
+		{"one character longer than a label", link.Info{Kind: "vendor.com/x", Name: strings.Repeat("a", 62), Minor: -1}, "x-" + strings.Repeat("a", 61)},
+		{"exactly a label", link.Info{Kind: "vendor.com/x", Name: strings.Repeat("a", 61), Minor: -1}, "x-" + strings.Repeat("a", 61)},
 		{"cut where a dash ends the label", link.Info{Kind: "vendor.com/x", Name: strings.Repeat("a", 60) + "-bbbb", Minor: -1}, "x-" + strings.Repeat("a", 60)},
 	}
 	for _, tc := range tests {
@@ -64,8 +66,8 @@ func TestOptions(t *testing.T) {
 			t.Errorf("without --%s: %v", missing, err)
 		}
 	}
-	if _, err := link.ParseOptions(append(in.Args(), "extra"), &strings.Builder{}); err == nil {
-		t.Error("an argument after the flags was taken")
+	if _, err := link.ParseOptions(append(in.Args(), "extra", "more"), &strings.Builder{}); err == nil || !strings.Contains(err.Error(), `unexpected argument "extra"`) {
+		t.Errorf("arguments after the flags: %v, want the first named", err)
 	}
 	if _, err := link.ParseOptions([]string{"--no-such-flag"}, &strings.Builder{}); err == nil {
 		t.Error("an unknown flag was taken")

@@ -36,6 +36,8 @@ func driver(mode string) int {
 		return link.ExitConfig
 	case "crash":
 		return 1
+	case "done":
+		return 0
 	}
 	poolConn, driverConn, err := link.Inherited()
 	if err != nil {
@@ -158,10 +160,12 @@ func TestProcessQuits(t *testing.T) {
 	tests := []struct {
 		name, mode, path string
 		config           bool
+		says             string
 	}{
-		{name: "its configuration cannot work", mode: "config", config: true},
-		{name: "it failed", mode: "crash"},
-		{name: "no such program", mode: "serve", path: "/nonexistent/nri-gpu-dra"},
+		{name: "its configuration cannot work", mode: "config", config: true, says: "exited with status 2"},
+		{name: "it failed", mode: "crash", says: "exit status 1"},
+		{name: "it quit, unasked", mode: "done", says: ": exited"},
+		{name: "no such program", mode: "serve", path: "/nonexistent/nri-gpu-dra", says: "no such file"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -171,8 +175,8 @@ func TestProcessQuits(t *testing.T) {
 				path = os.Args[0]
 			}
 			err := link.NewProcess(path, []string{"-test.run=^$"}, &strings.Builder{}, &pool{}).Run(context.Background())
-			if err == nil || errors.Is(err, link.ErrConfig) != tc.config {
-				t.Errorf("Run: %v; want an error, ErrConfig %v", err, tc.config)
+			if err == nil || errors.Is(err, link.ErrConfig) != tc.config || !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("Run: %v; want an error saying %q, ErrConfig %v", err, tc.says, tc.config)
 			}
 		})
 	}
