@@ -36,6 +36,10 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	in.Config = cfg
+	if cfg.Start.DRA.Enabled {
+		path, err := driverPath()
+		in.DRADriver = &doctor.Program{Path: path, Err: err}
+	}
 	if *stateFile != "" {
 		rebuilt, damaged, err := record.Inspect(*stateFile)
 		in.Record = &doctor.Record{Path: *stateFile, Err: err, Rebuilt: rebuilt, Damaged: damaged}

@@ -218,3 +218,38 @@ func TestGenerateOutput(t *testing.T) {
 		t.Errorf("generate does not say what it wrote: %q", stderr.String())
 	}
 }
+
+// TestCheckDRADriver: with DRA on, check says where nri-gpu finds its
+// DRA driver's program, and fails when it finds none; with DRA off it
+// does not look.
+func TestCheckDRADriver(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte("version: v1\nstart:\n  dra: {enabled: true, nodeName: node-1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "bin")
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin)
+	check := func(args ...string) string {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		run(append([]string{"check", "--containerd-config", "", "--state-file", "", "--socket-path", filepath.Join(testutil.ShortDir(t), "nri.sock")}, args...), &stdout, &stderr)
+		return strings.Join(strings.Fields(stdout.String()), " ")
+	}
+	if out := check("--config", cfg); !strings.Contains(out, "FAIL DRA driver start.dra.enabled, but nri-gpu-dra is neither beside nri-gpu nor on the PATH") {
+		t.Errorf("no driver anywhere:\n%s", out)
+	}
+	driver := filepath.Join(bin, "nri-gpu-dra")
+	if err := os.WriteFile(driver, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out := check("--config", cfg); !strings.Contains(out, "OK DRA driver "+driver+": nri-gpu starts it") {
+		t.Errorf("the driver on the PATH:\n%s", out)
+	}
+	if out := check(); strings.Contains(out, "DRA driver") {
+		t.Errorf("DRA off, yet:\n%s", out)
+	}
+}

@@ -1,7 +1,8 @@
 // Package doctor checks a node for what nri-gpu needs: the NRI socket
 // answering, NRI enabled in containerd's configuration (and what its CDI
 // setting implies), trusted and valid CDI specs, devices, hook executables
-// present and allowed, and a valid nri-gpu configuration. Each finding is
+// present and allowed, a valid nri-gpu configuration, its state file, and
+// with DRA on its DRA driver's program. Each finding is
 // OK, WARN or FAIL, with a fix for the latter two.
 package doctor
 
@@ -54,6 +55,16 @@ type Input struct {
 	ConfigFile string
 	// Record is what nri-gpu's state file tells; nil skips it.
 	Record *Record
+	// DRADriver is the DRA driver's program as nri-gpu would find it;
+	// nil skips it (DRA is off).
+	DRADriver *Program
+}
+
+// Program is a program nri-gpu starts, as the caller looked it up.
+type Program struct {
+	Path string
+	// Err says why it was not found; nil when it was.
+	Err error
 }
 
 // Record is what nri-gpu's state file tells, as the caller read it.
@@ -81,7 +92,20 @@ func Run(in Input) []Finding {
 	if in.Record != nil {
 		out = append(out, checkRecord(*in.Record)...)
 	}
+	if in.DRADriver != nil {
+		out = append(out, checkDRADriver(*in.DRADriver))
+	}
 	return out
+}
+
+// checkDRADriver says whether nri-gpu, with DRA on, finds the program of
+// its DRA driver.
+func checkDRADriver(p Program) Finding {
+	if p.Err != nil {
+		return Finding{Fail, "DRA driver", "start.dra.enabled, but " + p.Err.Error(),
+			"install nri-gpu-dra beside nri-gpu, or on the PATH (make build writes both; the image has both)"}
+	}
+	return Finding{OK, "DRA driver", p.Path + ": nri-gpu starts it", ""}
 }
 
 // checkRecord says whether nri-gpu runs on a whole record of what pods

@@ -1,6 +1,7 @@
 package doctor_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -80,6 +81,16 @@ func TestFindings(t *testing.T) {
 				{"nri-gpu config", doctor.Fail, "open " + filepath.Join(dir, "gone.yaml") + ": no such file"},
 				{"containerd config", doctor.Fail, notTOML + ": "},
 			},
+		},
+		{
+			name: "DRA on: its driver found, or not",
+			in:   doctor.Input{Config: cfg, DRADriver: &doctor.Program{Path: exe}},
+			want: []want{{"DRA driver", doctor.OK, exe + ": nri-gpu starts it"}},
+		},
+		{
+			name: "DRA on, its driver nowhere",
+			in:   doctor.Input{Config: cfg, DRADriver: &doctor.Program{Err: errors.New("nri-gpu-dra is neither beside nri-gpu nor on the PATH")}},
+			want: []want{{"DRA driver", doctor.Fail, "start.dra.enabled, but nri-gpu-dra is neither beside nri-gpu nor on the PATH"}},
 		},
 		{
 			name: "an invalid config file",
