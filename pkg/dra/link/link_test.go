@@ -66,8 +66,10 @@ func TestOptions(t *testing.T) {
 			t.Errorf("without --%s: %v", missing, err)
 		}
 	}
-	if _, err := link.ParseOptions(append(in.Args(), "extra", "more"), &strings.Builder{}); err == nil || !strings.Contains(err.Error(), `unexpected argument "extra"`) {
-		t.Errorf("arguments after the flags: %v, want the first named", err)
+	for _, extra := range [][]string{{"extra"}, {"extra", "more"}} {
+		if _, err := link.ParseOptions(append(in.Args(), extra...), &strings.Builder{}); err == nil || !strings.Contains(err.Error(), `unexpected argument "extra"`) {
+			t.Errorf("arguments %q after the flags: %v, want the first named", extra, err)
+		}
 	}
 	if _, err := link.ParseOptions([]string{"--no-such-flag"}, &strings.Builder{}); err == nil {
 		t.Error("an unknown flag was taken")
