@@ -76,9 +76,11 @@ func TestSharingWithMPS(t *testing.T) {
 	if _, err := os.Stat(filepath.Join("/dev/shm", mpsstandin.Started)); err == nil && hostShmBefore != nil {
 		t.Error("a daemon wrote to the machine's /dev/shm")
 	}
-	if !strings.Contains(p.Log(), "started MPS control daemon") {
-		t.Errorf("nri-gpu's log does not say it started the daemons:\n%s", p.Log())
-	}
+	// nri-gpu logs a start once its upkeep returns, which may be after
+	// the daemon wrote its defaults.
+	testutil.Within(t, 10*time.Second, "nri-gpu's log of the daemons started", func() bool {
+		return strings.Contains(p.Log(), "started MPS control daemon")
+	})
 
 	client := func(spec *oci.Spec) []string {
 		var out []string
