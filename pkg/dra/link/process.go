@@ -174,10 +174,7 @@ func Inherited() (pool, driver net.Conn, err error) {
 }
 
 func inherit(fd uintptr) (net.Conn, error) {
-	f := os.NewFile(fd, "link")
-	if f == nil {
-		return nil, fmt.Errorf("file descriptor %d: not open (nri-gpu-dra is started by nri-gpu)", fd)
-	}
+	f := os.NewFile(fd, "link") // nil only for an invalid number, which 3 and 4 are not
 	defer f.Close()
 	conn, err := net.FileConn(f)
 	if err != nil {
