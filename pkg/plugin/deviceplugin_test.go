@@ -165,6 +165,8 @@ func TestSharedResource(t *testing.T) {
 		{"one replica per GPU, the least used first", []string{"0::0", "1::0", "1::1", "2"}, nil, 2, []string{"2", "1::0"}},
 		{"a GPU the pod must have is not given again", []string{"0::0", "1::0", "1::1", "2"}, []string{"1::1"}, 2, []string{"1::1", "2"}},
 		{"a second replica only to make up the size", []string{"1::0", "1::1"}, nil, 2, []string{"1::0", "1::1"}},
+		{"another GPU before a second replica of the least used", []string{"0::0", "1::0", "1::1"}, nil, 2, []string{"1::0", "0::0"}},
+		{"another GPU before a second replica of the one the pod must have", []string{"0::0", "1::0", "1::1"}, []string{"1::1"}, 2, []string{"1::1", "0::0"}},
 	} {
 		if got := res.Preferred(tc.available, tc.must, tc.size); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: preferred %v, want %v", tc.name, got, tc.want)

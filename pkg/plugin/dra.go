@@ -125,8 +125,7 @@ func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
 // other names, its device nodes) and, for an NVIDIA GPU, NVML.
 func (c *DRAView) info(snap *specs.Snapshot, kind string, d specs.Device, cands []specs.Device) link.Info {
 	_, _, name := parser.ParseDevice(d.Name)
-	info := link.Info{Kind: kind, Name: name, Index: -1, Minor: -1}
-	info.Minor = minorOf(snap, d.Name)
+	info := link.Info{Kind: kind, Name: name, Index: -1, Minor: minorOf(snap, d.Name)}
 	nv := kind == config.DefaultKind
 	if !nv {
 		return info

@@ -392,3 +392,39 @@ devices:
 		t.Errorf("the FPGA has %d attributes, want none (no GPU's)", attrs["fpga-card-a"])
 	}
 }
+
+// TestClaimDeviceNamesCollide: two devices whose CDI names make one
+// ResourceSlice name (a DNS label: lower case, "-" for what it cannot
+// hold) are offered once, under the first; a slice with one name twice
+// is refused by the API server whole.
+func TestClaimDeviceNamesCollide(t *testing.T) {
+	dir := t.TempDir()
+	var nodes []string
+	for _, n := range []string{"fpga0", "fpga1", "fpga2"} {
+		path := filepath.Join(dir, n)
+		writeFile(t, path, nil)
+		nodes = append(nodes, path)
+	}
+	specDir := filepath.Join(dir, "cdi")
+	if err := os.Mkdir(specDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(specDir, "fpga.yaml"), []byte(fmt.Sprintf(`cdiVersion: "0.6.0"
+kind: example.com/fpga
+devices:
+  - name: a.b
+    containerEdits: {deviceNodes: [{path: /dev/fpga0, hostPath: %s, type: c, major: 240, minor: 0}]}
+  - name: A_b
+    containerEdits: {deviceNodes: [{path: /dev/fpga1, hostPath: %s, type: c, major: 240, minor: 1}]}
+  - name: c
+    containerEdits: {deviceNodes: [{path: /dev/fpga2, hostPath: %s, type: c, major: 240, minor: 2}]}
+`, nodes[0], nodes[1], nodes[2])))
+	p := inProcess(t, `policy: {exclusive: true, devices: ["example.com/fpga=*"]}`, specDir)
+	var got []string
+	for _, d := range offer(t, p.DRAView(config.DRA{Kinds: []string{"example.com/fpga"}, Devices: []string{"*"}}), nil) {
+		got = append(got, d.Device.Name+"="+d.CDI)
+	}
+	if want := []string{"fpga-a-b=example.com/fpga=A_b", "fpga-c=example.com/fpga=c"}; !slices.Equal(got, want) {
+		t.Errorf("offered %v, want %v", got, want)
+	}
+}
