@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
@@ -24,23 +23,18 @@ import (
 // Serve.
 func (p *Plugin) UseClaims(f link.Finder) { p.claims = f }
 
-// claimLookupTimeout bounds asking the DRA driver (and so the API
-// server) during a container's creation.
-const claimLookupTimeout = 10 * time.Second
-
 // claimDevices returns the UIDs of the prepared claims the container
 // uses, and their devices (those of the requests it names). Without DRA,
 // and for a pod with no claims, there are none. A claim the container
 // names that is not reserved for its pod fails the creation. When the
 // API server cannot tell, the creation fails if a prepared claim was
 // reserved for the pod (the container would run without its devices),
-// and goes on without claims otherwise.
+// and goes on without claims otherwise. It waits as long as ctx lets it
+// (the request's share of the runtime's patience).
 func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]string, []specs.Device, error) {
 	if p.claims == nil {
 		return nil, nil, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, claimLookupTimeout)
-	defer cancel()
 	ref := link.PodRef{Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: pod.GetUid()}
 	uses, err := p.claims.Uses(ctx, ref, ctr.GetName())
 	if errors.Is(err, link.ErrNotReserved) {
@@ -50,7 +44,7 @@ func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api
 		name := pod.GetNamespace() + "/" + pod.GetName()
 		for _, c := range p.alloc.Claims() {
 			if slices.Contains(c.Claim.Pods, name) {
-				return nil, nil, fmt.Errorf("%s was prepared for this pod, but which of its containers use it cannot be told: %w", c.Claim, err)
+				return nil, nil, fmt.Errorf("%s was prepared for this pod: %w: %w", c.Claim, ErrClaimsUnknown, err)
 			}
 		}
 		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).

@@ -11,7 +11,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
 	resourceapi "k8s.io/api/resource/v1"
 
@@ -29,9 +31,20 @@ type finder struct {
 	mu   sync.Mutex
 	uses map[string][]link.Use
 	errs map[string]error
+	// slow is how long the API server takes to answer for a pod, as a
+	// client sees it: its answer comes then, or the caller's deadline.
+	slow map[string]time.Duration
 }
 
-func (f *finder) Uses(_ context.Context, pod link.PodRef, ctr string) ([]link.Use, error) {
+func (f *finder) Uses(ctx context.Context, pod link.PodRef, ctr string) ([]link.Use, error) {
+	f.mu.Lock()
+	wait := f.slow[pod.Name]
+	f.mu.Unlock()
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(wait):
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.errs[pod.Name]; err != nil {
@@ -197,7 +210,7 @@ func TestClaimsTheAPIServerCannotTell(t *testing.T) {
 		pod     string
 		wantErr []string
 	}{
-		{"a", []string{"claim tenant/c of pod tenant/a was prepared for this pod, but which of its containers use it cannot be told", "connection refused"}},
+		{"a", []string{"claim tenant/c of pod tenant/a was prepared for this pod: which DRA claims the container uses cannot be told: connection refused"}},
 		{"x", nil},
 		{"y", []string{"claim tenant/gone", "claim not prepared on this node"}},
 		{"z", []string{"not reserved for the pod"}},
@@ -211,6 +224,53 @@ func TestClaimsTheAPIServerCannotTell(t *testing.T) {
 			continue
 		}
 		testutil.ErrorSays(t, err, tc.wantErr...)
+	}
+}
+
+// TestClaimsWithinTheRuntimesPatience: when the API server answers only
+// after 3 s, or never, the runtime (NRI's, which waits 2 s for a plugin,
+// as containerd does, and then creates the container without its answer
+// and drops the plugin) has nri-gpu's answer in time: a pod a prepared
+// claim is reserved for is refused saying why, another pod is created
+// without claims, and nri-gpu stays connected and serves the next pod.
+func TestClaimsWithinTheRuntimesPatience(t *testing.T) {
+	f := &finder{slow: map[string]time.Duration{}}
+	r := claimRuntime(t, "v1.7.35", f)
+	never := time.Hour
+	for _, tc := range []struct {
+		name    string
+		pod     string
+		slow    time.Duration
+		wantErr []string
+	}{
+		{"claim prepared for the pod, an answer after 3 s", "a", 3 * time.Second, []string{"claim tenant/c of pod tenant/a was prepared for this pod", "which DRA claims the container uses cannot be told", "deadline exceeded"}},
+		{"claim prepared for the pod, no answer", "a", never, []string{"claim tenant/c of pod tenant/a was prepared for this pod", "deadline exceeded"}},
+		{"no claim prepared for the pod, an answer after 3 s", "b", 3 * time.Second, nil},
+		{"no claim prepared for the pod, no answer", "b", never, nil},
+	} {
+		f.mu.Lock()
+		f.slow[tc.pod] = tc.slow
+		f.mu.Unlock()
+		pod := &api.PodSandbox{Id: "id-" + tc.pod, Name: tc.pod, Namespace: "tenant"}
+		start := time.Now()
+		adj, err := r.create(pod, container(pod, "gpu"))
+		if took := time.Since(start); took >= adaptation.DefaultPluginRequestTimeout {
+			t.Errorf("%s: answered in %s, past the runtime's %s", tc.name, took, adaptation.DefaultPluginRequestTimeout)
+		}
+		if tc.wantErr == nil {
+			if err != nil || len(devicePaths(adj)) > 0 {
+				t.Errorf("%s: %v, %v; want it created without devices", tc.name, adj, err)
+			}
+		} else {
+			testutil.ErrorSays(t, err, tc.wantErr...)
+		}
+		// Still connected, and serving: a pod asking for GPU 0 gets it.
+		next := &api.PodSandbox{Id: "id-next", Name: "next", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+		adj, err = r.create(next, container(next, "gpu"))
+		if err != nil || !slices.Equal(devicePaths(adj), []string{"/dev/nvidia0"}) {
+			t.Fatalf("%s: the next pod: %v, %v; want GPU 0 (nri-gpu dropped by the runtime?)", tc.name, devicePaths(adj), err)
+		}
+		r.removePod(t, next)
 	}
 }
 

@@ -68,6 +68,8 @@ func rule(err error) string {
 		return "notRecorded"
 	case errors.Is(err, ErrMPS):
 		return "mps"
+	case errors.Is(err, ErrClaimsUnknown):
+		return "claimsUnknown"
 	}
 	return "other"
 }
@@ -84,3 +86,9 @@ var ErrInjectedTwice = errors.New("a device would be injected twice")
 // ErrConfig is wrapped by Serve's error when the runtime handed the plugin
 // a configuration it rejected.
 var ErrConfig = errors.New("invalid configuration")
+
+// ErrClaimsUnknown is wrapped by the error for a container of a pod a
+// prepared DRA claim is reserved for, when the DRA driver cannot tell in
+// time which claims the container uses (the API server is down or slow):
+// it would run without its devices.
+var ErrClaimsUnknown = errors.New("which DRA claims the container uses cannot be told")

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
@@ -103,6 +104,10 @@ type connection struct {
 	// nriVersion returns the connected runtime's NRI version, as the
 	// stub of the current connection learnt it; nil outside Serve.
 	nriVersion func() string
+	// requestTimeout returns how long the runtime waits for an answer to
+	// a request, as it said at Configure (0 when it did not); nil
+	// outside Serve.
+	requestTimeout func() time.Duration
 }
 
 // state is everything a request needs, replaced whole on reconfiguration.
@@ -242,6 +247,20 @@ func (p *Plugin) connectedRuntime() adjust.Runtime {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return p.conn.runtime
+}
+
+// runtimePatience returns how long the connected runtime waits for an
+// answer to a request: what it said at Configure, else NRI's default
+// (containerd's: 2 s).
+func (p *Plugin) runtimePatience() time.Duration {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.conn.requestTimeout != nil {
+		if t := p.conn.requestTimeout(); t > 0 {
+			return t
+		}
+	}
+	return api.DefaultPluginRequestTimeout
 }
 
 // Close stops watching the spec directories and lets the state file's

@@ -40,6 +40,8 @@ func (p *Plugin) Create(ctx context.Context, pod *api.PodSandbox, ctr *api.Conta
 	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
 	req := &request{st: p.state(), rt: p.connectedRuntime(), pod: pod, ctr: ctr, resolved: map[string]resolved{}}
 	req.snap = req.st.specs.Snapshot() // one snapshot for the whole request
+	ctx, cancel := context.WithTimeout(ctx, p.waitBound(ctx))
+	defer cancel()
 	adj, grant, err := p.serve(ctx, req, log)
 	devices, score := specs.Names(grant.Devices), grant.Score
 	result := metrics.ResultInjected
@@ -69,6 +71,26 @@ func (p *Plugin) Create(ctx context.Context, pod *api.PodSandbox, ctr *api.Conta
 	}
 	entry.Info("injected devices")
 	return adj, grant, nil
+}
+
+// waitShare is the share of the runtime's patience that a request's
+// waits (the DRA driver and so the API server, an MPS daemon) may take
+// together: one over waitShare. The rest is for deciding, building and
+// recording the grant, and the answer's way back: past the runtime's
+// patience, containerd creates the container without nri-gpu's answer
+// (no devices, no policy) and drops the plugin.
+const waitShare = 2
+
+// waitBound returns how long the waits of a request may take: a share
+// of what the runtime waits for the answer (ctx's deadline, which ttrpc
+// carries over from the runtime, else what the runtime said at
+// Configure).
+func (p *Plugin) waitBound(ctx context.Context) time.Duration {
+	patience := p.runtimePatience()
+	if dl, ok := ctx.Deadline(); ok {
+		patience = min(patience, time.Until(dl))
+	}
+	return patience / waitShare
 }
 
 // request is one container's creation: its pod and container, the

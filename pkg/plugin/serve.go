@@ -40,7 +40,7 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 			return fmt.Errorf("creating the NRI stub: %w", err)
 		}
 		p.mu.Lock()
-		p.conn.nriVersion = s.RuntimeNRIVersion
+		p.conn.nriVersion, p.conn.requestTimeout = s.RuntimeNRIVersion, s.RequestTimeout
 		p.mu.Unlock()
 		before := p.connections()
 		err = s.Run(ctx)
