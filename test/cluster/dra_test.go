@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -604,4 +605,75 @@ func TestDRAGapWithoutNRI(t *testing.T) {
 		t.Errorf("with NRI, container gpu sees %v, want [%s]", seen, want)
 	}
 	deletePod(t, "default", "no-gap")
+}
+
+// TestDRASlowAPIServer: when the API server answers nri-gpu's DRA driver
+// only after 3 s, or never (the harness holds what it sends), nri-gpu
+// still answers each container's creation within containerd's patience
+// (plugin_request_timeout, 2 s) on containerd 1.7.35 and 2.3.7: a pod
+// with no claim is created (without claims), the next pods are served
+// by nri-gpu's policy (one asking for "all" is refused), a container of
+// a pod its prepared claim is reserved for is refused saying why rather
+// than created without its GPU, and nri-gpu stays connected: containerd
+// never closes it, and it never reconnects.
+func TestDRASlowAPIServer(t *testing.T) {
+	needCluster(t)
+	createTemplate(t, "default", "slow-gpu", claimSpec(driverName, 1))
+	for i, n := range []*harness.Node{env.a, env.b} {
+		forward := env.forwards[i]
+		for _, slow := range []time.Duration{3 * time.Second, harness.Forever} {
+			name := fmt.Sprintf("%s, answers after %s", n.Name, slow)
+			if slow == harness.Forever {
+				name = n.Name + ", no answer"
+			}
+			t.Run(name, func(t *testing.T) {
+				// A pod whose container "gpu" uses a claim, and quits
+				// after a while: kubelet creates it again.
+				claimer := claimPod("default", "claimer", n, "slow-gpu", "")
+				claimer.Spec.Containers[0].Command = []string{"/bin/sh", "-c", "sleep 5; exit 1"}
+				createPod(t, claimer)
+				testutil.Within(t, podWait, "the claim's container started", func() bool {
+					p, err := env.client.CoreV1().Pods("default").Get(context.Background(), "claimer", metav1.GetOptions{})
+					return err == nil && len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].State.Running != nil
+				})
+				nriBefore, ctdBefore := len(nriLog(t, n)), len(readFile(t, n.Ctd.LogPath))
+
+				forward.Slow(slow)
+				defer forward.Slow(0)
+				createPod(t, gpuPod("default", "plain", 0, nil, n.Name))
+				waitRunning(t, "default", "plain")
+				createPod(t, gpuPod("default", "all", 0, map[string]string{"gpus.nri-gpu.io": "all"}, n.Name))
+				refusedWith(t, "default", "all", "set policy.allowAll: true")
+				refusedWith(t, "default", "claimer", "was prepared for this pod", "which DRA claims the container uses cannot be told")
+
+				if log := nriLog(t, n)[nriBefore:]; strings.Contains(log, "NRI connection failed or lost") {
+					t.Errorf("nri-gpu lost its connection to containerd:\n%s", log)
+				}
+				if log := readFile(t, n.Ctd.LogPath)[ctdBefore:]; strings.Contains(log, "closing plugin") {
+					t.Errorf("containerd closed nri-gpu:\n%s", log)
+				}
+				forward.Slow(0)
+				// Answered again: the claim's container is created with
+				// its GPU.
+				testutil.Within(t, podWait, "the claim's container running again", func() bool {
+					p, err := env.client.CoreV1().Pods("default").Get(context.Background(), "claimer", metav1.GetOptions{})
+					return err == nil && p.Status.ContainerStatuses[0].State.Running != nil
+				})
+				for _, p := range []string{"plain", "all", "claimer"} {
+					deletePod(t, "default", p)
+				}
+				waitAllocatable(t, n, n.GPUs)
+			})
+		}
+	}
+}
+
+// readFile returns a file's content.
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

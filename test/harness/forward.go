@@ -28,15 +28,57 @@ type PodForwarder struct {
 
 	mu        sync.Mutex
 	listeners map[string]net.Listener // by pod sandbox ID
-	stop      chan struct{}
-	done      chan struct{}
+	// slow is how long each answer from the target is held before the
+	// pod gets it (Slow); Forever holds it until Slow changes it.
+	slow time.Duration
+	// slowed is closed when slow changes.
+	slowed chan struct{}
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+// Forever, given to Slow, holds every answer until Slow is called again:
+// a target that never answers.
+const Forever time.Duration = -1
+
+// Slow holds what the target sends on every connection, open or new,
+// for d before the pods get it (0: at once; Forever: until Slow is
+// called again, when what was held goes on), as a slow or hung API
+// server would: the pods' requests still reach it.
+func (f *PodForwarder) Slow(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.slow = d
+	close(f.slowed)
+	f.slowed = make(chan struct{})
+}
+
+// hold waits as Slow says before what the target sent goes on.
+func (f *PodForwarder) hold() {
+	for {
+		f.mu.Lock()
+		d, changed := f.slow, f.slowed
+		f.mu.Unlock()
+		switch {
+		case d == 0:
+			return
+		case d > 0:
+			time.Sleep(d)
+			return
+		}
+		select {
+		case <-changed:
+		case <-f.stop:
+			return
+		}
+	}
 }
 
 // ForwardToPods starts forwarding 127.0.0.1:port in each ready pod
 // sandbox of the node labelled label (key=value) to target.
 func (n *Node) ForwardToPods(label string, port int, target string) *PodForwarder {
 	f := &PodForwarder{node: n, label: label, port: port, target: target,
-		listeners: map[string]net.Listener{}, stop: make(chan struct{}), done: make(chan struct{})}
+		listeners: map[string]net.Listener{}, slowed: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	go f.run()
 	return f
 }
@@ -142,10 +184,25 @@ func (f *PodForwarder) serve(l net.Listener) {
 			defer t.Close()
 			done := make(chan struct{}, 2)
 			go func() { _, _ = io.Copy(t, c); done <- struct{}{} }()
-			go func() { _, _ = io.Copy(c, t); done <- struct{}{} }()
+			go func() { _, _ = io.Copy(c, heldReader{t, f.hold}); done <- struct{}{} }()
 			<-done
 		}()
 	}
+}
+
+// heldReader is a reader whose each read is held (hold) before it is
+// handed on.
+type heldReader struct {
+	r    io.Reader
+	hold func()
+}
+
+func (h heldReader) Read(p []byte) (int, error) {
+	n, err := h.r.Read(p)
+	if n > 0 {
+		h.hold()
+	}
+	return n, err
 }
 
 // listenIn listens on addr in the network namespace at nsPath: the
