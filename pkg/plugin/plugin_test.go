@@ -970,7 +970,8 @@ func TestExclusiveByNodeIdentity(t *testing.T) {
 // or RemovePodSandbox, only their containers' removal (seen on 1.7.35 on
 // the test cluster: a deleted pod's GPU stayed held, and every later pod
 // kubelet gave it was refused). A pod known from Synchronize releases its
-// devices when its last container is removed, not before; a pod of the
+// devices when its last container is removed, not before, and again
+// when a container it was given after that is removed; a pod of the
 // current connection keeps them until its sandbox stops.
 func TestRecoveredPodsReleasedByTheirContainers(t *testing.T) {
 	const cfg = "policy: {exclusive: true}"
@@ -1017,6 +1018,15 @@ func TestRecoveredPodsReleasedByTheirContainers(t *testing.T) {
 	heldBy("1", "one")
 
 	removeContainer(one, oneMain)
+	heldBy("1", "")
+	// A new container of that pod is admitted anew, and tracked: its
+	// removal releases the GPU again.
+	oneAgain := ctr(one, "again")
+	if _, err := r.create(one, oneAgain); err != nil {
+		t.Fatal(err)
+	}
+	heldBy("1", "one")
+	removeContainer(one, oneAgain)
 	heldBy("1", "")
 
 	removeContainer(two, twoMain)

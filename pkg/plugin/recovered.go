@@ -14,8 +14,9 @@ import (
 // RemoveContainer for each of the pod's containers. Such a pod's devices
 // are released when its last container is removed: a pod with no
 // container left runs nothing that could use them, and a container it
-// makes later is admitted anew. Pods created on the current connection
-// are not tracked; their StopPodSandbox releases them.
+// makes later is admitted anew, and tracked: the pod stays tracked, its
+// containers counted again from none. Pods created on the current
+// connection are not tracked; their StopPodSandbox releases them.
 type recovered struct {
 	mu sync.Mutex
 	// pods holds, by pod ID, the IDs of the pod's containers.
@@ -48,20 +49,16 @@ func (r *recovered) add(podID, ctrID string) {
 }
 
 // remove forgets a removed container, and reports whether it was the last
-// of a tracked pod (which is then forgotten too).
+// of a tracked pod.
 func (r *recovered) remove(podID, ctrID string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	ctrs, ok := r.pods[podID]
-	if !ok || !ctrs[ctrID] {
+	ctrs := r.pods[podID]
+	if !ctrs[ctrID] {
 		return false
 	}
 	delete(ctrs, ctrID)
-	if len(ctrs) > 0 {
-		return false
-	}
-	delete(r.pods, podID)
-	return true
+	return len(ctrs) == 0
 }
 
 // forget stops tracking a pod the runtime said is stopped or removed.
