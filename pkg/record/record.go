@@ -44,8 +44,9 @@ var ErrUntrusted = errors.New("not trusted")
 var ErrLocked = errors.New("in use by another nri-gpu")
 
 // lockWait is how long Lock waits for another process to let the lock go
-// (the nri-gpu it replaces may still be stopping) before it refuses.
-const lockWait = 5 * time.Second
+// (the nri-gpu it replaces may still be stopping) before it refuses. A
+// variable for the package's tests alone.
+var lockWait = 5 * time.Second
 
 // tempPrefix starts the names of the files a save of the state file at
 // path writes before it renames one into place; those a killed save left
@@ -63,7 +64,8 @@ type File struct {
 
 	mu   sync.Mutex
 	last []byte // what was last written, so unchanged state is not
-	// lock holds the lock file open (and locked) while the plugin runs.
+	// lock holds the state directory open (and locked) while the plugin
+	// runs.
 	lock *os.File
 }
 
@@ -214,29 +216,42 @@ func (f *File) writeAtomic(data []byte) error {
 	return d.Sync()
 }
 
-// Lock locks the record for this process (a lock file beside it,
-// holding the pid), waiting up to lockWait for another process to let it
-// go; a lock whose process died is let go with it. It then removes what
-// saves of an earlier process left half done.
+// Lock locks the record for this process, waiting up to lockWait for
+// another process to let it go; a lock whose process died is let go with
+// it. It then removes what saves of an earlier process left half done.
+//
+// The lock is the state directory's (flock on the directory): a
+// directory cannot be removed while it holds the record, where a lock
+// file could be, and a second nri-gpu would then lock a new one and run
+// on the same record. A file beside the record (PATH.lock) holds the
+// holder's pid, for the message that refuses a second; a lock path that
+// is not a regular file of one link (a hard link to another file, which
+// writing the pid would truncate) is refused.
 func (f *File) Lock() error {
 	dir := filepath.Dir(f.path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("state file %s: %w", f.path, err)
 	}
-	name := f.path + ".lock"
-	file, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	d, err := os.Open(dir)
 	if err != nil {
 		return fmt.Errorf("state file %s: lock: %w", f.path, err)
 	}
+	name := f.path + ".lock"
+	pidFile, err := openPidFile(name)
+	if err != nil {
+		d.Close()
+		return fmt.Errorf("state file %s: lock: %w", f.path, err)
+	}
+	defer pidFile.Close()
 	for deadline := time.Now().Add(lockWait); ; time.Sleep(100 * time.Millisecond) {
-		err = unix.Flock(int(file.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		err = unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
 			break
 		}
 	}
 	if errors.Is(err, unix.EWOULDBLOCK) {
-		holder, _ := io.ReadAll(io.LimitReader(file, 32))
-		file.Close()
+		d.Close()
+		holder, _ := io.ReadAll(io.LimitReader(pidFile, 32))
 		pid := strings.TrimSpace(string(holder))
 		if pid == "" {
 			pid = "unknown"
@@ -244,21 +259,45 @@ func (f *File) Lock() error {
 		return fmt.Errorf("state file %s: %w (pid %s holds %s): run one nri-gpu per state file, or give this one another --state-file", f.path, ErrLocked, pid, name)
 	}
 	if err == nil {
-		err = file.Truncate(0)
+		err = pidFile.Truncate(0)
 	}
 	if err == nil {
-		_, err = file.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+		_, err = pidFile.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	if err != nil {
-		file.Close()
+		d.Close()
 		return fmt.Errorf("state file %s: lock: %w", f.path, err)
 	}
-	f.lock = file
+	f.lock = d
 	left, _ := filepath.Glob(filepath.Join(dir, tempPrefix(f.path)+"*"))
 	for _, l := range left {
 		_ = os.Remove(l)
 	}
 	return nil
+}
+
+// ErrLockFile is wrapped by Lock's error when the lock path is not a
+// regular file of one link.
+var ErrLockFile = errors.New("not a regular file of one link")
+
+// openPidFile opens (or makes) the file at the lock path, refusing one
+// that is not a regular file of one link: never follows a symbolic
+// link, never blocks on a FIFO, never writes through a hard link.
+func openPidFile(name string) (*os.File, error) {
+	file, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(file.Fd()), &st); err != nil {
+		file.Close()
+		return nil, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 {
+		file.Close()
+		return nil, fmt.Errorf("%s: %w: remove it", name, ErrLockFile)
+	}
+	return file, nil
 }
 
 // Unlock lets the lock go.

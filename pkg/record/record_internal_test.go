@@ -192,7 +192,9 @@ func TestStateFileLastSaveWins(t *testing.T) {
 // TestLock: one process per record. The lock file beside the record
 // holds its holder's pid, readable by the owner only, in a directory only
 // the owner may enter; a second lock of the record waits, then is refused
-// naming the holder; once let go, the record can be locked again.
+// naming the holder, and so it is once the lock file was removed (the
+// directory is what is locked); once let go, the record can be locked
+// again.
 func TestLock(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state", "allocations.json")
 	first := Open(path)
@@ -217,9 +219,68 @@ func TestLock(t *testing.T) {
 	if waited := time.Since(start); waited < lockWait {
 		t.Errorf("refused after %s, want a wait of %s first", waited, lockWait)
 	}
+	if err := os.Remove(path + ".lock"); err != nil {
+		t.Fatal(err)
+	}
+	defer func(wait time.Duration) { lockWait = wait }(lockWait)
+	lockWait = 100 * time.Millisecond
+	if err := second.Lock(); !errors.Is(err, ErrLocked) {
+		t.Errorf("a second lock once the lock file was removed: %v, want ErrLocked", err)
+	}
 	first.Unlock()
 	if err := second.Lock(); err != nil {
 		t.Errorf("once let go: %v", err)
 	}
 	second.Unlock()
+}
+
+// TestLockFileOfOneLink: a lock path that is not a regular file of one
+// link is refused, and the file it names left as it was: a hard link to
+// another file (writing the pid would truncate it), a symbolic link, a
+// FIFO (an open would block), a directory.
+func TestLockFileOfOneLink(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		make func(t *testing.T, lock, other string)
+		want error
+	}{
+		{"hard link", func(t *testing.T, lock, other string) {
+			if err := os.Link(other, lock); err != nil {
+				t.Fatal(err)
+			}
+		}, ErrLockFile},
+		{"symbolic link", func(t *testing.T, lock, other string) {
+			if err := os.Symlink(other, lock); err != nil {
+				t.Fatal(err)
+			}
+		}, syscall.ELOOP},
+		{"FIFO", func(t *testing.T, lock, _ string) {
+			if err := syscall.Mkfifo(lock, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, ErrLockFile},
+		{"directory", func(t *testing.T, lock, _ string) {
+			if err := os.Mkdir(lock, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}, syscall.EISDIR},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path, other := filepath.Join(dir, "allocations.json"), filepath.Join(dir, "precious")
+			if err := os.WriteFile(other, []byte("keep me"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tc.make(t, path+".lock", other)
+			f := Open(path)
+			err := f.Lock()
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), path+".lock") {
+				t.Errorf("Lock: %v, want %v naming the lock path", err, tc.want)
+			}
+			if data, err := os.ReadFile(other); err != nil || string(data) != "keep me" {
+				t.Errorf("the other file holds %q, %v", data, err)
+			}
+			f.Unlock()
+		})
+	}
 }
