@@ -483,6 +483,13 @@ devices:
 	var got []string
 	for _, d := range offer(t, p.DRAView(config.DRA{Kinds: []string{"example.com/fpga"}, Devices: []string{"*"}}), nil) {
 		got = append(got, d.Device.Name+"="+d.CDI)
+		// Not a GPU: no index (the minor is its node's, not an NVIDIA
+		// GPU's: none either).
+		for _, a := range []resourceapi.QualifiedName{"index", "minor", "type"} {
+			if v, ok := d.Device.Attributes[a]; ok {
+				t.Errorf("%s has attribute %s %v", d.Device.Name, a, v)
+			}
+		}
 	}
 	if want := []string{"fpga-a-b=example.com/fpga=A_b", "fpga-c=example.com/fpga=c"}; !slices.Equal(got, want) {
 		t.Errorf("offered %v, want %v", got, want)

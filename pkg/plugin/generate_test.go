@@ -112,6 +112,13 @@ func TestGenerateSpecs(t *testing.T) {
 	if entries, _ := os.ReadDir(low); len(entries) != 0 {
 		t.Errorf("the first spec dir holds %v; the spec belongs in the last one", entries)
 	}
+	// The last dir, made for it, is readable by all (containerd's own
+	// CDI, nri-gpu check) and writable by root alone.
+	if fi, err := os.Stat(high); err != nil {
+		t.Error(err)
+	} else if fi.Mode().Perm() != 0o755 {
+		t.Errorf("the spec dir made for it has mode %v, want 0755", fi.Mode().Perm())
+	}
 }
 
 // TestGenerateOnlyOnChange: the spec is written when the GPUs or the
@@ -124,7 +131,7 @@ func TestGenerateOnlyOnChange(t *testing.T) {
 	}
 	specDir := filepath.Join(t.TempDir(), "cdi")
 	p, hook := logged(t, "generateSpecs: true\ngenerateInterval: 20ms\ndriverRoot: "+root+"\n",
-		plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(testutil.NVML(2)))
+		plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(testutil.NVML(1)))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {

@@ -47,8 +47,8 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 			ErrMPS, d.Name, share)
 	}
 	g, known := p.gpus()[minorOf(snap, d.Name)]
-	if uuid == "" && known {
-		uuid = g.UUID
+	if uuid == "" {
+		uuid = g.UUID // "" when NVML does not know it either
 	}
 	memory := share.PinnedMemory
 	if memory == 0 {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/containerd/nri/pkg/api"
 
 	"github.com/nri-gpu/nri-gpu/internal/mpsstandin"
@@ -279,5 +281,55 @@ func TestMPSRefused(t *testing.T) {
 		pod := gpuPod("a-"+strings.ReplaceAll(tc.device, ":", "-"), map[string]string{"gpus.nri-gpu.io": tc.device})
 		_, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil))
 		testutil.ErrorSays(t, err, tc.want)
+	}
+}
+
+// TestMPSBounds: where an MPS-shared GPU's daemon is and what bounds its
+// clients, as nri-gpu devices shows them: a GPU the spec names by its
+// UUID has its daemon under that UUID, NVML or not; a GPU whose memory
+// NVML does not tell (0) needs pinnedMemoryLimit, as one without NVML.
+func TestMPSBounds(t *testing.T) {
+	dir := t.TempDir()
+	node := filepath.Join(dir, "nvidia0")
+	writeFile(t, node, nil)
+	specDir := filepath.Join(dir, "cdi")
+	if err := os.Mkdir(specDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(specDir, "gpu.yaml"), []byte(fmt.Sprintf(`cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+devices:
+  - name: "0"
+    containerEdits: {deviceNodes: [{path: /dev/nvidia0, hostPath: %[1]s, type: c, major: 195, minor: 0}]}
+  - name: GPU-from-the-spec
+    containerEdits: {deviceNodes: [{path: /dev/nvidia0, hostPath: %[1]s, type: c, major: 195, minor: 0}]}
+`, node)))
+	noMemory := testutil.NVML(1)
+	noMemory.Devices[0].(*dgxa100.Device).GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.SUCCESS }
+	root := "/run/nri-gpu/mps"
+	for _, tc := range []struct {
+		name  string
+		limit string
+		lib   nvml.Interface
+		want  string
+	}{
+		{"named by UUID, no NVML", "1Gi", nil, "each client 50% of compute, 1024 MiB of pinned memory; daemon in " + root + "/GPU-from-the-spec"},
+		{"NVML does not tell the memory", "", noMemory, "which NVML does not tell here; set its pinnedMemoryLimit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem := ""
+			if tc.limit != "" {
+				mem = ", pinnedMemoryLimit: " + tc.limit
+			}
+			opts := []plugin.Option{plugin.WithSpecDirs([]string{specDir})}
+			if tc.lib != nil {
+				opts = append(opts, plugin.WithNVML(tc.lib))
+			}
+			p, _ := logged(t, fmt.Sprintf("policy: {sharing: [{devices: [\"nvidia.com/gpu=*\"], replicas: 2, strategy: mps%s}]}\nmps: {root: %s}\n", mem, root), opts...)
+			shared := p.SharedDevices()
+			if len(shared) != 1 || !strings.Contains(shared[0].Limits, tc.want) {
+				t.Errorf("shared %+v, want one GPU whose limits say %q", shared, tc.want)
+			}
+		})
 	}
 }
