@@ -62,6 +62,10 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 	if dir == "" {
 		dir = name
 	}
+	if dir == "." || dir == ".." || strings.ContainsAny(dir, "/\x00") {
+		return nil, fmt.Errorf("%w: device %q: its MPS daemon's directory would be named %q, which is not one path element under %s",
+			ErrMPS, d.Name, dir, st.cfg.Start.MPS.Root)
+	}
 	return &mpsGPU{
 		device: d.Name,
 		share:  share,

@@ -333,3 +333,20 @@ devices:
 		})
 	}
 }
+
+// TestMPSDirOneElement: an MPS daemon's directory is named by its GPU's
+// UUID only when that is one path element: NVML's answer is not trusted
+// to be one (a UUID of "GPU-x/../../etc" would put the daemon, and the
+// directories its clients are given, elsewhere).
+func TestMPSDirOneElement(t *testing.T) {
+	for _, uuid := range []string{"GPU-x/../../etc", "..", "."} {
+		lib := testutil.NVML(1)
+		lib.Devices[0].(*dgxa100.Device).GetUUIDFunc = func() (string, nvml.Return) { return uuid, nvml.SUCCESS }
+		p, _ := logged(t, "policy: {sharing: [{devices: [\"nvidia.com/gpu=*\"], replicas: 2, strategy: mps}]}\nmps: {root: /run/nri-gpu/mps}\n",
+			plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}), plugin.WithNVML(lib))
+		shared := p.SharedDevices()
+		if want := fmt.Sprintf("its MPS daemon's directory would be named %q, which is not one path element under /run/nri-gpu/mps", uuid); len(shared) != 1 || !strings.Contains(shared[0].Limits, want) {
+			t.Errorf("UUID %q: shared %+v, want %q", uuid, shared, want)
+		}
+	}
+}
