@@ -215,11 +215,12 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 		a.want.Choice.Links = p.links()
 	}
 	for attempt := 1; ; attempt++ {
-		var plan policy.Plan
-		if a.holds() {
-			if plan, err = p.alloc.Plan(r.st.policy, a.want); err != nil {
-				return nil, policy.Grant{}, err
-			}
+		// Planned even when it holds nothing new (only claims): the
+		// pod's claims and holdings are checked against
+		// policy.maxDevicesPerPod.
+		plan, err := p.alloc.Plan(r.st.policy, a.want)
+		if err != nil {
+			return nil, policy.Grant{}, err
 		}
 		adj, err := p.build(ctx, r, a, plan, log)
 		if err != nil {

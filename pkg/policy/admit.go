@@ -177,12 +177,14 @@ func (a *Allocations) judgeNamed(p *Policy, own *holding, w Want, health bool) e
 }
 
 // checkMax refuses a grant after which the pod would hold more devices
-// than policy.maxDevicesPerPod.
+// than policy.maxDevicesPerPod, through every door: what it holds by
+// name and for a count, what it asks, and the devices of every claim it
+// uses or that is reserved for it.
 func (a *Allocations) checkMax(p *Policy, own *holding, w Want, counted []specs.Device) error {
 	if p.max == 0 {
 		return nil
 	}
-	all := slices.Concat(own.named, own.counted, w.Named, counted, a.claimDevices(w.Claims))
+	all := slices.Concat(own.named, own.counted, w.Named, counted, a.claimDevices(a.podClaims(w.Pod.String(), w.Claims)))
 	if n := units(all, w.Choice.Candidates); n > p.max {
 		return deny(RuleMax, fmt.Errorf("%w: pod %s would hold %d devices, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
 			ErrDenied, w.Pod, n, p.max))

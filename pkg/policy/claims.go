@@ -109,14 +109,50 @@ func (a *Allocations) AdmitClaim(p *Policy, c Claim, devices []ClaimDevice, unhe
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	if p.max > 0 {
-		if n := units(devs, nil); n > p.max {
-			return deny(RuleMax, fmt.Errorf("%s: %w: it would hold %d devices, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
-				c, ErrDenied, n, p.max))
-		}
+	if err := a.checkClaimMax(p, c, devs); err != nil {
+		return err
 	}
 	a.claims[c.UID] = &claimHolding{claim: c, devices: slices.Clone(devices)}
 	return nil
+}
+
+// checkClaimMax refuses a claim after whose preparation a pod it is
+// reserved for would hold more than policy.maxDevicesPerPod devices,
+// through every door: the claim's, the pod's other claims', and what the
+// pod holds by name and for a count.
+func (a *Allocations) checkClaimMax(p *Policy, c Claim, devs []specs.Device) error {
+	if p.max == 0 {
+		return nil
+	}
+	if n := units(devs, nil); n > p.max {
+		return deny(RuleMax, fmt.Errorf("%s: %w: it would hold %d devices, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
+			c, ErrDenied, n, p.max))
+	}
+	for _, pod := range c.Pods {
+		all := slices.Concat(devs, a.claimDevices(a.podClaims(pod, nil)))
+		for _, h := range a.pods {
+			if h.pod.String() == pod {
+				all = slices.Concat(all, h.named, h.counted)
+			}
+		}
+		if n := units(all, nil); n > p.max {
+			return deny(RuleMax, fmt.Errorf("%s: %w: pod %s would hold %d devices with it, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
+				c, ErrDenied, pod, n, p.max))
+		}
+	}
+	return nil
+}
+
+// podClaims returns the UIDs of the claims of pod (namespace/name): those
+// it uses (uses) and those reserved for it, each once.
+func (a *Allocations) podClaims(pod string, uses []string) []string {
+	out := slices.Clone(uses)
+	for uid, c := range a.claims {
+		if slices.Contains(c.claim.Pods, pod) && !slices.Contains(out, uid) {
+			out = append(out, uid)
+		}
+	}
+	return out
 }
 
 // ReleaseClaim forgets a claim (kubelet unprepared it), and returns the

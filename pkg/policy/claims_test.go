@@ -134,6 +134,7 @@ func TestClaimInThePool(t *testing.T) {
 
 	// A pod using another claim is refused them all the same.
 	other, otherDevs := claimOf("another", byName, "3")
+	other.Pods = []string{"ns/y"}
 	if err := a.AdmitClaim(p, other, otherDevs, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -239,4 +240,45 @@ func holdBefore(t *testing.T, a *policy.Allocations, byName map[string]specs.Dev
 	if err := a.AdmitClaim(any, old, []policy.ClaimDevice{{Device: byName["2"]}}, nil); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestMaxDevicesAcrossClaimsAndDoors: policy.maxDevicesPerPod counts what
+// a pod holds through every door and every claim reserved for it: two
+// one-GPU claims of one pod exceed a limit of one when the second is
+// prepared, and a pod holding a GPU by name may not have a claim
+// prepared that would make two; a container that uses a claim without
+// asking for anything is refused when the pod's claims and holdings
+// exceed it (the limit was lowered by a reload).
+func TestMaxDevicesAcrossClaimsAndDoors(t *testing.T) {
+	cands, byName := gpus()
+	one := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 1})
+	two := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 2})
+
+	a := policy.NewAllocations()
+	first, firstDevs := claimOf("first", byName, "0")
+	if err := a.AdmitClaim(one, first, firstDevs, nil); err != nil {
+		t.Fatal(err)
+	}
+	second, secondDevs := claimOf("second", byName, "1")
+	err := a.AdmitClaim(one, second, secondDevs, nil)
+	testutil.ErrorSays(t, err, "claim ns/second of pod ns/p", "pod ns/p would hold 2 devices with it, more than policy.maxDevicesPerPod (1)")
+	if _, _, err := a.Claim(second.UID, nil); !errors.Is(err, policy.ErrNotPrepared) {
+		t.Errorf("a refused claim is held: %v", err)
+	}
+	// Under a limit of two it is prepared; lowered to one, a container
+	// using just the first claim is refused: the pod holds two.
+	if err := a.AdmitClaim(two, second, secondDevs, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = admit(a, one, pod("p"), nil, 0, policy.Choice{Candidates: cands}, nil, first.UID)
+	testutil.ErrorSays(t, err, "pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1)")
+
+	// A pod holding a GPU by name: a claim for it that makes two is
+	// refused.
+	b := policy.NewAllocations()
+	if _, err := admit(b, one, pod("p"), []specs.Device{byName["2"]}, 0, policy.Choice{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	err = b.AdmitClaim(one, first, firstDevs, nil)
+	testutil.ErrorSays(t, err, "pod ns/p would hold 2 devices with it, more than policy.maxDevicesPerPod (1)")
 }
