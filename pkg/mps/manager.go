@@ -147,8 +147,8 @@ func procOf(d Daemon, had *kept) proc {
 		}
 		return proc{}
 	}
-	state, start, err := stat(pid)
-	if err != nil || state == 'Z' {
+	_, start, err := stat(pid)
+	if err != nil {
 		return proc{}
 	}
 	return proc{pid: pid, start: start}
@@ -215,8 +215,8 @@ func (p proc) reap() bool {
 	if err != nil || start != p.start || state != 'Z' {
 		return false
 	}
-	got, err := unix.Wait4(p.pid, nil, unix.WNOHANG, nil)
-	return err == nil && got == p.pid
+	got, _ := unix.Wait4(p.pid, nil, unix.WNOHANG, nil) // -1 on an error
+	return got == p.pid
 }
 
 // reapWait bounds how long a stopped daemon is waited for.

@@ -135,3 +135,50 @@ func TestManagerCannotStart(t *testing.T) {
 		t.Errorf("a daemon that did not start is kept: %v, %v", whats(events), errs)
 	}
 }
+
+// TestManagerManyDaemons: one daemon's trouble (no UUID, limits that
+// cannot be set) is an error of its own, and the daemons wanted after it
+// are seen to all the same: started, or kept as they run.
+func TestManagerManyDaemons(t *testing.T) {
+	asPID1(t)
+	ctl, err := mpsstandin.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	root := testutil.ShortDir(t)
+	daemon := func(name string) mps.Want {
+		d := mps.Daemon{Control: ctl, Dir: filepath.Join(root, name), GPU: "GPU-" + name}
+		t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
+		return mps.Want{Device: "nvidia.com/gpu=" + name, Daemon: d, Limits: mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1024}}
+	}
+	a, c, d := daemon("a"), daemon("c"), daemon("d")
+	noUUID := mps.Want{Device: "nvidia.com/gpu=b", Daemon: mps.Daemon{Control: ctl, Dir: filepath.Join(root, "b")}}
+	cannotStart := mps.Want{Device: "nvidia.com/gpu=e", Daemon: mps.Daemon{Control: "/nonexistent", Dir: filepath.Join(root, "e"), GPU: "GPU-e"}}
+	m := mps.NewManager(inShm)
+	events, errs := m.Sync(ctx, []mps.Want{noUUID, cannotStart, a})
+	if len(errs) != 2 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=a"}) {
+		t.Fatalf("no UUID, cannot start, then a: %v, %v; want two errors and a started", whats(events), errs)
+	}
+	// a runs and is kept as it is; d after it is started.
+	events, errs = m.Sync(ctx, []mps.Want{a, d})
+	if len(errs) > 0 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=d"}) {
+		t.Errorf("a kept, then d: %v, %v; want d started", whats(events), errs)
+	}
+	// d no longer wanted, though a (before it) is: d is stopped.
+	events, errs = m.Sync(ctx, []mps.Want{a})
+	if len(errs) > 0 || !slices.Equal(whats(events), []string{"stopped nvidia.com/gpu=d"}) {
+		t.Errorf("a kept, d no longer wanted: %v, %v; want d stopped", whats(events), errs)
+	}
+	// Another manager finds a running, and cannot set its limits (its
+	// control program is gone); c after it is started.
+	broken := a
+	broken.Daemon.Control = "/nonexistent"
+	events, errs = mps.NewManager(inShm).Sync(ctx, []mps.Want{broken, c})
+	if len(errs) != 1 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=c"}) {
+		t.Errorf("a's limits not set, then c: %v, %v; want one error and c started", whats(events), errs)
+	}
+	if len(errs) == 1 {
+		testutil.ErrorSays(t, errs[0], "MPS daemon of nvidia.com/gpu=a", "/nonexistent")
+	}
+}

@@ -98,6 +98,22 @@ func TestDaemon(t *testing.T) {
 	}
 }
 
+// TestControlChrooted: the control program runs chrooted into Root (a
+// host's root, where its path is): under a root that lacks it, it cannot
+// run, though this machine has it.
+func TestControlChrooted(t *testing.T) {
+	ctl, err := mpsstandin.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := mps.Daemon{Control: ctl, Dir: t.TempDir(), Root: t.TempDir()}
+	if err := os.Mkdir(d.PipeDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Ask(context.Background(), "get_default_active_thread_percentage")
+	testutil.ErrorSays(t, err, ctl, "no such file or directory")
+}
+
 // TestStartFails: a daemon that cannot start, or cannot take its limits,
 // is an error naming its directory.
 func TestStartFails(t *testing.T) {

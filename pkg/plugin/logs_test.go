@@ -93,6 +93,13 @@ func TestSpecProblemsLoggedOnce(t *testing.T) {
 	if n := len(entries(hook, logrus.WarnLevel, "CDI spec not used")); n != 1 {
 		t.Errorf("the broken spec was logged %d times, want once", n)
 	}
+	// Broken another way: its new problem is logged.
+	if err := os.WriteFile(bad, []byte("cdiVersion: \"0.6.0\"\nkind: example.com/bad\ndevices: [{name: \"\"}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 5*time.Second, "the spec's new problem logged", func() bool {
+		return len(entries(hook, logrus.WarnLevel, "CDI spec not used")) == 2
+	})
 	if err := os.Remove(bad); err != nil {
 		t.Fatal(err)
 	}
