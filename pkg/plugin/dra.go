@@ -177,16 +177,12 @@ func (c *DRAView) Prepare(_ context.Context, claim policy.Claim, allocated []lin
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	_, _, err := c.p.alloc.Claim(claim.UID, nil)
-	prepared := err == nil
-	if err := c.p.alloc.AdmitClaim(st.policy, claim, devs, c.p.unhealthy()); err != nil {
-		return err
-	}
-	if prepared {
-		return nil // kubelet asked again: nothing new to record
+	undo, err := c.p.alloc.AdmitClaim(st.policy, claim, devs, c.p.unhealthy())
+	if err != nil || undo == nil {
+		return err // refused, or kubelet asked again: nothing new to record
 	}
 	// Not recorded, not prepared: kubelet tries again.
-	if err := c.p.recorded(func() { c.p.alloc.ReleaseClaim(claim.UID) }); err != nil {
+	if err := c.p.recorded(undo); err != nil {
 		return fmt.Errorf("%s: %w", claim, err)
 	}
 	return nil

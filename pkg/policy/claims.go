@@ -73,14 +73,43 @@ var ErrNotPrepared = errors.New("claim not prepared on this node")
 // namespace must match policy.namespaces, each device policy.devices, the
 // devices must be healthy (unless policy.allowUnhealthy) and held by no
 // pod and no other claim, and there must be no more of them than
-// policy.maxDevicesPerPod. Preparing a claim again (kubelet does, after a
-// restart) keeps what it holds.
-func (a *Allocations) AdmitClaim(p *Policy, c Claim, devices []ClaimDevice, unhealthy func(specs.Device) error) error {
+// policy.maxDevicesPerPod. Preparing a claim again with the same devices
+// (kubelet does, after a restart) keeps what it holds; prepared again
+// with others (its allocation changed hands), they are judged anew, as
+// if it held nothing, and replace what it held, or it keeps those.
+//
+// It returns what undoes the change (nil when nothing changed): a claim
+// whose preparation cannot be recorded is not prepared.
+func (a *Allocations) AdmitClaim(p *Policy, c Claim, devices []ClaimDevice, unhealthy func(specs.Device) error) (undo func(), err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if _, ok := a.claims[c.UID]; ok {
-		return nil
+	old, again := a.claims[c.UID]
+	if again {
+		if slices.EqualFunc(old.devices, devices, func(x, y ClaimDevice) bool { return x.Name == y.Name }) {
+			return nil, nil
+		}
+		delete(a.claims, c.UID) // judged as if it held nothing
+		defer func() {
+			if err != nil {
+				a.claims[c.UID] = old
+			}
+		}()
 	}
+	if err := a.admitClaim(p, c, devices, unhealthy); err != nil {
+		return nil, err
+	}
+	return func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		delete(a.claims, c.UID)
+		if again {
+			a.claims[c.UID] = old
+		}
+	}, nil
+}
+
+// admitClaim is AdmitClaim for a claim that holds nothing, under a.mu.
+func (a *Allocations) admitClaim(p *Policy, c Claim, devices []ClaimDevice, unhealthy func(specs.Device) error) error {
 	if !MatchAny(p.namespaces, c.Namespace) {
 		return deny(RuleNamespaces, fmt.Errorf("%s: %w: claims of namespace %q may not be prepared: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
 			c, ErrDenied, c.Namespace, strings.Join(p.namespaces, ", ")))

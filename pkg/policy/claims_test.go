@@ -63,7 +63,7 @@ func TestAdmitClaim(t *testing.T) {
 		{name: "more than policy.maxDevicesPerPod", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 1}, claim: "c", gpus: []string{"0", "1"}, fresh: true,
 			rule: policy.RuleMax, wantErr: []string{"it would hold 2 devices, more than policy.maxDevicesPerPod (1)"}},
 		{name: "as many as policy.maxDevicesPerPod, one GPU by two names", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 1}, claim: "c", gpus: []string{"0", "GPU-0"}, fresh: true},
-		{name: "the same claim again (kubelet after a restart): kept", policy: config.Policy{Namespaces: []string{"tenant-*"}, Devices: config.DefaultDevices}, claim: "old", gpus: []string{"0"}},
+		{name: "the same claim again with the same device (kubelet after a restart): kept, whatever the policy now", policy: config.Policy{Namespaces: []string{"tenant-*"}, Devices: config.DefaultDevices}, claim: "old", gpus: []string{"2"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -73,15 +73,12 @@ func TestAdmitClaim(t *testing.T) {
 				holdBefore(t, a, byName)
 			}
 			c, devs := claimOf(tc.claim, byName, tc.gpus...)
-			err := a.AdmitClaim(p, c, devs, sick)
+			_, err := a.AdmitClaim(p, c, devs, sick)
 			if tc.rule == "" {
 				if err != nil {
 					t.Fatal(err)
 				}
 				_, held, _ := a.Claim(c.UID, nil)
-				if tc.claim == "old" {
-					devs = []policy.ClaimDevice{{Device: byName["2"]}}
-				}
 				if len(held) != len(devs) || held[0].Name != devs[0].Name {
 					t.Errorf("claim holds %v, want %v", held, devs)
 				}
@@ -111,7 +108,7 @@ func TestClaimInThePool(t *testing.T) {
 	a := policy.NewAllocations()
 	c, devs := claimOf("c", byName, "0", "1")
 	devs[1].Requests = []string{"other"}
-	if err := a.AdmitClaim(p, c, devs, nil); err != nil {
+	if _, err := a.AdmitClaim(p, c, devs, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -135,7 +132,7 @@ func TestClaimInThePool(t *testing.T) {
 	// A pod using another claim is refused them all the same.
 	other, otherDevs := claimOf("another", byName, "3")
 	other.Pods = []string{"ns/y"}
-	if err := a.AdmitClaim(p, other, otherDevs, nil); err != nil {
+	if _, err := a.AdmitClaim(p, other, otherDevs, nil); err != nil {
 		t.Fatal(err)
 	}
 	_, err = admit(a, p, pod("y"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil, other.UID)
@@ -237,7 +234,7 @@ func holdBefore(t *testing.T, a *policy.Allocations, byName map[string]specs.Dev
 		t.Fatal(err)
 	}
 	old := policy.Claim{UID: "uid-old", Namespace: "ns", Name: "old", Pods: []string{"ns/p"}}
-	if err := a.AdmitClaim(any, old, []policy.ClaimDevice{{Device: byName["2"]}}, nil); err != nil {
+	if _, err := a.AdmitClaim(any, old, []policy.ClaimDevice{{Device: byName["2"]}}, nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -256,18 +253,18 @@ func TestMaxDevicesAcrossClaimsAndDoors(t *testing.T) {
 
 	a := policy.NewAllocations()
 	first, firstDevs := claimOf("first", byName, "0")
-	if err := a.AdmitClaim(one, first, firstDevs, nil); err != nil {
+	if _, err := a.AdmitClaim(one, first, firstDevs, nil); err != nil {
 		t.Fatal(err)
 	}
 	second, secondDevs := claimOf("second", byName, "1")
-	err := a.AdmitClaim(one, second, secondDevs, nil)
+	_, err := a.AdmitClaim(one, second, secondDevs, nil)
 	testutil.ErrorSays(t, err, "claim ns/second of pod ns/p", "pod ns/p would hold 2 devices with it, more than policy.maxDevicesPerPod (1)")
 	if _, _, err := a.Claim(second.UID, nil); !errors.Is(err, policy.ErrNotPrepared) {
 		t.Errorf("a refused claim is held: %v", err)
 	}
 	// Under a limit of two it is prepared; lowered to one, a container
 	// using just the first claim is refused: the pod holds two.
-	if err := a.AdmitClaim(two, second, secondDevs, nil); err != nil {
+	if _, err := a.AdmitClaim(two, second, secondDevs, nil); err != nil {
 		t.Fatal(err)
 	}
 	_, err = admit(a, one, pod("p"), nil, 0, policy.Choice{Candidates: cands}, nil, first.UID)
@@ -279,6 +276,49 @@ func TestMaxDevicesAcrossClaimsAndDoors(t *testing.T) {
 	if _, err := admit(b, one, pod("p"), []specs.Device{byName["2"]}, 0, policy.Choice{}, nil); err != nil {
 		t.Fatal(err)
 	}
-	err = b.AdmitClaim(one, first, firstDevs, nil)
+	_, err = b.AdmitClaim(one, first, firstDevs, nil)
 	testutil.ErrorSays(t, err, "pod ns/p would hold 2 devices with it, more than policy.maxDevicesPerPod (1)")
+}
+
+// TestClaimPreparedAgain: a claim prepared again with other devices (its
+// allocation changed hands) has them judged as a new claim's would be:
+// refused, it keeps what it held; admitted, they replace what it held,
+// which is free again; undone (the record could not keep it), it holds
+// what it held before.
+func TestClaimPreparedAgain(t *testing.T) {
+	_, byName := gpus()
+	any := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices})
+	a := policy.NewAllocations()
+	holdBefore(t, a, byName) // pod a holds GPU 0, claim old GPU 2
+	old, _ := claimOf("old", byName)
+	holds := func(want string) {
+		t.Helper()
+		_, held, err := a.Claim(old.UID, nil)
+		if err != nil || len(held) != 1 || held[0].Name != want {
+			t.Errorf("claim old holds %v, %v; want %s", held, err, want)
+		}
+	}
+	_, devs := claimOf("old", byName, "0")
+	undo, err := a.AdmitClaim(any, old, devs, nil)
+	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=0" is held by pod ns/a`)
+	if undo != nil {
+		t.Error("a refusal returned an undo")
+	}
+	holds("nvidia.com/gpu=2")
+
+	_, devs = claimOf("old", byName, "3")
+	undo, err = a.AdmitClaim(any, old, devs, nil)
+	if err != nil || undo == nil {
+		t.Fatalf("prepared again on a free GPU: %v (undo %v)", err, undo != nil)
+	}
+	holds("nvidia.com/gpu=3")
+	if _, err := admit(a, any, pod("x"), []specs.Device{byName["2"]}, 0, policy.Choice{}, nil); err != nil {
+		t.Errorf("the GPU it held before: %v, want it free", err)
+	}
+	a.Release("id-x")
+	undo()
+	holds("nvidia.com/gpu=2")
+	if undo, err := a.AdmitClaim(any, old, []policy.ClaimDevice{{Device: byName["2"]}}, nil); err != nil || undo != nil {
+		t.Errorf("prepared again as it is: %v, undo %v; want nothing to record", err, undo != nil)
+	}
 }
