@@ -59,7 +59,8 @@ func TestReap(t *testing.T) {
 }
 
 // TestAwaitAndReap: waiting for a stopped daemon ends when it quits (and
-// it is reaped), and at once when the caller gives up, though it runs.
+// it is reaped), at once when its pid is another process's (another
+// start time), and at once when the caller gives up, though it runs.
 func TestAwaitAndReap(t *testing.T) {
 	quit := child(t, "sh", "-c", "sleep 0.2")
 	start := time.Now()
@@ -68,6 +69,11 @@ func TestAwaitAndReap(t *testing.T) {
 		t.Errorf("after %s: %v; want it reaped once it quit", time.Since(start), err)
 	}
 	running := child(t, "sleep", "60")
+	start = time.Now()
+	proc{pid: running.pid, start: running.start + 1}.awaitAndReap(context.Background())
+	if took := time.Since(start); took >= reapWait/2 {
+		t.Errorf("for a pid used again by another process, the wait took %s", took)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	start = time.Now()
