@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -41,10 +40,9 @@ func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api
 		return nil, nil, err
 	}
 	if err != nil {
-		name := pod.GetNamespace() + "/" + pod.GetName()
 		for _, c := range p.alloc.Claims() {
-			if slices.Contains(c.Claim.Pods, name) {
-				return nil, nil, fmt.Errorf("%s was prepared for this pod: %w: %w", c.Claim, ErrClaimsUnknown, err)
+			if c.Claim.MayBeUsedBy(pod.GetNamespace(), pod.GetName()) {
+				return nil, nil, fmt.Errorf("%s was prepared, and this pod may use it: %w: %w", c.Claim, ErrClaimsUnknown, err)
 			}
 		}
 		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).

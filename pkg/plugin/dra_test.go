@@ -195,27 +195,31 @@ func TestClaimsInjectedByTheRuntime(t *testing.T) {
 }
 
 // TestClaimsTheAPIServerCannotTell: when the API server cannot say which
-// claims a container uses, a pod a prepared claim is reserved for is
-// refused (it would run without its devices), another pod is created
+// claims a container uses, a pod a prepared claim is reserved for, or
+// may be since (a pod of the claim's namespace), is refused (it would
+// run without its devices), a pod of another namespace is created
 // without claims; a claim not reserved for the pod, or not prepared, is
 // refused.
 func TestClaimsTheAPIServerCannotTell(t *testing.T) {
 	down := errors.New("connection refused")
 	f := &finder{
 		uses: map[string][]link.Use{"y/gpu": {{UID: "uid-gone", Namespace: "tenant", Name: "gone"}}},
-		errs: map[string]error{"a": down, "x": down, "z": link.ErrNotReserved},
+		errs: map[string]error{"a": down, "later": down, "x": down, "z": link.ErrNotReserved},
 	}
 	r := claimRuntime(t, "v1.7.35", f)
 	for _, tc := range []struct {
-		pod     string
-		wantErr []string
+		namespace, pod string
+		wantErr        []string
 	}{
-		{"a", []string{"claim tenant/c of pod tenant/a was prepared for this pod: which DRA claims the container uses cannot be told: connection refused"}},
-		{"x", nil},
-		{"y", []string{"claim tenant/gone", "claim not prepared on this node"}},
-		{"z", []string{"not reserved for the pod"}},
+		{"tenant", "a", []string{"claim tenant/c of pod tenant/a was prepared, and this pod may use it: which DRA claims the container uses cannot be told: connection refused"}},
+		// A pod of the claim's namespace may be one it was reserved for
+		// since it was prepared (a shared claim).
+		{"tenant", "later", []string{"claim tenant/c of pod tenant/a was prepared, and this pod may use it"}},
+		{"other", "x", nil},
+		{"tenant", "y", []string{"claim tenant/gone", "claim not prepared on this node"}},
+		{"tenant", "z", []string{"not reserved for the pod"}},
 	} {
-		pod := &api.PodSandbox{Id: "id-" + tc.pod, Name: tc.pod, Namespace: "tenant"}
+		pod := &api.PodSandbox{Id: "id-" + tc.pod, Name: tc.pod, Namespace: tc.namespace}
 		adj, err := r.create(pod, container(pod, "gpu"))
 		if tc.wantErr == nil {
 			if err != nil || len(devicePaths(adj)) > 0 {
@@ -231,8 +235,9 @@ func TestClaimsTheAPIServerCannotTell(t *testing.T) {
 // after 3 s, or never, the runtime (NRI's, which waits 2 s for a plugin,
 // as containerd does, and then creates the container without its answer
 // and drops the plugin) has nri-gpu's answer in time: a pod a prepared
-// claim is reserved for is refused saying why, another pod is created
-// without claims, and nri-gpu stays connected and serves the next pod.
+// claim is reserved for is refused saying why, a pod of a namespace with
+// no prepared claim is created without claims, and nri-gpu stays
+// connected and serves the next pod.
 func TestClaimsWithinTheRuntimesPatience(t *testing.T) {
 	f := &finder{slow: map[string]time.Duration{}}
 	r := claimRuntime(t, "v1.7.35", f)
@@ -243,15 +248,19 @@ func TestClaimsWithinTheRuntimesPatience(t *testing.T) {
 		slow    time.Duration
 		wantErr []string
 	}{
-		{"claim prepared for the pod, an answer after 3 s", "a", 3 * time.Second, []string{"claim tenant/c of pod tenant/a was prepared for this pod", "which DRA claims the container uses cannot be told", "deadline exceeded"}},
-		{"claim prepared for the pod, no answer", "a", never, []string{"claim tenant/c of pod tenant/a was prepared for this pod", "deadline exceeded"}},
-		{"no claim prepared for the pod, an answer after 3 s", "b", 3 * time.Second, nil},
-		{"no claim prepared for the pod, no answer", "b", never, nil},
+		{"claim prepared for the pod, an answer after 3 s", "a", 3 * time.Second, []string{"claim tenant/c of pod tenant/a was prepared, and this pod may use it", "which DRA claims the container uses cannot be told", "deadline exceeded"}},
+		{"claim prepared for the pod, no answer", "a", never, []string{"claim tenant/c of pod tenant/a was prepared, and this pod may use it", "deadline exceeded"}},
+		{"no claim of its namespace prepared, an answer after 3 s", "b", 3 * time.Second, nil},
+		{"no claim of its namespace prepared, no answer", "b", never, nil},
 	} {
 		f.mu.Lock()
 		f.slow[tc.pod] = tc.slow
 		f.mu.Unlock()
-		pod := &api.PodSandbox{Id: "id-" + tc.pod, Name: tc.pod, Namespace: "tenant"}
+		namespace := "tenant"
+		if tc.wantErr == nil {
+			namespace = "other"
+		}
+		pod := &api.PodSandbox{Id: "id-" + tc.pod, Name: tc.pod, Namespace: namespace}
 		start := time.Now()
 		adj, err := r.create(pod, container(pod, "gpu"))
 		if took := time.Since(start); took >= adaptation.DefaultPluginRequestTimeout {

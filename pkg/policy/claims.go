@@ -18,8 +18,17 @@ type Claim struct {
 	// UID, Namespace and Name are the ResourceClaim's.
 	UID, Namespace, Name string
 	// Pods are the pods (namespace/name) the claim was reserved for when
-	// it was prepared, for messages.
+	// it was prepared.
 	Pods []string
+}
+
+// MayBeUsedBy reports whether a pod may use the claim, as far as
+// nri-gpu knows without the API server: it was reserved for the pod when
+// prepared, or it is of the pod's namespace (a pod may use any claim of
+// its namespace once it is reserved for it, later than the claim was
+// prepared on the node).
+func (c Claim) MayBeUsedBy(namespace, name string) bool {
+	return c.Namespace == namespace || slices.Contains(c.Pods, namespace+"/"+name)
 }
 
 // String returns "claim ns/name of pod ns/pod" for messages.

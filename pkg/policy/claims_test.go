@@ -322,3 +322,18 @@ func TestClaimPreparedAgain(t *testing.T) {
 		t.Errorf("prepared again as it is: %v, undo %v; want nothing to record", err, undo != nil)
 	}
 }
+
+// TestClaimMayBeUsedBy: without the API server, a claim may be used by a
+// pod it was reserved for and by any pod of its namespace (reserved for
+// it since), never by a pod of another namespace.
+func TestClaimMayBeUsedBy(t *testing.T) {
+	c := policy.Claim{UID: "u", Namespace: "ns", Name: "c", Pods: []string{"ns/p"}}
+	for _, tc := range []struct {
+		namespace, pod string
+		want           bool
+	}{{"ns", "p", true}, {"ns", "later", true}, {"other", "p", false}, {"nsx", "p", false}} {
+		if got := c.MayBeUsedBy(tc.namespace, tc.pod); got != tc.want {
+			t.Errorf("pod %s/%s: %v, want %v", tc.namespace, tc.pod, got, tc.want)
+		}
+	}
+}

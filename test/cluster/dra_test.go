@@ -611,14 +611,22 @@ func TestDRAGapWithoutNRI(t *testing.T) {
 // only after 3 s, or never (the harness holds what it sends), nri-gpu
 // still answers each container's creation within containerd's patience
 // (plugin_request_timeout, 2 s) on containerd 1.7.35 and 2.3.7: a pod
-// with no claim is created (without claims), the next pods are served
-// by nri-gpu's policy (one asking for "all" is refused), a container of
-// a pod its prepared claim is reserved for is refused saying why rather
-// than created without its GPU, and nri-gpu stays connected: containerd
-// never closes it, and it never reconnects.
+// of a namespace with no prepared claim is created (without claims), the
+// next pods are served by nri-gpu's policy (one asking for "all" is
+// refused), a container of a pod its prepared claim is reserved for is
+// refused saying why rather than created without its GPU, and nri-gpu
+// stays connected: containerd never closes it, and it never reconnects.
 func TestDRASlowAPIServer(t *testing.T) {
 	needCluster(t)
 	createTemplate(t, "default", "slow-gpu", claimSpec(driverName, 1))
+	const other = "tenant-slow" // no claim of it is prepared
+	if _, err := env.client.CoreV1().Namespaces().Create(context.Background(), namespace(other), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.client.CoreV1().Namespaces().Delete(context.Background(), other, metav1.DeleteOptions{})
+	})
+	waitServiceAccount(t, other)
 	for i, n := range []*harness.Node{env.a, env.b} {
 		forward := env.forwards[i]
 		for _, slow := range []time.Duration{3 * time.Second, harness.Forever} {
@@ -640,11 +648,11 @@ func TestDRASlowAPIServer(t *testing.T) {
 
 				forward.Slow(slow)
 				defer forward.Slow(0)
-				createPod(t, gpuPod("default", "plain", 0, nil, n.Name))
-				waitRunning(t, "default", "plain")
-				createPod(t, gpuPod("default", "all", 0, map[string]string{"gpus.nri-gpu.io": "all"}, n.Name))
-				refusedWith(t, "default", "all", "set policy.allowAll: true")
-				refusedWith(t, "default", "claimer", "was prepared for this pod", "which DRA claims the container uses cannot be told")
+				createPod(t, gpuPod(other, "plain", 0, nil, n.Name))
+				waitRunning(t, other, "plain")
+				createPod(t, gpuPod(other, "all", 0, map[string]string{"gpus.nri-gpu.io": "all"}, n.Name))
+				refusedWith(t, other, "all", "set policy.allowAll: true")
+				refusedWith(t, "default", "claimer", "was prepared, and this pod may use it", "which DRA claims the container uses cannot be told")
 
 				if log := nriLog(t, n)[nriBefore:]; strings.Contains(log, "NRI connection failed or lost") {
 					t.Errorf("nri-gpu lost its connection to containerd:\n%s", log)
@@ -659,9 +667,9 @@ func TestDRASlowAPIServer(t *testing.T) {
 					p, err := env.client.CoreV1().Pods("default").Get(context.Background(), "claimer", metav1.GetOptions{})
 					return err == nil && p.Status.ContainerStatuses[0].State.Running != nil
 				})
-				for _, p := range []string{"plain", "all", "claimer"} {
-					deletePod(t, "default", p)
-				}
+				deletePod(t, other, "plain")
+				deletePod(t, other, "all")
+				deletePod(t, "default", "claimer")
 				waitAllocatable(t, n, n.GPUs)
 			})
 		}
