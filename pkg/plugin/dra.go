@@ -41,7 +41,7 @@ func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api
 	}
 	if err != nil {
 		for _, c := range p.alloc.Claims() {
-			if c.Claim.MayBeUsedBy(pod.GetNamespace(), pod.GetName()) {
+			if c.Claim.MayBeUsedBy(pod.GetNamespace()) {
 				return nil, nil, fmt.Errorf("%s was prepared, and this pod may use it: %w: %w", c.Claim, ErrClaimsUnknown, err)
 			}
 		}

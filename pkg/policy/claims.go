@@ -22,14 +22,12 @@ type Claim struct {
 	Pods []string
 }
 
-// MayBeUsedBy reports whether a pod may use the claim, as far as
-// nri-gpu knows without the API server: it was reserved for the pod when
-// prepared, or it is of the pod's namespace (a pod may use any claim of
-// its namespace once it is reserved for it, later than the claim was
-// prepared on the node).
-func (c Claim) MayBeUsedBy(namespace, name string) bool {
-	return c.Namespace == namespace || slices.Contains(c.Pods, namespace+"/"+name)
-}
+// MayBeUsedBy reports whether a pod of namespace may use the claim, as
+// far as nri-gpu knows without the API server: any pod of the claim's
+// namespace may, once the claim is reserved for it, and that may be
+// later than kubelet prepared it on the node (a shared claim); the pods
+// it was reserved for then are of that namespace too.
+func (c Claim) MayBeUsedBy(namespace string) bool { return c.Namespace == namespace }
 
 // String returns "claim ns/name of pod ns/pod" for messages.
 func (c Claim) String() string {
