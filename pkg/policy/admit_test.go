@@ -83,3 +83,35 @@ func TestPlanThenCommit(t *testing.T) {
 		t.Errorf("planned again, the pod's own count grant: %v, added %v", err, g.Added())
 	}
 }
+
+// TestGrantAdded: a grant says it added to what its pod holds (what must
+// be recorded before the container may have the devices) for each kind
+// of addition alone: a device by name, one kubelet allocated, a count
+// grant; and not when the pod held it all already.
+func TestGrantAdded(t *testing.T) {
+	cands, byName := gpus()
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices})
+	a := policy.NewAllocations()
+	for _, tc := range []struct {
+		name        string
+		pod         string
+		named       []specs.Device
+		count       int
+		fromKubelet []string
+		want        bool
+	}{
+		{"a device by name", "a", []specs.Device{byName["0"]}, 0, nil, true},
+		{"the same device again", "a", []specs.Device{byName["0"]}, 0, nil, false},
+		{"a device kubelet allocated", "b", []specs.Device{byName["1"]}, 0, []string{"nvidia.com/gpu=1"}, true},
+		{"a count", "c", nil, 1, nil, true},
+		{"the count again", "c", nil, 1, nil, false},
+	} {
+		g, err := admit(a, p, pod(tc.pod), tc.named, tc.count, policy.Choice{Candidates: cands}, tc.fromKubelet)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if g.Added() != tc.want {
+			t.Errorf("%s: added %v, want %v", tc.name, g.Added(), tc.want)
+		}
+	}
+}

@@ -151,7 +151,7 @@ func (a *Allocations) users(w who, d specs.Device) []user {
 	}
 	for _, id := range slices.Sorted(maps.Keys(a.pods)) {
 		h := a.pods[id]
-		if id == w.pod && w.pod != "" {
+		if id == w.pod { // a pod ID is never empty, as w.pod is for a door's count
 			continue
 		}
 		for i := range h.counted {
