@@ -233,8 +233,11 @@ func unleashOwn(root, pkg string, sample int, timeout time.Duration) ([]byte, er
 	if out, err := goTest(root, pkg, timeout, "-coverprofile", profile); err != nil {
 		return nil, fmt.Errorf("the tests fail unmutated: %w\n%s", err, out)
 	}
-	// Each mutant may take the coverage run's time, and some more.
-	each := max(time.Since(start)*5, 2*time.Minute)
+	// Each mutant may take five times the coverage run's time (which
+	// builds the tests, as each mutant's run does), and at least 30 s: a
+	// mutant that loops for ever (a loop's break deleted) costs that, not
+	// minutes.
+	each := max(time.Since(start)*5, 30*time.Second)
 	isCovered, err := covered(profile)
 	if err != nil {
 		return nil, err
