@@ -267,7 +267,8 @@ func TestMaxDevicesAcrossClaimsAndDoors(t *testing.T) {
 	if _, err := a.AdmitClaim(two, second, secondDevs, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, err = admit(a, one, pod("p"), nil, 0, policy.Choice{Candidates: cands}, nil, first.UID)
+	// Planned only: a container that holds nothing new is not committed.
+	_, err = a.Plan(one, policy.Want{Pod: pod("p"), Choice: policy.Choice{Candidates: cands}, Claims: []string{first.UID}})
 	testutil.ErrorSays(t, err, "pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1)")
 
 	// A pod holding a GPU by name: a claim for it that makes two is
