@@ -474,11 +474,7 @@ func TestClaimDeviceNamesCollide(t *testing.T) {
 		writeFile(t, path, nil)
 		nodes = append(nodes, path)
 	}
-	specDir := filepath.Join(dir, "cdi")
-	if err := os.Mkdir(specDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(specDir, "fpga.yaml"), []byte(fmt.Sprintf(`cdiVersion: "0.6.0"
+	specDir := specDirWith(t, dir, "fpga.yaml", fmt.Sprintf(`cdiVersion: "0.6.0"
 kind: example.com/fpga
 devices:
   - name: a.b
@@ -487,7 +483,7 @@ devices:
     containerEdits: {deviceNodes: [{path: /dev/fpga1, hostPath: %s, type: c, major: 240, minor: 1}]}
   - name: c
     containerEdits: {deviceNodes: [{path: /dev/fpga2, hostPath: %s, type: c, major: 240, minor: 2}]}
-`, nodes[0], nodes[1], nodes[2])))
+`, nodes[0], nodes[1], nodes[2]))
 	p := inProcess(t, `policy: {exclusive: true, devices: ["example.com/fpga=*"]}`, specDir)
 	var got []string
 	for _, d := range offer(t, p.DRAView(config.DRA{Kinds: []string{"example.com/fpga"}, Devices: []string{"*"}}), nil) {
@@ -503,4 +499,16 @@ devices:
 	if want := []string{"fpga-a-b=example.com/fpga=A_b", "fpga-c=example.com/fpga=c"}; !slices.Equal(got, want) {
 		t.Errorf("offered %v, want %v", got, want)
 	}
+}
+
+// specDirWith makes a spec directory under dir holding one spec file of
+// content, and returns the directory.
+func specDirWith(t *testing.T, dir, file, content string) string {
+	t.Helper()
+	specDir := filepath.Join(dir, "cdi")
+	if err := os.Mkdir(specDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(specDir, file), []byte(content))
+	return specDir
 }

@@ -292,18 +292,14 @@ func TestMPSBounds(t *testing.T) {
 	dir := t.TempDir()
 	node := filepath.Join(dir, "nvidia0")
 	writeFile(t, node, nil)
-	specDir := filepath.Join(dir, "cdi")
-	if err := os.Mkdir(specDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(specDir, "gpu.yaml"), []byte(fmt.Sprintf(`cdiVersion: "0.6.0"
+	specDir := specDirWith(t, dir, "gpu.yaml", fmt.Sprintf(`cdiVersion: "0.6.0"
 kind: nvidia.com/gpu
 devices:
   - name: "0"
     containerEdits: {deviceNodes: [{path: /dev/nvidia0, hostPath: %[1]s, type: c, major: 195, minor: 0}]}
   - name: GPU-from-the-spec
     containerEdits: {deviceNodes: [{path: /dev/nvidia0, hostPath: %[1]s, type: c, major: 195, minor: 0}]}
-`, node)))
+`, node))
 	noMemory := testutil.NVML(1)
 	noMemory.Devices[0].(*dgxa100.Device).GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.SUCCESS }
 	root := "/run/nri-gpu/mps"
