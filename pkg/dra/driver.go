@@ -110,6 +110,9 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 	if err := d.ReleaseGone(ctx, client); err != nil {
 		d.log.Warnf("prepared claims not checked against the API server (they stay held until kubelet unprepares them or nri-gpu starts again): %v", err)
 	}
+	if err := d.PrepareHeld(ctx, client); err != nil {
+		d.log.Warnf("claims in use on this node not all held (their pods' next containers are refused): %v", err)
+	}
 	var last []resourceapi.Device
 	for published := false; ; {
 		changed := d.changes()
@@ -315,13 +318,52 @@ func (d *Driver) gone(ctx context.Context, client kubernetes.Interface, c policy
 		return fmt.Sprintf("the API server has replaced (UID %s, not %s)", got.UID, c.UID), nil
 	case got.Status.Allocation == nil:
 		return "is no longer allocated", nil
-	}
-	for _, r := range got.Status.Allocation.Devices.Results {
-		if r.Driver == d.cfg.DriverName && r.Pool == d.node {
-			return "", nil
-		}
+	case d.here(got):
+		return "", nil
 	}
 	return "is no longer allocated on this node", nil
+}
+
+// here reports whether the claim is allocated a device of this driver on
+// this node.
+func (d *Driver) here(c *resourceapi.ResourceClaim) bool {
+	if c.Status.Allocation == nil {
+		return false
+	}
+	return slices.ContainsFunc(c.Status.Allocation.Devices.Results, func(r resourceapi.DeviceRequestAllocationResult) bool {
+		return r.Driver == d.cfg.DriverName && r.Pool == d.node
+	})
+}
+
+// PrepareHeld prepares in the pool the claims the API server allocates on
+// this node through this driver and reserves for pods that the pool does
+// not hold: a lost record (set aside when it could not be read, or a
+// node's /run emptied under running pods) forgot them, and kubelet, which
+// prepared them once, does not ask again; their devices would be handed
+// out through other doors while their pods run. A claim the pool refuses
+// now stays unheld, and the error names it.
+func (d *Driver) PrepareHeld(ctx context.Context, client kubernetes.Interface) error {
+	prepared, err := d.src.Prepared(ctx)
+	if err != nil {
+		return err
+	}
+	list, err := client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := range list.Items {
+		c := &list.Items[i]
+		if len(c.Status.ReservedFor) == 0 || !d.here(c) || slices.ContainsFunc(prepared, func(p policy.Claim) bool { return p.UID == string(c.UID) }) {
+			continue
+		}
+		if _, err := d.prepare(ctx, c); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name}).Info("prepared a claim in use on this node that nri-gpu's record did not hold")
+	}
+	return errors.Join(errs...)
 }
 
 // HandleError logs what went wrong in the background (publishing the

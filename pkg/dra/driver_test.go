@@ -613,3 +613,52 @@ func TestReleaseGone(t *testing.T) {
 		"unallocated: released a prepared claim that is no longer allocated",
 		"moved: released a prepared claim that is no longer allocated on this node")
 }
+
+// TestPrepareHeld: at start, the claims the API server allocates on this
+// node through this driver and reserves for pods, which the pool does
+// not hold (its record was lost), are prepared in it again, as kubelet
+// would: with their pods and devices; claims held already, not reserved
+// for a pod, of another node or driver are left alone; one the pool
+// refuses is named in the error, the others prepared all the same; an
+// API server that cannot list changes nothing.
+func TestPrepareHeld(t *testing.T) {
+	inUse := allocated("in-use", "uid-in-use", result("gpus", driver, node, "gpu-1"))
+	refused := allocated("refused", "uid-refused", result("gpus", driver, node, "gpu-9"))
+	held := allocated("held", "uid-held", result("gpus", driver, node, "gpu-0"))
+	free := allocated("free", "uid-free", result("gpus", driver, node, "gpu-0"))
+	free.Status.ReservedFor = nil
+	elsewhere := allocated("elsewhere", "uid-elsewhere", result("gpus", driver, "node-2", "gpu-0"))
+	other := allocated("other", "uid-other", result("gpus", "gpu.nvidia.com", node, "gpu-0"))
+	client := fake.NewClientset()
+	for _, c := range []*resourceapi.ResourceClaim{inUse, refused, held, free, elsewhere, other} {
+		if _, err := client.ResourceV1().ResourceClaims("ns").Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src := newSource("gpu-0", "gpu-1")
+	src.claims["uid-held"] = policy.Claim{UID: "uid-held", Namespace: "ns", Name: "held"}
+	log, hook := test.NewNullLogger()
+	d := dra.New(config.Default().Start.DRA, node, src, log)
+
+	down := fake.NewClientset()
+	down.PrependReactor("list", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	testutil.ErrorSays(t, d.PrepareHeld(context.Background(), down), "connection refused")
+	if len(src.prepared) > 0 {
+		t.Errorf("prepared %v while the API server could not list", src.prepared)
+	}
+
+	err := d.PrepareHeld(context.Background(), client)
+	testutil.ErrorSays(t, err, "claim ns/refused of pod ns/p", `device "gpu-9"`)
+	want := map[string][]link.Allocated{"uid-in-use": {{CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}}}
+	if diff := cmp.Diff(want, src.prepared); diff != "" {
+		t.Errorf("prepared (-want +got):\n%s", diff)
+	}
+	if c := src.claims["uid-in-use"]; !slices.Equal(c.Pods, []string{"ns/p"}) {
+		t.Errorf("the claim prepared again is reserved for %v, want ns/p", c.Pods)
+	}
+	if len(hook.AllEntries()) != 1 || hook.LastEntry().Data["claim"] != "in-use" {
+		t.Errorf("logged %v, want the one claim prepared again", hook.AllEntries())
+	}
+}
