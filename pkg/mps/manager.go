@@ -85,6 +85,17 @@ func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 		wanted[w.Daemon.Dir] = true
 		had, known := m.kept[w.Daemon.Dir]
 		if w.Daemon.Running(ctx) == nil {
+			// Whoever answers must be the daemon before it is sent
+			// limits: a process of nri-gpu's pid namespace (no client
+			// container's), and the one kept if one is.
+			p, err := w.Daemon.peer(ctx)
+			if err == nil && known && had.proc.pid != 0 && p != had.proc {
+				err = fmt.Errorf("%w: %s is served by pid %d, not by the daemon nri-gpu started (pid %d)", ErrNotTheDaemon, w.Daemon.socket(), p.pid, had.proc.pid)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("MPS daemon of %s: %w", w.Device, err))
+				continue
+			}
 			// Found answering (started by an nri-gpu before this one),
 			// or with other limits since a reload: its defaults are set
 			// again, for its next server (MPS applies them to a server
@@ -96,7 +107,7 @@ func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 				}
 				events = append(events, Event{What: LimitsSet, Want: w})
 			}
-			m.kept[w.Daemon.Dir] = &kept{Want: w, proc: procOf(w.Daemon, had)}
+			m.kept[w.Daemon.Dir] = &kept{Want: w, proc: p}
 			continue
 		}
 		if known {
@@ -111,7 +122,8 @@ func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 			errs = append(errs, fmt.Errorf("MPS daemon of %s not started: %w", w.Device, err))
 			continue
 		}
-		m.kept[w.Daemon.Dir] = &kept{Want: w, proc: procOf(w.Daemon, nil)}
+		p, _ := w.Daemon.peer(ctx) // zero when it cannot be told: the next Sync keeps whoever answers then
+		m.kept[w.Daemon.Dir] = &kept{Want: w, proc: p}
 		events = append(events, Event{What: Started, Want: w})
 	}
 	for _, dir := range slices.Sorted(maps.Keys(m.kept)) {
@@ -137,27 +149,81 @@ type proc struct {
 	start uint64
 }
 
-// procOf returns the process that listens on the daemon's control
-// socket, or had's when it is the same daemon, or zero.
-func procOf(d Daemon, had *kept) proc {
-	pid, err := d.listener()
+// Serves returns nil when the process listening on d's control socket
+// is the daemon the manager keeps for d (the one it started, or found
+// answering), and an error wrapping ErrNotRunning or ErrNotTheDaemon
+// otherwise: clients are not handed to a socket a client container's
+// process took the place of.
+func (m *Manager) Serves(ctx context.Context, d Daemon) error {
+	m.mu.Lock()
+	k := m.kept[d.Dir]
+	m.mu.Unlock()
+	p, err := d.peer(ctx)
+	switch {
+	case err != nil:
+		return err
+	case k == nil || k.proc.pid == 0:
+		return fmt.Errorf("%w: nri-gpu has not started %s's daemon yet (it looks every start.mps.checkInterval)", ErrNotRunning, d.Dir)
+	case p != k.proc:
+		return fmt.Errorf("%w: %s is served by pid %d, not by the daemon nri-gpu started (pid %d)", ErrNotTheDaemon, d.socket(), p.pid, k.proc.pid)
+	}
+	return nil
+}
+
+// ErrNotTheDaemon is wrapped by the error for a control socket served
+// by a process nri-gpu may not hand MPS clients to: one outside its pid
+// namespace (a container's), or, for a daemon nri-gpu started, another
+// process than that daemon.
+var ErrNotTheDaemon = errors.New("MPS control socket not served by the daemon")
+
+// Serving returns nil when a process of this process's pid namespace
+// (the node's daemons, none of a client container's) answers on the
+// daemon's control socket, and an error wrapping ErrNotRunning or
+// ErrNotTheDaemon otherwise.
+func (d Daemon) Serving(ctx context.Context) error {
+	_, err := d.peer(ctx)
+	return err
+}
+
+// peer returns the process listening on the daemon's control socket,
+// checking that it is of this process's pid namespace: the kernel tells
+// a listener of another pid namespace nri-gpu cannot see as pid 0 (a
+// sibling container's), and one it can see has its own namespace (a
+// container's, seen from the host's).
+func (d Daemon) peer(ctx context.Context) (proc, error) {
+	pid, err := d.listener(ctx)
 	if err != nil {
-		if had != nil {
-			return had.proc
-		}
-		return proc{}
+		return proc{}, fmt.Errorf("%w (pipe directory %s): %w", ErrNotRunning, d.PipeDir(), err)
+	}
+	if pid == 0 || !samePidNamespace(pid) {
+		return proc{}, fmt.Errorf("%w: %s is served by a process outside nri-gpu's pid namespace (a container's)", ErrNotTheDaemon, d.socket())
 	}
 	_, start, err := stat(pid)
 	if err != nil {
-		return proc{}
+		return proc{}, fmt.Errorf("%w (pipe directory %s): %w", ErrNotRunning, d.PipeDir(), err)
 	}
-	return proc{pid: pid, start: start}
+	return proc{pid: pid, start: start}, nil
 }
+
+// samePidNamespace reports whether process pid is in this process's pid
+// namespace.
+func samePidNamespace(pid int) bool {
+	own, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return false
+	}
+	its, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid))
+	return err == nil && its == own
+}
+
+// socket is the daemon's control socket.
+func (d Daemon) socket() string { return filepath.Join(d.PipeDir(), ControlSocket) }
 
 // listener returns the pid of the process listening on the daemon's
 // control socket, as the kernel tells a client (SO_PEERCRED).
-func (d Daemon) listener() (int, error) {
-	conn, err := net.DialTimeout("unix", filepath.Join(d.PipeDir(), ControlSocket), time.Second)
+func (d Daemon) listener(ctx context.Context) (int, error) {
+	var dialer net.Dialer
+	conn, err := dialer.DialContext(ctx, "unix", d.socket())
 	if err != nil {
 		return 0, err
 	}

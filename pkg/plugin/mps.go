@@ -109,7 +109,11 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 			ErrMPS, len(gpus), strings.Join(names, ", "))
 	}
 	g := gpus[0]
-	if err := g.daemon.Running(ctx); err != nil {
+	serving := g.daemon.Serving
+	if st.cfg.Start.MPS.Daemon == config.MPSManaged {
+		serving = func(ctx context.Context) error { return p.mps.Serves(ctx, g.daemon) }
+	}
+	if err := serving(ctx); err != nil {
 		how := fmt.Sprintf("run one with CUDA_MPS_PIPE_DIRECTORY=%s, CUDA_MPS_LOG_DIRECTORY=%s and %s as its /dev/shm (mps.daemon: external)",
 			g.daemon.PipeDir(), g.daemon.LogDir(), g.daemon.ShmDir())
 		if st.cfg.Start.MPS.Daemon == config.MPSManaged {
