@@ -52,7 +52,7 @@ func TestCheck(t *testing.T) {
 	needEnv(t)
 	dir := healthySpecDir(t)
 	base := []string{"check", "--config", env.config, "--containerd-config", env.ctd.ConfigPath(), "--cdi-spec-dirs", dir,
-		"--state-file", filepath.Join(env.ctd.Dir, "nri-gpu-state.json")}
+		"--state-file", harness.StateFile(env.ctd.Dir, "nri-gpu")}
 
 	out, code := nriGPU(t, append(base, "--socket-path", env.ctd.NRISock)...)
 	if code != 0 || strings.Contains(out, "FAIL") {

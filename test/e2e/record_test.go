@@ -28,7 +28,7 @@ func TestRebuiltRecord(t *testing.T) {
 		t.Fatalf("pod a got %v, want GPU 0", gpuNodes(spec))
 	}
 	p.Kill()
-	state := filepath.Join(ctd.Dir, "nri-gpu-state.json")
+	state := harness.StateFile(ctd.Dir, "nri-gpu")
 	before, _ := filepath.Glob(state + ".damaged-*")
 	good, err := os.ReadFile(state)
 	if err != nil {
@@ -129,7 +129,7 @@ func TestSecondPluginOnOneStateFile(t *testing.T) {
 	if err == nil {
 		t.Fatal("a second nri-gpu on the first's state file started")
 	}
-	for _, want := range []string{"nri-gpu exited: exit status", filepath.Join(env.ctd.Dir, "nri-gpu-state.json"), "in use by another nri-gpu", "pid " + strconv.Itoa(env.nri.Pid())} {
+	for _, want := range []string{"nri-gpu exited: exit status", harness.StateFile(env.ctd.Dir, "nri-gpu"), "in use by another nri-gpu", "pid " + strconv.Itoa(env.nri.Pid())} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the second nri-gpu's failure does not say %q:\n%v", want, err)
 		}

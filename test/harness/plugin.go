@@ -19,6 +19,13 @@ type Plugin struct {
 	done    chan error
 }
 
+// StateFile is where the nri-gpu of a name keeps its state under dir: a
+// directory of its own, since nri-gpu locks its state file's directory
+// (one nri-gpu per state directory).
+func StateFile(dir, name string) string {
+	return filepath.Join(dir, name+"-state", "allocations.json")
+}
+
 // StartPlugin starts nri-gpu against this containerd's NRI socket with the
 // given extra arguments, and waits until it has registered.
 func (c *Containerd) StartPlugin(args ...string) (*Plugin, error) {
@@ -34,7 +41,7 @@ func (c *Containerd) StartPlugin(args ...string) (*Plugin, error) {
 	if i := slices.Index(args, "--name"); i >= 0 && i+1 < len(args) {
 		name = args[i+1]
 	}
-	state := filepath.Join(c.Dir, name+"-state.json")
+	state := StateFile(c.Dir, name)
 	p.cmd = exec.Command(c.Tools.Path("nri-gpu"), append([]string{"--socket-path", c.NRISock, "--log-level", "debug", "--state-file", state}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
