@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -335,33 +336,54 @@ func (d *Driver) here(c *resourceapi.ResourceClaim) bool {
 	})
 }
 
-// PrepareHeld prepares in the pool the claims the API server allocates on
-// this node through this driver and reserves for pods that the pool does
-// not hold: a lost record (set aside when it could not be read, or a
-// node's /run emptied under running pods) forgot them, and kubelet, which
-// prepared them once, does not ask again; their devices would be handed
-// out through other doors while their pods run. A claim the pool refuses
+// PrepareHeld prepares in the pool the claims of this node's pods that
+// the API server allocates here through this driver and reserves for
+// them, and that the pool does not hold: a lost record (set aside when it
+// could not be read, or a node's /run emptied under running pods) forgot
+// them, and kubelet, which prepared them once, does not ask again; their
+// devices would be handed out through other doors while their pods run.
+// It reads what the driver may read anyway (the node's pods, each claim
+// by name), never every claim of the cluster. A claim the pool refuses
 // now stays unheld, and the error names it.
 func (d *Driver) PrepareHeld(ctx context.Context, client kubernetes.Interface) error {
 	prepared, err := d.src.Prepared(ctx)
 	if err != nil {
 		return err
 	}
-	list, err := client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	pods, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", d.node).String()})
 	if err != nil {
 		return err
 	}
+	held := map[string]bool{}
+	for _, c := range prepared {
+		held[c.UID] = true
+	}
 	var errs []error
-	for i := range list.Items {
-		c := &list.Items[i]
-		if len(c.Status.ReservedFor) == 0 || !d.here(c) || slices.ContainsFunc(prepared, func(p policy.Claim) bool { return p.UID == string(c.UID) }) {
-			continue
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if pod.Spec.NodeName != d.node {
+			continue // the field selector asks for these alone; a client may ignore it
 		}
-		if _, err := d.prepare(ctx, c); err != nil {
-			errs = append(errs, err)
-			continue
+		for j := range pod.Spec.ResourceClaims {
+			name, _, err := resourceclaim.Name(pod, &pod.Spec.ResourceClaims[j])
+			if err != nil || name == nil {
+				continue // not made yet, or not needed: kubelet has not prepared it either
+			}
+			c, err := client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
+			if err != nil {
+				errs = append(errs, fmt.Errorf("claim %s/%s of pod %s/%s: %w", pod.Namespace, *name, pod.Namespace, pod.Name, err))
+				continue
+			}
+			if held[string(c.UID)] || !d.here(c) || !resourceclaim.IsReservedForPod(pod, c, false) {
+				continue
+			}
+			held[string(c.UID)] = true
+			if _, err := d.prepare(ctx, c); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name}).Info("prepared a claim in use on this node that nri-gpu's record did not hold")
 		}
-		d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name}).Info("prepared a claim in use on this node that nri-gpu's record did not hold")
 	}
 	return errors.Join(errs...)
 }

@@ -614,24 +614,41 @@ func TestReleaseGone(t *testing.T) {
 		"moved: released a prepared claim that is no longer allocated on this node")
 }
 
-// TestPrepareHeld: at start, the claims the API server allocates on this
-// node through this driver and reserves for pods, which the pool does
-// not hold (its record was lost), are prepared in it again, as kubelet
-// would: with their pods and devices; claims held already, not reserved
-// for a pod, of another node or driver are left alone; one the pool
-// refuses is named in the error, the others prepared all the same; an
-// API server that cannot list changes nothing.
+// TestPrepareHeld: at start, the claims of this node's pods that the API
+// server allocates here through this driver and reserves for them, which
+// the pool does not hold (its record was lost), are prepared in it again,
+// as kubelet would: with their pods and devices; claims held already, not
+// reserved for the pod, of another node or driver, and pods of another
+// node are left alone; one the pool refuses is named in the error, the
+// others prepared all the same; an API server that cannot list the
+// node's pods changes nothing.
 func TestPrepareHeld(t *testing.T) {
 	inUse := allocated("in-use", "uid-in-use", result("gpus", driver, node, "gpu-1"))
 	refused := allocated("refused", "uid-refused", result("gpus", driver, node, "gpu-9"))
 	held := allocated("held", "uid-held", result("gpus", driver, node, "gpu-0"))
-	free := allocated("free", "uid-free", result("gpus", driver, node, "gpu-0"))
-	free.Status.ReservedFor = nil
+	notReserved := allocated("not-reserved", "uid-not-reserved", result("gpus", driver, node, "gpu-0"))
+	notReserved.Status.ReservedFor = nil
 	elsewhere := allocated("elsewhere", "uid-elsewhere", result("gpus", driver, "node-2", "gpu-0"))
 	other := allocated("other", "uid-other", result("gpus", "gpu.nvidia.com", node, "gpu-0"))
+	otherNodes := allocated("other-nodes", "uid-other-nodes", result("gpus", driver, node, "gpu-0"))
 	client := fake.NewClientset()
-	for _, c := range []*resourceapi.ResourceClaim{inUse, refused, held, free, elsewhere, other} {
+	for _, c := range []*resourceapi.ResourceClaim{inUse, refused, held, notReserved, elsewhere, other, otherNodes} {
 		if _, err := client.ResourceV1().ResourceClaims("ns").Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	podOf := func(name, nodeName string, claims ...string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: "pod-uid"}, Spec: corev1.PodSpec{NodeName: nodeName}}
+		for _, c := range claims {
+			p.Spec.ResourceClaims = append(p.Spec.ResourceClaims, corev1.PodResourceClaim{Name: c, ResourceClaimName: &c})
+		}
+		return p
+	}
+	for _, p := range []*corev1.Pod{
+		podOf("p", node, "in-use", "refused", "held", "not-reserved", "elsewhere", "other", "gone"),
+		podOf("q", "node-2", "other-nodes"),
+	} {
+		if _, err := client.CoreV1().Pods("ns").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -641,7 +658,7 @@ func TestPrepareHeld(t *testing.T) {
 	d := dra.New(config.Default().Start.DRA, node, src, log)
 
 	down := fake.NewClientset()
-	down.PrependReactor("list", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+	down.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("connection refused")
 	})
 	testutil.ErrorSays(t, d.PrepareHeld(context.Background(), down), "connection refused")
@@ -650,7 +667,7 @@ func TestPrepareHeld(t *testing.T) {
 	}
 
 	err := d.PrepareHeld(context.Background(), client)
-	testutil.ErrorSays(t, err, "claim ns/refused of pod ns/p", `device "gpu-9"`)
+	testutil.ErrorSays(t, err, "claim ns/refused of pod ns/p", `device "gpu-9"`, `claim ns/gone of pod ns/p: resourceclaims.resource.k8s.io "gone" not found`)
 	want := map[string][]link.Allocated{"uid-in-use": {{CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}}}
 	if diff := cmp.Diff(want, src.prepared); diff != "" {
 		t.Errorf("prepared (-want +got):\n%s", diff)
