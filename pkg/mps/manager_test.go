@@ -44,22 +44,31 @@ func gone(pid int) bool {
 	return os.IsNotExist(err)
 }
 
+// managed returns a daemon of the stand-in control program for GPU 0,
+// wanted with limits, and a manager to keep it, as nri-gpu is (PID 1 of
+// its container) for the daemons it starts; the daemon is killed when
+// the test ends.
+func managed(t *testing.T) (mps.Daemon, mps.Want, *mps.Manager) {
+	t.Helper()
+	asPID1(t)
+	ctl, err := mpsstandin.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu"), GPU: "GPU-1234"}
+	t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
+	want := mps.Want{Device: "nvidia.com/gpu=0", Daemon: d, Limits: mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1024}}
+	return d, want, mps.NewManager(inShm)
+}
+
 // TestManager: told a daemon is wanted, the manager starts it with its
 // limits; a daemon that dies is started again, the dead one reaped (not
 // left a zombie of the process it was reparented to, as nri-gpu is PID 1
 // in its container); found running with other limits, they are set
 // again; no longer wanted, it is stopped and reaped.
 func TestManager(t *testing.T) {
-	asPID1(t)
-	ctl, err := mpsstandin.Build(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu"), GPU: "GPU-1234"}
-	t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
-	want := mps.Want{Device: "nvidia.com/gpu=0", Daemon: d, Limits: mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1024}}
-	m := mps.NewManager(inShm)
+	d, want, m := managed(t)
 
 	events, errs := m.Sync(ctx, []mps.Want{want})
 	if len(errs) > 0 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=0"}) {

@@ -91,16 +91,8 @@ func TestServing(t *testing.T) {
 // listens there) is not served to clients, and the manager sends that
 // process no limits: it says so, naming both pids.
 func TestManagedDaemonReplaced(t *testing.T) {
-	asPID1(t)
-	ctl, err := mpsstandin.Build(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu"), GPU: "GPU-1234"}
-	t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
-	want := mps.Want{Device: "nvidia.com/gpu=0", Daemon: d, Limits: mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1024}}
-	m := mps.NewManager(inShm)
+	d, want, m := managed(t)
 	if _, errs := m.Sync(ctx, []mps.Want{want}); len(errs) > 0 {
 		t.Fatal(errs)
 	}
