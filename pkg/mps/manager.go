@@ -84,11 +84,11 @@ func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 	for _, w := range want {
 		wanted[w.Daemon.Dir] = true
 		had, known := m.kept[w.Daemon.Dir]
-		if w.Daemon.Running(ctx) == nil {
-			// Whoever answers must be the daemon before it is sent
-			// limits: a process of nri-gpu's pid namespace (no client
-			// container's), and the one kept if one is.
-			p, err := w.Daemon.peer(ctx)
+		// Whoever answers must be the daemon before it is sent limits: a
+		// process of nri-gpu's pid namespace (no client container's), and
+		// the one kept if one is.
+		p, err := w.Daemon.peer(ctx)
+		if !errors.Is(err, ErrNotRunning) {
 			if err == nil && known && had.proc.pid != 0 && p != had.proc {
 				err = fmt.Errorf("%w: %s is served by pid %d, not by the daemon nri-gpu started (pid %d)", ErrNotTheDaemon, w.Daemon.socket(), p.pid, had.proc.pid)
 			}
@@ -122,7 +122,7 @@ func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 			errs = append(errs, fmt.Errorf("MPS daemon of %s not started: %w", w.Device, err))
 			continue
 		}
-		p, _ := w.Daemon.peer(ctx) // zero when it cannot be told: the next Sync keeps whoever answers then
+		p, _ = w.Daemon.peer(ctx) // zero when it cannot be told: the next Sync keeps whoever answers then
 		m.kept[w.Daemon.Dir] = &kept{Want: w, proc: p}
 		events = append(events, Event{What: Started, Want: w})
 	}
