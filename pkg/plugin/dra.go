@@ -26,9 +26,9 @@ func (p *Plugin) UseClaims(f link.Finder) { p.claims = f }
 // uses, and their devices (those of the requests it names). Without DRA,
 // and for a pod with no claims, there are none. A claim the container
 // names that is not reserved for its pod fails the creation. When the
-// API server cannot tell, the creation fails if a prepared claim was
-// reserved for the pod (the container would run without its devices),
-// and goes on without claims otherwise. It waits as long as ctx lets it
+// API server cannot tell, the creation fails if a prepared claim may be
+// used by the pod (policy.Claim.MayBeUsedBy: the container would run
+// without its devices), and goes on without claims otherwise. It waits as long as ctx lets it
 // (the request's share of the runtime's patience).
 func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]string, []specs.Device, error) {
 	if p.claims == nil {
@@ -46,7 +46,7 @@ func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api
 			}
 		}
 		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).
-			Warnf("no DRA claim is prepared for this pod; created without claims: %v", err)
+			Warnf("no DRA claim of this pod's namespace is prepared here; created without claims: %v", err)
 		return nil, nil, nil
 	}
 	var (

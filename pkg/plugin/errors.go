@@ -87,8 +87,8 @@ var ErrInjectedTwice = errors.New("a device would be injected twice")
 // a configuration it rejected.
 var ErrConfig = errors.New("invalid configuration")
 
-// ErrClaimsUnknown is wrapped by the error for a container of a pod a
-// prepared DRA claim is reserved for, when the DRA driver cannot tell in
-// time which claims the container uses (the API server is down or slow):
-// it would run without its devices.
+// ErrClaimsUnknown is wrapped by the error for a container of a pod that
+// may use a prepared DRA claim (one of the claim's namespace), when the
+// DRA driver cannot tell in time which claims the container uses (the
+// API server is down or slow): it would run without its devices.
 var ErrClaimsUnknown = errors.New("which DRA claims the container uses cannot be told")

@@ -256,7 +256,7 @@ func (f *File) Lock() error {
 		if pid == "" {
 			pid = "unknown"
 		}
-		return fmt.Errorf("state file %s: %w (pid %s holds %s): run one nri-gpu per state file, or give this one another --state-file", f.path, ErrLocked, pid, name)
+		return fmt.Errorf("state file %s: %w (pid %s holds %s): run one nri-gpu per state directory, or give this one a --state-file in another directory", f.path, ErrLocked, pid, name)
 	}
 	if err == nil {
 		err = pidFile.Truncate(0)
