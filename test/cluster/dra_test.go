@@ -661,8 +661,8 @@ func TestDRASlowAPIServer(t *testing.T) {
 					t.Errorf("containerd closed nri-gpu:\n%s", log)
 				}
 				forward.Slow(0)
-				// Answered again: the claim's container is created with
-				// its GPU.
+				// Answered again: the claim's container is created and
+				// runs.
 				testutil.Within(t, podWait, "the claim's container running again", func() bool {
 					p, err := env.client.CoreV1().Pods("default").Get(context.Background(), "claimer", metav1.GetOptions{})
 					return err == nil && p.Status.ContainerStatuses[0].State.Running != nil
