@@ -55,7 +55,7 @@ func (r *Resource) Devices() []deviceplugin.Device {
 	for _, c := range offered {
 		_, _, id := parser.ParseDevice(c.Name)
 		room := r.p.room(st, snap, c, policy.DevicePlugin)
-		share := st.policy.Sharing(c.Name)
+		share := st.policy.Sharing(c)
 		if share == nil {
 			healthy[id] = room > 0
 			ids = append(ids, id)

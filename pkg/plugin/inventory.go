@@ -175,7 +175,7 @@ func uuidOf(d specs.Device, cands []specs.Device) string {
 		return u
 	}
 	for _, o := range cands {
-		if len(o.Nodes) == len(d.Nodes) && policy.Overlaps(o, []specs.Device{d}) {
+		if o.Same(d) {
 			if u := uuid(o); u != "" {
 				return u
 			}
@@ -192,7 +192,7 @@ func (st *state) hardware(snap *specs.Snapshot, kind string, globs []string, see
 	var out []specs.Device
 	for _, c := range snap.Candidates(kind) {
 		_, _, id := parser.ParseDevice(c.Name)
-		if !policy.MatchAny(globs, id) || !st.policy.Allowed(c.Name) || policy.Overlaps(c, seen) || policy.Overlaps(c, out) {
+		if !policy.MatchAny(globs, id) || !st.policy.Allowed(c.Name) || specs.OverlapsAny(c, seen) || specs.OverlapsAny(c, out) {
 			continue
 		}
 		out = append(out, c)

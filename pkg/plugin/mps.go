@@ -36,7 +36,7 @@ type mpsGPU struct {
 // It fails for an MPS-shared device nri-gpu cannot bound: a MIG device,
 // or a GPU whose memory is not known when no pinnedMemoryLimit is set.
 func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU, error) {
-	share := st.policy.Sharing(d.Name)
+	share := st.policy.Sharing(d)
 	if share == nil || share.Strategy != config.StrategyMPS {
 		return nil, nil
 	}
@@ -258,7 +258,7 @@ func (p *Plugin) SharedDevices() []Shared {
 	snap := st.specs.Snapshot()
 	var out []Shared
 	for _, d := range st.hardware(snap, st.cfg.DefaultKind, []string{"*"}, nil) {
-		share := st.policy.Sharing(d.Name)
+		share := st.policy.Sharing(d)
 		if share == nil {
 			continue
 		}

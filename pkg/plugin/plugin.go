@@ -86,8 +86,9 @@ type Plugin struct {
 	mps         *mps.Manager
 	mpsProblems lasting
 
-	// problems are the spec problems logged, by spec file.
-	problems lasting
+	// problems are the spec problems logged, by spec file;
+	// sharingProblems the devices two policy.sharing entries match.
+	problems, sharingProblems lasting
 }
 
 // connection is what the plugin knows of its connection to the runtime.
@@ -188,7 +189,14 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 	if p.hookPath != "" && !slices.Contains(rules.HookPaths, p.hookPath) {
 		rules.HookPaths = append(slices.Clone(rules.HookPaths), p.hookPath)
 	}
-	return &state{cfg: cfg, parser: parser, policy: policy.New(rules), specs: reg}, nil
+	// Whether a device is shared follows its hardware: the names it
+	// goes by in the specs in force.
+	pol := policy.New(rules).WithAliases(func(d specs.Device) []string { return reg.Snapshot().Aliases(d) })
+	if err := pol.CheckSharing(reg.Snapshot().Trusted()); err != nil {
+		reg.Close()
+		return nil, err
+	}
+	return &state{cfg: cfg, parser: parser, policy: pol, specs: reg}, nil
 }
 
 // logProblems logs each spec problem once, when it appears, and when it
@@ -206,6 +214,32 @@ func (p *Plugin) logProblems(s *specs.Snapshot) {
 		p.log.WithField("spec", path).Info("CDI spec problem gone")
 	}
 	p.metrics.SpecErrors(len(current))
+	p.logSharing(s)
+}
+
+// logSharing logs, once while it lasts, each device of s that two
+// policy.sharing entries of the policy in force match (specs changed
+// since the policy was checked): it is refused until one entry no longer
+// matches it.
+func (p *Plugin) logSharing(s *specs.Snapshot) {
+	p.mu.RLock()
+	st := p.st
+	p.mu.RUnlock()
+	current := map[string]string{}
+	if st != nil {
+		if err := st.policy.CheckSharing(s.Trusted()); err != nil {
+			for _, msg := range strings.Split(err.Error(), "\n") {
+				current[msg] = msg
+			}
+		}
+	}
+	appeared, gone := p.sharingProblems.update(current)
+	for _, msg := range appeared {
+		p.log.Warnf("%s; until then the device is refused", msg)
+	}
+	for _, msg := range gone {
+		p.log.Infof("gone: %s", msg)
+	}
 }
 
 // lasting are problems logged once while they last: each by a key, with

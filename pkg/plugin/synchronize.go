@@ -83,7 +83,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	candidates := st.specs.Snapshot().Candidates(st.cfg.DefaultKind)
 	// A device of a prepared claim, found in a container, is the claim's.
 	claimed := p.alloc.ClaimHeld()
-	candidates = slices.DeleteFunc(candidates, func(d specs.Device) bool { return policy.Overlaps(d, claimed) })
+	candidates = slices.DeleteFunc(candidates, func(d specs.Device) bool { return specs.OverlapsAny(d, claimed) })
 	for _, c := range containers {
 		pod, ok := live[c.GetPodSandboxId()]
 		if !ok || c.GetState() == api.ContainerState_CONTAINER_STOPPED {
@@ -97,7 +97,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		// given: by the pod alone.
 		var sole []string
 		for _, d := range found {
-			if !policy.Overlaps(d, recorded[pod.ID]) {
+			if !specs.OverlapsAny(d, recorded[pod.ID]) {
 				sole = append(sole, d.Name)
 			}
 		}

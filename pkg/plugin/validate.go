@@ -11,7 +11,6 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
 
-	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
@@ -72,8 +71,7 @@ func injectedTwice(snap *specs.Snapshot, req *api.ValidateContainerAdjustmentReq
 	mine := snap.Footprints(own)
 	var twice []string
 	for _, d := range adj.GetCDIDevices() {
-		other := snap.Footprints([]string{d.GetName()})
-		i := slices.IndexFunc(mine, func(m specs.Device) bool { return policy.Overlaps(m, other) })
+		i := slices.IndexFunc(mine, snap.Footprints([]string{d.GetName()})[0].Overlaps)
 		if i < 0 {
 			continue
 		}

@@ -123,7 +123,7 @@ func (a *Allocations) Commit(p *Policy, pl Plan) (Grant, error) {
 		}
 		mine := slices.Concat(own.named, w.Named, a.claimDevices(w.Claims))
 		for _, c := range pl.counted {
-			if (Overlaps(c, mine) && p.Sharing(c.Name) != nil) || a.judge(p, who{pod: w.Pod.ID, claims: w.Claims, exclusive: true}, c).room() == 0 {
+			if (specs.OverlapsAny(c, mine) && p.Sharing(c) != nil) || a.judge(p, who{pod: w.Pod.ID, claims: w.Claims, exclusive: true}, c).room() == 0 {
 				return Grant{}, fmt.Errorf("%w: device %q, chosen for pod %s, was taken meanwhile", ErrStale, c.Name, w.Pod)
 			}
 		}

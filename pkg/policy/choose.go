@@ -50,11 +50,11 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses
 	}
 	held, unhealthy := 0, 0
 	for _, c := range ch.Candidates {
-		if !p.Allowed(c.Name) || Overlaps(c, seen) {
+		if !p.Allowed(c.Name) || specs.OverlapsAny(c, seen) {
 			continue
 		}
 		seen = append(seen, c)
-		if Overlaps(c, mine) && p.Sharing(c.Name) != nil {
+		if specs.OverlapsAny(c, mine) && p.Sharing(c) != nil {
 			continue // the pod uses it already: never one shared GPU twice
 		}
 		// A device held by another pod in any way is not free, unless

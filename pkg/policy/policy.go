@@ -8,10 +8,16 @@ import (
 	"strings"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // ErrDenied is wrapped by every policy denial.
 var ErrDenied = errors.New("denied by policy")
+
+// ErrSharedTwice is wrapped by the error of two policy.sharing entries
+// that match one device: by one of its names, or by two names of its
+// hardware.
+var ErrSharedTwice = errors.New("two policy.sharing entries match one device")
 
 // Rules, as a Denial names them: the config key that decided, or "count"
 // for a count request that found too few free devices.
@@ -69,6 +75,9 @@ type Policy struct {
 	allowUnhealthy bool
 	// sharing are the policy.sharing entries, in order.
 	sharing []Share
+	// aliases returns the names a device's hardware goes by; nil: its
+	// own only.
+	aliases func(specs.Device) []string
 }
 
 // Share is how the devices of a policy.sharing entry are shared.
@@ -93,16 +102,69 @@ func (s *Share) String() string {
 	return fmt.Sprintf("policy.sharing[%d] (replicas %d, %s)", s.Index, s.Replicas, s.Strategy)
 }
 
-// Sharing returns how the named device is shared: the first
-// policy.sharing entry one of whose globs matches it, or nil when it is
-// not shared.
-func (p *Policy) Sharing(name string) *Share {
+// Sharing returns how device d's hardware is shared: the policy.sharing
+// entry one of whose globs matches one of the names it goes by (see
+// WithAliases), whichever name d is, or nil when it is not shared. Where
+// two entries match (CheckSharing refuses that), it is the first.
+func (p *Policy) Sharing(d specs.Device) *Share {
+	s, _ := p.share(d)
+	return s
+}
+
+// share returns how d's hardware is shared, and an error wrapping
+// ErrSharedTwice when more than one entry matches its names.
+func (p *Policy) share(d specs.Device) (*Share, error) {
+	names := []string{d.Name}
+	if p.aliases != nil {
+		names = p.aliases(d)
+	}
+	var (
+		found *Share
+		by    string
+	)
 	for i := range p.sharing {
-		if MatchAny(p.sharing[i].globs, name) {
-			return &p.sharing[i]
+		for _, name := range names {
+			if !MatchAny(p.sharing[i].globs, name) {
+				continue
+			}
+			if found != nil {
+				return found, fmt.Errorf("%w: policy.sharing[%d] matches %q and policy.sharing[%d] matches %q, which is the same device; a device is shared one way: make one entry's devices not match it",
+					ErrSharedTwice, found.Index, by, i, name)
+			}
+			found, by = &p.sharing[i], name
+			break
 		}
 	}
-	return nil
+	return found, nil
+}
+
+// CheckSharing returns an error wrapping ErrSharedTwice for each device
+// of devs (one per piece of hardware) that two policy.sharing entries
+// match, naming both, or nil.
+func (p *Policy) CheckSharing(devs []specs.Device) error {
+	var (
+		errs []error
+		seen []specs.Device
+	)
+	for _, d := range devs {
+		if slices.ContainsFunc(seen, d.Same) {
+			continue
+		}
+		seen = append(seen, d)
+		if _, err := p.share(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// WithAliases returns a copy of p that knows the names each device's
+// hardware goes by (a GPU's index and UUID: the specs' Aliases), so that
+// whether it is shared follows the hardware, not the name asked for.
+func (p *Policy) WithAliases(aliases func(specs.Device) []string) *Policy {
+	c := *p
+	c.aliases = aliases
+	return &c
 }
 
 // New returns the policy of a validated configuration block.

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -144,7 +145,7 @@ func (a *Allocations) users(w who, d specs.Device) []user {
 			continue
 		}
 		for i := range c.devices {
-			if overlaps(c.devices[i].Device, d) {
+			if c.devices[i].Overlaps(d) {
 				out = append(out, user{holder: holder{claim: &c.claim}, dev: &c.devices[i].Device, strict: true})
 			}
 		}
@@ -155,12 +156,12 @@ func (a *Allocations) users(w who, d specs.Device) []user {
 			continue
 		}
 		for i := range h.counted {
-			if overlaps(h.counted[i], d) {
+			if h.counted[i].Overlaps(d) {
 				out = append(out, user{holder: holder{pod: h.pod}, dev: &h.counted[i], strict: true})
 			}
 		}
 		for i := range h.named {
-			if overlaps(h.named[i], d) {
+			if h.named[i].Overlaps(d) {
 				sole := slices.Contains(h.sole, h.named[i].Name)
 				out = append(out, user{holder: holder{pod: h.pod, sole: sole}, dev: &h.named[i], strict: sole, kubelet: h.fromKubelet(h.named[i])})
 			}
@@ -174,25 +175,31 @@ func (a *Allocations) users(w who, d specs.Device) []user {
 // container's device nodes after a restart).
 func (h *holding) fromKubelet(d specs.Device) bool {
 	return slices.ContainsFunc(h.named, func(k specs.Device) bool {
-		return slices.Contains(h.kubelet, k.Name) && (k.Name == d.Name || covers(k, d))
+		return slices.Contains(h.kubelet, k.Name) && (k.Name == d.Name || d.Within(k))
 	})
 }
 
 // verdict is whether a device may be given beside what others hold.
 type verdict struct {
-	// by is a holder that keeps it, nil if none.
-	by *user
+	// by is a holder that keeps it, nil if none; apart, when set, is the
+	// policy.sharing entry that keeps them apart (one of them is shared,
+	// the other overlaps it without being the same device).
+	by    *user
+	apart *Share
 	// share is how the device is shared, nil if it is not; sharers are
 	// the holders (one entry each) it is shared with.
 	share   *Share
 	sharers []user
+	// twice is why it may not be given at all: two policy.sharing
+	// entries match it.
+	twice error
 }
 
 // room is how many more users the device may take: 0 or 1 for a device
 // that is not shared, the replicas left for one that is.
 func (v verdict) room() int {
 	switch {
-	case v.by != nil:
+	case v.by != nil, v.twice != nil:
 		return 0
 	case v.share == nil:
 		return 1
@@ -201,17 +208,23 @@ func (v verdict) room() int {
 }
 
 // judge says whether w may have d beside what others hold. A device
-// policy.sharing covers is shared with every other holder of the same
-// hardware, whichever of its names they hold, up to its replicas; but a
-// holder found with no record keeps it alone. Any other holder of
-// overlapping hardware keeps it when it holds it strictly (a count
-// grant, a claim, held alone) or w is exclusive. This is the pool's one
-// answer to every door.
+// policy.sharing covers (by any name of its hardware) is shared with
+// every other holder of the same hardware, whichever of its names they
+// hold, up to its replicas; but a holder found with no record keeps it
+// alone, and what overlaps a shared device without being it ("all", a
+// MIG device of a shared GPU, a GPU one of whose MIG devices is shared)
+// is never had beside it. Any other holder of overlapping hardware keeps
+// it when it holds it strictly (a count grant, a claim, held alone) or w
+// is exclusive. This is the pool's one answer to every door.
 func (a *Allocations) judge(p *Policy, w who, d specs.Device) verdict {
-	v := verdict{share: p.Sharing(d.Name)}
+	share, err := p.share(d)
+	v := verdict{share: share, twice: err}
+	if err != nil {
+		return v
+	}
 	seen := map[string]bool{}
 	for _, u := range a.users(w, d) {
-		if v.share != nil && !u.sole && sameHardware(*u.dev, d) {
+		if v.share != nil && !u.sole && u.dev.Same(d) {
 			if !seen[u.key()] {
 				seen[u.key()] = true
 				v.sharers = append(v.sharers, u)
@@ -220,6 +233,10 @@ func (a *Allocations) judge(p *Policy, w who, d specs.Device) verdict {
 		}
 		if u.strict || w.exclusive {
 			v.by = &u
+			return v
+		}
+		if apart := cmp.Or(v.share, p.Sharing(*u.dev)); apart != nil {
+			v.by, v.apart = &u, apart
 			return v
 		}
 	}
@@ -241,6 +258,11 @@ func (a *Allocations) Room(p *Policy, d specs.Device, door Door) int {
 // err is the denial of a device the verdict does not free, or nil.
 func (v verdict) err(d specs.Device, exclusive bool) error {
 	switch {
+	case v.twice != nil:
+		return deny(RuleSharing, fmt.Errorf("%w: device %q: %w", ErrDenied, d.Name, v.twice))
+	case v.apart != nil:
+		return deny(RuleSharing, fmt.Errorf("%w: device %q overlaps %q, held by %s, and %s shares one of them: a shared device is used by its sharers alone, never beside a device that overlaps it; it is free again when %s is removed",
+			ErrDenied, d.Name, v.by.dev.Name, v.by.holder, v.apart, v.by.holder))
 	case v.by != nil:
 		return deny(RuleExclusive, fmt.Errorf("%w: device %q is held by %s (as %q)%s",
 			ErrDenied, d.Name, v.by.holder, v.by.dev.Name, v.by.hint(exclusive)))
@@ -257,12 +279,6 @@ func describeUsers(us []user) string {
 		parts = append(parts, u.holder.String())
 	}
 	return strings.Join(parts, ", ")
-}
-
-// sameHardware reports whether two devices are one piece of hardware:
-// the same name, or the same device nodes (a GPU by index and by UUID).
-func sameHardware(a, b specs.Device) bool {
-	return a.Name == b.Name || (len(a.Nodes) > 0 && covers(a, b) && covers(b, a))
 }
 
 // Holdings returns what each pod holds, ordered by pod ID, for keeping it
@@ -285,17 +301,11 @@ func (a *Allocations) Users(d specs.Device) []string {
 	defer a.mu.Unlock()
 	var out []string
 	for _, u := range a.users(who{}, d) {
-		if w := u.holder.String(); sameHardware(*u.dev, d) && !slices.Contains(out, w) {
+		if w := u.holder.String(); u.dev.Same(d) && !slices.Contains(out, w) {
 			out = append(out, w)
 		}
 	}
 	return out
-}
-
-// Overlaps reports whether d shares hardware with any of devs (the same
-// name, or one's footprint within the other's).
-func Overlaps(d specs.Device, devs []specs.Device) bool {
-	return slices.ContainsFunc(devs, func(o specs.Device) bool { return overlaps(d, o) })
 }
 
 // Held returns, per pod, the names of the devices it holds.
@@ -350,26 +360,6 @@ func (a *Allocations) Count() int {
 	return n
 }
 
-// overlaps reports whether two devices share hardware: the same name, or
-// the footprint of one within the other's (a GPU by index and by UUID; a
-// GPU and "all"; a GPU and its MIG devices).
-func overlaps(a, b specs.Device) bool {
-	return a.Name == b.Name || covers(a, b) || covers(b, a)
-}
-
-// covers reports whether b's footprint is within a's.
-func covers(a, b specs.Device) bool {
-	if len(b.Nodes) == 0 {
-		return false
-	}
-	for _, n := range b.Nodes {
-		if !slices.Contains(a.Nodes, n) {
-			return false
-		}
-	}
-	return true
-}
-
 // units counts the devices a set of devices amounts to: names of one
 // device count once, and a kind's "all" device counts as every candidate
 // it covers.
@@ -388,7 +378,7 @@ func units(devs, candidates []specs.Device) int {
 		if _, _, name := parser.ParseDevice(d.Name); name == AllDevice {
 			covered := false
 			for _, c := range candidates {
-				if covers(d, c) {
+				if c.Within(d) {
 					keys[key(c)] = true
 					covered = true
 				}

@@ -116,12 +116,6 @@ func (a *Allocations) check(p *Policy) error {
 		// share is how the device is shared, nil if it is not.
 		share *Share
 	}
-	byNode := map[string][]owner{}
-	// shares reports whether o and the device d of holder id (counted:
-	// strictly) share one piece of hardware as policy.sharing allows.
-	shares := func(o owner, d specs.Device, share *Share, sole bool) bool {
-		return (share != nil || o.share != nil) && !sole && sameHardware(o.dev, d)
-	}
 	// users counts the holders of each shared piece of hardware, by its
 	// first node.
 	type use struct {
@@ -146,6 +140,33 @@ func (a *Allocations) check(p *Policy) error {
 			u.who = append(u.who, o.who)
 		}
 	}
+	byNode := map[string][]owner{}
+	// apart reports whether o and the device d of a holder (counted:
+	// strictly; share: how d is shared; sole: held alone) may not both
+	// hold what they hold, as the pool judges it: overlapping hardware,
+	// unless shared as policy.sharing allows, held strictly by either,
+	// exclusive, or shared by one of them.
+	apart := func(o owner, d specs.Device, counted bool, share *Share, sole bool) bool {
+		if !o.dev.Overlaps(d) || ((share != nil || o.share != nil) && !sole && o.dev.Same(d)) {
+			return false
+		}
+		return counted || o.counted || p.exclusive || share != nil || o.share != nil
+	}
+	// hold records holder who's device d, reporting each earlier holder
+	// it may not hold it beside, once, by the first node they share.
+	hold := func(who, id string, d specs.Device, counted bool, share *Share, sole bool) {
+		reported := map[string]bool{}
+		for _, n := range d.Nodes {
+			for _, o := range byNode[n] {
+				if key := o.id + "\x00" + o.dev.Name; o.id != id && !reported[key] && apart(o, d, counted, share, sole) {
+					reported[key] = true
+					report("%s (%q) and %s (%q) both hold %s", o.who, o.dev.Name, who, d.Name, n)
+				}
+			}
+			byNode[n] = append(byNode[n], owner{who, id, d, counted, share})
+		}
+		count(owner{who: who, dev: d, share: share})
+	}
 	// A claim's devices are its own, as a count grant's are.
 	for _, uid := range slices.Sorted(maps.Keys(a.claims)) {
 		c := a.claims[uid]
@@ -153,16 +174,7 @@ func (a *Allocations) check(p *Policy) error {
 			if !p.Allowed(d.Name) {
 				report("%s holds %q, which policy.devices does not allow (any more)", c.claim, d.Name)
 			}
-			share := p.Sharing(d.Name)
-			for _, n := range d.Nodes {
-				for _, o := range byNode[n] {
-					if !shares(o, d.Device, share, false) {
-						report("%s (%q) and %s (%q) both hold %s", o.who, o.dev.Name, c.claim, d.Name, n)
-					}
-				}
-				byNode[n] = append(byNode[n], owner{c.claim.String(), "claim:" + uid, d.Device, true, share})
-			}
-			count(owner{who: c.claim.String(), dev: d.Device, share: share})
+			hold(c.claim.String(), "claim:"+uid, d.Device, true, p.Sharing(d.Device), false)
 		}
 	}
 	for _, id := range ids {
@@ -174,20 +186,11 @@ func (a *Allocations) check(p *Policy) error {
 		}
 		for i, d := range h.all() {
 			sole := slices.Contains(h.sole, d.Name)
-			counted := i >= len(h.named) || sole
-			share := p.Sharing(d.Name)
+			share := p.Sharing(d)
 			if sole {
 				share = nil
 			}
-			for _, n := range d.Nodes {
-				for _, o := range byNode[n] {
-					if o.id != id && (counted || o.counted || p.exclusive) && !shares(o, d, share, sole) {
-						report("%s (%q) and pod %s (%q) both hold %s", o.who, o.dev.Name, h.pod, d.Name, n)
-					}
-				}
-				byNode[n] = append(byNode[n], owner{"pod " + h.pod.String(), id, d, counted, share})
-			}
-			count(owner{who: "pod " + h.pod.String(), dev: d, share: share})
+			hold("pod "+h.pod.String(), id, d, i >= len(h.named) || sole, share, sole)
 		}
 	}
 	for _, n := range order {

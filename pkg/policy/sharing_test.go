@@ -239,13 +239,12 @@ func TestSharingLeastUsedWithTopology(t *testing.T) {
 }
 
 // TestShareOf: how policy.sharing entries are read: MPS limits default to
-// an equal share of compute, time-slicing has none; the first entry
-// matching a name wins.
+// an equal share of compute, time-slicing has none.
 func TestShareOf(t *testing.T) {
 	p := policy.New(config.Policy{Sharing: []config.Sharing{
 		{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 4, Strategy: config.StrategyTimeSlicing},
-		{Devices: []string{"nvidia.com/gpu=*"}, Replicas: 3, Strategy: config.StrategyMPS, PinnedMemoryLimit: "1Gi"},
-		{Devices: []string{"nvidia.com/gpu=1"}, Replicas: 2, Strategy: config.StrategyMPS, ActiveThreadPercentage: 70},
+		{Devices: []string{"nvidia.com/gpu=1"}, Replicas: 3, Strategy: config.StrategyMPS, PinnedMemoryLimit: "1Gi"},
+		{Devices: []string{"nvidia.com/gpu=2"}, Replicas: 2, Strategy: config.StrategyMPS, ActiveThreadPercentage: 70},
 	}})
 	for _, tc := range []struct {
 		name string
@@ -253,15 +252,16 @@ func TestShareOf(t *testing.T) {
 	}{
 		{"nvidia.com/gpu=0", &policy.Share{Index: 0, Replicas: 4, Strategy: config.StrategyTimeSlicing}},
 		{"nvidia.com/gpu=1", &policy.Share{Index: 1, Replicas: 3, Strategy: config.StrategyMPS, ActiveThreadPercentage: 33, PinnedMemory: 1 << 30}},
+		{"nvidia.com/gpu=2", &policy.Share{Index: 2, Replicas: 2, Strategy: config.StrategyMPS, ActiveThreadPercentage: 70}},
 		{"example.com/x=1", nil},
 	} {
-		got := p.Sharing(tc.name)
+		got := p.Sharing(specs.Device{Name: tc.name})
 		if (got == nil) != (tc.want == nil) || (got != nil && (got.Index != tc.want.Index || got.Replicas != tc.want.Replicas || got.Strategy != tc.want.Strategy ||
 			got.ActiveThreadPercentage != tc.want.ActiveThreadPercentage || got.PinnedMemory != tc.want.PinnedMemory)) {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
 	}
-	if s := policy.New(config.Policy{Sharing: []config.Sharing{{Devices: []string{"*/*"}, Replicas: 2, Strategy: config.StrategyMPS, ActiveThreadPercentage: 70}}}).Sharing("a/b=c"); s.ActiveThreadPercentage != 70 || s.String() != "policy.sharing[0] (replicas 2, mps)" {
-		t.Errorf("a set thread percentage: %+v %s", s, s)
+	if s := p.Sharing(specs.Device{Name: "nvidia.com/gpu=2"}); s.String() != "policy.sharing[2] (replicas 2, mps)" {
+		t.Errorf("described as %q", s)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -132,6 +133,26 @@ type podRecord struct {
 type deviceRecord struct {
 	Name  string   `json:"name"`
 	Nodes []string `json:"nodes,omitempty"`
+	// Parts are those of Nodes that narrow the device to a part of its
+	// GPU (a MIG device's); a record without them (older) holds the
+	// device whole, which overlaps more, never less.
+	Parts []string `json:"parts,omitempty"`
+}
+
+func recordOf(d specs.Device) deviceRecord {
+	return deviceRecord{Name: d.Name, Nodes: d.Nodes, Parts: d.Parts}
+}
+
+// device is the device of a record: parts that are not among its nodes
+// are none.
+func (r deviceRecord) device() specs.Device {
+	d := specs.Device{Name: r.Name, Nodes: r.Nodes}
+	for _, n := range r.Parts {
+		if slices.Contains(r.Nodes, n) {
+			d.Parts = append(d.Parts, n)
+		}
+	}
+	return d
 }
 
 const stateVersion = 1
@@ -157,7 +178,7 @@ func (f *File) Save(held func() Content) error {
 	for _, c := range c.Claims {
 		r := claimRecord{UID: c.Claim.UID, Namespace: c.Claim.Namespace, Name: c.Claim.Name, Pods: c.Claim.Pods}
 		for _, d := range c.Devices {
-			r.Devices = append(r.Devices, claimDeviceRecord{deviceRecord{Name: d.Name, Nodes: d.Nodes}, d.Requests})
+			r.Devices = append(r.Devices, claimDeviceRecord{recordOf(d.Device), d.Requests})
 		}
 		rec.Claims = append(rec.Claims, r)
 	}
@@ -367,7 +388,7 @@ func (f *File) Load() (Content, error) {
 	for _, r := range rec.Claims {
 		c := policy.ClaimHolding{Claim: policy.Claim{UID: r.UID, Namespace: r.Namespace, Name: r.Name, Pods: r.Pods}}
 		for _, d := range r.Devices {
-			c.Devices = append(c.Devices, policy.ClaimDevice{Device: specs.Device{Name: d.Name, Nodes: d.Nodes}, Requests: d.Requests})
+			c.Devices = append(c.Devices, policy.ClaimDevice{Device: d.device(), Requests: d.Requests})
 		}
 		claims = append(claims, c)
 	}
@@ -377,7 +398,7 @@ func (f *File) Load() (Content, error) {
 func deviceRecords(devs []specs.Device) []deviceRecord {
 	var out []deviceRecord
 	for _, d := range devs {
-		out = append(out, deviceRecord{Name: d.Name, Nodes: d.Nodes})
+		out = append(out, recordOf(d))
 	}
 	return out
 }
@@ -385,7 +406,7 @@ func deviceRecords(devs []specs.Device) []deviceRecord {
 func devices(recs []deviceRecord) []specs.Device {
 	var out []specs.Device
 	for _, r := range recs {
-		out = append(out, specs.Device{Name: r.Name, Nodes: r.Nodes})
+		out = append(out, r.device())
 	}
 	return out
 }

@@ -24,6 +24,50 @@ type Device struct {
 	// (type and numbers, from the host node or else the spec), or, for a
 	// node that is neither there nor fully specified, "path /dev/x".
 	Nodes []string
+	// Parts are those of Nodes that narrow the device to a part of the
+	// hardware its other nodes name: a MIG device's capability nodes
+	// (/dev/nvidia-caps/*), beside its GPU's node. Sorted.
+	Parts []string
+}
+
+// Overlaps reports whether d and o share hardware: the same name, or the
+// footprint of one within the other's (a GPU by index and by UUID; a GPU
+// and "all"; a GPU and its MIG devices; "all" and a MIG device, whether
+// or not "all" lists its capability nodes). Two MIG devices of one GPU do
+// not: each has parts the other lacks. Devices that merely list one node
+// in common (AMD's /dev/kfd, an InfiniBand node) do not either.
+func (d Device) Overlaps(o Device) bool {
+	return d.Name == o.Name || d.Within(o) || o.Within(d)
+}
+
+// Within reports whether d's footprint is within o's: each of d's nodes
+// is one of o's, d's parts aside when o has none (a MIG device is within
+// whatever gives its whole GPU).
+func (d Device) Within(o Device) bool {
+	nodes := d.Nodes
+	if len(o.Parts) == 0 {
+		nodes = slices.DeleteFunc(slices.Clone(d.Nodes), func(n string) bool { return slices.Contains(d.Parts, n) })
+	}
+	if len(nodes) == 0 {
+		return false
+	}
+	for _, n := range nodes {
+		if !slices.Contains(o.Nodes, n) {
+			return false
+		}
+	}
+	return true
+}
+
+// Same reports whether d and o are one piece of hardware: the same name,
+// or the same device nodes (a GPU by index and by UUID).
+func (d Device) Same(o Device) bool {
+	return d.Name == o.Name || (len(d.Nodes) > 0 && slices.Equal(d.Nodes, o.Nodes))
+}
+
+// OverlapsAny reports whether d shares hardware with any of devs.
+func OverlapsAny(d Device, devs []Device) bool {
+	return slices.ContainsFunc(devs, d.Overlaps)
 }
 
 // Names returns the names of devices, in order.
@@ -38,15 +82,27 @@ func Names(devices []Device) []string {
 // footprint returns the name and footprint of a resolved device, its
 // nodes identified from the host nodes stat'ed at load.
 func footprint(d *cdi.Device, hosts map[string]HostNode) Device {
-	var nodes []string
+	var nodes, parts []string
 	for _, n := range d.ContainerEdits.DeviceNodes {
-		if n != nil {
-			nodes = append(nodes, nodeID(n, hosts[HostPath(n)]))
+		if n == nil {
+			continue
+		}
+		id := nodeID(n, hosts[HostPath(n)])
+		nodes = append(nodes, id)
+		if filepath.Base(filepath.Dir(HostPath(n))) == capsDir {
+			parts = append(parts, id)
 		}
 	}
 	slices.Sort(nodes)
-	return Device{Name: d.GetQualifiedName(), Nodes: slices.Compact(nodes)}
+	slices.Sort(parts)
+	return Device{Name: d.GetQualifiedName(), Nodes: slices.Compact(nodes), Parts: slices.Compact(parts)}
 }
+
+// capsDir is the directory of the NVIDIA driver's capability nodes: a
+// MIG device's GPU instance and compute instance are each one
+// (/dev/nvidia-caps/nvidia-cap<minor>, their minors in
+// /proc/driver/nvidia-caps/mig-minors).
+const capsDir = "nvidia-caps"
 
 // nodeID identifies a device node by what it is: its type and numbers as
 // the host has them, or as the spec gives them, else its cleaned host path.

@@ -193,3 +193,29 @@ func (s *Snapshot) Candidates(kind string) []Device {
 	slices.SortFunc(out, func(a, b Device) int { return naturalCompare(a.Name, b.Name) })
 	return out
 }
+
+// Trusted returns the footprints of the devices of trusted specs, "all"
+// ones too, sorted by name (numbers in numeric order).
+func (s *Snapshot) Trusted() []Device {
+	var out []Device
+	for _, e := range s.Entries() {
+		if e.Untrusted == nil {
+			out = append(out, e.Footprint)
+		}
+	}
+	return out
+}
+
+// Aliases returns the names d's hardware goes by in the snapshot: its own
+// and those of every device of a trusted spec that is the same hardware
+// (a GPU by index and by UUID), sorted (numbers in numeric order).
+func (s *Snapshot) Aliases(d Device) []string {
+	out := []string{d.Name}
+	for name, e := range s.devices {
+		if e.Untrusted == nil && name != d.Name && e.Footprint.Same(d) {
+			out = append(out, name)
+		}
+	}
+	slices.SortFunc(out, naturalCompare)
+	return out
+}
