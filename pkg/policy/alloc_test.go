@@ -229,6 +229,11 @@ func TestRevertAndRestore(t *testing.T) {
 // other: each problem is reported, and the devices stay held.
 func TestRestoreChecks(t *testing.T) {
 	candidates, byName := gpus()
+	// MIG devices of GPU 0 as gpus() names its node.
+	mig0 := func(m int) specs.Device {
+		caps := fmt.Sprintf("c 511:%d", m)
+		return specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=0:%d", m), Nodes: []string{"/dev/nvidia0", caps}, Parts: []string{caps}}
+	}
 	for _, tc := range []struct {
 		name      string
 		policy    config.Policy
@@ -264,6 +269,43 @@ func TestRestoreChecks(t *testing.T) {
 			{Pod: pod("a"), Named: []specs.Device{byName["1"]}, Counted: []specs.Device{byName["GPU-1"]}},
 		},
 	}, {
+		name:   "two MIG devices of one GPU, counted by two pods",
+		policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Counted: []specs.Device{mig0(1)}},
+			{Pod: pod("b"), Counted: []specs.Device{mig0(2)}},
+		},
+	}, {
+		name:   "accelerators listing one node in common (Gaudi's InfiniBand node), counted by two pods",
+		policy: config.Policy{Devices: []string{"intel.com/gaudi=*"}, Exclusive: true},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Counted: []specs.Device{{Name: "intel.com/gaudi=device1", Nodes: []string{"path /dev/accel/accel1", "path /dev/accel/accel_controlD1", "path /dev/infiniband/uverbs0"}}}},
+			{Pod: pod("b"), Counted: []specs.Device{{Name: "intel.com/gaudi=device2", Nodes: []string{"path /dev/accel/accel2", "path /dev/accel/accel_controlD2", "path /dev/infiniband/uverbs0"}}}},
+		},
+	}, {
+		name:   "all without the MIG device's capability nodes, beside a counted MIG device of its GPU",
+		policy: config.Policy{Devices: config.DefaultDevices},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Counted: []specs.Device{mig0(1)}},
+			{Pod: pod("b"), Named: []specs.Device{byName["all"]}},
+		},
+		wantError: []string{`pod ns/a ("nvidia.com/gpu=0:1") and pod ns/b ("nvidia.com/gpu=all") both hold /dev/nvidia0`},
+	}, {
+		name:   "all beside a shared GPU's user, not exclusive",
+		policy: config.Policy{Devices: config.DefaultDevices, Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=GPU-0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
+			{Pod: pod("b"), Named: []specs.Device{byName["all"]}},
+		},
+		wantError: []string{`pod ns/a ("nvidia.com/gpu=0") and pod ns/b ("nvidia.com/gpu=all") both hold /dev/nvidia0`},
+	}, {
+		name:   "a GPU shared by its UUID, its users by index and by UUID, exclusive",
+		policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true, Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=GPU-0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
+			{Pod: pod("b"), Counted: []specs.Device{byName["GPU-0"]}},
+		},
+	}, {
 		name:   "no longer allowed",
 		policy: config.Policy{Devices: []string{"nvidia.com/gpu=0"}},
 		holdings: []policy.Holding{
@@ -272,7 +314,7 @@ func TestRestoreChecks(t *testing.T) {
 		wantError: []string{`pod ns/a holds "nvidia.com/gpu=2", which policy.devices does not allow`},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := policy.New(tc.policy)
+			p := gpuPolicy(tc.policy)
 			a := policy.NewAllocations()
 			err := a.Restore(p, tc.holdings)
 			if len(tc.wantError) == 0 {
@@ -576,7 +618,8 @@ func TestUnhealthyDevices(t *testing.T) {
 // MIG devices takes two of one GPU rather than one of each of two.
 // mig is MIG device m of GPU g: its GPU's node and a capability's.
 func mig(g, m int) specs.Device {
-	return specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d:%d", g, m), Nodes: []string{nvidia.GPUNode(g), fmt.Sprintf("c 511:%d", 10*g+m)}}
+	caps := fmt.Sprintf("c 511:%d", 10*g+m)
+	return specs.Device{Name: fmt.Sprintf("nvidia.com/gpu=%d:%d", g, m), Nodes: []string{nvidia.GPUNode(g), caps}, Parts: []string{caps}}
 }
 
 // byIndex is GPUs 0 to n-1, by index only.

@@ -3,6 +3,7 @@ package policy_test
 import (
 	"errors"
 
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -20,4 +21,25 @@ func admit(a *policy.Allocations, p *policy.Policy, pod policy.Pod, named []spec
 			return g, err
 		}
 	}
+}
+
+// knowing is p knowing the names each of devs goes by, as nri-gpu's
+// policy knows them from the specs: those of the devices with the same
+// nodes.
+func knowing(p *policy.Policy, devs []specs.Device) *policy.Policy {
+	return p.WithAliases(func(d specs.Device) []string {
+		out := []string{d.Name}
+		for _, o := range devs {
+			if o.Name != d.Name && o.Same(d) {
+				out = append(out, o.Name)
+			}
+		}
+		return out
+	})
+}
+
+// gpuPolicy is the policy of cfg knowing the names of gpus()' devices.
+func gpuPolicy(cfg config.Policy) *policy.Policy {
+	candidates, byName := gpus()
+	return knowing(policy.New(cfg), append(candidates, byName["all"]))
 }

@@ -1,7 +1,9 @@
 package policy_test
 
 import (
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
@@ -59,11 +61,52 @@ func TestSharing(t *testing.T) {
 			},
 		},
 		{
-			name:   "a device shared by one name and not by the other is not shared",
-			policy: shared(4, "nvidia.com/gpu=0"),
+			name:   "a GPU shared by its UUID is shared by its index too, whichever name each pod asks by",
+			policy: shared(2, "nvidia.com/gpu=GPU-0"),
 			steps: []step{
 				{pod: "a", named: []string{"0"}, want: []string{"0"}},
-				{pod: "b", named: []string{"GPU-0"}, rule: policy.RuleExclusive, wantErr: []string{`held by pod ns/a (as "nvidia.com/gpu=0")`}},
+				{pod: "b", named: []string{"GPU-0"}, want: []string{"GPU-0"}},
+				{pod: "c", named: []string{"0"}, rule: policy.RuleSharing, wantErr: []string{
+					`device "nvidia.com/gpu=0" is shared by policy.sharing[0] (replicas 2, timeSlicing) and used by 2 already: pod ns/a, pod ns/b`}},
+				{pod: "c", count: 1, want: []string{"1"}}, // GPU 0 has no replica left by either name
+			},
+		},
+		{
+			name:   "a count grant of a GPU shared by its index is one of its replicas, the UUID asked for after it another",
+			policy: shared(2, "nvidia.com/gpu=0"),
+			steps: []step{
+				{pod: "a", count: 1, want: []string{"0"}},
+				{pod: "b", named: []string{"GPU-0"}, want: []string{"GPU-0"}},
+				{pod: "c", named: []string{"GPU-0"}, rule: policy.RuleSharing, wantErr: []string{"used by 2 already: pod ns/a, pod ns/b"}},
+			},
+		},
+		{
+			name: "what overlaps a shared GPU without being it is never had beside it, exclusive or not; unshared devices overlap as exclusive says",
+			policy: config.Policy{Devices: config.DefaultDevices, AllowAll: true, Sharing: []config.Sharing{
+				{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
+			steps: []step{
+				{pod: "a", named: []string{"0"}, want: []string{"0"}},
+				{pod: "b", named: []string{"1"}, want: []string{"1"}},
+				{pod: "c", named: []string{"all"}, rule: policy.RuleSharing, wantErr: []string{
+					`device "nvidia.com/gpu=all" overlaps "nvidia.com/gpu=0", held by pod ns/a, and policy.sharing[0] (replicas 2, timeSlicing) shares one of them`,
+					"free again when pod ns/a is removed"}},
+				{pod: "c", named: []string{"GPU-1"}, want: []string{"GPU-1"}}, // not shared, not exclusive
+				{pod: "a", release: true},
+				{pod: "d", named: []string{"all"}, want: []string{"all"}},
+				{pod: "e", named: []string{"GPU-0"}, rule: policy.RuleSharing, wantErr: []string{
+					`device "nvidia.com/gpu=GPU-0" overlaps "nvidia.com/gpu=all", held by pod ns/d`}},
+			},
+		},
+		{
+			name: "two entries that match one GPU by two names: refused, naming both",
+			policy: config.Policy{Devices: config.DefaultDevices, Sharing: []config.Sharing{
+				{Devices: []string{"nvidia.com/gpu=GPU-*"}, Replicas: 2, Strategy: config.StrategyMPS},
+				{Devices: []string{"nvidia.com/gpu=1"}, Replicas: 4, Strategy: config.StrategyTimeSlicing}}},
+			steps: []step{
+				{pod: "a", named: []string{"0"}, want: []string{"0"}},
+				{pod: "b", named: []string{"1"}, rule: policy.RuleSharing, wantErr: []string{
+					`device "nvidia.com/gpu=1": two policy.sharing entries match one device: policy.sharing[0] matches "nvidia.com/gpu=GPU-1" and policy.sharing[1] matches "nvidia.com/gpu=1"`}},
+				{pod: "b", named: []string{"GPU-1"}, rule: policy.RuleSharing, wantErr: []string{"policy.sharing[0]", "policy.sharing[1]"}},
 			},
 		},
 		{
@@ -117,7 +160,49 @@ func TestSharing(t *testing.T) {
 		},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) { runSteps(t, policy.New(tc.policy), policy.NewAllocations(), tc.steps) })
+		t.Run(tc.name, func(t *testing.T) { runSteps(t, gpuPolicy(tc.policy), policy.NewAllocations(), tc.steps) })
+	}
+}
+
+// TestCheckSharing: two entries that match one device, by one name or by
+// two names of its hardware, are found, once per device, naming both;
+// entries that match apart are not.
+func TestCheckSharing(t *testing.T) {
+	candidates, byName := gpus()
+	devs := append(candidates, byName["all"])
+	entry := func(replicas int, globs ...string) config.Sharing {
+		return config.Sharing{Devices: globs, Replicas: replicas, Strategy: config.StrategyTimeSlicing}
+	}
+	for _, tc := range []struct {
+		name    string
+		entries []config.Sharing
+		want    []string
+	}{
+		{"apart", []config.Sharing{entry(2, "nvidia.com/gpu=0", "nvidia.com/gpu=GPU-0"), entry(3, "nvidia.com/gpu=1", "nvidia.com/gpu=GPU-1")}, nil},
+		{"one name twice", []config.Sharing{entry(2, "nvidia.com/gpu=0"), entry(3, "nvidia.com/gpu=*")}, []string{
+			`policy.sharing[0] matches "nvidia.com/gpu=0" and policy.sharing[1] matches "nvidia.com/gpu=0"`,
+			// every other GPU's names are the second entry's only
+		}},
+		{"index and UUID", []config.Sharing{entry(2, "nvidia.com/gpu=GPU-2"), entry(3, "nvidia.com/gpu=2")}, []string{
+			`policy.sharing[0] matches "nvidia.com/gpu=GPU-2" and policy.sharing[1] matches "nvidia.com/gpu=2"`,
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := knowing(policy.New(config.Policy{Sharing: tc.entries}), devs).CheckSharing(devs)
+			if tc.want == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, policy.ErrSharedTwice) {
+				t.Fatalf("%v, want ErrSharedTwice", err)
+			}
+			testutil.ErrorSays(t, err, tc.want...)
+			if n := strings.Count(err.Error(), "policy.sharing[1]"); n != len(tc.want) {
+				t.Errorf("%d devices reported, want %d (one per GPU, whichever names it goes by): %v", n, len(tc.want), err)
+			}
+		})
 	}
 }
 
@@ -183,6 +268,10 @@ func TestSharingMIG(t *testing.T) {
 		t.Errorf("MIG 0:2 beside 0:1: %v", err)
 	}
 	wantDenied(t, ask("d", whole), policy.RuleExclusive, "held by pod ns/a")
+	// "all" as an operator may write it, the GPUs' nodes without the MIG
+	// devices' capability nodes, still gives GPU 0 whole.
+	handWritten := specs.Device{Name: "nvidia.com/gpu=all", Nodes: []string{nvidia.GPUNode(0), nvidia.GPUNode(1)}}
+	wantDenied(t, ask("d", handWritten), policy.RuleExclusive, `device "nvidia.com/gpu=all" is held by pod ns/a (as "nvidia.com/gpu=0:1")`)
 
 	// A count over MIG devices takes the least used.
 	candidates := []specs.Device{mig(0, 1), mig(0, 2), mig(1, 1)}

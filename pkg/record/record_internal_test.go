@@ -22,7 +22,7 @@ func TestStateFileRoundTrip(t *testing.T) {
 	holdings := []policy.Holding{
 		{Pod: policy.Pod{ID: "id-a", Namespace: "ns", Name: "a"},
 			Named:   []specs.Device{{Name: "nvidia.com/gpu=0", Nodes: []string{"c 195:0"}}},
-			Counted: []specs.Device{{Name: "nvidia.com/gpu=1", Nodes: []string{"c 195:1"}}}},
+			Counted: []specs.Device{{Name: "nvidia.com/gpu=1", Nodes: []string{"c 195:1"}}, {Name: "nvidia.com/gpu=2:1", Nodes: []string{"c 195:2", "c 508:21", "c 508:22"}, Parts: []string{"c 508:21", "c 508:22"}}}},
 		{Pod: policy.Pod{ID: "id-b", Namespace: "ns", Name: "b"},
 			Named:   []specs.Device{{Name: "vendor.com/dev=x"}, {Name: "nvidia.com/gpu=2", Nodes: []string{"c 195:2"}}},
 			Kubelet: []string{"nvidia.com/gpu=2"}},
@@ -64,6 +64,32 @@ func TestStateFileRoundTrip(t *testing.T) {
 	entries, _ := os.ReadDir(filepath.Dir(f.path))
 	if len(entries) != 1 {
 		t.Errorf("the state dir holds %d files, want the state file only (no temp files left)", len(entries))
+	}
+}
+
+// TestRecordedParts: a MIG device's parts are kept with it; parts a record
+// names that are not among the device's nodes are none (the device is
+// held whole, which overlaps more, never less), and a record from before
+// parts were kept holds its devices whole.
+func TestRecordedParts(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "allocations.json")
+	if err := os.WriteFile(path, []byte(`{"version":1,"pods":[{"id":"x","namespace":"ns","name":"x","counted":[`+
+		`{"name":"nvidia.com/gpu=0:1","nodes":["c 195:0","c 508:21"],"parts":["c 508:21","c 195:7"]},`+
+		`{"name":"nvidia.com/gpu=0:2","nodes":["c 195:0","c 508:31"],"parts":["c 195:9"]},`+
+		`{"name":"nvidia.com/gpu=0:3","nodes":["c 195:0","c 508:41"]}]}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Open(path).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []specs.Device{
+		{Name: "nvidia.com/gpu=0:1", Nodes: []string{"c 195:0", "c 508:21"}, Parts: []string{"c 508:21"}},
+		{Name: "nvidia.com/gpu=0:2", Nodes: []string{"c 195:0", "c 508:31"}},
+		{Name: "nvidia.com/gpu=0:3", Nodes: []string{"c 195:0", "c 508:41"}},
+	}
+	if len(got.Pods) != 1 || !reflect.DeepEqual(got.Pods[0].Counted, want) {
+		t.Errorf("loaded %+v, want %+v", got.Pods, want)
 	}
 }
 

@@ -1,0 +1,157 @@
+package specs_test
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// migSpec lays out a GPU with MIG on as nvidia-ctk names it: the GPU by
+// index and UUID, its MIG devices by "GPU:MIG" and UUID, each the GPU's
+// node and the capability nodes of its GPU instance and compute instance
+// (/dev/nvidia-caps/nvidia-cap<minor>, minors as the driver's mig-minors
+// table gives them: gpu0/gi7/access 66, gi7/ci0 67, gi7/ci1 68,
+// gi8/access 75, gi8/ci0 76); a second GPU without MIG; a hand-written
+// "all" of both GPUs' nodes and no capability node; and an "all" as
+// nvidia-ctk writes it, every node of every device.
+const migSpec = `cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+devices:
+  - name: "0"
+    containerEdits: {deviceNodes: [{path: /dev/nvidia0, type: c, major: 195, minor: 0}]}
+  - name: GPU-0
+    containerEdits: {deviceNodes: [{path: /dev/nvidia0, type: c, major: 195, minor: 0}]}
+  - name: "0:0"
+    containerEdits: {deviceNodes: [{path: /dev/nvidia0, type: c, major: 195, minor: 0}, {path: /dev/nvidia-caps/nvidia-cap66, type: c, major: 508, minor: 66}, {path: /dev/nvidia-caps/nvidia-cap67, type: c, major: 508, minor: 67}]}
+  - name: MIG-0
+    containerEdits: {deviceNodes: [{path: /dev/nvidia0, type: c, major: 195, minor: 0}, {path: /dev/nvidia-caps/nvidia-cap66, type: c, major: 508, minor: 66}, {path: /dev/nvidia-caps/nvidia-cap67, type: c, major: 508, minor: 67}]}
+  - name: "0:1"
+    containerEdits: {deviceNodes: [{path: /dev/nvidia0, type: c, major: 195, minor: 0}, {path: /dev/nvidia-caps/nvidia-cap66, type: c, major: 508, minor: 66}, {path: /dev/nvidia-caps/nvidia-cap68, type: c, major: 508, minor: 68}]}
+  - name: "0:2"
+    containerEdits: {deviceNodes: [{path: /dev/nvidia0, type: c, major: 195, minor: 0}, {path: /dev/nvidia-caps/nvidia-cap75, type: c, major: 508, minor: 75}, {path: /dev/nvidia-caps/nvidia-cap76, type: c, major: 508, minor: 76}]}
+  - name: "1"
+    containerEdits: {deviceNodes: [{path: /dev/nvidia1, type: c, major: 195, minor: 1}]}
+  - name: all
+    containerEdits: {deviceNodes: [{path: /dev/nvidia0, type: c, major: 195, minor: 0}, {path: /dev/nvidia1, type: c, major: 195, minor: 1}]}
+  - name: ctk-all
+    containerEdits: {deviceNodes: [{path: /dev/nvidia0, type: c, major: 195, minor: 0}, {path: /dev/nvidia1, type: c, major: 195, minor: 1}, {path: /dev/nvidia-caps/nvidia-cap66, type: c, major: 508, minor: 66}, {path: /dev/nvidia-caps/nvidia-cap67, type: c, major: 508, minor: 67}, {path: /dev/nvidia-caps/nvidia-cap68, type: c, major: 508, minor: 68}, {path: /dev/nvidia-caps/nvidia-cap75, type: c, major: 508, minor: 75}, {path: /dev/nvidia-caps/nvidia-cap76, type: c, major: 508, minor: 76}]}
+  - name: env-only
+    containerEdits: {env: [A=1]}
+`
+
+// footprints loads the spec files of a directory and returns the
+// footprints of their trusted devices, by the device part of their names.
+func footprints(t *testing.T, files map[string]string) map[string]specs.Device {
+	t.Helper()
+	dir := t.TempDir()
+	for name, content := range files {
+		write(t, dir, name, content)
+	}
+	out := map[string]specs.Device{}
+	for _, d := range open(t, dir).Snapshot().Trusted() {
+		_, _, name := parser.ParseDevice(d.Name)
+		out[name] = d
+	}
+	return out
+}
+
+// TestGeometry: which devices are one piece of hardware and which share
+// hardware, as the pool and the restore check judge it, on a MIG layout
+// and on a published spec whose devices list one node in common.
+func TestGeometry(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "..", "test", "corpus", "specs", "intel-gaudi.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs := footprints(t, map[string]string{"gpu.yaml": migSpec, "gaudi.yaml": string(data)})
+	if got := devs["0:0"].Parts; !slices.Equal(got, []string{"c 508:66", "c 508:67"}) {
+		t.Errorf("MIG 0:0's parts %v, want its two capability nodes", got)
+	}
+	if got := devs["0"].Parts; got != nil {
+		t.Errorf("GPU 0's parts %v, want none", got)
+	}
+	tests := []struct {
+		a, b     string
+		overlaps bool
+		same     bool
+	}{
+		{"0", "GPU-0", true, true},
+		{"0:0", "MIG-0", true, true},
+		{"0", "1", false, false},
+		{"0", "all", true, false},
+		{"0", "0:0", true, false},                      // a GPU and its MIG device
+		{"0:0", "0:2", false, false},                   // MIG devices of two GPU instances
+		{"0:0", "0:1", false, false},                   // two compute instances of one GPU instance
+		{"0:0", "all", true, false},                    // "all" without the MIG device's capability nodes
+		{"0:2", "ctk-all", true, false},                // "all" with every node
+		{"0:0", "1", false, false},                     // a MIG device and another GPU
+		{"env-only", "env-only", true, true},           // one name, no nodes
+		{"env-only", "0", false, false},                // no nodes: nothing in common
+		{"device1", "device2", false, false},           // Gaudi: one InfiniBand node in common
+		{"device1", "device1", true, true},             // and itself
+		{"all", "ctk-all", true, false},                // each covers the GPUs
+		{"device2-blank", "device2-blank", true, true}, // no nodes, one name
+	}
+	for _, tc := range tests {
+		a, b := devs[tc.a], devs[tc.b]
+		if a.Name == "" || b.Name == "" {
+			t.Fatalf("%s or %s not loaded: %v", tc.a, tc.b, devs)
+		}
+		if got := a.Overlaps(b); got != tc.overlaps {
+			t.Errorf("%s overlaps %s: %v, want %v", tc.a, tc.b, got, tc.overlaps)
+		}
+		if got := b.Overlaps(a); got != tc.overlaps {
+			t.Errorf("%s overlaps %s: %v, want %v", tc.b, tc.a, got, tc.overlaps)
+		}
+		if got := a.Same(b); got != tc.same {
+			t.Errorf("%s is the same hardware as %s: %v, want %v", tc.a, tc.b, got, tc.same)
+		}
+		if got := specs.OverlapsAny(a, []specs.Device{devs["env-only"], b}); got != (tc.overlaps || a.Name == devs["env-only"].Name) {
+			t.Errorf("%s overlaps any of [env-only %s]: %v", tc.a, tc.b, got)
+		}
+	}
+}
+
+// TestAliases: the names a device's hardware goes by are its own and
+// those of the trusted devices with its nodes, in numeric order; a device
+// the specs do not list goes by its own name, and one of a spec that is
+// not trusted goes by none.
+func TestAliases(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "gpu.yaml", migSpec)
+	write(t, dir, "untrusted.yaml", `cdiVersion: "0.6.0"
+kind: example.com/x
+devices:
+  - name: gpu0
+    containerEdits: {deviceNodes: [{path: /dev/nvidia0, type: c, major: 195, minor: 0}]}
+`)
+	chmod(t, filepath.Join(dir, "untrusted.yaml"), 0o666)
+	snap := open(t, dir).Snapshot()
+	devs := map[string]specs.Device{}
+	for _, d := range snap.Trusted() {
+		devs[d.Name] = d
+	}
+	for _, tc := range []struct {
+		d    specs.Device
+		want []string
+	}{
+		{devs["nvidia.com/gpu=GPU-0"], []string{"nvidia.com/gpu=0", "nvidia.com/gpu=GPU-0"}},
+		{devs["nvidia.com/gpu=0:0"], []string{"nvidia.com/gpu=0:0", "nvidia.com/gpu=MIG-0"}},
+		{devs["nvidia.com/gpu=1"], []string{"nvidia.com/gpu=1"}},
+		{devs["nvidia.com/gpu=env-only"], []string{"nvidia.com/gpu=env-only"}},
+		{specs.Device{Name: "nvidia.com/gpu=9", Nodes: []string{"c 195:0"}}, []string{"nvidia.com/gpu=0", "nvidia.com/gpu=9", "nvidia.com/gpu=GPU-0"}},
+		{specs.Device{Name: "nvidia.com/gpu=9"}, []string{"nvidia.com/gpu=9"}},
+	} {
+		if got := snap.Aliases(tc.d); !slices.Equal(got, tc.want) {
+			t.Errorf("aliases of %s: %v, want %v", tc.d.Name, got, tc.want)
+		}
+	}
+	if n := len(snap.Trusted()); n != 10 {
+		t.Errorf("%d trusted devices, want the spec's 10 (all ones too)", n)
+	}
+}
