@@ -125,12 +125,17 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 	mount := func(host, ctr string, opts ...string) *cdispec.Mount {
 		return &cdispec.Mount{HostPath: host, ContainerPath: ctr, Type: "bind", Options: append([]string{"rbind", "nosuid", "nodev"}, opts...)}
 	}
+	// The pipe directory is read-only in the client: a client only
+	// connects to the daemon's sockets (which works on a read-only mount)
+	// and creates nothing there, so a tenant cannot remove or replace the
+	// daemon's sockets, or listen there in their place, for its own
+	// clients or another pod's.
 	return []adjust.Extra{{
 		Name: fmt.Sprintf("MPS of %s", g.device),
 		Edits: &cdispec.ContainerEdits{
 			Env: mps.ClientEnv(g.limits),
 			Mounts: []*cdispec.Mount{
-				mount(g.daemon.PipeDir(), mps.ClientPipeDir, "rw"),
+				mount(g.daemon.PipeDir(), mps.ClientPipeDir, "ro"),
 				mount(g.daemon.LogDir(), mps.ClientLogDir, "ro"),
 				mount(g.daemon.ShmDir(), mps.ClientShmDir, "rw"),
 			},

@@ -104,7 +104,7 @@ func wantClient(t *testing.T, adj *api.ContainerAdjustment, dir string, threads 
 	}
 	wantMounts := []string{
 		dir + "/log:/var/log/nvidia-mps:rbind,nosuid,nodev,ro",
-		dir + "/pipe:/tmp/nvidia-mps:rbind,nosuid,nodev,rw",
+		dir + "/pipe:/tmp/nvidia-mps:rbind,nosuid,nodev,ro",
 		dir + "/shm:/dev/shm:rbind,nosuid,nodev,rw",
 	}
 	if !slices.Equal(env, wantEnv) {

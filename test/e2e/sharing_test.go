@@ -26,11 +26,22 @@ import (
 // its own: the machine's /dev/shm is untouched). Two pods asking for GPU
 // 0 by name share it, a third is refused naming both; a count request
 // takes an unused GPU; each container has the MPS client environment,
-// reaches its GPU's daemon at CUDA's default pipe directory and shares
-// the daemon's /dev/shm.
+// reaches its GPU's daemon at CUDA's default pipe directory, read-only
+// (a tenant there cannot remove, replace or squat the daemon's socket),
+// and shares the daemon's /dev/shm.
 func TestSharingWithMPS(t *testing.T) {
 	needEnv(t)
-	ctd := extraContainerd(t, "ctd-mps", harness.Options{})
+	// The image has the stand-in as the client program CUDA's
+	// applications would be.
+	files, err := harness.ProgramFiles(env.tools.Path("mps-control"), "usr/bin/nvidia-cuda-mps-control")
+	if err != nil {
+		t.Fatal(err)
+	}
+	image := filepath.Join(env.dir, "mps-image.tar")
+	if err := harness.BuildImage(env.tools.Busybox, image, files...); err != nil {
+		t.Fatal(err)
+	}
+	ctd := extraContainerd(t, "ctd-mps", harness.Options{Image: image})
 	root := filepath.Join(ctd.Dir, "mps")
 	config := filepath.Join(ctd.Dir, "nri-gpu.yaml")
 	text := env.host.PluginConfig(nil, "exclusive: true",
@@ -116,6 +127,25 @@ func TestSharingWithMPS(t *testing.T) {
 		// daemon's /dev/shm.
 		if out, err := ctd.Exec(id, "sh", "-c", "test -S /tmp/nvidia-mps/"+mps.ControlSocket+" && cat /dev/shm/"+mpsstandin.Started); err != nil || !strings.Contains(out, filepath.Join(dir(0), "pipe")) {
 			t.Errorf("inside pod %s's container: %q, %v", pod.Name, out, err)
+		}
+		// A client reaches the daemon through the read-only pipe
+		// directory; a tenant (root in its container) can neither remove
+		// nor replace the daemon's socket there, nor make a file there
+		// (a socket of its own to listen on).
+		if out, err := ctd.Exec(id, "sh", "-c", "echo get_default_active_thread_percentage | nvidia-cuda-mps-control"); err != nil || strings.TrimSpace(out) != "50" {
+			t.Errorf("a client in pod %s asking its daemon: %q, %v", pod.Name, out, err)
+		}
+		for _, attack := range []string{
+			"rm /tmp/nvidia-mps/" + mps.ControlSocket,
+			"mv /tmp/nvidia-mps/" + mps.ControlSocket + " /tmp/nvidia-mps/old",
+			"touch /tmp/nvidia-mps/x", // as a listener's bind would make its socket
+		} {
+			if out, err := ctd.Exec(id, "sh", "-c", attack); err == nil {
+				t.Errorf("in pod %s, %q succeeded: %s", pod.Name, attack, out)
+			}
+		}
+		if out, err := ctd.Exec(id, "sh", "-c", "echo get_default_active_thread_percentage | nvidia-cuda-mps-control"); err != nil || strings.TrimSpace(out) != "50" {
+			t.Errorf("after the attacks, a client in pod %s asking its daemon: %q, %v", pod.Name, out, err)
 		}
 	}
 	thirdID, third := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": harness.UUID(0)})

@@ -62,7 +62,10 @@ int main(int argc, char **argv) {
 // a pinned-memory limit of 2 GiB per client, on a throwaway containerd.
 // Two pods' containers run a small CUDA program on GPU 0 at once: one
 // holds 1 GiB; the other's 1 GiB fits, its 3 GiB fails at the limit; the
-// first still runs and writes to its memory after that.
+// first still runs and writes to its memory after that. The clients'
+// pipe directory is read-only; what a client does when its control
+// socket is a tenant's listener instead of the daemon is measured and
+// logged.
 func TestRealMPS(t *testing.T) {
 	if os.Getenv(RealEnv) != "1" {
 		t.Skipf("needs an NVIDIA GPU and root: run test/gpu/run.sh on a GPU node (it sets %s=1)", RealEnv)
@@ -72,7 +75,17 @@ func TestRealMPS(t *testing.T) {
 		t.Fatalf("the driver's MPS control program: %v", err)
 	}
 	dir := t.TempDir()
-	specDir, ctd := realNode(t, dir, program(t, dir, "mpsclient", mpsClient))
+	tools, err := harness.FindTools("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stand-in for nvidia-cuda-mps-control answers control commands
+	// but is no MPS daemon: a tenant's listener.
+	fake, err := harness.ProgramFiles(tools.Path("mps-control"), "fake-mps-control")
+	if err != nil {
+		t.Fatal(err)
+	}
+	specDir, ctd := realNode(t, dir, append(program(t, dir, "mpsclient", mpsClient), fake...))
 	root := filepath.Join(dir, "mps")
 	config := filepath.Join(dir, "nri-gpu.yaml")
 	text := fmt.Sprintf(`cdiSpecDirs: [%s]
@@ -132,6 +145,28 @@ mps: {daemon: managed, controlCommand: %s, root: %s}
 	if err == nil || !regexp.MustCompile(`failed at (1[0-9]{3}|20[0-9]{2}) MiB`).MatchString(out) {
 		t.Errorf("3 GiB past the limit did not fail near 2 GiB: %v", err)
 	}
+	// The pipe directory is read-only in the container, and CUDA's
+	// client still reaches the daemon there (the allocations above):
+	// a tenant cannot put a socket of its own in the daemon's place.
+	if out, err := ctd.Exec(other, "touch", "/tmp/nvidia-mps/x"); err == nil {
+		t.Errorf("a file made in the client's pipe directory: %s", out)
+	}
+	// Measured: what a client does when its control socket is not the
+	// daemon's, as it would be had a tenant replaced it: the fake
+	// listens on "control" of a directory of the container's own, and
+	// the client, pointed there, asks for 3 GiB (past the 2 GiB bound).
+	out, _ = ctd.Exec(other, "sh", "-c", "mkdir -p /tmp/fake && CUDA_MPS_PIPE_DIRECTORY=/tmp/fake STANDIN_SHM=/tmp/fake /fake-mps-control -d && "+
+		"CUDA_MPS_PIPE_DIRECTORY=/tmp/fake timeout 30 /mpsclient alloc 3072; echo exit=$?")
+	what := "refused: it got no context"
+	switch {
+	case strings.Contains(out, "exit=124") || strings.Contains(out, "exit=143"):
+		what = "hung until killed after 30 s"
+	case strings.Contains(out, "allocated 3072 MiB"):
+		what = "ran outside MPS, unbounded (3 GiB past the 2 GiB bound)"
+	case strings.Contains(out, "failed at"):
+		what = "got a context and was bounded"
+	}
+	t.Logf("MEASURED a client whose control socket is not the daemon's: %s:\n%s", what, out)
 	time.Sleep(40 * time.Second)
 	log, _ := ctd.Exec(holder, "cat", "/tmp/hold.log")
 	t.Logf("the holder: %s", log)

@@ -16,7 +16,9 @@
 # (TestRealMPS) shares GPU 0 two ways with MPS, nri-gpu running the
 # driver's nvidia-cuda-mps-control, and runs a small CUDA program in two
 # pods at once: the one allocating past its 2 GiB limit fails there, the
-# other keeps running.
+# other keeps running; the clients' pipe directory is read-only, and what
+# a client does when its control socket is a tenant's listener instead of
+# the daemon is measured (the line starting MEASURED).
 # It writes nothing outside temp dirs, and exits non-zero with the reason
 # on any miss.
 set -euo pipefail

@@ -23,6 +23,7 @@ const ImageRef = "localhost/nri-gpu-e2e/busybox:latest"
 // busyboxApplets are linked to busybox in the image.
 var busyboxApplets = []string{
 	"sh", "ls", "cat", "env", "sleep", "stat", "grep", "echo", "test", "true", "mount", "head", "readlink", "mknod",
+	"rm", "mv", "touch", "mkdir", "timeout",
 }
 
 // File is a file to put in an image.
@@ -170,18 +171,21 @@ func descriptor(mediaType string, b []byte, annotations map[string]string) map[s
 	return d
 }
 
-// ProgramFiles returns a dynamically linked program, at name in the image,
-// and the C library and loader it needs, at the paths ldd names, so that
-// it runs in the busybox image.
+// ProgramFiles returns a program, at name in the image, and, when it is
+// dynamically linked, the C library and loader it needs, at the paths ldd
+// names, so that it runs in the busybox image.
 func ProgramFiles(program, name string) ([]File, error) {
 	data, err := os.ReadFile(program)
 	if err != nil {
 		return nil, err
 	}
 	files := []File{{Name: name, Data: data, Mode: 0o755}}
-	out, err := exec.Command("ldd", program).Output()
+	out, err := exec.Command("ldd", program).CombinedOutput()
 	if err != nil {
-		return nil, fmt.Errorf("ldd %s: %w", program, err)
+		if strings.Contains(string(out), "not a dynamic executable") {
+			return files, nil
+		}
+		return nil, fmt.Errorf("ldd %s: %w: %s", program, err, out)
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		var p string
