@@ -618,10 +618,11 @@ func TestReleaseGone(t *testing.T) {
 // server allocates here through this driver and reserves for them, which
 // the pool does not hold (its record was lost), are prepared in it again,
 // as kubelet would: with their pods and devices; claims held already, not
-// reserved for the pod, of another node or driver, and pods of another
-// node are left alone; one the pool refuses is named in the error, the
+// reserved for the pod, of another node or driver, not made or not
+// needed, and pods of another node are left alone; a claim two pods use
+// is prepared once; one the pool refuses is named in the error, the
 // others prepared all the same; an API server that cannot list the
-// node's pods changes nothing.
+// node's pods, or a pool that cannot say what it holds, changes nothing.
 func TestPrepareHeld(t *testing.T) {
 	inUse := allocated("in-use", "uid-in-use", result("gpus", driver, node, "gpu-1"))
 	refused := allocated("refused", "uid-refused", result("gpus", driver, node, "gpu-9"))
@@ -644,9 +645,20 @@ func TestPrepareHeld(t *testing.T) {
 		}
 		return p
 	}
+	// Pod r shares claim in-use with p, and has two claims from a
+	// template: one the API server decided is not needed, one not made
+	// yet (kubelet has prepared neither). Pod a is another node's,
+	// listed first (client-go's fake ignores the field selector).
+	r := podOf("r", node, "in-use")
+	template := "template"
+	r.Spec.ResourceClaims = append(r.Spec.ResourceClaims,
+		corev1.PodResourceClaim{Name: "unneeded", ResourceClaimTemplateName: &template},
+		corev1.PodResourceClaim{Name: "unmade", ResourceClaimTemplateName: &template})
+	r.Status.ResourceClaimStatuses = []corev1.PodResourceClaimStatus{{Name: "unneeded"}}
 	for _, p := range []*corev1.Pod{
+		podOf("a", "node-2", "other-nodes"),
 		podOf("p", node, "in-use", "refused", "held", "not-reserved", "elsewhere", "other", "gone"),
-		podOf("q", "node-2", "other-nodes"),
+		r,
 	} {
 		if _, err := client.CoreV1().Pods("ns").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -665,6 +677,12 @@ func TestPrepareHeld(t *testing.T) {
 	if len(src.prepared) > 0 {
 		t.Errorf("prepared %v while the API server could not list", src.prepared)
 	}
+	src.down = errors.New("the record cannot be read")
+	testutil.ErrorSays(t, d.PrepareHeld(context.Background(), client), "the record cannot be read")
+	if len(src.prepared) > 0 {
+		t.Errorf("prepared %v while the pool could not say what it holds", src.prepared)
+	}
+	src.down = nil
 
 	err := d.PrepareHeld(context.Background(), client)
 	testutil.ErrorSays(t, err, "claim ns/refused of pod ns/p", `device "gpu-9"`, `claim ns/gone of pod ns/p: resourceclaims.resource.k8s.io "gone" not found`)
@@ -676,6 +694,6 @@ func TestPrepareHeld(t *testing.T) {
 		t.Errorf("the claim prepared again is reserved for %v, want ns/p", c.Pods)
 	}
 	if len(hook.AllEntries()) != 1 || hook.LastEntry().Data["claim"] != "in-use" {
-		t.Errorf("logged %v, want the one claim prepared again", hook.AllEntries())
+		t.Errorf("logged %v, want the one claim prepared again, once for its two pods", hook.AllEntries())
 	}
 }
