@@ -312,7 +312,8 @@ func (s *started) warned(what string) bool {
 // pool cannot be asked says that the prepared claims were not checked
 // against the API server, publishes no slice (not an empty one: the
 // scheduler would take the node for one without devices), and publishes
-// once the pool answers. A driver that could ask says nothing of it.
+// once the pool answers. A driver that could ask says nothing of it, nor
+// of claims in use not held.
 func TestStartWhileThePoolCannotTell(t *testing.T) {
 	src := newSource("gpu-0")
 	src.down = errors.New("link down")
@@ -333,6 +334,9 @@ func TestStartWhileThePoolCannotTell(t *testing.T) {
 	up.logged(t, "gpu-0")
 	if up.warned("not checked") {
 		t.Error("warned that the prepared claims were not checked, with the pool answering")
+	}
+	if up.warned("not all held") {
+		t.Error("warned that claims in use were not all held, with the pool and the API server answering")
 	}
 }
 
