@@ -239,6 +239,7 @@ func TestRestoreChecks(t *testing.T) {
 		policy    config.Policy
 		holdings  []policy.Holding
 		wantError []string // substrings; none means no error
+		reports   int      // how many "both hold" lines, when not 0
 	}{{
 		name:   "shared by name, not exclusive",
 		policy: config.Policy{Devices: config.DefaultDevices},
@@ -306,6 +307,15 @@ func TestRestoreChecks(t *testing.T) {
 			{Pod: pod("b"), Counted: []specs.Device{byName["GPU-0"]}},
 		},
 	}, {
+		name:   "all held by two pods: one report, not one per node",
+		policy: config.Policy{Devices: config.DefaultDevices},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Named: []specs.Device{byName["all"]}},
+			{Pod: pod("b"), Counted: []specs.Device{byName["all"]}},
+		},
+		wantError: []string{`pod ns/a ("nvidia.com/gpu=all") and pod ns/b ("nvidia.com/gpu=all") both hold /dev/nvidia0`},
+		reports:   1,
+	}, {
 		name:   "no longer allowed",
 		policy: config.Policy{Devices: []string{"nvidia.com/gpu=0"}},
 		holdings: []policy.Holding{
@@ -330,6 +340,9 @@ func TestRestoreChecks(t *testing.T) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not say %q", err, w)
 				}
+			}
+			if n := strings.Count(err.Error(), "both hold"); tc.reports > 0 && n != tc.reports {
+				t.Errorf("%d conflicts reported, want %d: %v", n, tc.reports, err)
 			}
 			// Whatever the problem, the restored devices stay held: a
 			// pod asking for all four GPUs finds some taken.
@@ -691,4 +704,41 @@ func TestConcurrentCountRequests(t *testing.T) {
 			t.Errorf("pod %d got %v (score %d): want a pair within an NVLink island", i, specs.Names(g.Counted), g.Score)
 		}
 	}
+}
+
+// TestOwnHoldings: what a pod holds never keeps its own next container
+// from it, by whichever name; a holding restored with a name twice is
+// one device.
+func TestOwnHoldings(t *testing.T) {
+	candidates, byName := gpus()
+	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	a := policy.NewAllocations()
+	g, err := admit(a, p, pod("a"), nil, 1, policy.Choice{Candidates: candidates}, nil)
+	if err != nil || len(g.Counted) != 1 || g.Counted[0].Name != "nvidia.com/gpu=0" {
+		t.Fatalf("count of 1: %v, %v", g.Counted, err)
+	}
+	if _, err := admit(a, p, pod("a"), []specs.Device{byName["GPU-0"]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
+		t.Errorf("the pod's next container asking by UUID for the GPU it counted: %v", err)
+	}
+
+	restored := policy.NewAllocations()
+	if err := restored.Restore(p, []policy.Holding{{Pod: pod("b"), Named: []specs.Device{byName["1"], byName["1"]}}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := restored.Count(); n != 1 {
+		t.Errorf("a holding restored with GPU 1 twice counts %d devices, want 1", n)
+	}
+}
+
+// TestMaxWithAll: "all" that no candidate of the request falls within
+// counts as one device beside the others; two MIG devices of one GPU
+// count as two.
+func TestMaxWithAll(t *testing.T) {
+	_, byName := gpus()
+	p := policy.New(config.Policy{Devices: config.DefaultDevices, AllowAll: true, MaxDevicesPerPod: 1})
+	_, err := admit(policy.NewAllocations(), p, pod("a"), []specs.Device{byName["all"], byName["1"]}, 0, policy.Choice{}, nil)
+	wantDenied(t, err, policy.RuleMax)
+	// Two MIG devices of one GPU are two devices.
+	_, err = admit(policy.NewAllocations(), p, pod("a"), []specs.Device{mig(0, 1), mig(0, 2)}, 0, policy.Choice{}, nil)
+	wantDenied(t, err, policy.RuleMax, "would hold 2 devices")
 }

@@ -138,7 +138,7 @@ func (a *Allocations) admitClaim(p *Policy, c Claim, devices []ClaimDevice, unhe
 		}
 		// Whatever exclusive says: a claim's devices are its own, but
 		// for a shared device's replicas.
-		if err := a.judge(p, who{exclusive: true}, d.Device).err(d.Device, true); err != nil {
+		if err := a.judge(p, who{exclusive: true}, d.Device).err(d.Device, p.exclusive); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", c, err))
 		}
 	}

@@ -335,3 +335,86 @@ func TestClaimMayBeUsedBy(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimDenials: a claim's device that a rule refuses is refused by
+// that rule alone (not also as held); one a pod holds is refused saying
+// why it is not shared: a count grant, policy.exclusive, or, with
+// exclusive off, that a claim's devices are its own.
+func TestClaimDenials(t *testing.T) {
+	_, byName := gpus()
+	sick := func(d specs.Device) error {
+		if d.Name == "nvidia.com/gpu=1" {
+			return errors.New("Xid 79")
+		}
+		return nil
+	}
+	for _, tc := range []struct {
+		name      string
+		exclusive bool
+		holding   policy.Holding
+		gpu       string
+		rule      string
+		want      string
+		not       string
+	}{
+		{"not allowed and held", false, policy.Holding{Pod: pod("a"), Counted: []specs.Device{byName["3"]}}, "3", policy.RuleDevices, "matches none of policy.devices", "held by"},
+		{"unhealthy and held", false, policy.Holding{Pod: pod("a"), Counted: []specs.Device{byName["1"]}}, "1", policy.RuleUnhealthy, "Xid 79", "held by"},
+		{"counted by a pod", true, policy.Holding{Pod: pod("a"), Counted: []specs.Device{byName["0"]}}, "0", policy.RuleExclusive, "which got it for a count request; it is free again when pod ns/a is removed", "policy.exclusive"},
+		{"named by a pod, exclusive", true, policy.Holding{Pod: pod("a"), Named: []specs.Device{byName["0"]}}, "0", policy.RuleExclusive, "and policy.exclusive is true; it is free again when pod ns/a is removed", "count request"},
+		{"named by a pod, not exclusive", false, policy.Holding{Pod: pod("a"), Named: []specs.Device{byName["GPU-0"]}}, "0", policy.RuleExclusive, `held by pod ns/a (as "nvidia.com/gpu=GPU-0"); a claim's devices are its own, never one a pod holds`, "count request"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: []string{"nvidia.com/gpu=[0-2]", "nvidia.com/gpu=GPU-*"}, Exclusive: tc.exclusive})
+			a := policy.NewAllocations()
+			// A device policy.devices does not allow is reported, and held.
+			if err := a.Restore(p, []policy.Holding{tc.holding}); err != nil && !errors.Is(err, policy.ErrRestoreConflict) {
+				t.Fatal(err)
+			}
+			c, devs := claimOf("c", byName, tc.gpu)
+			_, err := a.AdmitClaim(p, c, devs, sick)
+			wantDenied(t, err, tc.rule, tc.want)
+			if strings.Contains(err.Error(), tc.not) {
+				t.Errorf("%v says %q", err, tc.not)
+			}
+		})
+	}
+}
+
+// TestRestoreClaimsJudged: restored claims are judged as the pool
+// judges them: a claim's device is its own against a pod naming it with
+// exclusive off and against another claim, and shared within replicas
+// with the pods and claims of a shared GPU.
+func TestRestoreClaimsJudged(t *testing.T) {
+	_, byName := gpus()
+	c, devs := claimOf("c", byName, "0")
+	d, devsD := claimOf("d", byName, "GPU-0")
+	for _, tc := range []struct {
+		name   string
+		policy config.Policy
+		claims []policy.ClaimHolding
+		want   string // "" for no conflict
+	}{
+		{"a pod names the claim's GPU, not exclusive", config.Policy{Devices: config.DefaultDevices}, []policy.ClaimHolding{{Claim: c, Devices: devs}},
+			`claim ns/c of pod ns/p ("nvidia.com/gpu=0") and pod ns/a ("nvidia.com/gpu=GPU-0") both hold /dev/nvidia0`},
+		{"a GPU shared two ways, a claim and a pod", shared(2, "nvidia.com/gpu=0"), []policy.ClaimHolding{{Claim: c, Devices: devs}}, ""},
+		{"a GPU shared three ways, two claims and a pod", shared(3, "nvidia.com/gpu=0"), []policy.ClaimHolding{{Claim: c, Devices: devs}, {Claim: d, Devices: devsD}}, ""},
+		{"two claims of one GPU, not shared", config.Policy{Devices: config.DefaultDevices}, []policy.ClaimHolding{{Claim: c, Devices: devs}, {Claim: d, Devices: devsD}},
+			`claim ns/c of pod ns/p ("nvidia.com/gpu=0") and claim ns/d of pod ns/p ("nvidia.com/gpu=GPU-0") both hold /dev/nvidia0`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := gpuPolicy(tc.policy)
+			a := policy.NewAllocations()
+			if err := a.Restore(p, []policy.Holding{{Pod: pod("a"), Named: []specs.Device{byName["GPU-0"]}}}); err != nil {
+				t.Fatal(err)
+			}
+			err := a.RestoreClaims(p, tc.claims)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			testutil.ErrorSays(t, err, tc.want)
+		})
+	}
+}

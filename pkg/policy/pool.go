@@ -61,17 +61,22 @@ func (h holder) String() string {
 	return "pod " + h.pod.String()
 }
 
-// hint says when the device is free again, and why it is not shared.
-func (h holder) hint(exclusive bool) string {
+// hint says when the device is free again, and why it is not shared
+// (exclusive: policy.exclusive).
+func (u user) hint(exclusive bool) string {
 	switch {
-	case h.claim != nil:
+	case u.claim != nil:
 		return "; a device allocated to a claim serves the pods that use the claim only; it is free again when kubelet unprepares the claim (its pods removed)"
-	case h.sole:
-		return fmt.Sprintf(", which nri-gpu found using it with no record of how it got it (its record of holdings was lost), so it is held by that pod alone; it is free again when pod %s is removed", h.pod)
+	case u.sole:
+		return fmt.Sprintf(", which nri-gpu found using it with no record of how it got it (its record of holdings was lost), so it is held by that pod alone; it is free again when pod %s is removed", u.pod)
+	case u.strict:
+		return fmt.Sprintf(", which got it for a count request; it is free again when pod %s is removed", u.pod)
 	case exclusive:
-		return fmt.Sprintf(" and policy.exclusive is true; it is free again when pod %s is removed", h.pod)
+		return fmt.Sprintf(" and policy.exclusive is true; it is free again when pod %s is removed", u.pod)
 	}
-	return fmt.Sprintf(", which got it for a count request; it is free again when pod %s is removed", h.pod)
+	// Only an asker that is always exclusive (a DRA claim) is kept
+	// from a device a pod holds by name while policy.exclusive is false.
+	return fmt.Sprintf("; a claim's devices are its own, never one a pod holds; it is free again when pod %s is removed", u.pod)
 }
 
 // key tells holders apart: one pod, one claim.

@@ -72,6 +72,15 @@ func TestSharing(t *testing.T) {
 			},
 		},
 		{
+			name:   "a pod holding a shared GPU by both its names is one of its users",
+			policy: shared(2, "nvidia.com/gpu=0", "nvidia.com/gpu=GPU-0"),
+			steps: []step{
+				{pod: "a", named: []string{"0", "GPU-0"}, want: []string{"0", "GPU-0"}},
+				{pod: "b", named: []string{"0"}, want: []string{"0"}},
+				{pod: "c", named: []string{"GPU-0"}, rule: policy.RuleSharing, wantErr: []string{"used by 2 already: pod ns/a, pod ns/b"}},
+			},
+		},
+		{
 			name:   "a count grant of a GPU shared by its index is one of its replicas, the UUID asked for after it another",
 			policy: shared(2, "nvidia.com/gpu=0"),
 			steps: []step{
@@ -334,6 +343,7 @@ func TestShareOf(t *testing.T) {
 		{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 4, Strategy: config.StrategyTimeSlicing},
 		{Devices: []string{"nvidia.com/gpu=1"}, Replicas: 3, Strategy: config.StrategyMPS, PinnedMemoryLimit: "1Gi"},
 		{Devices: []string{"nvidia.com/gpu=2"}, Replicas: 2, Strategy: config.StrategyMPS, ActiveThreadPercentage: 70},
+		{Devices: []string{"nvidia.com/gpu=3"}, Replicas: 64, Strategy: config.StrategyMPS},
 	}})
 	for _, tc := range []struct {
 		name string
@@ -342,6 +352,7 @@ func TestShareOf(t *testing.T) {
 		{"nvidia.com/gpu=0", &policy.Share{Index: 0, Replicas: 4, Strategy: config.StrategyTimeSlicing}},
 		{"nvidia.com/gpu=1", &policy.Share{Index: 1, Replicas: 3, Strategy: config.StrategyMPS, ActiveThreadPercentage: 33, PinnedMemory: 1 << 30}},
 		{"nvidia.com/gpu=2", &policy.Share{Index: 2, Replicas: 2, Strategy: config.StrategyMPS, ActiveThreadPercentage: 70}},
+		{"nvidia.com/gpu=3", &policy.Share{Index: 3, Replicas: 64, Strategy: config.StrategyMPS, ActiveThreadPercentage: 1}}, // 100/64, at least 1
 		{"example.com/x=1", nil},
 	} {
 		got := p.Sharing(specs.Device{Name: tc.name})
