@@ -400,3 +400,34 @@ func TestUnprepareNotRecorded(t *testing.T) {
 		t.Errorf("the record %s, %v: want claim next, not old", data, err)
 	}
 }
+
+// TestClaimAskedAgainWhileNotRecorded: kubelet asking again to prepare a
+// claim nri-gpu holds with the same devices is answered yes at once,
+// with nothing new to record, even while the state file cannot be
+// written and another change waits to be recorded (an unprepare kubelet
+// will ask again).
+func TestClaimAskedAgainWhileNotRecorded(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	p, _ := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}), plugin.WithStateFile(filepath.Join(dir, "allocations.json")))
+	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	view := p.DRAView(config.Default().Start.DRA)
+	u := policy.Claim{UID: "u", Namespace: "tenant", Name: "u"}
+	v := policy.Claim{UID: "v", Namespace: "tenant", Name: "v"}
+	for i, c := range []policy.Claim{u, v} {
+		if err := view.Prepare(context.Background(), c, []link.Allocated{{CDI: "nvidia.com/gpu=" + strconv.Itoa(i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, dir, nil)
+	if err := view.Unprepare(context.Background(), u.UID); !errors.Is(err, plugin.ErrNotRecorded) {
+		t.Fatalf("unprepare with the state file unwritable: %v", err)
+	}
+	if err := view.Prepare(context.Background(), v, []link.Allocated{{CDI: "nvidia.com/gpu=1"}}); err != nil {
+		t.Errorf("claim v asked again, with the same GPU: %v", err)
+	}
+}
