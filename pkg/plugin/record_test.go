@@ -307,8 +307,8 @@ func TestGrantNotRecorded(t *testing.T) {
 		t.Errorf("once the state file can be written: %v, %v; want GPU 0", devicePaths(adj), err)
 	}
 	data, err := os.ReadFile(state)
-	if err != nil || !bytes.Contains(data, []byte(`"id-a"`)) || !bytes.Contains(data, []byte(`"id-recorded"`)) {
-		t.Errorf("the record once writable: %s, %v; want pods a and recorded", data, err)
+	if err != nil || !bytes.Contains(data, []byte(`"id-a"`)) || !bytes.Contains(data, []byte(`"id-recorded"`)) || bytes.Contains(data, []byte(`"id-plain"`)) {
+		t.Errorf("the record once writable: %s, %v; want pods a and recorded (not plain, which holds nothing)", data, err)
 	}
 }
 
