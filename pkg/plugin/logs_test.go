@@ -433,3 +433,35 @@ func TestClaimLogs(t *testing.T) {
 		t.Errorf("after unprepare the state file holds %s, %v", saved, err)
 	}
 }
+
+// TestSynchronizeWithRecord: after a restart with its record intact, the
+// devices found in a pod's running container are those the record has:
+// nothing is said of devices no record has, and the pod holds them as
+// recorded.
+func TestSynchronizeWithRecord(t *testing.T) {
+	specDir := gpuSpecDir(t, 3)
+	state := filepath.Join(t.TempDir(), "state", "allocations.json")
+	first, _ := logged(t, "policy: {exclusive: true}", plugin.WithSpecDirs([]string{specDir}), plugin.WithStateFile(state))
+	if _, err := first.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	live := gpuPod("live", map[string]string{"gpus.nri-gpu.io": "2"})
+	ctr := ctrOf(live, nil)
+	adj, _, err := first.CreateContainer(context.Background(), live, ctr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+
+	ctr.Linux.Devices = adj.GetLinux().GetDevices()
+	ctr.Annotations = adj.GetAnnotations()
+	p, hook := logged(t, "policy: {exclusive: true}", plugin.WithSpecDirs([]string{specDir}), plugin.WithStateFile(state))
+	if _, err := p.Synchronize(context.Background(), []*api.PodSandbox{live}, []*api.Container{ctr}); err != nil {
+		t.Fatal(err)
+	}
+	if sole := entries(hook, logrus.WarnLevel, "that no record has"); len(sole) != 0 {
+		t.Errorf("said of devices no record has, with the record intact: %v", sole)
+	}
+	_, _, err = p.CreateContainer(context.Background(), gpuPod("other", map[string]string{"gpus.nri-gpu.io": "2"}), ctrOf(gpuPod("other", nil), nil))
+	testutil.ErrorSays(t, err, `held by pod tenant/live`)
+}
