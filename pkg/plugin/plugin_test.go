@@ -1044,3 +1044,45 @@ func TestRecoveredPodsReleasedByTheirContainers(t *testing.T) {
 	removeContainer(three, first)
 	heldBy("1", "three")
 }
+
+// TestConcurrentCounts: as many pods as there are GPUs ask for one at
+// once, round after round: each gets one, none the same, though several
+// choose the same free GPU at first and all but one must choose again.
+func TestConcurrentCounts(t *testing.T) {
+	const gpus = 8
+	p, err := plugin.New(config.Default(), quiet(), plugin.WithSpecDirs([]string{gpuSpecDir(t, gpus)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	for round := range 20 {
+		got := make([]string, gpus)
+		var wg sync.WaitGroup
+		for i := range gpus {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				pod := gpuPod(fmt.Sprintf("r%d-%d", round, i), map[string]string{"gpu-count.nri-gpu.io": "1"})
+				adj, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil))
+				if err != nil {
+					t.Errorf("round %d, pod %d: %v", round, i, err)
+					return
+				}
+				got[i] = strings.Join(devicePaths(adj), ",")
+			}()
+		}
+		wg.Wait()
+		seen := map[string]bool{}
+		for i, g := range got {
+			if g == "" || seen[g] {
+				t.Fatalf("round %d: pod %d got %q; all: %v", round, i, g, got)
+			}
+			seen[g] = true
+		}
+		for i := range gpus {
+			if err := p.RemovePodSandbox(context.Background(), gpuPod(fmt.Sprintf("r%d-%d", round, i), nil)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
