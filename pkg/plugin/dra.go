@@ -28,8 +28,9 @@ func (p *Plugin) UseClaims(f link.Finder) { p.claims = f }
 // names that is not reserved for its pod fails the creation. When the
 // API server cannot tell, the creation fails if a prepared claim may be
 // used by the pod (policy.Claim.MayBeUsedBy: the container would run
-// without its devices), and goes on without claims otherwise. It waits as long as ctx lets it
-// (the request's share of the runtime's patience).
+// without its devices), and goes on without claims otherwise. It waits
+// as long as ctx lets it (the request's share of the runtime's
+// patience).
 func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]string, []specs.Device, error) {
 	if p.claims == nil {
 		return nil, nil, nil
@@ -94,14 +95,13 @@ func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
 	for _, kind := range c.cfg.Kinds {
 		hw := st.hardware(snap, kind, c.cfg.Devices, offered)
 		offered = append(offered, hw...)
-		cands := snap.Candidates(kind)
 		for _, cand := range hw {
 			// Free, or shared with a replica no pod uses (a claim is one
 			// user, whichever pods use it; claims are the scheduler's).
 			if c.p.room(st, snap, cand, policy.DRA) == 0 {
 				continue
 			}
-			info := c.info(snap, kind, cand, cands)
+			info := c.info(snap, kind, cand)
 			name := info.DeviceName()
 			if names[name] {
 				continue // two CDI names that make one DNS label: the first wins
@@ -115,14 +115,14 @@ func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
 
 // info returns what is known of a device: from its spec (its name, its
 // other names, its device nodes) and, for an NVIDIA GPU, NVML.
-func (c *DRAView) info(snap *specs.Snapshot, kind string, d specs.Device, cands []specs.Device) link.Info {
+func (c *DRAView) info(snap *specs.Snapshot, kind string, d specs.Device) link.Info {
 	_, _, name := parser.ParseDevice(d.Name)
 	info := link.Info{Kind: kind, Name: name, Index: -1, Minor: minorOf(snap, d.Name)}
 	nv := kind == config.DefaultKind
 	if !nv {
 		return info
 	}
-	info.UUID = uuidOf(d, cands)
+	info.UUID = uuidOf(snap, d)
 	switch m := migName.FindStringSubmatch(name); {
 	case m != nil:
 		info.Type = link.TypeMIG

@@ -161,24 +161,15 @@ func minorOf(snap *specs.Snapshot, name string) int {
 	return minor
 }
 
-// uuidOf returns the UUID a device is named by (GPU-..., MIG-...), its
-// own name or that of a candidate of the same hardware, or "".
-func uuidOf(d specs.Device, cands []specs.Device) string {
-	uuid := func(dev specs.Device) string {
-		_, _, n := parser.ParseDevice(dev.Name)
-		if strings.HasPrefix(n, "GPU-") || strings.HasPrefix(n, "MIG-") {
+// uuidOf returns the UUID a device is named by (GPU-..., MIG-...): its
+// own name, or another name its hardware goes by in its kind, or "".
+func uuidOf(snap *specs.Snapshot, d specs.Device) string {
+	vendor, class, _ := parser.ParseDevice(d.Name)
+	names := append([]string{d.Name}, snap.Aliases(d)...)
+	for _, name := range names {
+		v, c, n := parser.ParseDevice(name)
+		if v == vendor && c == class && (strings.HasPrefix(n, "GPU-") || strings.HasPrefix(n, "MIG-")) {
 			return n
-		}
-		return ""
-	}
-	if u := uuid(d); u != "" {
-		return u
-	}
-	for _, o := range cands {
-		if o.Same(d) {
-			if u := uuid(o); u != "" {
-				return u
-			}
 		}
 	}
 	return ""

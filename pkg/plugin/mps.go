@@ -40,8 +40,8 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 	if share == nil || share.Strategy != config.StrategyMPS {
 		return nil, nil
 	}
-	vendor, class, name := parser.ParseDevice(d.Name)
-	uuid := uuidOf(d, snap.Candidates(vendor+"/"+class))
+	_, _, name := parser.ParseDevice(d.Name)
+	uuid := uuidOf(snap, d)
 	if migName.MatchString(name) || strings.HasPrefix(uuid, "MIG-") {
 		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, which nri-gpu does not do for MIG devices (nor does NVIDIA's device plugin); share MIG devices with strategy timeSlicing",
 			ErrMPS, d.Name, share)

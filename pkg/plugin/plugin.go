@@ -227,9 +227,9 @@ func (p *Plugin) logSharing(s *specs.Snapshot) {
 	p.mu.RUnlock()
 	current := map[string]string{}
 	if st != nil {
-		if err := st.policy.CheckSharing(s.Trusted()); err != nil {
-			for _, msg := range strings.Split(err.Error(), "\n") {
-				current[msg] = msg
+		if err, ok := st.policy.CheckSharing(s.Trusted()).(interface{ Unwrap() []error }); ok {
+			for _, e := range err.Unwrap() {
+				current[e.Error()] = e.Error()
 			}
 		}
 	}
