@@ -145,6 +145,34 @@ type Sharing struct {
 	// pin, as a quantity ("10Gi"); by default the GPU's memory (as NVML
 	// tells it) divided by Replicas.
 	PinnedMemoryLimit string `yaml:"pinnedMemoryLimit"`
+	// Memory is the GPU memory shared, as a quantity ("80Gi"): by default
+	// the GPU's as NVML tells it. Each user consumes some of it (a pod
+	// MemoryRequest.Default, a DRA claim what kube-scheduler allocated
+	// it), and a device takes no user past it.
+	Memory string `yaml:"memory"`
+	// MemoryRequest is how much memory a user may consume, as published
+	// to kube-scheduler (consumable capacity).
+	MemoryRequest MemoryRequest `yaml:"memoryRequest"`
+	// MemoryQuota says, for timeSlicing (which cannot bound memory), that
+	// memory is a scheduling quota only: a DRA claim that asks for an
+	// amount of memory is then prepared, else refused.
+	MemoryQuota bool `yaml:"memoryQuota"`
+}
+
+// MemoryRequest is the request policy of a shared GPU's memory: what one
+// user consumes when it asks for no amount, and what amounts it may ask
+// for (quantities such as "10Gi").
+type MemoryRequest struct {
+	// Default is what a user that asks for no amount consumes (every
+	// pod, and each claim that asks none): by default PinnedMemoryLimit,
+	// else Memory divided by Replicas, rounded down to Step.
+	Default string `yaml:"default"`
+	// Minimum and Maximum bound what a claim may ask for: by default Step
+	// and Memory.
+	Minimum string `yaml:"minimum"`
+	Maximum string `yaml:"maximum"`
+	// Step is the granularity of amounts: by default 1Mi.
+	Step string `yaml:"step"`
 }
 
 // MPSDaemon says who runs the MPS control daemons.

@@ -55,7 +55,8 @@ func TestParse(t *testing.T) {
 			AllowAll: true, MaxDevicesPerPod: 2, Exclusive: true, HookPaths: []string{"/usr/local/bin/hook"},
 			ExemptCDIAnnotations: true, AllowUnhealthy: true,
 			Sharing: []config.Sharing{
-				{Devices: []string{"example.com/fpga=0"}, Replicas: 4, Strategy: config.StrategyTimeSlicing},
+				{Devices: []string{"example.com/fpga=0"}, Replicas: 4, Strategy: config.StrategyTimeSlicing, Memory: "80Gi",
+					MemoryRequest: config.MemoryRequest{Default: "16Gi", Minimum: "2Gi", Maximum: "40Gi", Step: "2Gi"}, MemoryQuota: true},
 				{Devices: []string{"example.com/fpga=1", "example.com/fpga=2"}, Replicas: 3, Strategy: config.StrategyMPS, ActiveThreadPercentage: 30, PinnedMemoryLimit: "10Gi"},
 			},
 		},
@@ -110,6 +111,9 @@ policy:
   sharing:
   - devices: ["example.com/fpga=0"]
     replicas: 4
+    memory: 80Gi
+    memoryRequest: {default: 16Gi, minimum: 2Gi, maximum: 40Gi, step: 2Gi}
+    memoryQuota: true
   - devices: ["example.com/fpga=1", "example.com/fpga=2"]
     replicas: 3
     strategy: mps
@@ -164,6 +168,9 @@ policy:
   sharing:
   - devices: ["example.com/fpga=0"]
     replicas: 4
+    memory: 80Gi
+    memoryRequest: {default: 16Gi, minimum: 2Gi, maximum: 40Gi, step: 2Gi}
+    memoryQuota: true
   - devices: ["example.com/fpga=1", "example.com/fpga=2"]
     replicas: 3
     strategy: mps
@@ -245,6 +252,14 @@ start:
 		{name: "negative thread percentage", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, activeThreadPercentage: -1}]\n", wantErr: []string{"activeThreadPercentage: -1 is not between"}},
 		{name: "bad memory limit", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, pinnedMemoryLimit: lots}]\n", wantErr: []string{`policy.sharing[0].pinnedMemoryLimit: "lots" is not a quantity`}},
 		{name: "memory limit under 1Mi", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, pinnedMemoryLimit: 1023Ki}]\n", wantErr: []string{`"1023Ki" is less than 1Mi`}},
+		{name: "bad shared memory", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, memory: lots}]\n", wantErr: []string{`policy.sharing[0].memory: "lots" is not a quantity such as 10Gi`}},
+		{name: "memory step under 1Mi", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, memoryRequest: {step: 1Ki}}]\n", wantErr: []string{`policy.sharing[0].memoryRequest.step: "1Ki" is less than 1Mi`}},
+		{name: "memory off the step", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, memory: 80Gi, memoryRequest: {default: 3Gi, step: 2Gi}}]\n", wantErr: []string{`policy.sharing[0].memoryRequest.default: "3Gi" is not a multiple of memoryRequest.step (2Gi)`}},
+		{name: "memory request out of order", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, memory: 8Gi, memoryRequest: {minimum: 4Gi, default: 2Gi, maximum: 16Gi}}]\n", wantErr: []string{
+			`policy.sharing[0].memoryRequest.default: "2Gi" is less than policy.sharing[0].memoryRequest.minimum (4Gi)`,
+			`policy.sharing[0].memory: "8Gi" is less than policy.sharing[0].memoryRequest.maximum (16Gi)`}},
+		{name: "default beside pinned memory", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, pinnedMemoryLimit: 1Gi, memoryRequest: {default: 2Gi}}]\n", wantErr: []string{`policy.sharing[0].memoryRequest.default: pinnedMemoryLimit is what a user consumes by default`}},
+		{name: "memory quota with MPS", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, memoryQuota: true}]\n", wantErr: []string{`policy.sharing[0].memoryQuota: MPS bounds each client's memory`}},
 		{name: "bad MPS daemon", yaml: "mps:\n  daemon: systemd\n", wantErr: []string{`mps.daemon: "systemd" is neither "external" nor "managed"`}},
 		{name: "relative MPS control", yaml: "mps:\n  controlCommand: nvidia-cuda-mps-control\n", wantErr: []string{`mps.controlCommand: "nvidia-cuda-mps-control" is not an absolute path`}},
 		{name: "relative MPS root", yaml: "mps:\n  root: mps\n", wantErr: []string{`mps.root: "mps" is not an absolute path`}},

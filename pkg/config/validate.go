@@ -180,8 +180,96 @@ func (s *Sharing) validate(at *field.Path) field.ErrorList {
 	default:
 		errs = append(errs, oneOf(at.Child("strategy"), s.Strategy, StrategyTimeSlicing, StrategyMPS)...)
 	}
-	return errs
+	if s.MemoryQuota && s.Strategy != StrategyTimeSlicing {
+		errs = append(errs, field.Forbidden(at.Child("memoryQuota"), "MPS bounds each client's memory; memoryQuota is for timeSlicing, which cannot"))
+	}
+	_, amountErrs := s.amounts(at)
+	return append(errs, amountErrs...)
 }
+
+// Amounts are a shared GPU's memory settings in bytes; 0 is unset (by
+// default).
+type Amounts struct {
+	Memory, Default, Minimum, Maximum, Step int64
+}
+
+// Amounts returns Memory and MemoryRequest in bytes (Step 1Mi unless
+// set) of a validated entry.
+func (s *Sharing) Amounts() Amounts {
+	a, _ := s.amounts(nil)
+	return a
+}
+
+// amounts returns Memory and MemoryRequest in bytes (Step 1Mi unless
+// set), or what is wrong with them (under at): each a quantity of 1Mi
+// or more, a multiple of Step, Minimum <= Default <= Maximum <= Memory
+// where set, and Default unset when pinnedMemoryLimit is (it is the
+// default then).
+func (s *Sharing) amounts(at *field.Path) (Amounts, field.ErrorList) {
+	req := at.Child("memoryRequest")
+	var (
+		out  = Amounts{Step: 1 << 20}
+		errs field.ErrorList
+	)
+	parse := func(p *field.Path, v string, to *int64) {
+		if v == "" {
+			return
+		}
+		q, err := resource.ParseQuantity(v)
+		switch {
+		case err != nil:
+			errs = append(errs, field.Invalid(p, v, fmt.Sprintf("%q is not a quantity such as 10Gi: %v", v, err)))
+		case q.Value() < 1<<20:
+			errs = append(errs, field.Invalid(p, v, fmt.Sprintf("%q is less than 1Mi", v)))
+		default:
+			*to = q.Value()
+		}
+	}
+	parse(req.Child("step"), s.MemoryRequest.Step, &out.Step)
+	parse(at.Child("memory"), s.Memory, &out.Memory)
+	parse(req.Child("default"), s.MemoryRequest.Default, &out.Default)
+	parse(req.Child("minimum"), s.MemoryRequest.Minimum, &out.Minimum)
+	parse(req.Child("maximum"), s.MemoryRequest.Maximum, &out.Maximum)
+	if len(errs) > 0 {
+		return Amounts{}, errs
+	}
+	named := []struct {
+		path  *field.Path
+		value string
+		bytes int64
+	}{
+		{req.Child("minimum"), s.MemoryRequest.Minimum, out.Minimum},
+		{req.Child("default"), s.MemoryRequest.Default, out.Default},
+		{req.Child("maximum"), s.MemoryRequest.Maximum, out.Maximum},
+		{at.Child("memory"), s.Memory, out.Memory},
+	}
+	for _, n := range named {
+		if n.bytes%out.Step != 0 {
+			errs = append(errs, field.Invalid(n.path, n.value, fmt.Sprintf("%q is not a multiple of memoryRequest.step (%s)", n.value, quantity(out.Step))))
+		}
+	}
+	// In order, of those set.
+	last := -1
+	for i, n := range named {
+		if n.bytes == 0 {
+			continue
+		}
+		if last >= 0 && named[last].bytes > n.bytes {
+			errs = append(errs, field.Invalid(n.path, n.value, fmt.Sprintf("%q is less than %s (%s)", n.value, named[last].path, named[last].value)))
+		}
+		last = i
+	}
+	if s.MemoryRequest.Default != "" && s.PinnedMemoryLimit != "" {
+		errs = append(errs, field.Forbidden(req.Child("default"), "pinnedMemoryLimit is what a user consumes by default; set one of them"))
+	}
+	if len(errs) > 0 {
+		return Amounts{}, errs
+	}
+	return out, nil
+}
+
+// quantity writes bytes as a binary quantity ("1Mi").
+func quantity(bytes int64) string { return resource.NewQuantity(bytes, resource.BinarySI).String() }
 
 // PinnedMemory returns PinnedMemoryLimit in bytes, 0 when it is not set.
 func (s *Sharing) PinnedMemory() (int64, error) {

@@ -46,6 +46,10 @@ type ClaimDevice struct {
 	specs.Device
 	// Requests are the claim's requests it was allocated for.
 	Requests []string
+	// Use is what kube-scheduler allocated the claim of the device when
+	// it is shared by consumable capacity (zero: one share and the
+	// default memory).
+	Use Use
 }
 
 // ClaimHolding is a prepared claim and its devices, as kept across a
@@ -138,7 +142,7 @@ func (a *Allocations) admitClaim(p *Policy, c Claim, devices []ClaimDevice, unhe
 		}
 		// Whatever exclusive says: a claim's devices are its own, but
 		// for a shared device's replicas.
-		if err := a.judge(p, who{exclusive: true}, d.Device).err(d.Device, p.exclusive); err != nil {
+		if err := a.judge(p, who{exclusive: true, use: d.Use}, d.Device).err(d.Device, p.exclusive); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", c, err))
 		}
 	}

@@ -78,6 +78,9 @@ type Policy struct {
 	// aliases returns the names a device's hardware goes by; nil: its
 	// own only.
 	aliases func(specs.Device) []string
+	// memory returns a device's memory in bytes (0: unknown); nil: none
+	// known.
+	memory func(specs.Device) int64
 }
 
 // Share is how the devices of a policy.sharing entry are shared.
@@ -92,8 +95,11 @@ type Share struct {
 	// client; PinnedMemory 0 takes the GPU's memory divided by Replicas.
 	ActiveThreadPercentage int
 	PinnedMemory           int64
+	// MemoryQuota says memory is a scheduling quota only (timeSlicing).
+	MemoryQuota bool
 
-	globs []string
+	globs   []string
+	amounts config.Amounts
 }
 
 // String describes the entry for messages: "policy.sharing[0]
@@ -186,7 +192,7 @@ func New(p config.Policy) *Policy {
 func shares(entries []config.Sharing) []Share {
 	out := make([]Share, 0, len(entries))
 	for i, e := range entries {
-		s := Share{Index: i, Replicas: e.Replicas, Strategy: e.Strategy, globs: slices.Clone(e.Devices)}
+		s := Share{Index: i, Replicas: e.Replicas, Strategy: e.Strategy, MemoryQuota: e.MemoryQuota, globs: slices.Clone(e.Devices), amounts: e.Amounts()}
 		if e.Strategy == config.StrategyMPS {
 			s.ActiveThreadPercentage = e.ActiveThreadPercentage
 			if s.ActiveThreadPercentage == 0 {

@@ -97,6 +97,9 @@ type user struct {
 	// kubelet says kubelet allocated it to the pod (a device plugin's),
 	// by this name or by another name of the same hardware.
 	kubelet bool
+	// use is what it consumes of the device when it is shared (a claim's
+	// allocation; zero: one share and the default memory).
+	use Use
 }
 
 // who asks the pool whether it may have a device: a pod (and the claims
@@ -112,6 +115,9 @@ type who struct {
 	// shared (policy.exclusive for a request by name; a count request,
 	// kubelet and DRA always).
 	exclusive bool
+	// use is what it would consume of the device when it is shared (a
+	// claim's allocation; zero: one share and the default memory).
+	use Use
 }
 
 // Door is a way into the pool.
@@ -151,7 +157,7 @@ func (a *Allocations) users(w who, d specs.Device) []user {
 		}
 		for i := range c.devices {
 			if c.devices[i].Overlaps(d) {
-				out = append(out, user{holder: holder{claim: &c.claim}, dev: &c.devices[i].Device, strict: true})
+				out = append(out, user{holder: holder{claim: &c.claim}, dev: &c.devices[i].Device, strict: true, use: c.devices[i].Use})
 			}
 		}
 	}
@@ -192,9 +198,14 @@ type verdict struct {
 	by    *user
 	apart *Share
 	// share is how the device is shared, nil if it is not; sharers are
-	// the holders (one entry each) it is shared with.
-	share   *Share
-	sharers []user
+	// the holders (one entry each) it is shared with, capacity what it
+	// offers them, used what they consume and asking what the asker
+	// would.
+	share    *Share
+	sharers  []user
+	capacity Capacity
+	used     Use
+	asking   Use
 	// twice is why it may not be given at all: two policy.sharing
 	// entries match it.
 	twice error
@@ -209,7 +220,16 @@ func (v verdict) room() int {
 	case v.share == nil:
 		return 1
 	}
-	return max(0, v.share.Replicas-len(v.sharers))
+	return v.capacity.room(v.used)
+}
+
+// fits reports whether the asker may have the device: it is free, or
+// shared with room for what the asker would consume.
+func (v verdict) fits() bool {
+	if v.share == nil || v.by != nil || v.twice != nil {
+		return v.room() > 0
+	}
+	return v.capacity.fits(v.used, v.asking)
 }
 
 // judge says whether w may have d beside what others hold. A device
@@ -223,9 +243,12 @@ func (v verdict) room() int {
 // is exclusive. This is the pool's one answer to every door.
 func (a *Allocations) judge(p *Policy, w who, d specs.Device) verdict {
 	share, err := p.share(d)
-	v := verdict{share: share, twice: err}
+	v := verdict{share: share, twice: err, asking: w.use}
 	if err != nil {
 		return v
+	}
+	if share != nil {
+		v.capacity = p.Capacity(share, d)
 	}
 	seen := map[string]bool{}
 	for _, u := range a.users(w, d) {
@@ -233,6 +256,9 @@ func (a *Allocations) judge(p *Policy, w who, d specs.Device) verdict {
 			if !seen[u.key()] {
 				seen[u.key()] = true
 				v.sharers = append(v.sharers, u)
+				use := v.capacity.use(u.use)
+				v.used.Shares += use.Shares
+				v.used.Memory += use.Memory
 			}
 			continue
 		}
@@ -271,9 +297,13 @@ func (v verdict) err(d specs.Device, exclusive bool) error {
 	case v.by != nil:
 		return deny(RuleExclusive, fmt.Errorf("%w: device %q is held by %s (as %q)%s",
 			ErrDenied, d.Name, v.by.holder, v.by.dev.Name, v.by.hint(exclusive)))
-	case v.room() == 0:
-		return deny(RuleSharing, fmt.Errorf("%w: device %q is shared by %s and used by %d already: %s; it is free for one more when one of them is removed, or raise replicas",
-			ErrDenied, d.Name, v.share, len(v.sharers), describeUsers(v.sharers)))
+	case !v.fits():
+		room := "it is free for one more when one of them is removed, or raise replicas"
+		if v.capacity.Memory > 0 || !v.asking.IsZero() {
+			room = fmt.Sprintf("it has %s left, and %s is needed; there is room again when one of them is removed", v.capacity.Left(v.used), v.capacity.use(v.asking))
+		}
+		return deny(RuleSharing, fmt.Errorf("%w: device %q is shared by %s and used by %d already: %s; %s",
+			ErrDenied, d.Name, v.share, len(v.sharers), describeUsers(v.sharers), room))
 	}
 	return nil
 }

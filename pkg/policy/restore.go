@@ -113,15 +113,18 @@ func (a *Allocations) check(p *Policy) error {
 		id      string
 		dev     specs.Device
 		counted bool
-		// share is how the device is shared, nil if it is not.
+		// share is how the device is shared, nil if it is not; use what
+		// the holder consumes of it.
 		share *Share
+		use   Use
 	}
 	// users counts the holders of each shared piece of hardware, by its
-	// first node.
+	// first node, and what they consume.
 	type use struct {
-		device string
-		share  *Share
-		who    []string
+		dev   specs.Device
+		share *Share
+		who   []string
+		used  Use
 	}
 	users := map[string]*use{}
 	var order []string
@@ -132,12 +135,15 @@ func (a *Allocations) check(p *Policy) error {
 		n := o.dev.Nodes[0]
 		u := users[n]
 		if u == nil {
-			u = &use{device: o.dev.Name, share: o.share}
+			u = &use{dev: o.dev, share: o.share}
 			users[n] = u
 			order = append(order, n)
 		}
 		if !slices.Contains(u.who, o.who) {
 			u.who = append(u.who, o.who)
+			c := p.Capacity(o.share, o.dev).use(o.use)
+			u.used.Shares += c.Shares
+			u.used.Memory += c.Memory
 		}
 	}
 	byNode := map[string][]owner{}
@@ -154,7 +160,7 @@ func (a *Allocations) check(p *Policy) error {
 	}
 	// hold records holder who's device d, reporting each earlier holder
 	// it may not hold it beside, once, by the first node they share.
-	hold := func(who, id string, d specs.Device, counted bool, share *Share, sole bool) {
+	hold := func(who, id string, d specs.Device, counted bool, share *Share, sole bool, consumed Use) {
 		reported := map[string]bool{}
 		for _, n := range d.Nodes {
 			for _, o := range byNode[n] {
@@ -163,9 +169,9 @@ func (a *Allocations) check(p *Policy) error {
 					report("%s (%q) and %s (%q) both hold %s", o.who, o.dev.Name, who, d.Name, n)
 				}
 			}
-			byNode[n] = append(byNode[n], owner{who, id, d, counted, share})
+			byNode[n] = append(byNode[n], owner{who: who, id: id, dev: d, counted: counted, share: share})
 		}
-		count(owner{who: who, dev: d, share: share})
+		count(owner{who: who, dev: d, share: share, use: consumed})
 	}
 	// A claim's devices are its own, as a count grant's are.
 	for _, uid := range slices.Sorted(maps.Keys(a.claims)) {
@@ -174,7 +180,7 @@ func (a *Allocations) check(p *Policy) error {
 			if !p.Allowed(d.Name) {
 				report("%s holds %q, which policy.devices does not allow (any more)", c.claim, d.Name)
 			}
-			hold(c.claim.String(), "claim:"+uid, d.Device, true, p.Sharing(d.Device), false)
+			hold(c.claim.String(), "claim:"+uid, d.Device, true, p.Sharing(d.Device), false, d.Use)
 		}
 	}
 	for _, id := range ids {
@@ -190,12 +196,17 @@ func (a *Allocations) check(p *Policy) error {
 			if sole {
 				share = nil
 			}
-			hold("pod "+h.pod.String(), id, d, i >= len(h.named) || sole, share, sole)
+			hold("pod "+h.pod.String(), id, d, i >= len(h.named) || sole, share, sole, Use{})
 		}
 	}
 	for _, n := range order {
-		if u := users[n]; len(u.who) > u.share.Replicas {
-			report("%d hold %q, which %s lets %d use at once: %s", len(u.who), u.device, u.share, u.share.Replicas, strings.Join(u.who, ", "))
+		u := users[n]
+		c := p.Capacity(u.share, u.dev)
+		switch {
+		case u.used.Shares > c.Shares:
+			report("%d hold %q, which %s lets %d use at once: %s", len(u.who), u.dev.Name, u.share, c.Shares, strings.Join(u.who, ", "))
+		case c.Memory > 0 && u.used.Memory > c.Memory:
+			report("%d hold %s of %q's memory, which has %s under %s: %s", len(u.who), Quantity(u.used.Memory), u.dev.Name, Quantity(c.Memory), u.share, strings.Join(u.who, ", "))
 		}
 	}
 	if len(problems) == 0 {

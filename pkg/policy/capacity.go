@@ -1,0 +1,127 @@
+package policy
+
+import (
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// Capacity is what one shared device offers its users, all doors
+// together: replicas (shares) and memory. Each user consumes some of
+// both: a pod (whatever door it came through) one share and the default
+// memory, a DRA claim what kube-scheduler allocated it (consumable
+// capacity), and the device takes no user past either.
+type Capacity struct {
+	// Shares is the entry's replicas.
+	Shares int
+	// Memory is the device's memory in bytes, rounded down to Step; 0
+	// when it is not known (no NVML and no policy.sharing[].memory),
+	// and then memory is not counted.
+	Memory int64
+	// Default is what a user that asks for no amount consumes; Minimum
+	// and Maximum bound what a claim may ask for, in multiples of Step.
+	Default, Minimum, Maximum, Step int64
+}
+
+// Use is what one user consumes of a shared device. The zero Use is a
+// user that asked for no amount: one share and the default memory.
+type Use struct {
+	Shares int
+	Memory int64
+}
+
+// IsZero reports whether u asked for no amount.
+func (u Use) IsZero() bool { return u == Use{} }
+
+// String writes u for messages: "1 share and 20Gi of memory".
+func (u Use) String() string {
+	s := fmt.Sprintf("%d shares", u.Shares)
+	if u.Shares == 1 {
+		s = "1 share"
+	}
+	if u.Memory > 0 {
+		s += " and " + Quantity(u.Memory) + " of memory"
+	}
+	return s
+}
+
+// Quantity writes bytes as Kubernetes writes a quantity ("20Gi").
+func Quantity(bytes int64) string { return resource.NewQuantity(bytes, resource.BinarySI).String() }
+
+// WithMemory returns a copy of p that knows each device's memory in bytes
+// (NVML's; 0 when unknown), for the capacity of the devices it shares
+// whose policy.sharing entry does not set memory.
+func (p *Policy) WithMemory(memory func(specs.Device) int64) *Policy {
+	c := *p
+	c.memory = memory
+	return &c
+}
+
+// Capacity returns what device d offers its users under s (see
+// Capacity). The entry's memory, else the device's as WithMemory tells
+// it, is rounded down to memoryRequest.step; the default is
+// memoryRequest.default, else pinnedMemoryLimit, else the memory divided
+// by the replicas, rounded down to the step and within minimum and
+// maximum.
+func (p *Policy) Capacity(s *Share, d specs.Device) Capacity {
+	a := s.amounts
+	c := Capacity{Shares: s.Replicas, Step: a.Step}
+	c.Memory = a.Memory
+	if c.Memory == 0 && p.memory != nil {
+		c.Memory = p.memory(d)
+	}
+	c.Memory -= c.Memory % c.Step
+	if c.Memory < c.Step {
+		return Capacity{Shares: s.Replicas}
+	}
+	c.Minimum = max(a.Minimum, c.Step)
+	c.Maximum = c.Memory
+	if a.Maximum > 0 {
+		c.Maximum = min(a.Maximum, c.Memory)
+	}
+	c.Default = a.Default
+	if c.Default == 0 {
+		c.Default = s.PinnedMemory
+	}
+	if c.Default == 0 {
+		c.Default = c.Memory / int64(s.Replicas)
+	}
+	c.Default -= c.Default % c.Step
+	c.Default = min(max(c.Default, c.Minimum), c.Maximum)
+	return c
+}
+
+// use returns what u consumes of c: a zero Use is one share and the
+// default memory.
+func (c Capacity) use(u Use) Use {
+	if u.IsZero() {
+		return Use{Shares: 1, Memory: c.Default}
+	}
+	if c.Memory == 0 {
+		u.Memory = 0
+	}
+	return u
+}
+
+// fits reports whether u may be had beside used.
+func (c Capacity) fits(used, u Use) bool {
+	u = c.use(u)
+	return used.Shares+u.Shares <= c.Shares && (c.Memory == 0 || used.Memory+u.Memory <= c.Memory)
+}
+
+// room returns how many more users that ask for no amount fit beside
+// used.
+func (c Capacity) room(used Use) int {
+	n := c.Shares - used.Shares
+	if c.Memory > 0 && c.Default > 0 {
+		n = min(n, int((c.Memory-used.Memory)/c.Default))
+	}
+	return max(0, n)
+}
+
+// Left returns what is left of c beside used.
+func (c Capacity) Left(used Use) Use {
+	return Use{Shares: max(0, c.Shares-used.Shares), Memory: max(0, c.Memory-used.Memory)}
+}
