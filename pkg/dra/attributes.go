@@ -7,8 +7,10 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/utils/ptr"
 
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
 // DeviceOf returns a device's ResourceSlice entry: the attributes NVIDIA's
@@ -68,5 +70,44 @@ func DeviceOf(i link.Info, sysfs fs.ReadLinkFS) resourceapi.Device {
 			"memory": {Value: *resource.NewQuantity(int64(i.MemoryBytes), resource.BinarySI)},
 		}
 	}
+	if i.Offer != nil {
+		offer(&dev, *i.Offer)
+	}
 	return dev
+}
+
+// Capacities a shared device offers claims, as NVIDIA's DRA driver names
+// them.
+const (
+	CapacityShares resourceapi.QualifiedName = "shares"
+	CapacityMemory resourceapi.QualifiedName = "memory"
+)
+
+// offer makes dev a device several claims may be allocated
+// (allowMultipleAllocations) up to what c offers: "shares" (one per
+// claim by default) and, where the memory is known, "memory" (the
+// default, minimum, maximum and step of c), as the API server validates
+// them: a step only where one fits between the minimum and the value.
+func offer(dev *resourceapi.Device, c policy.Capacity) {
+	dev.AllowMultipleAllocations = ptr.To(true)
+	one := *resource.NewQuantity(1, resource.DecimalSI)
+	shares := *resource.NewQuantity(int64(c.Shares), resource.DecimalSI)
+	dev.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+		CapacityShares: {Value: shares, RequestPolicy: &resourceapi.CapacityRequestPolicy{
+			Default:    &one,
+			ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: &one, Max: &shares, Step: ptr.To(one.DeepCopy())},
+		}},
+	}
+	if c.Shares < 2 {
+		dev.Capacity[CapacityShares].RequestPolicy.ValidRange.Step = nil
+	}
+	if c.Memory == 0 {
+		return
+	}
+	q := func(b int64) *resource.Quantity { return resource.NewQuantity(b, resource.BinarySI) }
+	r := &resourceapi.CapacityRequestPolicyRange{Min: q(c.Minimum), Max: q(c.Maximum)}
+	if c.Minimum+c.Step <= c.Memory {
+		r.Step = q(c.Step)
+	}
+	dev.Capacity[CapacityMemory] = resourceapi.DeviceCapacity{Value: *q(c.Memory), RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: q(c.Default), ValidRange: r}}
 }

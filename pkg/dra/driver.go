@@ -244,15 +244,49 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) (kub
 			allocated = append(allocated, link.Allocated{CDI: name})
 			i = len(allocated) - 1
 		}
-		allocated[i].Requests = append(allocated[i].Requests, resourceclaim.BaseRequestRef(r.Request))
+		a := &allocated[i]
+		a.Requests = append(a.Requests, resourceclaim.BaseRequestRef(r.Request))
+		// One share of a device per request (ShareID): a claim allocated
+		// one device twice consumes both.
+		if n, ok := r.ConsumedCapacity[CapacityShares]; ok {
+			a.Use.Shares += int(n.Value())
+		} else if r.ShareID != nil {
+			a.Use.Shares++
+		}
+		if m, ok := r.ConsumedCapacity[CapacityMemory]; ok {
+			a.Use.Memory += m.Value()
+		}
+		a.MemoryAsked = a.MemoryAsked || asksMemory(c, r.Request)
 		res.Devices = append(res.Devices, kubeletplugin.Device{
-			Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{name},
+			Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{name}, ShareID: r.ShareID,
 		})
 	}
 	if err := d.src.Prepare(ctx, claim, allocated); err != nil {
 		return kubeletplugin.PrepareResult{}, err
 	}
 	return res, nil
+}
+
+// asksMemory reports whether the claim's request (or subrequest,
+// "request/sub") names an amount of memory.
+func asksMemory(c *resourceapi.ResourceClaim, request string) bool {
+	base, sub, _ := strings.Cut(request, "/")
+	for _, r := range c.Spec.Devices.Requests {
+		if r.Name != base {
+			continue
+		}
+		if sub == "" && r.Exactly != nil && r.Exactly.Capacity != nil {
+			_, ok := r.Exactly.Capacity.Requests[CapacityMemory]
+			return ok
+		}
+		for _, s := range r.FirstAvailable {
+			if s.Name == sub && s.Capacity != nil {
+				_, ok := s.Capacity.Requests[CapacityMemory]
+				return ok
+			}
+		}
+	}
+	return false
 }
 
 // UnprepareResourceClaims releases what each claim holds. A claim not

@@ -31,7 +31,7 @@ func (p *Plugin) UseClaims(f link.Finder) { p.claims = f }
 // without its devices), and goes on without claims otherwise. It waits
 // as long as ctx lets it (the request's share of the runtime's
 // patience).
-func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]string, []specs.Device, error) {
+func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]string, []policy.ClaimDevice, error) {
 	if p.claims == nil {
 		return nil, nil, nil
 	}
@@ -52,7 +52,7 @@ func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api
 	}
 	var (
 		uids []string
-		devs []specs.Device
+		devs []policy.ClaimDevice
 	)
 	for _, u := range uses {
 		_, d, err := p.alloc.Claim(u.UID, u.Requests)
@@ -102,6 +102,9 @@ func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
 				continue
 			}
 			info := c.info(snap, kind, cand)
+			if offer, ok := c.p.alloc.Offer(st.policy, cand, policy.DRA); ok {
+				info.Offer = &offer
+			}
 			name := info.DeviceName()
 			if names[name] {
 				continue // two CDI names that make one DNS label: the first wins
@@ -170,7 +173,8 @@ func (c *DRAView) Prepare(_ context.Context, claim policy.Claim, allocated []lin
 			errs = append(errs, fmt.Errorf("%s: %w", claim, err))
 			continue
 		}
-		devs = append(devs, policy.ClaimDevice{Device: e.Footprint, Requests: a.Requests})
+
+		devs = append(devs, policy.ClaimDevice{Device: e.Footprint, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked})
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err

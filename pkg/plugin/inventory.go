@@ -147,6 +147,16 @@ func (p *Plugin) gpus() map[int]gpuInfo {
 	return p.hw.gpuFacts
 }
 
+// memoryOf returns the memory of a whole GPU as NVML tells it, or 0 (a
+// MIG device, another kind of device, no NVML).
+func (p *Plugin) memoryOf(snap *specs.Snapshot, d specs.Device) int64 {
+	_, _, name := parser.ParseDevice(d.Name)
+	if migName.MatchString(name) || strings.HasPrefix(uuidOf(snap, d), "MIG-") {
+		return 0
+	}
+	return int64(p.gpus()[minorOf(snap, d.Name)].MemoryBytes)
+}
+
 // minorOf returns the minor of the NVIDIA GPU node (/dev/nvidiaN) the
 // named device's spec gives it, or -1.
 func minorOf(snap *specs.Snapshot, name string) int {

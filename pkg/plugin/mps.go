@@ -26,9 +26,11 @@ import (
 
 // mpsGPU is an MPS-shared GPU: its daemon, and what bounds each client.
 type mpsGPU struct {
-	device string
-	share  *policy.Share
-	daemon mps.Daemon
+	device   string
+	share    *policy.Share
+	capacity policy.Capacity
+	daemon   mps.Daemon
+	// limits are a pod's, the daemon's defaults.
 	limits mps.Limits
 }
 
@@ -46,17 +48,13 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, which nri-gpu does not do for MIG devices (nor does NVIDIA's device plugin); share MIG devices with strategy timeSlicing",
 			ErrMPS, d.Name, share)
 	}
-	g, known := p.gpus()[minorOf(snap, d.Name)]
 	if uuid == "" {
-		uuid = g.UUID // "" when NVML does not know it either
+		uuid = p.gpus()[minorOf(snap, d.Name)].UUID // "" when NVML does not know it either
 	}
-	memory := share.PinnedMemory
-	if memory == 0 {
-		if !known || g.MemoryBytes == 0 {
-			return nil, fmt.Errorf("%w: device %q: %s bounds each MPS client to an equal share of the GPU's memory, which NVML does not tell here; set its pinnedMemoryLimit",
-				ErrMPS, d.Name, share)
-		}
-		memory = int64(g.MemoryBytes) / int64(share.Replicas)
+	capacity := st.policy.Capacity(share, d)
+	if capacity.Default == 0 {
+		return nil, fmt.Errorf("%w: device %q: %s bounds each MPS client to an equal share of the GPU's memory, which NVML does not tell here; set its pinnedMemoryLimit or memory",
+			ErrMPS, d.Name, share)
 	}
 	dir := uuid
 	if dir == "" {
@@ -67,11 +65,27 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 			ErrMPS, d.Name, dir, st.cfg.Start.MPS.Root)
 	}
 	return &mpsGPU{
-		device: d.Name,
-		share:  share,
-		daemon: mps.Daemon{Control: st.cfg.Start.MPS.ControlCommand, Dir: filepath.Join(st.cfg.Start.MPS.Root, dir), GPU: uuid, Root: st.cfg.Start.MPS.HostRoot},
-		limits: mps.Limits{ActiveThreadPercentage: share.ActiveThreadPercentage, PinnedMemoryMiB: memory >> 20},
+		device:   d.Name,
+		share:    share,
+		capacity: capacity,
+		daemon:   mps.Daemon{Control: st.cfg.Start.MPS.ControlCommand, Dir: filepath.Join(st.cfg.Start.MPS.Root, dir), GPU: uuid, Root: st.cfg.Start.MPS.HostRoot},
+		limits:   mps.Limits{ActiveThreadPercentage: share.ActiveThreadPercentage, PinnedMemoryMiB: capacity.Default >> 20},
 	}, nil
+}
+
+// limitsOf returns the bounds of a client that consumes u of the GPU (a
+// claim's allocation): its memory, and the entry's compute share for
+// each of its shares, at most the whole GPU. A zero u (a pod's) is one
+// share and the default memory: the daemon's defaults.
+func (g *mpsGPU) limitsOf(u policy.Use) mps.Limits {
+	if u.IsZero() {
+		return g.limits
+	}
+	out := mps.Limits{ActiveThreadPercentage: min(100, g.share.ActiveThreadPercentage*max(1, u.Shares)), PinnedMemoryMiB: g.limits.PinnedMemoryMiB}
+	if u.Memory > 0 {
+		out.PinnedMemoryMiB = u.Memory >> 20
+	}
+	return out
 }
 
 // mpsEdits returns what a container given devices needs of MPS: for its
@@ -79,10 +93,12 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 // daemon's directories and the client's limits, once the daemon answers.
 // A container of an MPS-shared GPU whose daemon does not run is refused:
 // never given the GPU unbounded.
-func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, devices []specs.Device) ([]adjust.Extra, error) {
+func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, devices []specs.Device, uses map[string]policy.Use) ([]adjust.Extra, error) {
 	var (
 		gpus []*mpsGPU
 		errs []error
+		// use is what the container's claims consume of its GPU.
+		use policy.Use
 	)
 	for _, d := range devices {
 		g, err := p.mpsOf(st, snap, d)
@@ -91,6 +107,10 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 		}
 		if g != nil && !slices.ContainsFunc(gpus, func(o *mpsGPU) bool { return o.daemon.Dir == g.daemon.Dir }) {
 			gpus = append(gpus, g)
+		}
+		if g != nil {
+			use.Shares += uses[d.Name].Shares
+			use.Memory += uses[d.Name].Memory
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -133,7 +153,7 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 	return []adjust.Extra{{
 		Name: fmt.Sprintf("MPS of %s", g.device),
 		Edits: &cdispec.ContainerEdits{
-			Env: mps.ClientEnv(g.limits),
+			Env: mps.ClientEnv(g.limitsOf(use)),
 			Mounts: []*cdispec.Mount{
 				mount(g.daemon.PipeDir(), mps.ClientPipeDir, "ro"),
 				mount(g.daemon.LogDir(), mps.ClientLogDir, "ro"),

@@ -192,6 +192,11 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 	// Whether a device is shared follows its hardware: the names it
 	// goes by in the specs in force.
 	pol := policy.New(rules).WithAliases(func(d specs.Device) []string { return reg.Snapshot().Aliases(d) })
+	if len(rules.Sharing) > 0 {
+		// A shared GPU's memory is counted (NVML asked once, when first
+		// needed).
+		pol = pol.WithMemory(func(d specs.Device) int64 { return p.memoryOf(reg.Snapshot(), d) })
+	}
 	if err := pol.CheckSharing(reg.Snapshot().Trusted()); err != nil {
 		reg.Close()
 		return nil, err

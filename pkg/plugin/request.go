@@ -164,6 +164,25 @@ type asked struct {
 	injected []*cdi.Device
 	want     policy.Want
 	claimed  []specs.Device
+	// uses are what the claims consume of the shared devices among
+	// claimed, by name.
+	uses map[string]policy.Use
+}
+
+// uses returns what the claims' devices consume of shared devices, by
+// name: a device in two of the container's claims, the two together.
+func uses(held []policy.ClaimDevice) map[string]policy.Use {
+	out := map[string]policy.Use{}
+	for _, d := range held {
+		if d.Use.IsZero() {
+			continue
+		}
+		u := out[d.Name]
+		u.Shares += d.Use.Shares
+		u.Memory += d.Use.Memory
+		out[d.Name] = u
+	}
+	return out
 }
 
 // holds reports whether the request asks the pool to hold anything: the
@@ -194,10 +213,11 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 	if err != nil {
 		return nil, policy.Grant{}, err
 	}
-	claims, claimed, err := p.claimDevices(ctx, r.pod, r.ctr)
+	claims, held, err := p.claimDevices(ctx, r.pod, r.ctr)
 	if err != nil {
 		return nil, policy.Grant{}, err
 	}
+	claimed := policy.Footprints(held)
 	if ask.Empty() && len(claimed) == 0 {
 		return scrub(r.ctr), policy.Grant{}, nil
 	}
@@ -209,6 +229,7 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 	if err != nil {
 		return nil, policy.Grant{}, err
 	}
+	a.uses = uses(held)
 	a.want.Pod, a.want.Claims = pod, claims
 	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Unhealthy: p.unhealthy()}
 	if ask.Count > 1 {
@@ -316,7 +337,7 @@ func (p *Plugin) build(ctx context.Context, r *request, a asked, plan policy.Pla
 		return nil, err
 	}
 	given := append(plan.Devices(), a.claimed...)
-	extra, err := p.mpsEdits(ctx, r.st, r.snap, given)
+	extra, err := p.mpsEdits(ctx, r.st, r.snap, given, a.uses)
 	if err != nil {
 		return nil, err
 	}

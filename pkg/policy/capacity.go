@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -18,7 +19,8 @@ type Capacity struct {
 	Shares int
 	// Memory is the device's memory in bytes, rounded down to Step; 0
 	// when it is not known (no NVML and no policy.sharing[].memory),
-	// and then memory is not counted.
+	// and then memory is not counted (Default is then the entry's, 0
+	// when it sets none).
 	Memory int64
 	// Default is what a user that asks for no amount consumes; Minimum
 	// and Maximum bound what a claim may ask for, in multiples of Step.
@@ -73,17 +75,15 @@ func (p *Policy) Capacity(s *Share, d specs.Device) Capacity {
 		c.Memory = p.memory(d)
 	}
 	c.Memory -= c.Memory % c.Step
+	c.Default = cmp.Or(a.Default, s.PinnedMemory)
 	if c.Memory < c.Step {
-		return Capacity{Shares: s.Replicas}
+		// Not counted; what a user is bound to (MPS) is the entry's.
+		return Capacity{Shares: s.Replicas, Default: c.Default}
 	}
 	c.Minimum = max(a.Minimum, c.Step)
 	c.Maximum = c.Memory
 	if a.Maximum > 0 {
 		c.Maximum = min(a.Maximum, c.Memory)
-	}
-	c.Default = a.Default
-	if c.Default == 0 {
-		c.Default = s.PinnedMemory
 	}
 	if c.Default == 0 {
 		c.Default = c.Memory / int64(s.Replicas)
@@ -93,14 +93,18 @@ func (p *Policy) Capacity(s *Share, d specs.Device) Capacity {
 	return c
 }
 
-// use returns what u consumes of c: a zero Use is one share and the
-// default memory.
+// use returns what u consumes of c: what it does not say (the zero Use,
+// a claim allocated before the device offered what it says) is one
+// share and the default memory.
 func (c Capacity) use(u Use) Use {
-	if u.IsZero() {
-		return Use{Shares: 1, Memory: c.Default}
+	if u.Shares == 0 {
+		u.Shares = 1
 	}
-	if c.Memory == 0 {
+	switch {
+	case c.Memory == 0:
 		u.Memory = 0
+	case u.Memory == 0:
+		u.Memory = c.Default
 	}
 	return u
 }

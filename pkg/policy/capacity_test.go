@@ -58,6 +58,11 @@ func TestCapacity(t *testing.T) {
 			entry: config.Sharing{Replicas: 4},
 			want:  policy.Capacity{Shares: 4},
 		},
+		{
+			name:  "memory unknown: shares only, and the pinned memory limit bounds MPS clients",
+			entry: config.Sharing{Replicas: 4, Strategy: config.StrategyMPS, PinnedMemoryLimit: "10Gi"},
+			want:  policy.Capacity{Shares: 4, Default: 10 * gi},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -113,6 +118,14 @@ func TestConsumableCapacity(t *testing.T) {
 	if _, err := admit(a, p, pod("a"), []specs.Device{gpu0}, 0, policy.Choice{}, nil); err != nil {
 		t.Fatalf("pod beside a 50Gi claim: %v", err)
 	}
+	// kube-scheduler is offered what the pod leaves; it counts the claims.
+	want := policy.Capacity{Shares: 3, Memory: 60 * gi, Default: 20 * gi, Minimum: 1 << 20, Maximum: 60 * gi, Step: 1 << 20}
+	if got, ok := a.Offer(p, gpu0, policy.DRA); !ok || got != want {
+		t.Errorf("offered to claims beside pod a: %+v, %v; want %+v", got, ok, want)
+	}
+	if _, ok := a.Offer(p, byName["1"], policy.DRA); ok {
+		t.Error("GPU 1, not shared, offered capacity")
+	}
 	_, err := admit(a, p, pod("b"), []specs.Device{gpu0}, 0, policy.Choice{}, nil)
 	wantDenied(t, err, policy.RuleSharing, `device "nvidia.com/gpu=0" is shared by policy.sharing[0] (replicas 4, mps) and used by 2 already: claim ns/big of pod ns/big, pod ns/a`,
 		"it has 2 shares and 10Gi of memory left, and 1 share and 20Gi of memory is needed")
@@ -137,5 +150,23 @@ func TestConsumableCapacity(t *testing.T) {
 	}
 	if got := strings.Join(a.Users(gpu0), ", "); got != "claim ns/plain of pod ns/plain, pod ns/a" {
 		t.Errorf("users = %s", got)
+	}
+	// Claims are offered what pods leave; when that is less than one
+	// user's default, nothing.
+	for _, name := range []string{"c", "d"} {
+		if _, err := admit(a, p, pod(name), []specs.Device{gpu0}, 0, policy.Choice{}, nil); err != nil {
+			t.Fatalf("pod %s: %v", name, err)
+		}
+	}
+	want = policy.Capacity{Shares: 1, Memory: 20 * gi, Default: 20 * gi, Minimum: 1 << 20, Maximum: 20 * gi, Step: 1 << 20}
+	if got, ok := a.Offer(p, gpu0, policy.DRA); !ok || got != want {
+		t.Errorf("offered to claims beside 3 pods: %+v, %v; want %+v", got, ok, want)
+	}
+	a.ReleaseClaim("uid-plain")
+	if _, err := admit(a, p, pod("e"), []specs.Device{gpu0}, 0, policy.Choice{}, nil); err != nil {
+		t.Fatalf("pod e: %v", err)
+	}
+	if got, ok := a.Offer(p, gpu0, policy.DRA); ok {
+		t.Errorf("offered %+v to claims beside 4 pods that use every share", got)
 	}
 }

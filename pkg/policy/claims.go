@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
@@ -50,6 +51,9 @@ type ClaimDevice struct {
 	// it is shared by consumable capacity (zero: one share and the
 	// default memory).
 	Use Use
+	// MemoryAsked says the claim asked for an amount of memory of it
+	// (not kept across a restart: it was judged when prepared).
+	MemoryAsked bool
 }
 
 // ClaimHolding is a prepared claim and its devices, as kept across a
@@ -66,6 +70,9 @@ type claimHolding struct {
 
 // Footprints returns the claim's devices.
 func (c ClaimHolding) Footprints() []specs.Device { return footprints(c.Devices) }
+
+// Footprints returns the devices of devs.
+func Footprints(devs []ClaimDevice) []specs.Device { return footprints(devs) }
 
 func footprints(devs []ClaimDevice) []specs.Device {
 	out := make([]specs.Device, 0, len(devs))
@@ -140,6 +147,13 @@ func (a *Allocations) admitClaim(p *Policy, c Claim, devices []ClaimDevice, unhe
 				continue
 			}
 		}
+		// Time-slicing cannot bound memory: an amount asked for is a
+		// scheduling quota only where the operator says so.
+		if s := p.Sharing(d.Device); d.MemoryAsked && s != nil && s.Strategy == config.StrategyTimeSlicing && !s.MemoryQuota {
+			errs = append(errs, deny(RuleSharing, fmt.Errorf("%s: %w: device %q: the claim asks for an amount of memory, which %s cannot bound; ask for none, or set its memoryQuota: true to allocate memory as a scheduling quota only",
+				c, ErrDenied, d.Name, s)))
+			continue
+		}
 		// Whatever exclusive says: a claim's devices are its own, but
 		// for a shared device's replicas.
 		if err := a.judge(p, who{exclusive: true, use: d.Use}, d.Device).err(d.Device, p.exclusive); err != nil {
@@ -210,17 +224,17 @@ func (a *Allocations) ReleaseClaim(uid string) []string {
 
 // Claim returns the devices of the prepared claim uid that were
 // allocated for one of requests (all of them when requests is empty).
-func (a *Allocations) Claim(uid string, requests []string) (Claim, []specs.Device, error) {
+func (a *Allocations) Claim(uid string, requests []string) (Claim, []ClaimDevice, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	c := a.claims[uid]
 	if c == nil {
 		return Claim{}, nil, ErrNotPrepared
 	}
-	var out []specs.Device
+	var out []ClaimDevice
 	for _, d := range c.devices {
 		if len(requests) == 0 || slices.ContainsFunc(d.Requests, func(r string) bool { return slices.Contains(requests, r) }) {
-			out = append(out, d.Device)
+			out = append(out, d)
 		}
 	}
 	return c.claim, out, nil

@@ -286,6 +286,27 @@ func (a *Allocations) Room(p *Policy, d specs.Device, door Door) int {
 	return a.judge(p, who{door: door, exclusive: true}, d).room()
 }
 
+// Offer returns what shared device d offers the users door's scheduler
+// accounts for, on the pool as it is and under p: its capacity less what
+// every other holder consumes (DRA: kube-scheduler counts the claims;
+// pods of every door consume beside them), and false when p does not
+// share it or it has no room for one more user of the default amount.
+func (a *Allocations) Offer(p *Policy, d specs.Device, door Door) (Capacity, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	v := a.judge(p, who{door: door, exclusive: true}, d)
+	if v.share == nil || v.room() == 0 {
+		return Capacity{}, false
+	}
+	c := v.capacity
+	c.Shares -= v.used.Shares
+	if c.Memory > 0 {
+		c.Memory -= v.used.Memory
+		c.Maximum = min(c.Maximum, c.Memory)
+	}
+	return c, true
+}
+
 // err is the denial of a device the verdict does not free, or nil.
 func (v verdict) err(d specs.Device, exclusive bool) error {
 	switch {

@@ -115,6 +115,10 @@ type claimRecord struct {
 type claimDeviceRecord struct {
 	deviceRecord
 	Requests []string `json:"requests,omitempty"`
+	// Shares and Memory are what the claim was allocated of a device
+	// shared by consumable capacity; none: one share and the default.
+	Shares int   `json:"shares,omitempty"`
+	Memory int64 `json:"memory,omitempty"`
 }
 
 type podRecord struct {
@@ -178,7 +182,7 @@ func (f *File) Save(held func() Content) error {
 	for _, c := range c.Claims {
 		r := claimRecord{UID: c.Claim.UID, Namespace: c.Claim.Namespace, Name: c.Claim.Name, Pods: c.Claim.Pods}
 		for _, d := range c.Devices {
-			r.Devices = append(r.Devices, claimDeviceRecord{recordOf(d.Device), d.Requests})
+			r.Devices = append(r.Devices, claimDeviceRecord{deviceRecord: recordOf(d.Device), Requests: d.Requests, Shares: d.Use.Shares, Memory: d.Use.Memory})
 		}
 		rec.Claims = append(rec.Claims, r)
 	}
@@ -388,7 +392,10 @@ func (f *File) Load() (Content, error) {
 	for _, r := range rec.Claims {
 		c := policy.ClaimHolding{Claim: policy.Claim{UID: r.UID, Namespace: r.Namespace, Name: r.Name, Pods: r.Pods}}
 		for _, d := range r.Devices {
-			c.Devices = append(c.Devices, policy.ClaimDevice{Device: d.device(), Requests: d.Requests})
+			if d.Shares < 0 || d.Memory < 0 {
+				return Content{}, fmt.Errorf("state file %s: claim %s/%s: device %q: a negative amount allocated (%d shares, %d bytes of memory)", f.path, r.Namespace, r.Name, d.Name, d.Shares, d.Memory)
+			}
+			c.Devices = append(c.Devices, policy.ClaimDevice{Device: d.device(), Requests: d.Requests, Use: policy.Use{Shares: d.Shares, Memory: d.Memory}})
 		}
 		claims = append(claims, c)
 	}

@@ -29,7 +29,10 @@ func TestStateFileRoundTrip(t *testing.T) {
 	}
 	claims := []policy.ClaimHolding{{
 		Claim:   policy.Claim{UID: "uid-1", Namespace: "ns", Name: "c", Pods: []string{"ns/a", "ns/b"}},
-		Devices: []policy.ClaimDevice{{Device: specs.Device{Name: "nvidia.com/gpu=3", Nodes: []string{"c 195:3"}}, Requests: []string{"gpu"}}},
+		Devices: []policy.ClaimDevice{
+			{Device: specs.Device{Name: "nvidia.com/gpu=3", Nodes: []string{"c 195:3"}}, Requests: []string{"gpu"}},
+			{Device: specs.Device{Name: "nvidia.com/gpu=1", Nodes: []string{"c 195:1"}}, Requests: []string{"shared"}, Use: policy.Use{Shares: 2, Memory: 10 << 30}},
+		},
 	}}
 	if err := f.Save(func() Content { return Content{Pods: holdings, Claims: claims} }); err != nil {
 		t.Fatal(err)
@@ -64,6 +67,23 @@ func TestStateFileRoundTrip(t *testing.T) {
 	entries, _ := os.ReadDir(filepath.Dir(f.path))
 	if len(entries) != 1 {
 		t.Errorf("the state dir holds %d files, want the state file only (no temp files left)", len(entries))
+	}
+}
+
+// TestNegativeAmounts: a record whose claim was allocated a negative
+// amount of a shared device (it would consume less than nothing) is not
+// loaded.
+func TestNegativeAmounts(t *testing.T) {
+	for _, amounts := range []string{`"shares":-1`, `"memory":-1048576`} {
+		path := filepath.Join(t.TempDir(), "allocations.json")
+		if err := os.WriteFile(path, []byte(`{"version":1,"pods":[],"claims":[{"uid":"u","namespace":"ns","name":"c","devices":[`+
+			`{"name":"nvidia.com/gpu=0","nodes":["c 195:0"],`+amounts+`}]}]}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, err := Open(path).Load()
+		if err == nil || !strings.Contains(err.Error(), `claim ns/c: device "nvidia.com/gpu=0": a negative amount allocated`) {
+			t.Errorf("%s: loaded %+v, %v; want an error naming the claim and device", amounts, c, err)
+		}
 	}
 }
 

@@ -59,6 +59,10 @@ type Info struct {
 	PCIBusID string
 	// MemoryBytes is the device's memory.
 	MemoryBytes uint64
+	// Offer, when set, is what a device policy.sharing shares offers
+	// claims (consumable capacity): several claims may be allocated it,
+	// up to these amounts.
+	Offer *policy.Capacity
 }
 
 // label is what a device name may not have outside [a-z0-9-].
@@ -94,6 +98,11 @@ type Allocated struct {
 	CDI string
 	// Requests are the claim's requests it was allocated for.
 	Requests []string
+	// Use is what kube-scheduler allocated the claim of a device shared
+	// by consumable capacity (zero: none was counted).
+	Use policy.Use
+	// MemoryAsked says one of Requests asked for an amount of memory.
+	MemoryAsked bool
 }
 
 // PodRef is the pod of a container being created, as the runtime knows

@@ -96,7 +96,8 @@ func linked(t *testing.T, pool Pool) (*PoolClient, net.Conn) {
 func TestPoolOverTheLink(t *testing.T) {
 	info := Info{Kind: "nvidia.com/gpu", Name: "0:1", Type: TypeMIG, Index: 0, Minor: 0, UUID: "MIG-1", ParentUUID: "GPU-0",
 		Profile: "1g.10gb", ProductName: "NVIDIA H200", Brand: "Nvidia", Architecture: "Hopper", DriverVersion: "570.86.15",
-		CUDAComputeCapability: "9.0", PCIBusID: "0000:3b:00.0", MemoryBytes: 141 << 30}
+		CUDAComputeCapability: "9.0", PCIBusID: "0000:3b:00.0", MemoryBytes: 141 << 30,
+		Offer: &policy.Capacity{Shares: 3, Memory: 100 << 30, Default: 20 << 30, Minimum: 1 << 30, Maximum: 80 << 30, Step: 1 << 30}}
 	claim := policy.Claim{UID: "uid-1", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a", "tenant/b"}}
 	pool := &fakePool{devices: []Device{{CDI: "nvidia.com/gpu=0:1", Info: info}}, prepared: []policy.Claim{claim}}
 	c, _ := linked(t, pool)
@@ -116,14 +117,14 @@ func TestPoolOverTheLink(t *testing.T) {
 	if diff := cmp.Diff(pool.prepared, got); diff != "" {
 		t.Errorf("prepared claims over the link (-pool +driver):\n%s", diff)
 	}
-	allocated := []Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus", "extra"}}}
+	allocated := []Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus", "extra"}, Use: policy.Use{Shares: 2, Memory: 1 << 30}, MemoryAsked: true}}
 	if err := c.Prepare(ctx, claim, allocated); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Unprepare(ctx, "uid-1"); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"devices", "prepared", "prepare uid-1 [{nvidia.com/gpu=0 [gpus extra]}]", "unprepare uid-1"}
+	want := []string{"devices", "prepared", "prepare uid-1 [{nvidia.com/gpu=0 [gpus extra] 2 shares and 1Gi of memory true}]", "unprepare uid-1"}
 	if !slices.Equal(pool.calls, want) {
 		t.Errorf("the pool was asked %q, want %q", pool.calls, want)
 	}
