@@ -12,6 +12,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
 func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }
@@ -89,6 +90,51 @@ func TestDevice(t *testing.T) {
 			}
 			if len(got.Name) > 63 {
 				t.Errorf("name %q is longer than a DNS label", got.Name)
+			}
+		})
+	}
+}
+
+// TestOffer: a shared device's capacities are published as the API
+// server accepts them (every amount within the value, a step only where
+// one fits between the minimum and the value), and a device without
+// known memory offers shares only.
+func TestOffer(t *testing.T) {
+	const gi = int64(1) << 30
+	tests := []struct {
+		name           string
+		offer          policy.Capacity
+		shares, memory string // "value default min max step"
+	}{
+		{"memory and shares", policy.Capacity{Shares: 4, Memory: 80 * gi, Default: 20 * gi, Minimum: gi, Maximum: 80 * gi, Step: gi},
+			"4 1 1 4 1", "80Gi 20Gi 1Gi 80Gi 1Gi"},
+		{"one share, no room for a step", policy.Capacity{Shares: 1, Memory: 20 * gi, Default: 20 * gi, Minimum: 20 * gi, Maximum: 20 * gi, Step: gi},
+			"1 1 1 1 -", "20Gi 20Gi 20Gi 20Gi -"},
+		{"memory unknown", policy.Capacity{Shares: 2}, "2 1 1 2 1", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := dra.DeviceOf(link.Info{Kind: "nvidia.com/gpu", Name: "0", Type: link.TypeGPU, Minor: 0, MemoryBytes: uint64(80 * gi), Offer: &tc.offer}, nil)
+			if d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations {
+				t.Error("not published for several claims")
+			}
+			describe := func(name resourceapi.QualifiedName) string {
+				c, ok := d.Capacity[name]
+				if !ok {
+					return ""
+				}
+				r := c.RequestPolicy.ValidRange
+				step := "-"
+				if r.Step != nil {
+					step = r.Step.String()
+				}
+				return strings.Join([]string{c.Value.String(), c.RequestPolicy.Default.String(), r.Min.String(), r.Max.String(), step}, " ")
+			}
+			if got := describe(dra.CapacityShares); got != tc.shares {
+				t.Errorf("shares %q, want %q", got, tc.shares)
+			}
+			if got := describe(dra.CapacityMemory); got != tc.memory {
+				t.Errorf("memory %q, want %q (the GPU's memory is no capacity of its own once shared)", got, tc.memory)
 			}
 		})
 	}

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -507,6 +508,58 @@ func TestPrepare(t *testing.T) {
 	}
 	if !slices.Equal(src.unprepared, []string{"uid-two"}) {
 		t.Errorf("unprepared %v, want uid-two", src.unprepared)
+	}
+}
+
+// TestPrepareConsumedCapacity: what kube-scheduler allocated a claim of
+// a device shared by consumable capacity is held: its shares and memory,
+// summed over the claim's shares of one device (ShareID), one share for a
+// share without a "shares" amount; whether a request or subrequest asked
+// for an amount of memory goes with it; kubelet hears each share's ID.
+func TestPrepareConsumedCapacity(t *testing.T) {
+	share := func(r resourceapi.DeviceRequestAllocationResult, id string, consumed map[resourceapi.QualifiedName]string) resourceapi.DeviceRequestAllocationResult {
+		uid := types.UID(id)
+		r.ShareID = &uid
+		r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{}
+		for k, v := range consumed {
+			r.ConsumedCapacity[k] = resource.MustParse(v)
+		}
+		return r
+	}
+	c := allocated("shared", "uid-shared",
+		share(result("small", driver, node, "gpu-0"), "s1", map[resourceapi.QualifiedName]string{"shares": "1", "memory": "4Gi"}),
+		share(result("big/first", driver, node, "gpu-0"), "s2", map[resourceapi.QualifiedName]string{"shares": "2", "memory": "20Gi"}),
+		share(result("plain", driver, node, "gpu-1"), "s3", nil))
+	c.Spec.Devices.Requests = []resourceapi.DeviceRequest{
+		{Name: "small", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu", Capacity: &resourceapi.CapacityRequirements{
+			Requests: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("4Gi")}}}},
+		{Name: "big", FirstAvailable: []resourceapi.DeviceSubRequest{{Name: "first", DeviceClassName: "gpu", Capacity: &resourceapi.CapacityRequirements{
+			Requests: map[resourceapi.QualifiedName]resource.Quantity{"shares": resource.MustParse("2")}}}}},
+		{Name: "plain", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu"}},
+	}
+	src := newSource("gpu-0", "gpu-1")
+	s := start(t, src, c)
+	resp, err := s.dra.NodePrepareResources(context.Background(), &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{{Namespace: "ns", Name: "shared", Uid: "uid-shared"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := resp.Claims["uid-shared"]
+	if got.Error != "" {
+		t.Fatal(got.Error)
+	}
+	var shares []string
+	for _, d := range got.Devices {
+		shares = append(shares, d.DeviceName+"/"+d.GetShareId())
+	}
+	if want := []string{"gpu-0/s1", "gpu-0/s2", "gpu-1/s3"}; !slices.Equal(shares, want) {
+		t.Errorf("kubelet heard of shares %v, want %v", shares, want)
+	}
+	want := []link.Allocated{
+		{CDI: "nvidia.com/gpu=0", Requests: []string{"small", "big"}, Use: policy.Use{Shares: 3, Memory: 24 << 30}, MemoryAsked: true},
+		{CDI: "nvidia.com/gpu=1", Requests: []string{"plain"}, Use: policy.Use{Shares: 1}},
+	}
+	if diff := cmp.Diff(want, src.prepared["uid-shared"]); diff != "" {
+		t.Errorf("held (-want +got):\n%s", diff)
 	}
 }
 

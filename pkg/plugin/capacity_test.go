@@ -1,0 +1,171 @@
+package plugin_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containerd/nri/pkg/api"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+)
+
+// capacityOf returns a device's capacity as published: its value and
+// request policy (default, min, max, step), "" where unset.
+func capacityOf(d resourceapi.Device, name resourceapi.QualifiedName) []string {
+	c, ok := d.Capacity[name]
+	if !ok {
+		return nil
+	}
+	s := func(q *resource.Quantity) string {
+		if q == nil {
+			return ""
+		}
+		return q.String()
+	}
+	out := []string{c.Value.String()}
+	if p := c.RequestPolicy; p != nil && p.ValidRange != nil {
+		out = append(out, s(p.Default), s(p.ValidRange.Min), s(p.ValidRange.Max), s(p.ValidRange.Step))
+	}
+	return out
+}
+
+// TestClaimsByCapacity: a GPU policy.sharing shares is published for
+// several claims at once, with what it offers them beside what pods
+// hold through the other doors; a claim holds what kube-scheduler
+// allocated it, and pods and claims are counted against the same shares
+// and memory. Time-slicing refuses a claim that asks for memory unless
+// the entry makes memory a quota.
+func TestClaimsByCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		quota bool
+	}{{"memory bounded nowhere: refused", false}, {"memory a quota", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			quota := ""
+			if tc.quota {
+				quota = ", memoryQuota: true"
+			}
+			p := inProcess(t, `policy:
+  exclusive: true
+  sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 4, memory: 80Gi, memoryRequest: {step: 1Gi}`+quota+`}]
+`, gpuSpecDir(t, 1))
+			view := p.DRAView(config.Default().Start.DRA)
+			published := func() resourceapi.Device {
+				t.Helper()
+				got := offer(t, view, nil)
+				if len(got) != 1 {
+					t.Fatalf("offered %v, want GPU 0", got)
+				}
+				return got[0].Device
+			}
+			wantOffer := func(shares, memory []string) {
+				t.Helper()
+				d := published()
+				if d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations {
+					t.Errorf("GPU 0 published for one claim only")
+				}
+				if got := capacityOf(d, dra.CapacityShares); !slices.Equal(got, shares) {
+					t.Errorf("shares published %q, want %q", got, shares)
+				}
+				if got := capacityOf(d, dra.CapacityMemory); !slices.Equal(got, memory) {
+					t.Errorf("memory published %q, want %q", got, memory)
+				}
+			}
+			ask := func(name string) error {
+				pod := gpuPod(name, map[string]string{"gpus.nri-gpu.io": "0"})
+				_, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil))
+				return err
+			}
+			claim := func(name string, use policy.Use, memoryAsked bool) error {
+				return view.Prepare(context.Background(), policy.Claim{UID: "uid-" + name, Namespace: "tenant", Name: name},
+					[]link.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpu"}, Use: use, MemoryAsked: memoryAsked}})
+			}
+
+			wantOffer([]string{"4", "1", "1", "4", "1"}, []string{"80Gi", "20Gi", "1Gi", "80Gi", "1Gi"})
+			if err := ask("a"); err != nil {
+				t.Fatal(err)
+			}
+			wantOffer([]string{"3", "1", "1", "3", "1"}, []string{"60Gi", "20Gi", "1Gi", "60Gi", "1Gi"})
+
+			err := claim("asks", policy.Use{Shares: 1, Memory: 40 << 30}, true)
+			if !tc.quota {
+				testutil.ErrorSays(t, err, `claim tenant/asks: denied by policy: device "nvidia.com/gpu=0": the claim asks for an amount of memory, which policy.sharing[0] (replicas 4, timeSlicing) cannot bound`,
+					"set its memoryQuota: true")
+				// Two shares and the default memory, as kube-scheduler
+				// allocates a claim that asks for no memory.
+				err = claim("asks", policy.Use{Shares: 2, Memory: 20 << 30}, false)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Kube-scheduler counts the claim; what pods hold is offered
+			// no more.
+			wantOffer([]string{"3", "1", "1", "3", "1"}, []string{"60Gi", "20Gi", "1Gi", "60Gi", "1Gi"})
+			if tc.quota {
+				// 20Gi (a) + 40Gi (the claim): one more pod fits, the next
+				// finds no memory though shares are left.
+				if err := ask("b"); err != nil {
+					t.Fatal(err)
+				}
+				testutil.ErrorSays(t, ask("c"), "used by 3 already: claim tenant/asks, pod tenant/a, pod tenant/b",
+					"it has 1 share left, and 1 share and 20Gi of memory is needed")
+				return
+			}
+			// 1 (a) + 2 (the claim): one more pod, and the shares are gone.
+			if err := ask("b"); err != nil {
+				t.Fatal(err)
+			}
+			testutil.ErrorSays(t, ask("c"), "it has 0 shares and 20Gi of memory left, and 1 share and 20Gi of memory is needed")
+			// What the pods leave; kube-scheduler finds the claim has it.
+			wantOffer([]string{"2", "1", "1", "2", "1"}, []string{"40Gi", "20Gi", "1Gi", "40Gi", "1Gi"})
+		})
+	}
+}
+
+// TestMPSClaimLimits: a claim's clients of an MPS-shared GPU are bound
+// to what kube-scheduler allocated the claim (its memory; the entry's
+// compute share for each of its shares), a pod's to the daemon's
+// defaults, on one daemon.
+func TestMPSClaimLimits(t *testing.T) {
+	ctl, root := standin(t), testutil.ShortDir(t)
+	f := &finder{uses: map[string][]link.Use{"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}}}}
+	r := runtimeSetUp(t, "v1.7.35", strings.Replace(mpsConfig(ctl, root, "external", "2Gi"), "  exclusive: true\n", "  exclusive: true\n  namespaces: [tenant]\n", 1), func(p *plugin.Plugin) { p.UseClaims(f) })
+	gpu0 := root + "/0"
+	d := mps.Daemon{Control: ctl, Dir: gpu0}
+	t.Cleanup(func() { quitAll(root) })
+	if err := d.Start(context.Background(), mps.Limits{ActiveThreadPercentage: 33, PinnedMemoryMiB: 2048}, startedInDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.plugin.DRAView(config.Default().Start.DRA).Prepare(context.Background(),
+		policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a"}},
+		[]link.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpu"}, Use: policy.Use{Shares: 2, Memory: 10 << 30}, MemoryAsked: true}}); err != nil {
+		t.Fatal(err)
+	}
+	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant", Uid: "uid-a"}
+	adj, err := r.create(a, container(a, "gpu"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantClient(t, adj, gpu0, 66, 10240)
+	b := gpuPod("b", map[string]string{"gpus.nri-gpu.io": "0"})
+	adj, err = r.create(b, ctrOf(b, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantClient(t, adj, gpu0, 33, 2048)
+	// 2 shares (the claim) + 1 (b) of 3.
+	c := gpuPod("c", map[string]string{"gpus.nri-gpu.io": "0"})
+	_, err = r.create(c, ctrOf(c, nil))
+	testutil.ErrorSays(t, err, "used by 2 already: claim tenant/c of pod tenant/a, pod tenant/b")
+}
+
