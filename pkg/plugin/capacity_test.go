@@ -168,4 +168,3 @@ func TestMPSClaimLimits(t *testing.T) {
 	_, err = r.create(c, ctrOf(c, nil))
 	testutil.ErrorSays(t, err, "used by 2 already: claim tenant/c of pod tenant/a, pod tenant/b")
 }
-

@@ -28,7 +28,7 @@ func TestStateFileRoundTrip(t *testing.T) {
 			Kubelet: []string{"nvidia.com/gpu=2"}},
 	}
 	claims := []policy.ClaimHolding{{
-		Claim:   policy.Claim{UID: "uid-1", Namespace: "ns", Name: "c", Pods: []string{"ns/a", "ns/b"}},
+		Claim: policy.Claim{UID: "uid-1", Namespace: "ns", Name: "c", Pods: []string{"ns/a", "ns/b"}},
 		Devices: []policy.ClaimDevice{
 			{Device: specs.Device{Name: "nvidia.com/gpu=3", Nodes: []string{"c 195:3"}}, Requests: []string{"gpu"}},
 			{Device: specs.Device{Name: "nvidia.com/gpu=1", Nodes: []string{"c 195:1"}}, Requests: []string{"shared"}, Use: policy.Use{Shares: 2, Memory: 10 << 30}},
