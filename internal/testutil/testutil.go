@@ -4,6 +4,7 @@ package testutil
 import (
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,6 +90,22 @@ func NVML(n int) *dgxa100.Server {
 		dev.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 		dev.GetTopologyCommonAncestorFunc = func(nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 		dev.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.ERROR_NOT_SUPPORTED }
+		// A compute mode, as the driver keeps it: Default until set.
+		var (
+			mu   sync.Mutex
+			mode = nvml.COMPUTEMODE_DEFAULT
+		)
+		dev.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) {
+			mu.Lock()
+			defer mu.Unlock()
+			return mode, nvml.SUCCESS
+		}
+		dev.SetComputeModeFunc = func(m nvml.ComputeMode) nvml.Return {
+			mu.Lock()
+			defer mu.Unlock()
+			mode = m
+			return nvml.SUCCESS
+		}
 	}
 	// No events unless a test gives them.
 	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }

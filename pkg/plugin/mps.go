@@ -15,6 +15,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/sirupsen/logrus"
 
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
@@ -22,6 +23,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 // mpsGPU is an MPS-shared GPU: its daemon, and what bounds each client.
@@ -196,10 +198,19 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 	var want []mps.Want
 	for _, dir := range slices.Sorted(maps.Keys(daemons)) {
 		g := daemons[dir]
+		// Before its daemon starts, the GPU takes one context at a
+		// time: the MPS server's, never a client's own beside it.
+		if err := p.exclusive(st, g); err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		want = append(want, mps.Want{Device: g.device, Daemon: g.daemon, Limits: g.limits})
 	}
 	events, failed := p.mps.Sync(ctx, want)
 	for _, e := range events {
+		if e.What == mps.Stopped {
+			p.shared(st, e.Daemon.GPU)
+		}
 		log := p.log.WithFields(logrus.Fields{"device": e.Device, "activeThreadPercentage": e.Limits.ActiveThreadPercentage, "pinnedMemoryMiB": e.Limits.PinnedMemoryMiB})
 		switch e.What {
 		case mps.Started:
@@ -221,6 +232,43 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 	for _, msg := range appeared {
 		p.log.Warn(msg)
 	}
+}
+
+// exclusive puts g's GPU in EXCLUSIVE_PROCESS compute mode through NVML,
+// once per GPU while nri-gpu runs (the mode stays across restarts of
+// nri-gpu), so that a client that leaves MPS cannot have a context of
+// its own beside the server, unbounded. A GPU that cannot be put in it
+// gets no daemon, and its pods are refused.
+func (p *Plugin) exclusive(st *state, g *mpsGPU) error {
+	if p.exclusiveGPUs[g.daemon.GPU] {
+		return nil
+	}
+	was, err := nvidia.SetComputeMode(p.nvmlLib(st.cfg), g.daemon.GPU, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
+	if err != nil {
+		return fmt.Errorf("%w: device %q: its GPU is not put in Exclusive_Process compute mode, which keeps a client from leaving MPS: %w", ErrMPS, g.device, err)
+	}
+	if was != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
+		p.log.WithFields(logrus.Fields{"device": g.device, "uuid": g.daemon.GPU, "was": nvidia.ModeName(was)}).
+			Info("put the GPU in Exclusive_Process compute mode while it is shared with MPS")
+	}
+	p.exclusiveGPUs[g.daemon.GPU] = true
+	return nil
+}
+
+// shared puts the GPU of uuid, whose daemon was stopped (no longer
+// shared with MPS), back in the Default compute mode, if nri-gpu put it
+// in Exclusive_Process.
+func (p *Plugin) shared(st *state, uuid string) {
+	if !p.exclusiveGPUs[uuid] {
+		return
+	}
+	delete(p.exclusiveGPUs, uuid)
+	log := p.log.WithField("uuid", uuid)
+	if _, err := nvidia.SetComputeMode(p.nvmlLib(st.cfg), uuid, nvml.COMPUTEMODE_DEFAULT); err != nil {
+		log.Warnf("GPU no longer shared with MPS left in Exclusive_Process compute mode: %v", err)
+		return
+	}
+	log.Info("put the GPU back in Default compute mode: it is no longer shared with MPS")
 }
 
 // keepMPSDaemons runs keepMPS at once, then every start.mps.checkInterval,

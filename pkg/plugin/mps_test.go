@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -192,6 +193,15 @@ func TestMPSManaged(t *testing.T) {
 		return running(i) && strings.Count(string(data), "\n") == 2
 	}
 	testutil.Within(t, 10*time.Second, "a daemon for each GPU", func() bool { return ready(0) && ready(1) })
+	mode := func(i int) nvml.ComputeMode {
+		m, _ := lib.Devices[i].GetComputeMode()
+		return m
+	}
+	for i := range 2 {
+		if mode(i) != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
+			t.Errorf("GPU %d shared with MPS in compute mode %s, want Exclusive_Process", i, nvidia.ModeName(mode(i)))
+		}
+	}
 	memMiB := int64(inv.GPUs[0].MemoryBytes/3) >> 20
 	for i := range 2 {
 		log := readFile(t, filepath.Join(dirOf(i), "log", mpsstandin.Log))
@@ -246,6 +256,34 @@ func TestMPSManaged(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Within(t, 10*time.Second, "both daemons stopped", func() bool { return !running(0) && !running(1) })
+	testutil.Within(t, 10*time.Second, "both GPUs back in Default compute mode", func() bool {
+		return mode(0) == nvml.COMPUTEMODE_DEFAULT && mode(1) == nvml.COMPUTEMODE_DEFAULT
+	})
+}
+
+// TestMPSComputeModeRefused: a GPU NVML does not put in Exclusive_Process
+// gets no managed daemon (a client could leave MPS beside it), and its
+// pods are refused.
+func TestMPSComputeModeRefused(t *testing.T) {
+	ctl, root := standin(t), testutil.ShortDir(t)
+	lib := testutil.NVML(1)
+	var tried atomic.Int32
+	lib.Devices[0].(*dgxa100.Device).SetComputeModeFunc = func(nvml.ComputeMode) nvml.Return {
+		tried.Add(1)
+		return nvml.ERROR_NO_PERMISSION
+	}
+	r := runtimeSetUp(t, "v2.3.7", mpsConfig(ctl, root, "managed", ""), func(p *plugin.Plugin) {
+		plugin.WithNVML(lib)(p)
+		plugin.WithMPSStart(startedInDir)(p)
+	})
+	t.Cleanup(func() { quitAll(root) })
+	testutil.Within(t, 10*time.Second, "the compute mode asked for", func() bool { return tried.Load() > 0 })
+	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+	_, err := r.create(pod, ctrOf(pod, nil))
+	testutil.ErrorSays(t, err, "MPS control daemon not running")
+	if dirs, _ := filepath.Glob(filepath.Join(root, "*", "pipe", "control")); len(dirs) > 0 {
+		t.Errorf("a daemon started on a GPU not in Exclusive_Process: %v", dirs)
+	}
 }
 
 // quitAll has every stand-in daemon under root quit, or killed where

@@ -85,6 +85,9 @@ type Plugin struct {
 	// problems with them logged, while they last.
 	mps         *mps.Manager
 	mpsProblems lasting
+	// exclusiveGPUs are the UUIDs of the GPUs keepMPS put in
+	// Exclusive_Process compute mode (its goroutine's alone).
+	exclusiveGPUs map[string]bool
 
 	// problems are the spec problems logged, by spec file;
 	// sharingProblems the devices two policy.sharing entries match.
@@ -121,7 +124,7 @@ type state struct {
 
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
-	p := &Plugin{log: log, alloc: policy.NewAllocations(), mps: mps.NewManager(nil)}
+	p := &Plugin{log: log, alloc: policy.NewAllocations(), mps: mps.NewManager(nil), exclusiveGPUs: map[string]bool{}}
 	if self, err := os.Executable(); err == nil {
 		p.hookPath = self
 		p.mps = mps.NewManager(startInShm(self))
