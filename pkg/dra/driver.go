@@ -56,8 +56,9 @@ type Driver struct {
 
 	mu sync.Mutex
 	// names are the CDI names of the devices offered so far, by their
-	// ResourceSlice name.
+	// ResourceSlice name, and infos what is known of them.
 	names   map[string]string
+	infos   map[string]link.Info
 	changed chan struct{}
 }
 
@@ -70,6 +71,7 @@ func New(cfg config.DRA, node string, src link.Pool, log logrus.FieldLogger) *Dr
 		log:     log.WithField("driver", cfg.DriverName),
 		poll:    2 * time.Second,
 		names:   map[string]string{},
+		infos:   map[string]link.Info{},
 		changed: make(chan struct{}),
 	}
 }
@@ -155,6 +157,7 @@ func (d *Driver) offer(ctx context.Context) ([]resourceapi.Device, error) {
 	for _, dev := range devs {
 		entry := DeviceOf(dev.Info, d.Sysfs)
 		d.names[entry.Name] = dev.CDI
+		d.infos[entry.Name] = dev.Info
 		out = append(out, entry)
 	}
 	return out, nil
@@ -257,6 +260,12 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) (kub
 			a.Use.Memory += m.Value()
 		}
 		a.MemoryAsked = a.MemoryAsked || asksMemory(c, r.Request)
+		d.mu.Lock()
+		info := d.infos[r.Device]
+		d.mu.Unlock()
+		if a.Asked, err = d.askedOf(c, r.Request, info.Index, info.UUID); err != nil {
+			return res, fmt.Errorf("%s: %w", claim, err)
+		}
 		res.Devices = append(res.Devices, kubeletplugin.Device{
 			Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{name}, ShareID: r.ShareID,
 		})

@@ -134,8 +134,8 @@ func TestClaimsByCapacity(t *testing.T) {
 
 // TestMPSClaimLimits: a claim's clients of an MPS-shared GPU are bound
 // to what kube-scheduler allocated the claim (its memory; the entry's
-// compute share for each of its shares), a pod's to the daemon's
-// defaults, on one daemon.
+// compute share for each of its shares), or to less where its GpuConfig
+// asks for less; a pod's to the daemon's defaults, on one daemon.
 func TestMPSClaimLimits(t *testing.T) {
 	ctl, root := standin(t), testutil.ShortDir(t)
 	f := &finder{uses: map[string][]link.Use{"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}}}}
@@ -167,4 +167,26 @@ func TestMPSClaimLimits(t *testing.T) {
 	c := gpuPod("c", map[string]string{"gpus.nri-gpu.io": "0"})
 	_, err = r.create(c, ctrOf(c, nil))
 	testutil.ErrorSays(t, err, "used by 2 already: claim tenant/c of pod tenant/a, pod tenant/b")
+
+	// A claim whose GpuConfig asks for less than its allocation allows
+	// gets what it asked for.
+	gpu1 := root + "/1"
+	if err := (mps.Daemon{Control: ctl, Dir: gpu1}).Start(context.Background(), mps.Limits{ActiveThreadPercentage: 33, PinnedMemoryMiB: 2048}, startedInDir); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	f.uses["e/gpu"] = []link.Use{{UID: "uid-e", Namespace: "tenant", Name: "e"}}
+	f.mu.Unlock()
+	if err := r.plugin.DRAView(config.Default().Start.DRA).Prepare(context.Background(),
+		policy.Claim{UID: "uid-e", Namespace: "tenant", Name: "e", Pods: []string{"tenant/e"}},
+		[]link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, Use: policy.Use{Shares: 1, Memory: 8 << 30},
+			Asked: policy.Asked{Strategy: config.StrategyMPS, ActiveThreadPercentage: 20, PinnedMemory: 1 << 30}}}); err != nil {
+		t.Fatal(err)
+	}
+	e := &api.PodSandbox{Id: "id-e", Name: "e", Namespace: "tenant", Uid: "uid-e"}
+	adj, err = r.create(e, container(e, "gpu"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantClient(t, adj, gpu1, 20, 1024)
 }

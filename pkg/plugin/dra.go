@@ -174,7 +174,7 @@ func (c *DRAView) Prepare(_ context.Context, claim policy.Claim, allocated []lin
 			continue
 		}
 
-		devs = append(devs, policy.ClaimDevice{Device: e.Footprint, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked})
+		devs = append(devs, policy.ClaimDevice{Device: e.Footprint, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, Asked: a.Asked})
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err

@@ -29,6 +29,7 @@ import (
 // mpsGPU is an MPS-shared GPU: its daemon, and what bounds each client.
 type mpsGPU struct {
 	device   string
+	dev      specs.Device
 	share    *policy.Share
 	capacity policy.Capacity
 	daemon   mps.Daemon
@@ -68,6 +69,7 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 	}
 	return &mpsGPU{
 		device:   d.Name,
+		dev:      d,
 		share:    share,
 		capacity: capacity,
 		daemon:   mps.Daemon{Control: st.cfg.Start.MPS.ControlCommand, Dir: filepath.Join(st.cfg.Start.MPS.Root, dir), GPU: uuid, Root: st.cfg.Start.MPS.HostRoot},
@@ -75,19 +77,18 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 	}, nil
 }
 
-// limitsOf returns the bounds of a client that consumes u of the GPU (a
-// claim's allocation): its memory, and the entry's compute share for
-// each of its shares, at most the whole GPU. A zero u (a pod's) is one
-// share and the default memory: the daemon's defaults.
-func (g *mpsGPU) limitsOf(u policy.Use) mps.Limits {
-	if u.IsZero() {
-		return g.limits
+// limitsOf returns the bounds of a client that consumes c.Use of the GPU
+// (a claim's allocation; zero for a pod's, the daemon's defaults), within
+// what the claim asked (c.Asked).
+func (g *mpsGPU) limitsOf(pol *policy.Policy, c policy.ClaimDevice) mps.Limits {
+	threads, memory := pol.MPSBounds(g.share, g.dev, c.Use)
+	if a := c.Asked.ActiveThreadPercentage; a > 0 {
+		threads = min(threads, a)
 	}
-	out := mps.Limits{ActiveThreadPercentage: min(100, g.share.ActiveThreadPercentage*max(1, u.Shares)), PinnedMemoryMiB: g.limits.PinnedMemoryMiB}
-	if u.Memory > 0 {
-		out.PinnedMemoryMiB = u.Memory >> 20
+	if a := c.Asked.PinnedMemory; a > 0 {
+		memory = min(memory, a)
 	}
-	return out
+	return mps.Limits{ActiveThreadPercentage: threads, PinnedMemoryMiB: memory >> 20}
 }
 
 // mpsEdits returns what a container given devices needs of MPS: for its
@@ -95,12 +96,13 @@ func (g *mpsGPU) limitsOf(u policy.Use) mps.Limits {
 // daemon's directories and the client's limits, once the daemon answers.
 // A container of an MPS-shared GPU whose daemon does not run is refused:
 // never given the GPU unbounded.
-func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, devices []specs.Device, uses map[string]policy.Use) ([]adjust.Extra, error) {
+func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, devices []specs.Device, uses map[string]policy.ClaimDevice) ([]adjust.Extra, error) {
 	var (
 		gpus []*mpsGPU
 		errs []error
-		// use is what the container's claims consume of its GPU.
-		use policy.Use
+		// use is what the container's claims consume of its GPU, and
+		// asked of its bounds.
+		use policy.ClaimDevice
 	)
 	for _, d := range devices {
 		g, err := p.mpsOf(st, snap, d)
@@ -110,9 +112,8 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 		if g != nil && !slices.ContainsFunc(gpus, func(o *mpsGPU) bool { return o.daemon.Dir == g.daemon.Dir }) {
 			gpus = append(gpus, g)
 		}
-		if g != nil {
-			use.Shares += uses[d.Name].Shares
-			use.Memory += uses[d.Name].Memory
+		if u, ok := uses[d.Name]; ok && g != nil {
+			use = u
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -155,7 +156,7 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 	return []adjust.Extra{{
 		Name: fmt.Sprintf("MPS of %s", g.device),
 		Edits: &cdispec.ContainerEdits{
-			Env: mps.ClientEnv(g.limitsOf(use)),
+			Env: mps.ClientEnv(g.limitsOf(st.policy, use)),
 			Mounts: []*cdispec.Mount{
 				mount(g.daemon.PipeDir(), mps.ClientPipeDir, "ro"),
 				mount(g.daemon.LogDir(), mps.ClientLogDir, "ro"),

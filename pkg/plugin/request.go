@@ -165,21 +165,32 @@ type asked struct {
 	want     policy.Want
 	claimed  []specs.Device
 	// uses are what the claims consume of the shared devices among
-	// claimed, by name.
-	uses map[string]policy.Use
+	// claimed, and asked of their sharing, by name.
+	uses map[string]policy.ClaimDevice
 }
 
-// uses returns what the claims' devices consume of shared devices, by
-// name: a device in two of the container's claims, the two together.
-func uses(held []policy.ClaimDevice) map[string]policy.Use {
-	out := map[string]policy.Use{}
+// uses returns what the claims' devices consume of shared devices and
+// asked of their sharing, by name: a device in two of the container's
+// claims, what the two consume together, within the tighter of what
+// they asked.
+func uses(held []policy.ClaimDevice) map[string]policy.ClaimDevice {
+	tighter := func(a, b int64) int64 {
+		if a == 0 || (b != 0 && b < a) {
+			return b
+		}
+		return a
+	}
+	out := map[string]policy.ClaimDevice{}
 	for _, d := range held {
-		if d.Use.IsZero() {
+		u, ok := out[d.Name]
+		if !ok {
+			out[d.Name] = d
 			continue
 		}
-		u := out[d.Name]
-		u.Shares += d.Use.Shares
-		u.Memory += d.Use.Memory
+		u.Use.Shares += d.Use.Shares
+		u.Use.Memory += d.Use.Memory
+		u.Asked.ActiveThreadPercentage = int(tighter(int64(u.Asked.ActiveThreadPercentage), int64(d.Asked.ActiveThreadPercentage)))
+		u.Asked.PinnedMemory = tighter(u.Asked.PinnedMemory, d.Asked.PinnedMemory)
 		out[d.Name] = u
 	}
 	return out

@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
@@ -128,4 +129,61 @@ func (c Capacity) room(used Use) int {
 // Left returns what is left of c beside used.
 func (c Capacity) Left(used Use) Use {
 	return Use{Shares: max(0, c.Shares-used.Shares), Memory: max(0, c.Memory-used.Memory)}
+}
+
+// Asked is what a claim asked of how its device is shared (NVIDIA's
+// GpuConfig opaque parameters): a strategy, and for MPS bounds of its
+// clients tighter than those its allocation allows (0: none asked).
+type Asked struct {
+	Strategy               config.Strategy
+	ActiveThreadPercentage int
+	PinnedMemory           int64
+}
+
+// MPSBounds returns the bounds of an MPS client of device d that consumes
+// u of it under s (a pod's u is zero): its memory (the default where u
+// names none) and the entry's compute share for each of its shares, at
+// most the whole GPU.
+func (p *Policy) MPSBounds(s *Share, d specs.Device, u Use) (threads int, memory int64) {
+	c := p.Capacity(s, d)
+	memory = c.Default
+	if u.Memory > 0 {
+		memory = u.Memory
+	}
+	return min(100, s.ActiveThreadPercentage*max(1, u.Shares)), memory
+}
+
+// checkAsked refuses what a claim asked of device d's sharing beyond
+// what the operator's policy.sharing gives it: MPS where the GPU is not
+// shared with MPS, time-slicing where it is (its clients would leave the
+// daemon's bounds), bounds above those its allocation allows.
+func (p *Policy) checkAsked(c Claim, d ClaimDevice) error {
+	a := d.Asked
+	s := p.Sharing(d.Device)
+	how := "not shared"
+	if s != nil {
+		how = "shared by " + s.String()
+	}
+	refuse := func(format string, args ...any) error {
+		return deny(RuleSharing, fmt.Errorf("%s: %w: device %q is %s, and the claim's GpuConfig asks for %s; ask for no more than policy.sharing gives it",
+			c, ErrDenied, d.Name, how, fmt.Sprintf(format, args...)))
+	}
+	switch a.Strategy {
+	case config.StrategyMPS:
+		if s == nil || s.Strategy != config.StrategyMPS {
+			return refuse("MPS, which nri-gpu runs on the GPUs policy.sharing shares with mps only")
+		}
+		threads, memory := p.MPSBounds(s, d.Device, d.Use)
+		if a.ActiveThreadPercentage > threads {
+			return refuse("%d%% of compute, more than the %d%% it is allowed", a.ActiveThreadPercentage, threads)
+		}
+		if a.PinnedMemory > memory {
+			return refuse("%s of pinned memory, more than the %s it is allowed", Quantity(a.PinnedMemory), Quantity(memory))
+		}
+	case config.StrategyTimeSlicing:
+		if s != nil && s.Strategy == config.StrategyMPS {
+			return refuse("time-slicing, which would take its clients out of the MPS daemon's bounds")
+		}
+	}
+	return nil
 }

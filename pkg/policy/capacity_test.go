@@ -170,3 +170,53 @@ func TestConsumableCapacity(t *testing.T) {
 		t.Errorf("offered %+v to claims beside 4 pods that use every share", got)
 	}
 }
+
+// TestAsked: what a claim's GpuConfig asks of its device's sharing is
+// held to the operator's policy.sharing: MPS only where the GPU is shared
+// with MPS, time-slicing never there, bounds no higher than its
+// allocation allows (the entry's compute share per share, its memory).
+func TestAsked(t *testing.T) {
+	_, byName := gpus()
+	cfg := config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true, Sharing: []config.Sharing{
+		{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 2, Strategy: config.StrategyMPS, Memory: "80Gi"},
+		{Devices: []string{"nvidia.com/gpu=1"}, Replicas: 2, Strategy: config.StrategyTimeSlicing},
+	}}
+	mps, ts := config.StrategyMPS, config.StrategyTimeSlicing
+	tests := []struct {
+		name    string
+		device  string
+		use     policy.Use
+		asked   policy.Asked
+		wantErr []string
+	}{
+		{"MPS where the GPU is not shared", "2", policy.Use{}, policy.Asked{Strategy: mps},
+			[]string{`device "nvidia.com/gpu=2" is not shared, and the claim's GpuConfig asks for MPS, which nri-gpu runs on the GPUs policy.sharing shares with mps only`}},
+		{"MPS where time-slicing shares it", "1", policy.Use{}, policy.Asked{Strategy: mps},
+			[]string{`is shared by policy.sharing[1] (replicas 2, timeSlicing), and the claim's GpuConfig asks for MPS`}},
+		{"time-slicing where MPS shares it", "0", policy.Use{}, policy.Asked{Strategy: ts},
+			[]string{"asks for time-slicing, which would take its clients out of the MPS daemon's bounds"}},
+		{"more compute than a share", "0", policy.Use{}, policy.Asked{Strategy: mps, ActiveThreadPercentage: 60},
+			[]string{"asks for 60% of compute, more than the 50% it is allowed"}},
+		{"more memory than allocated", "0", policy.Use{Shares: 1, Memory: 30 * gi}, policy.Asked{Strategy: mps, PinnedMemory: 31 * gi},
+			[]string{"asks for 31Gi of pinned memory, more than the 30Gi it is allowed"}},
+		{"as published, within a default share", "0", policy.Use{}, policy.Asked{Strategy: mps, ActiveThreadPercentage: 50, PinnedMemory: 10 * gi}, nil},
+		{"the whole GPU's compute for both shares", "0", policy.Use{Shares: 2}, policy.Asked{Strategy: mps, ActiveThreadPercentage: 100}, nil},
+		{"time-slicing where nothing else shares it", "2", policy.Use{}, policy.Asked{Strategy: ts}, nil},
+		{"time-slicing where time-slicing shares it", "1", policy.Use{}, policy.Asked{Strategy: ts}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := gpuPolicy(cfg)
+			a := policy.NewAllocations()
+			_, err := a.AdmitClaim(p, policy.Claim{UID: "u", Namespace: "ns", Name: "c"},
+				[]policy.ClaimDevice{{Device: byName[tc.device], Use: tc.use, Asked: tc.asked}}, nil)
+			if tc.wantErr == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			wantDenied(t, err, policy.RuleSharing, append([]string{"claim ns/c: "}, tc.wantErr...)...)
+		})
+	}
+}

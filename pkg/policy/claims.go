@@ -54,6 +54,8 @@ type ClaimDevice struct {
 	// MemoryAsked says the claim asked for an amount of memory of it
 	// (not kept across a restart: it was judged when prepared).
 	MemoryAsked bool
+	// Asked is what the claim asked of how it is shared (GpuConfig).
+	Asked Asked
 }
 
 // ClaimHolding is a prepared claim and its devices, as kept across a
@@ -152,6 +154,10 @@ func (a *Allocations) admitClaim(p *Policy, c Claim, devices []ClaimDevice, unhe
 		if s := p.Sharing(d.Device); d.MemoryAsked && s != nil && s.Strategy == config.StrategyTimeSlicing && !s.MemoryQuota {
 			errs = append(errs, deny(RuleSharing, fmt.Errorf("%s: %w: device %q: the claim asks for an amount of memory, which %s cannot bound; ask for none, or set its memoryQuota: true to allocate memory as a scheduling quota only",
 				c, ErrDenied, d.Name, s)))
+			continue
+		}
+		if err := p.checkAsked(c, d); err != nil {
+			errs = append(errs, err)
 			continue
 		}
 		// Whatever exclusive says: a claim's devices are its own, but

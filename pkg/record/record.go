@@ -24,6 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -119,6 +120,15 @@ type claimDeviceRecord struct {
 	// shared by consumable capacity; none: one share and the default.
 	Shares int   `json:"shares,omitempty"`
 	Memory int64 `json:"memory,omitempty"`
+	// Asked is what the claim asked of the device's sharing (GpuConfig):
+	// a strategy, and bounds of its MPS clients.
+	Asked *askedRecord `json:"asked,omitempty"`
+}
+
+type askedRecord struct {
+	Strategy               config.Strategy `json:"strategy,omitempty"`
+	ActiveThreadPercentage int             `json:"activeThreadPercentage,omitempty"`
+	PinnedMemory           int64           `json:"pinnedMemory,omitempty"`
 }
 
 type podRecord struct {
@@ -182,7 +192,11 @@ func (f *File) Save(held func() Content) error {
 	for _, c := range c.Claims {
 		r := claimRecord{UID: c.Claim.UID, Namespace: c.Claim.Namespace, Name: c.Claim.Name, Pods: c.Claim.Pods}
 		for _, d := range c.Devices {
-			r.Devices = append(r.Devices, claimDeviceRecord{deviceRecord: recordOf(d.Device), Requests: d.Requests, Shares: d.Use.Shares, Memory: d.Use.Memory})
+			dr := claimDeviceRecord{deviceRecord: recordOf(d.Device), Requests: d.Requests, Shares: d.Use.Shares, Memory: d.Use.Memory}
+			if d.Asked != (policy.Asked{}) {
+				dr.Asked = &askedRecord{Strategy: d.Asked.Strategy, ActiveThreadPercentage: d.Asked.ActiveThreadPercentage, PinnedMemory: d.Asked.PinnedMemory}
+			}
+			r.Devices = append(r.Devices, dr)
 		}
 		rec.Claims = append(rec.Claims, r)
 	}
@@ -395,7 +409,13 @@ func (f *File) Load() (Content, error) {
 			if d.Shares < 0 || d.Memory < 0 {
 				return Content{}, fmt.Errorf("state file %s: claim %s/%s: device %q: a negative amount allocated (%d shares, %d bytes of memory)", f.path, r.Namespace, r.Name, d.Name, d.Shares, d.Memory)
 			}
-			c.Devices = append(c.Devices, policy.ClaimDevice{Device: d.device(), Requests: d.Requests, Use: policy.Use{Shares: d.Shares, Memory: d.Memory}})
+			cd := policy.ClaimDevice{Device: d.device(), Requests: d.Requests, Use: policy.Use{Shares: d.Shares, Memory: d.Memory}}
+			if a := d.Asked; a != nil {
+				// Bounds kept as asked; one that is not positive bounds
+				// nothing more than the allocation does.
+				cd.Asked = policy.Asked{Strategy: a.Strategy, ActiveThreadPercentage: max(0, a.ActiveThreadPercentage), PinnedMemory: max(0, a.PinnedMemory)}
+			}
+			c.Devices = append(c.Devices, cd)
 		}
 		claims = append(claims, c)
 	}

@@ -103,6 +103,8 @@ type Allocated struct {
 	Use policy.Use
 	// MemoryAsked says one of Requests asked for an amount of memory.
 	MemoryAsked bool
+	// Asked is what the claim's GpuConfig asked of the device's sharing.
+	Asked policy.Asked
 }
 
 // PodRef is the pod of a container being created, as the runtime knows

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
@@ -117,14 +118,15 @@ func TestPoolOverTheLink(t *testing.T) {
 	if diff := cmp.Diff(pool.prepared, got); diff != "" {
 		t.Errorf("prepared claims over the link (-pool +driver):\n%s", diff)
 	}
-	allocated := []Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus", "extra"}, Use: policy.Use{Shares: 2, Memory: 1 << 30}, MemoryAsked: true}}
+	allocated := []Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus", "extra"}, Use: policy.Use{Shares: 2, Memory: 1 << 30}, MemoryAsked: true,
+		Asked: policy.Asked{Strategy: config.StrategyMPS, ActiveThreadPercentage: 40, PinnedMemory: 1 << 29}}}
 	if err := c.Prepare(ctx, claim, allocated); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Unprepare(ctx, "uid-1"); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"devices", "prepared", "prepare uid-1 [{nvidia.com/gpu=0 [gpus extra] 2 shares and 1Gi of memory true}]", "unprepare uid-1"}
+	want := []string{"devices", "prepared", "prepare uid-1 [{nvidia.com/gpu=0 [gpus extra] 2 shares and 1Gi of memory true {mps 40 536870912}}]", "unprepare uid-1"}
 	if !slices.Equal(pool.calls, want) {
 		t.Errorf("the pool was asked %q, want %q", pool.calls, want)
 	}
