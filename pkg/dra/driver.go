@@ -407,14 +407,21 @@ func (d *Driver) PrepareHeld(ctx context.Context, client kubernetes.Interface) e
 		if pod.Spec.NodeName != d.node {
 			continue // the field selector asks for these alone; a client may ignore it
 		}
+		var names []string
 		for j := range pod.Spec.ResourceClaims {
 			name, _, err := resourceclaim.Name(pod, &pod.Spec.ResourceClaims[j])
 			if err != nil || name == nil {
 				continue // not made yet, or not needed: kubelet has not prepared it either
 			}
-			c, err := client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
+			names = append(names, *name)
+		}
+		if ext := pod.Status.ExtendedResourceClaimStatus; ext != nil {
+			names = append(names, ext.ResourceClaimName) // for its extended resources
+		}
+		for _, name := range names {
+			c, err := client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
-				errs = append(errs, fmt.Errorf("claim %s/%s of pod %s/%s: %w", pod.Namespace, *name, pod.Namespace, pod.Name, err))
+				errs = append(errs, fmt.Errorf("claim %s/%s of pod %s/%s: %w", pod.Namespace, name, pod.Namespace, pod.Name, err))
 				continue
 			}
 			if held[string(c.UID)] || !d.here(c) || !resourceclaim.IsReservedForPod(pod, c, false) {

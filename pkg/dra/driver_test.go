@@ -3,6 +3,7 @@ package dra_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -689,8 +690,10 @@ func TestPrepareHeld(t *testing.T) {
 	elsewhere := allocated("elsewhere", "uid-elsewhere", result("gpus", driver, "node-2", "gpu-0"))
 	other := allocated("other", "uid-other", result("gpus", "gpu.nvidia.com", node, "gpu-0"))
 	otherNodes := allocated("other-nodes", "uid-other-nodes", result("gpus", driver, node, "gpu-0"))
+	// The claim kube-scheduler made pod p for its extended resources.
+	ext := allocated("p-ext", "uid-p-ext", result("container-0-request-0", driver, node, "gpu-0"))
 	client := fake.NewClientset()
-	for _, c := range []*resourceapi.ResourceClaim{inUse, refused, held, notReserved, elsewhere, other, otherNodes} {
+	for _, c := range []*resourceapi.ResourceClaim{inUse, refused, held, notReserved, elsewhere, other, otherNodes, ext} {
 		if _, err := client.ResourceV1().ResourceClaims("ns").Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -712,11 +715,10 @@ func TestPrepareHeld(t *testing.T) {
 		corev1.PodResourceClaim{Name: "unneeded", ResourceClaimTemplateName: &template},
 		corev1.PodResourceClaim{Name: "unmade", ResourceClaimTemplateName: &template})
 	r.Status.ResourceClaimStatuses = []corev1.PodResourceClaimStatus{{Name: "unneeded"}}
-	for _, p := range []*corev1.Pod{
-		podOf("a", "node-2", "other-nodes"),
-		podOf("p", node, "in-use", "refused", "held", "not-reserved", "elsewhere", "other", "gone"),
-		r,
-	} {
+	p := podOf("p", node, "in-use", "refused", "held", "not-reserved", "elsewhere", "other", "gone")
+	p.Status.ExtendedResourceClaimStatus = &corev1.PodExtendedResourceClaimStatus{ResourceClaimName: "p-ext",
+		RequestMappings: []corev1.ContainerExtendedResourceRequest{{ContainerName: "c", ResourceName: "nvidia.com/gpu", RequestName: "container-0-request-0"}}}
+	for _, p := range []*corev1.Pod{podOf("a", "node-2", "other-nodes"), p, r} {
 		if _, err := client.CoreV1().Pods("ns").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -743,14 +745,21 @@ func TestPrepareHeld(t *testing.T) {
 
 	err := d.PrepareHeld(context.Background(), client)
 	testutil.ErrorSays(t, err, "claim ns/refused of pod ns/p", `device "gpu-9"`, `claim ns/gone of pod ns/p: resourceclaims.resource.k8s.io "gone" not found`)
-	want := map[string][]link.Allocated{"uid-in-use": {{CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}}}
+	want := map[string][]link.Allocated{
+		"uid-in-use": {{CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}},
+		"uid-p-ext":  {{CDI: "nvidia.com/gpu=0", Requests: []string{"container-0-request-0"}}},
+	}
 	if diff := cmp.Diff(want, src.prepared); diff != "" {
 		t.Errorf("prepared (-want +got):\n%s", diff)
 	}
 	if c := src.claims["uid-in-use"]; !slices.Equal(c.Pods, []string{"ns/p"}) {
 		t.Errorf("the claim prepared again is reserved for %v, want ns/p", c.Pods)
 	}
-	if len(hook.AllEntries()) != 1 || hook.LastEntry().Data["claim"] != "in-use" {
-		t.Errorf("logged %v, want the one claim prepared again, once for its two pods", hook.AllEntries())
+	var logged []string
+	for _, e := range hook.AllEntries() {
+		logged = append(logged, fmt.Sprint(e.Data["claim"]))
+	}
+	if !slices.Equal(logged, []string{"in-use", "p-ext"}) {
+		t.Errorf("logged claims %v, want in-use (once for its two pods) and p-ext", logged)
 	}
 }

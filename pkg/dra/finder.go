@@ -88,28 +88,62 @@ func (f *Finder) Uses(ctx context.Context, ref link.PodRef, container string) ([
 		if name == nil {
 			continue // not needed by this pod
 		}
-		claim, err := f.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
-		if err != nil {
-			return nil, fmt.Errorf("pod %s/%s claim %q: %w", pod.Namespace, pod.Name, cc.Name, err)
+		var requests []string
+		if cc.Request != "" {
+			requests = []string{cc.Request}
 		}
-		if mustCheckOwner {
-			if err := resourceclaim.IsForPod(pod, claim, false); err != nil {
-				return nil, fmt.Errorf("pod %s/%s claim %q: %w", pod.Namespace, pod.Name, cc.Name, err)
+		u, err := f.use(ctx, pod, cc.Name, *name, mustCheckOwner, requests)
+		if err != nil {
+			return nil, err
+		}
+		if u != nil {
+			uses = append(uses, *u)
+		}
+	}
+	// An extended resource (limits: nvidia.com/gpu: 1) that a DeviceClass
+	// maps to DRA: kube-scheduler made the pod a claim of its own, and
+	// the pod's status says which of its requests serve which container.
+	if ext := pod.Status.ExtendedResourceClaimStatus; ext != nil {
+		var requests []string
+		for _, m := range ext.RequestMappings {
+			if m.ContainerName == container {
+				requests = append(requests, m.RequestName)
 			}
 		}
-		if !f.ours(claim) {
-			continue
+		if len(requests) > 0 {
+			u, err := f.use(ctx, pod, "extended resources", ext.ResourceClaimName, true, requests)
+			if err != nil {
+				return nil, err
+			}
+			if u != nil {
+				uses = append(uses, *u)
+			}
 		}
-		if !resourceclaim.IsReservedForPod(pod, claim, false) {
-			return nil, fmt.Errorf("claim %s/%s: %w %s/%s", claim.Namespace, claim.Name, link.ErrNotReserved, pod.Namespace, pod.Name)
-		}
-		u := link.Use{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name}
-		if cc.Request != "" {
-			u.Requests = []string{cc.Request}
-		}
-		uses = append(uses, u)
 	}
 	return uses, nil
+}
+
+// use returns the use of claim name by the pod (for requests; none: all
+// of them), as the pod knows it (what), or nil when it is not the
+// driver's on this node. A claim made for the pod must be owned by it
+// (mustCheckOwner); any claim of the driver's must be reserved for it.
+func (f *Finder) use(ctx context.Context, pod *corev1.Pod, what, name string, mustCheckOwner bool, requests []string) (*link.Use, error) {
+	claim, err := f.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("pod %s/%s claim %q: %w", pod.Namespace, pod.Name, what, err)
+	}
+	if mustCheckOwner {
+		if err := resourceclaim.IsForPod(pod, claim, false); err != nil {
+			return nil, fmt.Errorf("pod %s/%s claim %q: %w", pod.Namespace, pod.Name, what, err)
+		}
+	}
+	if !f.ours(claim) {
+		return nil, nil
+	}
+	if !resourceclaim.IsReservedForPod(pod, claim, false) {
+		return nil, fmt.Errorf("claim %s/%s: %w %s/%s", claim.Namespace, claim.Name, link.ErrNotReserved, pod.Namespace, pod.Name)
+	}
+	return &link.Use{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name, Requests: requests}, nil
 }
 
 // ours reports whether a claim has devices of this driver on this node.

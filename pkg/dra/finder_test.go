@@ -153,6 +153,40 @@ func TestUses(t *testing.T) {
 		container: "gpu",
 		wantErr:   link.ErrNotReserved,
 	}, {
+		// limits: nvidia.com/gpu: 1 where a DeviceClass maps it to DRA:
+		// the claim kube-scheduler made the pod, and which of its
+		// requests serve which container, are in the pod's status.
+		name: "extended resources: the container's requests of the pod's claim",
+		objects: []runtime.Object{
+			extended(pod(nil, nil, map[string][]corev1.ResourceClaim{"gpu": nil, "plain": nil}, nil), "gpu", "container-0-request-0", "other", "container-1-request-0"),
+			withOwner(claim("p-extended-resources-x", "uid-4", driver, node, "pod-uid"), "pod-uid"),
+		},
+		container: "gpu",
+		want:      []link.Use{{UID: "uid-4", Namespace: "ns", Name: "p-extended-resources-x", Requests: []string{"container-0-request-0"}}},
+	}, {
+		name: "extended resources of another container",
+		objects: []runtime.Object{
+			extended(pod(nil, nil, map[string][]corev1.ResourceClaim{"gpu": nil, "plain": nil}, nil), "gpu", "container-0-request-0"),
+			withOwner(claim("p-extended-resources-x", "uid-4", driver, node, "pod-uid"), "pod-uid"),
+		},
+		container: "plain",
+	}, {
+		name: "extended resources: a claim the status names that was made for another pod",
+		objects: []runtime.Object{
+			extended(pod(nil, nil, map[string][]corev1.ResourceClaim{"gpu": nil}, nil), "gpu", "container-0-request-0"),
+			withOwner(claim("p-extended-resources-x", "uid-4", driver, node, "pod-uid"), "other-uid"),
+		},
+		container: "gpu",
+		errSays:   "was not created for Pod ns/p",
+	}, {
+		name: "extended resources: a claim not reserved for the pod",
+		objects: []runtime.Object{
+			extended(pod(nil, nil, map[string][]corev1.ResourceClaim{"gpu": nil}, nil), "gpu", "container-0-request-0"),
+			withOwner(claim("p-extended-resources-x", "uid-4", driver, node), "pod-uid"),
+		},
+		container: "gpu",
+		wantErr:   link.ErrNotReserved,
+	}, {
 		name:      "a claim that is gone",
 		objects:   []runtime.Object{pod(byName, nil, uses, nil)},
 		container: "gpu",
@@ -192,6 +226,18 @@ func TestUses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// extended gives p the claim kube-scheduler makes for its extended
+// resources, p-extended-resources-x, mapping containers to requests
+// (container, request, ...).
+func extended(p *corev1.Pod, mappings ...string) *corev1.Pod {
+	st := &corev1.PodExtendedResourceClaimStatus{ResourceClaimName: "p-extended-resources-x"}
+	for i := 0; i+1 < len(mappings); i += 2 {
+		st.RequestMappings = append(st.RequestMappings, corev1.ContainerExtendedResourceRequest{ContainerName: mappings[i], ResourceName: "nvidia.com/gpu", RequestName: mappings[i+1]})
+	}
+	p.Status.ExtendedResourceClaimStatus = st
+	return p
 }
 
 func withOwner(c *resourceapi.ResourceClaim, podUID string) *resourceapi.ResourceClaim {
