@@ -337,6 +337,27 @@ func TestDRAValues(t *testing.T) {
 	if sel := r.deviceClass.Spec.Selectors; r.deviceClass.Name != "gpu.nri-gpu.io" || len(sel) != 1 || sel[0].CEL.Expression != `device.driver == "gpu.nri-gpu.io"` {
 		t.Errorf("DeviceClass %+v", r.deviceClass)
 	}
+	if e := r.deviceClass.Spec.ExtendedResourceName; e != nil {
+		t.Errorf("DeviceClass serves extended resource %q unasked", *e)
+	}
+}
+
+// TestDRAExtendedResourceValues: under NVIDIA's driver name the class is
+// NVIDIA's (gpu.nvidia.com, which its published claims name) and, asked
+// to, serves nvidia.com/gpu, with no device plugin registering it.
+func TestDRAExtendedResourceValues(t *testing.T) {
+	r := render(t, "ci/dra-extended-values.yaml")
+	cfg := parseConfig(t, r.configMap)
+	if cfg.Start.DRA.DriverName != "gpu.nvidia.com" || len(cfg.Start.DevicePlugin.Resources) > 0 {
+		t.Errorf("dra %+v, device plugin resources %v", cfg.Start.DRA, cfg.Start.DevicePlugin.Resources)
+	}
+	c := r.deviceClass
+	if c == nil || c.Name != "gpu.nvidia.com" || c.Spec.ExtendedResourceName == nil || *c.Spec.ExtendedResourceName != "nvidia.com/gpu" {
+		t.Fatalf("DeviceClass %+v, want gpu.nvidia.com serving nvidia.com/gpu", c)
+	}
+	if sel := c.Spec.Selectors; len(sel) != 1 || sel[0].CEL.Expression != `device.driver == "gpu.nvidia.com"` {
+		t.Errorf("selectors %+v", sel)
+	}
 }
 
 // TestMPSValues: with a GPU shared with MPS the chart mounts the daemons'
