@@ -234,7 +234,18 @@ type DRA struct {
 	PluginDir string `yaml:"pluginDir"`
 	// RegistryDir is kubelet's plugin registration directory.
 	RegistryDir string `yaml:"registryDir"`
+	// UnhealthyTaint is the effect of the taint an unhealthy device
+	// carries in the ResourceSlice: "NoSchedule" (the default: no new
+	// claim gets it) or "NoExecute" (kube-controller-manager also evicts
+	// the pods of the claims that have it).
+	UnhealthyTaint string `yaml:"unhealthyTaint"`
 }
+
+// The effects of an unhealthy device's taint (dra.unhealthyTaint).
+const (
+	TaintNoSchedule = "NoSchedule"
+	TaintNoExecute  = "NoExecute"
+)
 
 // CDIDevices says how a device plugin hands kubelet's allocation to the
 // runtime.
@@ -477,6 +488,9 @@ func (c *Config) setDefaults() {
 	}
 	if r.RegistryDir == "" {
 		r.RegistryDir = DefaultDRARegistryDir
+	}
+	if r.UnhealthyTaint == "" {
+		r.UnhealthyTaint = TaintNoSchedule
 	}
 	m := &c.Start.MPS
 	if m.CheckInterval == 0 {

@@ -36,7 +36,7 @@ func TestParse(t *testing.T) {
 			DevicePlugin: config.DevicePlugin{KubeletDir: "/var/lib/kubelet/device-plugins", CDIDevices: config.CDIAnnotations},
 			DRA: config.DRA{
 				DriverName: "gpu.nri-gpu.io", Kinds: []string{"nvidia.com/gpu"}, Devices: []string{"*"},
-				PluginDir: "/var/lib/kubelet/plugins", RegistryDir: "/var/lib/kubelet/plugins_registry",
+				PluginDir: "/var/lib/kubelet/plugins", RegistryDir: "/var/lib/kubelet/plugins_registry", UnhealthyTaint: "NoSchedule",
 			},
 			MPS: config.MPS{Daemon: config.MPSExternal, ControlCommand: "/usr/bin/nvidia-cuda-mps-control", Root: "/run/nri-gpu/mps", CheckInterval: 10 * time.Second},
 		},
@@ -74,7 +74,7 @@ func TestParse(t *testing.T) {
 			DRA: config.DRA{
 				Enabled: true, DriverName: "fpga.example.com", Kinds: []string{"example.com/fpga", "example.com/nic"},
 				Devices: []string{"[0-9]*"}, NodeName: "node-1", Kubeconfig: "/etc/nri-gpu/kubeconfig",
-				PluginDir: "/var/lib/k3s/plugins", RegistryDir: "/var/lib/k3s/plugins_registry",
+				PluginDir: "/var/lib/k3s/plugins", RegistryDir: "/var/lib/k3s/plugins_registry", UnhealthyTaint: "NoExecute",
 			},
 		},
 	}
@@ -141,6 +141,7 @@ dra:
   kubeconfig: /etc/nri-gpu/kubeconfig
   pluginDir: /var/lib/k3s/plugins
   registryDir: /var/lib/k3s/plugins_registry
+  unhealthyTaint: NoExecute
 `,
 			want: everyKey,
 		},
@@ -204,6 +205,7 @@ start:
     kubeconfig: /etc/nri-gpu/kubeconfig
     pluginDir: /var/lib/k3s/plugins
     registryDir: /var/lib/k3s/plugins_registry
+    unhealthyTaint: NoExecute
 `,
 			want: everyKey,
 		},
@@ -260,6 +262,7 @@ start:
 			`policy.sharing[0].memory: "8Gi" is less than policy.sharing[0].memoryRequest.maximum (16Gi)`}},
 		{name: "default beside pinned memory", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, pinnedMemoryLimit: 1Gi, memoryRequest: {default: 2Gi}}]\n", wantErr: []string{`policy.sharing[0].memoryRequest.default: pinnedMemoryLimit is what a user consumes by default`}},
 		{name: "memory quota with MPS", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, memoryQuota: true}]\n", wantErr: []string{`policy.sharing[0].memoryQuota: MPS bounds each client's memory`}},
+		{name: "bad unhealthy taint", yaml: "dra:\n  unhealthyTaint: PreferNoSchedule\n", wantErr: []string{`dra.unhealthyTaint: "PreferNoSchedule" is neither "NoSchedule" nor "NoExecute"`}},
 		{name: "bad MPS daemon", yaml: "mps:\n  daemon: systemd\n", wantErr: []string{`mps.daemon: "systemd" is neither "external" nor "managed"`}},
 		{name: "relative MPS control", yaml: "mps:\n  controlCommand: nvidia-cuda-mps-control\n", wantErr: []string{`mps.controlCommand: "nvidia-cuda-mps-control" is not an absolute path`}},
 		{name: "relative MPS root", yaml: "mps:\n  root: mps\n", wantErr: []string{`mps.root: "mps" is not an absolute path`}},

@@ -303,6 +303,7 @@ func (d *DRA) validate(at *field.Path) field.ErrorList {
 		errs = append(errs, absolute(at.Child("kubeconfig"), d.Kubeconfig)...)
 	}
 	errs = append(errs, absolute(at.Child("pluginDir"), d.PluginDir)...)
+	errs = append(errs, oneOf(at.Child("unhealthyTaint"), d.UnhealthyTaint, TaintNoSchedule, TaintNoExecute)...)
 	return append(errs, absolute(at.Child("registryDir"), d.RegistryDir)...)
 }
 

@@ -9,6 +9,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/utils/ptr"
 
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
@@ -110,4 +111,15 @@ func offer(dev *resourceapi.Device, c policy.Capacity) {
 		r.Step = q(c.Step)
 	}
 	dev.Capacity[CapacityMemory] = resourceapi.DeviceCapacity{Value: *q(c.Memory), RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: q(c.Default), ValidRange: r}}
+}
+
+// Taints returns the taints of a device the driver of cfg offers: none
+// for a healthy one (h nil), else one keyed by the driver's name and the
+// problem ("gpu.nri-gpu.io/xid", value the Xid error, as NVIDIA's DRA
+// driver keys them) with the configured effect.
+func Taints(cfg config.DRA, h *link.Health) []resourceapi.DeviceTaint {
+	if h == nil {
+		return nil
+	}
+	return []resourceapi.DeviceTaint{{Key: cfg.DriverName + "/" + h.Problem, Value: h.Value, Effect: resourceapi.DeviceTaintEffect(cfg.UnhealthyTaint)}}
 }

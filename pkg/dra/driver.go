@@ -156,6 +156,7 @@ func (d *Driver) offer(ctx context.Context) ([]resourceapi.Device, error) {
 	defer d.mu.Unlock()
 	for _, dev := range devs {
 		entry := DeviceOf(dev.Info, d.Sysfs)
+		entry.Taints = Taints(d.cfg, dev.Info.Unhealthy)
 		d.names[entry.Name] = dev.CDI
 		d.infos[entry.Name] = dev.Info
 		out = append(out, entry)

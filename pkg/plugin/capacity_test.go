@@ -7,8 +7,13 @@ import (
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
@@ -189,4 +194,85 @@ func TestMPSClaimLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantClient(t, adj, gpu1, 20, 1024)
+}
+
+// TestCapacityAllocated: kube-scheduler's own allocator (consumable
+// capacity on), over the slice nri-gpu publishes for a GPU shared 4
+// ways with 80Gi: claims that fit its memory and shares are allocated
+// together on it, one past either is not; what it allocated prepares in
+// the pool, and a pod then finds what the claims left.
+func TestCapacityAllocated(t *testing.T) {
+	p := inProcess(t, `policy:
+  exclusive: true
+  namespaces: [ns, tenant]
+  sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 4, strategy: timeSlicing, memory: 80Gi, memoryQuota: true, memoryRequest: {step: 1Gi}}]
+`, gpuSpecDir(t, 1))
+	view := p.DRAView(config.Default().Start.DRA)
+	slice := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "node-1-gpu"}, Spec: resourceapi.ResourceSliceSpec{
+		Driver: "gpu.nri-gpu.io", NodeName: new("node-1"), Pool: resourceapi.ResourcePool{Name: "node-1", ResourceSliceCount: 1},
+	}}
+	for _, d := range offer(t, view, nil) {
+		slice.Spec.Devices = append(slice.Spec.Devices, d.Device)
+	}
+	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpu"}, Spec: resourceapi.DeviceClassSpec{
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "gpu.nri-gpu.io"`}}},
+	}}
+	claimOf := func(name string, capacity map[resourceapi.QualifiedName]string) *resourceapi.ResourceClaim {
+		req := &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}
+		if capacity != nil {
+			req.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}
+			for k, v := range capacity {
+				req.Capacity.Requests[k] = resource.MustParse(v)
+			}
+		}
+		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name)},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}}}}}
+	}
+	allocate := func(claims ...*resourceapi.ResourceClaim) []resourceapi.AllocationResult {
+		t.Helper()
+		alloc, err := structured.NewAllocator(context.Background(), structured.Features{ConsumableCapacity: true}, structured.AllocatedState{},
+			classes{class}, []*resourceapi.ResourceSlice{slice}, cel.NewCache(10, cel.Features{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		results, err := alloc.Allocate(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}, claims)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return results
+	}
+	big := claimOf("big", map[resourceapi.QualifiedName]string{"memory": "50Gi"})
+	plain := claimOf("plain", nil)
+	two := claimOf("two", map[resourceapi.QualifiedName]string{"shares": "2"})
+	for _, tc := range []struct {
+		name   string
+		claims []*resourceapi.ResourceClaim
+		fits   bool
+	}{
+		{"50Gi and the default (20Gi)", []*resourceapi.ResourceClaim{big, plain}, true},
+		{"50Gi, the default and two shares (with the default again): past the memory", []*resourceapi.ResourceClaim{big, plain, two}, false},
+		{"50Gi and 40Gi: past the memory", []*resourceapi.ResourceClaim{big, claimOf("more", map[resourceapi.QualifiedName]string{"memory": "40Gi"})}, false},
+		{"two shares twice and one more: past the shares", []*resourceapi.ResourceClaim{two, claimOf("two-b", map[resourceapi.QualifiedName]string{"shares": "2"}), plain}, false},
+	} {
+		got := allocate(tc.claims...)
+		if (len(got) == len(tc.claims)) != tc.fits {
+			t.Errorf("%s: allocated %d of %d claims, want fits=%v", tc.name, len(got), len(tc.claims), tc.fits)
+		}
+	}
+
+	// Prepared as kube-scheduler allocated them, 70Gi of 80Gi: a pod
+	// (20Gi by default) finds too little memory left, though shares are.
+	results := allocate(big, plain)
+	for i, c := range []*resourceapi.ResourceClaim{big, plain} {
+		r := results[i].Devices.Results[0]
+		shares, memory := r.ConsumedCapacity["shares"], r.ConsumedCapacity["memory"]
+		use := policy.Use{Shares: int(shares.Value()), Memory: memory.Value()}
+		if err := view.Prepare(context.Background(), policy.Claim{UID: string(c.UID), Namespace: "ns", Name: c.Name},
+			[]link.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpu"}, Use: use, MemoryAsked: c == big}}); err != nil {
+			t.Fatalf("claim %s (%v): %v", c.Name, use, err)
+		}
+	}
+	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+	_, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil))
+	testutil.ErrorSays(t, err, "it has 2 shares and 10Gi of memory left, and 1 share and 20Gi of memory is needed")
 }

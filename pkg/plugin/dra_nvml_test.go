@@ -165,15 +165,53 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 		t.Errorf("a pair on one PCIe root, GPU 0 taken: got %v, want gpu-2,gpu-3", got)
 	}
 
-	// A GPU NVML finds lost leaves the slice.
+	// A GPU NVML finds lost stays in the slice, tainted: the scheduler's
+	// allocator (taints on) passes over it, and a claim of all four
+	// finds three.
 	lib.Devices[1].(*dgxa100.Device).GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
 	p.CheckHealth()
+	slice.Spec.Devices = nil
 	var offered []string
 	for _, d := range offer(t, p.DRAView(cfg.Start.DRA), sysfs) {
 		offered = append(offered, d.Device.Name)
+		var taints []string
+		for _, tn := range d.Device.Taints {
+			taints = append(taints, fmt.Sprintf("%s=%s:%s", tn.Key, tn.Value, tn.Effect))
+		}
+		want := ""
+		if d.Device.Name == "gpu-1" {
+			want = "gpu.nri-gpu.io/gpu-lost=:NoSchedule"
+		}
+		if got := strings.Join(taints, ","); got != want {
+			t.Errorf("%s tainted %q, want %q", d.Device.Name, got, want)
+		}
+		slice.Spec.Devices = append(slice.Spec.Devices, d.Device)
 	}
-	if strings.Join(offered, ",") != "gpu-0,gpu-2,gpu-3" {
+	if strings.Join(offered, ",") != "gpu-0,gpu-1,gpu-2,gpu-3" {
 		t.Errorf("with GPU 1 lost, offered %v", offered)
+	}
+	claimOf := func(n int64) *resourceapi.ResourceClaim {
+		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "uid-n"}, Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpus", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: n}}},
+		}}}
+	}
+	alloc, err = structured.NewAllocator(context.Background(), structured.Features{DeviceTaints: true}, structured.AllocatedState{}, classes{class}, []*resourceapi.ResourceSlice{slice}, cel.NewCache(10, cel.Features{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if results, err := alloc.Allocate(context.Background(), node, []*resourceapi.ResourceClaim{claimOf(4)}); err == nil && len(results) > 0 {
+		t.Errorf("four GPUs allocated with GPU 1 tainted: %v", results[0].Devices.Results)
+	}
+	results, err = alloc.Allocate(context.Background(), node, []*resourceapi.ResourceClaim{claimOf(3)})
+	if err != nil || len(results) != 1 {
+		t.Fatalf("three of the healthy GPUs: %v, %v", results, err)
+	}
+	got = nil
+	for _, r := range results[0].Devices.Results {
+		got = append(got, r.Device)
+	}
+	if strings.Join(got, ",") != "gpu-0,gpu-2,gpu-3" {
+		t.Errorf("allocated %v, want the three healthy GPUs", got)
 	}
 }
 

@@ -59,8 +59,9 @@ type offered struct {
 	Device resourceapi.Device
 }
 
-// offer returns the devices the view offers, as the DRA driver publishes
-// them (PCIe roots from sysfs; nil: the host's).
+// offer returns the devices the view offers, as the DRA driver of the
+// default configuration publishes them (PCIe roots from sysfs; nil: the
+// host's).
 func offer(t *testing.T, view *plugin.DRAView, sysfs fs.ReadLinkFS) []offered {
 	t.Helper()
 	devs, err := view.Devices(context.Background())
@@ -69,7 +70,9 @@ func offer(t *testing.T, view *plugin.DRAView, sysfs fs.ReadLinkFS) []offered {
 	}
 	var out []offered
 	for _, d := range devs {
-		out = append(out, offered{CDI: d.CDI, Device: dra.DeviceOf(d.Info, sysfs)})
+		dev := dra.DeviceOf(d.Info, sysfs)
+		dev.Taints = dra.Taints(config.Default().Start.DRA, d.Info.Unhealthy)
+		out = append(out, offered{CDI: d.CDI, Device: dev})
 	}
 	return out
 }

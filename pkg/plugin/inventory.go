@@ -19,6 +19,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
@@ -210,6 +211,27 @@ func (p *Plugin) room(st *state, snap *specs.Snapshot, d specs.Device, door poli
 		return 0
 	}
 	return p.alloc.Room(st.policy, d, door)
+}
+
+// sickness returns why device d is unhealthy, or nil: its device nodes
+// are not on the host, or NVML found its GPU lost or with a critical Xid
+// error.
+func (p *Plugin) sickness(snap *specs.Snapshot, d specs.Device) *link.Health {
+	if !nodesExist(snap, d.Name) {
+		return &link.Health{Problem: link.ProblemGone, Reason: "its device nodes are not on the host"}
+	}
+	m := p.hw.health.Load()
+	if m == nil {
+		return nil
+	}
+	h, bad := m.Health(d)
+	switch {
+	case !bad:
+		return nil
+	case h.Lost:
+		return &link.Health{Problem: link.ProblemLost, Reason: h.Reason}
+	}
+	return &link.Health{Problem: link.ProblemXid, Value: strconv.FormatUint(h.Xid, 10), Reason: h.Reason}
 }
 
 // nodesExist reports whether every device node of the named device is on

@@ -59,10 +59,31 @@ type Info struct {
 	PCIBusID string
 	// MemoryBytes is the device's memory.
 	MemoryBytes uint64
+	// Unhealthy, when set, is why the device is unhealthy: it stays
+	// offered, tainted.
+	Unhealthy *Health
 	// Offer, when set, is what a device policy.sharing shares offers
 	// claims (consumable capacity): several claims may be allocated it,
 	// up to these amounts.
 	Offer *policy.Capacity
+}
+
+// Health problems, as a taint's key names them after the driver's name
+// (NVIDIA's DRA driver's keys): "<driver>/gpu-lost", "<driver>/xid".
+const (
+	ProblemLost = "gpu-lost"
+	ProblemXid  = "xid"
+	// ProblemGone is a device whose device nodes are not on the host.
+	ProblemGone = "device-gone"
+)
+
+// Health is why a device is unhealthy.
+type Health struct {
+	// Problem is one of ProblemLost, ProblemXid, ProblemGone; Value the
+	// Xid error's number for ProblemXid.
+	Problem, Value string
+	// Reason says it in words.
+	Reason string
 }
 
 // label is what a device name may not have outside [a-z0-9-].

@@ -47,6 +47,7 @@ type problem struct {
 	reason string
 	since  time.Time
 	lost   bool
+	xid    uint64
 }
 
 // NewMonitor opens NVML (kept open until Close), finds the GPUs and
@@ -111,7 +112,7 @@ func (m *Monitor) event(e nvml.EventData) {
 	case e.EventType&nvml.EventTypeGpuUnavailableError != 0:
 		p = problem{reason: "the GPU is unavailable (NVML event)", since: m.now(), lost: true}
 	case e.EventType&nvml.EventTypeXidCriticalError != 0 && !ignoredXids[e.EventData]:
-		p = problem{reason: fmt.Sprintf("critical Xid error %d", e.EventData), since: m.now()}
+		p = problem{reason: fmt.Sprintf("critical Xid error %d", e.EventData), since: m.now(), xid: e.EventData}
 	default:
 		return
 	}
@@ -175,6 +176,29 @@ func (m *Monitor) Unhealthy(d specs.Device) error {
 		return nil
 	}
 	return fmt.Errorf("%w: %s since %s", ErrUnhealthy, p.reason, p.since.UTC().Format(time.RFC3339))
+}
+
+// Health is why a GPU is unhealthy.
+type Health struct {
+	// Reason says it in words.
+	Reason string
+	// Lost says NVML lost the GPU; else Xid is its critical Xid error.
+	Lost bool
+	Xid  uint64
+}
+
+// Health returns why a CDI device's GPU (a MIG device's parent) is
+// unhealthy, and false for a healthy GPU and a device that is no NVIDIA
+// GPU.
+func (m *Monitor) Health(d specs.Device) (Health, bool) {
+	node := gpuNode(d)
+	m.mu.Lock()
+	p, bad := m.bad[node]
+	m.mu.Unlock()
+	if node == "" || !bad {
+		return Health{}, false
+	}
+	return Health{Reason: p.reason, Lost: p.lost, Xid: p.xid}, true
 }
 
 // Unhealthies returns why each unhealthy GPU is, by GPU node.
