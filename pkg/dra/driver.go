@@ -100,7 +100,7 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.PluginDataDirectoryPath(filepath.Join(d.cfg.PluginDir, d.cfg.DriverName)),
 		kubeletplugin.RegistrarDirectoryPath(d.cfg.RegistryDir),
-		kubeletplugin.HealthService(false),
+		kubeletplugin.HealthService(true),
 	)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -445,8 +445,67 @@ func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 	d.log.Warnf("%s: %v", msg, err)
 }
 
-// WatchHealthStatus is not used: an unhealthy device leaves the
-// ResourceSlice instead.
-func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
-	return kubeletplugin.ErrHealthNotSupported
+// healthTimeout is how long kubelet keeps a device's health without a
+// new report before it shows it as unknown; reports go at least every
+// healthResend.
+const (
+	healthTimeout = 30 * time.Second
+	healthResend  = 10 * time.Second
+)
+
+// WatchHealthStatus reports the health of the devices the driver offers
+// to kubelet, which shows it in the status of the pods whose claims have
+// them (allocatedResourcesStatus): at once, when it changes, and every
+// healthResend, until ctx is done.
+func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	var (
+		last []kubeletplugin.DeviceHealth
+		sent time.Time
+	)
+	for {
+		changed := d.changes()
+		devs, err := d.src.Devices(ctx)
+		if err == nil {
+			now := time.Now()
+			report := healthOf(d.node, devs, now)
+			if !sent.IsZero() && now.Sub(sent) < healthResend && sameHealth(report.Devices, last) {
+				report.Devices = nil // nothing new to tell yet
+			}
+			if report.Devices != nil {
+				select {
+				case <-ctx.Done():
+					return nil
+				case reports <- report:
+					last, sent = report.Devices, now
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-time.After(d.poll):
+		}
+	}
+}
+
+// healthOf is the health of devs, as of now.
+func healthOf(node string, devs []link.Device, now time.Time) kubeletplugin.DeviceHealthReport {
+	out := kubeletplugin.DeviceHealthReport{Devices: []kubeletplugin.DeviceHealth{}}
+	for _, dev := range devs {
+		h := kubeletplugin.DeviceHealth{PoolName: node, DeviceName: dev.Info.DeviceName(), Health: kubeletplugin.HealthStatusHealthy,
+			LastUpdated: now, HealthCheckTimeout: healthTimeout}
+		if u := dev.Info.Unhealthy; u != nil {
+			h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, u.Reason
+		}
+		out.Devices = append(out.Devices, h)
+	}
+	return out
+}
+
+// sameHealth reports whether a and b say the same of the same devices.
+func sameHealth(a, b []kubeletplugin.DeviceHealth) bool {
+	return slices.EqualFunc(a, b, func(x, y kubeletplugin.DeviceHealth) bool {
+		return x.DeviceName == y.DeviceName && x.Health == y.Health && x.Message == y.Message
+	})
 }

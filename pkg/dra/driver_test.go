@@ -26,6 +26,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
@@ -131,6 +133,7 @@ type started struct {
 	src    *source
 	client *fake.Clientset
 	dra    drapb.DRAPluginClient
+	health drahealth.DRAResourceHealthClient
 	cfg    config.DRA
 	logs   *test.Hook
 	driver *dra.Driver
@@ -174,7 +177,7 @@ func start(t *testing.T, src *source, objects ...*resourceapi.ResourceClaim) *st
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &started{src: src, client: client, dra: drapb.NewDRAPluginClient(conn), cfg: cfg, logs: hook, driver: d}
+	return &started{src: src, client: client, dra: drapb.NewDRAPluginClient(conn), health: drahealth.NewDRAResourceHealthClient(conn), cfg: cfg, logs: hook, driver: d}
 }
 
 func waitFor(t *testing.T, what string, ok func() bool) {
@@ -342,9 +345,9 @@ func TestStartWhileThePoolCannotTell(t *testing.T) {
 	}
 }
 
-// TestRegistration: kubelet is told of the DRA service only: no health
-// stream is offered that the driver does not keep (an unhealthy device
-// leaves the slice instead).
+// TestRegistration: kubelet is told of the DRA service and the health
+// stream, and the stream, through kubelet's own gRPC API, tells each
+// offered device's health.
 func TestRegistration(t *testing.T) {
 	s := start(t, newSource("gpu-0"))
 	conn, err := grpc.NewClient("unix://"+filepath.Join(s.cfg.RegistryDir, s.cfg.DriverName+"-reg.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -359,10 +362,21 @@ func TestRegistration(t *testing.T) {
 	if info.Type != registerapi.DRAPlugin || info.Name != s.cfg.DriverName || len(info.SupportedVersions) == 0 {
 		t.Errorf("registration %+v", info)
 	}
-	for _, v := range info.SupportedVersions {
-		if strings.Contains(v, "Health") {
-			t.Errorf("kubelet is offered %s, which the driver does not serve", v)
-		}
+	if !slices.ContainsFunc(info.SupportedVersions, func(v string) bool { return strings.Contains(v, "v1.DRAResourceHealth") }) {
+		t.Errorf("kubelet is offered %v, no health stream", info.SupportedVersions)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := s.health.NodeWatchResources(ctx, &drahealth.NodeWatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Devices) != 1 || resp.Devices[0].Device.GetDeviceName() != "gpu-0" || resp.Devices[0].Device.GetPoolName() != node || resp.Devices[0].Health != drahealth.HealthStatus_HEALTHY {
+		t.Errorf("health stream said %v, want gpu-0 healthy", resp.Devices)
 	}
 }
 
@@ -761,5 +775,69 @@ func TestPrepareHeld(t *testing.T) {
 	}
 	if !slices.Equal(logged, []string{"in-use", "p-ext"}) {
 		t.Errorf("logged claims %v, want in-use (once for its two pods) and p-ext", logged)
+	}
+}
+
+// sicken sets why the source's device gpu-<minor> is unhealthy (nil:
+// healthy again).
+func (s *source) sicken(minor int, h *link.Health) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.devices {
+		if s.devices[i].Info.Minor == minor {
+			s.devices[i].Info.Unhealthy = h
+		}
+	}
+}
+
+// TestHealthReports: kubelet hears the health of every device offered at
+// once, and again when one turns unhealthy (with the reason) and healthy
+// again; the stream ends when kubelet goes.
+func TestHealthReports(t *testing.T) {
+	src := newSource("gpu-0", "gpu-1")
+	log, _ := test.NewNullLogger()
+	d := dra.New(config.Default().Start.DRA, node, src, log)
+	ctx, cancel := context.WithCancel(context.Background())
+	reports := make(chan kubeletplugin.DeviceHealthReport)
+	done := make(chan error, 1)
+	go func() { done <- d.WatchHealthStatus(ctx, reports) }()
+	next := func() string {
+		t.Helper()
+		select {
+		case r := <-reports:
+			var out []string
+			for _, h := range r.Devices {
+				if h.PoolName != node || h.HealthCheckTimeout <= 0 || h.LastUpdated.IsZero() {
+					t.Errorf("report %+v: want the node's pool, a timeout and a time", h)
+				}
+				out = append(out, fmt.Sprintf("%s:%s:%s", h.DeviceName, h.Health, h.Message))
+			}
+			return strings.Join(out, " ")
+		case <-time.After(10 * time.Second):
+			t.Fatal("no report")
+		}
+		return ""
+	}
+	if got := next(); got != "gpu-0:Healthy: gpu-1:Healthy:" {
+		t.Errorf("first report %q", got)
+	}
+	src.sicken(1, &link.Health{Problem: link.ProblemXid, Value: "79", Reason: "critical Xid error 79"})
+	d.Notify()
+	if got := next(); got != "gpu-0:Healthy: gpu-1:Unhealthy:critical Xid error 79" {
+		t.Errorf("after GPU 1's Xid %q", got)
+	}
+	src.sicken(1, nil)
+	d.Notify()
+	if got := next(); got != "gpu-0:Healthy: gpu-1:Healthy:" {
+		t.Errorf("GPU 1 healthy again: %q", got)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("the stream ended with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream did not end when kubelet went")
 	}
 }
