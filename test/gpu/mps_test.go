@@ -62,10 +62,13 @@ int main(int argc, char **argv) {
 // a pinned-memory limit of 2 GiB per client, on a throwaway containerd.
 // Two pods' containers run a small CUDA program on GPU 0 at once: one
 // holds 1 GiB; the other's 1 GiB fits, its 3 GiB fails at the limit; the
-// first still runs and writes to its memory after that. The clients'
-// pipe directory is read-only; what a client does when its control
-// socket is a tenant's listener instead of the daemon is measured and
-// logged.
+// first still runs and writes to its memory after that. A client bound
+// lower by its environment (a claim's allocation) fails at that bound;
+// the GPU is in Exclusive_Process, and a client that leaves MPS gets no
+// unbounded context beside the server. The clients' pipe directory is
+// read-only; what a client does when it raises its own limit, and when
+// its control socket is a tenant's listener instead of the daemon, is
+// measured and logged.
 func TestRealMPS(t *testing.T) {
 	if os.Getenv(RealEnv) != "1" {
 		t.Skipf("needs an NVIDIA GPU and root: run test/gpu/run.sh on a GPU node (it sets %s=1)", RealEnv)
@@ -150,6 +153,30 @@ mps: {daemon: managed, controlCommand: %s, root: %s}
 	// a tenant cannot put a socket of its own in the daemon's place.
 	if out, err := ctd.Exec(other, "touch", "/tmp/nvidia-mps/x"); err == nil {
 		t.Errorf("a file made in the client's pipe directory: %s", out)
+	}
+	// A claim's clients are bound by their environment to what the claim
+	// was allocated: 1 GiB here, below the daemon's 2 GiB default, fails
+	// past 1 GiB.
+	out, err = ctd.Exec(other, "sh", "-c", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M /mpsclient alloc 1536")
+	t.Logf("a client bound to 1 GiB (a claim's allocation), 1.5 GiB: %s", out)
+	if err == nil || !regexp.MustCompile(`failed at ([0-9]{3}|10[0-9]{2}) MiB`).MatchString(out) {
+		t.Errorf("1.5 GiB past a claim's 1 GiB did not fail near 1 GiB: %v", err)
+	}
+	// The GPU is in Exclusive_Process while nri-gpu shares it with MPS.
+	if mode, err := exec.Command("nvidia-smi", "--query-gpu=compute_mode", "--format=csv,noheader", "-i", "0").CombinedOutput(); err != nil || strings.TrimSpace(string(mode)) != "Exclusive_Process" {
+		t.Errorf("GPU 0's compute mode while shared with MPS: %q, %v; want Exclusive_Process", mode, err)
+	}
+	// Measured: a client that raises its own limit in its environment
+	// (a tenant controls its process's environment).
+	out, _ = ctd.Exec(other, "sh", "-c", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M /mpsclient alloc 3072; echo exit=$?")
+	t.Logf("MEASURED a client that raises its own pinned-memory limit to 8 GiB past the daemon's 2 GiB, asking 3 GiB: %s", out)
+	// A client that leaves MPS (a pipe directory with no daemon) must
+	// not get a context of its own beside the server: the GPU is in
+	// Exclusive_Process.
+	out, _ = ctd.Exec(other, "sh", "-c", "mkdir -p /tmp/nomps && CUDA_MPS_PIPE_DIRECTORY=/tmp/nomps timeout 30 /mpsclient alloc 3072; echo exit=$?")
+	t.Logf("a client outside MPS: %s", out)
+	if strings.Contains(out, "allocated 3072 MiB") {
+		t.Errorf("a client that left MPS ran beside the server, unbounded: %s", out)
 	}
 	// Measured: what a client does when its control socket is not the
 	// daemon's, as it would be had a tenant replaced it: the fake
