@@ -17,6 +17,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
@@ -275,4 +276,33 @@ func TestCapacityAllocated(t *testing.T) {
 	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
 	_, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil))
 	testutil.ErrorSays(t, err, "it has 2 shares and 10Gi of memory left, and 1 share and 20Gi of memory is needed")
+}
+
+// TestCapacityAcrossDoors: the device plugin's replicas of a GPU shared
+// by capacity are as many as its memory and shares leave room for: a
+// claim that consumes 50Gi of 80Gi leaves one 20Gi replica healthy of the
+// three shares left, and a pod through an annotation then none.
+func TestCapacityAcrossDoors(t *testing.T) {
+	p := inProcess(t, `policy:
+  exclusive: true
+  sharing: [{devices: ["nvidia.com/gpu=0"], replicas: 4, memory: 80Gi, memoryQuota: true}]
+`, gpuSpecDir(t, 1))
+	res := p.Resource(config.Resource{Name: "nvidia.com/gpu", Kind: "nvidia.com/gpu", Devices: []string{"*"}})
+	want := func(what, list string) {
+		t.Helper()
+		if got := deviceplugin.Describe(res.Devices()); got != list {
+			t.Errorf("%s: devices %q, want %q", what, got, list)
+		}
+	}
+	want("at start", "0::0 healthy, 0::1 healthy, 0::2 healthy, 0::3 healthy")
+	if err := p.DRAView(config.Default().Start.DRA).Prepare(context.Background(), policy.Claim{UID: "u", Namespace: "tenant", Name: "big"},
+		[]link.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpu"}, Use: policy.Use{Shares: 1, Memory: 50 << 30}, MemoryAsked: true}}); err != nil {
+		t.Fatal(err)
+	}
+	want("a claim of 50Gi", "0::0 healthy, 0::1 unhealthy, 0::2 unhealthy, 0::3 unhealthy")
+	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+	if _, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil)); err != nil {
+		t.Fatal(err)
+	}
+	want("and a pod of 20Gi", "0::0 unhealthy, 0::1 unhealthy, 0::2 unhealthy, 0::3 unhealthy")
 }
