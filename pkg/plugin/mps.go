@@ -241,8 +241,8 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 // its own beside the server, unbounded. A GPU that cannot be put in it
 // gets no daemon, and its pods are refused.
 func (p *Plugin) exclusive(st *state, g *mpsGPU) error {
-	if p.exclusiveGPUs[g.daemon.GPU] {
-		return nil
+	if g.daemon.GPU == "" || p.exclusiveGPUs[g.daemon.GPU] {
+		return nil // without a UUID the manager starts no daemon, and says why
 	}
 	was, err := nvidia.SetComputeMode(p.nvmlLib(st.cfg), g.daemon.GPU, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
 	if err != nil {
