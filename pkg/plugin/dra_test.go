@@ -515,3 +515,25 @@ func specDirWith(t *testing.T, dir, file, content string) string {
 	writeFile(t, filepath.Join(specDir, file), []byte(content))
 	return specDir
 }
+
+// TestUUIDOfItsKind: a GPU's UUID is a name its hardware goes by in its
+// own kind: another vendor's spec naming the same device node GPU-...
+// gives it none.
+func TestUUIDOfItsKind(t *testing.T) {
+	dir := t.TempDir()
+	node := filepath.Join(dir, "nvidia0")
+	if err := os.WriteFile(node, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	edits := fmt.Sprintf(`containerEdits: {deviceNodes: [{path: /dev/nvidia0, hostPath: %s, type: c, major: 195, minor: 0}]}`, node)
+	specDir := specDirWith(t, dir, "gpu.yaml", "cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ndevices:\n  - name: \"0\"\n    "+edits+"\n")
+	writeFile(t, filepath.Join(specDir, "other.yaml"), []byte("cdiVersion: \"0.6.0\"\nkind: example.com/gpu\ndevices:\n  - name: GPU-foreign\n    "+edits+"\n"))
+	p := inProcess(t, "policy: {exclusive: true}\n", specDir)
+	got := offer(t, p.DRAView(config.Default().Start.DRA), nil)
+	if len(got) != 1 || got[0].Device.Name != "gpu-0" {
+		t.Fatalf("offered %v, want gpu-0", got)
+	}
+	if u := got[0].Device.Attributes["uuid"].StringValue; u != nil {
+		t.Errorf("gpu-0's uuid is %q, another kind's name", *u)
+	}
+}
