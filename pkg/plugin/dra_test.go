@@ -537,3 +537,23 @@ func TestUUIDOfItsKind(t *testing.T) {
 		t.Errorf("gpu-0's uuid is %q, another kind's name", *u)
 	}
 }
+
+// TestClaimOnlyPodNotHeld: a pod whose containers use claims only holds
+// nothing of its own: the record, saved again for another pod, lists the
+// claim and that pod, not the claim's pod.
+func TestClaimOnlyPodNotHeld(t *testing.T) {
+	f := &finder{uses: map[string][]link.Use{"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}}}}
+	r := claimRuntime(t, "v1.7.35", f)
+	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant", Uid: "uid-a"}
+	if _, err := r.create(a, container(a, "gpu")); err != nil {
+		t.Fatal(err)
+	}
+	x := &api.PodSandbox{Id: "id-x", Name: "x", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+	if _, err := r.create(x, container(x, "main")); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(r.stateFile)
+	if err != nil || !strings.Contains(string(data), `"id-x"`) || strings.Contains(string(data), `"id-a"`) {
+		t.Errorf("record %s, %v: want pod x, and not pod a, which holds nothing but through its claim", data, err)
+	}
+}
