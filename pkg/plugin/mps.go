@@ -196,12 +196,17 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 		return
 	}
 	daemons, errs := p.mpsDaemons(st)
-	var want []mps.Want
+	var (
+		want     []mps.Want
+		warnings []error
+	)
 	for _, dir := range slices.Sorted(maps.Keys(daemons)) {
 		g := daemons[dir]
 		// Before its daemon starts, the GPU takes one context at a
 		// time: the MPS server's, never a client's own beside it.
-		if err := p.exclusive(st, g); err != nil {
+		if err := p.exclusive(st, g); errors.Is(err, nvidia.ErrNVML) {
+			warnings = append(warnings, err)
+		} else if err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -226,6 +231,9 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 	for _, err := range errs {
 		current["MPS daemon not started: "+err.Error()] = ""
 	}
+	for _, err := range warnings {
+		current[err.Error()] = ""
+	}
 	for _, err := range failed {
 		current[err.Error()] = ""
 	}
@@ -238,13 +246,19 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 // exclusive puts g's GPU in EXCLUSIVE_PROCESS compute mode through NVML,
 // once per GPU while nri-gpu runs (the mode stays across restarts of
 // nri-gpu), so that a client that leaves MPS cannot have a context of
-// its own beside the server, unbounded. A GPU that cannot be put in it
-// gets no daemon, and its pods are refused.
+// its own beside the server, unbounded. A GPU NVML does not put in it
+// gets no daemon, and its pods are refused. Where NVML cannot be loaded
+// at all (nor, then, the daemon's own driver libraries on a real node),
+// the error wraps nvidia.ErrNVML: the daemon is started as before, and
+// the operator is told to set the mode.
 func (p *Plugin) exclusive(st *state, g *mpsGPU) error {
 	if g.daemon.GPU == "" || p.exclusiveGPUs[g.daemon.GPU] {
 		return nil // without a UUID the manager starts no daemon, and says why
 	}
 	was, err := nvidia.SetComputeMode(p.nvmlLib(st.cfg), g.daemon.GPU, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
+	if errors.Is(err, nvidia.ErrNVML) {
+		return fmt.Errorf("device %q: its GPU's compute mode is left as it is (%w): put it in Exclusive_Process (nvidia-smi -i %s -c EXCLUSIVE_PROCESS), which keeps a client from leaving MPS", g.device, err, g.daemon.GPU)
+	}
 	if err != nil {
 		return fmt.Errorf("%w: device %q: its GPU is not put in Exclusive_Process compute mode, which keeps a client from leaving MPS: %w", ErrMPS, g.device, err)
 	}
