@@ -28,11 +28,10 @@ import (
 
 // mpsGPU is an MPS-shared GPU: its daemon, and what bounds each client.
 type mpsGPU struct {
-	device   string
-	dev      specs.Device
-	share    *policy.Share
-	capacity policy.Capacity
-	daemon   mps.Daemon
+	device string
+	dev    specs.Device
+	share  *policy.Share
+	daemon mps.Daemon
 	// limits are a pod's, the daemon's defaults.
 	limits mps.Limits
 }
@@ -68,12 +67,11 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 			ErrMPS, d.Name, dir, st.cfg.Start.MPS.Root)
 	}
 	return &mpsGPU{
-		device:   d.Name,
-		dev:      d,
-		share:    share,
-		capacity: capacity,
-		daemon:   mps.Daemon{Control: st.cfg.Start.MPS.ControlCommand, Dir: filepath.Join(st.cfg.Start.MPS.Root, dir), GPU: uuid, Root: st.cfg.Start.MPS.HostRoot},
-		limits:   mps.Limits{ActiveThreadPercentage: share.ActiveThreadPercentage, PinnedMemoryMiB: capacity.Default >> 20},
+		device: d.Name,
+		dev:    d,
+		share:  share,
+		daemon: mps.Daemon{Control: st.cfg.Start.MPS.ControlCommand, Dir: filepath.Join(st.cfg.Start.MPS.Root, dir), GPU: uuid, Root: st.cfg.Start.MPS.HostRoot},
+		limits: mps.Limits{ActiveThreadPercentage: share.ActiveThreadPercentage, PinnedMemoryMiB: capacity.Default >> 20},
 	}, nil
 }
 
