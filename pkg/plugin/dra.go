@@ -80,10 +80,10 @@ type DRAView struct {
 
 // Devices returns the devices to offer: of the configured kinds, matching
 // the configured globs and allowed by policy.devices, one name per piece
-// of hardware (a GPU by index, not again by UUID; never "all"), whose
-// device nodes exist and which no pod holds through another door (an
-// annotation, a count, the device plugin), each with why NVML finds its
-// GPU unhealthy where it does. Devices held by claims stay: the
+// of hardware (a GPU by index, not again by UUID; never "all"), which no
+// pod holds through another door (an annotation, a count, the device
+// plugin), each with why it is unhealthy (its GPU's NVML health, its
+// device nodes gone) where it is. Devices held by claims stay: the
 // scheduler knows them allocated.
 func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
 	st := c.p.state()
@@ -98,15 +98,14 @@ func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
 		offered = append(offered, hw...)
 		for _, cand := range hw {
 			// Free, or shared with a replica no pod uses (a claim is one
-			// user, whichever pods use it; claims are the scheduler's),
-			// and on the host. One NVML finds unhealthy stays, tainted:
-			// kube-scheduler places no new claim on it, and its claims'
-			// pods see why.
-			if !nodesExist(snap, cand.Name) || c.p.alloc.Room(st.policy, cand, policy.DRA) == 0 {
+			// user, whichever pods use it; claims are the scheduler's).
+			// An unhealthy one stays, tainted: kube-scheduler places no
+			// new claim on it, and its claims' pods see why.
+			if c.p.alloc.Room(st.policy, cand, policy.DRA) == 0 {
 				continue
 			}
 			info := c.info(snap, kind, cand)
-			info.Unhealthy = c.p.sickness(cand)
+			info.Unhealthy = c.p.sickness(snap, cand)
 			if offer, ok := c.p.alloc.Offer(st.policy, cand, policy.DRA); ok {
 				info.Offer = &offer
 			}

@@ -339,6 +339,34 @@ func TestClaimDevices(t *testing.T) {
 	testutil.ErrorSays(t, err, "claim ns/late", "is held by pod ns/h")
 	err = view.Prepare(context.Background(), policy.Claim{UID: "w", Namespace: "ns", Name: "ghost"}, []link.Allocated{{CDI: "nvidia.com/gpu=7"}, {CDI: "nvidia.com/gpu=8"}})
 	testutil.ErrorSays(t, err, "claim ns/ghost", "nvidia.com/gpu=7", "nvidia.com/gpu=8")
+
+	// A GPU whose device node is gone stays, tainted (its claim's pods
+	// see why; no new claim is placed on it), and the taint goes when the
+	// node is back.
+	taints := func() string {
+		var out []string
+		for _, d := range offer(t, view, nil) {
+			for _, tn := range d.Device.Taints {
+				out = append(out, fmt.Sprintf("%s %s=%s:%s", d.Device.Name, tn.Key, tn.Value, tn.Effect))
+			}
+		}
+		return strings.Join(out, ",")
+	}
+	if err := os.Remove(node); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); !slices.Equal(got, want[1:]) {
+		t.Errorf("with GPU 2's node gone, offered %v, want %v", got, want[1:])
+	}
+	if got, want := taints(), "gpu-2 gpu.nri-gpu.io/device-gone=:NoSchedule"; got != want {
+		t.Errorf("with GPU 2's node gone, taints %q, want %q", got, want)
+	}
+	if err := os.WriteFile(node, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := taints(); got != "" {
+		t.Errorf("with GPU 2's node back, taints %q", got)
+	}
 }
 
 // TestSharedClaimDevices: a GPU policy.sharing shares stays in the DRA

@@ -213,9 +213,13 @@ func (p *Plugin) room(st *state, snap *specs.Snapshot, d specs.Device, door poli
 	return p.alloc.Room(st.policy, d, door)
 }
 
-// sickness returns why NVML finds device d's GPU unhealthy (lost, or a
-// critical Xid error), or nil.
-func (p *Plugin) sickness(d specs.Device) *link.Health {
+// sickness returns why device d is unhealthy, or nil: its device nodes
+// are not on the host, or NVML found its GPU lost or with a critical Xid
+// error.
+func (p *Plugin) sickness(snap *specs.Snapshot, d specs.Device) *link.Health {
+	if !nodesExist(snap, d.Name) {
+		return &link.Health{Problem: link.ProblemGone, Reason: "its device nodes are not on the host"}
+	}
 	m := p.hw.health.Load()
 	if m == nil {
 		return nil

@@ -529,17 +529,17 @@ func TestDRASliceFollowsThePool(t *testing.T) {
 	deletePod(t, "default", "plugged")
 	waitSlice(t, env.b, gpuNames(env.b)...)
 
-	// A GPU whose device node is gone leaves the slice: its spec no
-	// longer resolves on the node (an NVML problem taints it instead).
+	// A GPU whose device node is gone stays, tainted (TestDeviceHealth).
 	if err := os.Remove(env.b.Dev("nvidia3")); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.b.RestoreGPU(3) })
-	waitSlice(t, env.b, gpuNames(env.b, 3)...)
+	testutil.Within(t, podWait, env.b.Name+"'s gpu-3 tainted", func() bool { return taintOf(t, env.b, "gpu-3") == "NoSchedule" })
+	waitSlice(t, env.b, gpuNames(env.b)...)
 	if err := env.b.RestoreGPU(3); err != nil {
 		t.Fatal(err)
 	}
-	waitSlice(t, env.b, gpuNames(env.b)...)
+	testutil.Within(t, podWait, env.b.Name+"'s gpu-3 untainted", func() bool { return taintOf(t, env.b, "gpu-3") == "" })
 }
 
 // TestDRAGapWithoutNRI shows the gap nri-gpu closes. With node-a's

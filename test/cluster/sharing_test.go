@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -208,16 +207,7 @@ func TestDRAConsumableCapacity(t *testing.T) {
 	createPod(t, claimPod("default", "past", n, "gpu0-20gi", ""))
 	testutil.Within(t, podWait, "pod past unschedulable", func() bool {
 		p, err := env.client.CoreV1().Pods("default").Get(context.Background(), "past", metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-				t.Logf("pod past: %s", c.Message)
-				return strings.Contains(c.Message, "cannot allocate all claims") || strings.Contains(c.Message, "resourceclaim")
-			}
-		}
-		return false
+		return err == nil && (unschedulable(*p, "cannot allocate all claims") || unschedulable(*p, "resourceclaim"))
 	})
 	deletePod(t, "default", "big")
 	waitAllRunning(t, "default", "past")

@@ -73,11 +73,13 @@ type Info struct {
 const (
 	ProblemLost = "gpu-lost"
 	ProblemXid  = "xid"
+	// ProblemGone is a device whose device nodes are not on the host.
+	ProblemGone = "device-gone"
 )
 
 // Health is why a device is unhealthy.
 type Health struct {
-	// Problem is ProblemLost or ProblemXid; Value the
+	// Problem is one of ProblemLost, ProblemXid, ProblemGone; Value the
 	// Xid error's number for ProblemXid.
 	Problem, Value string
 	// Reason says it in words.
