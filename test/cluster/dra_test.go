@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
@@ -29,8 +30,15 @@ const driverName = "gpu.nri-gpu.io"
 // driver, by name.
 func slice(t *testing.T, n *harness.Node) map[string]resourceapi.Device {
 	t.Helper()
+	return sliceOf(t, n, driverName)
+}
+
+// sliceOf returns the devices of node n's ResourceSlice of driver, by
+// name.
+func sliceOf(t *testing.T, n *harness.Node, driver string) map[string]resourceapi.Device {
+	t.Helper()
 	slices, err := env.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{
-		FieldSelector: fields.Set{"spec.nodeName": n.Name, "spec.driver": driverName}.String(),
+		FieldSelector: fields.Set{"spec.nodeName": n.Name, "spec.driver": driver}.String(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -686,4 +694,49 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestDRAExtendedResource: a DeviceClass with an extendedResourceName has
+// kube-scheduler serve a pod that asks for that resource in its limits
+// through DRA (a claim of the pod's own, in its status); on node-a's
+// containerd 1.7.35, CDI off, nri-gpu injects the GPU it was allocated.
+// The cluster's device plugin serves nvidia.com/gpu, so the class maps a
+// name of its own: a node whose device plugin is off serves nvidia.com/gpu
+// the same way (the chart's dra.deviceClass.extendedResourceName).
+func TestDRAExtendedResource(t *testing.T) {
+	needCluster(t)
+	ctx := context.Background()
+	const resource = "example.com/dra-gpu"
+	dc := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpu-extended"}, Spec: resourceapi.DeviceClassSpec{
+		Selectors:            []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "` + driverName + `"`}}},
+		ExtendedResourceName: new(string(resource)),
+	}}
+	if _, err := env.client.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.client.ResourceV1().DeviceClasses().Delete(ctx, dc.Name, metav1.DeleteOptions{}) })
+
+	p := harness.SleepPod("default", "extended", 0)
+	p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": env.a.Name}
+	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{resource: apiresource.MustParse("1")}
+	createPod(t, p)
+	got := waitRunning(t, "default", "extended")
+	ext := got.Status.ExtendedResourceClaimStatus
+	if ext == nil || ext.ResourceClaimName == "" {
+		t.Fatalf("pod extended has no extended-resource claim in its status: %+v", got.Status)
+	}
+	claim, err := env.client.ResourceV1().ResourceClaims("default").Get(ctx, ext.ResourceClaimName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 {
+		t.Fatalf("claim %s: allocation %+v", claim.Name, claim.Status.Allocation)
+	}
+	dev := claim.Status.Allocation.Devices.Results[0].Device
+	seen := gpusSeen(t, got)
+	if want := "nvidia" + strings.TrimPrefix(dev, "gpu-"); len(seen) != 1 || seen[0] != want {
+		t.Errorf("pod extended (allocated %s through DRA) sees %v, want [%s]", dev, seen, want)
+	}
+	t.Logf("pod extended: limits %s: 1, claim %s allocated %s, container sees %v", resource, claim.Name, dev, seen)
+	deletePod(t, "default", "extended")
 }

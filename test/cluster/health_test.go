@@ -146,8 +146,8 @@ func TestDeviceHealth(t *testing.T) {
 	if err := os.WriteFile(noExecute, []byte("config:\n  dra:\n    unhealthyTaint: NoExecute\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	restartWith(t, a, env.values, noExecute)
-	t.Cleanup(func() { restartWith(t, a, env.values) })
+	restartWith(t, []*harness.Node{a}, driverName, env.values, noExecute)
+	t.Cleanup(func() { restartWith(t, []*harness.Node{a}, driverName, env.values) })
 	gone(a, 1)
 	testutil.Within(t, podWait, a.Name+"'s gpu-1 tainted NoExecute", func() bool {
 		return taintOf(t, a, "gpu-1") == string(resourceapi.DeviceTaintEffectNoExecute)
@@ -173,9 +173,9 @@ func TestDeviceHealth(t *testing.T) {
 }
 
 // restartWith runs `helm upgrade` with the values files and restarts
-// nri-gpu on node n, for a setting read at start; it waits until the new
-// nri-gpu has published its ResourceSlice.
-func restartWith(t *testing.T, n *harness.Node, values ...string) {
+// nri-gpu on nodes, for a setting read at start; it waits until each new
+// nri-gpu has published its ResourceSlice for driver.
+func restartWith(t *testing.T, nodes []*harness.Node, driver string, values ...string) {
 	t.Helper()
 	args := []string{"upgrade", releaseName, chartDir, "--namespace", nriNamespace, "--wait", "--timeout", "2m"}
 	for _, v := range values {
@@ -184,15 +184,17 @@ func restartWith(t *testing.T, n *harness.Node, values ...string) {
 	if _, err := env.cluster.Helm(env.helm, args...); err != nil {
 		t.Fatal(err)
 	}
-	old := nriPods(t)[n.Name]
-	if err := env.client.CoreV1().Pods(nriNamespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
+	for _, n := range nodes {
+		old := nriPods(t)[n.Name]
+		if err := env.client.CoreV1().Pods(nriNamespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Within(t, podWait, n.Name+": a new nri-gpu pod, Ready", func() bool {
+			p, ok := nriPods(t)[n.Name]
+			return ok && p.UID != old.UID && podReady(p)
+		})
+		testutil.Within(t, podWait, n.Name+": nri-gpu's ResourceSlice of "+driver+" published", func() bool {
+			return len(sliceOf(t, n, driver)) > 0
+		})
 	}
-	testutil.Within(t, podWait, n.Name+": a new nri-gpu pod, Ready", func() bool {
-		p, ok := nriPods(t)[n.Name]
-		return ok && p.UID != old.UID && podReady(p)
-	})
-	testutil.Within(t, podWait, n.Name+": nri-gpu's ResourceSlice published again", func() bool {
-		return len(slice(t, n)) > 0
-	})
 }

@@ -165,11 +165,20 @@ func setup() (int, error) {
 	if err := harness.BuildImage(tools.Busybox, busybox); err != nil {
 		return 1, err
 	}
+	// NVIDIA's demo manifests' image, a stand-in (TestNVIDIAManifests).
+	ubuntu := filepath.Join(env.dir, "ubuntu.tar")
+	if err := harness.BuildNamedImage(tools.Busybox, ubuntu, ubuntuStandIn, ubuntuFiles...); err != nil {
+		return 1, err
+	}
+	nbody := filepath.Join(env.dir, "nbody.tar")
+	if err := harness.BuildNamedImage(tools.Busybox, nbody, nbodyStandIn, nbodyFiles...); err != nil {
+		return 1, err
+	}
 	if env.cluster, err = harness.StartCluster(env.dir, os.Getenv(harness.KubernetesEnv)); err != nil {
 		return 1, err
 	}
 	env.client = env.cluster.Client
-	images := []string{busybox, os.Getenv(imageEnv)}
+	images := []string{busybox, ubuntu, nbody, os.Getenv(imageEnv)}
 	if env.a, err = env.cluster.AddNode(harness.NodeOptions{Name: "node-a", Tools: tools, GPUs: 2, Images: images, CNIBin: os.Getenv(cniEnv)}); err != nil {
 		return 1, err
 	}

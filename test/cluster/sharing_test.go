@@ -34,27 +34,9 @@ import (
 func TestSharedReplicasPlaced(t *testing.T) {
 	needCluster(t)
 	nodes := []*harness.Node{env.a, env.b}
-	standin, err := os.ReadFile(env.tools.Path("mps-control"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	mpsStandIn(t, nodes)
 	mpsDir := func(n *harness.Node, gpu int) string {
 		return filepath.Join(n.Dir, "run", "nri-gpu", "mps", harness.UUID(gpu))
-	}
-	for _, n := range nodes {
-		// The node's /var/lib/mps-standin, which nri-gpu's container
-		// reaches only through the node's root (mps.hostRoot).
-		bin := filepath.Join(n.Dir, "var-lib", "mps-standin", "nvidia-cuda-mps-control")
-		if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(bin, standin, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = os.RemoveAll(filepath.Dir(bin))
-			_ = os.RemoveAll(filepath.Join(n.Dir, "run", "nri-gpu", "mps"))
-		})
 	}
 	before := nriPods(t)
 	shared := filepath.Join(env.dir, "shared-values.yaml")
@@ -213,5 +195,31 @@ func TestDRAConsumableCapacity(t *testing.T) {
 	waitAllRunning(t, "default", "past")
 	for _, name := range []string{"small", "past"} {
 		deletePod(t, "default", name)
+	}
+}
+
+// mpsStandIn puts the stand-in MPS control program on nodes, where the
+// suite's values have nri-gpu run it for GPUs shared with MPS: the node's
+// /var/lib/mps-standin, which nri-gpu's container reaches only through
+// the node's root (mps.hostRoot). It is removed, with the daemons'
+// directories, when the test ends.
+func mpsStandIn(t *testing.T, nodes []*harness.Node) {
+	t.Helper()
+	standin, err := os.ReadFile(env.tools.Path("mps-control"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		bin := filepath.Join(n.Dir, "var-lib", "mps-standin", "nvidia-cuda-mps-control")
+		if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, standin, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = os.RemoveAll(filepath.Dir(bin))
+			_ = os.RemoveAll(filepath.Join(n.Dir, "run", "nri-gpu", "mps"))
+		})
 	}
 }

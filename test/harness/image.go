@@ -38,6 +38,12 @@ type File struct {
 // static busybox at /bin/busybox and its applets, and the extra files,
 // named ImageRef.
 func BuildImage(busybox, out string, extra ...File) error {
+	return BuildNamedImage(busybox, out, ImageRef, extra...)
+}
+
+// BuildNamedImage is BuildImage with the image named name (a stand-in
+// for an image a published manifest names, which tests never pull).
+func BuildNamedImage(busybox, out, name string, extra ...File) error {
 	bin, err := os.ReadFile(busybox)
 	if err != nil {
 		return fmt.Errorf("reading busybox: %w", err)
@@ -71,8 +77,8 @@ func BuildImage(busybox, out string, extra ...File) error {
 		"schemaVersion": 2,
 		"mediaType":     "application/vnd.oci.image.index.v1+json",
 		"manifests": []any{descriptor("application/vnd.oci.image.manifest.v1+json", manifest, map[string]string{
-			"io.containerd.image.name":          ImageRef,
-			"org.opencontainers.image.ref.name": "latest",
+			"io.containerd.image.name":          name,
+			"org.opencontainers.image.ref.name": name[strings.LastIndex(name, ":")+1:],
 		})},
 	})
 	if err != nil {

@@ -42,6 +42,7 @@ func TestOptions(t *testing.T) {
 	in := link.Options{Node: "node-1", LogLevel: "debug", LogFormat: "json"}
 	in.DRA.Enabled = true
 	in.DRA.DriverName, in.DRA.PluginDir, in.DRA.RegistryDir = "gpu.example.com", "/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry"
+	in.DRA.UnhealthyTaint = "NoExecute"
 	for _, kubeconfig := range []string{"", "/etc/nri-gpu/kubeconfig"} {
 		in.DRA.Kubeconfig = kubeconfig
 		var stderr strings.Builder
@@ -50,11 +51,11 @@ func TestOptions(t *testing.T) {
 			t.Fatalf("ParseOptions(%q): %v", in.Args(), err)
 		}
 		if got.DRA.DriverName != in.DRA.DriverName || got.DRA.PluginDir != in.DRA.PluginDir || got.DRA.RegistryDir != in.DRA.RegistryDir ||
-			got.DRA.Kubeconfig != in.DRA.Kubeconfig || got.Node != in.Node || got.LogLevel != in.LogLevel || got.LogFormat != in.LogFormat || !got.DRA.Enabled {
+			got.DRA.UnhealthyTaint != in.DRA.UnhealthyTaint || got.DRA.Kubeconfig != in.DRA.Kubeconfig || got.Node != in.Node || got.LogLevel != in.LogLevel || got.LogFormat != in.LogFormat || !got.DRA.Enabled {
 			t.Errorf("ParseOptions(Args()) = %+v, want %+v", got, in)
 		}
 	}
-	for _, missing := range []string{"driver-name", "node-name", "plugin-dir", "registry-dir"} {
+	for _, missing := range []string{"driver-name", "node-name", "plugin-dir", "registry-dir", "unhealthy-taint"} {
 		var args []string
 		for _, a := range in.Args() {
 			if !strings.HasPrefix(a, "--"+missing+"=") {
@@ -70,6 +71,9 @@ func TestOptions(t *testing.T) {
 		if _, err := link.ParseOptions(append(in.Args(), extra...), &strings.Builder{}); err == nil || !strings.Contains(err.Error(), `unexpected argument "extra"`) {
 			t.Errorf("arguments %q after the flags: %v, want the first named", extra, err)
 		}
+	}
+	if _, err := link.ParseOptions(append(in.Args(), "--unhealthy-taint=PreferNoSchedule"), &strings.Builder{}); err == nil || !strings.Contains(err.Error(), `--unhealthy-taint="PreferNoSchedule"`) {
+		t.Errorf("an effect kube-controller-manager does not act on: %v", err)
 	}
 	if _, err := link.ParseOptions([]string{"--no-such-flag"}, &strings.Builder{}); err == nil {
 		t.Error("an unknown flag was taken")

@@ -12,8 +12,8 @@ import (
 // arguments.
 type Options struct {
 	// DRA is the start.dra block of nri-gpu's configuration; the driver
-	// uses its driverName, kubeconfig, pluginDir and registryDir (kinds
-	// and devices are nri-gpu's to judge).
+	// uses its driverName, kubeconfig, pluginDir, registryDir and
+	// unhealthyTaint (kinds and devices are nri-gpu's to judge).
 	DRA config.DRA
 	// Node is the node's name.
 	Node string
@@ -28,6 +28,7 @@ func (o Options) Args() []string {
 		"--node-name=" + o.Node,
 		"--plugin-dir=" + o.DRA.PluginDir,
 		"--registry-dir=" + o.DRA.RegistryDir,
+		"--unhealthy-taint=" + o.DRA.UnhealthyTaint,
 		"--log-level=" + o.LogLevel,
 		"--log-format=" + o.LogFormat,
 	}
@@ -47,6 +48,7 @@ func ParseOptions(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&o.Node, "node-name", "", "the node's name")
 	fs.StringVar(&o.DRA.PluginDir, "plugin-dir", "", "kubelet's plugins directory")
 	fs.StringVar(&o.DRA.RegistryDir, "registry-dir", "", "kubelet's plugin registration directory")
+	fs.StringVar(&o.DRA.UnhealthyTaint, "unhealthy-taint", "", "the effect of an unhealthy device's taint: NoSchedule or NoExecute")
 	fs.StringVar(&o.DRA.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: the pod's service account)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", "text", "log format: text or json")
@@ -58,10 +60,14 @@ func ParseOptions(args []string, stderr io.Writer) (Options, error) {
 	}
 	for _, f := range []struct{ name, value string }{
 		{"driver-name", o.DRA.DriverName}, {"node-name", o.Node}, {"plugin-dir", o.DRA.PluginDir}, {"registry-dir", o.DRA.RegistryDir},
+		{"unhealthy-taint", o.DRA.UnhealthyTaint},
 	} {
 		if f.value == "" {
 			return o, fmt.Errorf("--%s is needed", f.name)
 		}
+	}
+	if t := o.DRA.UnhealthyTaint; t != config.TaintNoSchedule && t != config.TaintNoExecute {
+		return o, fmt.Errorf("--unhealthy-taint=%q: want %s or %s", t, config.TaintNoSchedule, config.TaintNoExecute)
 	}
 	o.DRA.Enabled = true
 	return o, nil

@@ -1,0 +1,293 @@
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/test/harness"
+)
+
+// ubuntuStandIn is the image NVIDIA's demo manifests run, imported on
+// each node as a stand-in (never pulled): busybox, a bash that runs its
+// sh, and an nvidia-smi -L that lists the GPU device nodes the container
+// has.
+const ubuntuStandIn = "docker.io/library/ubuntu:22.04"
+
+// ubuntuFiles are the stand-in's files beside busybox.
+var ubuntuFiles = []harness.File{
+	{Name: "bin/bash", Mode: 0o755, Data: []byte("#!/bin/sh\nexec /bin/sh \"$@\"\n")},
+	{Name: "usr/bin/nvidia-smi", Mode: 0o755, Data: []byte(`#!/bin/sh
+# A stand-in for nvidia-smi -L: one line per GPU device node.
+i=0
+for d in /dev/nvidia[0-9]*; do
+  [ -e "$d" ] || continue
+  echo "GPU $i: stand-in ($d)"
+  i=$((i+1))
+done
+`)},
+}
+
+// nbodyStandIn is the CUDA sample image of NVIDIA's MPS demo, a stand-in
+// whose /tmp/sample sleeps (the pod's containers must keep running).
+const nbodyStandIn = "nvcr.io/nvidia/k8s/cuda-sample:nbody-cuda11.6.0-ubuntu18.04"
+
+// nbodyFiles are its files beside busybox.
+var nbodyFiles = []harness.File{
+	ubuntuFiles[0],
+	{Name: "tmp/sample", Mode: 0o755, Data: []byte("#!/bin/sh\nexec sleep 3600\n")},
+}
+
+// nvidiaValues run nri-gpu's DRA driver under NVIDIA's driver name (the
+// chart's DeviceClass is then gpu.nvidia.com), in the namespaces NVIDIA's
+// demo manifests make.
+const nvidiaValues = `config:
+  policy:
+    namespaces: [default, "tenant-*", "gpu-test*", "gpu-share-*"]
+  dra:
+    driverName: gpu.nvidia.com
+`
+
+// TestNVIDIAManifests: NVIDIA's DRA driver's published demo manifests
+// (testdata/nvidia, unchanged), with nri-gpu's DRA driver named
+// gpu.nvidia.com, each with the outcome their comments and README say:
+// the quickstart's two pods with a distinct GPU each, one pod's two
+// containers sharing one, two pods sharing a global claim; the
+// consumable-shares deployments (4 replicas of one share each, 2 of 4Gi
+// of memory each, 2 asking nothing) all running on shared GPUs, each
+// claim allocated a share.
+func TestNVIDIAManifests(t *testing.T) {
+	needCluster(t)
+	nv := filepath.Join(env.dir, "nvidia-values.yaml")
+	if err := os.WriteFile(nv, []byte(nvidiaValues), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	both := []*harness.Node{env.a, env.b}
+	restartWith(t, both, "gpu.nvidia.com", env.values, nv)
+	t.Cleanup(func() { restartWith(t, both, driverName, env.values) })
+
+	apply(t, "gpu-test1.yaml", "gpu-test2.yaml", "gpu-test3.yaml")
+	// gpu-test1: two pods, one container each, each a distinct GPU.
+	p1, p2 := waitAllRunning(t, "gpu-test1", "pod1"), waitAllRunning(t, "gpu-test1", "pod2")
+	g1, g2 := gpuOf(t, p1, "ctr"), gpuOf(t, p2, "ctr")
+	if g1 == g2 {
+		t.Errorf("gpu-test1: both pods have %s, want distinct GPUs", g1)
+	}
+	// gpu-test2: one pod, two containers sharing one GPU.
+	p := waitAllRunning(t, "gpu-test2", "pod")
+	if a, b := gpuOf(t, p, "ctr0"), gpuOf(t, p, "ctr1"); a != b {
+		t.Errorf("gpu-test2: containers have %s and %s, want one GPU shared", a, b)
+	}
+	// gpu-test3: one global claim, two pods sharing its GPU.
+	q1, q2 := waitAllRunning(t, "gpu-test3", "pod1"), waitAllRunning(t, "gpu-test3", "pod2")
+	if a, b := gpuOf(t, q1, "ctr"), gpuOf(t, q2, "ctr"); a != b {
+		t.Errorf("gpu-test3: pods have %s and %s, want the claim's one GPU", a, b)
+	}
+	out, err := nodeOf(t, p1).Ctd.Exec(containerID(t, p1, "ctr"), "nvidia-smi", "-L")
+	if err != nil || strings.Count(out, "GPU ") != 1 {
+		t.Errorf("gpu-test1 pod1: nvidia-smi -L: %v: %q, want one GPU", err, out)
+	}
+	t.Logf("quickstart: gpu-test1 %s and %s; gpu-test2 %s; gpu-test3 %s; pod1's nvidia-smi -L: %s", g1, g2, gpuOf(t, p, "ctr0"), gpuOf(t, q1, "ctr"), strings.TrimSpace(out))
+	deleteNamespaces(t, "gpu-test1", "gpu-test2", "gpu-test3")
+
+	// Consumable shares: every GPU shared 4 ways, 80Gi of memory, counted
+	// as a quota (time-slicing cannot bound memory).
+	shared := filepath.Join(env.dir, "nvidia-shares-values.yaml")
+	if err := os.WriteFile(shared, []byte(`config:
+  policy:
+    sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 4, memory: 80Gi, memoryQuota: true, memoryRequest: {step: 1Mi}}]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	upgrade(t, env.values, nv, shared)
+	apply(t, "integer-sharing.yaml", "memory-sharing.yaml", "unlimited-sharing.yaml")
+	for _, c := range []struct {
+		ns     string
+		pods   int
+		memory string // what each claim consumed
+	}{{"gpu-share-integer", 4, "20Gi"}, {"gpu-share-memory", 2, "4Gi"}, {"gpu-share-unlimited", 2, "20Gi"}} {
+		pods := waitNamespaceRunning(t, c.ns, c.pods)
+		var where []string
+		for _, p := range pods {
+			r := allocatedClaim(t, &p).Status.Allocation.Devices.Results[0]
+			mem := r.ConsumedCapacity["memory"]
+			if r.ShareID == nil || mem.String() != c.memory {
+				t.Errorf("%s pod %s: allocated %s, share %v, memory %s; want a share with %s", c.ns, p.Name, r.Device, r.ShareID, mem.String(), c.memory)
+			}
+			where = append(where, p.Spec.NodeName+"/"+r.Device+"="+gpuOf(t, &p, "ctr"))
+		}
+		slices.Sort(where)
+		t.Logf("%s: %d pods Running: %v", c.ns, len(pods), where)
+	}
+	deleteNamespaces(t, "gpu-share-integer", "gpu-share-memory", "gpu-share-unlimited")
+
+	// MPS: every GPU shared 2 ways by nri-gpu's MPS daemons (the stand-in
+	// control program), 80Gi: a share is allowed 50% of the compute and
+	// 40Gi, so the demo claim's GpuConfig (50%, 10Gi) is within it, and
+	// both containers using the claim are its clients with those limits.
+	mpsStandIn(t, both)
+	mps := filepath.Join(env.dir, "nvidia-mps-values.yaml")
+	if err := os.WriteFile(mps, []byte(`config:
+  policy:
+    sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 2, strategy: mps, memory: 80Gi}]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	upgrade(t, env.values, nv, mps)
+	apply(t, "gpu-test-mps.yaml")
+	p = waitAllRunning(t, "gpu-test-mps", "test-pod")
+	var gpus []string
+	for _, ctr := range []string{"mps-ctr0", "mps-ctr1"} {
+		gpus = append(gpus, gpuOf(t, p, ctr))
+		spec, err := nodeOf(t, p).Ctd.ContainerSpec(containerID(t, p, ctr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"} {
+			if !slices.Contains(spec.Process.Env, want) {
+				t.Errorf("gpu-test-mps %s: no %s in %v", ctr, want, spec.Process.Env)
+			}
+		}
+	}
+	if gpus[0] != gpus[1] {
+		t.Errorf("gpu-test-mps: containers have %v, want the claim's one GPU", gpus)
+	}
+	t.Logf("gpu-test-mps: both containers on %s, MPS clients with 50%% and 10240M", gpus[0])
+	deleteNamespaces(t, "gpu-test-mps")
+}
+
+// apply creates the objects of the manifests in testdata/nvidia, as they
+// are (kubectl apply, for the kinds they hold).
+func apply(t *testing.T, files ...string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, f := range files {
+		data, err := os.ReadFile(filepath.Join("testdata", "nvidia", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+		for {
+			doc, err := r.Read()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if len(bytes.TrimSpace(doc)) == 0 {
+				continue
+			}
+			obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+			if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if err := create(ctx, obj); err != nil {
+				t.Fatalf("%s: creating %T: %v", f, obj, err)
+			}
+		}
+	}
+}
+
+// create creates one object of the kinds NVIDIA's manifests hold.
+func create(ctx context.Context, obj runtime.Object) error {
+	c := env.client
+	var err error
+	switch o := obj.(type) {
+	case *corev1.Namespace:
+		_, err = c.CoreV1().Namespaces().Create(ctx, o, metav1.CreateOptions{})
+	case *corev1.Pod:
+		_, err = c.CoreV1().Pods(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+	case *appsv1.Deployment:
+		_, err = c.AppsV1().Deployments(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+	case *resourceapi.ResourceClaim:
+		_, err = c.ResourceV1().ResourceClaims(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+	case *resourceapi.ResourceClaimTemplate:
+		_, err = c.ResourceV1().ResourceClaimTemplates(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+	default:
+		err = fmt.Errorf("kind %T not applied here", obj)
+	}
+	return err
+}
+
+// deleteNamespaces deletes namespaces and waits until they are gone, so
+// that what their pods held is released.
+func deleteNamespaces(t *testing.T, names ...string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, ns := range names {
+		_ = env.client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	}
+	for _, ns := range names {
+		testutil.Within(t, 2*podWait, "namespace "+ns+" gone", func() bool {
+			_, err := env.client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			return err != nil
+		})
+	}
+}
+
+// waitNamespaceRunning waits until namespace ns has want pods, each with
+// every container running, and returns them.
+func waitNamespaceRunning(t *testing.T, ns string, want int) []corev1.Pod {
+	t.Helper()
+	var pods []corev1.Pod
+	testutil.Within(t, 2*podWait, fmt.Sprintf("%d pods Running in %s", want, ns), func() bool {
+		list, err := env.client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil || len(list.Items) != want {
+			return false
+		}
+		for _, p := range list.Items {
+			if p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != len(p.Spec.Containers) {
+				return false
+			}
+			for _, s := range p.Status.ContainerStatuses {
+				if !s.Ready {
+					return false
+				}
+			}
+		}
+		pods = list.Items
+		return true
+	})
+	return pods
+}
+
+// gpuOf names the one GPU container ctr of pod p has: its node and
+// device node; it fails the test unless there is exactly one.
+func gpuOf(t *testing.T, p *corev1.Pod, ctr string) string {
+	t.Helper()
+	seen := seenBy(t, p, ctr)
+	if len(seen) != 1 {
+		t.Fatalf("pod %s/%s container %s has GPUs %v, want one", p.Namespace, p.Name, ctr, seen)
+	}
+	return p.Spec.NodeName + ":" + seen[0]
+}
+
+// containerID returns the runtime's ID of container ctr of pod p.
+func containerID(t *testing.T, p *corev1.Pod, ctr string) string {
+	t.Helper()
+	for _, s := range p.Status.ContainerStatuses {
+		if s.Name == ctr {
+			return strings.TrimPrefix(s.ContainerID, "containerd://")
+		}
+	}
+	t.Fatalf("pod %s has no container %q", p.Name, ctr)
+	return ""
+}
