@@ -15,6 +15,11 @@ KUBERNETES_VERSION := v1.37.2
 KUBERNETES_MOD := $(CURDIR)/test/tools/kubernetes
 KUBERNETES     := $(OUT)/kubernetes-$(KUBERNETES_VERSION:v%=%)
 KUBELET        := $(KUBERNETES)/kubelet
+# The oldest release where DRA is GA, for the version-skew test: its
+# control plane and kubelet (etcd is the one above).
+KUBERNETES_SKEW_VERSION := v1.34.4
+KUBERNETES_SKEW_MOD := $(CURDIR)/test/tools/kubernetes-1.34
+KUBERNETES_SKEW     := $(OUT)/kubernetes-$(KUBERNETES_SKEW_VERSION:v%=%)
 CNI_PLUGINS_VERSION := v1.9.1
 CNI            := $(OUT)/cni-$(CNI_PLUGINS_VERSION:v%=%)
 
@@ -31,7 +36,7 @@ export NRI_GPU_REFERENCE_CONTAINERD := $(CONTAINERD2)
 # go-nvml's cgo bindings declare functions the NVML headers deprecate.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: cluster mutation unit-long-tmpdir all build image test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
+.PHONY: cluster skew mutation unit-long-tmpdir all build image test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
 
 all: build
 
@@ -94,6 +99,11 @@ $(KUBELET): $(KUBERNETES_MOD)/go.mod $(KUBERNETES_MOD)/go.sum $(wildcard $(KUBER
 	cd $(KUBERNETES_MOD) && $(GO) build -o $(KUBERNETES)/ -ldflags "$(K8S_LDFLAGS)" ./...
 	touch $@
 
+$(KUBERNETES_SKEW)/kubelet: $(KUBERNETES_SKEW_MOD)/go.mod $(KUBERNETES_SKEW_MOD)/go.sum $(wildcard $(KUBERNETES_SKEW_MOD)/*/main.go) $(KUBELET)
+	cd $(KUBERNETES_SKEW_MOD) && $(GO) build -o $(KUBERNETES_SKEW)/ -ldflags "$(subst $(KUBERNETES_VERSION),$(KUBERNETES_SKEW_VERSION),$(subst gitMinor=$(word 2,$(subst ., ,$(KUBERNETES_VERSION))),gitMinor=$(word 2,$(subst ., ,$(KUBERNETES_SKEW_VERSION))),$(K8S_LDFLAGS)))" ./...
+	ln -sf $(KUBERNETES)/etcd $(KUBERNETES_SKEW)/etcd
+	touch $@
+
 # Helm's own CLI, from the Helm module the chart test uses.
 $(BIN)/helm: $(CURDIR)/test/tools/helm/go.mod $(CURDIR)/test/tools/helm/go.sum
 	cd test/tools/helm && $(GO) build -o $@ helm.sh/helm/v3/cmd/helm
@@ -137,8 +147,9 @@ lint:
 # containerd 1.7.35, then again on 2.x and on an older 1.7. The end-to-end
 # tests need root; here they must run.
 test: lint e2e-tools
-	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/cluster)
+	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /test/cluster -e /test/skew)
 	$(MAKE) cluster
+	$(MAKE) skew
 	cd hack/image && $(GO) test -count=1 ./...
 	cd test/tools/helm && $(GO) test -count=1 ./...
 	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD2) $(GO) test -race -count=1 -timeout 30m ./test/e2e/
@@ -153,6 +164,11 @@ test: lint e2e-tools
 CLUSTER_RUN ?= .
 cluster: e2e-tools
 	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 -timeout 30m -run '$(CLUSTER_RUN)' ./test/cluster/
+
+# Version skew: nri-gpu's DRA driver with the control plane and kubelet of
+# Kubernetes $(KUBERNETES_SKEW_VERSION), the oldest release where DRA is GA.
+skew: e2e-tools $(KUBERNETES_SKEW)/kubelet
+	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_KUBERNETES_SKEW=$(KUBERNETES_SKEW) $(GO) test -race -count=1 -timeout 15m ./test/skew/
 
 # Unit and protocol tests under a TMPDIR longer than a unix socket path
 # may be: tests put their sockets in short directories of their own.

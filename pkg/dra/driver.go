@@ -60,7 +60,18 @@ type Driver struct {
 	names   map[string]string
 	infos   map[string]link.Info
 	changed chan struct{}
+	// off are the features the API server dropped fields of (an older
+	// release, or a gate turned off): DRADeviceTaints,
+	// DRAConsumableCapacity.
+	off map[string]bool
 }
+
+// The API server features whose fields the driver publishes, as
+// resourceslice.DroppedFieldsError names them.
+const (
+	featureTaints   = "DRADeviceTaints"
+	featureCapacity = "DRAConsumableCapacity"
+)
 
 // New returns the driver of node, configured by cfg.
 func New(cfg config.DRA, node string, src link.Pool, log logrus.FieldLogger) *Driver {
@@ -73,6 +84,7 @@ func New(cfg config.DRA, node string, src link.Pool, log logrus.FieldLogger) *Dr
 		names:   map[string]string{},
 		infos:   map[string]link.Info{},
 		changed: make(chan struct{}),
+		off:     map[string]bool{},
 	}
 }
 
@@ -155,6 +167,12 @@ func (d *Driver) offer(ctx context.Context) ([]resourceapi.Device, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, dev := range devs {
+		if d.off[featureTaints] && dev.Info.Unhealthy != nil {
+			continue // without taints, an unhealthy device leaves the slice
+		}
+		if d.off[featureCapacity] {
+			dev.Info.Offer = nil // one claim at a time, as an unshared GPU
+		}
 		entry := DeviceOf(dev.Info, d.Sysfs)
 		entry.Taints = Taints(d.cfg, dev.Info.Unhealthy)
 		d.names[entry.Name] = dev.CDI
@@ -440,9 +458,40 @@ func (d *Driver) PrepareHeld(ctx context.Context, client kubernetes.Interface) e
 }
 
 // HandleError logs what went wrong in the background (publishing the
-// ResourceSlice); the helper retries.
+// ResourceSlice); the helper retries. Where the API server dropped fields
+// of a feature it does not have on (Kubernetes before 1.36, or a gate
+// turned off), the driver publishes without them from then on, and says
+// so once: without device taints an unhealthy device leaves the slice;
+// without consumable capacity a shared GPU is offered to one claim at a
+// time.
 func (d *Driver) HandleError(_ context.Context, err error, msg string) {
-	d.log.Warnf("%s: %v", msg, err)
+	var dropped *resourceslice.DroppedFieldsError
+	if !errors.As(err, &dropped) {
+		d.log.Warnf("%s: %v", msg, err)
+		return
+	}
+	d.mu.Lock()
+	var news []string
+	for _, f := range dropped.DisabledFeatures() {
+		if !d.off[f] {
+			d.off[f] = true
+			news = append(news, f)
+		}
+	}
+	d.mu.Unlock()
+	for _, f := range news {
+		switch f {
+		case featureTaints:
+			d.log.Warnf("the API server does not keep device taints (%s is off there, as before Kubernetes 1.36): an unhealthy device leaves the ResourceSlice instead of staying tainted", f)
+		case featureCapacity:
+			d.log.Warnf("the API server does not keep consumable capacity (%s is off there, as before Kubernetes 1.36): a GPU policy.sharing shares is offered to one claim at a time", f)
+		default:
+			d.log.Warnf("the API server dropped fields of the ResourceSlice (%s is off there): %v", f, err)
+		}
+	}
+	if len(news) > 0 {
+		d.Notify()
+	}
 }
 
 // healthTimeout is how long kubelet keeps a device's health without a

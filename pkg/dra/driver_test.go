@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -839,5 +840,60 @@ func TestHealthReports(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stream did not end when kubelet went")
+	}
+}
+
+// TestOlderAPIServer: where the API server drops the fields of device
+// taints and consumable capacity (Kubernetes before 1.36, or their gates
+// off: the slice controller reports what it dropped), the driver
+// publishes without them from then on, and says so once each: an
+// unhealthy device leaves the slice instead of staying untainted, and a
+// shared GPU is offered to one claim at a time.
+func TestOlderAPIServer(t *testing.T) {
+	src := newSource("gpu-0", "gpu-1")
+	src.mu.Lock()
+	src.devices[0].Info.Offer = &policy.Capacity{Shares: 2}
+	src.mu.Unlock()
+	s := start(t, src)
+	slice := func() *resourceapi.ResourceSlice {
+		list, err := s.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
+		if err != nil || len(list.Items) != 1 {
+			return nil
+		}
+		return &list.Items[0]
+	}
+	src.sicken(1, &link.Health{Problem: link.ProblemGone, Reason: "its device nodes are not on the host"})
+	s.driver.Notify()
+	waitFor(t, "gpu-0 shared and gpu-1 tainted", func() bool {
+		sl := slice()
+		return sl != nil && len(sl.Spec.Devices) == 2 && sl.Spec.Devices[0].AllowMultipleAllocations != nil && len(sl.Spec.Devices[1].Taints) == 1
+	})
+	desired := slice()
+	actual := desired.DeepCopy()
+	for i := range actual.Spec.Devices {
+		actual.Spec.Devices[i].Taints, actual.Spec.Devices[i].AllowMultipleAllocations = nil, nil
+	}
+	for range 2 {
+		s.driver.HandleError(context.Background(), &resourceslice.DroppedFieldsError{PoolName: node, DesiredSlice: desired, ActualSlice: actual}, "update ResourceSlice")
+	}
+	waitFor(t, "gpu-0 alone, for one claim", func() bool {
+		sl := slice()
+		return sl != nil && len(sl.Spec.Devices) == 1 && sl.Spec.Devices[0].Name == "gpu-0" && sl.Spec.Devices[0].AllowMultipleAllocations == nil
+	})
+	for _, what := range []string{"does not keep device taints (DRADeviceTaints is off", "does not keep consumable capacity (DRAConsumableCapacity is off"} {
+		n := 0
+		for _, e := range s.logs.AllEntries() {
+			if e.Level == logrus.WarnLevel && strings.Contains(e.Message, what) {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("warned %d times that the API server %s, want once", n, what)
+		}
+	}
+	// Another error is only logged.
+	s.driver.HandleError(context.Background(), errors.New("conflict"), "update ResourceSlice")
+	if !s.warned("update ResourceSlice: conflict") {
+		t.Error("an error publishing the slice was not logged")
 	}
 }

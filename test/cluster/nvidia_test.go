@@ -192,7 +192,7 @@ func apply(t *testing.T, files ...string) {
 			if err != nil {
 				t.Fatalf("%s: %v", f, err)
 			}
-			if len(bytes.TrimSpace(doc)) == 0 {
+			if onlyComments(doc) {
 				continue
 			}
 			obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
@@ -204,6 +204,16 @@ func apply(t *testing.T, files ...string) {
 			}
 		}
 	}
+}
+
+// onlyComments reports whether a YAML document holds no object.
+func onlyComments(doc []byte) bool {
+	for _, line := range bytes.Split(doc, []byte("\n")) {
+		if l := bytes.TrimSpace(line); len(l) > 0 && l[0] != '#' && string(l) != "---" {
+			return false
+		}
+	}
+	return true
 }
 
 // create creates one object of the kinds NVIDIA's manifests hold.
