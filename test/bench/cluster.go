@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
@@ -24,6 +25,9 @@ type clusterKind struct {
 	// other, when set, is the node every second pod of the kind lands on.
 	other string
 	gpus  int64
+	// claim, when set, is the ResourceClaimTemplate each pod's claim is
+	// made from (a GPU through nri-gpu's DRA driver).
+	claim string
 	ds    []time.Duration
 }
 
@@ -32,13 +36,14 @@ type clusterKind struct {
 const clusterBatch = 4
 
 // cluster times pod start on a real control plane and two nodes of
-// containerd 2.3.7 with its CDI on, 4 fake GPUs each, nri-gpu installed
-// by its chart on both with device-plugin resources: on bench-nri it
-// hands kubelet's allocation over as its own annotation and injects the
-// devices itself; on bench-cdi as CRI CDI devices, which containerd's own
-// CDI injects. Batches of GPU pods placed by the scheduler on each, and
-// of pods without GPUs, interleaved: the time from the pod's creation to
-// its Running, as the API server reports it to a watch.
+// containerd 2.3.7 with its CDI on, nri-gpu installed by its chart on
+// both with device-plugin resources: on bench-nri it hands kubelet's
+// allocation over as its own annotation and injects the devices itself;
+// on bench-cdi as CRI CDI devices, which containerd's own CDI injects.
+// bench-nri has 4 more fake GPUs, which nri-gpu's DRA driver offers to
+// claims. Batches of GPU pods placed by the scheduler on each, of claim
+// pods, and of pods without GPUs, interleaved: the time from the pod's
+// creation to its Running, as the API server reports it to a watch.
 func (r *report) cluster(rounds int) {
 	r.printf("## Cluster: pod creation to Running\n\n")
 	kinds, err := r.runCluster(rounds)
@@ -46,7 +51,7 @@ func (r *report) cluster(rounds int) {
 		r.printf("not measured: %v\n\n", err)
 		return
 	}
-	r.printf("Kubernetes v1.37.2 (etcd, API server, scheduler, controller manager and two kubelets), nodes on containerd %s with CDI on and 4 fake GPUs each, nri-gpu installed by its Helm chart on both with `nvidia.com/gpu` as a device-plugin resource. "+
+	r.printf("Kubernetes v1.37.2 (etcd, API server, scheduler, controller manager and two kubelets), nodes on containerd %s with CDI on and 4 fake GPUs each, nri-gpu installed by its Helm chart on both with `nvidia.com/gpu` as a device-plugin resource; bench-nri has 4 more that nri-gpu's DRA driver offers to claims (a ResourceClaimTemplate of one GPU per pod). "+
 		"%d rounds after one of warm-up; each creates a batch of %d pods of each kind at once, interleaved (each kind first in turn; the pods without GPUs half on each node), and waits until all run. The time is from the create call to the watch seeing the pod Running.\n\n", containerd2Version(), rounds, clusterBatch)
 	r.printf("| pods | median | p90 |\n|---|---|---|\n")
 	for _, k := range kinds {
@@ -56,6 +61,9 @@ func (r *report) cluster(rounds int) {
 	ratio := float64(percentile(kinds[0].ds, 50)) / float64(percentile(kinds[1].ds, 50))
 	r.results = append(r.results, target{"cluster pod start median, nri-gpu / containerd's own CDI", "≤ 1.02", fmt.Sprintf("%.3f", ratio), ratio <= 1.02,
 		"kubelet's and the scheduler's own work, which dominates a pod's start, differs between the two nodes by more than nri-gpu's round trip"})
+	dra := float64(percentile(kinds[2].ds, 50)) / float64(percentile(kinds[0].ds, 50))
+	r.results = append(r.results, target{"cluster pod start median, DRA claim pods / device-plugin pods (both nri-gpu, one node)", "≤ 1.5", fmt.Sprintf("%.3f", dra), dra <= 1.5,
+		"a claim pod waits for the claim made from its template, the scheduler's allocation and kubelet's prepare call to nri-gpu's DRA driver, none of which a device-plugin pod has"})
 }
 
 func containerd2Version() string {
@@ -78,8 +86,19 @@ config:
   policy: {exclusive: true}
   devicePlugin:
     cdiDevices: %s
-    resources: [{name: nvidia.com/gpu}]
+    resources: [{name: nvidia.com/gpu, devices: ["[0-3]"]}]
 `
+
+// draValues add DRA to bench-nri's release: GPUs 4 to 7, the API server
+// reached through the port the bench forwards (no kube-proxy).
+const draValues = `config:
+  dra: {enabled: true, devices: ["[4-7]"]}
+dra:
+  apiServer: {host: 127.0.0.1, port: %d}
+`
+
+// draForwardPort is where bench-nri's nri-gpu reaches the API server.
+const draForwardPort = 16445
 
 func (r *report) runCluster(rounds int) ([]*clusterKind, error) {
 	if os.Geteuid() != 0 {
@@ -114,22 +133,45 @@ func (r *report) runCluster(rounds int) ([]*clusterKind, error) {
 	kinds := []*clusterKind{
 		{name: "GPU pods, nri-gpu injecting (`cdiDevices: annotations`)", node: "bench-nri", gpus: 1},
 		{name: "GPU pods, containerd's own CDI injecting (`cdiDevices: cri`)", node: "bench-cdi", gpus: 1},
+		{name: "DRA claim pods, nri-gpu's DRA driver (bench-nri)", node: "bench-nri", claim: "bench-gpu"},
 		// Half on each node: both nodes start as many pods a round.
 		{name: "pods without GPUs", node: "bench-nri", other: "bench-cdi"},
 	}
-	for _, n := range []struct{ name, mode string }{{"bench-nri", "annotations"}, {"bench-cdi", "cri"}} {
-		if _, err := c.AddNode(harness.NodeOptions{Name: n.name, Tools: tools, GPUs: clusterBatch, EnableCDI: true,
-			Images: []string{busybox, os.Getenv("NRI_GPU_IMAGE")}, CNIBin: os.Getenv("NRI_GPU_CNI")}); err != nil {
+	for _, n := range []struct {
+		name, mode string
+		gpus       int
+		dra        bool
+	}{{"bench-nri", "annotations", 2 * clusterBatch, true}, {"bench-cdi", "cri", clusterBatch, false}} {
+		node, err := c.AddNode(harness.NodeOptions{Name: n.name, Tools: tools, GPUs: n.gpus, EnableCDI: true,
+			Images: []string{busybox, os.Getenv("NRI_GPU_IMAGE")}, CNIBin: os.Getenv("NRI_GPU_CNI")})
+		if err != nil {
 			return nil, err
 		}
 		values := filepath.Join(dir, n.name+".yaml")
 		if err := os.WriteFile(values, []byte(fmt.Sprintf(clusterValues, n.name, harness.NodeSpecDir, n.mode)), 0o644); err != nil {
 			return nil, err
 		}
-		if _, err := c.Helm(os.Getenv(harness.HelmEnv), "install", "nri-gpu-"+n.mode, "deploy/helm/nri-gpu", "--namespace", "nri-gpu",
-			"--create-namespace", "--values", values, "--wait", "--timeout", "3m"); err != nil {
+		args := []string{"install", "nri-gpu-" + n.mode, "deploy/helm/nri-gpu", "--namespace", "nri-gpu", "--create-namespace", "--values", values, "--wait", "--timeout", "3m"}
+		if n.dra {
+			fwd := node.ForwardToPods("app.kubernetes.io/name=nri-gpu", draForwardPort, strings.TrimPrefix(c.Server, "https://"))
+			defer fwd.Stop()
+			dra := filepath.Join(dir, n.name+"-dra.yaml")
+			if err := os.WriteFile(dra, []byte(fmt.Sprintf(draValues, draForwardPort)), 0o644); err != nil {
+				return nil, err
+			}
+			args = append(args, "--values", dra)
+		}
+		if _, err := c.Helm(os.Getenv(harness.HelmEnv), args...); err != nil {
 			return nil, err
 		}
+	}
+	tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "bench-gpu", Namespace: "default"}, Spec: resourceapi.ResourceClaimTemplateSpec{
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.nri-gpu.io", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1},
+		}}}},
+	}}
+	if _, err := c.Client.ResourceV1().ResourceClaimTemplates("default").Create(context.Background(), tpl, metav1.CreateOptions{}); err != nil {
+		return nil, err
 	}
 	for _, n := range c.Nodes {
 		if err := n.WaitAllocatable(clusterBatch, 2*time.Minute); err != nil {
@@ -203,7 +245,7 @@ func startBatch(c *harness.Cluster, kinds []*clusterKind, round int) ([][]time.D
 			mu.Lock()
 			created[name], kindOf[name] = time.Now(), k
 			mu.Unlock()
-			if _, err := pods.Create(ctx, benchPod(name, node, kinds[k].gpus), metav1.CreateOptions{}); err != nil {
+			if _, err := pods.Create(ctx, benchPod(name, node, kinds[k].gpus, kinds[k].claim), metav1.CreateOptions{}); err != nil {
 				return nil, err
 			}
 		}
@@ -240,9 +282,15 @@ func startBatch(c *harness.Cluster, kinds []*clusterKind, round int) ([][]time.D
 	return ds, nil
 }
 
-// benchPod is a pod of the test image sleeping, on node, asking for gpus.
-func benchPod(name, node string, gpus int64) *corev1.Pod {
+// benchPod is a pod of the test image sleeping, on node, asking for gpus
+// of the device plugin or, with claim, for a claim made from that
+// template.
+func benchPod(name, node string, gpus int64, claim string) *corev1.Pod {
 	p := harness.SleepPod("default", name, gpus)
 	p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": node}
+	if claim != "" {
+		p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &claim}}
+	}
 	return p
 }
