@@ -136,7 +136,10 @@ func TestSharedReplicasPlaced(t *testing.T) {
 // it to several claims with "shares" and "memory", as the API server
 // accepts them; kube-scheduler allocates a 50Gi and a 20Gi claim on it
 // together, both pods run and see GPU 0, and a third claim of 20Gi stays
-// Pending with the scheduler's reason; once one is gone, it runs.
+// Pending with the scheduler's reason; through nri-gpu's pod deleted and
+// kubelet and containerd restarted, both claims stay held with their
+// amounts (a pod asking for what is not left is refused); once one is
+// gone, the third runs.
 func TestDRAConsumableCapacity(t *testing.T) {
 	needCluster(t)
 	shared := filepath.Join(env.dir, "capacity-values.yaml")
@@ -191,6 +194,35 @@ func TestDRAConsumableCapacity(t *testing.T) {
 		p, err := env.client.CoreV1().Pods("default").Get(context.Background(), "past", metav1.GetOptions{})
 		return err == nil && (unschedulable(*p, "cannot allocate all claims") || unschedulable(*p, "resourceclaim"))
 	})
+	// Through each fault on node-a (nri-gpu's pod deleted, kubelet and
+	// containerd restarted), both claims stay held with their amounts:
+	// their containers run on, and a pod asking for GPU 0 by annotation
+	// (a share and the default 20Gi) is refused, as only 10Gi is left.
+	ids := map[string]string{}
+	for _, name := range []string{"big", "small"} {
+		ids[name] = containerID(t, waitAllRunning(t, "default", name), "gpu")
+	}
+	for _, f := range nodeFaults() {
+		f.fault(t, n)
+		if err := n.WaitReady(podWait); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitDaemonSetReady(2); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"big", "small"} {
+			if id := containerID(t, waitAllRunning(t, "default", name), "gpu"); id != ids[name] {
+				t.Errorf("after %s: pod %s's container changed", f.name, name)
+			}
+		}
+		createPod(t, gpuPod("default", "by-name", 0, map[string]string{"gpus.nri-gpu.io": "0"}, n.Name))
+		refusedWith(t, "default", "by-name", "10Gi of memory left")
+		deletePod(t, "default", "by-name")
+		if p, err := env.client.CoreV1().Pods("default").Get(context.Background(), "past", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+			t.Errorf("after %s: pod past placed (%v): the capacity was given twice", f.name, err)
+		}
+		t.Logf("after %s: claims of 50Gi and 20Gi still held on gpu-0, a 20Gi pod refused", f.name)
+	}
 	deletePod(t, "default", "big")
 	waitAllRunning(t, "default", "past")
 	for _, name := range []string{"small", "past"} {
