@@ -18,6 +18,7 @@ import (
 	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/test/harness"
@@ -387,8 +388,9 @@ func TestDRASharedClaim(t *testing.T) {
 }
 
 // TestDRAPrepareRefused: a claim nri-gpu will not prepare (its namespace
-// is not among policy.namespaces) leaves its pod without containers, and
-// nri-gpu's reason reaches the pod's events.
+// is not among policy.namespaces; its opaque GpuConfig has a field NVIDIA's
+// driver does not read) leaves its pod without containers, and nri-gpu's
+// reason reaches the pod's events.
 func TestDRAPrepareRefused(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
@@ -400,23 +402,42 @@ func TestDRAPrepareRefused(t *testing.T) {
 	waitServiceAccount(t, ns.Name)
 	createTemplate(t, ns.Name, "one-gpu", claimSpec(driverName, 1))
 	createPod(t, claimPod(ns.Name, "refused", env.a, "one-gpu", ""))
+	prepareRefused(t, ns.Name, "refused", "nri-gpu", "policy.namespaces")
+
+	spec := claimSpec(driverName, 1)
+	spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{Requests: []string{"gpus"}, DeviceConfiguration: resourceapi.DeviceConfiguration{
+		Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: driverName, Parameters: runtime.RawExtension{
+			Raw: []byte(`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "privileged": true}`)}},
+	}}}
+	createTemplate(t, "default", "odd-config", spec)
+	createPod(t, claimPod("default", "odd-config", env.b, "odd-config", ""))
+	prepareRefused(t, "default", "odd-config", "opaque device configuration not honoured", `unknown field "privileged"`)
+	deletePod(t, "default", "odd-config")
+}
+
+// prepareRefused waits until a Warning event of pod namespace/name says
+// each of want (kubelet's for a claim it could not prepare), and checks
+// that none of its containers runs.
+func prepareRefused(t *testing.T, namespace, name string, want ...string) {
+	t.Helper()
+	ctx := context.Background()
 	var event string
-	testutil.Within(t, podWait, "the refusal in the pod's events", func() bool {
-		events, err := env.client.CoreV1().Events(ns.Name).List(ctx, metav1.ListOptions{
-			FieldSelector: fields.Set{"involvedObject.name": "refused", "involvedObject.kind": "Pod"}.String(),
+	testutil.Within(t, podWait, "the refusal in pod "+name+"'s events", func() bool {
+		events, err := env.client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.name": name, "involvedObject.kind": "Pod"}.String(),
 		})
 		if err != nil {
 			return false
 		}
 		for _, e := range events.Items {
-			if e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, "nri-gpu") && strings.Contains(e.Message, "policy.namespaces") {
+			if e.Type == corev1.EventTypeWarning && containsAll(e.Message, want) {
 				event = e.Reason + ": " + e.Message
 			}
 		}
 		return event != ""
 	})
 	t.Logf("event %q", event)
-	p, err := env.client.CoreV1().Pods(ns.Name).Get(ctx, "refused", metav1.GetOptions{})
+	p, err := env.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -72,7 +73,9 @@ const nvidiaValues = `config:
 // containers sharing one, two pods sharing a global claim; the
 // consumable-shares deployments (4 replicas of one share each, 2 of 4Gi
 // of memory each, 2 asking nothing) all running on shared GPUs, each
-// claim allocated a share.
+// claim allocated a share; the MPS demo's two containers MPS clients
+// with its GpuConfig's limits, and a claim of 30Gi without one bound to
+// what it was allocated.
 func TestNVIDIAManifests(t *testing.T) {
 	needCluster(t)
 	nv := filepath.Join(env.dir, "nvidia-values.yaml")
@@ -171,6 +174,25 @@ func TestNVIDIAManifests(t *testing.T) {
 	}
 	t.Logf("gpu-test-mps: both containers on %s, MPS clients with 50%% and 10240M", gpus[0])
 	deleteNamespaces(t, "gpu-test-mps")
+
+	// A claim without a GpuConfig: its clients get what it was allocated,
+	// 30Gi of memory and its one share's 50%.
+	spec := claimSpec("gpu.nvidia.com", 1)
+	spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]apiresource.Quantity{
+		"memory": apiresource.MustParse("30Gi")}}
+	createTemplate(t, "default", "mps-30gi", spec)
+	createPod(t, claimPod("default", "mps-30gi", env.b, "mps-30gi", ""))
+	p = waitAllRunning(t, "default", "mps-30gi")
+	ctrSpec, err := nodeOf(t, p).Ctd.ContainerSpec(containerID(t, p, "gpu"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=30720M"} {
+		if !slices.Contains(ctrSpec.Process.Env, want) {
+			t.Errorf("a claim of 30Gi on an MPS-shared GPU: no %s in %v", want, ctrSpec.Process.Env)
+		}
+	}
+	deletePod(t, "default", "mps-30gi")
 }
 
 // apply creates the objects of the manifests in testdata/nvidia, as they
