@@ -16,9 +16,10 @@ KUBERNETES_MOD := $(CURDIR)/test/tools/kubernetes
 KUBERNETES     := $(OUT)/kubernetes-$(KUBERNETES_VERSION:v%=%)
 KUBELET        := $(KUBERNETES)/kubelet
 # The oldest release where DRA is GA, for the version-skew test: its
-# control plane and kubelet (etcd is the one above).
+# control plane and kubelet, from the same sources with its own go.mod
+# (go.1.34.mod); etcd is the one above.
 KUBERNETES_SKEW_VERSION := v1.34.4
-KUBERNETES_SKEW_MOD := $(CURDIR)/test/tools/kubernetes-1.34
+KUBERNETES_SKEW_MODFILE := go.1.34.mod
 KUBERNETES_SKEW     := $(OUT)/kubernetes-$(KUBERNETES_SKEW_VERSION:v%=%)
 CNI_PLUGINS_VERSION := v1.9.1
 CNI            := $(OUT)/cni-$(CNI_PLUGINS_VERSION:v%=%)
@@ -99,8 +100,9 @@ $(KUBELET): $(KUBERNETES_MOD)/go.mod $(KUBERNETES_MOD)/go.sum $(wildcard $(KUBER
 	cd $(KUBERNETES_MOD) && $(GO) build -o $(KUBERNETES)/ -ldflags "$(K8S_LDFLAGS)" ./...
 	touch $@
 
-$(KUBERNETES_SKEW)/kubelet: $(KUBERNETES_SKEW_MOD)/go.mod $(KUBERNETES_SKEW_MOD)/go.sum $(wildcard $(KUBERNETES_SKEW_MOD)/*/main.go) $(KUBELET)
-	cd $(KUBERNETES_SKEW_MOD) && $(GO) build -o $(KUBERNETES_SKEW)/ -ldflags "$(subst $(KUBERNETES_VERSION),$(KUBERNETES_SKEW_VERSION),$(subst gitMinor=$(word 2,$(subst ., ,$(KUBERNETES_VERSION))),gitMinor=$(word 2,$(subst ., ,$(KUBERNETES_SKEW_VERSION))),$(K8S_LDFLAGS)))" ./...
+$(KUBERNETES_SKEW)/kubelet: $(KUBERNETES_MOD)/go.1.34.mod $(KUBERNETES_MOD)/go.1.34.sum $(wildcard $(KUBERNETES_MOD)/*/main.go) $(KUBELET)
+	cd $(KUBERNETES_MOD) && $(GO) build -modfile=$(KUBERNETES_SKEW_MODFILE) -o $(KUBERNETES_SKEW)/ -ldflags "$(subst $(KUBERNETES_VERSION),$(KUBERNETES_SKEW_VERSION),$(subst gitMinor=$(word 2,$(subst ., ,$(KUBERNETES_VERSION))),gitMinor=$(word 2,$(subst ., ,$(KUBERNETES_SKEW_VERSION))),$(K8S_LDFLAGS)))" \
+		./kube-apiserver ./kube-controller-manager ./kube-scheduler ./kubelet
 	ln -sf $(KUBERNETES)/etcd $(KUBERNETES_SKEW)/etcd
 	touch $@
 
@@ -141,7 +143,7 @@ lint:
 	cd $(CONTAINERD17) && $(GO) vet -modfile=go.$(CONTAINERD17_OLD).mod ./...
 	cd hack/image && $(GO) vet ./... && $(GO) mod tidy -diff
 	cd test/tools/helm && $(GO) vet ./... && $(GO) mod tidy -diff
-	cd $(KUBERNETES_MOD) && $(GO) mod tidy -diff
+	cd $(KUBERNETES_MOD) && $(GO) mod tidy -diff && $(GO) mod tidy -modfile=$(KUBERNETES_SKEW_MODFILE) -diff
 
 # Every test: unit, protocol (NRI's runtime side) and end-to-end, on
 # containerd 1.7.35, then again on 2.x and on an older 1.7. The end-to-end

@@ -1,6 +1,6 @@
 // Package skew runs nri-gpu's DRA driver against the control plane and
 // kubelet of the oldest Kubernetes release where DRA is GA (1.34, built
-// by make from test/tools/kubernetes-1.34): a claim's GPU is injected on
+// by make from test/tools/kubernetes with go.1.34.mod): a claim's GPU is injected on
 // containerd 1.7.35 with CDI off, as on the cluster of the current
 // release, and what 1.34 does not have (consumable capacity, device
 // taints) is off there, said in nri-gpu's log, never half-published.
@@ -215,4 +215,16 @@ func TestDRAOn134(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Within(t, wait, "gpu-1 back in node-134's slice", func() bool { return slices.Equal(names(), []string{"gpu-0", "gpu-1"}) })
+
+	// nri-gpu said what 1.34 does not keep, once each.
+	pods, err := c.Client.CoreV1().Pods("nri-gpu").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nri-gpu"})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("nri-gpu's pods: %v, %v", err, pods)
+	}
+	log := n.PodLog("nri-gpu", pods.Items[0].Name, "nri-gpu")
+	for _, want := range []string{"does not keep consumable capacity (DRAConsumableCapacity is off", "does not keep device taints (DRADeviceTaints is off"} {
+		if got := strings.Count(log, want); got != 1 {
+			t.Errorf("nri-gpu's log says %q %d times, want once:\n%s", want, got, log)
+		}
+	}
 }
