@@ -120,6 +120,7 @@ func TestNVIDIAManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	upgrade(t, env.values, nv, shared)
+	waitShared(t, both)
 	apply(t, "integer-sharing.yaml", "memory-sharing.yaml", "unlimited-sharing.yaml")
 	for _, c := range []struct {
 		ns     string
@@ -154,6 +155,7 @@ func TestNVIDIAManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	upgrade(t, env.values, nv, mps)
+	waitShared(t, both)
 	apply(t, "gpu-test-mps.yaml")
 	p = waitAllRunning(t, "gpu-test-mps", "test-pod")
 	var gpus []string
@@ -193,6 +195,24 @@ func TestNVIDIAManifests(t *testing.T) {
 		}
 	}
 	deletePod(t, "default", "mps-30gi")
+}
+
+// waitShared waits until every GPU of nodes is offered to several claims
+// in the slice of NVIDIA's driver name (the reloaded policy published):
+// until then kube-scheduler would allocate whole GPUs.
+func waitShared(t *testing.T, nodes []*harness.Node) {
+	t.Helper()
+	for _, n := range nodes {
+		testutil.Within(t, podWait, n.Name+"'s GPUs offered for several claims", func() bool {
+			devs := sliceOf(t, n, "gpu.nvidia.com")
+			for _, d := range devs {
+				if d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations {
+					return false
+				}
+			}
+			return len(devs) == n.GPUs
+		})
+	}
 }
 
 // apply creates the objects of the manifests in testdata/nvidia, as they
