@@ -164,7 +164,11 @@ func (d *Driver) askedOf(c *resourceapi.ResourceClaim, request string, index int
 		}
 		a, err := parseGpuConfig(o.Parameters.Raw)
 		if err != nil {
-			return policy.Asked{}, fmt.Errorf("config of requests [%s]: %w", strings.Join(cfg.Requests, ", "), err)
+			which := "config of every request" // no requests: all of them
+			if len(cfg.Requests) > 0 {
+				which = "config of requests [" + strings.Join(cfg.Requests, ", ") + "]"
+			}
+			return policy.Asked{}, fmt.Errorf("%s: %w", which, err)
 		}
 		for key, v := range a.perDevice {
 			if key == uuid || (index >= 0 && key == fmt.Sprint(index)) {

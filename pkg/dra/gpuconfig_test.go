@@ -96,7 +96,7 @@ func TestGpuConfig(t *testing.T) {
 		}, wantErr: "GpuConfig of resource.nvidia.com/v1; nri-gpu honours GpuConfig of resource.nvidia.com/v1beta1"},
 		{name: "an unknown field", configs: func(t *testing.T) []resourceapi.DeviceAllocationConfiguration {
 			return []resourceapi.DeviceAllocationConfiguration{opaque(t, resourceapi.AllocationConfigSourceClaim, publishedMPS+"    privileged: true\n")}
-		}, wantErr: `unknown field "privileged"`},
+		}, wantErr: `config of every request: opaque device configuration not honoured: json: unknown field "privileged"`},
 		{name: "a percentage out of range", configs: func(t *testing.T) []resourceapi.DeviceAllocationConfiguration {
 			return []resourceapi.DeviceAllocationConfiguration{opaque(t, resourceapi.AllocationConfigSourceClaim, strings.Replace(publishedMPS, ": 50", ": 101", 1))}
 		}, wantErr: "mpsConfig.defaultActiveThreadPercentage 101 is not between 1 and 100"},
