@@ -120,6 +120,9 @@ func (p *Policy) Sharing(d specs.Device) *Share {
 // share returns how d's hardware is shared, and an error wrapping
 // ErrSharedTwice when more than one entry matches its names.
 func (p *Policy) share(d specs.Device) (*Share, error) {
+	if len(p.sharing) == 0 {
+		return nil, nil // nothing shared: no names to look up
+	}
 	names := []string{d.Name}
 	if p.aliases != nil {
 		names = p.aliases(d)
