@@ -61,8 +61,17 @@ func refusedWith(t *testing.T, namespace, name string, want ...string) {
 	t.Helper()
 	ctx := context.Background()
 	var status, event string
+	var seen *corev1.PodStatus // the pod's last status, shown if it never comes
+	defer func() {
+		if t.Failed() && seen != nil {
+			t.Logf("pod %s/%s last seen: phase %s, containers %+v", namespace, name, seen.Phase, seen.ContainerStatuses)
+		}
+	}()
 	testutil.Within(t, podWait, fmt.Sprintf("pod %s/%s refused with %q", namespace, name, want), func() bool {
 		p, err := env.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			seen = &p.Status
+		}
 		if err != nil || len(p.Status.ContainerStatuses) == 0 {
 			return false
 		}
