@@ -93,15 +93,16 @@ $(CONTAINERD2)/containerd:
 # kubelet, built from k8s.io/kubernetes (and etcd's server module) in a
 # module of their own (test/tools/kubernetes), as a release names its
 # version.
-K8S_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBERNETES_VERSION) \
+# $(call k8s_ldflags,VERSION): the version the components report.
+k8s_ldflags = -X k8s.io/component-base/version.gitVersion=$(1) \
 	-X k8s.io/component-base/version.gitMajor=1 \
-	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBERNETES_VERSION)))
+	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(1)))
 $(KUBELET): $(KUBERNETES_MOD)/go.mod $(KUBERNETES_MOD)/go.sum $(wildcard $(KUBERNETES_MOD)/*/main.go)
-	cd $(KUBERNETES_MOD) && $(GO) build -o $(KUBERNETES)/ -ldflags "$(K8S_LDFLAGS)" ./...
+	cd $(KUBERNETES_MOD) && $(GO) build -o $(KUBERNETES)/ -ldflags "$(call k8s_ldflags,$(KUBERNETES_VERSION))" ./...
 	touch $@
 
 $(KUBERNETES_SKEW)/kubelet: $(KUBERNETES_MOD)/go.1.34.mod $(KUBERNETES_MOD)/go.1.34.sum $(wildcard $(KUBERNETES_MOD)/*/main.go) $(KUBELET)
-	cd $(KUBERNETES_MOD) && $(GO) build -modfile=$(KUBERNETES_SKEW_MODFILE) -o $(KUBERNETES_SKEW)/ -ldflags "$(subst $(KUBERNETES_VERSION),$(KUBERNETES_SKEW_VERSION),$(subst gitMinor=$(word 2,$(subst ., ,$(KUBERNETES_VERSION))),gitMinor=$(word 2,$(subst ., ,$(KUBERNETES_SKEW_VERSION))),$(K8S_LDFLAGS)))" \
+	cd $(KUBERNETES_MOD) && $(GO) build -modfile=$(KUBERNETES_SKEW_MODFILE) -o $(KUBERNETES_SKEW)/ -ldflags "$(call k8s_ldflags,$(KUBERNETES_SKEW_VERSION))" \
 		./kube-apiserver ./kube-controller-manager ./kube-scheduler ./kubelet
 	ln -sf $(KUBERNETES)/etcd $(KUBERNETES_SKEW)/etcd
 	touch $@

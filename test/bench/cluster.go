@@ -165,11 +165,8 @@ func (r *report) runCluster(rounds int) ([]*clusterKind, error) {
 			return nil, err
 		}
 	}
-	tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "bench-gpu", Namespace: "default"}, Spec: resourceapi.ResourceClaimTemplateSpec{
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.nri-gpu.io", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1},
-		}}}},
-	}}
+	tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "bench-gpu", Namespace: "default"},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: harness.ClaimSpec("gpu.nri-gpu.io", 1)}}
 	if _, err := c.Client.ResourceV1().ResourceClaimTemplates("default").Create(context.Background(), tpl, metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
@@ -289,8 +286,7 @@ func benchPod(name, node string, gpus int64, claim string) *corev1.Pod {
 	p := harness.SleepPod("default", name, gpus)
 	p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": node}
 	if claim != "" {
-		p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
-		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &claim}}
+		harness.UseClaimTemplate(p, claim)
 	}
 	return p
 }

@@ -17,7 +17,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
@@ -38,19 +37,11 @@ func slice(t *testing.T, n *harness.Node) map[string]resourceapi.Device {
 // name.
 func sliceOf(t *testing.T, n *harness.Node, driver string) map[string]resourceapi.Device {
 	t.Helper()
-	slices, err := env.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{
-		FieldSelector: fields.Set{"spec.nodeName": n.Name, "spec.driver": driver}.String(),
-	})
+	devs, err := env.cluster.SliceDevices(n.Name, driver)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]resourceapi.Device{}
-	for _, s := range slices.Items {
-		for _, d := range s.Spec.Devices {
-			out[d.Name] = d
-		}
-	}
-	return out
+	return devs
 }
 
 // waitSlice waits until node n's ResourceSlice offers exactly want.
@@ -100,12 +91,13 @@ func claimPod(namespace, name string, n *harness.Node, template, claim string) *
 	return p
 }
 
-// claimSpec asks for count devices of the DeviceClass class.
-func claimSpec(class string, count int64) resourceapi.ResourceClaimSpec {
-	return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-		Name:    "gpus",
-		Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count},
-	}}}}
+// memoryClaimSpec asks for one device of the DeviceClass class and that
+// much of its memory capacity.
+func memoryClaimSpec(class, memory string) resourceapi.ResourceClaimSpec {
+	spec := harness.ClaimSpec(class, 1)
+	spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]apiresource.Quantity{
+		"memory": apiresource.MustParse(memory)}}
+	return spec
 }
 
 // createTemplate creates a ResourceClaimTemplate, deleted when the test
@@ -125,13 +117,7 @@ func createTemplate(t *testing.T, namespace, name string, spec resourceapi.Resou
 // seenBy returns the GPU device nodes container ctr of pod p sees.
 func seenBy(t *testing.T, p *corev1.Pod, ctr string) []string {
 	t.Helper()
-	for _, s := range p.Status.ContainerStatuses {
-		if s.Name == ctr {
-			return gpusIn(t, nodeOf(t, p), strings.TrimPrefix(s.ContainerID, "containerd://"), p.Name)
-		}
-	}
-	t.Fatalf("pod %s has no container %q", p.Name, ctr)
-	return nil
+	return gpusIn(t, nodeOf(t, p), containerID(t, p, ctr), p.Name)
 }
 
 // waitAllRunning waits until every container of pod namespace/name runs.
@@ -191,7 +177,7 @@ func TestDRASlices(t *testing.T) {
 // claim and frees the GPU.
 func TestDRAClaim(t *testing.T) {
 	needCluster(t)
-	createTemplate(t, "default", "one-gpu", claimSpec(driverName, 1))
+	createTemplate(t, "default", "one-gpu", harness.ClaimSpec(driverName, 1))
 	for _, n := range []*harness.Node{env.a, env.b} {
 		t.Run(n.Name, func(t *testing.T) {
 			name := "claimer-" + n.Name
@@ -277,13 +263,7 @@ type cdiEdits struct {
 
 func editsOf(t *testing.T, p *corev1.Pod, ctr string) cdiEdits {
 	t.Helper()
-	var id string
-	for _, s := range p.Status.ContainerStatuses {
-		if s.Name == ctr {
-			id = strings.TrimPrefix(s.ContainerID, "containerd://")
-		}
-	}
-	spec, err := nodeOf(t, p).Ctd.ContainerSpec(id)
+	spec, err := nodeOf(t, p).Ctd.ContainerSpec(containerID(t, p, ctr))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +309,7 @@ func fmode[T ~uint32](p *T) string {
 func TestDRASelectorAndParity(t *testing.T) {
 	needCluster(t)
 	createClass(t, "index-1", `device.attributes["`+driverName+`"].index == 1`)
-	createTemplate(t, "default", "gpu-index-1", claimSpec("index-1", 1))
+	createTemplate(t, "default", "gpu-index-1", harness.ClaimSpec("index-1", 1))
 	edits := map[string]cdiEdits{}
 	for _, n := range []*harness.Node{env.a, env.b} {
 		name := "index-1-" + n.Name
@@ -368,7 +348,7 @@ func TestDRASharedClaim(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
 	claims := env.client.ResourceV1().ResourceClaims("default")
-	rc := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "shared"}, Spec: claimSpec(driverName, 1)}
+	rc := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "shared"}, Spec: harness.ClaimSpec(driverName, 1)}
 	if _, err := claims.Create(ctx, rc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -400,11 +380,11 @@ func TestDRAPrepareRefused(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = env.client.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{}) })
 	waitServiceAccount(t, ns.Name)
-	createTemplate(t, ns.Name, "one-gpu", claimSpec(driverName, 1))
+	createTemplate(t, ns.Name, "one-gpu", harness.ClaimSpec(driverName, 1))
 	createPod(t, claimPod(ns.Name, "refused", env.a, "one-gpu", ""))
 	prepareRefused(t, ns.Name, "refused", "nri-gpu", "policy.namespaces")
 
-	spec := claimSpec(driverName, 1)
+	spec := harness.ClaimSpec(driverName, 1)
 	spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{Requests: []string{"gpus"}, DeviceConfiguration: resourceapi.DeviceConfiguration{
 		Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: driverName, Parameters: runtime.RawExtension{
 			Raw: []byte(`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "privileged": true}`)}},
@@ -423,16 +403,8 @@ func prepareRefused(t *testing.T, namespace, name string, want ...string) {
 	ctx := context.Background()
 	var event string
 	testutil.Within(t, podWait, "the refusal in pod "+name+"'s events", func() bool {
-		events, err := env.client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{
-			FieldSelector: fields.Set{"involvedObject.name": name, "involvedObject.kind": "Pod"}.String(),
-		})
-		if err != nil {
-			return false
-		}
-		for _, e := range events.Items {
-			if e.Type == corev1.EventTypeWarning && containsAll(e.Message, want) {
-				event = e.Reason + ": " + e.Message
-			}
+		if e := warning(namespace, name, "", want); e != nil {
+			event = e.Reason + ": " + e.Message
 		}
 		return event != ""
 	})
@@ -456,7 +428,7 @@ func prepareRefused(t *testing.T, namespace, name string, want ...string) {
 // free again.
 func TestDRAFaults(t *testing.T) {
 	needCluster(t)
-	createTemplate(t, "default", "fault-gpu", claimSpec(driverName, 1))
+	createTemplate(t, "default", "fault-gpu", harness.ClaimSpec(driverName, 1))
 	faults := append(nodeFaults(), nodeFault{"DRA driver killed", func() *harness.Node { return env.b }, killDRADriver})
 	for _, tc := range faults {
 		t.Run(tc.name, func(t *testing.T) {
@@ -533,9 +505,9 @@ func draDriver(t *testing.T, n *harness.Node) int {
 }
 
 // TestDRASliceFollowsThePool: a GPU held through another door (an
-// annotation, the device plugin) or whose device node is gone leaves its
-// node's ResourceSlice, so the scheduler allocates it to no claim, and
-// comes back when it is free or there again.
+// annotation, the device plugin) leaves its node's ResourceSlice, so the
+// scheduler allocates it to no claim, and comes back when it is free; one
+// whose device node is gone stays, tainted, until it is there again.
 func TestDRASliceFollowsThePool(t *testing.T) {
 	needCluster(t)
 	createPod(t, gpuPod("default", "annotated", 0, map[string]string{"gpus.nri-gpu.io": "1"}, env.a.Name))
@@ -559,15 +531,10 @@ func TestDRASliceFollowsThePool(t *testing.T) {
 	waitSlice(t, env.b, gpuNames(env.b)...)
 
 	// A GPU whose device node is gone stays, tainted (TestDeviceHealth).
-	if err := os.Remove(env.b.Dev("nvidia3")); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.b.RestoreGPU(3) })
+	removeGPU(t, env.b, 3)
 	testutil.Within(t, podWait, env.b.Name+"'s gpu-3 tainted", func() bool { return taintOf(t, env.b, "gpu-3") == "NoSchedule" })
 	waitSlice(t, env.b, gpuNames(env.b)...)
-	if err := env.b.RestoreGPU(3); err != nil {
-		t.Fatal(err)
-	}
+	restoreGPU(t, env.b, 3)
 	testutil.Within(t, podWait, env.b.Name+"'s gpu-3 untainted", func() bool { return taintOf(t, env.b, "gpu-3") == "" })
 }
 
@@ -581,7 +548,7 @@ func TestDRASliceFollowsThePool(t *testing.T) {
 func TestDRAGapWithoutNRI(t *testing.T) {
 	needCluster(t)
 	n := env.a
-	createTemplate(t, "default", "gap-gpu", claimSpec(driverName, 1))
+	createTemplate(t, "default", "gap-gpu", harness.ClaimSpec(driverName, 1))
 	cfg := n.Ctd.ConfigPath()
 	orig, err := os.ReadFile(cfg)
 	if err != nil {
@@ -649,7 +616,7 @@ func TestDRAGapWithoutNRI(t *testing.T) {
 // stays connected: containerd never closes it, and it never reconnects.
 func TestDRASlowAPIServer(t *testing.T) {
 	needCluster(t)
-	createTemplate(t, "default", "slow-gpu", claimSpec(driverName, 1))
+	createTemplate(t, "default", "slow-gpu", harness.ClaimSpec(driverName, 1))
 	const other = "tenant-slow" // no claim of it is prepared
 	if _, err := env.client.CoreV1().Namespaces().Create(context.Background(), namespace(other), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

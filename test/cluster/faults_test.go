@@ -67,17 +67,7 @@ type nodeFault struct {
 // restarted and node-a's containerd restarted.
 func nodeFaults() []nodeFault {
 	return []nodeFault{
-		{"nri-gpu pod deleted", func() *harness.Node { return env.a }, func(t *testing.T, n *harness.Node) {
-			old := nriPods(t)[n.Name]
-			if err := env.client.CoreV1().Pods(nriNamespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			// The DaemonSet controller makes a new one.
-			testutil.Within(t, podWait, n.Name+": a new nri-gpu pod", func() bool {
-				p, ok := nriPods(t)[n.Name]
-				return ok && p.UID != old.UID
-			})
-		}},
+		{"nri-gpu pod deleted", func() *harness.Node { return env.a }, replaceNRIPod},
 		{"kubelet restarted", func() *harness.Node { return env.b }, func(t *testing.T, n *harness.Node) {
 			registered := strings.Count(nriLog(t, n), "registered with kubelet")
 			n.StopKubelet()
@@ -192,4 +182,18 @@ func noGPUTwice(t *testing.T, n *harness.Node) {
 			who[g] = p.Namespace + "/" + p.Name
 		}
 	}
+}
+
+// replaceNRIPod deletes nri-gpu's pod on node n and waits until the
+// DaemonSet controller has made a new one.
+func replaceNRIPod(t *testing.T, n *harness.Node) {
+	t.Helper()
+	old := nriPods(t)[n.Name]
+	if err := env.client.CoreV1().Pods(nriNamespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, podWait, n.Name+": a new nri-gpu pod", func() bool {
+		p, ok := nriPods(t)[n.Name]
+		return ok && p.UID != old.UID
+	})
 }

@@ -3,8 +3,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -61,6 +59,16 @@ func healthOf(t *testing.T, namespace, name, ctr, resource string) []string {
 	return out
 }
 
+// waitHealth waits until kubelet shows health, and only that, for what
+// container ctr of pod default/name was allocated (resource: a
+// device-plugin resource, or "claim:<name>").
+func waitHealth(t *testing.T, name, ctr, resource string, health corev1.ResourceHealthStatus) {
+	t.Helper()
+	testutil.Within(t, podWait, fmt.Sprintf("pod %s shows its GPU %s", name, health), func() bool {
+		return strings.Join(healthOf(t, "default", name, ctr, resource), ",") == string(health)
+	})
+}
+
 // TestDeviceHealth: a GPU whose device node goes from the host stays in
 // the ResourceSlice, tainted <driver>/device-gone:NoSchedule; kubelet shows
 // it Unhealthy in the status of the pod whose claim has it (the DRA health
@@ -74,7 +82,7 @@ func TestDeviceHealth(t *testing.T) {
 	needCluster(t)
 	a, b := env.a, env.b
 	createClass(t, "gpu-one", `device.attributes["`+driverName+`"].index == 1`)
-	createTemplate(t, "default", "gpu-one", claimSpec("gpu-one", 1))
+	createTemplate(t, "default", "gpu-one", harness.ClaimSpec("gpu-one", 1))
 	createPod(t, claimPod("default", "sick-claim", a, "gpu-one", ""))
 	waitAllRunning(t, "default", "sick-claim")
 	createPod(t, gpuPod("default", "sick-plugged", 1, nil, b.Name))
@@ -87,40 +95,21 @@ func TestDeviceHealth(t *testing.T) {
 	if _, err := fmt.Sscanf(seen[0], "nvidia%d", &bGPU); err != nil {
 		t.Fatal(err)
 	}
-	const claimHealth = "claim:gpu"
-	for _, w := range []struct{ pod, ctr, res string }{{"sick-claim", "gpu", claimHealth}, {"sick-plugged", "main", string(harness.GPUResource)}} {
-		testutil.Within(t, podWait, "pod "+w.pod+" shows its GPU Healthy", func() bool {
-			return strings.Join(healthOf(t, "default", w.pod, w.ctr, w.res), ",") == string(corev1.ResourceHealthStatusHealthy)
-		})
+	// What kubelet shows of the pods' GPUs: the claim's (the DRA health
+	// stream) and the device plugin's (ListAndWatch).
+	both := func(health corev1.ResourceHealthStatus) {
+		t.Helper()
+		waitHealth(t, "sick-claim", "gpu", "claim:gpu", health)
+		waitHealth(t, "sick-plugged", "main", string(harness.GPUResource), health)
 	}
+	both(corev1.ResourceHealthStatusHealthy)
 
-	gone := func(n *harness.Node, gpu int) {
-		t.Helper()
-		if err := os.Remove(n.Dev(fmt.Sprintf("nvidia%d", gpu))); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if _, err := os.Stat(n.Dev(fmt.Sprintf("nvidia%d", gpu))); err != nil {
-				_ = n.RestoreGPU(gpu)
-			}
-		})
-	}
-	back := func(n *harness.Node, gpu int) {
-		t.Helper()
-		if err := n.RestoreGPU(gpu); err != nil {
-			t.Fatal(err)
-		}
-	}
-	gone(a, 1)
-	gone(b, bGPU)
+	removeGPU(t, a, 1)
+	removeGPU(t, b, bGPU)
 	testutil.Within(t, podWait, a.Name+"'s gpu-1 tainted NoSchedule", func() bool {
 		return taintOf(t, a, "gpu-1") == string(resourceapi.DeviceTaintEffectNoSchedule)
 	})
-	for _, w := range []struct{ pod, ctr, res string }{{"sick-claim", "gpu", claimHealth}, {"sick-plugged", "main", string(harness.GPUResource)}} {
-		testutil.Within(t, podWait, "pod "+w.pod+" shows its GPU Unhealthy", func() bool {
-			return strings.Join(healthOf(t, "default", w.pod, w.ctr, w.res), ",") == string(corev1.ResourceHealthStatusUnhealthy)
-		})
-	}
+	both(corev1.ResourceHealthStatusUnhealthy)
 	// A new claim for GPU 1 waits while the taint is there.
 	deletePod(t, "default", "sick-claim")
 	createPod(t, claimPod("default", "after-claim", a, "gpu-one", ""))
@@ -132,23 +121,18 @@ func TestDeviceHealth(t *testing.T) {
 		t.Errorf("pod sick-plugged with an unhealthy GPU: %v; want it running", err)
 	}
 
-	back(a, 1)
-	back(b, bGPU)
+	restoreGPU(t, a, 1)
+	restoreGPU(t, b, bGPU)
 	testutil.Within(t, podWait, a.Name+"'s gpu-1 untainted", func() bool { return taintOf(t, a, "gpu-1") == "" })
 	waitAllRunning(t, "default", "after-claim")
-	testutil.Within(t, podWait, "pod sick-plugged shows its GPU Healthy again", func() bool {
-		return strings.Join(healthOf(t, "default", "sick-plugged", "main", string(harness.GPUResource)), ",") == string(corev1.ResourceHealthStatusHealthy)
-	})
+	waitHealth(t, "sick-plugged", "main", string(harness.GPUResource), corev1.ResourceHealthStatusHealthy)
 
 	// NoExecute: the DRA driver's settings are read at start, so nri-gpu
 	// on node-a is restarted with them.
-	noExecute := filepath.Join(env.dir, "noexecute-values.yaml")
-	if err := os.WriteFile(noExecute, []byte("config:\n  dra:\n    unhealthyTaint: NoExecute\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	noExecute := valuesFile(t, "noexecute-values.yaml", "config:\n  dra:\n    unhealthyTaint: NoExecute\n")
 	restartWith(t, []*harness.Node{a}, driverName, env.values, noExecute)
 	t.Cleanup(func() { restartWith(t, []*harness.Node{a}, driverName, env.values) })
-	gone(a, 1)
+	removeGPU(t, a, 1)
 	testutil.Within(t, podWait, a.Name+"'s gpu-1 tainted NoExecute", func() bool {
 		return taintOf(t, a, "gpu-1") == string(resourceapi.DeviceTaintEffectNoExecute)
 	})
@@ -168,7 +152,7 @@ func TestDeviceHealth(t *testing.T) {
 		}
 		return false
 	})
-	back(a, 1)
+	restoreGPU(t, a, 1)
 	testutil.Within(t, podWait, a.Name+"'s gpu-1 untainted", func() bool { return taintOf(t, a, "gpu-1") == "" })
 }
 
@@ -177,21 +161,12 @@ func TestDeviceHealth(t *testing.T) {
 // nri-gpu has published its ResourceSlice for driver.
 func restartWith(t *testing.T, nodes []*harness.Node, driver string, values ...string) {
 	t.Helper()
-	args := []string{"upgrade", releaseName, chartDir, "--namespace", nriNamespace, "--wait", "--timeout", "2m"}
-	for _, v := range values {
-		args = append(args, "--values", v)
-	}
-	if _, err := env.cluster.Helm(env.helm, args...); err != nil {
-		t.Fatal(err)
-	}
+	helmUpgrade(t, values...)
 	for _, n := range nodes {
-		old := nriPods(t)[n.Name]
-		if err := env.client.CoreV1().Pods(nriNamespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		testutil.Within(t, podWait, n.Name+": a new nri-gpu pod, Ready", func() bool {
+		replaceNRIPod(t, n)
+		testutil.Within(t, podWait, n.Name+": the new nri-gpu pod Ready", func() bool {
 			p, ok := nriPods(t)[n.Name]
-			return ok && p.UID != old.UID && podReady(p)
+			return ok && podReady(p)
 		})
 		testutil.Within(t, podWait, n.Name+": nri-gpu's ResourceSlice of "+driver+" published", func() bool {
 			return len(sliceOf(t, n, driver)) > 0

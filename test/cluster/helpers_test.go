@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -150,4 +152,40 @@ func gpusIn(t *testing.T, n *harness.Node, id, name string) []string {
 // namespace is a Namespace object named name.
 func namespace(name string) *corev1.Namespace {
 	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+}
+
+// containerID returns the runtime's ID of container ctr of pod p.
+func containerID(t *testing.T, p *corev1.Pod, ctr string) string {
+	t.Helper()
+	for _, s := range p.Status.ContainerStatuses {
+		if s.Name == ctr {
+			return strings.TrimPrefix(s.ContainerID, "containerd://")
+		}
+	}
+	t.Fatalf("pod %s has no container %q", p.Name, ctr)
+	return ""
+}
+
+// removeGPU removes fake GPU i's device node from node n, as a driver
+// unloaded or a GPU fallen off the bus would; it is made again when the
+// test ends, if the test has not made it again itself.
+func removeGPU(t *testing.T, n *harness.Node, i int) {
+	t.Helper()
+	dev := n.Dev(fmt.Sprintf("nvidia%d", i))
+	if err := os.Remove(dev); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := os.Stat(dev); err != nil {
+			_ = n.RestoreGPU(i)
+		}
+	})
+}
+
+// restoreGPU makes fake GPU i's device node on node n again.
+func restoreGPU(t *testing.T, n *harness.Node, i int) {
+	t.Helper()
+	if err := n.RestoreGPU(i); err != nil {
+		t.Fatal(err)
+	}
 }

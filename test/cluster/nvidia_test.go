@@ -16,7 +16,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -78,10 +77,7 @@ const nvidiaValues = `config:
 // what it was allocated.
 func TestNVIDIAManifests(t *testing.T) {
 	needCluster(t)
-	nv := filepath.Join(env.dir, "nvidia-values.yaml")
-	if err := os.WriteFile(nv, []byte(nvidiaValues), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	nv := valuesFile(t, "nvidia-values.yaml", nvidiaValues)
 	both := []*harness.Node{env.a, env.b}
 	restartWith(t, both, "gpu.nvidia.com", env.values, nv)
 	t.Cleanup(func() { restartWith(t, both, driverName, env.values) })
@@ -112,13 +108,10 @@ func TestNVIDIAManifests(t *testing.T) {
 
 	// Consumable shares: every GPU shared 4 ways, 80Gi of memory, counted
 	// as a quota (time-slicing cannot bound memory).
-	shared := filepath.Join(env.dir, "nvidia-shares-values.yaml")
-	if err := os.WriteFile(shared, []byte(`config:
+	shared := valuesFile(t, "nvidia-shares-values.yaml", `config:
   policy:
     sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 4, memory: 80Gi, memoryQuota: true, memoryRequest: {step: 1Mi}}]
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`)
 	upgrade(t, env.values, nv, shared)
 	waitShared(t, both)
 	apply(t, "integer-sharing.yaml", "memory-sharing.yaml", "unlimited-sharing.yaml")
@@ -147,13 +140,10 @@ func TestNVIDIAManifests(t *testing.T) {
 	// 40Gi, so the demo claim's GpuConfig (50%, 10Gi) is within it, and
 	// both containers using the claim are its clients with those limits.
 	mpsStandIn(t, both)
-	mps := filepath.Join(env.dir, "nvidia-mps-values.yaml")
-	if err := os.WriteFile(mps, []byte(`config:
+	mps := valuesFile(t, "nvidia-mps-values.yaml", `config:
   policy:
     sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 2, strategy: mps, memory: 80Gi}]
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`)
 	upgrade(t, env.values, nv, mps)
 	waitShared(t, both)
 	apply(t, "gpu-test-mps.yaml")
@@ -161,15 +151,7 @@ func TestNVIDIAManifests(t *testing.T) {
 	var gpus []string
 	for _, ctr := range []string{"mps-ctr0", "mps-ctr1"} {
 		gpus = append(gpus, gpuOf(t, p, ctr))
-		spec, err := nodeOf(t, p).Ctd.ContainerSpec(containerID(t, p, ctr))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, want := range []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"} {
-			if !slices.Contains(spec.Process.Env, want) {
-				t.Errorf("gpu-test-mps %s: no %s in %v", ctr, want, spec.Process.Env)
-			}
-		}
+		envHas(t, p, ctr, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M")
 	}
 	if gpus[0] != gpus[1] {
 		t.Errorf("gpu-test-mps: containers have %v, want the claim's one GPU", gpus)
@@ -179,22 +161,26 @@ func TestNVIDIAManifests(t *testing.T) {
 
 	// A claim without a GpuConfig: its clients get what it was allocated,
 	// 30Gi of memory and its one share's 50%.
-	spec := claimSpec("gpu.nvidia.com", 1)
-	spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]apiresource.Quantity{
-		"memory": apiresource.MustParse("30Gi")}}
-	createTemplate(t, "default", "mps-30gi", spec)
+	createTemplate(t, "default", "mps-30gi", memoryClaimSpec("gpu.nvidia.com", "30Gi"))
 	createPod(t, claimPod("default", "mps-30gi", env.b, "mps-30gi", ""))
 	p = waitAllRunning(t, "default", "mps-30gi")
-	ctrSpec, err := nodeOf(t, p).Ctd.ContainerSpec(containerID(t, p, "gpu"))
+	envHas(t, p, "gpu", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=30720M")
+	deletePod(t, "default", "mps-30gi")
+}
+
+// envHas checks that the environment of container ctr of pod p, in its
+// OCI spec, has each of want.
+func envHas(t *testing.T, p *corev1.Pod, ctr string, want ...string) {
+	t.Helper()
+	spec, err := nodeOf(t, p).Ctd.ContainerSpec(containerID(t, p, ctr))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=30720M"} {
-		if !slices.Contains(ctrSpec.Process.Env, want) {
-			t.Errorf("a claim of 30Gi on an MPS-shared GPU: no %s in %v", want, ctrSpec.Process.Env)
+	for _, w := range want {
+		if !slices.Contains(spec.Process.Env, w) {
+			t.Errorf("pod %s/%s container %s: no %s in %v", p.Namespace, p.Name, ctr, w, spec.Process.Env)
 		}
 	}
-	deletePod(t, "default", "mps-30gi")
 }
 
 // waitShared waits until every GPU of nodes is offered to several claims
@@ -330,16 +316,4 @@ func gpuOf(t *testing.T, p *corev1.Pod, ctr string) string {
 		t.Fatalf("pod %s/%s container %s has GPUs %v, want one", p.Namespace, p.Name, ctr, seen)
 	}
 	return p.Spec.NodeName + ":" + seen[0]
-}
-
-// containerID returns the runtime's ID of container ctr of pod p.
-func containerID(t *testing.T, p *corev1.Pod, ctr string) string {
-	t.Helper()
-	for _, s := range p.Status.ContainerStatuses {
-		if s.Name == ctr {
-			return strings.TrimPrefix(s.ContainerID, "containerd://")
-		}
-	}
-	t.Fatalf("pod %s has no container %q", p.Name, ctr)
-	return ""
 }

@@ -116,10 +116,7 @@ func TestHelmUpgradeChangesPolicy(t *testing.T) {
 	deletePod(t, ns, "before")
 
 	before := nriPods(t)
-	wider := filepath.Join(env.dir, "team-x-values.yaml")
-	if err := os.WriteFile(wider, []byte("config:\n  policy:\n    namespaces: [default, \"tenant-*\", \"team-*\"]\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	wider := valuesFile(t, "team-x-values.yaml", "config:\n  policy:\n    namespaces: [default, \"tenant-*\", \"team-*\"]\n")
 	upgrade(t, env.values, wider)
 	t.Cleanup(func() { upgrade(t, env.values) })
 
@@ -135,21 +132,38 @@ func TestHelmUpgradeChangesPolicy(t *testing.T) {
 	}
 }
 
-// upgrade runs `helm upgrade` with the values files, and waits until
-// nri-gpu on both nodes has reloaded the configuration it renders.
-func upgrade(t *testing.T, values ...string) {
+// valuesFile writes chart values text to the file name in the run's
+// directory, and returns its path.
+func valuesFile(t *testing.T, name, text string) string {
+	t.Helper()
+	path := filepath.Join(env.dir, name)
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// helmUpgrade runs `helm upgrade` with the values files.
+func helmUpgrade(t *testing.T, values ...string) {
 	t.Helper()
 	args := []string{"upgrade", releaseName, chartDir, "--namespace", nriNamespace, "--wait", "--timeout", "2m"}
 	for _, v := range values {
 		args = append(args, "--values", v)
 	}
+	if _, err := env.cluster.Helm(env.helm, args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// upgrade runs `helm upgrade` with the values files, and waits until
+// nri-gpu on both nodes has reloaded the configuration it renders.
+func upgrade(t *testing.T, values ...string) {
+	t.Helper()
 	reloads := map[string]int{}
 	for _, n := range []*harness.Node{env.a, env.b} {
 		reloads[n.Name] = strings.Count(nriLog(t, n), "configuration reloaded")
 	}
-	if _, err := env.cluster.Helm(env.helm, args...); err != nil {
-		t.Fatal(err)
-	}
+	helmUpgrade(t, values...)
 	for _, n := range []*harness.Node{env.a, env.b} {
 		testutil.Within(t, podWait, n.Name+": nri-gpu reloads its configuration", func() bool {
 			return strings.Count(nriLog(t, n), "configuration reloaded") > reloads[n.Name]
@@ -164,17 +178,8 @@ func TestSpecNodeGoneLowersAllocatable(t *testing.T) {
 	needCluster(t)
 	n := env.b
 	waitAllocatable(t, n, n.GPUs)
-	if err := os.Remove(n.Dev("nvidia3")); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if _, err := os.Stat(n.Dev("nvidia3")); err != nil {
-			_ = n.RestoreGPU(3)
-		}
-	})
+	removeGPU(t, n, 3)
 	waitAllocatable(t, n, n.GPUs-1)
-	if err := n.RestoreGPU(3); err != nil {
-		t.Fatal(err)
-	}
+	restoreGPU(t, n, 3)
 	waitAllocatable(t, n, n.GPUs)
 }

@@ -78,16 +78,8 @@ func refusedWith(t *testing.T, namespace, name string, want ...string) {
 		if w := p.Status.ContainerStatuses[0].State.Waiting; w != nil && w.Reason == "CreateContainerError" {
 			status = w.Message
 		}
-		events, err := env.client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{
-			FieldSelector: fields.Set{"involvedObject.name": name, "involvedObject.kind": "Pod"}.String(),
-		})
-		if err != nil {
-			return false
-		}
-		for _, e := range events.Items {
-			if e.Type == corev1.EventTypeWarning && e.Reason == "Failed" && containsAll(e.Message, want) {
-				event = e.Message
-			}
+		if e := warning(namespace, name, "Failed", want); e != nil {
+			event = e.Message
 		}
 		return containsAll(status, want) && event != ""
 	})
@@ -99,6 +91,24 @@ func refusedWith(t *testing.T, namespace, name string, want ...string) {
 	if p.Status.ContainerStatuses[0].State.Running != nil {
 		t.Errorf("pod %s/%s runs, though refused", namespace, name)
 	}
+}
+
+// warning returns the last Warning event of pod namespace/name of reason
+// ("": any) whose message says each of want, or nil.
+func warning(namespace, name, reason string, want []string) *corev1.Event {
+	events, err := env.client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{
+		FieldSelector: fields.Set{"involvedObject.name": name, "involvedObject.kind": "Pod"}.String(),
+	})
+	if err != nil {
+		return nil
+	}
+	var found *corev1.Event
+	for i, e := range events.Items {
+		if e.Type == corev1.EventTypeWarning && (reason == "" || e.Reason == reason) && containsAll(e.Message, want) {
+			found = &events.Items[i]
+		}
+	}
+	return found
 }
 
 func containsAll(s string, want []string) bool {

@@ -11,7 +11,6 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nri-gpu/nri-gpu/internal/mpsstandin"
@@ -39,13 +38,10 @@ func TestSharedReplicasPlaced(t *testing.T) {
 		return filepath.Join(n.Dir, "run", "nri-gpu", "mps", harness.UUID(gpu))
 	}
 	before := nriPods(t)
-	shared := filepath.Join(env.dir, "shared-values.yaml")
-	if err := os.WriteFile(shared, []byte(`config:
+	shared := valuesFile(t, "shared-values.yaml", `config:
   policy:
     sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 2, strategy: mps, pinnedMemoryLimit: 2Gi}]
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`)
 	upgrade(t, env.values, shared)
 	undone := false
 	undo := func() {
@@ -142,13 +138,10 @@ func TestSharedReplicasPlaced(t *testing.T) {
 // gone, the third runs.
 func TestDRAConsumableCapacity(t *testing.T) {
 	needCluster(t)
-	shared := filepath.Join(env.dir, "capacity-values.yaml")
-	if err := os.WriteFile(shared, []byte(`config:
+	shared := valuesFile(t, "capacity-values.yaml", `config:
   policy:
     sharing: [{devices: ["nvidia.com/gpu=0"], replicas: 4, memory: 80Gi, memoryQuota: true, memoryRequest: {step: 1Gi}}]
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`)
 	upgrade(t, env.values, shared)
 	t.Cleanup(func() {
 		upgrade(t, env.values)
@@ -169,14 +162,8 @@ func TestDRAConsumableCapacity(t *testing.T) {
 		t.Errorf("gpu-0's capacity: memory %+v, shares %+v", mem, shares)
 	}
 	createClass(t, "gpu-zero", `device.attributes["`+driverName+`"].index == 0`)
-	asking := func(memory string) resourceapi.ResourceClaimSpec {
-		spec := claimSpec("gpu-zero", 1)
-		spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
-			"memory": resource.MustParse(memory)}}
-		return spec
-	}
-	createTemplate(t, "default", "gpu0-50gi", asking("50Gi"))
-	createTemplate(t, "default", "gpu0-20gi", asking("20Gi"))
+	createTemplate(t, "default", "gpu0-50gi", memoryClaimSpec("gpu-zero", "50Gi"))
+	createTemplate(t, "default", "gpu0-20gi", memoryClaimSpec("gpu-zero", "20Gi"))
 	createPod(t, claimPod("default", "big", n, "gpu0-50gi", ""))
 	createPod(t, claimPod("default", "small", n, "gpu0-20gi", ""))
 	for _, name := range []string{"big", "small"} {

@@ -19,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/test/harness"
@@ -126,19 +125,11 @@ func TestDRAOn134(t *testing.T) {
 	})
 
 	devices := func() map[string]resourceapi.Device {
-		list, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
-			FieldSelector: fields.Set{"spec.nodeName": n.Name, "spec.driver": driverName}.String(),
-		})
-		out := map[string]resourceapi.Device{}
+		devs, err := c.SliceDevices(n.Name, driverName)
 		if err != nil {
-			return out
+			return map[string]resourceapi.Device{}
 		}
-		for _, s := range list.Items {
-			for _, d := range s.Spec.Devices {
-				out[d.Name] = d
-			}
-		}
-		return out
+		return devs
 	}
 	names := func() []string {
 		var out []string
@@ -163,17 +154,13 @@ func TestDRAOn134(t *testing.T) {
 
 	// The chart's DeviceClass selects the driver's devices.
 	for _, name := range []string{"first", "second"} {
-		tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}, Spec: resourceapi.ResourceClaimTemplateSpec{
-			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: driverName, Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.attributes["` + driverName + `"].index == 0`}}},
-			}}}}},
-		}}
+		spec := harness.ClaimSpec(driverName, 1)
+		spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.attributes["` + driverName + `"].index == 0`}}}
+		tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}, Spec: resourceapi.ResourceClaimTemplateSpec{Spec: spec}}
 		if _, err := c.Client.ResourceV1().ResourceClaimTemplates("default").Create(ctx, tpl, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		p := harness.SleepPod("default", name, 0)
-		p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
-		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tpl.Name}}
+		p := harness.UseClaimTemplate(harness.SleepPod("default", name, 0), tpl.Name)
 		if _, err := c.Client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
