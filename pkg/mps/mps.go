@@ -98,26 +98,30 @@ type Limits struct {
 	// ActiveThreadPercentage is the share of the GPU's multiprocessors a
 	// client may use, 1 to 100.
 	ActiveThreadPercentage int
-	// PinnedMemoryMiB is the device memory a client may pin, in MiB.
+	// PinnedMemoryMiB is the device memory a client may pin, in MiB; 0
+	// leaves it unbounded (a GPU one claim has whole, whose memory is
+	// not known).
 	PinnedMemoryMiB int64
 }
 
 // Env is the client environment that sets the limits, for the GPU the
 // client sees as device 0 (the only one its daemon serves).
 func (l Limits) Env() []string {
-	return []string{
-		fmt.Sprintf("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%d", l.ActiveThreadPercentage),
-		fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=%dM", l.PinnedMemoryMiB),
+	env := []string{fmt.Sprintf("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%d", l.ActiveThreadPercentage)}
+	if l.PinnedMemoryMiB > 0 {
+		env = append(env, fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=%dM", l.PinnedMemoryMiB))
 	}
+	return env
 }
 
 // Commands are the control daemon commands that make the limits every
 // client's default: the daemon applies them to clients that set none.
 func (l Limits) Commands() []string {
-	return []string{
-		fmt.Sprintf("set_default_active_thread_percentage %d", l.ActiveThreadPercentage),
-		fmt.Sprintf("set_default_device_pinned_mem_limit 0 %dM", l.PinnedMemoryMiB),
+	cmds := []string{fmt.Sprintf("set_default_active_thread_percentage %d", l.ActiveThreadPercentage)}
+	if l.PinnedMemoryMiB > 0 {
+		cmds = append(cmds, fmt.Sprintf("set_default_device_pinned_mem_limit 0 %dM", l.PinnedMemoryMiB))
 	}
+	return cmds
 }
 
 // ClientEnv is what a client container's environment gets: where its

@@ -15,18 +15,33 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 )
 
+// TestLimits: a client's limits as the daemon's defaults and in its
+// environment; no memory limit where none is known (a claim's whole GPU).
 func TestLimits(t *testing.T) {
-	l := mps.Limits{ActiveThreadPercentage: 25, PinnedMemoryMiB: 20480}
-	if got, want := l.Commands(), []string{"set_default_active_thread_percentage 25", "set_default_device_pinned_mem_limit 0 20480M"}; !slices.Equal(got, want) {
-		t.Errorf("commands %q, want %q", got, want)
+	where := []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps"}
+	for _, tc := range []struct {
+		name     string
+		limits   mps.Limits
+		commands []string
+		env      []string
+	}{
+		{"compute and memory", mps.Limits{ActiveThreadPercentage: 25, PinnedMemoryMiB: 20480},
+			[]string{"set_default_active_thread_percentage 25", "set_default_device_pinned_mem_limit 0 20480M"},
+			[]string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M"}},
+		{"compute only", mps.Limits{ActiveThreadPercentage: 100},
+			[]string{"set_default_active_thread_percentage 100"},
+			[]string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"}},
+	} {
+		if got := tc.limits.Commands(); !slices.Equal(got, tc.commands) {
+			t.Errorf("%s: commands %q, want %q", tc.name, got, tc.commands)
+		}
+		if got, want := mps.ClientEnv(tc.limits), append(slices.Clone(where), tc.env...); !slices.Equal(got, want) {
+			t.Errorf("%s: client env %q, want %q", tc.name, got, want)
+		}
 	}
-	want := []string{
-		"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps",
-		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M",
-	}
-	if got := mps.ClientEnv(l); !slices.Equal(got, want) {
-		t.Errorf("client env %q, want %q", got, want)
-	}
+}
+
+func TestDirectories(t *testing.T) {
 	d := mps.Daemon{Dir: "/run/mps/GPU-1"}
 	if d.PipeDir() != "/run/mps/GPU-1/pipe" || d.LogDir() != "/run/mps/GPU-1/log" || d.ShmDir() != "/run/mps/GPU-1/shm" {
 		t.Errorf("directories %s %s %s", d.PipeDir(), d.LogDir(), d.ShmDir())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -163,8 +164,10 @@ func (c *DRAView) info(snap *specs.Snapshot, kind string, d specs.Device) link.I
 
 // Prepare holds a claim's devices in the pool, under the policy: each
 // must resolve in the trusted specs with its hooks allowed, and be free
-// of every other holding.
-func (c *DRAView) Prepare(_ context.Context, claim policy.Claim, allocated []link.Allocated) error {
+// of every other holding. A GPU policy.sharing leaves unshared whose
+// claim asks for MPS has its daemon started before the claim is
+// recorded, or the claim is not prepared.
+func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []link.Allocated) error {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
 	var (
@@ -178,7 +181,14 @@ func (c *DRAView) Prepare(_ context.Context, claim policy.Claim, allocated []lin
 			continue
 		}
 
-		devs = append(devs, policy.ClaimDevice{Device: e.Footprint, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, Asked: a.Asked})
+		d := policy.ClaimDevice{Device: e.Footprint, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, Asked: a.Asked}
+		if ownMPS(st, d) {
+			if _, err := c.p.claimMPS(st, snap, d); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", claim, err))
+				continue
+			}
+		}
+		devs = append(devs, d)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -186,6 +196,11 @@ func (c *DRAView) Prepare(_ context.Context, claim policy.Claim, allocated []lin
 	undo, err := c.p.alloc.AdmitClaim(st.policy, claim, devs, c.p.unhealthy())
 	if err != nil || undo == nil {
 		return err // refused, or kubelet asked again: nothing new to record
+	}
+	if err := c.p.startClaimMPS(ctx, st, snap, devs); err != nil {
+		undo()
+		c.p.keepMPS(ctx) // stops what was started
+		return fmt.Errorf("%s: %w", claim, err)
 	}
 	// Not recorded, not prepared: kubelet tries again.
 	if err := c.p.recorded(undo); err != nil {
@@ -199,10 +214,15 @@ func (c *DRAView) Prepare(_ context.Context, claim policy.Claim, allocated []lin
 // devices are free meanwhile, but a restart would find the claim in the
 // record (the DRA driver then releases it if the API server no longer
 // has it on this node).
-func (c *DRAView) Unprepare(_ context.Context, uid string) error {
+func (c *DRAView) Unprepare(ctx context.Context, uid string) error {
+	st := c.p.state()
+	_, devs, _ := c.p.alloc.Claim(uid, nil)
 	released := c.p.alloc.ReleaseClaim(uid)
 	if len(released) > 0 {
 		c.p.log.WithFields(logrus.Fields{"claim": uid, "devices": strings.Join(released, ",")}).Info("released devices of DRA claim")
+	}
+	if slices.ContainsFunc(devs, func(d policy.ClaimDevice) bool { return ownMPS(st, d) }) {
+		c.p.keepMPS(ctx) // its daemon stops, its GPU back in its compute mode
 	}
 	if err := c.p.saveAndNotify(); err != nil {
 		return fmt.Errorf("claim %s released, but %w: %w", uid, ErrNotRecorded, err)
@@ -217,4 +237,38 @@ func (c *DRAView) Prepared(context.Context) ([]policy.Claim, error) {
 		out = append(out, h.Claim)
 	}
 	return out, nil
+}
+
+// ownMPS reports whether claim device d asks for MPS on a GPU
+// policy.sharing leaves unshared: one the claim has MPS run on for
+// itself.
+func ownMPS(st *state, d policy.ClaimDevice) bool {
+	return d.Asked.Strategy == config.StrategyMPS && st.policy.Sharing(d.Device) == nil
+}
+
+// startClaimMPS has the daemons of the GPUs of devs that their claim
+// asked to share with MPS itself started, and returns why one does not
+// answer.
+func (p *Plugin) startClaimMPS(ctx context.Context, st *state, snap *specs.Snapshot, devs []policy.ClaimDevice) error {
+	var gpus []*mpsGPU
+	for _, d := range devs {
+		if ownMPS(st, d) {
+			g, err := p.claimMPS(st, snap, d)
+			if err != nil {
+				return err
+			}
+			gpus = append(gpus, g)
+		}
+	}
+	if len(gpus) == 0 {
+		return nil
+	}
+	p.keepMPS(ctx)
+	var errs []error
+	for _, g := range gpus {
+		if err := p.mps.Serves(ctx, g.daemon); err != nil {
+			errs = append(errs, fmt.Errorf("%w: device %q: the MPS daemon its claim asked for does not run: %w", ErrMPS, g.device, err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,33 +31,93 @@ import (
 type mpsGPU struct {
 	device string
 	dev    specs.Device
-	share  *policy.Share
+	// share is the policy.sharing entry that shares it; nil for a GPU
+	// policy.sharing leaves unshared, whose claim asked for MPS.
+	share *policy.Share
+	// by says who shares it with MPS, for errors.
+	by     string
 	daemon mps.Daemon
-	// limits are a pod's, the daemon's defaults.
+	// limits are a pod's, the daemon's defaults; for a claim's GPU, the
+	// claim's clients'.
 	limits mps.Limits
 }
 
-// mpsOf returns how device d is shared with MPS, or nil when it is not.
-// It fails for an MPS-shared device nri-gpu cannot bound: a MIG device,
-// or a GPU whose memory is not known when no pinnedMemoryLimit is set.
+// mpsOf returns how device d is shared with MPS, or nil when it is not:
+// by the policy.sharing entry that shares it with mps, or, for a GPU the
+// entries leave unshared, by the prepared claim that holds it whole and
+// asked for MPS (NVIDIA's GpuConfig). It fails for one nri-gpu cannot
+// bound: a MIG device, a GPU whose memory is not known when no
+// pinnedMemoryLimit is set, or a claim's GPU where nri-gpu does not run
+// the daemons.
 func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU, error) {
 	share := st.policy.Sharing(d)
-	if share == nil || share.Strategy != config.StrategyMPS {
+	if share == nil {
+		if c, ok := p.claimAskingMPS(d); ok {
+			return p.claimMPS(st, snap, c)
+		}
 		return nil, nil
 	}
-	_, _, name := parser.ParseDevice(d.Name)
-	uuid := uuidOf(snap, d)
-	if migName.MatchString(name) || strings.HasPrefix(uuid, "MIG-") {
-		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, which nri-gpu does not do for MIG devices (nor does NVIDIA's device plugin); share MIG devices with strategy timeSlicing",
-			ErrMPS, d.Name, share)
+	if share.Strategy != config.StrategyMPS {
+		return nil, nil
 	}
-	if uuid == "" {
-		uuid = p.gpus()[minorOf(snap, d.Name)].UUID // "" when NVML does not know it either
+	g, err := p.mpsDaemonOf(st, snap, d, share.String())
+	if err != nil {
+		return nil, err
 	}
 	capacity := st.policy.Capacity(share, d)
 	if capacity.Default == 0 {
 		return nil, fmt.Errorf("%w: device %q: %s bounds each MPS client to an equal share of the GPU's memory, which NVML does not tell here; set its pinnedMemoryLimit or memory",
 			ErrMPS, d.Name, share)
+	}
+	g.share = share
+	g.limits = mps.Limits{ActiveThreadPercentage: share.ActiveThreadPercentage, PinnedMemoryMiB: capacity.Default >> 20}
+	return g, nil
+}
+
+// claimMPS returns the MPS daemon of a GPU policy.sharing leaves unshared
+// that claim device c holds whole and asked to share with MPS among the
+// claim's containers: nri-gpu runs it (start.mps.daemon: managed) while
+// the claim is prepared, its clients bound to what the claim asked, else
+// the whole GPU.
+func (p *Plugin) claimMPS(st *state, snap *specs.Snapshot, c policy.ClaimDevice) (*mpsGPU, error) {
+	by := "the GpuConfig of the claim that holds it"
+	if st.cfg.Start.MPS.Daemon != config.MPSManaged {
+		return nil, fmt.Errorf("%w: device %q: %s asks for MPS, and nri-gpu runs an MPS daemon for a claim's GPU only with start.mps.daemon: managed",
+			ErrMPS, c.Name, by)
+	}
+	g, err := p.mpsDaemonOf(st, snap, c.Device, by)
+	if err != nil {
+		return nil, err
+	}
+	threads, memory := st.policy.MPSBounds(nil, c.Device, c.Use)
+	g.limits = mps.Limits{ActiveThreadPercentage: cmp.Or(c.Asked.ActiveThreadPercentage, threads), PinnedMemoryMiB: cmp.Or(c.Asked.PinnedMemory, memory) >> 20}
+	return g, nil
+}
+
+// claimAskingMPS returns the device of a prepared claim that is d and
+// whose claim asked for MPS.
+func (p *Plugin) claimAskingMPS(d specs.Device) (policy.ClaimDevice, bool) {
+	for _, h := range p.alloc.Claims() {
+		for _, c := range h.Devices {
+			if c.Asked.Strategy == config.StrategyMPS && c.Same(d) {
+				return c, true
+			}
+		}
+	}
+	return policy.ClaimDevice{}, false
+}
+
+// mpsDaemonOf returns the daemon of device d, which by shares with MPS:
+// named by its GPU's UUID (else its name), never of a MIG device.
+func (p *Plugin) mpsDaemonOf(st *state, snap *specs.Snapshot, d specs.Device, by string) (*mpsGPU, error) {
+	_, _, name := parser.ParseDevice(d.Name)
+	uuid := uuidOf(snap, d)
+	if migName.MatchString(name) || strings.HasPrefix(uuid, "MIG-") {
+		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, which nri-gpu does not do for MIG devices (nor does NVIDIA's device plugin); share MIG devices with strategy timeSlicing",
+			ErrMPS, d.Name, by)
+	}
+	if uuid == "" {
+		uuid = p.gpus()[minorOf(snap, d.Name)].UUID // "" when NVML does not know it either
 	}
 	dir := uuid
 	if dir == "" {
@@ -69,16 +130,18 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 	return &mpsGPU{
 		device: d.Name,
 		dev:    d,
-		share:  share,
+		by:     by,
 		daemon: mps.Daemon{Control: st.cfg.Start.MPS.ControlCommand, Dir: filepath.Join(st.cfg.Start.MPS.Root, dir), GPU: uuid, Root: st.cfg.Start.MPS.HostRoot},
-		limits: mps.Limits{ActiveThreadPercentage: share.ActiveThreadPercentage, PinnedMemoryMiB: capacity.Default >> 20},
 	}, nil
 }
 
 // limitsOf returns the bounds of a client that consumes c.Use of the GPU
 // (a claim's allocation; zero for a pod's, the daemon's defaults), within
-// what the claim asked (c.Asked).
+// what the claim asked (c.Asked). A claim's whole GPU's are its daemon's.
 func (g *mpsGPU) limitsOf(pol *policy.Policy, c policy.ClaimDevice) mps.Limits {
+	if g.share == nil {
+		return g.limits
+	}
 	threads, memory := pol.MPSBounds(g.share, g.dev, c.Use)
 	if a := c.Asked.ActiveThreadPercentage; a > 0 {
 		threads = min(threads, a)
@@ -141,7 +204,7 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 			how = "nri-gpu starts it (mps.daemon: managed): its log says why it could not"
 		}
 		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, but %v; nri-gpu does not give an MPS-shared GPU unbounded: %s",
-			ErrMPS, g.device, g.share, err, how)
+			ErrMPS, g.device, g.by, err, how)
 	}
 	mount := func(host, ctr string, opts ...string) *cdispec.Mount {
 		return &cdispec.Mount{HostPath: host, ContainerPath: ctr, Type: "bind", Options: append([]string{"rbind", "nosuid", "nodev"}, opts...)}
@@ -189,6 +252,8 @@ func (p *Plugin) mpsDaemons(st *state) (map[string]*mpsGPU, []error) {
 // running when nri-gpu exits, so that running clients keep their server
 // through a restart of nri-gpu; the next one finds them answering.
 func (p *Plugin) keepMPS(ctx context.Context) {
+	p.mpsMu.Lock()
+	defer p.mpsMu.Unlock()
 	st := p.state()
 	if st.cfg.Start.MPS.Daemon != config.MPSManaged {
 		return

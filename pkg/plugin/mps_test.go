@@ -20,8 +20,10 @@ import (
 	"github.com/nri-gpu/nri-gpu/internal/mpsstandin"
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
@@ -382,5 +384,108 @@ func TestMPSDirOneElement(t *testing.T) {
 		if want := fmt.Sprintf("its MPS daemon's directory would be named %q, which is not one path element under /run/nri-gpu/mps", uuid); len(shared) != 1 || !strings.Contains(shared[0].Limits, want) {
 			t.Errorf("UUID %q: shared %+v, want %q", uuid, shared, want)
 		}
+	}
+}
+
+// TestClaimOwnMPS: a claim that holds GPUs policy.sharing leaves
+// unshared may have one shared with MPS among its own containers, as
+// NVIDIA's gpu-test5 asks (one request time-sliced, one MPS): preparing
+// it starts that GPU's daemon, in Exclusive_Process, before kubelet is
+// told it is prepared; the containers of its MPS request are clients
+// bound to what the GpuConfig asked (else the whole GPU), those of the
+// other request are not; releasing it stops the daemon and puts the GPU
+// back. Where nri-gpu does not run the daemons (mps.daemon: external),
+// such a claim is refused and holds nothing.
+func TestClaimOwnMPS(t *testing.T) {
+	ctl, root := standin(t), testutil.ShortDir(t)
+	lib := testutil.NVML(2)
+	inv, err := nvidia.Discover(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unshared := func(daemon string) string {
+		return "healthInterval: 100ms\npolicy: {exclusive: true, namespaces: [tenant]}\nmps: {daemon: " + daemon + ", controlCommand: " + ctl + ", root: " + root + "}\n"
+	}
+	f := &finder{uses: map[string][]link.Use{
+		"a/ts-ctr":  {{UID: "uid-c", Namespace: "tenant", Name: "c", Requests: []string{"ts-gpu"}}},
+		"a/mps-ctr": {{UID: "uid-c", Namespace: "tenant", Name: "c", Requests: []string{"mps-gpu"}}},
+		"w/ctr":     {{UID: "uid-w", Namespace: "tenant", Name: "w"}},
+	}}
+	r := runtimeSetUp(t, "v2.3.7", unshared("managed"), func(p *plugin.Plugin) {
+		plugin.WithNVML(lib)(p)
+		plugin.WithMPSStart(startedInDir)(p)
+		p.UseClaims(f)
+	})
+	t.Cleanup(func() { quitAll(root) })
+	view := r.plugin.DRAView(config.Default().Start.DRA)
+	dirOf := func(i int) string { return filepath.Join(root, inv.GPUs[i].UUID) }
+	running := func(i int) bool { return (mps.Daemon{Dir: dirOf(i)}).Running(context.Background()) == nil }
+	mode := func(i int) nvml.ComputeMode {
+		m, _ := lib.Devices[i].GetComputeMode()
+		return m
+	}
+	mpsAsked := policy.Asked{Strategy: config.StrategyMPS, ActiveThreadPercentage: 50, PinnedMemory: 10 << 30}
+	if err := view.Prepare(context.Background(), policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a"}}, []link.Allocated{
+		{CDI: "nvidia.com/gpu=0", Requests: []string{"ts-gpu"}, Asked: policy.Asked{Strategy: config.StrategyTimeSlicing}},
+		{CDI: "nvidia.com/gpu=1", Requests: []string{"mps-gpu"}, Asked: mpsAsked},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !running(1) || running(0) {
+		t.Errorf("prepared: GPU 1's daemon running %v, GPU 0's %v; want GPU 1's only", running(1), running(0))
+	}
+	if mode(1) != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS || mode(0) != nvml.COMPUTEMODE_DEFAULT {
+		t.Errorf("prepared: GPU 1 in %s, GPU 0 in %s; want Exclusive_Process and Default", nvidia.ModeName(mode(1)), nvidia.ModeName(mode(0)))
+	}
+	if got, want := readFile(t, filepath.Join(dirOf(1), "pipe", mpsstandin.Defaults)), "set_default_active_thread_percentage 50\nset_default_device_pinned_mem_limit 0 10240M\n"; got != want {
+		t.Errorf("GPU 1's daemon defaults %q, want %q", got, want)
+	}
+	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant", Uid: "uid-a"}
+	for _, ctr := range []string{"mps-ctr", "ts-ctr"} {
+		adj, err := r.create(a, container(a, ctr))
+		if err != nil {
+			t.Fatalf("%s: %v", ctr, err)
+		}
+		if ctr == "mps-ctr" {
+			wantClient(t, adj, dirOf(1), 50, 10240)
+		} else if env, mounts := clientOf(adj); len(env) > 0 || slices.ContainsFunc(mounts, func(m string) bool { return strings.HasPrefix(m, root) }) {
+			t.Errorf("ts-ctr: an MPS client (%q, %q), want the GPU time-sliced", env, mounts)
+		}
+	}
+	// The GPU is the claim's: a pod asking for it is refused.
+	b := gpuPod("b", map[string]string{"gpus.nri-gpu.io": "1"})
+	_, err = r.create(b, ctrOf(b, nil))
+	testutil.ErrorSays(t, err, `"nvidia.com/gpu=1"`, "claim tenant/c of pod tenant/a")
+
+	if err := view.Unprepare(context.Background(), "uid-c"); err != nil {
+		t.Fatal(err)
+	}
+	if running(1) || mode(1) != nvml.COMPUTEMODE_DEFAULT {
+		t.Errorf("claim c released: GPU 1's daemon running %v, GPU in %s; want it stopped and the GPU in Default", running(1), nvidia.ModeName(mode(1)))
+	}
+
+	// A claim asking for MPS and no bounds: its clients have the whole GPU.
+	if err := view.Prepare(context.Background(), policy.Claim{UID: "uid-w", Namespace: "tenant", Name: "w", Pods: []string{"tenant/w"}}, []link.Allocated{
+		{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, Asked: policy.Asked{Strategy: config.StrategyMPS}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	w := &api.PodSandbox{Id: "id-w", Name: "w", Namespace: "tenant", Uid: "uid-w"}
+	adj, err := r.create(w, container(w, "ctr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantClient(t, adj, dirOf(1), 100, int64(inv.GPUs[1].MemoryBytes>>20))
+
+	// nri-gpu does not run the daemons: refused, nothing held.
+	r = runtimeSetUp(t, "v2.3.7", unshared("external"), func(p *plugin.Plugin) { plugin.WithNVML(lib)(p) })
+	view = r.plugin.DRAView(config.Default().Start.DRA)
+	err = view.Prepare(context.Background(), policy.Claim{UID: "uid-e", Namespace: "tenant", Name: "e"}, []link.Allocated{
+		{CDI: "nvidia.com/gpu=0", Requests: []string{"gpu"}, Asked: mpsAsked},
+	})
+	testutil.ErrorSays(t, err, `claim tenant/e: MPS-shared GPU not served: device "nvidia.com/gpu=0": the GpuConfig of the claim that holds it asks for MPS, and nri-gpu runs an MPS daemon for a claim's GPU only with start.mps.daemon: managed`)
+	e := gpuPod("e", map[string]string{"gpus.nri-gpu.io": "0"})
+	if _, err := r.create(e, ctrOf(e, nil)); err != nil {
+		t.Errorf("GPU 0 after the refused claim: %v", err)
 	}
 }

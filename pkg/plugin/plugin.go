@@ -85,8 +85,11 @@ type Plugin struct {
 	// problems with them logged, while they last.
 	mps         *mps.Manager
 	mpsProblems lasting
+	// mpsMu is held by keepMPS, which the checker's loop and preparing
+	// and releasing a claim that runs MPS call.
+	mpsMu sync.Mutex
 	// exclusiveGPUs are the UUIDs of the GPUs keepMPS put in
-	// Exclusive_Process compute mode (its goroutine's alone).
+	// Exclusive_Process compute mode (under mpsMu).
 	exclusiveGPUs map[string]bool
 
 	// problems are the spec problems logged, by spec file;
@@ -194,12 +197,10 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 	}
 	// Whether a device is shared follows its hardware: the names it
 	// goes by in the specs in force.
-	pol := policy.New(rules).WithAliases(func(d specs.Device) []string { return reg.Snapshot().Aliases(d) })
-	if len(rules.Sharing) > 0 {
-		// A shared GPU's memory is counted (NVML asked once, when first
-		// needed).
-		pol = pol.WithMemory(func(d specs.Device) int64 { return p.memoryOf(reg.Snapshot(), d) })
-	}
+	// A shared GPU's memory is counted, and bounds the MPS clients of a
+	// claim's own (NVML asked once, when first needed).
+	pol := policy.New(rules).WithAliases(func(d specs.Device) []string { return reg.Snapshot().Aliases(d) }).
+		WithMemory(func(d specs.Device) int64 { return p.memoryOf(reg.Snapshot(), d) })
 	if err := pol.CheckSharing(reg.Snapshot().Trusted()); err != nil {
 		reg.Close()
 		return nil, err

@@ -143,8 +143,15 @@ type Asked struct {
 // MPSBounds returns the bounds of an MPS client of device d that consumes
 // u of it under s (a pod's u is zero): its memory (the default where u
 // names none) and the entry's compute share for each of its shares, at
-// most the whole GPU.
+// most the whole GPU. Where s is nil (a GPU a claim holds whole), they
+// are the whole GPU: all its compute, and its memory (0 where unknown).
 func (p *Policy) MPSBounds(s *Share, d specs.Device, u Use) (threads int, memory int64) {
+	if s == nil {
+		if p.memory != nil {
+			memory = p.memory(d)
+		}
+		return 100, memory
+	}
 	c := p.Capacity(s, d)
 	memory = c.Default
 	if u.Memory > 0 {
@@ -154,9 +161,12 @@ func (p *Policy) MPSBounds(s *Share, d specs.Device, u Use) (threads int, memory
 }
 
 // checkAsked refuses what a claim asked of device d's sharing beyond
-// what the operator's policy.sharing gives it: MPS where the GPU is not
-// shared with MPS, time-slicing where it is (its clients would leave the
-// daemon's bounds), bounds above those its allocation allows.
+// what the operator's policy.sharing gives it: MPS where the GPU is
+// shared by time-slicing (its other users are no clients of a daemon),
+// time-slicing where it is shared with MPS (its clients would leave the
+// daemon's bounds), bounds above those its allocation allows. A GPU
+// policy.sharing leaves unshared is the claim's whole: it may have it
+// shared with MPS among its own containers, within the whole GPU.
 func (p *Policy) checkAsked(c Claim, d ClaimDevice) error {
 	a := d.Asked
 	s := p.Sharing(d.Device)
@@ -170,14 +180,14 @@ func (p *Policy) checkAsked(c Claim, d ClaimDevice) error {
 	}
 	switch a.Strategy {
 	case config.StrategyMPS:
-		if s == nil || s.Strategy != config.StrategyMPS {
-			return refuse("MPS, which nri-gpu runs on the GPUs policy.sharing shares with mps only")
+		if s != nil && s.Strategy != config.StrategyMPS {
+			return refuse("MPS, whose bounds its other users, not clients of a daemon, would not keep")
 		}
 		threads, memory := p.MPSBounds(s, d.Device, d.Use)
 		if a.ActiveThreadPercentage > threads {
 			return refuse("%d%% of compute, more than the %d%% it is allowed", a.ActiveThreadPercentage, threads)
 		}
-		if a.PinnedMemory > memory {
+		if memory > 0 && a.PinnedMemory > memory {
 			return refuse("%s of pinned memory, more than the %s it is allowed", Quantity(a.PinnedMemory), Quantity(memory))
 		}
 	case config.StrategyTimeSlicing:

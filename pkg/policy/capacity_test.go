@@ -172,9 +172,11 @@ func TestConsumableCapacity(t *testing.T) {
 }
 
 // TestAsked: what a claim's GpuConfig asks of its device's sharing is
-// held to the operator's policy.sharing: MPS only where the GPU is shared
-// with MPS, time-slicing never there, bounds no higher than its
-// allocation allows (the entry's compute share per share, its memory).
+// held to the operator's policy.sharing: MPS never where time-slicing
+// shares the GPU, time-slicing never where MPS does, bounds no higher
+// than its allocation allows (the entry's compute share per share, its
+// memory; on a GPU policy.sharing leaves unshared, the claim's whole,
+// the GPU's memory).
 func TestAsked(t *testing.T) {
 	_, byName := gpus()
 	cfg := config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true, Sharing: []config.Sharing{
@@ -189,10 +191,12 @@ func TestAsked(t *testing.T) {
 		asked   policy.Asked
 		wantErr []string
 	}{
-		{"MPS where the GPU is not shared", "2", policy.Use{}, policy.Asked{Strategy: mps},
-			[]string{`device "nvidia.com/gpu=2" is not shared, and the claim's GpuConfig asks for MPS, which nri-gpu runs on the GPUs policy.sharing shares with mps only`}},
 		{"MPS where time-slicing shares it", "1", policy.Use{}, policy.Asked{Strategy: mps},
-			[]string{`is shared by policy.sharing[1] (replicas 2, timeSlicing), and the claim's GpuConfig asks for MPS`}},
+			[]string{`device "nvidia.com/gpu=1" is shared by policy.sharing[1] (replicas 2, timeSlicing), and the claim's GpuConfig asks for MPS, whose bounds its other users, not clients of a daemon, would not keep`}},
+		{"MPS on a whole GPU, more memory than it has", "2", policy.Use{}, policy.Asked{Strategy: mps, ActiveThreadPercentage: 100, PinnedMemory: 81 * gi},
+			[]string{`device "nvidia.com/gpu=2" is not shared, and the claim's GpuConfig asks for 81Gi of pinned memory, more than the 80Gi it is allowed`}},
+		{"MPS on a whole GPU, as published", "2", policy.Use{}, policy.Asked{Strategy: mps, ActiveThreadPercentage: 50, PinnedMemory: 10 * gi}, nil},
+		{"MPS on a whole GPU, all of it", "2", policy.Use{}, policy.Asked{Strategy: mps, ActiveThreadPercentage: 100, PinnedMemory: 80 * gi}, nil},
 		{"time-slicing where MPS shares it", "0", policy.Use{}, policy.Asked{Strategy: ts},
 			[]string{"asks for time-slicing, which would take its clients out of the MPS daemon's bounds"}},
 		{"more compute than a share", "0", policy.Use{}, policy.Asked{Strategy: mps, ActiveThreadPercentage: 60},
@@ -206,7 +210,7 @@ func TestAsked(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := gpuPolicy(cfg)
+			p := gpuPolicy(cfg).WithMemory(func(specs.Device) int64 { return 80 * gi })
 			a := policy.NewAllocations()
 			_, err := a.AdmitClaim(p, policy.Claim{UID: "u", Namespace: "ns", Name: "c"},
 				[]policy.ClaimDevice{{Device: byName[tc.device], Use: tc.use, Asked: tc.asked}}, nil)
