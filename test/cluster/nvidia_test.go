@@ -21,6 +21,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/nri-gpu/nri-gpu/internal/mpsstandin"
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
@@ -106,6 +107,41 @@ func TestNVIDIAManifests(t *testing.T) {
 	t.Logf("quickstart: gpu-test1 %s and %s; gpu-test2 %s; gpu-test3 %s; pod1's nvidia-smi -L: %s", g1, g2, gpuOf(t, p, "ctr0"), gpuOf(t, q1, "ctr"), strings.TrimSpace(out))
 	deleteNamespaces(t, "gpu-test1", "gpu-test2", "gpu-test3")
 
+	// gpu-test5: one claim, a request time-sliced and one MPS, on GPUs
+	// policy.sharing leaves unshared: both containers of each request
+	// share its GPU, the MPS ones as clients of a daemon nri-gpu started
+	// for the claim, bound by its GpuConfig; the daemon stops with it.
+	mpsStandIn(t, both)
+	apply(t, "gpu-test5.yaml")
+	p5 := waitAllRunning(t, "gpu-test5", "pod0")
+	ts, mpsGPU := gpuOf(t, p5, "ts-ctr0"), gpuOf(t, p5, "mps-ctr0")
+	if ts == mpsGPU || gpuOf(t, p5, "ts-ctr1") != ts || gpuOf(t, p5, "mps-ctr1") != mpsGPU {
+		t.Errorf("gpu-test5: ts containers %s and %s, mps containers %s and %s; want one GPU for each request",
+			ts, gpuOf(t, p5, "ts-ctr1"), mpsGPU, gpuOf(t, p5, "mps-ctr1"))
+	}
+	n5, uuid := nodeOf(t, p5), harness.UUID(int(mpsGPU[len(mpsGPU)-1]-'0'))
+	for _, ctr := range []string{"ts-ctr0", "ts-ctr1", "mps-ctr0", "mps-ctr1"} {
+		pipe, env := mpsClient(t, p5, ctr)
+		switch {
+		case strings.HasPrefix(ctr, "ts") && (pipe != "" || len(env) > 0):
+			t.Errorf("gpu-test5 %s: an MPS client (%s, %v), want its GPU time-sliced", ctr, pipe, env)
+		case strings.HasPrefix(ctr, "mps") && (pipe != "/run/nri-gpu/mps/"+uuid+"/pipe" ||
+			!slices.Equal(env, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"})):
+			t.Errorf("gpu-test5 %s: MPS pipe %q, limits %v; want the claim's daemon of %s, 50%% and 10240M", ctr, pipe, env, uuid)
+		}
+	}
+	daemonLog := filepath.Join(n5.Dir, "run", "nri-gpu", "mps", uuid, "log", mpsstandin.Log)
+	log5, _ := os.ReadFile(daemonLog)
+	if !strings.Contains(string(log5), `run args=["-d"] CUDA_VISIBLE_DEVICES="`+uuid+`"`) {
+		t.Errorf("gpu-test5: no daemon started for %s:\n%s", mpsGPU, log5)
+	}
+	t.Logf("gpu-test5: ts-ctr0/1 on %s; mps-ctr0/1 on %s, clients of its daemon with 50%% and 10240M", ts, mpsGPU)
+	deleteNamespaces(t, "gpu-test5")
+	testutil.Within(t, podWait, "gpu-test5's MPS daemon stopped", func() bool {
+		log, _ := os.ReadFile(daemonLog)
+		return strings.HasSuffix(string(log), "command quit\n")
+	})
+
 	// Consumable shares: every GPU shared 4 ways, 80Gi of memory, counted
 	// as a quota (time-slicing cannot bound memory).
 	shared := valuesFile(t, "nvidia-shares-values.yaml", `config:
@@ -139,7 +175,6 @@ func TestNVIDIAManifests(t *testing.T) {
 	// control program), 80Gi: a share is allowed 50% of the compute and
 	// 40Gi, so the demo claim's GpuConfig (50%, 10Gi) is within it, and
 	// both containers using the claim are its clients with those limits.
-	mpsStandIn(t, both)
 	mps := valuesFile(t, "nvidia-mps-values.yaml", `config:
   policy:
     sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 2, strategy: mps, memory: 80Gi}]
@@ -166,6 +201,29 @@ func TestNVIDIAManifests(t *testing.T) {
 	p = waitAllRunning(t, "default", "mps-30gi")
 	envHas(t, p, "gpu", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=30720M")
 	deletePod(t, "default", "mps-30gi")
+}
+
+// mpsClient returns what container ctr of pod p has of an MPS client:
+// the host directory mounted as its pipe directory, and its CUDA_MPS_
+// limits.
+func mpsClient(t *testing.T, p *corev1.Pod, ctr string) (pipe string, limits []string) {
+	t.Helper()
+	spec, err := nodeOf(t, p).Ctd.ContainerSpec(containerID(t, p, ctr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range spec.Mounts {
+		if m.Destination == "/tmp/nvidia-mps" {
+			pipe = m.Source
+		}
+	}
+	for _, e := range spec.Process.Env {
+		if strings.HasPrefix(e, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=") || strings.HasPrefix(e, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=") {
+			limits = append(limits, e)
+		}
+	}
+	slices.Sort(limits)
+	return pipe, limits
 }
 
 // envHas checks that the environment of container ctr of pod p, in its

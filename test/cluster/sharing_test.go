@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	oci "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -86,17 +85,10 @@ func TestSharedReplicasPlaced(t *testing.T) {
 			continue
 		}
 		seen[p.Spec.NodeName] = append(seen[p.Spec.NodeName], gpus[0])
-		n := nodeOf(t, p)
-		spec, err := n.Ctd.ContainerSpec(strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://"))
-		if err != nil {
-			t.Fatal(err)
-		}
 		gpu := int(gpus[0][len("nvidia")] - '0')
-		if !slices.Contains(spec.Process.Env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M") ||
-			!slices.ContainsFunc(spec.Mounts, func(m oci.Mount) bool {
-				return m.Destination == "/tmp/nvidia-mps" && m.Source == "/run/nri-gpu/mps/"+harness.UUID(gpu)+"/pipe"
-			}) {
-			t.Errorf("pod %s (%s) has no MPS client of GPU %d: env %v", p.Name, gpus[0], gpu, spec.Process.Env)
+		if pipe, limits := mpsClient(t, p, p.Spec.Containers[0].Name); !slices.Contains(limits, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M") ||
+			pipe != "/run/nri-gpu/mps/"+harness.UUID(gpu)+"/pipe" {
+			t.Errorf("pod %s (%s) has no MPS client of GPU %d: pipe %q, limits %v", p.Name, gpus[0], gpu, pipe, limits)
 		}
 	}
 	for _, n := range nodes {
