@@ -452,6 +452,20 @@ func TestClaimOwnMPS(t *testing.T) {
 			t.Errorf("ts-ctr: an MPS client (%q, %q), want the GPU time-sliced", env, mounts)
 		}
 	}
+	// nri-gpu restarted: the claim, from its record, keeps its daemon
+	// (the one running, not started again) and its clients' limits.
+	pid := readFile(t, filepath.Join(dirOf(1), "pipe", mpsstandin.PidFile))
+	r.restart(t, unshared("managed"))
+	adj, err := r.create(a, container(a, "mps-ctr"))
+	if err != nil {
+		t.Fatalf("mps-ctr after a restart: %v", err)
+	}
+	wantClient(t, adj, dirOf(1), 50, 10240)
+	if again := readFile(t, filepath.Join(dirOf(1), "pipe", mpsstandin.PidFile)); again != pid {
+		t.Errorf("after a restart, GPU 1's daemon is pid %s, want %s still", again, pid)
+	}
+	view = r.plugin.DRAView(config.Default().Start.DRA)
+
 	// The GPU is the claim's: a pod asking for it is refused.
 	b := gpuPod("b", map[string]string{"gpus.nri-gpu.io": "1"})
 	_, err = r.create(b, ctrOf(b, nil))
@@ -471,7 +485,7 @@ func TestClaimOwnMPS(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &api.PodSandbox{Id: "id-w", Name: "w", Namespace: "tenant", Uid: "uid-w"}
-	adj, err := r.create(w, container(w, "ctr"))
+	adj, err = r.create(w, container(w, "ctr"))
 	if err != nil {
 		t.Fatal(err)
 	}
