@@ -403,17 +403,22 @@ type Shared struct {
 }
 
 // SharedDevices returns the devices of the default kind that the policy
-// in force shares, who uses each and, for MPS, each client's bounds.
+// in force shares, or a claim that holds one whole shares with MPS among
+// its containers, who uses each and, for MPS, each client's bounds.
 func (p *Plugin) SharedDevices() []Shared {
 	st := p.state()
 	snap := st.specs.Snapshot()
 	var out []Shared
 	for _, d := range st.hardware(snap, st.cfg.DefaultKind, []string{"*"}, nil) {
-		share := st.policy.Sharing(d)
-		if share == nil {
+		sharing := ""
+		if share := st.policy.Sharing(d); share != nil {
+			sharing = share.String()
+		} else if _, ok := p.claimAskingMPS(d); ok {
+			sharing = "mps, for the claim that holds it (its GpuConfig)"
+		} else {
 			continue
 		}
-		s := Shared{Device: d.Name, Sharing: share.String(), Users: p.alloc.Users(d)}
+		s := Shared{Device: d.Name, Sharing: sharing, Users: p.alloc.Users(d)}
 		if g, err := p.mpsOf(st, snap, d); err != nil {
 			s.Limits = err.Error()
 		} else if g != nil {

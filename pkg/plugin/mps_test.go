@@ -452,6 +452,10 @@ func TestClaimOwnMPS(t *testing.T) {
 			t.Errorf("ts-ctr: an MPS client (%q, %q), want the GPU time-sliced", env, mounts)
 		}
 	}
+	if got := r.plugin.SharedDevices(); len(got) != 1 || got[0].Device != "nvidia.com/gpu=1" || !slices.Equal(got[0].Users, []string{"claim tenant/c of pod tenant/a"}) ||
+		got[0].Limits != "each client 50% of compute, 10240 MiB of pinned memory; daemon in "+dirOf(1) {
+		t.Errorf("shared devices %+v, want GPU 1 shared by claim c's MPS", got)
+	}
 	// nri-gpu restarted: the claim, from its record, keeps its daemon
 	// (the one running, not started again) and its clients' limits.
 	pid := readFile(t, filepath.Join(dirOf(1), "pipe", mpsstandin.PidFile))
