@@ -689,8 +689,9 @@ func readFile(t *testing.T, path string) string {
 // through DRA (a claim of the pod's own, in its status); on node-a's
 // containerd 1.7.35, CDI off, nri-gpu injects the GPU it was allocated.
 // The cluster's device plugin serves nvidia.com/gpu, so the class maps a
-// name of its own: a node whose device plugin is off serves nvidia.com/gpu
-// the same way (the chart's dra.deviceClass.extendedResourceName).
+// name of its own; then, the device plugin turned off and the chart's
+// DeviceClass given extendedResourceName: nvidia.com/gpu, a pod asking
+// nvidia.com/gpu: 1 is served the same way.
 func TestDRAExtendedResource(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
@@ -727,4 +728,41 @@ func TestDRAExtendedResource(t *testing.T) {
 	}
 	t.Logf("pod extended: limits %s: 1, claim %s allocated %s, container sees %v", resource, claim.Name, dev, seen)
 	deletePod(t, "default", "extended")
+
+	// The migration path: the device plugin off, the chart's DeviceClass
+	// maps nvidia.com/gpu, and a pod asking nvidia.com/gpu: 1 as it
+	// always did gets its GPU through DRA.
+	both := []*harness.Node{env.a, env.b}
+	off := valuesFile(t, "extended-values.yaml", `config:
+  devicePlugin:
+    resources: []
+dra:
+  deviceClass:
+    extendedResourceName: nvidia.com/gpu
+`)
+	restartWith(t, both, driverName, env.values, off)
+	t.Cleanup(func() {
+		restartWith(t, both, driverName, env.values)
+		for _, n := range both {
+			waitAllocatable(t, n, n.GPUs)
+		}
+	})
+	waitAllocatable(t, env.a, 0)
+	p = gpuPod("default", "migrated", 1, nil, "")
+	p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": env.a.Name}
+	createPod(t, p)
+	got = waitRunning(t, "default", "migrated")
+	if ext := got.Status.ExtendedResourceClaimStatus; ext == nil || ext.ResourceClaimName == "" {
+		t.Fatalf("pod migrated (nvidia.com/gpu: 1, device plugin off) has no extended-resource claim in its status: %+v", got.Status)
+	}
+	claim, err = env.client.ResourceV1().ResourceClaims("default").Get(ctx, got.Status.ExtendedResourceClaimStatus.ResourceClaimName, metav1.GetOptions{})
+	if err != nil || claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 {
+		t.Fatalf("pod migrated's claim: %v, %+v", err, claim)
+	}
+	dev = claim.Status.Allocation.Devices.Results[0].Device
+	if seen, want := gpusSeen(t, got), "nvidia"+strings.TrimPrefix(dev, "gpu-"); len(seen) != 1 || seen[0] != want {
+		t.Errorf("pod migrated (allocated %s through DRA) sees %v, want [%s]", dev, seen, want)
+	}
+	t.Logf("pod migrated: limits nvidia.com/gpu: 1 with the device plugin off, claim %s allocated %s through the chart's DeviceClass", claim.Name, dev)
+	deletePod(t, "default", "migrated")
 }
