@@ -89,6 +89,17 @@ $(CONTAINERD2)/containerd:
 		github.com/containerd/containerd/v2/cmd/ctr@$(CONTAINERD2_VERSION) \
 		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$(CONTAINERD2_VERSION)
 
+# The runc each containerd release is tested with (the version its module
+# names in script/setup/runc-version), built from runc's module beside
+# that containerd's binaries, where the tests take it from.
+CONTAINERD17_MODULE = github.com/containerd/containerd@$(shell cd $(CONTAINERD17) && $(GO) list -m -f '{{.Version}}' github.com/containerd/containerd)
+$(BIN)/runc: $(CONTAINERD17)/go.mod hack/runc.sh
+	GO=$(GO) hack/runc.sh $(CONTAINERD17_MODULE) $(BIN)
+$(CONTAINERD17OLD)/runc: hack/runc.sh
+	GO=$(GO) hack/runc.sh github.com/containerd/containerd@v$(CONTAINERD17_OLD) $(CONTAINERD17OLD)
+$(CONTAINERD2)/runc: hack/runc.sh
+	GO=$(GO) hack/runc.sh github.com/containerd/containerd/v2@$(CONTAINERD2_VERSION) $(CONTAINERD2)
+
 # etcd, kube-apiserver, kube-scheduler, kube-controller-manager and
 # kubelet, built from k8s.io/kubernetes (and etcd's server module) in a
 # module of their own (test/tools/kubernetes), as a release names its
@@ -134,7 +145,8 @@ $(BIN)/crictl:
 deps:
 	./hack/install-deps.sh
 
-e2e-tools: deps build image $(BIN)/nvidia-nri-plugin $(BIN)/mps-control $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd $(KUBELET) $(BIN)/helm $(CNI)/bridge
+e2e-tools: deps build image $(BIN)/nvidia-nri-plugin $(BIN)/mps-control $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd \
+	$(BIN)/runc $(CONTAINERD2)/runc $(CONTAINERD17OLD)/runc $(KUBELET) $(BIN)/helm $(CNI)/bridge
 
 lint:
 	@out=$$(gofmt -l cmd pkg test internal hack); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Installs the host packages the end-to-end tests and the demo need: runc
-# and a static busybox (for the test image). Debian/Ubuntu only; does
-# nothing when they are already there.
+# (the demo's; the tests build the runc each containerd is tested with),
+# libseccomp's headers and pkg-config (to build those with seccomp) and a
+# static busybox (for the test image). Debian/Ubuntu only; does nothing
+# when they are already there.
 set -euo pipefail
 
 missing=()
 command -v runc >/dev/null 2>&1 || missing+=(runc)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+dpkg -s libseccomp-dev >/dev/null 2>&1 || missing+=(libseccomp-dev)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 [ ${#missing[@]} -eq 0 ] && exit 0
 

@@ -27,7 +27,9 @@ type Tools struct {
 	ContainerdDir string
 	// ContainerdVersion is what containerd --version says, e.g. "1.7.35".
 	ContainerdVersion string
-	// Runc is the runc binary.
+	// Runc is the runc binary: the one beside containerd's binaries
+	// (the runc that containerd release is tested with, which make
+	// e2e-tools builds there), else the host's.
 	Runc string
 	// Busybox is a statically linked busybox for the image.
 	Busybox string
@@ -66,7 +68,7 @@ func FindTools(dir string) (Tools, error) {
 	}
 	t.ContainerdVersion = containerdVersion(t.Path("containerd"))
 	var err error
-	if t.Runc, err = exec.LookPath("runc"); err != nil {
+	if t.Runc, err = runcFor(t.ContainerdDir); err != nil {
 		errs = append(errs, fmt.Errorf("runc: %w", err))
 	}
 	t.Busybox = "/bin/busybox"
@@ -83,7 +85,23 @@ func (t Tools) WithContainerd(dir string) (Tools, error) {
 	if t.ContainerdVersion = containerdVersion(t.Path("containerd")); t.ContainerdVersion == "" {
 		return t, fmt.Errorf("no containerd in %s", dir)
 	}
-	return t, nil
+	var err error
+	t.Runc, err = runcFor(dir)
+	return t, err
+}
+
+// runcFor returns the runc a containerd in dir runs: dir's own runc,
+// else the host's.
+func runcFor(dir string) (string, error) {
+	if own := filepath.Join(dir, "runc"); fileExists(own) {
+		return own, nil
+	}
+	return exec.LookPath("runc")
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // containerdVersion returns what a containerd binary says its version is
