@@ -229,7 +229,8 @@ func (c *Containerd) start() error {
 	defer logFile.Close()
 	argv := append(slices.Clone(c.prefix), c.Tools.Path("containerd"), "--config", c.cfgPath)
 	c.cmd = exec.Command(argv[0], argv[1:]...)
-	c.cmd.Env = append(os.Environ(), "PATH="+c.Tools.Dir+":"+os.Getenv("PATH"))
+	// containerd finds its shim on PATH: its own release's first.
+	c.cmd.Env = append(os.Environ(), "PATH="+c.Tools.ContainerdDir+":"+c.Tools.Dir+":"+os.Getenv("PATH"))
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := c.cmd.Start(); err != nil {
