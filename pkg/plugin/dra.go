@@ -173,6 +173,9 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 	var (
 		devs []policy.ClaimDevice
 		errs []error
+		// own are the daemons of the GPUs the claim has MPS run on for
+		// itself.
+		own []*mpsGPU
 	)
 	for _, a := range allocated {
 		e, err := st.resolve(snap, a.CDI)
@@ -183,10 +186,12 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 
 		d := policy.ClaimDevice{Device: e.Footprint, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, Asked: a.Asked}
 		if ownMPS(st, d) {
-			if _, err := c.p.claimMPS(st, snap, d); err != nil {
+			g, err := c.p.claimMPS(st, snap, d)
+			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", claim, err))
 				continue
 			}
+			own = append(own, g)
 		}
 		devs = append(devs, d)
 	}
@@ -197,7 +202,7 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 	if err != nil || undo == nil {
 		return err // refused, or kubelet asked again: nothing new to record
 	}
-	if err := c.p.startClaimMPS(ctx, st, snap, devs); err != nil {
+	if err := c.p.startClaimMPS(ctx, own); err != nil {
 		undo()
 		c.p.keepMPS(ctx) // stops what was started
 		return fmt.Errorf("%s: %w", claim, err)
@@ -246,20 +251,9 @@ func ownMPS(st *state, d policy.ClaimDevice) bool {
 	return d.Asked.Strategy == config.StrategyMPS && st.policy.Sharing(d.Device) == nil
 }
 
-// startClaimMPS has the daemons of the GPUs of devs that their claim
-// asked to share with MPS itself started, and returns why one does not
-// answer.
-func (p *Plugin) startClaimMPS(ctx context.Context, st *state, snap *specs.Snapshot, devs []policy.ClaimDevice) error {
-	var gpus []*mpsGPU
-	for _, d := range devs {
-		if ownMPS(st, d) {
-			g, err := p.claimMPS(st, snap, d)
-			if err != nil {
-				return err
-			}
-			gpus = append(gpus, g)
-		}
-	}
+// startClaimMPS has the daemons of the GPUs a claim asked to share with
+// MPS itself started, and returns why one does not answer.
+func (p *Plugin) startClaimMPS(ctx context.Context, gpus []*mpsGPU) error {
 	if len(gpus) == 0 {
 		return nil
 	}

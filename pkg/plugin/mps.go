@@ -52,7 +52,7 @@ type mpsGPU struct {
 func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU, error) {
 	share := st.policy.Sharing(d)
 	if share == nil {
-		if c, ok := p.claimAskingMPS(d); ok {
+		if c, ok := p.claimAskingMPS(st, d); ok {
 			return p.claimMPS(st, snap, c)
 		}
 		return nil, nil
@@ -95,11 +95,11 @@ func (p *Plugin) claimMPS(st *state, snap *specs.Snapshot, c policy.ClaimDevice)
 }
 
 // claimAskingMPS returns the device of a prepared claim that is d and
-// whose claim asked for MPS.
-func (p *Plugin) claimAskingMPS(d specs.Device) (policy.ClaimDevice, bool) {
+// that the claim has MPS run on for itself (ownMPS).
+func (p *Plugin) claimAskingMPS(st *state, d specs.Device) (policy.ClaimDevice, bool) {
 	for _, h := range p.alloc.Claims() {
 		for _, c := range h.Devices {
-			if c.Asked.Strategy == config.StrategyMPS && c.Same(d) {
+			if c.Same(d) && ownMPS(st, c) {
 				return c, true
 			}
 		}
@@ -413,7 +413,7 @@ func (p *Plugin) SharedDevices() []Shared {
 		sharing := ""
 		if share := st.policy.Sharing(d); share != nil {
 			sharing = share.String()
-		} else if _, ok := p.claimAskingMPS(d); ok {
+		} else if _, ok := p.claimAskingMPS(st, d); ok {
 			sharing = "mps, for the claim that holds it (its GpuConfig)"
 		} else {
 			continue

@@ -93,15 +93,11 @@ func (t Tools) WithContainerd(dir string) (Tools, error) {
 // runcFor returns the runc a containerd in dir runs: dir's own runc,
 // else the host's.
 func runcFor(dir string) (string, error) {
-	if own := filepath.Join(dir, "runc"); fileExists(own) {
+	own := filepath.Join(dir, "runc")
+	if _, err := os.Stat(own); err == nil {
 		return own, nil
 	}
 	return exec.LookPath("runc")
-}
-
-func fileExists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }
 
 // containerdVersion returns what a containerd binary says its version is
