@@ -355,6 +355,24 @@ func (c *Containerd) run(name string, args ...string) (string, error) {
 type Pod struct {
 	Name, Namespace string
 	Annotations     map[string]string
+	// UserNS runs the pod in a user namespace of its own (CRI's
+	// userns_options, mode POD): uids and gids 0 to 65535 inside are
+	// UserNSHost and up on the host.
+	UserNS bool
+}
+
+// UserNSHost is the first host uid and gid of a UserNS pod's range.
+const UserNSHost = 4 << 16
+
+// namespaceOptions are the CRI namespace options of the pod and of its
+// containers (which must have the pod's user namespace).
+func (p Pod) namespaceOptions() map[string]any {
+	opts := map[string]any{"network": 2}
+	if p.UserNS {
+		ids := []map[string]any{{"host_id": UserNSHost, "container_id": 0, "length": 65536}}
+		opts["userns_options"] = map[string]any{"mode": 0, "uids": ids, "gids": ids}
+	}
+	return opts
 }
 
 // Container describes a container for crictl.
@@ -385,7 +403,7 @@ func (p Pod) config(logDir string) map[string]any {
 		"annotations":   p.Annotations,
 		"log_directory": logDir,
 		"linux": map[string]any{"security_context": map[string]any{
-			"namespace_options": map[string]any{"network": 2},
+			"namespace_options": p.namespaceOptions(),
 		}},
 	}
 }
@@ -426,7 +444,9 @@ func (c *Containerd) CreateContainer(podID string, p Pod, ctr Container) (string
 		"command":     cmd,
 		"annotations": ctr.Annotations,
 		"log_path":    ctr.Name + ".log",
-		"linux":       map[string]any{},
+		"linux": map[string]any{"security_context": map[string]any{
+			"namespace_options": p.namespaceOptions(),
+		}},
 	})
 	if err != nil {
 		return "", err
