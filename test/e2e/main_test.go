@@ -83,6 +83,11 @@ func setup() (int, error) {
 	if env.dir, err = os.MkdirTemp("/tmp", "nri-gpu-e2e-"); err != nil {
 		return 1, err
 	}
+	// A user-namespaced container's root (a host uid of its range)
+	// reaches its bundle under it.
+	if err := os.Chmod(env.dir, 0o711); err != nil {
+		return 1, err
+	}
 	env.image = filepath.Join(env.dir, "busybox.tar")
 	if err := harness.BuildImage(env.tools.Busybox, env.image); err != nil {
 		return 1, err
