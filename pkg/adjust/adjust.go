@@ -17,6 +17,10 @@ import (
 // ErrUnsupportedEdit is wrapped by the error for an edit NRI cannot express.
 var ErrUnsupportedEdit = errors.New("CDI edit not expressible through NRI")
 
+// ErrUserNS is wrapped by the error for a device node a user-namespaced
+// container cannot be given on its runtime.
+var ErrUserNS = errors.New("device node not expressible in a user namespace")
+
 // Edit names of the CDI edits that NRI cannot express.
 const (
 	EditAdditionalGIDs = "additionalGids"
@@ -47,6 +51,13 @@ type Options struct {
 	// Extra are edits of nri-gpu's own (not of a spec), applied after the
 	// devices' as theirs are.
 	Extra []Extra
+	// UserNS says the container runs in a user namespace of its own,
+	// where the runtime cannot create device nodes: runc bind-mounts each
+	// from the host path equal to its container path. A node whose spec
+	// gives another hostPath is given as a bind mount of its hostPath at
+	// its path, with its cgroup rule, where the runtime applies cgroup
+	// rules; refused where it does not.
+	UserNS bool
 }
 
 // Extra is a set of edits of nri-gpu's own, such as what a client of an
@@ -125,7 +136,7 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 	if err := edits.Apply(scratch); err != nil {
 		return nil, fmt.Errorf("applying CDI edits of %s: %w", strings.Join(names, ", "), err)
 	}
-	if err := addDeviceNodes(scratch, deviceNodes, nodes); err != nil {
+	if err := addDeviceNodes(scratch, deviceNodes, nodes, opts); err != nil {
 		return nil, fmt.Errorf("applying CDI edits of %s: %w", strings.Join(names, ", "), err)
 	}
 	setHookEnv(scratch.Hooks, []string{specs.HookEnv})

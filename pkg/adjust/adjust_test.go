@@ -2,8 +2,10 @@ package adjust_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -446,5 +448,87 @@ devices:
 `}, adjust.Options{}, "example.com/gone=0")
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/gone0") || !strings.Contains(err.Error(), "example.com/gone=0") {
 		t.Errorf("error %v, want one naming the device and the missing host node", err)
+	}
+}
+
+// TestBuildUserNS: in a user namespace the runtime cannot create device
+// nodes (runc bind-mounts each from the host path equal to its container
+// path): a node whose hostPath differs from its path is given as a bind
+// mount of its hostPath at its path, with its cgroup rule, where the
+// runtime applies cgroup rules from NRI, and refused where it does not;
+// a node whose hostPath is its path stays a device node.
+func TestBuildUserNS(t *testing.T) {
+	spec := map[string]string{"gpu.yaml": gpuSpec, "same.yaml": `
+cdiVersion: "0.6.0"
+kind: example.com/same
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes:
+        - path: /dev/null
+`}
+	v2, v17 := adjust.RuntimeOf("containerd", "v2.3.7"), adjust.RuntimeOf("containerd", "1.7.35")
+	for _, tc := range []struct {
+		name    string
+		opts    adjust.Options
+		devices []*api.LinuxDevice
+		mounts  []string
+		rules   []*api.LinuxDeviceCgroup
+		wantErr string
+	}{
+		{name: "no user namespace", opts: adjust.Options{Runtime: v2},
+			devices: []*api.LinuxDevice{charDev("/dev/examplectl", 1, 5), charDev("/dev/example0", 1, 3), charDev("/dev/null", 1, 3)},
+			mounts:  []string{"/usr/lib/libexample.so.1:/usr/lib/libexample.so.1"},
+			rules:   []*api.LinuxDeviceCgroup{rule(1, 5, "rwm"), rule(1, 3, "rwm"), rule(1, 3, "rwm")}},
+		{name: "user namespace, containerd 2.x", opts: adjust.Options{Runtime: v2, UserNS: true},
+			devices: []*api.LinuxDevice{charDev("/dev/null", 1, 3)},
+			mounts:  []string{"/dev/null:/dev/example0", "/dev/zero:/dev/examplectl", "/usr/lib/libexample.so.1:/usr/lib/libexample.so.1"},
+			rules:   []*api.LinuxDeviceCgroup{rule(1, 5, "rwm"), rule(1, 3, "rwm"), rule(1, 3, "rwm")}},
+		{name: "user namespace, containerd 1.7", opts: adjust.Options{Runtime: v17, UserNS: true},
+			wantErr: `device node not expressible in a user namespace: device node "/dev/examplectl" (host "/dev/zero"): in a user namespace the runtime cannot create it, and a bind mount of it needs a cgroup rule, which containerd 1.7.35 does not apply from NRI`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := build(t, spec, tc.opts, "example.com/gpu=0", "example.com/same=0")
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			adj := res.Adjustment
+			var devs []string
+			for _, d := range adj.GetLinux().GetDevices() {
+				devs = append(devs, d.Path)
+			}
+			var want []string
+			for _, d := range tc.devices {
+				want = append(want, d.Path)
+			}
+			if !slices.Equal(devs, want) {
+				t.Errorf("device nodes %v, want %v", devs, want)
+			}
+			var mounts []string
+			for _, m := range adj.GetMounts() {
+				mounts = append(mounts, m.Source+":"+m.Destination)
+			}
+			slices.Sort(mounts)
+			if !slices.Equal(mounts, tc.mounts) {
+				t.Errorf("mounts %v, want %v", mounts, tc.mounts)
+			}
+			var rules []string
+			for _, r := range adj.GetLinux().GetResources().GetDevices() {
+				rules = append(rules, fmt.Sprintf("%v %s %d:%d %s", r.Allow, r.Type, r.Major.GetValue(), r.Minor.GetValue(), r.Access))
+			}
+			var wantRules []string
+			for _, r := range tc.rules {
+				wantRules = append(wantRules, fmt.Sprintf("%v %s %d:%d %s", r.Allow, r.Type, r.Major.GetValue(), r.Minor.GetValue(), r.Access))
+			}
+			if !slices.Equal(rules, wantRules) {
+				t.Errorf("cgroup rules %v, want %v", rules, wantRules)
+			}
+		})
 	}
 }

@@ -18,7 +18,7 @@ import (
 // load instead of now. Like CDI, it takes the type, numbers and file
 // mode of a node from the host node, never its owner: a node whose spec
 // gives no uid or gid gets the container's user, or none (root).
-func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]specs.HostNode) error {
+func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]specs.HostNode, opts Options) error {
 	if s.Linux.Resources == nil {
 		s.Linux.Resources = &oci.LinuxResources{}
 	}
@@ -58,7 +58,18 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 		}
 
 		s.Linux.Devices = slices.DeleteFunc(s.Linux.Devices, func(d oci.LinuxDevice) bool { return d.Path == dev.Path })
-		s.Linux.Devices = append(s.Linux.Devices, dev)
+		if opts.UserNS && n.HostPath != n.Path && (dev.Type == "b" || dev.Type == "c") {
+			if !opts.Runtime.CgroupRules {
+				return fmt.Errorf("%w: device node %q (host %q): in a user namespace the runtime cannot create it, and a bind mount of it needs a cgroup rule, which %s does not apply from NRI; run the pod without a user namespace (hostUsers: true), or on containerd 2.x",
+					ErrUserNS, n.Path, n.HostPath, opts.Runtime.named())
+			}
+			bind := oci.Mount{Destination: n.Path, Source: n.HostPath, Type: "bind", Options: []string{"bind"}}
+			// Once, as a device node is, when several devices name it.
+			s.Mounts = slices.DeleteFunc(s.Mounts, func(m oci.Mount) bool { return m.Destination == bind.Destination && m.Source == bind.Source })
+			s.Mounts = append(s.Mounts, bind)
+		} else {
+			s.Linux.Devices = append(s.Linux.Devices, dev)
+		}
 		if dev.Type == "b" || dev.Type == "c" {
 			access := n.Permissions
 			switch access {

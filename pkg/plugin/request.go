@@ -152,7 +152,14 @@ func (r *request) options(injected []*cdi.Device) adjust.Options {
 		GID:             r.ctr.GetUser().GetGid(),
 		AdditionalGIDs:  r.ctr.GetUser().GetAdditionalGids(),
 		Runtime:         r.rt,
+		UserNS:          userNS(r.ctr),
 	}
+}
+
+// userNS reports whether the container has a user namespace of its own
+// (a pod with hostUsers: false, CRI's userns_options).
+func userNS(ctr *api.Container) bool {
+	return slices.ContainsFunc(ctr.GetLinux().GetNamespaces(), func(ns *api.LinuxNamespace) bool { return ns.GetType() == "user" })
 }
 
 // asked is what a container asks for, resolved: the devices to inject

@@ -1,28 +1,72 @@
 package e2e
 
 import (
+	"slices"
 	"strings"
 	"testing"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
-// TestUserNamespaceProbe: a user-namespaced pod asking for GPU 0.
-func TestUserNamespaceProbe(t *testing.T) {
+// TestUserNamespacePod: a pod in a user namespace of its own (CRI's
+// userns_options, as kubelet asks for hostUsers: false) asking for GPU 0
+// by annotation. The fake GPUs' specs give each node a hostPath other
+// than its path, which runc cannot create in a user namespace (it
+// bind-mounts the host's node at the container path, which is not there:
+// containerd's own CDI fails the same way). On containerd 2.x nri-gpu
+// gives such a node as a bind mount of its hostPath, with its cgroup
+// rule: the container runs as its namespace's root and opens its GPU
+// (ENXIO: allowed by the device cgroup, no driver behind the fake node).
+// containerd 1.7 does not run the pod's sandbox in a user namespace here
+// at all: the runtime refuses it, before nri-gpu is asked.
+func TestUserNamespacePod(t *testing.T) {
 	needEnv(t)
-	pod := harness.Pod{Name: "userns-probe", Namespace: "e2e", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}, UserNS: true}
+	pod := harness.Pod{Name: "userns", Namespace: "e2e", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}, UserNS: true}
 	id, err := env.ctd.RunPod(pod)
+	if !env.tools.Containerd2() {
+		if err == nil {
+			_, _ = env.ctd.Crictl("rmp", "--force", id)
+			t.Fatalf("containerd %s ran a user-namespaced sandbox; this test expects its refusal", env.tools.ContainerdVersion)
+		}
+		if !strings.Contains(err.Error(), "operation not permitted") {
+			t.Fatalf("containerd %s: %v, want the runtime's refusal", env.tools.ContainerdVersion, err)
+		}
+		t.Logf("containerd %s refuses a user-namespaced sandbox: %s", env.tools.ContainerdVersion, lastErrLine(err))
+		return
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = env.ctd.Crictl("rmp", "--force", id) })
-	cid, err := env.ctd.CreateContainer(id, pod, harness.Container{Name: "c"})
-	if err != nil {
-		t.Fatal(err)
+	cid, spec := runContainer(t, env.ctd, id, pod, harness.Container{Name: "gpu"})
+	if slices.Contains(devicePaths(spec), "/dev/nvidia0") {
+		t.Errorf("/dev/nvidia0 is a device node for runc to create (%v); in a user namespace it cannot", devicePaths(spec))
 	}
-	if err := env.ctd.StartContainer(cid); err != nil {
-		t.Fatal(err)
+	if !slices.ContainsFunc(spec.Mounts, func(m oci.Mount) bool {
+		return m.Destination == "/dev/nvidia0" && m.Source == env.host.Dev("nvidia0") && m.Type == "bind"
+	}) {
+		t.Errorf("no bind mount of %s at /dev/nvidia0 in %v", env.host.Dev("nvidia0"), spec.Mounts)
 	}
-	out, err := env.ctd.Exec(cid, "sh", "-c", "id; cat /proc/self/uid_map; ls -ln /dev/nvidia0; head -c 1 /dev/nvidia0 | wc -c")
-	t.Logf("%v: %s", err, strings.TrimSpace(out))
+	if !allowed(spec, 195, 0) {
+		t.Errorf("no cgroup rule allows /dev/nvidia0 (195:0): %v", spec.Linux.Resources.Devices)
+	}
+	out := inContainer(t, cid, "sh", "-c", "id -u; head -n 1 /proc/self/uid_map; head -c 1 /dev/nvidia0 2>&1; head -c 1 /dev/nvidia1 2>&1; true")
+	if !strings.Contains(out, "/dev/nvidia0: No such device or address") {
+		t.Errorf("opening /dev/nvidia0 in the user namespace: %q, want ENXIO (allowed by the device cgroup, no driver)", out)
+	}
+	if !strings.Contains(out, "/dev/nvidia1: No such file or directory") {
+		t.Errorf("/dev/nvidia1, not asked for: %q, want it absent", out)
+	}
+	if fields := strings.Fields(out); len(fields) < 3 || fields[0] != "0" || fields[2] == "0" {
+		t.Errorf("id and uid map %q, want root of a namespace mapped to another host uid", out)
+	}
+	t.Logf("user-namespaced container: %s", strings.Join(strings.Fields(out), " "))
+}
+
+// lastErrLine returns the last line of an error's text.
+func lastErrLine(err error) string {
+	lines := strings.Split(strings.TrimSpace(err.Error()), "\n")
+	return lines[len(lines)-1]
 }

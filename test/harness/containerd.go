@@ -364,8 +364,16 @@ type Pod struct {
 // UserNSHost is the first host uid and gid of a UserNS pod's range.
 const UserNSHost = 4 << 16
 
-// namespaceOptions are the CRI namespace options of the pod and of its
-// containers (which must have the pod's user namespace).
+// containerLinux is the linux part of a container's CRI config: a
+// UserNS pod's containers must have its user namespace.
+func (p Pod) containerLinux() map[string]any {
+	if !p.UserNS {
+		return map[string]any{}
+	}
+	return map[string]any{"security_context": map[string]any{"namespace_options": p.namespaceOptions()}}
+}
+
+// namespaceOptions are the CRI namespace options of the pod.
 func (p Pod) namespaceOptions() map[string]any {
 	opts := map[string]any{"network": 2}
 	if p.UserNS {
@@ -444,9 +452,7 @@ func (c *Containerd) CreateContainer(podID string, p Pod, ctr Container) (string
 		"command":     cmd,
 		"annotations": ctr.Annotations,
 		"log_path":    ctr.Name + ".log",
-		"linux": map[string]any{"security_context": map[string]any{
-			"namespace_options": p.namespaceOptions(),
-		}},
+		"linux":       p.containerLinux(),
 	})
 	if err != nil {
 		return "", err
