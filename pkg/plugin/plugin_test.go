@@ -1086,3 +1086,40 @@ func TestConcurrentCounts(t *testing.T) {
 		}
 	}
 }
+
+// TestUserNamespaceContainer: over NRI's runtime side, a container with a
+// user namespace of its own gets a node whose hostPath differs from its
+// path as a bind mount with its cgroup rule on containerd 2.x, and is
+// refused on 1.7, which applies no cgroup rule from NRI; a container
+// without one gets the device node.
+func TestUserNamespaceContainer(t *testing.T) {
+	for _, tc := range []struct {
+		version, wantErr string
+		userNS           bool
+		mount            bool
+	}{
+		{version: "v2.3.7", userNS: true, mount: true},
+		{version: "v2.3.7"},
+		{version: "v1.7.35", userNS: true, wantErr: `device node "/dev/nvidia0" (host "/dev/null"): in a user namespace the runtime cannot create it`},
+	} {
+		r := runtimeSetUp(t, tc.version, "policy: {exclusive: true}\n", nil)
+		pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+		ctr := ctrOf(pod, nil)
+		if tc.userNS {
+			ctr.Linux.Namespaces = []*api.LinuxNamespace{{Type: "user", Path: "/proc/1/ns/user"}}
+		}
+		adj, err := r.create(pod, ctr)
+		if tc.wantErr != "" {
+			testutil.ErrorSays(t, err, tc.wantErr)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s, user namespace %v: %v", tc.version, tc.userNS, err)
+		}
+		mounted := slices.ContainsFunc(adj.GetMounts(), func(m *api.Mount) bool { return m.Destination == "/dev/nvidia0" && m.Source == "/dev/null" })
+		node := slices.ContainsFunc(adj.GetLinux().GetDevices(), func(d *api.LinuxDevice) bool { return d.Path == "/dev/nvidia0" })
+		if mounted != tc.mount || node == tc.mount {
+			t.Errorf("%s, user namespace %v: bind mount %v, device node %v; want the mount %v", tc.version, tc.userNS, mounted, node, tc.mount)
+		}
+	}
+}
