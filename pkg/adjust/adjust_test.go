@@ -466,11 +466,20 @@ devices:
     containerEdits:
       deviceNodes:
         - path: /dev/null
+`, "file.yaml": `
+cdiVersion: "0.6.0"
+kind: example.com/file
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes:
+        - {path: /dev/file0, hostPath: /etc/hostname, type: c, major: 1, minor: 3}
 `}
 	v2, v17 := adjust.RuntimeOf("containerd", "v2.3.7"), adjust.RuntimeOf("containerd", "1.7.35")
 	for _, tc := range []struct {
 		name    string
 		opts    adjust.Options
+		names   []string
 		devices []*api.LinuxDevice
 		mounts  []string
 		rules   []*api.LinuxDeviceCgroup
@@ -484,11 +493,17 @@ devices:
 			devices: []*api.LinuxDevice{charDev("/dev/null", 1, 3)},
 			mounts:  []string{"/dev/null:/dev/example0", "/dev/zero:/dev/examplectl", "/usr/lib/libexample.so.1:/usr/lib/libexample.so.1"},
 			rules:   []*api.LinuxDeviceCgroup{rule(1, 5, "rwm"), rule(1, 3, "rwm"), rule(1, 3, "rwm")}},
+		{name: "user namespace, a host node that is no device node", opts: adjust.Options{Runtime: v2, UserNS: true}, names: []string{"example.com/file=0"},
+			wantErr: `device node "/dev/file0": its host node "/etc/hostname" is not a c device node (not a device node), which a user-namespaced container is given by a bind mount of it`},
 		{name: "user namespace, containerd 1.7", opts: adjust.Options{Runtime: v17, UserNS: true},
 			wantErr: `device node not expressible in a user namespace: device node "/dev/examplectl" (host "/dev/zero"): in a user namespace the runtime cannot create it, and a bind mount of it needs a cgroup rule, which containerd 1.7.35 does not apply from NRI`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := build(t, spec, tc.opts, "example.com/gpu=0", "example.com/same=0")
+			names := tc.names
+			if names == nil {
+				names = []string{"example.com/gpu=0", "example.com/same=0"}
+			}
+			res, err := build(t, spec, tc.opts, names...)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want %q", err, tc.wantErr)

@@ -1,6 +1,7 @@
 package adjust
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 
@@ -62,6 +63,12 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 			if !opts.Runtime.CgroupRules {
 				return fmt.Errorf("%w: device node %q (host %q): in a user namespace the runtime cannot create it, and a bind mount of it needs a cgroup rule, which %s does not apply from NRI; run the pod without a user namespace (hostUsers: true), or on containerd 2.x",
 					ErrUserNS, n.Path, n.HostPath, opts.Runtime.named())
+			}
+			// Only a device node of the node's type is bound: never a
+			// file or a directory a spec's numbers would let through.
+			if host.Err != nil || host.Type != dev.Type {
+				return fmt.Errorf("%w: device node %q: its host node %q is not a %s device node (%v), which a user-namespaced container is given by a bind mount of it",
+					ErrUserNS, n.Path, n.HostPath, dev.Type, cmp.Or[any](host.Err, "type "+host.Type))
 			}
 			bind := oci.Mount{Destination: n.Path, Source: n.HostPath, Type: "bind", Options: []string{"bind"}}
 			// Once, as a device node is, when several devices name it.
