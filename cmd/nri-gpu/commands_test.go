@@ -11,12 +11,14 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/containerd/nri/pkg/api"
 	"github.com/google/go-cmp/cmp"
 	"sigs.k8s.io/yaml"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
-	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/access"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // specDir writes a spec of two GPUs (/dev/null and /dev/zero standing in
@@ -42,27 +44,35 @@ devices:
 	return dir
 }
 
-// TestAccessOutput: nri-gpu access prints, as JSON, the nodes (with the
-// host's numbers), mounts, hooks and env of the devices named, short
-// names taken as the default kind's; an unknown device is an error that
-// names it.
+func fileMode(m os.FileMode) *os.FileMode { return &m }
+
+// TestAccessOutput: nri-gpu access DEVICE... prints, as JSON, the record
+// a container running as root would get for the devices named (short
+// names taken as the default kind's): a CDI spec naming them, with the
+// nodes (with the host's numbers), mounts, hooks and env; an unknown
+// device is an error that names it. nri-gpu access --pod prints the
+// records the plugin keeps for the pod's containers, and says when there
+// are none.
 func TestAccessOutput(t *testing.T) {
 	dir := specDir(t)
 	var stdout, stderr bytes.Buffer
 	if code := run([]string{"access", "--cdi-spec-dirs", dir, "1"}, &stdout, &stderr); code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
-	var got adjust.Access
+	var got cdispec.Spec
 	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
 		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
 	}
-	want := adjust.Access{
-		Devices:        []string{"nvidia.com/gpu=1"},
-		DeviceNodes:    []adjust.AccessNode{{Path: "/dev/nvidia1", HostPath: "/dev/zero", Type: "c", Major: 1, Minor: 5, Permissions: "rwm"}},
-		Mounts:         []adjust.AccessMount{{HostPath: "/usr/lib/libcuda.so.1", ContainerPath: "/usr/lib/libcuda.so.1", ReadOnly: true, Options: []string{"ro", "bind"}}},
-		Hooks:          []adjust.AccessHook{{HookName: "createContainer", Path: "/usr/bin/nvidia-cdi-hook", Args: []string{"nvidia-cdi-hook", "update-ldcache"}}},
-		AdditionalGIDs: []uint32{},
-		Env:            []string{"NVIDIA_VISIBLE_DEVICES=void"},
+	want := cdispec.Spec{
+		Version:     "0.6.0",
+		Kind:        access.Kind,
+		Annotations: map[string]string{access.FormatAnnotation: access.Format, access.DevicesAnnotation: "nvidia.com/gpu=1"},
+		Devices: []cdispec.Device{{Name: access.Device, ContainerEdits: cdispec.ContainerEdits{
+			DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/nvidia1", Type: "c", Major: 1, Minor: 5, FileMode: fileMode(0o666)}},
+			Mounts:      []*cdispec.Mount{{HostPath: "/usr/lib/libcuda.so.1", ContainerPath: "/usr/lib/libcuda.so.1", Options: []string{"ro", "bind"}}},
+			Hooks:       []*cdispec.Hook{{HookName: "createContainer", Path: "/usr/bin/nvidia-cdi-hook", Args: []string{"nvidia-cdi-hook", "update-ldcache"}, Env: []string{specs.HookEnv}}},
+			Env:         []string{"NVIDIA_VISIBLE_DEVICES=void"},
+		}}},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("access output (-want +got):\n%s", diff)
@@ -73,9 +83,35 @@ func TestAccessOutput(t *testing.T) {
 	if code != exitError || stdout.Len() > 0 || !strings.Contains(stderr.String(), `"nvidia.com/gpu=7"`) {
 		t.Errorf("unknown device: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
 	}
-	stderr.Reset()
-	if code := run([]string{"access", "--cdi-spec-dirs", dir}, &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "usage: nri-gpu access") {
-		t.Errorf("no device: exit %d, stderr %q", code, stderr.String())
+	for _, args := range [][]string{{"access", "--cdi-spec-dirs", dir}, {"access", "--pod", "ns/a", "0"}} {
+		stderr.Reset()
+		if code := run(args, &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "usage: nri-gpu access") {
+			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
+		}
+	}
+
+	records := t.TempDir()
+	rec, err := access.New(access.Container{Namespace: "ns", Pod: "a", Name: "main"}, []string{"nvidia.com/gpu=0"}, &want.Devices[0].ContainerEdits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := access.Open(records).Write("id-a", "c1", rec, &api.ContainerAdjustment{}); err != nil {
+		t.Fatal(err)
+	}
+	stdout.Reset()
+	if code := run([]string{"access", "--pod", "ns/a", "--access-dir", records}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("--pod: exit %d: %s", code, stderr.String())
+	}
+	var kept cdispec.Spec
+	if err := json.Unmarshal(stdout.Bytes(), &kept); err != nil || kept.Annotations[access.ContainerAnnotation] != "main" || kept.Annotations[access.DevicesAnnotation] != "nvidia.com/gpu=0" {
+		t.Errorf("--pod ns/a: %v, %s; want the record of its container main", err, stdout.String())
+	}
+	for pod, want := range map[string]string{"ns/b": "no record in " + records + " of a container of pod ns/b", "nons": `--pod "nons": want NAMESPACE/NAME`} {
+		stdout.Reset()
+		stderr.Reset()
+		if code := run([]string{"access", "--pod", pod, "--access-dir", records}, &stdout, &stderr); code == exitOK || stdout.Len() > 0 || !strings.Contains(stderr.String(), want) {
+			t.Errorf("--pod %s: exit %d, stdout %q, stderr %q; want %q", pod, code, stdout.String(), stderr.String(), want)
+		}
 	}
 }
 

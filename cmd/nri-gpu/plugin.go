@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nri-gpu/nri-gpu/internal/logflags"
+	"github.com/nri-gpu/nri-gpu/pkg/access"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
@@ -37,6 +38,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 		generate   = fs.Bool("generate-specs", false, "generate the CDI spec of the node's NVIDIA GPUs with NVML (config generateSpecs)")
 		metricsAt  = fs.String("metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, and the probes /healthz and /readyz (off when empty)")
 		stateFile  = fs.String("state-file", record.DefaultPath, "file in which the plugin keeps which pod holds which devices, for a restart (none when empty)")
+		accessDir  = fs.String("access-dir", access.DefaultDir, "directory in which the plugin keeps, for each container it gives devices, the record of what it was given, mounted read-only at "+access.Path+" (none when empty)")
 	)
 	if code, done := parseFlags(fs, args); done {
 		return code
@@ -70,6 +72,9 @@ func runPlugin(args []string, stderr io.Writer) int {
 	}
 	if *stateFile != "" {
 		popts = append(popts, plugin.WithStateFile(*stateFile))
+	}
+	if *accessDir != "" {
+		popts = append(popts, plugin.WithAccessDir(*accessDir))
 	}
 	var m *metrics.Metrics
 	if *metricsAt != "" {

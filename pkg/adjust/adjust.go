@@ -88,6 +88,12 @@ type Result struct {
 	// out because they change nothing for this container: additional
 	// groups for a process that runs as root or has them already.
 	Unneeded []Skipped
+	// Given is what the adjustment gives the container, as CDI edits: its
+	// device nodes (one given as a bind mount in a user namespace with
+	// its hostPath, and no mount of its own), mounts, environment, hooks,
+	// net devices and RDT, and the additional groups its devices need,
+	// which its process has (Unneeded). Edits left out are not in it.
+	Given *cdispec.ContainerEdits
 }
 
 // Build collects the edits of devices, spec-level edits once per spec,
@@ -99,7 +105,7 @@ type Result struct {
 func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options) (*Result, error) {
 	var (
 		edits = &cdi.ContainerEdits{ContainerEdits: &cdispec.ContainerEdits{}}
-		res   = &Result{}
+		res   = &Result{Given: &cdispec.ContainerEdits{}}
 		errs  []error
 		names []string
 	)
@@ -136,11 +142,13 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 	if err := edits.Apply(scratch); err != nil {
 		return nil, fmt.Errorf("applying CDI edits of %s: %w", strings.Join(names, ", "), err)
 	}
-	if err := addDeviceNodes(scratch, deviceNodes, nodes, opts); err != nil {
+	givenNodes, err := addDeviceNodes(scratch, deviceNodes, nodes, opts)
+	if err != nil {
 		return nil, fmt.Errorf("applying CDI edits of %s: %w", strings.Join(names, ", "), err)
 	}
 	setHookEnv(scratch.Hooks, []string{specs.HookEnv})
 	res.Adjustment = toAdjustment(scratch, opts.Runtime)
+	given(res.Given, scratch, givenNodes)
 	return res, nil
 }
 
@@ -167,6 +175,11 @@ func supported(set editSet, opts Options, res *Result) (*cdi.ContainerEdits, err
 	}
 	if slices.ContainsFunc(e.AdditionalGIDs, func(g uint32) bool { return g != 0 }) { // CDI ignores GID 0
 		if opts.UID == 0 || !slices.ContainsFunc(e.AdditionalGIDs, func(g uint32) bool { return lacksGroup(g, opts) }) {
+			for _, g := range e.AdditionalGIDs {
+				if g != 0 && !slices.Contains(res.Given.AdditionalGIDs, g) {
+					res.Given.AdditionalGIDs = append(res.Given.AdditionalGIDs, g)
+				}
+			}
 			e.AdditionalGIDs = nil
 			res.Unneeded = append(res.Unneeded, Skipped{Device: set.device, Edit: EditAdditionalGIDs, Spec: set.spec})
 		} else {

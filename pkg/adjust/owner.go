@@ -18,8 +18,10 @@ import (
 // spec's permissions or "rwm"), but with host information stat'ed at spec
 // load instead of now. Like CDI, it takes the type, numbers and file
 // mode of a node from the host node, never its owner: a node whose spec
-// gives no uid or gid gets the container's user, or none (root).
-func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]specs.HostNode, opts Options) error {
+// gives no uid or gid gets the container's user, or none (root). It
+// returns the nodes as given, for Result.Given.
+func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]specs.HostNode, opts Options) ([]*cdispec.DeviceNode, error) {
+	var given []*cdispec.DeviceNode
 	if s.Linux.Resources == nil {
 		s.Linux.Resources = &oci.LinuxResources{}
 	}
@@ -36,7 +38,7 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 		// CDI's fillMissingInfo.
 		minimal := n.Type != "" && (n.Major != 0 || n.Type == "p")
 		if host.Err != nil && !minimal {
-			return fmt.Errorf("failed to stat CDI host device %q: %w", n.HostPath, host.Err)
+			return nil, fmt.Errorf("failed to stat CDI host device %q: %w", n.HostPath, host.Err)
 		}
 		if host.Err == nil {
 			if n.FileMode == nil {
@@ -45,7 +47,7 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 			}
 			if !minimal {
 				if n.Type != "" && n.Type != host.Type {
-					return fmt.Errorf("CDI device (%q, %q), host type mismatch (%s, %s)", n.Path, n.HostPath, n.Type, host.Type)
+					return nil, fmt.Errorf("CDI device (%q, %q), host type mismatch (%s, %s)", n.Path, n.HostPath, n.Type, host.Type)
 				}
 				fillFromHost(&n, host)
 			}
@@ -59,24 +61,32 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 		}
 
 		s.Linux.Devices = slices.DeleteFunc(s.Linux.Devices, func(d oci.LinuxDevice) bool { return d.Path == dev.Path })
+		given = slices.DeleteFunc(given, func(g *cdispec.DeviceNode) bool { return g.Path == dev.Path })
+		record := &cdispec.DeviceNode{Path: dev.Path, Type: dev.Type, Major: dev.Major, Minor: dev.Minor, FileMode: dev.FileMode,
+			Permissions: n.Permissions, UID: dev.UID, GID: dev.GID}
 		if opts.UserNS && n.HostPath != n.Path && (dev.Type == "b" || dev.Type == "c") {
 			if !opts.Runtime.CgroupRules {
-				return fmt.Errorf("%w: device node %q (host %q): in a user namespace the runtime cannot create it, and a bind mount of it needs a cgroup rule, which %s does not apply from NRI; run the pod without a user namespace (hostUsers: true), or on containerd 2.x",
+				return nil, fmt.Errorf("%w: device node %q (host %q): in a user namespace the runtime cannot create it, and a bind mount of it needs a cgroup rule, which %s does not apply from NRI; run the pod without a user namespace (hostUsers: true), or on containerd 2.x",
 					ErrUserNS, n.Path, n.HostPath, opts.Runtime.named())
 			}
 			// Only a device node of the node's type is bound: never a
 			// file or a directory a spec's numbers would let through.
 			if host.Err != nil || host.Type != dev.Type {
-				return fmt.Errorf("%w: device node %q: its host node %q is not a %s device node (%v), which a user-namespaced container is given by a bind mount of it",
+				return nil, fmt.Errorf("%w: device node %q: its host node %q is not a %s device node (%v), which a user-namespaced container is given by a bind mount of it",
 					ErrUserNS, n.Path, n.HostPath, dev.Type, cmp.Or[any](host.Err, "type "+host.Type))
 			}
 			bind := oci.Mount{Destination: n.Path, Source: n.HostPath, Type: "bind", Options: []string{"bind"}}
 			// Once, as a device node is, when several devices name it.
 			s.Mounts = slices.DeleteFunc(s.Mounts, func(m oci.Mount) bool { return m.Destination == bind.Destination && m.Source == bind.Source })
 			s.Mounts = append(s.Mounts, bind)
+			// The host node, with its mode and owner (as the namespace
+			// maps it), is what is seen.
+			mode := host.Mode
+			record.HostPath, record.FileMode, record.UID, record.GID = n.HostPath, &mode, nil, nil
 		} else {
 			s.Linux.Devices = append(s.Linux.Devices, dev)
 		}
+		given = append(given, record)
 		if dev.Type == "b" || dev.Type == "c" {
 			access := n.Permissions
 			switch access {
@@ -91,7 +101,7 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 			})
 		}
 	}
-	return nil
+	return given, nil
 }
 
 // fillFromHost completes a device node from its host node as CDI's

@@ -5,6 +5,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/nri-gpu/nri-gpu/pkg/access"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
@@ -37,6 +38,14 @@ func WithHookPath(path string) Option { return func(p *Plugin) { p.hookPath = pa
 // containers it gave devices only.
 func WithStateFile(path string) Option {
 	return func(p *Plugin) { p.rec.file = record.Open(path) }
+}
+
+// WithAccessDir has the plugin keep in dir, and mount into each
+// container it gives devices, the record of what the container was given
+// (the --access-dir flag; see package access). Without it, containers get
+// no record.
+func WithAccessDir(dir string) Option {
+	return func(p *Plugin) { p.access = access.Open(dir) }
 }
 
 // WithRecord has the plugin start from what the state file at path says

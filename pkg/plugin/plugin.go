@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nri-gpu/nri-gpu/pkg/access"
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
@@ -58,6 +59,9 @@ type Plugin struct {
 	alloc *policy.Allocations
 	// rec keeps alloc across restarts.
 	rec kept
+	// access keeps the records of what containers were given; nil when
+	// they get none.
+	access *access.Dir
 	// claims tells which prepared DRA claims a container uses; nil
 	// without DRA.
 	claims link.Finder

@@ -73,6 +73,8 @@ type testRuntime struct {
 
 	// stateFile is the plugin's state file; none when empty.
 	stateFile string
+	// accessDir is the plugin's --access-dir; none when empty.
+	accessDir string
 	// setup, when set, is called with each plugin before it serves.
 	setup func(*plugin.Plugin)
 	// plugin is the plugin connected last.
@@ -102,9 +104,15 @@ func runtimeOf(t *testing.T, containerdVersion, cfgYAML string) *testRuntime {
 // serves.
 func runtimeSetUp(t *testing.T, containerdVersion, cfgYAML string, setup func(*plugin.Plugin)) *testRuntime {
 	t.Helper()
+	return runtimeWith(t, containerdVersion, cfgYAML, func(r *testRuntime) { r.setup = setup })
+}
+
+// runtimeWith is runtimeOf, with tune called with the runtime before
+// nri-gpu connects.
+func runtimeWith(t *testing.T, containerdVersion, cfgYAML string, tune func(*testRuntime)) *testRuntime {
+	t.Helper()
 	dir := testutil.ShortDir(t)
 	r := &testRuntime{
-		setup:     setup,
 		socket:    filepath.Join(dir, "nri.sock"),
 		specDir:   filepath.Join(dir, "cdi"),
 		stateFile: filepath.Join(dir, "state", "allocations.json"),
@@ -144,6 +152,7 @@ func runtimeSetUp(t *testing.T, containerdVersion, cfgYAML string, setup func(*p
 		t.Fatal(err)
 	}
 	t.Cleanup(r.Stop)
+	tune(r)
 	r.stopPlugin = r.connect(t, cfgYAML)
 	return r
 }
@@ -177,6 +186,9 @@ func (r *testRuntime) connect(t *testing.T, cfgYAML string) (stop func()) {
 	opts := []plugin.Option{plugin.WithSpecDirs([]string{r.specDir})}
 	if r.stateFile != "" {
 		opts = append(opts, plugin.WithStateFile(r.stateFile))
+	}
+	if r.accessDir != "" {
+		opts = append(opts, plugin.WithAccessDir(r.accessDir))
 	}
 	p, err := plugin.New(cfg, log, opts...)
 	if err != nil {

@@ -11,7 +11,9 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/nri-gpu/nri-gpu/pkg/access"
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
@@ -261,13 +263,19 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 		if err != nil {
 			return nil, policy.Grant{}, err
 		}
-		adj, err := p.build(ctx, r, a, plan, log)
+		adj, rec, err := p.build(ctx, r, a, plan, log)
 		if err != nil {
+			return nil, policy.Grant{}, err
+		}
+		if err := p.keepAccess(r, rec, adj); err != nil {
 			return nil, policy.Grant{}, err
 		}
 		grant := policy.Grant{Pod: pod}
 		if a.holds() {
 			grant, err = p.commit(r.st, plan)
+		}
+		if err != nil {
+			p.forgetAccess(r.pod, r.ctr)
 		}
 		if errors.Is(err, policy.ErrStale) && attempt < maxPlans {
 			continue
@@ -334,8 +342,9 @@ func (r *request) decide(ask policy.Ask, claimed []specs.Device, log logrus.Fiel
 // build builds the adjustment of what the plan grants: every device of
 // the container but those the runtime injected itself, with what MPS
 // needs for an MPS-shared GPU (once its daemon answers), and the
-// annotations that say what the container got.
-func (p *Plugin) build(ctx context.Context, r *request, a asked, plan policy.Plan, log logrus.FieldLogger) (*api.ContainerAdjustment, error) {
+// annotations that say what the container got. It returns with it the
+// record of what the adjustment gives (nil when it gives nothing).
+func (p *Plugin) build(ctx context.Context, r *request, a asked, plan policy.Plan, log logrus.FieldLogger) (*api.ContainerAdjustment, *cdispec.Spec, error) {
 	var devices []*cdi.Device
 	for _, e := range a.inject {
 		if !slices.Contains(a.injected, e.Device) {
@@ -352,18 +361,18 @@ func (p *Plugin) build(ctx context.Context, r *request, a asked, plan policy.Pla
 		devices = append(devices, e.Device)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	given := append(plan.Devices(), a.claimed...)
 	extra, err := p.mpsEdits(ctx, r.st, r.snap, given, a.uses)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	opts := r.options(a.injected)
 	opts.Extra = extra
 	res, err := adjust.Build(devices, r.snap.HostNodes, opts)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, s := range res.Skipped {
 		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
@@ -379,8 +388,41 @@ func (p *Plugin) build(ctx context.Context, r *request, a asked, plan policy.Pla
 	} else if _, ok := r.ctr.GetAnnotations()[CountedAnnotation]; ok {
 		res.Adjustment.RemoveAnnotation(CountedAnnotation)
 	}
-	return res.Adjustment, nil
+	names := make([]string, len(devices))
+	for i, d := range devices {
+		names[i] = d.GetQualifiedName()
+	}
+	rec, err := access.New(access.Container{Namespace: r.pod.GetNamespace(), Pod: r.pod.GetName(), Name: r.ctr.GetName()}, names, res.Given)
+	if err != nil {
+		return nil, nil, err
+	}
+	return res.Adjustment, rec, nil
 }
+
+// keepAccess keeps rec, the record of what adj gives the request's
+// container, and adds its mount to adj; nothing without records.
+func (p *Plugin) keepAccess(r *request, rec *cdispec.Spec, adj *api.ContainerAdjustment) error {
+	if p.access == nil || rec == nil {
+		return nil
+	}
+	if err := p.access.Write(r.pod.GetId(), r.ctr.GetId(), rec, adj); err != nil {
+		return fmt.Errorf("keeping the record of what the container is given (%s): %w", access.Path, err)
+	}
+	return nil
+}
+
+// forgetAccess removes the record of what a container was given.
+func (p *Plugin) forgetAccess(pod *api.PodSandbox, ctr *api.Container) {
+	if p.access == nil {
+		return
+	}
+	if err := p.access.Remove(pod.GetId(), ctr.GetId()); err != nil {
+		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()}).
+			Warnf("removing the record of what the container was given: %v", err)
+	}
+}
+
+
 
 // commit holds what the plan grants and records it, in one step with
 // one undo: a grant that adds to what pods hold is written before the

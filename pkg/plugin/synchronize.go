@@ -111,6 +111,16 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		p.log.Warn(err)
 	}
 	p.recovered.reset(containers, func(id string) bool { _, ok := live[id]; return ok })
+	if p.access != nil {
+		// The records of pods the runtime no longer has.
+		known := map[string]bool{}
+		for _, pod := range pods {
+			known[pod.GetId()] = true
+		}
+		if err := p.access.Keep(func(id string) bool { return known[id] }); err != nil {
+			p.log.Warnf("removing the records of what containers of pods gone were given: %v", err)
+		}
+	}
 	p.saveAndNotify()
 	p.setSynced(true)
 	for pod, devices := range p.alloc.Held() {
@@ -157,6 +167,12 @@ func (p *Plugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
 func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
 	p.recovered.forget(pod.GetId())
 	p.release(pod)
+	if p.access != nil {
+		if err := p.access.RemovePod(pod.GetId()); err != nil {
+			p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).
+				Warnf("removing the records of what the pod's containers were given: %v", err)
+		}
+	}
 	return nil
 }
 
@@ -164,6 +180,7 @@ func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error 
 // Synchronize once its last container is removed: after the runtime
 // restarted, that is all it tells of the pod's end (see recovered).
 func (p *Plugin) RemoveContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	p.forgetAccess(pod, ctr)
 	if p.recovered.remove(pod.GetId(), ctr.GetId()) {
 		p.release(pod)
 	}

@@ -256,7 +256,7 @@ current-context: none
 	r.printf("| DRA | nri-gpu | nri-gpu-dra | together |\n|---|---|---|---|\n")
 	var off int
 	for _, on := range []bool{false, true} {
-		args := []string{"--cdi-spec-dirs", filepath.Join(dir, "specs"), "--socket-path", filepath.Join(dir, "none.sock"), "--state-file", filepath.Join(dir, "state.json")}
+		args := []string{"--cdi-spec-dirs", filepath.Join(dir, "specs"), "--socket-path", filepath.Join(dir, "none.sock"), "--state-file", filepath.Join(dir, "state.json"), "--access-dir", filepath.Join(dir, "access")}
 		if on {
 			args = append(args, "--config", draConfig)
 		}

@@ -271,7 +271,7 @@ func preRegister(binary, dir, config string) error {
 	if err := os.WriteFile(bin, data, 0o755); err != nil {
 		return err
 	}
-	script := fmt.Sprintf("#!/bin/sh\nexec %q --state-file %q \"$@\"\n", bin, StateFile(dir, "nri-gpu-preregistered"))
+	script := fmt.Sprintf("#!/bin/sh\nexec %q --state-file %q --access-dir %q \"$@\"\n", bin, StateFile(dir, "nri-gpu-preregistered"), AccessDir(dir, "nri-gpu-preregistered"))
 	if err := os.WriteFile(filepath.Join(dir, "nri", "plugins", "10-nri-gpu"), []byte(script), 0o755); err != nil {
 		return err
 	}

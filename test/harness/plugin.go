@@ -26,6 +26,12 @@ func StateFile(dir, name string) string {
 	return filepath.Join(dir, name+"-state", "allocations.json")
 }
 
+// AccessDir is where a plugin named name keeps the records of what
+// containers were given (its --access-dir), in a containerd's dir.
+func AccessDir(dir, name string) string {
+	return filepath.Join(dir, name+"-access")
+}
+
 // StartPlugin starts nri-gpu against this containerd's NRI socket with the
 // given extra arguments, and waits until it has registered.
 func (c *Containerd) StartPlugin(args ...string) (*Plugin, error) {
@@ -42,7 +48,7 @@ func (c *Containerd) StartPlugin(args ...string) (*Plugin, error) {
 		name = args[i+1]
 	}
 	state := StateFile(c.Dir, name)
-	p.cmd = exec.Command(c.Tools.Path("nri-gpu"), append([]string{"--socket-path", c.NRISock, "--log-level", "debug", "--state-file", state}, args...)...)
+	p.cmd = exec.Command(c.Tools.Path("nri-gpu"), append([]string{"--socket-path", c.NRISock, "--log-level", "debug", "--state-file", state, "--access-dir", AccessDir(c.Dir, name)}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {

@@ -1,0 +1,190 @@
+package access_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containerd/nri/pkg/api"
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/pkg/access"
+)
+
+var gpu0 = &cdispec.ContainerEdits{
+	Env:         []string{"NVIDIA_VISIBLE_DEVICES=void"},
+	DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}},
+	Mounts:      []*cdispec.Mount{{HostPath: "/usr/lib/libcuda.so.1", ContainerPath: "/usr/lib/libcuda.so.1", Options: []string{"ro", "bind"}}},
+}
+
+var ctr = access.Container{Namespace: "tenant", Pod: "a", Name: "c"}
+
+// TestRecord: a record is a CDI spec that CDI's own registry reads from
+// the directory it is in, as the device nri-gpu.io/access=container,
+// whose edits, applied by CDI, are what the container was given; its
+// annotations name the format, the devices and the container. Edits that
+// give nothing make no record.
+func TestRecord(t *testing.T) {
+	rec, err := access.New(ctr, []string{"nvidia.com/gpu=0"}, gpu0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	adj := &api.ContainerAdjustment{}
+	if err := access.Open(dir).Write("pod1", "ctr1", rec, adj); err != nil {
+		t.Fatal(err)
+	}
+	if len(adj.GetMounts()) != 1 || adj.GetMounts()[0].Destination != access.Path {
+		t.Fatalf("mounts %v, want the record's at %s", adj.GetMounts(), access.Path)
+	}
+	file := adj.GetMounts()[0].Source
+
+	// As a supervisor would: a CDI cache over the record's directory.
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Dir(file)), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	if _, err := cache.InjectDevices(spec, access.Kind+"="+access.Device); err != nil {
+		t.Fatalf("CDI injecting the record's device: %v (errors: %v)", err, cache.GetErrors())
+	}
+	if !slices.Contains(spec.Process.Env, "NVIDIA_VISIBLE_DEVICES=void") || len(spec.Mounts) != 1 || len(spec.Linux.Devices) != 1 || spec.Linux.Devices[0].Major != 195 {
+		t.Errorf("CDI applied the record as %+v, %+v, %+v; want what the container was given", spec.Process.Env, spec.Mounts, spec.Linux.Devices)
+	}
+	got, err := access.Read(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{access.FormatAnnotation: access.Format, access.DevicesAnnotation: "nvidia.com/gpu=0",
+		access.PodAnnotation: "tenant/a", access.ContainerAnnotation: "c"} {
+		if got.Annotations[key] != want {
+			t.Errorf("annotation %s = %q, want %q", key, got.Annotations[key], want)
+		}
+	}
+	if got.Version != "0.6.0" { // annotations came with 0.6.0
+		t.Errorf("cdiVersion %q, want the least that expresses the record, 0.6.0", got.Version)
+	}
+
+	if rec, err := access.New(ctr, nil, &cdispec.ContainerEdits{}); rec != nil || err != nil {
+		t.Errorf("edits that give nothing: %v, %v; want no record", rec, err)
+	}
+}
+
+// TestWriteRefuses: a record over MaxSize, or a pod or container ID that
+// is not a plain file name, is refused and nothing is written or mounted.
+func TestWriteRefuses(t *testing.T) {
+	big := &cdispec.ContainerEdits{Env: []string{"X=" + strings.Repeat("x", access.MaxSize)}}
+	for _, tc := range []struct {
+		name, pod, ctr string
+		edits          *cdispec.ContainerEdits
+		want           error
+	}{
+		{name: "too large", pod: "p", ctr: "c", edits: big, want: access.ErrTooLarge},
+		{name: "pod ID with a slash", pod: "../p", ctr: "c", edits: gpu0, want: access.ErrName},
+		{name: "container ID dot-dot", pod: "p", ctr: "..", edits: gpu0, want: access.ErrName},
+		{name: "empty container ID", pod: "p", ctr: "", edits: gpu0, want: access.ErrName},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, err := access.New(ctr, nil, tc.edits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := filepath.Join(t.TempDir(), "access")
+			adj := &api.ContainerAdjustment{}
+			err = access.Open(dir).Write(tc.pod, tc.ctr, rec, adj)
+			if !errors.Is(err, tc.want) {
+				t.Errorf("error %v, want %v", err, tc.want)
+			}
+			if len(adj.GetMounts())+len(adj.GetEnv()) > 0 {
+				t.Errorf("adjusted %v, %v; want nothing", adj.GetMounts(), adj.GetEnv())
+			}
+			if _, err := os.Stat(dir); !os.IsNotExist(err) {
+				t.Errorf("record directory: %v, want nothing written", err)
+			}
+		})
+	}
+}
+
+// TestLifecycle: records go with their container, with their pod, and
+// with pods no longer live; Pod finds a pod's records by its name.
+func TestLifecycle(t *testing.T) {
+	d := access.Open(t.TempDir())
+	write := func(pod, id, name string) {
+		t.Helper()
+		rec, err := access.New(access.Container{Namespace: "ns", Pod: pod, Name: name}, []string{"nvidia.com/gpu=0"}, gpu0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Write("id-"+pod, id, rec, &api.ContainerAdjustment{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	names := func(pod string) []string {
+		t.Helper()
+		recs, err := d.Pod("ns", pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range recs {
+			out = append(out, r.Annotations[access.ContainerAnnotation])
+		}
+		return out
+	}
+	write("a", "c1", "main")
+	write("a", "c2", "side")
+	write("b", "c3", "main")
+	write("c", "c4", "main")
+	if got := names("a"); !slices.Equal(got, []string{"main", "side"}) {
+		t.Errorf("pod a's records: %v, want main and side", got)
+	}
+	if err := d.Remove("id-a", "c2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Remove("id-a", "c2"); err != nil {
+		t.Errorf("removing a record twice: %v", err)
+	}
+	if got := names("a"); !slices.Equal(got, []string{"main"}) {
+		t.Errorf("pod a's records after removing side: %v", got)
+	}
+	if err := d.RemovePod("id-b"); err != nil {
+		t.Fatal(err)
+	}
+	if got := names("b"); len(got) > 0 {
+		t.Errorf("pod b's records after its removal: %v", got)
+	}
+	if err := d.Keep(func(id string) bool { return id == "id-a" }); err != nil {
+		t.Fatal(err)
+	}
+	if a, c := names("a"), names("c"); len(a) != 1 || len(c) > 0 {
+		t.Errorf("after keeping pod a alone: a %v, c %v", a, c)
+	}
+	if err := access.Open(filepath.Join(t.TempDir(), "none")).Keep(func(string) bool { return false }); err != nil {
+		t.Errorf("keeping in a directory not made yet: %v", err)
+	}
+}
+
+// TestReadRefuses: Read refuses a file that is no record of this format
+// (another CDI spec) and one over MaxSize.
+func TestReadRefuses(t *testing.T) {
+	dir := t.TempDir()
+	other := filepath.Join(dir, "other.yaml")
+	if err := os.WriteFile(other, []byte("cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ndevices: [{name: \"0\", containerEdits: {env: [A=1]}}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := access.Read(other); err == nil || !strings.Contains(err.Error(), "not a record of nri-gpu's access format v1") {
+		t.Errorf("reading another spec: %v", err)
+	}
+	big := filepath.Join(dir, "big.json")
+	if err := os.WriteFile(big, make([]byte, access.MaxSize+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := access.Read(big); !errors.Is(err, access.ErrTooLarge) {
+		t.Errorf("reading a file over MaxSize: %v", err)
+	}
+}
