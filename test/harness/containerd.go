@@ -389,6 +389,15 @@ type Container struct {
 	Annotations map[string]string
 	Command     []string
 	Env         map[string]string
+	// Mounts are host paths bound into the container, as a pod's
+	// volumes are.
+	Mounts []Mount
+}
+
+// Mount is a host path bound into a container.
+type Mount struct {
+	HostPath, ContainerPath string
+	ReadOnly                bool
 }
 
 func (c *Containerd) writeJSON(name string, v any) (string, error) {
@@ -445,8 +454,13 @@ func (c *Containerd) CreateContainer(podID string, p Pod, ctr Container) (string
 	for k, v := range ctr.Env {
 		envs = append(envs, map[string]string{"key": k, "value": v})
 	}
+	var mounts []map[string]any
+	for _, m := range ctr.Mounts {
+		mounts = append(mounts, map[string]any{"host_path": m.HostPath, "container_path": m.ContainerPath, "readonly": m.ReadOnly})
+	}
 	ctrPath, err := c.writeJSON("container", map[string]any{
 		"envs":        envs,
+		"mounts":      mounts,
 		"metadata":    map[string]any{"name": ctr.Name},
 		"image":       map[string]any{"image": ImageRef},
 		"command":     cmd,
