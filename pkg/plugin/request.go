@@ -422,8 +422,6 @@ func (p *Plugin) forgetAccess(pod *api.PodSandbox, ctr *api.Container) {
 	}
 }
 
-
-
 // commit holds what the plan grants and records it, in one step with
 // one undo: a grant that adds to what pods hold is written before the
 // container gets it, and taken back when the record cannot keep it (a
