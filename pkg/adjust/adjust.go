@@ -40,7 +40,9 @@ type Options struct {
 	AdditionalGIDs []uint32
 	// Injected are devices the runtime itself already injected (its own
 	// CDI support, for a cdi.k8s.io annotation): the spec-level edits of
-	// their specs are not applied again.
+	// their specs are not applied again. Result.Given lists what they
+	// gave too; with UserNS, one runc could not create there is refused
+	// (see byRuntime).
 	Injected []*cdi.Device
 	// Runtime is what the connected runtime applies; the zero value
 	// applies none of cgroup rules, net devices and RDT.
@@ -149,6 +151,9 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 	setHookEnv(scratch.Hooks, []string{specs.HookEnv})
 	res.Adjustment = toAdjustment(scratch, opts.Runtime)
 	given(res.Given, scratch, givenNodes)
+	if err := byRuntime(res, nodes, opts); err != nil {
+		return nil, fmt.Errorf("devices the runtime injected: %w", err)
+	}
 	return res, nil
 }
 

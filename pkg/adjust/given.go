@@ -1,13 +1,69 @@
 package adjust
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
+
+// byRuntime completes res.Given with what the devices the runtime
+// injected itself (opts.Injected) gave, their edits applied as CDI does.
+// In a user namespace runc cannot create their nodes: it binds each from
+// the host at its container path. A node whose hostPath differs from its
+// path, where the host has no node of its own at that path, would fail
+// the container there; and nri-gpu cannot change what the runtime's CDI
+// injects (containerd 2.x injects it after the plugins' adjustments):
+// the container is refused, saying what to do.
+func byRuntime(res *Result, hosts map[string]specs.HostNode, opts Options) error {
+	if len(opts.Injected) == 0 {
+		return nil
+	}
+	edits := &cdi.ContainerEdits{ContainerEdits: &cdispec.ContainerEdits{}}
+	for _, set := range inOrder(opts.Injected, nil, opts.SpecPath) {
+		edits.Append(&cdi.ContainerEdits{ContainerEdits: set.edits})
+	}
+	scratch := &oci.Spec{Process: &oci.Process{User: oci.User{UID: opts.UID, GID: opts.GID}}, Linux: &oci.Linux{}}
+	nodes := edits.DeviceNodes
+	edits.DeviceNodes = nil
+	if err := edits.Apply(scratch); err != nil {
+		return err
+	}
+	asRuntime := opts
+	asRuntime.UserNS = false // the runtime's CDI gives them as nodes
+	givenNodes, err := addDeviceNodes(scratch, nodes, hosts, asRuntime)
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if host := specs.HostPath(n); opts.UserNS && host != n.Path {
+			at, ok := hosts[n.Path]
+			if i := slices.IndexFunc(givenNodes, func(g *cdispec.DeviceNode) bool { return g.Path == n.Path }); !ok || at.Err != nil || i < 0 ||
+				at.Type != givenNodes[i].Type || at.Major != givenNodes[i].Major || at.Minor != givenNodes[i].Minor {
+				return fmt.Errorf("%w: device node %q (host %q), which the runtime's own CDI injects: in a user namespace runc binds it from %q on the host, which is not that node, and nri-gpu cannot change what the runtime's CDI injects; "+
+					"have nri-gpu inject it (turn the runtime's CDI off: enable_cdi = false), or run the pod without a user namespace (hostUsers: true)",
+					ErrUserNS, n.Path, host, n.Path)
+			}
+		}
+	}
+	var theirs cdispec.ContainerEdits
+	given(&theirs, scratch, givenNodes)
+	res.Given.DeviceNodes = append(res.Given.DeviceNodes, theirs.DeviceNodes...)
+	res.Given.Mounts = append(res.Given.Mounts, theirs.Mounts...)
+	res.Given.Env = append(res.Given.Env, theirs.Env...)
+	res.Given.Hooks = append(res.Given.Hooks, theirs.Hooks...)
+	for _, g := range edits.AdditionalGIDs {
+		if g != 0 && !slices.Contains(res.Given.AdditionalGIDs, g) {
+			res.Given.AdditionalGIDs = append(res.Given.AdditionalGIDs, g)
+		}
+	}
+	return nil
+}
 
 // given completes into what the edits applied to s give a container, as
 // CDI edits: nodes are the device nodes as addDeviceNodes gave them, the

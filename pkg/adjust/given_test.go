@@ -1,6 +1,9 @@
 package adjust_test
 
 import (
+	"errors"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -100,6 +103,72 @@ func TestGiven(t *testing.T) {
 			}
 			if diff := cmp.Diff(&tc.want, res.Given); diff != "" {
 				t.Errorf("given (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestGivenByRuntime: devices the runtime's own CDI injected are not
+// injected again, and the record lists what they gave. In a user
+// namespace, a node of theirs whose hostPath differs from its path, where
+// the host has no such node at the path (runc would bind it from there),
+// is refused saying what to do; one whose path on the host is that very
+// node (as /dev/null is) is not.
+func TestGivenByRuntime(t *testing.T) {
+	const spec = `
+cdiVersion: "0.6.0"
+kind: example.com/rt
+devices:
+  - name: moved
+    containerEdits:
+      env: [RT=moved]
+      deviceNodes: [{path: /dev/example-moved, hostPath: /dev/null}]
+  - name: same
+    containerEdits:
+      env: [RT=same]
+      deviceNodes: [{path: /dev/null, hostPath: /dev/null}]
+  - name: alias
+    containerEdits:
+      deviceNodes: [{path: /dev/zero, hostPath: /dev/zero}]
+`
+	v2 := adjust.RuntimeOf("containerd", "v2.3.7")
+	for _, tc := range []struct {
+		name, injected string
+		userNS         bool
+		wantErr        string
+	}{
+		{name: "moved node, no user namespace", injected: "example.com/rt=moved"},
+		{name: "moved node, user namespace", injected: "example.com/rt=moved", userNS: true,
+			wantErr: `device node "/dev/example-moved" (host "/dev/null"), which the runtime's own CDI injects`},
+		{name: "node at its own path, user namespace", injected: "example.com/rt=same", userNS: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			devs, snap := load(t, map[string]string{"rt.yaml": spec}, "example.com/rt=alias", tc.injected)
+			res, err := adjust.Build(devs[:1], snap.HostNodes, adjust.Options{Runtime: v2, UserNS: tc.userNS, Injected: devs[1:]})
+			if tc.wantErr != "" {
+				if !errors.Is(err, adjust.ErrUserNS) || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "enable_cdi = false") {
+					t.Fatalf("error %v, want %q saying what to do", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var nodes []string
+			for _, n := range res.Given.DeviceNodes {
+				nodes = append(nodes, n.Path)
+			}
+			injected := devs[1].ContainerEdits.DeviceNodes[0].Path
+			if !slices.Equal(nodes, []string{"/dev/zero", injected}) {
+				t.Errorf("record's nodes %v, want nri-gpu's /dev/zero, then the runtime's %s", nodes, injected)
+			}
+			if len(res.Given.Env) != 1 || !strings.HasPrefix(res.Given.Env[0], "RT=") {
+				t.Errorf("record's env %v, want the runtime's device's", res.Given.Env)
+			}
+			for _, d := range res.Adjustment.GetLinux().GetDevices() {
+				if d.Path == injected {
+					t.Errorf("the runtime's node %s injected again", injected)
+				}
 			}
 		})
 	}

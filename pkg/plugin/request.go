@@ -388,9 +388,9 @@ func (p *Plugin) build(ctx context.Context, r *request, a asked, plan policy.Pla
 	} else if _, ok := r.ctr.GetAnnotations()[CountedAnnotation]; ok {
 		res.Adjustment.RemoveAnnotation(CountedAnnotation)
 	}
-	names := make([]string, len(devices))
-	for i, d := range devices {
-		names[i] = d.GetQualifiedName()
+	var names []string // the record's: nri-gpu's devices, then the runtime's
+	for _, d := range slices.Concat(devices, a.injected) {
+		names = append(names, d.GetQualifiedName())
 	}
 	rec, err := access.New(access.Container{Namespace: r.pod.GetNamespace(), Pod: r.pod.GetName(), Name: r.ctr.GetName()}, names, res.Given)
 	if err != nil {

@@ -22,8 +22,8 @@ type Snapshot struct {
 	// Problems are, by spec file, why it or some of its devices are not
 	// used: parse and validation errors, conflicts, no trust.
 	Problems map[string][]error
-	// HostNodes are the host device nodes the devices name, by host path,
-	// as stat'ed at load.
+	// HostNodes are the host device nodes the devices name, by host path
+	// (each node's hostPath, and its path), as stat'ed at load.
 	HostNodes map[string]HostNode
 }
 
@@ -66,8 +66,10 @@ func load(dirs []string) *Snapshot {
 		spec := d.GetSpec()
 		for _, edits := range []*cdispec.ContainerEdits{&spec.ContainerEdits, &d.ContainerEdits} {
 			for _, n := range edits.DeviceNodes {
-				if host := HostPath(n); host != "" {
-					if _, ok := s.HostNodes[host]; !ok {
+				// And the host's node at its container path, where runc
+				// binds it from in a user namespace.
+				for _, host := range []string{HostPath(n), n.Path} {
+					if _, ok := s.HostNodes[host]; host != "" && !ok {
 						s.HostNodes[host] = statNode(host)
 					}
 				}

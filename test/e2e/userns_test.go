@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
@@ -69,4 +71,55 @@ func TestUserNamespacePod(t *testing.T) {
 func lastErrLine(err error) string {
 	lines := strings.Split(strings.TrimSpace(err.Error()), "\n")
 	return lines[len(lines)-1]
+}
+
+// TestUserNamespaceRuntimeCDI: containerd's own CDI (enable_cdi on, the
+// default on 2.x, as the device plugin's cdi.k8s.io annotations and DRA's
+// CRI CDI devices reach it) cannot start a user-namespaced container whose
+// spec gives a node a hostPath other than its path, where the host has no
+// node at that path: runc binds the container path from the host. nri-gpu
+// cannot change what the runtime's CDI injects (containerd injects it
+// after the plugins' adjustments): beside it, the container is refused at
+// creation saying what to do, instead of failing in runc; the same device
+// asked of nri-gpu itself (a pod annotation) runs.
+func TestUserNamespaceRuntimeCDI(t *testing.T) {
+	needEnv(t)
+	if !env.tools.Containerd2() {
+		t.Skipf("containerd %s runs no user-namespaced sandbox here (TestUserNamespacePod)", env.tools.ContainerdVersion)
+	}
+	asked := harness.Container{Name: "gpu", Annotations: map[string]string{"cdi.k8s.io/dp": "nvidia.com/gpu=0"}}
+	for _, withPlugin := range []bool{false, true} {
+		ctd := extraContainerd(t, fmt.Sprintf("userns-cdi-%v", withPlugin), harness.Options{EnableCDI: true, CDISpecDirs: []string{env.host.SpecDir}})
+		if withPlugin {
+			startPlugin(t, ctd, "devices: [nvidia.com/gpu=*]")
+		}
+		pod := harness.Pod{Name: "userns-cdi", Namespace: "e2e", UserNS: true}
+		podID, err := ctd.RunPod(pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := ctd.CreateContainer(podID, pod, asked)
+		if withPlugin {
+			testutil.ErrorSays(t, err, "/dev/nvidiactl", "which the runtime's own CDI injects", "enable_cdi = false", "hostUsers: true")
+			t.Logf("with nri-gpu: %s", lastErrLine(err))
+			byPlugin := harness.Pod{Name: "userns-nri", Namespace: "e2e", UserNS: true, Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+			podID, err := ctd.RunPod(byPlugin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, _ := runContainer(t, ctd, podID, byPlugin, harness.Container{Name: "gpu"})
+			if out, _ := ctd.Exec(id, "sh", "-c", "head -c 1 /dev/nvidia0 2>&1; true"); !strings.Contains(out, "No such device or address") {
+				t.Errorf("the pod annotation's GPU in a user namespace: %q, want it opened (ENXIO)", out)
+			}
+			continue
+		}
+		if err == nil {
+			err = ctd.StartContainer(id)
+		}
+		if err == nil {
+			t.Fatal("containerd's own CDI started a user-namespaced container whose node's hostPath differs from its path; this test expects its failure")
+		}
+		testutil.ErrorSays(t, err, "error creating device nodes", "no such file or directory")
+		t.Logf("containerd's own CDI alone: %s", lastErrLine(err))
+	}
 }
