@@ -106,6 +106,17 @@ func deletePod(t *testing.T, namespace, name string) {
 func waitRunning(t *testing.T, namespace, name string) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
+	defer func() {
+		if !t.Failed() {
+			return
+		}
+		if pod != nil {
+			t.Logf("pod %s/%s last seen: phase %s, containers %+v", namespace, name, pod.Status.Phase, pod.Status.ContainerStatuses)
+		}
+		if e := warning(namespace, name, "", nil); e != nil {
+			t.Logf("its last warning: %s: %s", e.Reason, e.Message)
+		}
+	}()
 	testutil.Within(t, podWait, "pod "+namespace+"/"+name+" Running", func() bool {
 		p, err := env.client.CoreV1().Pods(namespace).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {

@@ -161,6 +161,11 @@ func setup() (int, error) {
 	if env.dir, err = os.MkdirTemp("/tmp", "nri-gpu-cluster-"); err != nil {
 		return 1, err
 	}
+	// A user-namespaced pod's root (a host uid of its range) reaches its
+	// bundle under it.
+	if err := os.Chmod(env.dir, 0o711); err != nil {
+		return 1, err
+	}
 	busybox := filepath.Join(env.dir, "busybox.tar")
 	if err := harness.BuildImage(tools.Busybox, busybox); err != nil {
 		return 1, err

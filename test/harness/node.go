@@ -85,6 +85,11 @@ mount --bind "$d/var-log" /var/log
 mount --bind "$d/run" /run
 mount --bind "$d/ctd/nri" /run/nri
 mount --bind "$d/dev" ` + NodeDevDir + `
+# The files bound over /proc/sys leave /proc not fully visible, and the
+# kernel then refuses a new proc mount in a user namespace (a pod with
+# hostUsers: false): one proc mount with nothing over it is enough.
+mkdir -p "$d/proc"
+mount -t proc proc "$d/proc"
 touch "$d/ns-ready"
 exec sleep 2147483647
 `
