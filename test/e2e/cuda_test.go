@@ -125,6 +125,29 @@ func TestCUDALoads(t *testing.T) {
 				testutil.ErrorSays(t, fmt.Errorf("%s", out), l.fn+"="+l.ret)
 			}
 
+			// In a user namespace of its own (2.x), the hooks run as the
+			// namespace's root, a host uid of no privilege: they do their
+			// work in the container's root all the same.
+			if env.tools.Containerd2() {
+				userns := harness.Pod{Name: "cuda-userns-" + layout.name, Namespace: "e2e", UserNS: true, Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+				podID, err := ctd.RunPod(userns)
+				if err != nil {
+					t.Fatal(err)
+				}
+				id, _ := runContainer(t, ctd, podID, userns, harness.Container{Name: "cuda"})
+				out, err := ctd.Exec(id, "sh", "-c", "head -n 1 /proc/self/uid_map; /probe")
+				if err != nil {
+					t.Fatalf("in a user namespace the probe could not load the driver: %v\n%s", err, out)
+				}
+				t.Logf("the probe in a user-namespaced container given GPU 0:\n%s", out)
+				for _, l := range fakeLibs {
+					testutil.ErrorSays(t, fmt.Errorf("%s", out), l.fn+"="+l.ret)
+				}
+				if f := strings.Fields(out); len(f) < 2 || f[0] != "0" || f[1] == "0" {
+					t.Errorf("uid map %q, want root of a namespace mapped to another host uid", out)
+				}
+			}
+
 			// The same spec without its hooks: nothing makes the links,
 			// and the probe cannot load the driver.
 			podID, pod = newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "example.com/nohooks=0"})
