@@ -65,6 +65,15 @@ func TestUserNamespacePod(t *testing.T) {
 		t.Errorf("id and uid map %q, want root of a namespace mapped to another host uid", out)
 	}
 	t.Logf("user-namespaced container: %s", strings.Join(strings.Fields(out), " "))
+
+	// As a user other than the namespace's root.
+	user := int64(1000)
+	cid, _ = runContainer(t, env.ctd, id, pod, harness.Container{Name: "user", User: &user})
+	out = inContainer(t, cid, "sh", "-c", "id -u; head -c 1 /dev/nvidia0 2>&1; grep -c nvidia.com/gpu=0 $NRI_GPU_ACCESS; true")
+	if f := strings.Fields(out); len(f) < 2 || f[0] != "1000" || !strings.Contains(out, "/dev/nvidia0: No such device or address") || !strings.HasSuffix(strings.TrimSpace(out), "1") {
+		t.Errorf("as uid 1000 in the user namespace: %q, want its GPU opened (ENXIO) and named by its record", out)
+	}
+	t.Logf("as uid 1000: %s", strings.Join(strings.Fields(out), " "))
 }
 
 // lastErrLine returns the last line of an error's text.

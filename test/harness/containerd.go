@@ -365,12 +365,24 @@ type Pod struct {
 const UserNSHost = 4 << 16
 
 // containerLinux is the linux part of a container's CRI config: a
-// UserNS pod's containers must have its user namespace.
-func (p Pod) containerLinux() map[string]any {
-	if !p.UserNS {
+// UserNS pod's containers must have its user namespace; ctr's user and
+// groups.
+func (p Pod) containerLinux(ctr Container) map[string]any {
+	sc := map[string]any{}
+	if p.UserNS {
+		sc["namespace_options"] = p.namespaceOptions()
+	}
+	if ctr.User != nil {
+		sc["run_as_user"] = map[string]any{"value": *ctr.User}
+		sc["run_as_group"] = map[string]any{"value": *ctr.User}
+	}
+	if len(ctr.Groups) > 0 {
+		sc["supplemental_groups"] = ctr.Groups
+	}
+	if len(sc) == 0 {
 		return map[string]any{}
 	}
-	return map[string]any{"security_context": map[string]any{"namespace_options": p.namespaceOptions()}}
+	return map[string]any{"security_context": sc}
 }
 
 // namespaceOptions are the CRI namespace options of the pod.
@@ -392,6 +404,10 @@ type Container struct {
 	// Mounts are host paths bound into the container, as a pod's
 	// volumes are.
 	Mounts []Mount
+	// User, when set, is the uid and gid the container runs as (else the
+	// image's, root); Groups its supplemental groups.
+	User   *int64
+	Groups []int64
 }
 
 // Mount is a host path bound into a container.
@@ -466,7 +482,7 @@ func (c *Containerd) CreateContainer(podID string, p Pod, ctr Container) (string
 		"command":     cmd,
 		"annotations": ctr.Annotations,
 		"log_path":    ctr.Name + ".log",
-		"linux":       p.containerLinux(),
+		"linux":       p.containerLinux(ctr),
 	})
 	if err != nil {
 		return "", err
