@@ -55,10 +55,13 @@ type Options struct {
 	Extra []Extra
 	// UserNS says the container runs in a user namespace of its own,
 	// where the runtime cannot create device nodes: runc bind-mounts each
-	// from the host path equal to its container path. A node whose spec
-	// gives another hostPath is given as a bind mount of its hostPath at
-	// its path, with its cgroup rule, where the runtime applies cgroup
-	// rules; refused where it does not.
+	// from the host path equal to its container path, its owner and group
+	// shown as the namespace's nobody. A node whose spec gives another
+	// hostPath, or whose host node gives others no read-write access (it
+	// is for its owner or group), is given as a read-only bind mount of
+	// its hostPath at its path (idmapped for the latter, so that its
+	// owner and group are the host's), with its cgroup rule, where the
+	// runtime applies cgroup rules; refused where it does not.
 	UserNS bool
 }
 

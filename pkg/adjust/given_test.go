@@ -2,11 +2,15 @@ package adjust_test
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
@@ -171,5 +175,46 @@ devices:
 				}
 			}
 		})
+	}
+}
+
+// TestBuildUserNSRestricted: in a user namespace a node whose host node
+// gives others no read-write access (0660, for its group) is bound
+// read-only and idmapped, even where its hostPath is its path (runc's own
+// bind would show its group as nobody); a node open to all (/dev/null,
+// 0666) at its own path is left to runc.
+func TestBuildUserNSRestricted(t *testing.T) {
+	node := filepath.Join(t.TempDir(), "nvmap")
+	if err := unix.Mknod(node, unix.S_IFCHR|0o660, int(unix.Mkdev(1, 3))); err != nil {
+		t.Fatalf("mknod (the tests run as root): %v", err)
+	}
+	if err := os.Chmod(node, 0o660); err != nil { // past the umask
+		t.Fatal(err)
+	}
+	spec := fmt.Sprintf(`
+cdiVersion: "0.6.0"
+kind: example.com/jetson
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes: [{path: %s}, {path: /dev/null}]
+`, node)
+	res, err := build(t, map[string]string{"j.yaml": spec}, adjust.Options{Runtime: adjust.RuntimeOf("containerd", "v2.3.7"), UserNS: true}, "example.com/jetson=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devs []string
+	for _, d := range res.Adjustment.GetLinux().GetDevices() {
+		devs = append(devs, d.Path)
+	}
+	if !slices.Equal(devs, []string{"/dev/null"}) {
+		t.Errorf("device nodes %v, want /dev/null alone", devs)
+	}
+	var binds []string
+	for _, m := range res.Adjustment.GetMounts() {
+		binds = append(binds, m.Source+":"+m.Destination+":"+strings.Join(m.Options, ","))
+	}
+	if want := []string{node + ":" + node + ":bind,ro,idmap"}; !slices.Equal(binds, want) {
+		t.Errorf("mounts %v, want %v", binds, want)
 	}
 }

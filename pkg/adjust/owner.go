@@ -64,7 +64,13 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 		given = slices.DeleteFunc(given, func(g *cdispec.DeviceNode) bool { return g.Path == dev.Path })
 		record := &cdispec.DeviceNode{Path: dev.Path, Type: dev.Type, Major: dev.Major, Minor: dev.Minor, FileMode: dev.FileMode,
 			Permissions: n.Permissions, UID: dev.UID, GID: dev.GID}
-		if opts.UserNS && n.HostPath != n.Path && (dev.Type == "b" || dev.Type == "c") {
+		// A node whose mode gives others no read-write access is for its
+		// owner or group, which a plain bind shows as the namespace's
+		// nobody: it is bound idmapped, its owner and group seen as the
+		// host's, read-only so that the namespace's root, seen as its
+		// owner, cannot change the host node.
+		restricted := host.Err == nil && host.Mode.Perm()&0o006 != 0o006
+		if opts.UserNS && (n.HostPath != n.Path || restricted) && (dev.Type == "b" || dev.Type == "c") {
 			if !opts.Runtime.CgroupRules {
 				return nil, fmt.Errorf("%w: device node %q (host %q): in a user namespace the runtime cannot create it, and a bind mount of it needs a cgroup rule, which %s does not apply from NRI; run the pod without a user namespace (hostUsers: true), or on containerd 2.x",
 					ErrUserNS, n.Path, n.HostPath, opts.Runtime.named())
@@ -75,7 +81,10 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 				return nil, fmt.Errorf("%w: device node %q: its host node %q is not a %s device node (%v), which a user-namespaced container is given by a bind mount of it",
 					ErrUserNS, n.Path, n.HostPath, dev.Type, cmp.Or[any](host.Err, "type "+host.Type))
 			}
-			bind := oci.Mount{Destination: n.Path, Source: n.HostPath, Type: "bind", Options: []string{"bind"}}
+			bind := oci.Mount{Destination: n.Path, Source: n.HostPath, Type: "bind", Options: []string{"bind", "ro"}}
+			if restricted {
+				bind.Options = append(bind.Options, "idmap")
+			}
 			// Once, as a device node is, when several devices name it.
 			s.Mounts = slices.DeleteFunc(s.Mounts, func(m oci.Mount) bool { return m.Destination == bind.Destination && m.Source == bind.Source })
 			s.Mounts = append(s.Mounts, bind)

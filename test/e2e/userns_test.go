@@ -2,11 +2,15 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/test/harness"
@@ -130,5 +134,78 @@ func TestUserNamespaceRuntimeCDI(t *testing.T) {
 		}
 		testutil.ErrorSays(t, err, "error creating device nodes", "no such file or directory")
 		t.Logf("containerd's own CDI alone: %s", lastErrLine(err))
+	}
+}
+
+// TestUserNamespaceGroups: a node for a group (mode 0660, group 44, as
+// Jetson's /dev/nvmap or a /dev/dri render node) with the spec's
+// additionalGids [44], given to a container running as uid 1000 with
+// group 44 (NRI cannot add a process's groups: the pod's
+// supplementalGroups give it). Without a user namespace the node is made
+// for the container's user. In one (2.x), a plain bind would show its
+// group as nobody and refuse uid 1000: nri-gpu binds it idmapped, its
+// group seen as 44, and read-only, so that the namespace's root, seen
+// as its owner, cannot change the host node.
+func TestUserNamespaceGroups(t *testing.T) {
+	needEnv(t)
+	dir := filepath.Join(env.dir, "userns-groups")
+	for _, d := range []string{"dev", "cdi"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	node := filepath.Join(dir, "dev", "nvmap")
+	if err := unix.Mknod(node, unix.S_IFCHR|0o660, int(unix.Mkdev(1, 3))); err != nil { // /dev/null's numbers: opens
+		t.Fatal(err)
+	}
+	if err := os.Chown(node, 0, 44); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(node, 0o660); err != nil {
+		t.Fatal(err)
+	}
+	spec := fmt.Sprintf("cdiVersion: \"0.7.0\"\nkind: example.com/jetson\ndevices:\n  - name: \"0\"\n    containerEdits:\n      deviceNodes: [{path: /dev/nvmap, hostPath: %s}]\n      additionalGids: [44]\n", node)
+	if err := os.WriteFile(filepath.Join(dir, "cdi", "jetson.yaml"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctd := extraContainerd(t, "userns-groups", harness.Options{})
+	config := filepath.Join(ctd.Dir, "nri-gpu.yaml")
+	if err := os.WriteFile(config, []byte("cdiSpecDirs: ["+filepath.Join(dir, "cdi")+"]\npolicy:\n  devices: [\"example.com/*\"]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctd.StartPlugin("--config", config); err != nil {
+		t.Fatal(err)
+	}
+	userNS := []bool{false}
+	if env.tools.Containerd2() {
+		userNS = append(userNS, true)
+	}
+	user := int64(1000)
+	for _, inUserNS := range userNS {
+		pod := harness.Pod{Name: fmt.Sprintf("groups-%v", inUserNS), Namespace: "e2e", UserNS: inUserNS, Annotations: map[string]string{"gpus.nri-gpu.io": "example.com/jetson=0"}}
+		podID, err := ctd.RunPod(pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := runContainer(t, ctd, podID, pod, harness.Container{Name: "user", User: &user, Groups: []int64{44}})
+		out, err := ctd.Exec(id, "sh", "-c", "id -G; head -c 1 /dev/nvmap; echo read=$?; echo x > /dev/nvmap; echo write=$?")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("user namespace %v, uid 1000 in group 44: %s", inUserNS, strings.Join(strings.Fields(out), " "))
+		if !strings.Contains(out, "read=0") || !strings.Contains(out, "write=0") {
+			t.Errorf("user namespace %v: uid 1000 in group 44 cannot use the group's node: %q", inUserNS, out)
+		}
+		if !inUserNS {
+			continue
+		}
+		root, _ := runContainer(t, ctd, podID, pod, harness.Container{Name: "root"})
+		out, _ = ctd.Exec(root, "sh", "-c", "chmod 666 /dev/nvmap; echo chmod=$?; chown 0:0 /dev/nvmap; echo chown=$?")
+		if !strings.Contains(out, "chmod=1") || !strings.Contains(out, "chown=1") {
+			t.Errorf("the namespace's root changed the group's node: %q", out)
+		}
+		if fi, err := os.Stat(node); err != nil || fi.Mode().Perm() != 0o660 || fi.Sys().(*syscall.Stat_t).Gid != 44 {
+			t.Errorf("the host node after the namespace's root tried: %v, %v; want 0660, group 44", fi.Mode(), err)
+		}
 	}
 }
