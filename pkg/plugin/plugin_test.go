@@ -1101,22 +1101,31 @@ func TestConcurrentCounts(t *testing.T) {
 
 // TestUserNamespaceContainer: over NRI's runtime side, a container with a
 // user namespace of its own gets a node whose hostPath differs from its
-// path as a bind mount with its cgroup rule on containerd 2.x, and is
-// refused on 1.7, which applies no cgroup rule from NRI; a container
-// without one gets the device node.
+// path as a bind mount with its cgroup rule on containerd 2.x, asked by
+// its pod or by kubelet for the device plugin (the runtime's CDI off),
+// and is refused on 1.7, which applies no cgroup rule from NRI; a
+// container without one gets the device node.
 func TestUserNamespaceContainer(t *testing.T) {
 	for _, tc := range []struct {
 		version, wantErr string
 		userNS           bool
 		mount            bool
+		// kubelet asks through the device plugin (its cdi.k8s.io
+		// annotation, the runtime's own CDI off) instead of the pod.
+		kubelet bool
 	}{
 		{version: "v2.3.7", userNS: true, mount: true},
+		{version: "v2.3.7", userNS: true, mount: true, kubelet: true},
 		{version: "v2.3.7"},
 		{version: "v1.7.35", userNS: true, wantErr: `device node "/dev/nvidia0" (host "/dev/null"): in a user namespace the runtime cannot create it`},
 	} {
 		r := runtimeSetUp(t, tc.version, "policy: {exclusive: true}\n", nil)
 		pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
 		ctr := ctrOf(pod, nil)
+		if tc.kubelet {
+			pod = gpuPod("a", nil)
+			ctr = ctrOf(pod, map[string]string{"cdi.k8s.io/nri-gpu_nvidia.com_gpu": "nvidia.com/gpu=0"})
+		}
 		if tc.userNS {
 			ctr.Linux.Namespaces = []*api.LinuxNamespace{{Type: "user", Path: "/proc/1/ns/user"}}
 		}

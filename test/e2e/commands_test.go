@@ -8,8 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
@@ -124,22 +127,12 @@ func TestExplainAndAccess(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("access: exit %d:\n%s", code, out)
 	}
-	var access struct {
-		DeviceNodes []struct {
-			Path         string
-			Major, Minor int64
-		}
-		Mounts []struct {
-			HostPath, ContainerPath string
-			ReadOnly                bool
-		}
-		Hooks []struct{ Path string }
-		Env   []string
+	var rec cdispec.Spec
+	if err := json.Unmarshal([]byte(out), &rec); err != nil || len(rec.Devices) != 1 {
+		t.Fatalf("access output is not a record: %v\n%s", err, out)
 	}
-	if err := json.Unmarshal([]byte(out), &access); err != nil {
-		t.Fatalf("access output is not JSON: %v\n%s", err, out)
-	}
-	if len(access.DeviceNodes) != 3 || len(access.Mounts) != 1 || !access.Mounts[0].ReadOnly || len(access.Hooks) != 2 || access.Hooks[0].Path != env.host.HookPath() {
+	access := rec.Devices[0].ContainerEdits
+	if len(access.DeviceNodes) != 3 || len(access.Mounts) != 1 || !slices.Contains(access.Mounts[0].Options, "ro") || len(access.Hooks) != 2 || access.Hooks[0].Path != env.host.HookPath() {
 		t.Errorf("access: %+v", access)
 	}
 }

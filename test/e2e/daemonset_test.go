@@ -115,6 +115,16 @@ func TestDaemonSet(t *testing.T) {
 	}, cfg)
 	// The fake GPUs' nodes are under the test's dir, where the spec says.
 	spec0 := pod["spec"].(map[string]any)
+	// The state directory stands in for /run/nri-gpu, at its own path in
+	// the pod as /run/nri-gpu is on a node: the records of what containers
+	// were given are mounted into them from their path there.
+	ctr0 := spec0["containers"].([]any)[0].(map[string]any)
+	for _, m := range ctr0["volumeMounts"].([]any) {
+		if vm := m.(map[string]any); vm["mountPath"] == "/run/nri-gpu" {
+			vm["mountPath"] = state
+		}
+	}
+	ctr0["args"] = append(ctr0["args"].([]any), "--state-file", filepath.Join(state, "allocations.json"), "--access-dir", filepath.Join(state, "access"))
 	spec0["volumes"] = append(spec0["volumes"].([]any), map[string]any{"name": "gpuhost", "hostPath": map[string]any{"path": env.host.Root}})
 	ctr := spec0["containers"].([]any)[0].(map[string]any)
 	ctr["volumeMounts"] = append(ctr["volumeMounts"].([]any), map[string]any{"name": "gpuhost", "mountPath": env.host.Root, "readOnly": true})

@@ -10,6 +10,7 @@ import (
 	gocmp "github.com/google/go-cmp/cmp"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/nri-gpu/nri-gpu/pkg/access"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
@@ -32,7 +33,13 @@ func TestParityWithContainerdCDI(t *testing.T) {
 	if diff := gocmp.Diff(effective(want.Linux.Devices), effective(got.Linux.Devices)); diff != "" {
 		t.Errorf("device nodes (-containerd CDI +nri-gpu):\n%s", diff)
 	}
-	if diff := gocmp.Diff(want.Process.Env, got.Process.Env); diff != "" {
+	// nri-gpu adds the record of what the container was given (its
+	// variable and read-only mount): the one addition of its own.
+	gotEnv := slices.DeleteFunc(slices.Clone(got.Process.Env), func(kv string) bool { return kv == access.EnvVar+"="+access.Path })
+	if len(gotEnv) == len(got.Process.Env) || !slices.ContainsFunc(got.Mounts, func(m oci.Mount) bool { return m.Destination == access.Path }) {
+		t.Errorf("nri-gpu's container has no record of what it was given: env %v", got.Process.Env)
+	}
+	if diff := gocmp.Diff(want.Process.Env, gotEnv); diff != "" {
 		t.Errorf("env (-containerd CDI +nri-gpu):\n%s", diff)
 	}
 	// nri-gpu gives a hook without an environment a minimal one; that is
