@@ -188,11 +188,21 @@ func TestUserNamespaceGroups(t *testing.T) {
 			t.Fatal(err)
 		}
 		id, _ := runContainer(t, ctd, podID, pod, harness.Container{Name: "user", User: &user, Groups: []int64{44}})
-		out, err := ctd.Exec(id, "sh", "-c", "id -G; head -c 1 /dev/nvmap; echo read=$?; echo x > /dev/nvmap; echo write=$?")
+		out, err := ctd.Exec(id, "sh", "-c", "id -G; ls -ln /dev/nvmap; head -c 1 /dev/nvmap; echo read=$?; echo x > /dev/nvmap; echo write=$?")
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("user namespace %v, uid 1000 in group 44: %s", inUserNS, strings.Join(strings.Fields(out), " "))
+		if !env.tools.Containerd2() {
+			// A known gap (docs/threat-model.md): containerd 1.7's NRI
+			// (v0.8) reports no process user, so nri-gpu cannot give the
+			// node the container's user as CDI does: runc makes it
+			// root-owned, 0660, and uid 1000 cannot use it.
+			if !strings.Contains(out, "read=1") {
+				t.Errorf("containerd %s: %q; the known gap is closed, update the test and docs", env.tools.ContainerdVersion, out)
+			}
+			continue
+		}
 		if !strings.Contains(out, "read=0") || !strings.Contains(out, "write=0") {
 			t.Errorf("user namespace %v: uid 1000 in group 44 cannot use the group's node: %q", inUserNS, out)
 		}
