@@ -124,7 +124,11 @@ func TestDaemonSet(t *testing.T) {
 			vm["mountPath"] = state
 		}
 	}
-	ctr0["args"] = append(ctr0["args"].([]any), "--state-file", filepath.Join(state, "allocations.json"), "--access-dir", filepath.Join(state, "access"))
+	for i, a := range ctr0["args"].([]any) {
+		if rest, ok := strings.CutPrefix(a.(string), "/run/nri-gpu/"); ok {
+			ctr0["args"].([]any)[i] = filepath.Join(state, rest)
+		}
+	}
 	spec0["volumes"] = append(spec0["volumes"].([]any), map[string]any{"name": "gpuhost", "hostPath": map[string]any{"path": env.host.Root}})
 	ctr := spec0["containers"].([]any)[0].(map[string]any)
 	ctr["volumeMounts"] = append(ctr["volumeMounts"].([]any), map[string]any{"name": "gpuhost", "mountPath": env.host.Root, "readOnly": true})
