@@ -146,6 +146,7 @@ func TestCUDALoads(t *testing.T) {
 				if f := strings.Fields(out); len(f) < 2 || f[0] != "0" || f[1] == "0" {
 					t.Errorf("uid map %q, want root of a namespace mapped to another host uid", out)
 				}
+				hostileUserNS(t, layout.name, layout.libDir, config)
 			}
 
 			// The same spec without its hooks: nothing makes the links,
@@ -212,5 +213,54 @@ func writeSpecs(t *testing.T, root, specDir string) {
 	}
 	if err := nvidia.Write(spec, filepath.Join(specDir, "nohooks.yaml"), "yaml", nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// hostileUserNS: a hostile image whose library directory and ld.so.conf.d
+// are symlinks to host directories (absolute paths of the host), in a
+// user-namespaced pod given GPU 0 of the spec nri-gpu generated: the
+// runtime's mounts and nri-gpu's hooks (create-symlinks, update-ldcache),
+// run as the namespace's root, resolve those paths in the container's
+// root: nothing lands in the host directories.
+func hostileUserNS(t *testing.T, name, libDir, config string) {
+	t.Helper()
+	dir := filepath.Join(env.dir, "cuda-hostile-"+name)
+	hostLib, hostConf := filepath.Join(dir, "host-lib"), filepath.Join(dir, "host-conf")
+	for _, d := range []string{hostLib, hostConf} {
+		if err := os.MkdirAll(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, 0o777); err != nil { // writable even by the namespace's root
+			t.Fatal(err)
+		}
+	}
+	image := filepath.Join(dir, "image.tar")
+	if err := harness.BuildImage(env.tools.Busybox, image,
+		harness.File{Name: strings.TrimPrefix(libDir, "/"), Link: hostLib},
+		harness.File{Name: "etc/ld.so.conf.d", Link: hostConf}); err != nil {
+		t.Fatal(err)
+	}
+	ctd := extraContainerd(t, "cuda-hostile-"+name, harness.Options{Image: image})
+	if _, err := ctd.StartPlugin("--config", config); err != nil {
+		t.Fatal(err)
+	}
+	pod := harness.Pod{Name: "hostile", Namespace: "e2e", UserNS: true, Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+	podID, err := ctd.RunPod(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := ctd.CreateContainer(podID, pod, harness.Container{Name: "hostile"})
+	if err == nil {
+		err = ctd.StartContainer(id)
+	}
+	if err != nil {
+		t.Logf("the hostile image in a user namespace does not start: %s", lastErrLine(err))
+	} else {
+		t.Log("the hostile image in a user namespace started")
+	}
+	for _, d := range []string{hostLib, hostConf} {
+		if entries, err := os.ReadDir(d); err != nil || len(entries) > 0 {
+			t.Errorf("the host directory %s holds %v (%v); want nothing", d, entries, err)
+		}
 	}
 }

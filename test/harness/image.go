@@ -32,6 +32,8 @@ type File struct {
 	Name string
 	Data []byte
 	Mode int64
+	// Link, when set, makes it a symbolic link to Link (Data unused).
+	Link string
 }
 
 // BuildImage writes an OCI image layout tar holding one layer with the
@@ -130,6 +132,12 @@ func busyboxLayer(bin []byte, extra []File) (layer []byte, diffID string, err er
 		}
 	}
 	for _, f := range extra {
+		if f.Link != "" {
+			if err := tw.WriteHeader(&tar.Header{Name: f.Name, Typeflag: tar.TypeSymlink, Linkname: f.Link, Mode: 0o777, ModTime: time.Unix(0, 0)}); err != nil {
+				return nil, "", err
+			}
+			continue
+		}
 		if err := writeFile(tw, f.Name, f.Data, f.Mode); err != nil {
 			return nil, "", err
 		}
