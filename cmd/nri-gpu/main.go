@@ -11,7 +11,7 @@
 //	nri-gpu generate   write the CDI spec of this node's NVIDIA GPUs (NVML)
 //	nri-gpu devices    list the devices nri-gpu can inject, and the GPUs
 //	nri-gpu explain    show what nri-gpu would do for a pod, or why it refuses
-//	nri-gpu access     what a sandbox must reach for some devices (JSON)
+//	nri-gpu access     what a pod's containers were given, or devices would give (a CDI spec)
 //	nri-gpu check      check a node: NRI, containerd config, specs, hooks, DRA driver
 //	nri-gpu validate   check configuration files
 //	nri-gpu hook       the CDI hooks of the specs nri-gpu generates (nvidia-cdi-hook's)
