@@ -95,7 +95,15 @@ func New(c Container, devices []string, edits *cdispec.ContainerEdits) (*cdispec
 
 // empty reports whether edits give nothing.
 func empty(e *cdispec.ContainerEdits) bool {
-	return e == nil || len(e.Env)+len(e.DeviceNodes)+len(e.Mounts)+len(e.Hooks)+len(e.AdditionalGIDs)+len(e.NetDevices) == 0 && e.IntelRdt == nil
+	if e == nil || e.IntelRdt != nil {
+		return e == nil
+	}
+	for _, n := range []int{len(e.Env), len(e.DeviceNodes), len(e.Mounts), len(e.Hooks), len(e.AdditionalGIDs), len(e.NetDevices)} {
+		if n != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Dir is the directory of the records.
@@ -128,6 +136,7 @@ func (d *Dir) Write(podID, ctrID string, spec *cdispec.Spec, adj *api.ContainerA
 	if err != nil {
 		return err
 	}
+	data = append(data, '\n')
 	if len(data) > MaxSize {
 		return fmt.Errorf("%w: %d bytes, over %d", ErrTooLarge, len(data), MaxSize)
 	}
@@ -141,17 +150,11 @@ func (d *Dir) Write(podID, ctrID string, spec *cdispec.Spec, adj *api.ContainerA
 		return err
 	}
 	defer os.Remove(tmp.Name()) // gone after the rename; removed if it failed
-	_, err = tmp.Write(append(data, '\n'))
-	if err == nil {
-		err = tmp.Chmod(0o444)
+	_, werr := tmp.Write(data)
+	if err := errors.Join(werr, tmp.Chmod(0o444), tmp.Close()); err != nil {
+		return err
 	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
+	if err := os.Rename(tmp.Name(), path); err != nil {
 		return err
 	}
 	adj.AddMount(&api.Mount{Source: path, Destination: Path, Type: "bind", Options: slices.Clone(mountOptions)})

@@ -113,7 +113,8 @@ func TestWriteRefuses(t *testing.T) {
 // TestLifecycle: records go with their container, with their pod, and
 // with pods no longer live; Pod finds a pod's records by its name.
 func TestLifecycle(t *testing.T) {
-	d := access.Open(t.TempDir())
+	dir := t.TempDir()
+	d := access.Open(dir)
 	write := func(pod, id, name string) {
 		t.Helper()
 		rec, err := access.New(access.Container{Namespace: "ns", Pod: pod, Name: name}, []string{"nvidia.com/gpu=0"}, gpu0)
@@ -167,6 +168,14 @@ func TestLifecycle(t *testing.T) {
 	if err := access.Open(filepath.Join(t.TempDir(), "none")).Keep(func(string) bool { return false }); err != nil {
 		t.Errorf("keeping in a directory not made yet: %v", err)
 	}
+	// A file that is no record among them: Pod says so, and still
+	// returns the records it read.
+	if err := os.WriteFile(filepath.Join(dir, "id-a", "broken.json"), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if recs, err := d.Pod("ns", "a"); err == nil || len(recs) != 1 {
+		t.Errorf("pod a's records beside a broken file: %d, %v; want 1 and an error", len(recs), err)
+	}
 }
 
 // TestReadRefuses: Read refuses a file that is no record of this format
@@ -180,11 +189,110 @@ func TestReadRefuses(t *testing.T) {
 	if _, err := access.Read(other); err == nil || !strings.Contains(err.Error(), "not a record of nri-gpu's access format v1") {
 		t.Errorf("reading another spec: %v", err)
 	}
+	// The right kind, another version of the format.
+	v2 := filepath.Join(dir, "v2.yaml")
+	if err := os.WriteFile(v2, []byte("cdiVersion: 0.6.0\nkind: nri-gpu.io/access\nannotations: {nri-gpu.io/access-format: v2}\ndevices: [{name: container, containerEdits: {env: [A=1]}}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := access.Read(v2); err == nil || !strings.Contains(err.Error(), `nri-gpu.io/access-format "v2"`) {
+		t.Errorf("reading a record of format v2: %v", err)
+	}
 	big := filepath.Join(dir, "big.json")
 	if err := os.WriteFile(big, make([]byte, access.MaxSize+1), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := access.Read(big); !errors.Is(err, access.ErrTooLarge) {
 		t.Errorf("reading a file over MaxSize: %v", err)
+	}
+}
+
+// TestNewGivesAnything: edits that give any one thing make a record;
+// none, or nil, make none.
+func TestNewGivesAnything(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		edits *cdispec.ContainerEdits
+		want  bool
+	}{
+		{"nil", nil, false},
+		{"nothing", &cdispec.ContainerEdits{Env: []string{}}, false},
+		{"env", &cdispec.ContainerEdits{Env: []string{"A=1"}}, true},
+		{"device node", &cdispec.ContainerEdits{DeviceNodes: gpu0.DeviceNodes}, true},
+		{"mount", &cdispec.ContainerEdits{Mounts: gpu0.Mounts}, true},
+		{"hook", &cdispec.ContainerEdits{Hooks: []*cdispec.Hook{{HookName: "createContainer", Path: "/bin/true"}}}, true},
+		{"group", &cdispec.ContainerEdits{AdditionalGIDs: []uint32{44}}, true},
+		{"net device", &cdispec.ContainerEdits{NetDevices: []*cdispec.LinuxNetDevice{{HostInterfaceName: "eth9", Name: "net0"}}}, true},
+		{"RDT", &cdispec.ContainerEdits{IntelRdt: &cdispec.IntelRdt{ClosID: "gold"}}, true},
+	} {
+		rec, err := access.New(ctr, nil, tc.edits)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if (rec != nil) != tc.want {
+			t.Errorf("%s: record %v, want one: %v", tc.name, rec, tc.want)
+		}
+	}
+}
+
+// TestSizeBound: a record of exactly MaxSize bytes is written, mounted
+// and read back; one byte more is refused.
+func TestSizeBound(t *testing.T) {
+	sized := func(n int) *cdispec.Spec {
+		t.Helper()
+		rec, err := access.New(ctr, nil, &cdispec.ContainerEdits{Env: []string{"X=" + strings.Repeat("x", n)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+	probe := filepath.Join(t.TempDir(), "probe")
+	if err := access.Open(probe).Write("p", "c", sized(0), &api.ContainerAdjustment{}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Stat(filepath.Join(probe, "p", "c.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pad := access.MaxSize - int(info.Size()) // each x is one byte of the file
+	d := access.Open(t.TempDir())
+	adj := &api.ContainerAdjustment{}
+	if err := d.Write("p", "exact", sized(pad), adj); err != nil {
+		t.Fatalf("a record of exactly MaxSize: %v", err)
+	}
+	file := adj.GetMounts()[0].Source
+	if info, err := os.Stat(file); err != nil || info.Size() != access.MaxSize {
+		t.Fatalf("record file %v, %v; want %d bytes", info, err, access.MaxSize)
+	}
+	if _, err := access.Read(file); err != nil {
+		t.Errorf("reading a record of exactly MaxSize: %v", err)
+	}
+	if err := d.Write("p", "over", sized(pad+1), &api.ContainerAdjustment{}); !errors.Is(err, access.ErrTooLarge) {
+		t.Errorf("a record one byte over MaxSize: %v, want ErrTooLarge", err)
+	}
+}
+
+// TestFiles: a record is read-only for all, in a directory others may
+// pass through but not list; removing one that is not a file fails.
+func TestFiles(t *testing.T) {
+	rec, err := access.New(ctr, nil, gpu0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	adj := &api.ContainerAdjustment{}
+	if err := access.Open(dir).Write("p", "c", rec, adj); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]os.FileMode{adj.GetMounts()[0].Source: 0o444, filepath.Join(dir, "p"): 0o711} {
+		if info, err := os.Stat(path); err != nil || info.Mode().Perm() != want {
+			t.Errorf("%s: %v, %v; want mode %#o", path, info, err, want)
+		}
+	}
+	// Something else at a record's path: a directory with a file in it.
+	if err := os.MkdirAll(filepath.Join(dir, "p", "d.json", "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := access.Open(dir).Remove("p", "d"); err == nil {
+		t.Error("removing a non-empty directory at a record's path: no error")
 	}
 }
