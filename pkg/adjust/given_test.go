@@ -218,3 +218,40 @@ devices:
 		t.Errorf("mounts %v, want %v", binds, want)
 	}
 }
+
+// TestBuildUserNSOnce: in a user namespace a moved node that two devices
+// of a request name is bound once, and listed once in the record, as a
+// device node is given once; a node of another path from the same host
+// node is bound at its own path.
+func TestBuildUserNSOnce(t *testing.T) {
+	const spec = `
+cdiVersion: "0.6.0"
+kind: example.com/twice
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes: [{path: /dev/example0, hostPath: /dev/null}]
+  - name: all
+    containerEdits:
+      deviceNodes: [{path: /dev/example0, hostPath: /dev/null}, {path: /dev/example-alias, hostPath: /dev/null}]
+`
+	res, err := build(t, map[string]string{"twice.yaml": spec}, adjust.Options{Runtime: adjust.RuntimeOf("containerd", "v2.3.7"), UserNS: true},
+		"example.com/twice=0", "example.com/twice=all")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var binds []string
+	for _, m := range res.Adjustment.GetMounts() {
+		binds = append(binds, m.Source+":"+m.Destination)
+	}
+	if want := []string{"/dev/null:/dev/example0", "/dev/null:/dev/example-alias"}; !slices.Equal(binds, want) {
+		t.Errorf("binds %v, want %v", binds, want)
+	}
+	var nodes []string
+	for _, n := range res.Given.DeviceNodes {
+		nodes = append(nodes, n.Path)
+	}
+	if want := []string{"/dev/example0", "/dev/example-alias"}; !slices.Equal(nodes, want) || len(res.Given.Mounts) != 0 {
+		t.Errorf("record: nodes %v, mounts %v; want %v and no mount", nodes, res.Given.Mounts, want)
+	}
+}
