@@ -136,18 +136,7 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 		return nil, err
 	}
 
-	scratch := &oci.Spec{
-		Process: &oci.Process{User: oci.User{UID: opts.UID, GID: opts.GID}},
-		Linux:   &oci.Linux{},
-	}
-	// CDI applies everything but the device nodes (which it would stat);
-	// addDeviceNodes does their part of ContainerEdits.Apply from nodes.
-	deviceNodes := edits.DeviceNodes
-	edits.DeviceNodes = nil
-	if err := edits.Apply(scratch); err != nil {
-		return nil, fmt.Errorf("applying CDI edits of %s: %w", strings.Join(names, ", "), err)
-	}
-	givenNodes, err := addDeviceNodes(scratch, deviceNodes, nodes, opts)
+	scratch, givenNodes, err := apply(edits, nodes, opts)
 	if err != nil {
 		return nil, fmt.Errorf("applying CDI edits of %s: %w", strings.Join(names, ", "), err)
 	}
@@ -158,6 +147,25 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 		return nil, fmt.Errorf("devices the runtime injected: %w", err)
 	}
 	return res, nil
+}
+
+// apply applies edits to an empty spec whose process runs as opts'
+// user: CDI applies everything but the device nodes (which it would
+// stat); addDeviceNodes does their part of ContainerEdits.Apply from
+// hosts, and its nodes as given are returned with the spec. edits is
+// left without its device nodes.
+func apply(edits *cdi.ContainerEdits, hosts map[string]specs.HostNode, opts Options) (*oci.Spec, []*cdispec.DeviceNode, error) {
+	s := &oci.Spec{
+		Process: &oci.Process{User: oci.User{UID: opts.UID, GID: opts.GID}},
+		Linux:   &oci.Linux{},
+	}
+	nodes := edits.DeviceNodes
+	edits.DeviceNodes = nil
+	if err := edits.Apply(s); err != nil {
+		return nil, nil, err
+	}
+	given, err := addDeviceNodes(s, nodes, hosts, opts)
+	return s, given, err
 }
 
 // supported returns a set's edits less those the runtime cannot apply.
@@ -183,11 +191,7 @@ func supported(set editSet, opts Options, res *Result) (*cdi.ContainerEdits, err
 	}
 	if slices.ContainsFunc(e.AdditionalGIDs, func(g uint32) bool { return g != 0 }) { // CDI ignores GID 0
 		if opts.UID == 0 || !slices.ContainsFunc(e.AdditionalGIDs, func(g uint32) bool { return lacksGroup(g, opts) }) {
-			for _, g := range e.AdditionalGIDs {
-				if g != 0 && !slices.Contains(res.Given.AdditionalGIDs, g) {
-					res.Given.AdditionalGIDs = append(res.Given.AdditionalGIDs, g)
-				}
-			}
+			addGroups(res.Given, e.AdditionalGIDs)
 			e.AdditionalGIDs = nil
 			res.Unneeded = append(res.Unneeded, Skipped{Device: set.device, Edit: EditAdditionalGIDs, Spec: set.spec})
 		} else {

@@ -28,15 +28,10 @@ func byRuntime(res *Result, hosts map[string]specs.HostNode, opts Options) error
 	for _, set := range inOrder(opts.Injected, nil, opts.SpecPath) {
 		edits.Append(&cdi.ContainerEdits{ContainerEdits: set.edits})
 	}
-	scratch := &oci.Spec{Process: &oci.Process{User: oci.User{UID: opts.UID, GID: opts.GID}}, Linux: &oci.Linux{}}
-	nodes := edits.DeviceNodes
-	edits.DeviceNodes = nil
-	if err := edits.Apply(scratch); err != nil {
-		return err
-	}
+	nodes := edits.DeviceNodes // apply takes them out
 	asRuntime := opts
 	asRuntime.UserNS = false // the runtime's CDI gives them as nodes
-	givenNodes, err := addDeviceNodes(scratch, nodes, hosts, asRuntime)
+	scratch, givenNodes, err := apply(edits, hosts, asRuntime)
 	if err != nil {
 		return err
 	}
@@ -57,12 +52,18 @@ func byRuntime(res *Result, hosts map[string]specs.HostNode, opts Options) error
 	res.Given.Mounts = append(res.Given.Mounts, theirs.Mounts...)
 	res.Given.Env = append(res.Given.Env, theirs.Env...)
 	res.Given.Hooks = append(res.Given.Hooks, theirs.Hooks...)
-	for _, g := range edits.AdditionalGIDs {
-		if g != 0 && !slices.Contains(res.Given.AdditionalGIDs, g) {
-			res.Given.AdditionalGIDs = append(res.Given.AdditionalGIDs, g)
+	addGroups(res.Given, edits.AdditionalGIDs)
+	return nil
+}
+
+// addGroups adds to into's additional groups each of gids it lacks, but
+// root's, which CDI ignores.
+func addGroups(into *cdispec.ContainerEdits, gids []uint32) {
+	for _, g := range gids {
+		if g != 0 && !slices.Contains(into.AdditionalGIDs, g) {
+			into.AdditionalGIDs = append(into.AdditionalGIDs, g)
 		}
 	}
-	return nil
 }
 
 // given completes into what the edits applied to s give a container, as
