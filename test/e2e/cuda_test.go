@@ -254,7 +254,7 @@ func hostileUserNS(t *testing.T, name, libDir, config string) {
 		err = ctd.StartContainer(id)
 	}
 	if err != nil {
-		t.Logf("the hostile image in a user namespace does not start: %s", lastErrLine(err))
+		t.Logf("the hostile image in a user namespace does not start: %s", harness.LastLine(err.Error()))
 	} else {
 		t.Log("the hostile image in a user namespace started")
 	}

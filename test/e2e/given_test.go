@@ -150,8 +150,7 @@ func TestSupervisorLandlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, "supervisor")
-	build := exec.Command("go", "build", "-o", bin, "./test/supervisor")
-	build.Dir = repoRoot(t)
+	build := exec.Command("go", "build", "-o", bin, "github.com/nri-gpu/nri-gpu/test/supervisor")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./test/supervisor: %v\n%s", err, out)
@@ -198,23 +197,6 @@ func TestSupervisorLandlock(t *testing.T) {
 	}
 }
 
-// repoRoot is the repository's root, where go.mod is.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for ; ; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		if dir == filepath.Dir(dir) {
-			t.Fatal("no go.mod above the test's directory")
-		}
-	}
-}
-
 // TestAccessRecordImageDirectory: an image with a directory where the
 // record goes cannot have the record mounted over it: the runtime refuses
 // to start the container (a file cannot be bound on a directory), the
@@ -240,7 +222,7 @@ func TestAccessRecordImageDirectory(t *testing.T) {
 	if err == nil {
 		t.Fatal("a container whose image has a directory at the record's path started")
 	}
-	t.Logf("refused: %s", lastErrLine(err))
+	t.Logf("refused: %s", harness.LastLine(err.Error()))
 	testutil.ErrorSays(t, err, "not a directory")
 	if out, err := ctd.Crictl("rmp", "--force", podID); err != nil {
 		t.Fatalf("crictl rmp: %v: %s", err, out)

@@ -39,7 +39,7 @@ func TestUserNamespacePod(t *testing.T) {
 		if !strings.Contains(err.Error(), "operation not permitted") {
 			t.Fatalf("containerd %s: %v, want the runtime's refusal", env.tools.ContainerdVersion, err)
 		}
-		t.Logf("containerd %s refuses a user-namespaced sandbox: %s", env.tools.ContainerdVersion, lastErrLine(err))
+		t.Logf("containerd %s refuses a user-namespaced sandbox: %s", env.tools.ContainerdVersion, harness.LastLine(err.Error()))
 		return
 	}
 	if err != nil {
@@ -80,12 +80,6 @@ func TestUserNamespacePod(t *testing.T) {
 	t.Logf("as uid 1000: %s", strings.Join(strings.Fields(out), " "))
 }
 
-// lastErrLine returns the last line of an error's text.
-func lastErrLine(err error) string {
-	lines := strings.Split(strings.TrimSpace(err.Error()), "\n")
-	return lines[len(lines)-1]
-}
-
 // TestUserNamespaceRuntimeCDI: containerd's own CDI (enable_cdi on, the
 // default on 2.x, as the device plugin's cdi.k8s.io annotations and DRA's
 // CRI CDI devices reach it) cannot start a user-namespaced container whose
@@ -114,7 +108,7 @@ func TestUserNamespaceRuntimeCDI(t *testing.T) {
 		id, err := ctd.CreateContainer(podID, pod, asked)
 		if withPlugin {
 			testutil.ErrorSays(t, err, "/dev/nvidiactl", "which the runtime's own CDI injects", "enable_cdi = false", "hostUsers: true")
-			t.Logf("with nri-gpu: %s", lastErrLine(err))
+			t.Logf("with nri-gpu: %s", harness.LastLine(err.Error()))
 			byPlugin := harness.Pod{Name: "userns-nri", Namespace: "e2e", UserNS: true, Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
 			podID, err := ctd.RunPod(byPlugin)
 			if err != nil {
@@ -133,7 +127,7 @@ func TestUserNamespaceRuntimeCDI(t *testing.T) {
 			t.Fatal("containerd's own CDI started a user-namespaced container whose node's hostPath differs from its path; this test expects its failure")
 		}
 		testutil.ErrorSays(t, err, "error creating device nodes", "no such file or directory")
-		t.Logf("containerd's own CDI alone: %s", lastErrLine(err))
+		t.Logf("containerd's own CDI alone: %s", harness.LastLine(err.Error()))
 	}
 }
 

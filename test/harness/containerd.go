@@ -451,7 +451,7 @@ func (c *Containerd) RunPod(p Pod) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("crictl runp: %w: %s", err, out)
 	}
-	return lastLine(out), nil
+	return LastLine(out), nil
 }
 
 // CreateContainer creates a container in a pod, never pulling, and
@@ -491,7 +491,7 @@ func (c *Containerd) CreateContainer(podID string, p Pod, ctr Container) (string
 	if err != nil {
 		return "", fmt.Errorf("crictl create: %w: %s", err, out)
 	}
-	return lastLine(out), nil
+	return LastLine(out), nil
 }
 
 // StartContainer starts a created container.
@@ -549,7 +549,8 @@ func (c *Containerd) RemovePods() error {
 // removeBatch is how many pods RemovePods removes at once.
 const removeBatch = 10
 
-func lastLine(s string) string {
+// LastLine returns the last line of s (crictl's output or error), trimmed.
+func LastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return strings.TrimSpace(lines[len(lines)-1])
 }
