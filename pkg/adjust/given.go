@@ -41,7 +41,7 @@ func byRuntime(res *Result, hosts map[string]specs.HostNode, opts Options) error
 			if i := slices.IndexFunc(givenNodes, func(g *cdispec.DeviceNode) bool { return g.Path == n.Path }); !ok || at.Err != nil || i < 0 ||
 				at.Type != givenNodes[i].Type || at.Major != givenNodes[i].Major || at.Minor != givenNodes[i].Minor {
 				return fmt.Errorf("%w: device node %q (host %q), which the runtime's own CDI injects: in a user namespace runc binds it from %q on the host, which is not that node, and nri-gpu cannot change what the runtime's CDI injects; "+
-					"have nri-gpu inject it (turn the runtime's CDI off: enable_cdi = false), or run the pod without a user namespace (hostUsers: true)",
+					"have nri-gpu inject it (its device plugin's and DRA driver's cdiDevices: nri-gpu, or the runtime's CDI off: enable_cdi = false), or run the pod without a user namespace (hostUsers: true)",
 					ErrUserNS, n.Path, host, n.Path)
 			}
 		}

@@ -239,6 +239,12 @@ type DRA struct {
 	// claim gets it) or "NoExecute" (kube-controller-manager also evicts
 	// the pods of the claims that have it).
 	UnhealthyTaint string `yaml:"unhealthyTaint"`
+	// CDIDevices says who injects a prepared claim's devices: "cri" (the
+	// default: the driver returns their CDI device IDs, which kubelet
+	// puts in the CRI request; the runtime's own CDI injects them where
+	// it is on, nri-gpu where it is off) or "nri-gpu" (it returns none:
+	// nri-gpu injects them on every runtime).
+	CDIDevices CDIDevices `yaml:"cdiDevices"`
 }
 
 // The effects of an unhealthy device's taint (dra.unhealthyTaint).
@@ -247,8 +253,8 @@ const (
 	TaintNoExecute  = "NoExecute"
 )
 
-// CDIDevices says how a device plugin hands kubelet's allocation to the
-// runtime.
+// CDIDevices says how a door (the device plugin, the DRA driver) hands
+// kubelet's allocation to the runtime, and so who injects it.
 type CDIDevices string
 
 const (
@@ -260,6 +266,14 @@ const (
 	// which the runtime injects with its own CDI support (containerd 2.x
 	// with enable_cdi on); nri-gpu accounts for them.
 	CDICRI CDIDevices = "cri"
+	// CDINRIGPU hands the runtime nothing its own CDI would inject: the
+	// device plugin has kubelet write a devices.nri-gpu.io/<resource>
+	// container annotation, the DRA driver returns no CDI device IDs, and
+	// nri-gpu alone injects the devices, on every runtime. What a
+	// user-namespaced pod needs on a runtime with its CDI on where a
+	// spec's device node has a hostPath other than its path (runc cannot
+	// create such a node from the runtime's CDI in a user namespace).
+	CDINRIGPU CDIDevices = "nri-gpu"
 )
 
 // DevicePlugin is the start.devicePlugin block of the configuration.
@@ -270,7 +284,7 @@ type DevicePlugin struct {
 	// KubeletDir is kubelet's device-plugin directory, where its
 	// registration socket is and nri-gpu's sockets go.
 	KubeletDir string `yaml:"kubeletDir"`
-	// CDIDevices is "annotations" or "cri".
+	// CDIDevices is "annotations", "cri" or "nri-gpu".
 	CDIDevices CDIDevices `yaml:"cdiDevices"`
 }
 
@@ -491,6 +505,9 @@ func (c *Config) setDefaults() {
 	}
 	if r.UnhealthyTaint == "" {
 		r.UnhealthyTaint = TaintNoSchedule
+	}
+	if r.CDIDevices == "" {
+		r.CDIDevices = CDICRI
 	}
 	m := &c.Start.MPS
 	if m.CheckInterval == 0 {

@@ -36,7 +36,7 @@ func TestParse(t *testing.T) {
 			DevicePlugin: config.DevicePlugin{KubeletDir: "/var/lib/kubelet/device-plugins", CDIDevices: config.CDIAnnotations},
 			DRA: config.DRA{
 				DriverName: "gpu.nri-gpu.io", Kinds: []string{"nvidia.com/gpu"}, Devices: []string{"*"},
-				PluginDir: "/var/lib/kubelet/plugins", RegistryDir: "/var/lib/kubelet/plugins_registry", UnhealthyTaint: "NoSchedule",
+				PluginDir: "/var/lib/kubelet/plugins", RegistryDir: "/var/lib/kubelet/plugins_registry", UnhealthyTaint: "NoSchedule", CDIDevices: config.CDICRI,
 			},
 			MPS: config.MPS{Daemon: config.MPSExternal, ControlCommand: "/usr/bin/nvidia-cuda-mps-control", Root: "/run/nri-gpu/mps", CheckInterval: 10 * time.Second},
 		},
@@ -74,7 +74,7 @@ func TestParse(t *testing.T) {
 			DRA: config.DRA{
 				Enabled: true, DriverName: "fpga.example.com", Kinds: []string{"example.com/fpga", "example.com/nic"},
 				Devices: []string{"[0-9]*"}, NodeName: "node-1", Kubeconfig: "/etc/nri-gpu/kubeconfig",
-				PluginDir: "/var/lib/k3s/plugins", RegistryDir: "/var/lib/k3s/plugins_registry", UnhealthyTaint: "NoExecute",
+				PluginDir: "/var/lib/k3s/plugins", RegistryDir: "/var/lib/k3s/plugins_registry", UnhealthyTaint: "NoExecute", CDIDevices: config.CDINRIGPU,
 			},
 		},
 	}
@@ -142,6 +142,7 @@ dra:
   pluginDir: /var/lib/k3s/plugins
   registryDir: /var/lib/k3s/plugins_registry
   unhealthyTaint: NoExecute
+  cdiDevices: nri-gpu
 `,
 			want: everyKey,
 		},
@@ -206,6 +207,7 @@ start:
     pluginDir: /var/lib/k3s/plugins
     registryDir: /var/lib/k3s/plugins_registry
     unhealthyTaint: NoExecute
+    cdiDevices: nri-gpu
 `,
 			want: everyKey,
 		},
@@ -227,7 +229,7 @@ start:
 		{name: "bad interval", yaml: "generateInterval: soon\n", wantErr: []string{"line 1", "soon"}},
 		{name: "negative interval", yaml: "generateInterval: -1s\n", wantErr: []string{"generateInterval: -1s is not positive"}},
 		{name: "relative driver root", yaml: "driverRoot: run/nvidia\n", wantErr: []string{`driverRoot: "run/nvidia" is not an absolute path`}},
-		{name: "bad cdiDevices", yaml: "devicePlugin:\n  cdiDevices: env\n", wantErr: []string{`devicePlugin.cdiDevices: "env" is neither "annotations" nor "cri"`}},
+		{name: "bad cdiDevices", yaml: "devicePlugin:\n  cdiDevices: env\n", wantErr: []string{`devicePlugin.cdiDevices: "env" is not one of "annotations", "cri", "nri-gpu"`}},
 		{name: "relative kubelet dir", yaml: "devicePlugin:\n  kubeletDir: kubelet\n", wantErr: []string{`devicePlugin.kubeletDir: "kubelet" is not an absolute path`}},
 		{name: "bad resource name", yaml: "devicePlugin:\n  resources: [{name: gpu}]\n", wantErr: []string{`devicePlugin.resources[0].name: kind "gpu" is not of the form vendor/class`}},
 		{name: "resource twice", yaml: "devicePlugin:\n  resources: [{name: a.com/b}, {name: a.com/b}]\n", wantErr: []string{`devicePlugin.resources[1].name: "a.com/b" is listed twice`}},
@@ -262,6 +264,7 @@ start:
 			`policy.sharing[0].memory: "8Gi" is less than policy.sharing[0].memoryRequest.maximum (16Gi)`}},
 		{name: "default beside pinned memory", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, pinnedMemoryLimit: 1Gi, memoryRequest: {default: 2Gi}}]\n", wantErr: []string{`policy.sharing[0].memoryRequest.default: pinnedMemoryLimit is what a user consumes by default`}},
 		{name: "memory quota with MPS", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, memoryQuota: true}]\n", wantErr: []string{`policy.sharing[0].memoryQuota: MPS bounds each client's memory`}},
+		{name: "bad DRA cdiDevices", yaml: "dra:\n  cdiDevices: annotations\n", wantErr: []string{`dra.cdiDevices: "annotations" is neither "cri" nor "nri-gpu"`}},
 		{name: "bad unhealthy taint", yaml: "dra:\n  unhealthyTaint: PreferNoSchedule\n", wantErr: []string{`dra.unhealthyTaint: "PreferNoSchedule" is neither "NoSchedule" nor "NoExecute"`}},
 		{name: "bad MPS daemon", yaml: "mps:\n  daemon: systemd\n", wantErr: []string{`mps.daemon: "systemd" is neither "external" nor "managed"`}},
 		{name: "relative MPS control", yaml: "mps:\n  controlCommand: nvidia-cuda-mps-control\n", wantErr: []string{`mps.controlCommand: "nvidia-cuda-mps-control" is not an absolute path`}},

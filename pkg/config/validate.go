@@ -6,6 +6,8 @@ import (
 	"path"
 	"path/filepath"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -122,12 +124,19 @@ func kind(at *field.Path, k string) field.ErrorList {
 	return nil
 }
 
-// oneOf requires one of the two values allowed.
-func oneOf[T ~string](at *field.Path, v, a, b T) field.ErrorList {
-	if v == a || v == b {
+// oneOf requires one of the values allowed.
+func oneOf[T ~string](at *field.Path, v T, allowed ...T) field.ErrorList {
+	if slices.Contains(allowed, v) {
 		return nil
 	}
-	return field.ErrorList{field.Invalid(at, v, fmt.Sprintf("%q is neither %q nor %q", v, a, b))}
+	if len(allowed) == 2 {
+		return field.ErrorList{field.Invalid(at, v, fmt.Sprintf("%q is neither %q nor %q", v, allowed[0], allowed[1]))}
+	}
+	quoted := make([]string, len(allowed))
+	for i, a := range allowed {
+		quoted[i] = strconv.Quote(string(a))
+	}
+	return field.ErrorList{field.Invalid(at, v, fmt.Sprintf("%q is not one of %s", v, strings.Join(quoted, ", ")))}
 }
 
 // positive requires a duration above 0.
@@ -304,12 +313,13 @@ func (d *DRA) validate(at *field.Path) field.ErrorList {
 	}
 	errs = append(errs, absolute(at.Child("pluginDir"), d.PluginDir)...)
 	errs = append(errs, oneOf(at.Child("unhealthyTaint"), d.UnhealthyTaint, TaintNoSchedule, TaintNoExecute)...)
+	errs = append(errs, oneOf(at.Child("cdiDevices"), d.CDIDevices, CDICRI, CDINRIGPU)...)
 	return append(errs, absolute(at.Child("registryDir"), d.RegistryDir)...)
 }
 
 func (d *DevicePlugin) validate(at *field.Path) field.ErrorList {
 	errs := absolute(at.Child("kubeletDir"), d.KubeletDir)
-	errs = append(errs, oneOf(at.Child("cdiDevices"), d.CDIDevices, CDIAnnotations, CDICRI)...)
+	errs = append(errs, oneOf(at.Child("cdiDevices"), d.CDIDevices, CDIAnnotations, CDICRI, CDINRIGPU)...)
 	seen := map[string]bool{}
 	for i, r := range d.Resources {
 		res := at.Child("resources").Index(i)

@@ -339,6 +339,8 @@ func (p *Plugin) Allocate(_ context.Context, req *api.AllocateRequest) (*api.All
 			for _, n := range names {
 				c.CdiDevices = append(c.CdiDevices, &api.CDIDevice{Name: n})
 			}
+		case config.CDINRIGPU:
+			c.Annotations = map[string]string{policy.DevicePluginAnnotation(p.resource): strings.Join(names, ",")}
 		default:
 			ann, err := cdi.UpdateAnnotations(nil, policy.DevicePluginName, p.resource, names)
 			if err != nil {

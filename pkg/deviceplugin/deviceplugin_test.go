@@ -86,6 +86,13 @@ func TestAllocate(t *testing.T) {
 				{CdiDevices: []*api.CDIDevice{{Name: "nvidia.com/gpu=1"}}},
 			}},
 		},
+		{
+			name: "an annotation only nri-gpu reads", mode: config.CDINRIGPU, ids: [][]string{{"1", "0"}, {"2::1"}},
+			want: &api.AllocateResponse{ContainerResponses: []*api.ContainerAllocateResponse{
+				{Annotations: map[string]string{"devices.nri-gpu.io/nvidia.com_gpu": "nvidia.com/gpu=1,nvidia.com/gpu=0"}},
+				{Annotations: map[string]string{"devices.nri-gpu.io/nvidia.com_gpu": "nvidia.com/gpu=2"}},
+			}},
+		},
 		{name: "a device the resource does not offer", mode: config.CDIAnnotations, ids: [][]string{{"0"}, {"7"}}, wantErr: ErrUnknownDevice},
 		{
 			name: "replicas of shared devices are their devices", mode: config.CDIAnnotations, ids: [][]string{{"2::1", "3::0"}, {"2::0"}},

@@ -226,11 +226,11 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			out[c.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("nri-gpu: %w", err)}
 			continue
 		}
-		var ids []string
+		var names []string
 		for _, dev := range res.Devices {
-			ids = append(ids, dev.CDIDeviceIDs...)
+			names = append(names, dev.DeviceName)
 		}
-		log.WithField("devices", strings.Join(ids, ",")).Info("prepared claim")
+		log.WithField("devices", strings.Join(names, ",")).Info("prepared claim")
 		out[c.UID] = res
 	}
 	return out, nil
@@ -285,9 +285,13 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) (kub
 		if a.Asked, err = d.askedOf(c, r.Request, info.Index, info.UUID); err != nil {
 			return res, fmt.Errorf("%s: %w", claim, err)
 		}
-		res.Devices = append(res.Devices, kubeletplugin.Device{
-			Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{name}, ShareID: r.ShareID,
-		})
+		dev := kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, ShareID: r.ShareID}
+		if d.cfg.CDIDevices != config.CDINRIGPU {
+			// For the runtime's own CDI, where it is on; nri-gpu injects
+			// the claim's devices either way where it is not.
+			dev.CDIDeviceIDs = []string{name}
+		}
+		res.Devices = append(res.Devices, dev)
 	}
 	if err := d.src.Prepare(ctx, claim, allocated); err != nil {
 		return kubeletplugin.PrepareResult{}, err

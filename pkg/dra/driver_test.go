@@ -597,6 +597,44 @@ func TestPrepareNotAllocated(t *testing.T) {
 	}
 }
 
+// TestPrepareWhoInjects: with dra.cdiDevices "cri" the prepared devices
+// carry their CDI device IDs, which kubelet hands the runtime; with
+// "nri-gpu" they carry none (the runtime's own CDI injects nothing, and
+// nri-gpu injects the claim's devices itself), and are held alike.
+func TestPrepareWhoInjects(t *testing.T) {
+	for _, tc := range []struct {
+		mode config.CDIDevices
+		want []string
+	}{
+		{config.CDICRI, []string{"nvidia.com/gpu=1"}},
+		{config.CDINRIGPU, nil},
+	} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			src := newSource("gpu-0", "gpu-1")
+			cfg := config.Default().Start.DRA
+			cfg.CDIDevices = tc.mode
+			log, _ := test.NewNullLogger()
+			d := dra.New(cfg, node, src, log)
+			res, err := d.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{
+				allocated("one", "uid-one", result("gpus", driver, node, "gpu-1")),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := res["uid-one"]
+			if r.Err != nil || len(r.Devices) != 1 || r.Devices[0].DeviceName != "gpu-1" {
+				t.Fatalf("prepared %+v", r)
+			}
+			if got := r.Devices[0].CDIDeviceIDs; !slices.Equal(got, tc.want) {
+				t.Errorf("CDI device IDs for kubelet %v, want %v", got, tc.want)
+			}
+			if held := src.prepared["uid-one"]; len(held) != 1 || held[0].CDI != "nvidia.com/gpu=1" {
+				t.Errorf("held %+v, want nvidia.com/gpu=1", held)
+			}
+		})
+	}
+}
+
 // TestUnprepareNotRecorded: a release the source cannot record reaches
 // kubelet as the claim's error (kubelet asks again), never as done.
 func TestUnprepareNotRecorded(t *testing.T) {

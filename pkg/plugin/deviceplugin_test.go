@@ -81,6 +81,11 @@ func TestResourceDevices(t *testing.T) {
 	want("GPU 0 held by an annotation pod, by its UUID", "0 unhealthy, 1 healthy, 2 healthy")
 	create("kube", nil, map[string]string{"cdi.k8s.io/nri-gpu_nvidia.com_gpu": "nvidia.com/gpu=1"})
 	want("GPU 1 allocated by kubelet", "0 unhealthy, 1 healthy, 2 healthy")
+	create("kube-nri", nil, map[string]string{"devices.nri-gpu.io/nvidia.com_gpu": "nvidia.com/gpu=2"})
+	want("GPU 2 allocated by kubelet, with cdiDevices: nri-gpu", "0 unhealthy, 1 healthy, 2 healthy")
+	if err := p.StopPodSandbox(context.Background(), &api.PodSandbox{Id: "id-kube-nri"}); err != nil {
+		t.Fatal(err)
+	}
 	if err := p.StopPodSandbox(context.Background(), &api.PodSandbox{Id: "id-ann"}); err != nil {
 		t.Fatal(err)
 	}

@@ -1110,21 +1110,23 @@ func TestUserNamespaceContainer(t *testing.T) {
 		version, wantErr string
 		userNS           bool
 		mount            bool
-		// kubelet asks through the device plugin (its cdi.k8s.io
-		// annotation, the runtime's own CDI off) instead of the pod.
-		kubelet bool
+		// kubelet asks through the device plugin, under this container
+		// annotation (cdi.k8s.io with the runtime's own CDI off, or
+		// devices.nri-gpu.io), instead of the pod.
+		kubelet string
 	}{
 		{version: "v2.3.7", userNS: true, mount: true},
-		{version: "v2.3.7", userNS: true, mount: true, kubelet: true},
+		{version: "v2.3.7", userNS: true, mount: true, kubelet: "cdi.k8s.io/nri-gpu_nvidia.com_gpu"},
+		{version: "v2.3.7", userNS: true, mount: true, kubelet: "devices.nri-gpu.io/nvidia.com_gpu"},
 		{version: "v2.3.7"},
 		{version: "v1.7.35", userNS: true, wantErr: `device node "/dev/nvidia0" (host "/dev/null"): in a user namespace the runtime cannot create it`},
 	} {
 		r := runtimeSetUp(t, tc.version, "policy: {exclusive: true}\n", nil)
 		pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
 		ctr := ctrOf(pod, nil)
-		if tc.kubelet {
+		if tc.kubelet != "" {
 			pod = gpuPod("a", nil)
-			ctr = ctrOf(pod, map[string]string{"cdi.k8s.io/nri-gpu_nvidia.com_gpu": "nvidia.com/gpu=0"})
+			ctr = ctrOf(pod, map[string]string{tc.kubelet: "nvidia.com/gpu=0"})
 		}
 		if tc.userNS {
 			ctr.Linux.Namespaces = []*api.LinuxNamespace{{Type: "user", Path: "/proc/1/ns/user"}}

@@ -48,6 +48,20 @@ const (
 // annotations.
 const kubeletAnnotationPrefix = "cdi.k8s.io/" + DevicePluginName + "_"
 
+// DevicePluginAnnotationPrefix starts the key of the container annotation
+// nri-gpu's device plugin has kubelet write with cdiDevices: nri-gpu
+// (devices.nri-gpu.io/nvidia.com_gpu: nvidia.com/gpu=0): the devices
+// kubelet allocated, as a cdi.k8s.io annotation lists them, but under a
+// key no runtime's own CDI reads, so that nri-gpu alone injects them.
+// It is read whatever honorCDIAnnotations says.
+const DevicePluginAnnotationPrefix = "devices.nri-gpu.io/"
+
+// DevicePluginAnnotation returns the key of that annotation for an
+// extended resource ("nvidia.com/gpu": devices.nri-gpu.io/nvidia.com_gpu).
+func DevicePluginAnnotation(resource string) string {
+	return DevicePluginAnnotationPrefix + strings.ReplaceAll(resource, "/", "_")
+}
+
 // ErrInvalidRequest is wrapped by every error about a malformed request.
 var ErrInvalidRequest = errors.New("invalid device request")
 
@@ -84,7 +98,8 @@ type Request struct {
 // nri-gpu's device plugin (on Kubernetes only kubelet writes a
 // container's annotations).
 func (r Request) FromKubelet() bool {
-	return r.Origin == OriginRuntime || (r.Origin == OriginCDI && strings.HasPrefix(r.Key, kubeletAnnotationPrefix))
+	return r.Origin == OriginRuntime || (r.Origin == OriginCDI &&
+		(strings.HasPrefix(r.Key, kubeletAnnotationPrefix) || strings.HasPrefix(r.Key, DevicePluginAnnotationPrefix)))
 }
 
 // String describes the request for error messages.
@@ -219,13 +234,11 @@ func (p *Parser) parseNamed(c Container) ([]Request, error) {
 		}
 		reqs = append(reqs, r...)
 	}
-	if p.honorCDI {
-		r, err := parseCDIAnnotations(c.Annotations)
-		if err != nil {
-			return nil, err
-		}
-		reqs = append(reqs, r...)
+	r, err := parseContainerAnnotations(c.Annotations, p.honorCDI)
+	if err != nil {
+		return nil, err
 	}
+	reqs = append(reqs, r...)
 	if len(c.CDIDevices) > maxItems {
 		return nil, fmt.Errorf("CDI devices of the container's CRI request: %w: %d, more than %d", ErrInvalidRequest, len(c.CDIDevices), maxItems)
 	}
@@ -298,12 +311,15 @@ func (p *Parser) qualify(item string) (string, error) {
 	return parser.QualifiedName(p.vendor, p.class, item), nil
 }
 
-// parseCDIAnnotations reads cdi.k8s.io/* annotations with CDI's own parser,
-// one key at a time (in sorted order) so that errors name the key.
-func parseCDIAnnotations(annotations map[string]string) ([]Request, error) {
+// parseContainerAnnotations reads the container annotations that name
+// devices: devices.nri-gpu.io/* (of nri-gpu's device plugin) and, when
+// honorCDI, cdi.k8s.io/*, with CDI's own parser (the former as if under
+// cdi.k8s.io/), one key at a time (in sorted order) so that errors name
+// the key.
+func parseContainerAnnotations(annotations map[string]string, honorCDI bool) ([]Request, error) {
 	var keys []string
 	for k := range annotations {
-		if strings.HasPrefix(k, cdi.AnnotationPrefix) {
+		if strings.HasPrefix(k, DevicePluginAnnotationPrefix) || (honorCDI && strings.HasPrefix(k, cdi.AnnotationPrefix)) {
 			keys = append(keys, k)
 		}
 	}
@@ -314,10 +330,14 @@ func parseCDIAnnotations(annotations map[string]string) ([]Request, error) {
 			if len(reqs) == 0 {
 				return nil, fmt.Errorf("container annotation %q: %w: %d items, more than %d", k, ErrInvalidRequest, n, maxItems)
 			}
-			return nil, fmt.Errorf("container annotations %s: %w: more than %d items together",
-				cdi.AnnotationPrefix+"*", ErrInvalidRequest, maxItems)
+			return nil, fmt.Errorf("container annotations %s* and %s*: %w: more than %d items together",
+				cdi.AnnotationPrefix, DevicePluginAnnotationPrefix, ErrInvalidRequest, maxItems)
 		}
-		_, devices, err := cdi.ParseAnnotations(map[string]string{k: annotations[k]})
+		cdiKey := k
+		if name, ok := strings.CutPrefix(k, DevicePluginAnnotationPrefix); ok {
+			cdiKey = cdi.AnnotationPrefix + name
+		}
+		_, devices, err := cdi.ParseAnnotations(map[string]string{cdiKey: annotations[k]})
 		if err != nil {
 			return nil, fmt.Errorf("container annotation %q: %w: %w", k, ErrInvalidRequest, err)
 		}

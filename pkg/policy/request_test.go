@@ -87,6 +87,22 @@ func TestParse(t *testing.T) {
 			},
 		},
 		{
+			name:   "the device plugin's devices.nri-gpu.io annotation, read even where cdi.k8s.io is not honoured",
+			podAnn: map[string]string{"devices.nri-gpu.io/nvidia.com_gpu": "nvidia.com/gpu=2"},
+			ctrAnn: map[string]string{
+				"devices.nri-gpu.io/nvidia.com_gpu": "nvidia.com/gpu=0,nvidia.com/gpu=1", "cdi.k8s.io/a": "nvidia.com/gpu=3",
+			},
+			want: []policy.Request{
+				cdiReq("devices.nri-gpu.io/nvidia.com_gpu", "nvidia.com/gpu=0"),
+				cdiReq("devices.nri-gpu.io/nvidia.com_gpu", "nvidia.com/gpu=1"),
+			},
+		},
+		{
+			name:    "a malformed devices.nri-gpu.io annotation",
+			ctrAnn:  map[string]string{"devices.nri-gpu.io/nvidia.com_gpu": "nvidia.com/gpu=0,gpu1"},
+			wantErr: []string{`container annotation "devices.nri-gpu.io/nvidia.com_gpu"`, "gpu1"},
+		},
+		{
 			name:   "cdi.k8s.io annotations ignored unless honoured",
 			ctrAnn: map[string]string{"cdi.k8s.io/a": "nvidia.com/gpu=0"},
 			want:   nil,
@@ -187,7 +203,7 @@ func TestParse(t *testing.T) {
 				"cdi.k8s.io/a": strings.Repeat("nvidia.com/gpu=0,", 199) + "nvidia.com/gpu=0",
 				"cdi.k8s.io/b": strings.Repeat("nvidia.com/gpu=1,", 199) + "nvidia.com/gpu=1",
 			},
-			wantErr: []string{"container annotations cdi.k8s.io/*", "more than 256 items together"},
+			wantErr: []string{"container annotations cdi.k8s.io/* and devices.nri-gpu.io/*", "more than 256 items together"},
 		},
 		{
 			name:    "too many devices across annotations and the CRI request",
@@ -301,5 +317,29 @@ func TestNewParserRejectsBadKind(t *testing.T) {
 		if _, err := policy.NewParser(kind, true); err == nil {
 			t.Errorf("kind %q accepted", kind)
 		}
+	}
+}
+
+// TestFromKubelet: what kubelet allocated (the CRI request's CDI devices,
+// the annotations of nri-gpu's device plugin) is told from what a pod
+// asks for itself.
+func TestFromKubelet(t *testing.T) {
+	for _, tc := range []struct {
+		req  policy.Request
+		want bool
+	}{
+		{policy.Request{Device: "nvidia.com/gpu=0", Origin: policy.OriginRuntime}, true},
+		{policy.Request{Device: "nvidia.com/gpu=0", Key: policy.DevicePluginAnnotation("nvidia.com/gpu"), Origin: policy.OriginCDI}, true},
+		{policy.Request{Device: "nvidia.com/gpu=0", Key: "cdi.k8s.io/nri-gpu_nvidia.com_gpu", Origin: policy.OriginCDI}, true},
+		{policy.Request{Device: "nvidia.com/gpu=0", Key: "cdi.k8s.io/other_nvidia.com_gpu", Origin: policy.OriginCDI}, false},
+		{policy.Request{Device: "nvidia.com/gpu=0", Key: "gpus.nri-gpu.io", Origin: policy.OriginPod}, false},
+		{policy.Request{Device: "nvidia.com/gpu=0", Key: "devices.nri-gpu.io/nvidia.com_gpu", Origin: policy.OriginPod}, false},
+	} {
+		if got := tc.req.FromKubelet(); got != tc.want {
+			t.Errorf("%+v: FromKubelet %v, want %v", tc.req, got, tc.want)
+		}
+	}
+	if got := policy.DevicePluginAnnotation("nvidia.com/gpu"); got != "devices.nri-gpu.io/nvidia.com_gpu" {
+		t.Errorf("DevicePluginAnnotation(nvidia.com/gpu) = %q", got)
 	}
 }
