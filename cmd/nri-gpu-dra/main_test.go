@@ -15,7 +15,7 @@ import (
 func TestRun(t *testing.T) {
 	args := link.Options{Node: "node-1", LogLevel: "info", LogFormat: "text"}
 	args.DRA.DriverName, args.DRA.PluginDir, args.DRA.RegistryDir = "gpu.nri-gpu.io", t.TempDir(), t.TempDir()
-	args.DRA.UnhealthyTaint = "NoSchedule"
+	args.DRA.UnhealthyTaint, args.DRA.CDIDevices = "NoSchedule", "cri"
 	tests := []struct {
 		name string
 		args []string

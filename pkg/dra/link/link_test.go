@@ -42,7 +42,7 @@ func TestOptions(t *testing.T) {
 	in := link.Options{Node: "node-1", LogLevel: "debug", LogFormat: "json"}
 	in.DRA.Enabled = true
 	in.DRA.DriverName, in.DRA.PluginDir, in.DRA.RegistryDir = "gpu.example.com", "/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry"
-	in.DRA.UnhealthyTaint = "NoExecute"
+	in.DRA.UnhealthyTaint, in.DRA.CDIDevices = "NoExecute", "nri-gpu"
 	for _, kubeconfig := range []string{"", "/etc/nri-gpu/kubeconfig"} {
 		in.DRA.Kubeconfig = kubeconfig
 		var stderr strings.Builder
@@ -51,7 +51,7 @@ func TestOptions(t *testing.T) {
 			t.Fatalf("ParseOptions(%q): %v", in.Args(), err)
 		}
 		if got.DRA.DriverName != in.DRA.DriverName || got.DRA.PluginDir != in.DRA.PluginDir || got.DRA.RegistryDir != in.DRA.RegistryDir ||
-			got.DRA.UnhealthyTaint != in.DRA.UnhealthyTaint || got.DRA.Kubeconfig != in.DRA.Kubeconfig || got.Node != in.Node || got.LogLevel != in.LogLevel || got.LogFormat != in.LogFormat || !got.DRA.Enabled {
+			got.DRA.UnhealthyTaint != in.DRA.UnhealthyTaint || got.DRA.CDIDevices != in.DRA.CDIDevices || got.DRA.Kubeconfig != in.DRA.Kubeconfig || got.Node != in.Node || got.LogLevel != in.LogLevel || got.LogFormat != in.LogFormat || !got.DRA.Enabled {
 			t.Errorf("ParseOptions(Args()) = %+v, want %+v", got, in)
 		}
 	}
@@ -74,6 +74,18 @@ func TestOptions(t *testing.T) {
 	}
 	if _, err := link.ParseOptions(append(in.Args(), "--unhealthy-taint=PreferNoSchedule"), &strings.Builder{}); err == nil || !strings.Contains(err.Error(), `--unhealthy-taint="PreferNoSchedule"`) {
 		t.Errorf("an effect kube-controller-manager does not act on: %v", err)
+	}
+	if _, err := link.ParseOptions(append(in.Args(), "--cdi-devices=annotations"), &strings.Builder{}); err == nil || !strings.Contains(err.Error(), `--cdi-devices="annotations": want cri or nri-gpu`) {
+		t.Errorf("a cdiDevices the driver has no use for: %v", err)
+	}
+	var older []string // as a driver is started by an nri-gpu before the flag
+	for _, a := range in.Args() {
+		if !strings.HasPrefix(a, "--cdi-devices=") {
+			older = append(older, a)
+		}
+	}
+	if got, err := link.ParseOptions(older, &strings.Builder{}); err != nil || got.DRA.CDIDevices != "cri" {
+		t.Errorf("without --cdi-devices: %q, %v; want cri", got.DRA.CDIDevices, err)
 	}
 	if _, err := link.ParseOptions([]string{"--no-such-flag"}, &strings.Builder{}); err == nil {
 		t.Error("an unknown flag was taken")

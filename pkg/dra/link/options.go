@@ -12,8 +12,9 @@ import (
 // arguments.
 type Options struct {
 	// DRA is the start.dra block of nri-gpu's configuration; the driver
-	// uses its driverName, kubeconfig, pluginDir, registryDir and
-	// unhealthyTaint (kinds and devices are nri-gpu's to judge).
+	// uses its driverName, kubeconfig, pluginDir, registryDir,
+	// unhealthyTaint and cdiDevices (kinds and devices are nri-gpu's to
+	// judge).
 	DRA config.DRA
 	// Node is the node's name.
 	Node string
@@ -29,6 +30,7 @@ func (o Options) Args() []string {
 		"--plugin-dir=" + o.DRA.PluginDir,
 		"--registry-dir=" + o.DRA.RegistryDir,
 		"--unhealthy-taint=" + o.DRA.UnhealthyTaint,
+		"--cdi-devices=" + string(o.DRA.CDIDevices),
 		"--log-level=" + o.LogLevel,
 		"--log-format=" + o.LogFormat,
 	}
@@ -49,6 +51,7 @@ func ParseOptions(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&o.DRA.PluginDir, "plugin-dir", "", "kubelet's plugins directory")
 	fs.StringVar(&o.DRA.RegistryDir, "registry-dir", "", "kubelet's plugin registration directory")
 	fs.StringVar(&o.DRA.UnhealthyTaint, "unhealthy-taint", "", "the effect of an unhealthy device's taint: NoSchedule or NoExecute")
+	fs.StringVar((*string)(&o.DRA.CDIDevices), "cdi-devices", string(config.CDICRI), "who injects a claim's devices: cri (the runtime, through kubelet's CDI devices) or nri-gpu")
 	fs.StringVar(&o.DRA.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: the pod's service account)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", "text", "log format: text or json")
@@ -68,6 +71,9 @@ func ParseOptions(args []string, stderr io.Writer) (Options, error) {
 	}
 	if t := o.DRA.UnhealthyTaint; t != config.TaintNoSchedule && t != config.TaintNoExecute {
 		return o, fmt.Errorf("--unhealthy-taint=%q: want %s or %s", t, config.TaintNoSchedule, config.TaintNoExecute)
+	}
+	if c := o.DRA.CDIDevices; c != config.CDICRI && c != config.CDINRIGPU {
+		return o, fmt.Errorf("--cdi-devices=%q: want %s or %s", c, config.CDICRI, config.CDINRIGPU)
 	}
 	o.DRA.Enabled = true
 	return o, nil
