@@ -36,6 +36,12 @@ type Options struct {
 	// UID and GID are the container process's user and group. CDI gives
 	// them to device nodes whose spec sets no owner, as a runtime does.
 	UID, GID uint32
+	// UserUnknown says the runtime reports no process user (containerd
+	// 1.7's NRI): UID and GID are 0 for want of better, and a node whose
+	// spec gives no group keeps its host node's group where that group
+	// has access others lack (a 0660 node of group 44), so that a process
+	// of that group can use it, as on the host.
+	UserUnknown bool
 	// AdditionalGIDs are the groups the container's process has already.
 	AdditionalGIDs []uint32
 	// Injected are devices the runtime itself already injected (its own

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/nri/pkg/api"
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -253,5 +254,74 @@ devices:
 	}
 	if want := []string{"/dev/example0", "/dev/example-alias"}; !slices.Equal(nodes, want) || len(res.Given.Mounts) != 0 {
 		t.Errorf("record: nodes %v, mounts %v; want %v and no mount", nodes, res.Given.Mounts, want)
+	}
+}
+
+// TestBuildUserUnknownKeepsTheGroup: where the runtime reports no process
+// user (containerd 1.7), a node for a group (host mode gives the group
+// access others lack) keeps its host node's group, so that a process of
+// that group can use it; a node open to all, one of root's group, one
+// whose spec names a group, and any node of a known user are as CDI makes
+// them.
+func TestBuildUserUnknownKeepsTheGroup(t *testing.T) {
+	dir := t.TempDir()
+	mknod := func(name string, mode uint32, gid int) string {
+		t.Helper()
+		node := filepath.Join(dir, name)
+		if err := unix.Mknod(node, unix.S_IFCHR|mode, int(unix.Mkdev(1, 3))); err != nil {
+			t.Fatalf("mknod (the tests run as root): %v", err)
+		}
+		if err := os.Chmod(node, os.FileMode(mode)); err != nil { // past the umask
+			t.Fatal(err)
+		}
+		if err := os.Chown(node, 0, gid); err != nil {
+			t.Fatal(err)
+		}
+		return node
+	}
+	group := mknod("group", 0o660, 44)
+	readers := mknod("readers", 0o640, 45)
+	open := mknod("open", 0o666, 44)
+	root := mknod("root", 0o660, 0)
+	named := mknod("named", 0o660, 44)
+	spec := fmt.Sprintf(`
+cdiVersion: "0.6.0"
+kind: example.com/jetson
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes: [{path: /dev/group, hostPath: %s}, {path: /dev/readers, hostPath: %s}, {path: /dev/open, hostPath: %s}, {path: /dev/root, hostPath: %s}, {path: /dev/named, hostPath: %s, gid: 7}]
+`, group, readers, open, root, named)
+	for _, tc := range []struct {
+		name string
+		opts adjust.Options
+		want map[string]string
+	}{
+		{"user unknown", adjust.Options{UserUnknown: true},
+			map[string]string{"/dev/group": "-:44", "/dev/readers": "-:45", "/dev/open": "-:-", "/dev/root": "-:-", "/dev/named": "-:7"}},
+		{"root", adjust.Options{},
+			map[string]string{"/dev/group": "-:-", "/dev/readers": "-:-", "/dev/open": "-:-", "/dev/root": "-:-", "/dev/named": "-:7"}},
+		{"uid 1000", adjust.Options{UID: 1000, GID: 1000},
+			map[string]string{"/dev/group": "1000:1000", "/dev/readers": "1000:1000", "/dev/open": "1000:1000", "/dev/root": "1000:1000", "/dev/named": "1000:7"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := build(t, map[string]string{"j.yaml": spec}, tc.opts, "example.com/jetson=0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]string{}
+			for _, d := range res.Adjustment.GetLinux().GetDevices() {
+				owner := func(v *api.OptionalUInt32) string {
+					if v == nil {
+						return "-"
+					}
+					return fmt.Sprint(v.GetValue())
+				}
+				got[d.Path] = owner(d.GetUid()) + ":" + owner(d.GetGid())
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("owners (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package adjust
 import (
 	"cmp"
 	"fmt"
+	"os"
 	"slices"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
@@ -59,6 +60,9 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 		if gid := s.Process.User.GID; dev.GID == nil && gid > 0 {
 			dev.GID = &gid
 		}
+		if gid := host.GID; opts.UserUnknown && dev.GID == nil && host.Err == nil && gid != 0 && groupOnly(host.Mode) {
+			dev.GID = &gid
+		}
 
 		s.Linux.Devices = slices.DeleteFunc(s.Linux.Devices, func(d oci.LinuxDevice) bool { return d.Path == dev.Path })
 		given = slices.DeleteFunc(given, func(g *cdispec.DeviceNode) bool { return g.Path == dev.Path })
@@ -111,6 +115,13 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 		}
 	}
 	return given, nil
+}
+
+// groupOnly reports whether a mode gives the group read or write access
+// that it gives others not.
+func groupOnly(mode os.FileMode) bool {
+	group, other := (mode.Perm()>>3)&0o6, mode.Perm()&0o6
+	return group&^other != 0
 }
 
 // fillFromHost completes a device node from its host node as CDI's

@@ -153,6 +153,7 @@ func (r *request) options(injected []*cdi.Device) adjust.Options {
 		UID:             r.ctr.GetUser().GetUid(),
 		GID:             r.ctr.GetUser().GetGid(),
 		AdditionalGIDs:  r.ctr.GetUser().GetAdditionalGids(),
+		UserUnknown:     r.ctr.GetUser() == nil,
 		Runtime:         r.rt,
 		UserNS:          userNS(r.ctr),
 	}

@@ -48,6 +48,8 @@ type HostNode struct {
 	Major, Minor int64
 	// Mode holds the permission bits.
 	Mode os.FileMode
+	// GID is the node's group.
+	GID uint32
 	// Err is why the node could not be stat'ed, or is not a device.
 	Err error
 }
@@ -158,5 +160,6 @@ func statNode(path string) HostNode {
 		Major: int64(unix.Major(rdev)), Minor: int64(unix.Minor(rdev)),
 		// The raw mode bits less the type, as CDI takes them.
 		Mode: os.FileMode(st.Mode &^ unix.S_IFMT),
+		GID:  st.Gid,
 	}
 }
