@@ -185,13 +185,7 @@ devices:
 // bind would show its group as nobody); a node open to all (/dev/null,
 // 0666) at its own path is left to runc.
 func TestBuildUserNSRestricted(t *testing.T) {
-	node := filepath.Join(t.TempDir(), "nvmap")
-	if err := unix.Mknod(node, unix.S_IFCHR|0o660, int(unix.Mkdev(1, 3))); err != nil {
-		t.Fatalf("mknod (the tests run as root): %v", err)
-	}
-	if err := os.Chmod(node, 0o660); err != nil { // past the umask
-		t.Fatal(err)
-	}
+	node := mknod(t, filepath.Join(t.TempDir(), "nvmap"), 0o660, 0)
 	spec := fmt.Sprintf(`
 cdiVersion: "0.6.0"
 kind: example.com/jetson
@@ -265,25 +259,11 @@ devices:
 // them.
 func TestBuildUserUnknownKeepsTheGroup(t *testing.T) {
 	dir := t.TempDir()
-	mknod := func(name string, mode uint32, gid int) string {
-		t.Helper()
-		node := filepath.Join(dir, name)
-		if err := unix.Mknod(node, unix.S_IFCHR|mode, int(unix.Mkdev(1, 3))); err != nil {
-			t.Fatalf("mknod (the tests run as root): %v", err)
-		}
-		if err := os.Chmod(node, os.FileMode(mode)); err != nil { // past the umask
-			t.Fatal(err)
-		}
-		if err := os.Chown(node, 0, gid); err != nil {
-			t.Fatal(err)
-		}
-		return node
-	}
-	group := mknod("group", 0o660, 44)
-	readers := mknod("readers", 0o640, 45)
-	open := mknod("open", 0o666, 44)
-	root := mknod("root", 0o660, 0)
-	named := mknod("named", 0o660, 44)
+	group := mknod(t, filepath.Join(dir, "group"), 0o660, 44)
+	readers := mknod(t, filepath.Join(dir, "readers"), 0o640, 45)
+	open := mknod(t, filepath.Join(dir, "open"), 0o666, 44)
+	root := mknod(t, filepath.Join(dir, "root"), 0o660, 0)
+	named := mknod(t, filepath.Join(dir, "named"), 0o660, 44)
 	spec := fmt.Sprintf(`
 cdiVersion: "0.6.0"
 kind: example.com/jetson
@@ -324,4 +304,20 @@ devices:
 			}
 		})
 	}
+}
+
+// mknod makes a char device node with /dev/null's numbers (it opens) at
+// path, of that mode (past the umask), owned by root and group gid.
+func mknod(t *testing.T, path string, mode uint32, gid int) string {
+	t.Helper()
+	if err := unix.Mknod(path, unix.S_IFCHR|mode, int(unix.Mkdev(1, 3))); err != nil {
+		t.Fatalf("mknod (the tests run as root): %v", err)
+	}
+	if err := os.Chmod(path, os.FileMode(mode)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(path, 0, gid); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -22,7 +22,8 @@ import (
 // namespace for such a node: nri-gpu refuses the container saying what
 // to do, instead of runc failing it. Done so (both doors' cdiDevices:
 // nri-gpu, nri-gpu on node-b restarted to read it), they hand the
-// runtime nothing to inject, and both pods run as the annotation's does.
+// runtime nothing to inject, and both pods run as the annotation's does
+// (the claim's as uid 1000).
 func TestUserNamespacedPods(t *testing.T) {
 	needCluster(t)
 	n := env.b
@@ -31,10 +32,10 @@ func TestUserNamespacedPods(t *testing.T) {
 		p.Spec.HostUsers = &hostUsers
 		return p
 	}
-	// runs checks that container ctr of pod name runs as root of a user
-	// namespace mapped elsewhere, opens its one GPU and reads it in its
-	// record; it returns the GPU.
-	runs := func(name, ctr, door string) string {
+	// runs checks that container ctr of pod name runs as uid of a user
+	// namespace whose root is mapped elsewhere, opens its one GPU and
+	// reads it in its record; it returns the GPU.
+	runs := func(name, ctr, door, uid string) string {
 		t.Helper()
 		p := waitAllRunning(t, "default", name)
 		seen := seenBy(t, p, ctr)
@@ -42,13 +43,13 @@ func TestUserNamespacedPods(t *testing.T) {
 			t.Fatalf("%s: sees %v, want one GPU", door, seen)
 		}
 		index := strings.TrimPrefix(seen[0], "nvidia")
-		out, err := n.Ctd.Exec(containerID(t, p, ctr), "sh", "-c", "head -n 1 /proc/self/uid_map; head -c 1 /dev/"+seen[0]+" 2>&1; grep -c nvidia.com/gpu="+index+" $"+access.EnvVar+"; true")
+		out, err := n.Ctd.Exec(containerID(t, p, ctr), "sh", "-c", "id -u; head -n 1 /proc/self/uid_map; head -c 1 /dev/"+seen[0]+" 2>&1; grep -c nvidia.com/gpu="+index+" $"+access.EnvVar+"; true")
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("hostUsers: false, %s: %s", door, strings.Join(strings.Fields(out), " "))
-		if f := strings.Fields(out); len(f) < 3 || f[0] != "0" || f[1] == "0" {
-			t.Errorf("%s: uid map %q, want root of a namespace mapped to another host uid", door, out)
+		if f := strings.Fields(out); len(f) < 4 || f[0] != uid || f[1] != "0" || f[2] == "0" {
+			t.Errorf("%s: %q, want uid %s in a namespace whose root is mapped to another host uid", door, out, uid)
 		}
 		if !strings.Contains(out, "/dev/"+seen[0]+": No such device or address") || !strings.HasSuffix(strings.TrimSpace(out), "1") {
 			t.Errorf("%s: in the container: %q, want /dev/%s opened (ENXIO) and named by its record", door, out, seen[0])
@@ -57,7 +58,7 @@ func TestUserNamespacedPods(t *testing.T) {
 	}
 
 	p := createPod(t, userNS(gpuPod("default", "userns-annotation", 0, map[string]string{"gpus.nri-gpu.io": "1"}, n.Name)))
-	if got := runs(p.Name, "main", "by annotation"); got != "nvidia1" {
+	if got := runs(p.Name, "main", "by annotation", "0"); got != "nvidia1" {
 		t.Errorf("by annotation: sees %s, want nvidia1", got)
 	}
 	deletePod(t, "default", p.Name)
@@ -81,10 +82,14 @@ func TestUserNamespacedPods(t *testing.T) {
 	restartNRI(t, n, env.values, own)
 	t.Cleanup(func() { restartNRI(t, n, env.values) })
 	createPod(t, devicePlugin())
-	runs("userns-device-plugin", "main", "device plugin, cdiDevices: nri-gpu")
+	runs("userns-device-plugin", "main", "device plugin, cdiDevices: nri-gpu", "0")
 	deletePod(t, "default", "userns-device-plugin")
-	createPod(t, claimer())
-	runs("userns-claim", "gpu", "DRA claim, cdiDevices: nri-gpu")
+	// As a user other than the namespace's root.
+	nonRoot := claimer()
+	uid := int64(1000)
+	nonRoot.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: &uid}
+	createPod(t, nonRoot)
+	runs("userns-claim", "gpu", "DRA claim, cdiDevices: nri-gpu, uid 1000", "1000")
 	deletePod(t, "default", "userns-claim")
 	waitAllocatable(t, n, n.GPUs)
 }
