@@ -264,25 +264,27 @@ func TestBuildUserUnknownKeepsTheGroup(t *testing.T) {
 	open := mknod(t, filepath.Join(dir, "open"), 0o666, 44)
 	root := mknod(t, filepath.Join(dir, "root"), 0o660, 0)
 	named := mknod(t, filepath.Join(dir, "named"), 0o660, 44)
+	writers := mknod(t, filepath.Join(dir, "writers"), 0o620, 5) // as a tty's
+	exec := mknod(t, filepath.Join(dir, "exec"), 0o610, 44)      // no access: a device is not run
 	spec := fmt.Sprintf(`
 cdiVersion: "0.6.0"
 kind: example.com/jetson
 devices:
   - name: "0"
     containerEdits:
-      deviceNodes: [{path: /dev/group, hostPath: %s}, {path: /dev/readers, hostPath: %s}, {path: /dev/open, hostPath: %s}, {path: /dev/root, hostPath: %s}, {path: /dev/named, hostPath: %s, gid: 7}]
-`, group, readers, open, root, named)
+      deviceNodes: [{path: /dev/group, hostPath: %s}, {path: /dev/readers, hostPath: %s}, {path: /dev/open, hostPath: %s}, {path: /dev/root, hostPath: %s}, {path: /dev/named, hostPath: %s, gid: 7}, {path: /dev/writers, hostPath: %s}, {path: /dev/exec, hostPath: %s}]
+`, group, readers, open, root, named, writers, exec)
 	for _, tc := range []struct {
 		name string
 		opts adjust.Options
 		want map[string]string
 	}{
 		{"user unknown", adjust.Options{UserUnknown: true},
-			map[string]string{"/dev/group": "-:44", "/dev/readers": "-:45", "/dev/open": "-:-", "/dev/root": "-:-", "/dev/named": "-:7"}},
+			map[string]string{"/dev/group": "-:44", "/dev/readers": "-:45", "/dev/open": "-:-", "/dev/root": "-:-", "/dev/named": "-:7", "/dev/writers": "-:5", "/dev/exec": "-:-"}},
 		{"root", adjust.Options{},
-			map[string]string{"/dev/group": "-:-", "/dev/readers": "-:-", "/dev/open": "-:-", "/dev/root": "-:-", "/dev/named": "-:7"}},
+			map[string]string{"/dev/group": "-:-", "/dev/readers": "-:-", "/dev/open": "-:-", "/dev/root": "-:-", "/dev/named": "-:7", "/dev/writers": "-:-", "/dev/exec": "-:-"}},
 		{"uid 1000", adjust.Options{UID: 1000, GID: 1000},
-			map[string]string{"/dev/group": "1000:1000", "/dev/readers": "1000:1000", "/dev/open": "1000:1000", "/dev/root": "1000:1000", "/dev/named": "1000:7"}},
+			map[string]string{"/dev/group": "1000:1000", "/dev/readers": "1000:1000", "/dev/open": "1000:1000", "/dev/root": "1000:1000", "/dev/named": "1000:7", "/dev/writers": "1000:1000", "/dev/exec": "1000:1000"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res, err := build(t, map[string]string{"j.yaml": spec}, tc.opts, "example.com/jetson=0")
