@@ -39,8 +39,9 @@ type Options struct {
 	// UserUnknown says the runtime reports no process user (containerd
 	// 1.7's NRI): UID and GID are 0 for want of better, and a node whose
 	// spec gives no group keeps its host node's group where that group
-	// has access others lack (a 0660 node of group 44), so that a process
-	// of that group can use it, as on the host.
+	// has access others lack (a 0660 node of group 44) and the spec's
+	// additionalGids name it (which NRI cannot give the process), so that
+	// a process of that group can use it, as on the host.
 	UserUnknown bool
 	// AdditionalGIDs are the groups the container's process has already.
 	AdditionalGIDs []uint32
@@ -142,7 +143,7 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 		return nil, err
 	}
 
-	scratch, givenNodes, err := apply(edits, nodes, opts)
+	scratch, givenNodes, err := apply(edits, nodes, opts, res.Given.AdditionalGIDs)
 	if err != nil {
 		return nil, fmt.Errorf("applying CDI edits of %s: %w", strings.Join(names, ", "), err)
 	}
@@ -159,8 +160,9 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 // user: CDI applies everything but the device nodes (which it would
 // stat); addDeviceNodes does their part of ContainerEdits.Apply from
 // hosts, and its nodes as given are returned with the spec. edits is
-// left without its device nodes.
-func apply(edits *cdi.ContainerEdits, hosts map[string]specs.HostNode, opts Options) (*oci.Spec, []*cdispec.DeviceNode, error) {
+// left without its device nodes. groups are the additional groups the
+// edits give the process (addDeviceNodes).
+func apply(edits *cdi.ContainerEdits, hosts map[string]specs.HostNode, opts Options, groups []uint32) (*oci.Spec, []*cdispec.DeviceNode, error) {
 	s := &oci.Spec{
 		Process: &oci.Process{User: oci.User{UID: opts.UID, GID: opts.GID}},
 		Linux:   &oci.Linux{},
@@ -170,7 +172,7 @@ func apply(edits *cdi.ContainerEdits, hosts map[string]specs.HostNode, opts Opti
 	if err := edits.Apply(s); err != nil {
 		return nil, nil, err
 	}
-	given, err := addDeviceNodes(s, nodes, hosts, opts)
+	given, err := addDeviceNodes(s, nodes, hosts, opts, groups)
 	return s, given, err
 }
 

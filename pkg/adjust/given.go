@@ -31,7 +31,7 @@ func byRuntime(res *Result, hosts map[string]specs.HostNode, opts Options) error
 	nodes := edits.DeviceNodes // apply takes them out
 	asRuntime := opts
 	asRuntime.UserNS = false // the runtime's CDI gives them as nodes
-	scratch, givenNodes, err := apply(edits, hosts, asRuntime)
+	scratch, givenNodes, err := apply(edits, hosts, asRuntime, nil)
 	if err != nil {
 		return err
 	}

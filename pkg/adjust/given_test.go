@@ -253,10 +253,11 @@ devices:
 
 // TestBuildUserUnknownKeepsTheGroup: where the runtime reports no process
 // user (containerd 1.7), a node for a group (host mode gives the group
-// access others lack) keeps its host node's group, so that a process of
-// that group can use it; a node open to all, one of root's group, one
-// whose spec names a group, and any node of a known user are as CDI makes
-// them.
+// access others lack) that the spec's additionalGids name keeps its host
+// node's group, so that a process of that group can use it; a node open
+// to all, one of root's group or of a group the spec does not name, one
+// whose spec names a group, and any node of a known user are as CDI
+// makes them.
 func TestBuildUserUnknownKeepsTheGroup(t *testing.T) {
 	dir := t.TempDir()
 	group := mknod(t, filepath.Join(dir, "group"), 0o660, 44)
@@ -266,25 +267,27 @@ func TestBuildUserUnknownKeepsTheGroup(t *testing.T) {
 	named := mknod(t, filepath.Join(dir, "named"), 0o660, 44)
 	writers := mknod(t, filepath.Join(dir, "writers"), 0o620, 5) // as a tty's
 	exec := mknod(t, filepath.Join(dir, "exec"), 0o610, 44)      // no access: a device is not run
+	other := mknod(t, filepath.Join(dir, "other"), 0o660, 46)    // not in additionalGids
 	spec := fmt.Sprintf(`
-cdiVersion: "0.6.0"
+cdiVersion: "0.7.0"
 kind: example.com/jetson
 devices:
   - name: "0"
     containerEdits:
-      deviceNodes: [{path: /dev/group, hostPath: %s}, {path: /dev/readers, hostPath: %s}, {path: /dev/open, hostPath: %s}, {path: /dev/root, hostPath: %s}, {path: /dev/named, hostPath: %s, gid: 7}, {path: /dev/writers, hostPath: %s}, {path: /dev/exec, hostPath: %s}]
-`, group, readers, open, root, named, writers, exec)
+      deviceNodes: [{path: /dev/group, hostPath: %s}, {path: /dev/readers, hostPath: %s}, {path: /dev/open, hostPath: %s}, {path: /dev/root, hostPath: %s}, {path: /dev/named, hostPath: %s, gid: 7}, {path: /dev/writers, hostPath: %s}, {path: /dev/exec, hostPath: %s}, {path: /dev/other, hostPath: %s}]
+      additionalGids: [44, 45, 5]
+`, group, readers, open, root, named, writers, exec, other)
 	for _, tc := range []struct {
 		name string
 		opts adjust.Options
 		want map[string]string
 	}{
-		{"user unknown", adjust.Options{UserUnknown: true},
-			map[string]string{"/dev/group": "-:44", "/dev/readers": "-:45", "/dev/open": "-:-", "/dev/root": "-:-", "/dev/named": "-:7", "/dev/writers": "-:5", "/dev/exec": "-:-"}},
-		{"root", adjust.Options{},
-			map[string]string{"/dev/group": "-:-", "/dev/readers": "-:-", "/dev/open": "-:-", "/dev/root": "-:-", "/dev/named": "-:7", "/dev/writers": "-:-", "/dev/exec": "-:-"}},
-		{"uid 1000", adjust.Options{UID: 1000, GID: 1000},
-			map[string]string{"/dev/group": "1000:1000", "/dev/readers": "1000:1000", "/dev/open": "1000:1000", "/dev/root": "1000:1000", "/dev/named": "1000:7", "/dev/writers": "1000:1000", "/dev/exec": "1000:1000"}},
+		{"user unknown", adjust.Options{UserUnknown: true}, map[string]string{
+			"/dev/group": "-:44", "/dev/readers": "-:45", "/dev/open": "-:-", "/dev/root": "-:-", "/dev/named": "-:7", "/dev/writers": "-:5", "/dev/exec": "-:-", "/dev/other": "-:-"}},
+		{"root", adjust.Options{}, map[string]string{
+			"/dev/group": "-:-", "/dev/readers": "-:-", "/dev/open": "-:-", "/dev/root": "-:-", "/dev/named": "-:7", "/dev/writers": "-:-", "/dev/exec": "-:-", "/dev/other": "-:-"}},
+		{"uid 1000", adjust.Options{UID: 1000, GID: 1000, AdditionalGIDs: []uint32{44, 45, 5}}, map[string]string{
+			"/dev/group": "1000:1000", "/dev/readers": "1000:1000", "/dev/open": "1000:1000", "/dev/root": "1000:1000", "/dev/named": "1000:7", "/dev/writers": "1000:1000", "/dev/exec": "1000:1000", "/dev/other": "1000:1000"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res, err := build(t, map[string]string{"j.yaml": spec}, tc.opts, "example.com/jetson=0")

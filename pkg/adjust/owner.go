@@ -20,8 +20,10 @@ import (
 // load instead of now. Like CDI, it takes the type, numbers and file
 // mode of a node from the host node, never its owner: a node whose spec
 // gives no uid or gid gets the container's user, or none (root). It
-// returns the nodes as given, for Result.Given.
-func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]specs.HostNode, opts Options) ([]*cdispec.DeviceNode, error) {
+// returns the nodes as given, for Result.Given. Where the process's
+// user is unknown (Options.UserUnknown), a node for a group of groups
+// (the additionalGids of the edits) keeps that group.
+func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]specs.HostNode, opts Options, groups []uint32) ([]*cdispec.DeviceNode, error) {
 	var given []*cdispec.DeviceNode
 	if s.Linux.Resources == nil {
 		s.Linux.Resources = &oci.LinuxResources{}
@@ -60,7 +62,7 @@ func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]s
 		if gid := s.Process.User.GID; dev.GID == nil && gid > 0 {
 			dev.GID = &gid
 		}
-		if gid := host.GID; opts.UserUnknown && dev.GID == nil && host.Err == nil && gid != 0 && groupOnly(host.Mode) {
+		if gid := host.GID; opts.UserUnknown && dev.GID == nil && host.Err == nil && slices.Contains(groups, gid) && groupOnly(host.Mode) {
 			dev.GID = &gid
 		}
 
