@@ -178,3 +178,37 @@ func TestSharedResource(t *testing.T) {
 		}
 	}
 }
+
+// TestDevicePluginAnnotationsWithoutCDIAnnotations: with
+// honorCDIAnnotations off, the annotations of nri-gpu's own device plugin
+// (kubelet's allocation, either key) are still injected; any other
+// cdi.k8s.io annotation is not.
+func TestDevicePluginAnnotationsWithoutCDIAnnotations(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "gpu.yaml"), []byte(fmt.Sprintf(resourceSpec, "/dev/null")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := inProcess(t, "honorCDIAnnotations: false\npolicy: {exclusive: true}", dir)
+	for i, tc := range []struct {
+		ann  map[string]string
+		want []string
+	}{
+		{map[string]string{"cdi.k8s.io/nri-gpu_nvidia.com_gpu": "nvidia.com/gpu=0"}, []string{"/dev/nvidia0"}},
+		{map[string]string{"devices.nri-gpu.io/nvidia.com_gpu": "nvidia.com/gpu=1"}, []string{"/dev/nvidia1"}},
+		{map[string]string{"cdi.k8s.io/other_nvidia.com_gpu": "nvidia.com/gpu=2"}, nil},
+	} {
+		pod := &api.PodSandbox{Id: fmt.Sprint("id-", i), Name: fmt.Sprint("p", i), Namespace: "tenant"}
+		ctr := &api.Container{Id: fmt.Sprint("c", i), PodSandboxId: pod.Id, Name: "c", Annotations: tc.ann, Linux: &api.LinuxContainer{}}
+		adj, _, err := p.CreateContainer(context.Background(), pod, ctr)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.ann, err)
+		}
+		var got []string
+		for _, d := range adj.GetLinux().GetDevices() {
+			got = append(got, d.GetPath())
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%v: device nodes %v, want %v", tc.ann, got, tc.want)
+		}
+	}
+}

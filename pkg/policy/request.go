@@ -53,7 +53,8 @@ const kubeletAnnotationPrefix = "cdi.k8s.io/" + DevicePluginName + "_"
 // (devices.nri-gpu.io/nvidia.com_gpu: nvidia.com/gpu=0): the devices
 // kubelet allocated, as a cdi.k8s.io annotation lists them, but under a
 // key no runtime's own CDI reads, so that nri-gpu alone injects them.
-// It is read whatever honorCDIAnnotations says.
+// It is read whatever honorCDIAnnotations says, as cdi.k8s.io/nri-gpu_*
+// is.
 const DevicePluginAnnotationPrefix = "devices.nri-gpu.io/"
 
 // DevicePluginAnnotation returns the key of that annotation for an
@@ -312,14 +313,15 @@ func (p *Parser) qualify(item string) (string, error) {
 }
 
 // parseContainerAnnotations reads the container annotations that name
-// devices: devices.nri-gpu.io/* (of nri-gpu's device plugin) and, when
-// honorCDI, cdi.k8s.io/*, with CDI's own parser (the former as if under
-// cdi.k8s.io/), one key at a time (in sorted order) so that errors name
-// the key.
+// devices: those of nri-gpu's device plugin (devices.nri-gpu.io/* and
+// cdi.k8s.io/nri-gpu_*, kubelet's allocation, whatever honorCDI says)
+// and, when honorCDI, every other cdi.k8s.io/*, with CDI's own parser
+// (devices.nri-gpu.io/* as if under cdi.k8s.io/), one key at a time (in
+// sorted order) so that errors name the key.
 func parseContainerAnnotations(annotations map[string]string, honorCDI bool) ([]Request, error) {
 	var keys []string
 	for k := range annotations {
-		if strings.HasPrefix(k, DevicePluginAnnotationPrefix) || (honorCDI && strings.HasPrefix(k, cdi.AnnotationPrefix)) {
+		if strings.HasPrefix(k, DevicePluginAnnotationPrefix) || strings.HasPrefix(k, kubeletAnnotationPrefix) || (honorCDI && strings.HasPrefix(k, cdi.AnnotationPrefix)) {
 			keys = append(keys, k)
 		}
 	}

@@ -103,9 +103,9 @@ func TestParse(t *testing.T) {
 			wantErr: []string{`container annotation "devices.nri-gpu.io/nvidia.com_gpu"`, "gpu1"},
 		},
 		{
-			name:   "cdi.k8s.io annotations ignored unless honoured",
-			ctrAnn: map[string]string{"cdi.k8s.io/a": "nvidia.com/gpu=0"},
-			want:   nil,
+			name:   "cdi.k8s.io annotations ignored unless honoured, but the device plugin's",
+			ctrAnn: map[string]string{"cdi.k8s.io/a": "nvidia.com/gpu=0", "cdi.k8s.io/nri-gpu_nvidia.com_gpu": "nvidia.com/gpu=1"},
+			want:   []policy.Request{cdiReq("cdi.k8s.io/nri-gpu_nvidia.com_gpu", "nvidia.com/gpu=1")},
 		},
 		{
 			name:     "the runtime's CDI devices after the annotations, a device asked for twice once",
