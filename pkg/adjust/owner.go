@@ -21,8 +21,9 @@ import (
 // mode of a node from the host node, never its owner: a node whose spec
 // gives no uid or gid gets the container's user, or none (root). It
 // returns the nodes as given, for Result.Given. Where the process's
-// user is unknown (Options.UserUnknown), a node for a group of groups
-// (the additionalGids of the edits) keeps that group.
+// user is unknown (Options.UserUnknown), a node whose host node is for
+// one of groups (the additional groups the edits give the process) keeps
+// that group.
 func addDeviceNodes(s *oci.Spec, nodes []*cdispec.DeviceNode, hosts map[string]specs.HostNode, opts Options, groups []uint32) ([]*cdispec.DeviceNode, error) {
 	var given []*cdispec.DeviceNode
 	if s.Linux.Resources == nil {
