@@ -99,8 +99,13 @@ type Request struct {
 // nri-gpu's device plugin (on Kubernetes only kubelet writes a
 // container's annotations).
 func (r Request) FromKubelet() bool {
-	return r.Origin == OriginRuntime || (r.Origin == OriginCDI &&
-		(strings.HasPrefix(r.Key, kubeletAnnotationPrefix) || strings.HasPrefix(r.Key, DevicePluginAnnotationPrefix)))
+	return r.Origin == OriginRuntime || (r.Origin == OriginCDI && devicePluginKey(r.Key))
+}
+
+// devicePluginKey reports whether a container annotation key is one of
+// nri-gpu's device plugin: cdi.k8s.io/nri-gpu_* or devices.nri-gpu.io/*.
+func devicePluginKey(key string) bool {
+	return strings.HasPrefix(key, kubeletAnnotationPrefix) || strings.HasPrefix(key, DevicePluginAnnotationPrefix)
 }
 
 // String describes the request for error messages.
@@ -321,7 +326,7 @@ func (p *Parser) qualify(item string) (string, error) {
 func parseContainerAnnotations(annotations map[string]string, honorCDI bool) ([]Request, error) {
 	var keys []string
 	for k := range annotations {
-		if strings.HasPrefix(k, DevicePluginAnnotationPrefix) || strings.HasPrefix(k, kubeletAnnotationPrefix) || (honorCDI && strings.HasPrefix(k, cdi.AnnotationPrefix)) {
+		if devicePluginKey(k) || (honorCDI && strings.HasPrefix(k, cdi.AnnotationPrefix)) {
 			keys = append(keys, k)
 		}
 	}

@@ -94,17 +94,13 @@ func TestUserNamespacedPods(t *testing.T) {
 	waitAllocatable(t, n, n.GPUs)
 }
 
-// restartNRI upgrades the release with the values files and replaces
-// nri-gpu's pod on node n, for settings read at start; it waits until the
-// new one serves: Ready, its device plugin registered with kubelet and
-// its ResourceSlice offering every GPU.
+// restartNRI restarts nri-gpu on node n with the values files
+// (restartWith) and waits until the new one serves every door: its device
+// plugin registered with kubelet, every GPU allocatable and in its
+// ResourceSlice.
 func restartNRI(t *testing.T, n *harness.Node, values ...string) {
 	t.Helper()
-	helmUpgrade(t, values...)
-	replaceNRIPod(t, n)
-	if err := waitDaemonSetReady(2); err != nil {
-		t.Fatal(err)
-	}
+	restartWith(t, []*harness.Node{n}, driverName, values...)
 	testutil.Within(t, podWait, n.Name+": nri-gpu's device plugin registered with kubelet", func() bool {
 		return strings.Contains(nriLog(t, n), "registered with kubelet")
 	})
