@@ -316,6 +316,38 @@ func TestRestoreChecks(t *testing.T) {
 		wantError: []string{`pod ns/a ("nvidia.com/gpu=all") and pod ns/b ("nvidia.com/gpu=all") both hold /dev/nvidia0`},
 		reports:   1,
 	}, {
+		// Restore judges each holding against those before it as the
+		// pool judges a new holder: the report does not depend on which
+		// pod comes first (it once did: a sole holder visited first was
+		// not reported beside a sharer).
+		name:   "a shared GPU found held alone, visited before a user sharing it",
+		policy: config.Policy{Devices: config.DefaultDevices, Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Named: []specs.Device{byName["0"]}, Sole: []string{"nvidia.com/gpu=0"}},
+			{Pod: pod("b"), Named: []specs.Device{byName["GPU-0"]}},
+		},
+		wantError: []string{`pod ns/a ("nvidia.com/gpu=0") and pod ns/b ("nvidia.com/gpu=GPU-0") both hold /dev/nvidia0`},
+		reports:   1,
+	}, {
+		name:   "a shared GPU found held alone, visited after a user sharing it",
+		policy: config.Policy{Devices: config.DefaultDevices, Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Named: []specs.Device{byName["GPU-0"]}},
+			{Pod: pod("b"), Named: []specs.Device{byName["0"]}, Sole: []string{"nvidia.com/gpu=0"}},
+		},
+		wantError: []string{`pod ns/a ("nvidia.com/gpu=GPU-0") and pod ns/b ("nvidia.com/gpu=0") both hold /dev/nvidia0`},
+		reports:   1,
+	}, {
+		name:   "three users of a GPU, one counted: each pair it breaks reported",
+		policy: config.Policy{Devices: config.DefaultDevices},
+		holdings: []policy.Holding{
+			{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
+			{Pod: pod("b"), Named: []specs.Device{byName["GPU-0"]}},
+			{Pod: pod("c"), Counted: []specs.Device{byName["0"]}},
+		},
+		wantError: []string{`pod ns/a ("nvidia.com/gpu=0") and pod ns/c ("nvidia.com/gpu=0")`, `pod ns/b ("nvidia.com/gpu=GPU-0") and pod ns/c ("nvidia.com/gpu=0")`},
+		reports:   2,
+	}, {
 		name:   "no longer allowed",
 		policy: config.Policy{Devices: []string{"nvidia.com/gpu=0"}},
 		holdings: []policy.Holding{

@@ -118,6 +118,9 @@ type who struct {
 	// use is what it would consume of the device when it is shared (a
 	// claim's allocation; zero: one share and the default memory).
 	use Use
+	// alone says it holds the device alone whatever policy.sharing says
+	// (found in its container with no record): it shares it with no one.
+	alone bool
 }
 
 // Door is a way into the pool.
@@ -197,6 +200,9 @@ type verdict struct {
 	// the other overlaps it without being the same device).
 	by    *user
 	apart *Share
+	// blocked are every holder that keeps it, by first (by and apart
+	// are blocked[0]'s), for reporting each conflict of a restore.
+	blocked []block
 	// share is how the device is shared, nil if it is not; sharers are
 	// the holders (one entry each) it is shared with, capacity what it
 	// offers them, used what they consume and asking what the asker
@@ -232,17 +238,30 @@ func (v verdict) fits() bool {
 	return v.capacity.fits(v.used, v.asking)
 }
 
+// block is a holder that keeps a device from an asker, and the
+// policy.sharing entry that keeps them apart (nil: held strictly, or
+// policy.exclusive).
+type block struct {
+	user
+	apart *Share
+}
+
 // judge says whether w may have d beside what others hold. A device
 // policy.sharing covers (by any name of its hardware) is shared with
 // every other holder of the same hardware, whichever of its names they
-// hold, up to its replicas; but a holder found with no record keeps it
+// hold, up to its capacity; but a holder found with no record keeps it
 // alone, and what overlaps a shared device without being it ("all", a
 // MIG device of a shared GPU, a GPU one of whose MIG devices is shared)
 // is never had beside it. Any other holder of overlapping hardware keeps
 // it when it holds it strictly (a count grant, a claim, held alone) or w
-// is exclusive. This is the pool's one answer to every door.
+// is exclusive. This is the pool's one rule of coexistence: every door
+// asks it, and restore judges each holding against those before it with
+// it.
 func (a *Allocations) judge(p *Policy, w who, d specs.Device) verdict {
 	share, err := p.share(d)
+	if w.alone {
+		share = nil
+	}
 	v := verdict{share: share, twice: err, asking: w.use}
 	if err != nil {
 		return v
@@ -263,13 +282,13 @@ func (a *Allocations) judge(p *Policy, w who, d specs.Device) verdict {
 			continue
 		}
 		if u.strict || w.exclusive {
-			v.by = &u
-			return v
+			v.blocked = append(v.blocked, block{user: u})
+		} else if apart := cmp.Or(v.share, p.Sharing(*u.dev)); apart != nil {
+			v.blocked = append(v.blocked, block{user: u, apart: apart})
 		}
-		if apart := cmp.Or(v.share, p.Sharing(*u.dev)); apart != nil {
-			v.by, v.apart = &u, apart
-			return v
-		}
+	}
+	if len(v.blocked) > 0 {
+		v.by, v.apart = &v.blocked[0].user, v.blocked[0].apart
 	}
 	return v
 }
@@ -329,12 +348,15 @@ func (v verdict) err(d specs.Device, exclusive bool) error {
 	return nil
 }
 
-func describeUsers(us []user) string {
+func describeUsers(us []user) string { return strings.Join(describe(us), ", ") }
+
+// describe returns who each of us is, for messages.
+func describe(us []user) []string {
 	parts := make([]string, 0, len(us))
 	for _, u := range us {
 		parts = append(parts, u.holder.String())
 	}
-	return strings.Join(parts, ", ")
+	return parts
 }
 
 // Holdings returns what each pod holds, ordered by pod ID, for keeping it

@@ -98,92 +98,62 @@ func (e *ConflictError) Error() string {
 // Unwrap returns ErrRestoreConflict.
 func (e *ConflictError) Unwrap() error { return ErrRestoreConflict }
 
-// check reports restored devices p does not allow and devices held by two
-// pods where one of them may not share it. Pods and devices are visited
-// in order, so the report is stable; it is linear but for pods sharing
-// a node, which are compared with each other only.
+// check reports held devices p does not allow, and holdings that the
+// pool's judge would not let be had beside those before them: each claim
+// (by UID) and then each pod (by ID) is judged, device by device, against
+// the claims and pods before it, as a new holder of what it holds would
+// be (a claim's devices and a count grant held strictly, a device found
+// with no record held alone, named devices as policy.exclusive says), so
+// that what is reported does not depend on the order.
 func (a *Allocations) check(p *Policy) error {
 	var problems []string
 	report := func(format string, args ...any) {
 		problems = append(problems, fmt.Sprintf(format, args...))
 	}
-	ids := slices.Sorted(maps.Keys(a.pods))
-	type owner struct {
-		who     string
-		id      string
-		dev     specs.Device
-		counted bool
-		// share is how the device is shared, nil if it is not; use what
-		// the holder consumes of it.
-		share *Share
-		use   Use
-	}
-	// users counts the holders of each shared piece of hardware, by its
-	// first node, and what they consume.
-	type use struct {
-		dev   specs.Device
-		share *Share
-		who   []string
-		used  Use
-	}
-	users := map[string]*use{}
-	var order []string
-	count := func(o owner) {
-		if o.share == nil || len(o.dev.Nodes) == 0 {
+	// full are the problems of shared hardware past its capacity, by the
+	// hardware's first node: reported once, with every holder.
+	full := map[string]int{}
+	judged := NewAllocations()
+	judge := func(h holder, w who, d specs.Device) {
+		v := judged.judge(p, w, d)
+		for _, b := range v.blocked {
+			report("%s (%q) and %s (%q) both hold %s", b.holder, b.dev.Name, h, d.Name, commonNode(*b.dev, d))
+		}
+		if len(v.blocked) > 0 || v.share == nil || v.fits() {
 			return
 		}
-		n := o.dev.Nodes[0]
-		u := users[n]
-		if u == nil {
-			u = &use{dev: o.dev, share: o.share}
-			users[n] = u
-			order = append(order, n)
+		key := d.Name
+		if len(d.Nodes) > 0 {
+			key = d.Nodes[0]
 		}
-		if !slices.Contains(u.who, o.who) {
-			u.who = append(u.who, o.who)
-			c := p.Capacity(o.share, o.dev).use(o.use)
-			u.used.Shares += c.Shares
-			u.used.Memory += c.Memory
+		n, ok := full[key]
+		if !ok {
+			n = len(problems)
+			full[key] = n
+			problems = append(problems, "")
+		}
+		who := append(describe(v.sharers), h.String())
+		c, used := v.capacity, v.used
+		use := c.use(w.use)
+		used.Shares += use.Shares
+		used.Memory += use.Memory
+		if used.Shares > c.Shares {
+			problems[n] = fmt.Sprintf("%d hold %q, which %s lets %d use at once: %s", len(who), v.sharers[0].dev.Name, v.share, c.Shares, strings.Join(who, ", "))
+		} else {
+			problems[n] = fmt.Sprintf("%d hold %s of %q's memory, which has %s under %s: %s", len(who), Quantity(used.Memory), v.sharers[0].dev.Name, Quantity(c.Memory), v.share, strings.Join(who, ", "))
 		}
 	}
-	byNode := map[string][]owner{}
-	// apart reports whether o and the device d of a holder (counted:
-	// strictly; share: how d is shared; sole: held alone) may not both
-	// hold what they hold, as the pool judges it: overlapping hardware,
-	// unless shared as policy.sharing allows, held strictly by either,
-	// exclusive, or shared by one of them.
-	apart := func(o owner, d specs.Device, counted bool, share *Share, sole bool) bool {
-		if !o.dev.Overlaps(d) || ((share != nil || o.share != nil) && !sole && o.dev.Same(d)) {
-			return false
-		}
-		return counted || o.counted || p.exclusive || share != nil || o.share != nil
-	}
-	// hold records holder who's device d, reporting each earlier holder
-	// it may not hold it beside, once, by the first node they share.
-	hold := func(who, id string, d specs.Device, counted bool, share *Share, sole bool, consumed Use) {
-		reported := map[string]bool{}
-		for _, n := range d.Nodes {
-			for _, o := range byNode[n] {
-				if key := o.id + "\x00" + o.dev.Name; o.id != id && !reported[key] && apart(o, d, counted, share, sole) {
-					reported[key] = true
-					report("%s (%q) and %s (%q) both hold %s", o.who, o.dev.Name, who, d.Name, n)
-				}
-			}
-			byNode[n] = append(byNode[n], owner{who: who, id: id, dev: d, counted: counted, share: share})
-		}
-		count(owner{who: who, dev: d, share: share, use: consumed})
-	}
-	// A claim's devices are its own, as a count grant's are.
 	for _, uid := range slices.Sorted(maps.Keys(a.claims)) {
 		c := a.claims[uid]
 		for _, d := range c.devices {
 			if !p.Allowed(d.Name) {
 				report("%s holds %q, which policy.devices does not allow (any more)", c.claim, d.Name)
 			}
-			hold(c.claim.String(), "claim:"+uid, d.Device, true, p.Sharing(d.Device), false, d.Use)
+			judge(holder{claim: &c.claim}, who{exclusive: true, use: d.Use}, d.Device)
 		}
+		judged.claims[uid] = c
 	}
-	for _, id := range ids {
+	for _, id := range slices.Sorted(maps.Keys(a.pods)) {
 		h := a.pods[id]
 		for _, d := range h.all() {
 			if !p.Allowed(d.Name) {
@@ -192,22 +162,9 @@ func (a *Allocations) check(p *Policy) error {
 		}
 		for i, d := range h.all() {
 			sole := slices.Contains(h.sole, d.Name)
-			share := p.Sharing(d)
-			if sole {
-				share = nil
-			}
-			hold("pod "+h.pod.String(), id, d, i >= len(h.named) || sole, share, sole, Use{})
+			judge(holder{pod: h.pod}, who{pod: id, exclusive: p.exclusive || i >= len(h.named) || sole, alone: sole}, d)
 		}
-	}
-	for _, n := range order {
-		u := users[n]
-		c := p.Capacity(u.share, u.dev)
-		switch {
-		case u.used.Shares > c.Shares:
-			report("%d hold %q, which %s lets %d use at once: %s", len(u.who), u.dev.Name, u.share, c.Shares, strings.Join(u.who, ", "))
-		case c.Memory > 0 && u.used.Memory > c.Memory:
-			report("%d hold %s of %q's memory, which has %s under %s: %s", len(u.who), Quantity(u.used.Memory), u.dev.Name, Quantity(c.Memory), u.share, strings.Join(u.who, ", "))
-		}
+		judged.pods[id] = h
 	}
 	if len(problems) == 0 {
 		return nil
@@ -217,4 +174,15 @@ func (a *Allocations) check(p *Policy) error {
 		e.Problems, e.More = problems[:maxRestoreProblems], len(problems)-maxRestoreProblems
 	}
 	return e
+}
+
+// commonNode returns the first of d's nodes that o has too: where two
+// holders of overlapping hardware meet (d's name where it has none).
+func commonNode(o, d specs.Device) string {
+	for _, n := range d.Nodes {
+		if slices.Contains(o.Nodes, n) {
+			return n
+		}
+	}
+	return d.Name
 }

@@ -243,10 +243,12 @@ func TestSharingLowered(t *testing.T) {
 		t.Errorf("with as many users as replicas: %v", err)
 	}
 	// Restored users of GPU 0 by index and by UUID, shared by its index
-	// only, are within replicas: not reported.
+	// only, are within replicas: not reported, where the policy knows
+	// the names GPU 0 goes by, as nri-gpu's does (restore judges as the
+	// pool does, which without them takes GPU-0 for another device).
 	_, byName := gpus()
 	restored := policy.NewAllocations()
-	if err := restored.Restore(policy.New(shared(2, "nvidia.com/gpu=0")), []policy.Holding{
+	if err := restored.Restore(gpuPolicy(shared(2, "nvidia.com/gpu=0")), []policy.Holding{
 		{Pod: pod("x"), Named: []specs.Device{byName["0"]}},
 		{Pod: pod("y"), Named: []specs.Device{byName["GPU-0"]}},
 	}); err != nil {
