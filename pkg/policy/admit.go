@@ -61,11 +61,12 @@ type Grant struct {
 	// chosen, the topology is unknown, or the pod had them already).
 	Score int
 
-	// added, addedKubelet and addedCount say what this grant added to
-	// the pod's holding, for Revert.
+	// added, addedKubelet, addedCount and addedClaims say what this
+	// grant added to the pod's holding, for Revert.
 	added        []string
 	addedKubelet []string
 	addedCount   bool
+	addedClaims  []string
 }
 
 // ErrStale is wrapped by Commit's error when the pool changed since the
@@ -123,7 +124,7 @@ func (a *Allocations) Commit(p *Policy, pl Plan) (Grant, error) {
 		}
 		mine := slices.Concat(own.named, w.Named, a.claimDevices(w.Claims))
 		for _, c := range pl.counted {
-			if (specs.OverlapsAny(c, mine) && p.Sharing(c) != nil) || a.judge(p, who{pod: w.Pod.ID, claims: w.Claims, exclusive: true}, c).room() == 0 {
+			if p.usedTwice(c, mine) || a.judge(p, who{pod: w.Pod.ID, claims: w.Claims, exclusive: true}, c).room() == 0 {
 				return Grant{}, fmt.Errorf("%w: device %q, chosen for pod %s, was taken meanwhile", ErrStale, c.Name, w.Pod)
 			}
 		}
@@ -147,6 +148,12 @@ func (a *Allocations) Commit(p *Policy, pl Plan) (Grant, error) {
 			g.addedKubelet = append(g.addedKubelet, d.Name)
 		}
 	}
+	for _, uid := range w.Claims {
+		if !slices.Contains(own.claims, uid) {
+			own.claims = append(own.claims, uid)
+			g.addedClaims = append(g.addedClaims, uid)
+		}
+	}
 	g.addedCount = own.counted == nil && pl.counted != nil
 	own.counted = pl.counted
 	a.pods[w.Pod.ID] = own
@@ -160,9 +167,9 @@ func (a *Allocations) Commit(p *Policy, pl Plan) (Grant, error) {
 func (a *Allocations) judgeNamed(p *Policy, own *holding, w Want, health bool) error {
 	var errs []error
 	for _, d := range w.Named {
-		if health && w.Choice.Unhealthy != nil && !p.allowUnhealthy {
-			if err := w.Choice.Unhealthy(d); err != nil {
-				errs = append(errs, deny(RuleUnhealthy, fmt.Errorf("%w: device %q: %w; set policy.allowUnhealthy: true to allow it", ErrDenied, d.Name, err)))
+		if health {
+			if err := p.checkHealth(d, w.Choice.Unhealthy); err != nil {
+				errs = append(errs, err)
 				continue
 			}
 		}
@@ -179,17 +186,10 @@ func (a *Allocations) judgeNamed(p *Policy, own *holding, w Want, health bool) e
 // checkMax refuses a grant after which the pod would hold more devices
 // than policy.maxDevicesPerPod, through every door: what it holds by
 // name and for a count, what it asks, and the devices of every claim it
-// uses or that is reserved for it.
+// uses, its other containers used, or that is reserved for it.
 func (a *Allocations) checkMax(p *Policy, own *holding, w Want, counted []specs.Device) error {
-	if p.max == 0 {
-		return nil
-	}
-	all := slices.Concat(own.named, own.counted, w.Named, counted, a.claimDevices(a.podClaims(w.Pod.String(), w.Claims)))
-	if n := units(all, w.Choice.Candidates); n > p.max {
-		return deny(RuleMax, fmt.Errorf("%w: pod %s would hold %d devices, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
-			ErrDenied, w.Pod, n, p.max))
-	}
-	return nil
+	all := slices.Concat(a.podHolds(w.Pod.String(), []*holding{own}, w.Claims), w.Named, counted)
+	return p.checkMax("pod "+w.Pod.String(), all, w.Choice.Candidates)
 }
 
 // Added reports whether the grant added to what its pod holds (a device
@@ -211,7 +211,8 @@ func (a *Allocations) Revert(g Grant) {
 	if g.addedCount {
 		own.counted = nil
 	}
-	if len(own.named) == 0 && own.counted == nil {
+	own.claims = slices.DeleteFunc(own.claims, func(uid string) bool { return slices.Contains(g.addedClaims, uid) })
+	if own.empty() && len(own.claims) == 0 {
 		delete(a.pods, g.Pod.ID)
 	}
 }

@@ -54,8 +54,8 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses
 			continue
 		}
 		seen = append(seen, c)
-		if specs.OverlapsAny(c, mine) && p.Sharing(c) != nil {
-			continue // the pod uses it already: never one shared GPU twice
+		if p.usedTwice(c, mine) {
+			continue
 		}
 		// A device held by another pod in any way is not free, unless
 		// it is shared and a replica is left.

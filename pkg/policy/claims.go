@@ -128,26 +128,25 @@ func (a *Allocations) AdmitClaim(p *Policy, c Claim, devices []ClaimDevice, unhe
 	}, nil
 }
 
-// admitClaim is AdmitClaim for a claim that holds nothing, under a.mu.
+// admitClaim is AdmitClaim for a claim that holds nothing, under a.mu:
+// the rules every door's admission applies (rules.go), in the order a
+// pod's container meets them, then what the claim asked of its devices'
+// sharing.
 func (a *Allocations) admitClaim(p *Policy, c Claim, devices []ClaimDevice, unhealthy func(specs.Device) error) error {
-	if !MatchAny(p.namespaces, c.Namespace) {
-		return deny(RuleNamespaces, fmt.Errorf("%s: %w: claims of namespace %q may not be prepared: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
-			c, ErrDenied, c.Namespace, strings.Join(p.namespaces, ", ")))
+	if err := p.checkNamespace(c.String(), "claims", c.Namespace, "be prepared"); err != nil {
+		return err
 	}
 	var errs []error
 	var devs []specs.Device
 	for _, d := range devices {
 		devs = append(devs, d.Device)
-		if !p.Allowed(d.Name) {
-			errs = append(errs, deny(RuleDevices, fmt.Errorf("%s: %w: device %q matches none of policy.devices [%s]; add a glob that matches it to policy.devices",
-				c, ErrDenied, d.Name, strings.Join(p.devices, ", "))))
+		if err := p.checkDevice(c.String(), d.Name); err != nil {
+			errs = append(errs, err)
 			continue
 		}
-		if unhealthy != nil && !p.allowUnhealthy {
-			if err := unhealthy(d.Device); err != nil {
-				errs = append(errs, deny(RuleUnhealthy, fmt.Errorf("%s: %w: device %q: %w; set policy.allowUnhealthy: true to allow it", c, ErrDenied, d.Name, err)))
-				continue
-			}
+		if err := p.checkHealth(d.Device, unhealthy); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", c, err))
+			continue
 		}
 		// Time-slicing cannot bound memory: an amount asked for is a
 		// scheduling quota only where the operator says so.
@@ -170,7 +169,7 @@ func (a *Allocations) admitClaim(p *Policy, c Claim, devices []ClaimDevice, unhe
 		return err
 	}
 	if err := a.checkClaimMax(p, c, devs); err != nil {
-		return err
+		return fmt.Errorf("%s: %w", c, err)
 	}
 	a.claims[c.UID] = &claimHolding{claim: c, devices: slices.Clone(devices)}
 	return nil
@@ -178,26 +177,21 @@ func (a *Allocations) admitClaim(p *Policy, c Claim, devices []ClaimDevice, unhe
 
 // checkClaimMax refuses a claim after whose preparation a pod it is
 // reserved for would hold more than policy.maxDevicesPerPod devices,
-// through every door: the claim's, the pod's other claims', and what the
-// pod holds by name and for a count.
+// through every door (podHolds), or that would hold more itself where
+// it is reserved for no pod.
 func (a *Allocations) checkClaimMax(p *Policy, c Claim, devs []specs.Device) error {
-	if p.max == 0 {
-		return nil
-	}
-	if n := units(devs, nil); n > p.max {
-		return deny(RuleMax, fmt.Errorf("%s: %w: it would hold %d devices, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
-			c, ErrDenied, n, p.max))
+	if len(c.Pods) == 0 {
+		return p.checkMax(c.String(), devs, nil)
 	}
 	for _, pod := range c.Pods {
-		all := slices.Concat(devs, a.claimDevices(a.podClaims(pod, nil)))
-		for _, h := range a.pods {
-			if h.pod.String() == pod {
-				all = slices.Concat(all, h.named, h.counted)
+		var holdings []*holding
+		for _, id := range slices.Sorted(maps.Keys(a.pods)) {
+			if h := a.pods[id]; h.pod.String() == pod {
+				holdings = append(holdings, h)
 			}
 		}
-		if n := units(all, nil); n > p.max {
-			return deny(RuleMax, fmt.Errorf("%s: %w: pod %s would hold %d devices with it, more than policy.maxDevicesPerPod (%d); raise policy.maxDevicesPerPod to allow it",
-				c, ErrDenied, pod, n, p.max))
+		if err := p.checkMax("pod "+pod, slices.Concat(devs, a.podHolds(pod, holdings, nil)), nil); err != nil {
+			return err
 		}
 	}
 	return nil

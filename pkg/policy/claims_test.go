@@ -61,7 +61,7 @@ func TestAdmitClaim(t *testing.T) {
 			rule: policy.RuleUnhealthy, wantErr: []string{`device "nvidia.com/gpu=GPU-3": Xid 79`, `device "nvidia.com/gpu=1" is held by pod ns/b`}},
 		{name: "an unhealthy GPU where policy.allowUnhealthy", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, AllowUnhealthy: true}, claim: "c", gpus: []string{"GPU-3"}},
 		{name: "more than policy.maxDevicesPerPod", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 1}, claim: "c", gpus: []string{"0", "1"}, fresh: true,
-			rule: policy.RuleMax, wantErr: []string{"it would hold 2 devices, more than policy.maxDevicesPerPod (1)"}},
+			rule: policy.RuleMax, wantErr: []string{"pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1)"}},
 		{name: "as many as policy.maxDevicesPerPod, one GPU by two names", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 1}, claim: "c", gpus: []string{"0", "GPU-0"}, fresh: true},
 		{name: "the same claim again with the same device (kubelet after a restart): kept, whatever the policy now", policy: config.Policy{Namespaces: []string{"tenant-*"}, Devices: config.DefaultDevices}, claim: "old", gpus: []string{"2"}},
 	}
@@ -258,7 +258,7 @@ func TestMaxDevicesAcrossClaimsAndDoors(t *testing.T) {
 	}
 	second, secondDevs := claimOf("second", byName, "1")
 	_, err := a.AdmitClaim(one, second, secondDevs, nil)
-	testutil.ErrorSays(t, err, "claim ns/second of pod ns/p", "pod ns/p would hold 2 devices with it, more than policy.maxDevicesPerPod (1)")
+	testutil.ErrorSays(t, err, "claim ns/second of pod ns/p", "pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1)")
 	if _, _, err := a.Claim(second.UID, nil); !errors.Is(err, policy.ErrNotPrepared) {
 		t.Errorf("a refused claim is held: %v", err)
 	}
@@ -278,7 +278,7 @@ func TestMaxDevicesAcrossClaimsAndDoors(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = b.AdmitClaim(one, first, firstDevs, nil)
-	testutil.ErrorSays(t, err, "pod ns/p would hold 2 devices with it, more than policy.maxDevicesPerPod (1)")
+	testutil.ErrorSays(t, err, "pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1)")
 }
 
 // TestClaimPreparedAgain: a claim prepared again with other devices (its

@@ -216,10 +216,9 @@ func shares(entries []config.Sharing) []Share {
 // nil, or an error wrapping ErrDenied for each denied request, naming the
 // rule, the request and the key that would allow it.
 func (p *Policy) Check(pod Pod, ask Ask) error {
-	if !MatchAny(p.namespaces, pod.Namespace) {
-		if what := p.annotationRequest(ask); what != "" {
-			return deny(RuleNamespaces, fmt.Errorf("%s: %w: pods of namespace %q may not request devices through annotations: it matches none of policy.namespaces [%s]; add a glob that matches it to policy.namespaces",
-				what, ErrDenied, pod.Namespace, strings.Join(p.namespaces, ", ")))
+	if what := p.annotationRequest(ask); what != "" {
+		if err := p.checkNamespace(what, "pods", pod.Namespace, "request devices through annotations"); err != nil {
+			return err
 		}
 	}
 	var errs []error
@@ -253,9 +252,8 @@ func (p *Policy) annotationRequest(ask Ask) string {
 }
 
 func (p *Policy) checkRequest(r Request) error {
-	if !MatchAny(p.devices, r.Device) {
-		return deny(RuleDevices, fmt.Errorf("%s: %w: device %q matches none of policy.devices [%s]; add a glob that matches it to policy.devices",
-			r, ErrDenied, r.Device, strings.Join(p.devices, ", ")))
+	if err := p.checkDevice(r.String(), r.Device); err != nil {
+		return err
 	}
 	// A qualified name's device part follows its only "=".
 	if strings.HasSuffix(r.Device, "="+AllDevice) && p.tenantWritten(r) && !p.allowAll {

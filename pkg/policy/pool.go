@@ -37,7 +37,15 @@ type holding struct {
 	// policy.exclusive says, as a count grant: devices found in its
 	// containers that no record of holdings had (the record was lost).
 	sole []string
+	// claims are the UIDs of the prepared claims the pod's containers
+	// use: they count towards policy.maxDevicesPerPod for its next
+	// containers, whichever pods the claims were reserved for when
+	// prepared (not kept across a restart).
+	claims []string
 }
+
+// empty reports whether h holds no device.
+func (h *holding) empty() bool { return len(h.named) == 0 && h.counted == nil }
 
 func (h *holding) all() []specs.Device { return append(slices.Clone(h.named), h.counted...) }
 
@@ -367,6 +375,9 @@ func (a *Allocations) Holdings() []Holding {
 	out := make([]Holding, 0, len(a.pods))
 	for _, id := range slices.Sorted(maps.Keys(a.pods)) {
 		h := a.pods[id]
+		if h.empty() {
+			continue // it uses claims only, which hold their devices
+		}
 		out = append(out, Holding{Pod: h.pod, Named: slices.Clone(h.named), Counted: slices.Clone(h.counted), Kubelet: slices.Clone(h.kubelet), Sole: slices.Clone(h.sole)})
 	}
 	return out
@@ -392,7 +403,9 @@ func (a *Allocations) Held() map[Pod][]string {
 	defer a.mu.Unlock()
 	out := make(map[Pod][]string, len(a.pods))
 	for _, h := range a.pods {
-		out[h.pod] = specs.Names(h.all())
+		if !h.empty() {
+			out[h.pod] = specs.Names(h.all())
+		}
 	}
 	return out
 }
