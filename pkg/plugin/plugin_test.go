@@ -24,6 +24,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -1144,5 +1145,65 @@ func TestUserNamespaceContainer(t *testing.T) {
 		if mounted != tc.mount || node == tc.mount {
 			t.Errorf("%s, user namespace %v: bind mount %v, device node %v; want the mount %v", tc.version, tc.userNS, mounted, node, tc.mount)
 		}
+	}
+}
+
+// gate is a DRA claim finder that holds a pod's request until let is
+// closed, having said so on entered.
+type gate struct {
+	pod          string
+	entered, let chan struct{}
+}
+
+func (g *gate) Uses(ctx context.Context, pod link.PodRef, _ string) ([]link.Use, error) {
+	if pod.Name == g.pod {
+		close(g.entered)
+		select {
+		case <-g.let:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return nil, nil
+}
+
+// TestRecoveredPodKeepsItsGPUWhileAContainerIsCreated: a pod known from
+// Synchronize whose last container is removed while a new container of
+// it is being created keeps its GPU for that container: another pod
+// asking for it meanwhile is refused (it was once given it, the pod's
+// holding released under the new container).
+func TestRecoveredPodKeepsItsGPUWhileAContainerIsCreated(t *testing.T) {
+	const cfg = "policy: {exclusive: true}"
+	g := &gate{pod: "one", entered: make(chan struct{}), let: make(chan struct{})}
+	open := true
+	r := runtimeSetUp(t, "v1.7.35", cfg, func(p *plugin.Plugin) {
+		if !open {
+			p.UseClaims(g) // the nri-gpu after the restart
+		}
+		open = false
+	})
+	one := &api.PodSandbox{Id: "id-one", Name: "one", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
+	main := &api.Container{Id: "one-main", PodSandboxId: one.Id, Name: "main", Linux: &api.LinuxContainer{}}
+	if _, err := r.create(one, main); err != nil {
+		t.Fatal(err)
+	}
+	r.restart(t, cfg)
+	p := r.plugin
+	ctx := context.Background()
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := p.CreateContainer(ctx, one, &api.Container{Id: "one-side", PodSandboxId: one.Id, Name: "side", Linux: &api.LinuxContainer{}})
+		done <- err
+	}()
+	<-g.entered
+	if err := p.RemoveContainer(ctx, one, main); err != nil {
+		t.Fatal(err)
+	}
+	asker := &api.PodSandbox{Id: "id-asker", Name: "asker", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
+	_, _, err := p.CreateContainer(ctx, asker, &api.Container{Id: "asker-main", PodSandboxId: asker.Id, Name: "main", Linux: &api.LinuxContainer{}})
+	testutil.ErrorSays(t, err, "held by pod tenant/one")
+	close(g.let)
+	if err := <-done; err != nil {
+		t.Fatalf("the pod's new container: %v", err)
 	}
 }

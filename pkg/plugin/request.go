@@ -23,10 +23,15 @@ import (
 
 // CreateContainer injects the devices a container asks for, or fails its
 // creation saying why. A container that asks for nothing is left alone.
+// A container of a pod known from Synchronize counts among the pod's
+// containers from the start of its creation, so that the removal of the
+// pod's last other container meanwhile does not release what the new
+// one is being given.
 func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	p.recovered.add(pod.GetId(), ctr.GetId())
 	adj, _, err := p.Create(ctx, pod, ctr)
-	if err == nil {
-		p.recovered.add(pod.GetId(), ctr.GetId())
+	if err != nil && p.recovered.remove(pod.GetId(), ctr.GetId()) {
+		p.release(pod) // its other containers were removed meanwhile
 	}
 	return adj, nil, err
 }
@@ -206,9 +211,12 @@ func uses(held []policy.ClaimDevice) map[string]policy.ClaimDevice {
 	return out
 }
 
-// holds reports whether the request asks the pool to hold anything: the
-// devices of the claims it uses are the claims' holdings already.
-func (a asked) holds() bool { return len(a.want.Named) > 0 || a.want.Count > 0 }
+// holds reports whether the request asks the pool for anything: to hold
+// devices, or to count the claims it uses towards its pod's (their
+// devices are the claims' holdings already).
+func (a asked) holds() bool {
+	return len(a.want.Named) > 0 || a.want.Count > 0 || len(a.want.Claims) > 0
+}
 
 // maxPlans bounds how often a request plans again when the pool changed
 // between its plan and its commit. A stale plan means another request's
