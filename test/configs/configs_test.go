@@ -132,8 +132,17 @@ func TestPluginConfigsValidate(t *testing.T) {
 	files, _ := filepath.Glob(filepath.Join(dir, "nri-gpu*.yaml"))
 	files = append(files, filepath.Join(dir, "preregistered", "10-nri-gpu.conf"))
 	for _, f := range files {
-		if problems := config.Problems(mustRead(t, f)); len(problems) > 0 {
+		data := mustRead(t, f)
+		if problems := config.Problems(data); len(problems) > 0 {
 			t.Errorf("%s: %v", f, problems)
+		}
+		// Each is written in the current layout, not the one before
+		// versions that Parse still converts.
+		var head struct {
+			Version string `json:"version"`
+		}
+		if err := yaml.Unmarshal(data, &head); err != nil || head.Version != config.Version {
+			t.Errorf("%s: version %q (%v), want %q", f, head.Version, err, config.Version)
 		}
 	}
 }
