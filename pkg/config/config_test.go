@@ -425,9 +425,9 @@ func TestSharingBounds(t *testing.T) {
 	}
 }
 
-// TestStartChanged: what a reload would change that only a start reads is
-// named by its key (start.dra, whatever the file's layout); everything
-// else reloads.
+// TestStartChanged: what a reload would change that only a start reads
+// is named by Start.Changed by its key (start.dra, whatever the file's
+// layout); everything else reloads.
 func TestStartChanged(t *testing.T) {
 	parse := func(yaml string) *config.Config {
 		t.Helper()
@@ -446,10 +446,13 @@ func TestStartChanged(t *testing.T) {
 		{"what reloads", "version: v1\ncdiSpecDirs: [/cdi]\ngenerate: {enabled: true, interval: 1s}\npolicy: {exclusive: true}\n", nil},
 		{"v1", "version: v1\nstart:\n  driverRoot: /run/nvidia/driver\n  dra: {enabled: true}\n  mps: {checkInterval: 1s}\n", []string{"start.driverRoot", "start.dra", "start.mps"}},
 		{"health, v1", "version: v1\nstart: {health: {recoverAfter: 1m}}\n", []string{"start.health"}},
-		{"without version", "devicePlugin: {kubeletDir: /k}\nhealthInterval: 1s\n", []string{"start.health", "start.devicePlugin", "start.mps"}},
+		{"without version", "devicePlugin: {kubeletDir: /k, resources: [{name: nvidia.com/gpu}]}\nhealthInterval: 1s\n", []string{"start.health", "start.devicePlugin", "start.mps"}},
+		// A door off before and after reads nothing of its block, whose
+		// defaults follow defaultKind.
+		{"doors off", "version: v1\ndefaultKind: example.com/fpga\nstart: {devicePlugin: {kubeletDir: /k}, dra: {driverName: x.example.com}}\n", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := inForce.StartChanged(parse(tc.yaml)); !slices.Equal(got, tc.want) {
+			if got := inForce.Start.Changed(parse(tc.yaml).Start); !slices.Equal(got, tc.want) {
 				t.Errorf("start keys changed %v, want %v", got, tc.want)
 			}
 		})

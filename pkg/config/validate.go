@@ -366,12 +366,20 @@ func ParseKind(kind string) (vendor, class string, err error) {
 	return vendor, class, nil
 }
 
-// StartChanged returns the keys of the start block whose values differ
-// in next ("start.dra"): what a reload to next would change that only a
-// start reads.
-func (c *Config) StartChanged(next *Config) []string {
+// Changed returns the keys of the start block whose values differ in
+// next ("start.dra"): what a reload or the runtime's configuration
+// would change that only a start reads. The device plugin and DRA
+// blocks of a door off before and after read nothing (their defaults
+// follow defaultKind, which reloads).
+func (s Start) Changed(next Start) []string {
+	if len(s.DevicePlugin.Resources) == 0 && len(next.DevicePlugin.Resources) == 0 {
+		s.DevicePlugin, next.DevicePlugin = DevicePlugin{}, DevicePlugin{}
+	}
+	if !s.DRA.Enabled && !next.DRA.Enabled {
+		s.DRA, next.DRA = DRA{}, DRA{}
+	}
 	var keys []string
-	was, is := reflect.ValueOf(c.Start), reflect.ValueOf(next.Start)
+	was, is := reflect.ValueOf(s), reflect.ValueOf(next)
 	for i := range was.NumField() {
 		if !reflect.DeepEqual(was.Field(i).Interface(), is.Field(i).Interface()) {
 			name, _, _ := strings.Cut(was.Type().Field(i).Tag.Get("yaml"), ",")

@@ -32,7 +32,7 @@ func (p *Plugin) keepGenerating(ctx context.Context) {
 				continue
 			}
 		}
-		lib := p.nvmlLib(st.cfg)
+		lib := p.nvmlLib()
 		dir := st.cfg.CDISpecDirs[len(st.cfg.CDISpecDirs)-1]
 		path := filepath.Join(dir, GeneratedSpecName)
 		fingerprint, err := p.generate(lib, path, last)
@@ -60,11 +60,11 @@ func (p *Plugin) generate(lib nvml.Interface, path, last string) (string, error)
 		return "", err
 	}
 	cfg := p.state().cfg
-	fingerprint := fmt.Sprintf("driver %s, GPUs %s, control nodes %s", inv.DriverVersion, gpuList(inv), controlNodes(cfg.Start.DriverRoot))
+	fingerprint := fmt.Sprintf("driver %s, GPUs %s, control nodes %s", inv.DriverVersion, gpuList(inv), controlNodes(p.start.DriverRoot))
 	if _, err := os.Stat(path); err == nil && fingerprint == last {
 		return fingerprint, nil
 	}
-	spec, err := nvidia.Generate(lib, nvidia.Options{DriverRoot: cfg.Start.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.hookPath, CreateControlNodes: true})
+	spec, err := nvidia.Generate(lib, nvidia.Options{DriverRoot: p.start.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.hookPath, CreateControlNodes: true})
 	if err != nil {
 		return "", err
 	}

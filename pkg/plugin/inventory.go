@@ -18,7 +18,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
-	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -35,19 +34,19 @@ func (p *Plugin) unhealthy() func(specs.Device) error {
 }
 
 // nvmlLib returns the NVML spec generation, health and topology ask: the
-// one given (tests), else the driver's under cfg's driver root.
-func (p *Plugin) nvmlLib(cfg *config.Config) nvml.Interface {
+// one given (tests), else the driver's under start.driverRoot.
+func (p *Plugin) nvmlLib() nvml.Interface {
 	if p.hw.nvml != nil {
 		return p.hw.nvml
 	}
-	return nvidia.Library(cfg.Start.DriverRoot)
+	return nvidia.Library(p.start.DriverRoot)
 }
 
 // CheckHealth looks once at the NVIDIA GPUs' health (a GPU a check finds
 // lost), for a plugin that does not Serve (nri-gpu explain); without
 // NVML it does nothing.
 func (p *Plugin) CheckHealth() {
-	m, err := nvidia.NewMonitor(p.nvmlLib(p.state().cfg))
+	m, err := nvidia.NewMonitor(p.nvmlLib())
 	if err != nil {
 		return
 	}
@@ -59,14 +58,13 @@ func (p *Plugin) CheckHealth() {
 // keepWatchingHealth watches the NVIDIA GPUs' health through NVML until
 // ctx is done; without NVML it says that it takes every GPU as healthy.
 func (p *Plugin) keepWatchingHealth(ctx context.Context) {
-	cfg := p.state().cfg
-	m, err := nvidia.NewMonitor(p.nvmlLib(cfg))
+	m, err := nvidia.NewMonitor(p.nvmlLib())
 	if err != nil {
 		p.log.Infof("GPU health not watched (%v): every device is taken as healthy", err)
 		return
 	}
 	defer m.Close()
-	m.RecoverAfter = cfg.Start.Health.RecoverAfter
+	m.RecoverAfter = p.start.Health.RecoverAfter
 	m.OnChange = func(node, why string) {
 		if why != "" {
 			p.log.WithField("gpu", node).Warnf("GPU unhealthy: %s", why)
@@ -80,8 +78,8 @@ func (p *Plugin) keepWatchingHealth(ctx context.Context) {
 	}
 	p.hw.health.Store(m)
 	defer p.hw.health.Store(nil)
-	p.log.Infof("watching the health of NVIDIA GPUs (critical Xid events, a check every %s)", cfg.Start.Health.Interval)
-	m.Run(ctx, cfg.Start.Health.Interval)
+	p.log.Infof("watching the health of NVIDIA GPUs (critical Xid events, a check every %s)", p.start.Health.Interval)
+	m.Run(ctx, p.start.Health.Interval)
 }
 
 // links returns how closely two devices are connected, from the GPU
@@ -89,7 +87,7 @@ func (p *Plugin) keepWatchingHealth(ctx context.Context) {
 // count requests then take free devices in spec order.
 func (p *Plugin) links() func(a, b specs.Device) int {
 	p.hw.topologyOnce.Do(func() {
-		t, err := nvidia.DiscoverTopology(p.nvmlLib(p.state().cfg))
+		t, err := nvidia.DiscoverTopology(p.nvmlLib())
 		if err != nil {
 			p.log.Infof("GPU topology unknown (%v): count requests take free devices in spec order", err)
 			return
@@ -135,7 +133,7 @@ var (
 // where NVML cannot be had.
 func (p *Plugin) gpus() map[int]gpuInfo {
 	p.hw.gpusOnce.Do(func() {
-		inv, err := nvidia.Discover(p.nvmlLib(p.state().cfg))
+		inv, err := nvidia.Discover(p.nvmlLib())
 		if err != nil {
 			p.log.Infof("GPU facts from the CDI specs only (%v)", err)
 			return

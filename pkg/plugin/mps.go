@@ -81,7 +81,7 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 // the whole GPU.
 func (p *Plugin) claimMPS(st *state, snap *specs.Snapshot, c policy.ClaimDevice) (*mpsGPU, error) {
 	by := "the GpuConfig of the claim that holds it"
-	if st.cfg.Start.MPS.Daemon != config.MPSManaged {
+	if p.start.MPS.Daemon != config.MPSManaged {
 		return nil, fmt.Errorf("%w: device %q: %s asks for MPS, and nri-gpu runs an MPS daemon for a claim's GPU only with start.mps.daemon: managed",
 			ErrMPS, c.Name, by)
 	}
@@ -125,13 +125,13 @@ func (p *Plugin) mpsDaemonOf(st *state, snap *specs.Snapshot, d specs.Device, by
 	}
 	if dir == "." || dir == ".." || strings.ContainsAny(dir, "/\x00") {
 		return nil, fmt.Errorf("%w: device %q: its MPS daemon's directory would be named %q, which is not one path element under %s",
-			ErrMPS, d.Name, dir, st.cfg.Start.MPS.Root)
+			ErrMPS, d.Name, dir, p.start.MPS.Root)
 	}
 	return &mpsGPU{
 		device: d.Name,
 		dev:    d,
 		by:     by,
-		daemon: mps.Daemon{Control: st.cfg.Start.MPS.ControlCommand, Dir: filepath.Join(st.cfg.Start.MPS.Root, dir), GPU: uuid, Root: st.cfg.Start.MPS.HostRoot},
+		daemon: mps.Daemon{Control: p.start.MPS.ControlCommand, Dir: filepath.Join(p.start.MPS.Root, dir), GPU: uuid, Root: p.start.MPS.HostRoot},
 	}, nil
 }
 
@@ -194,13 +194,13 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 	}
 	g := gpus[0]
 	serving := g.daemon.Serving
-	if st.cfg.Start.MPS.Daemon == config.MPSManaged {
+	if p.start.MPS.Daemon == config.MPSManaged {
 		serving = func(ctx context.Context) error { return p.mps.Serves(ctx, g.daemon) }
 	}
 	if err := serving(ctx); err != nil {
 		how := fmt.Sprintf("run one with CUDA_MPS_PIPE_DIRECTORY=%s, CUDA_MPS_LOG_DIRECTORY=%s and %s as its /dev/shm (mps.daemon: external)",
 			g.daemon.PipeDir(), g.daemon.LogDir(), g.daemon.ShmDir())
-		if st.cfg.Start.MPS.Daemon == config.MPSManaged {
+		if p.start.MPS.Daemon == config.MPSManaged {
 			how = "nri-gpu starts it (mps.daemon: managed): its log says why it could not"
 		}
 		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, but %v; nri-gpu does not give an MPS-shared GPU unbounded: %s",
@@ -255,7 +255,7 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 	p.mpsMu.Lock()
 	defer p.mpsMu.Unlock()
 	st := p.state()
-	if st.cfg.Start.MPS.Daemon != config.MPSManaged {
+	if p.start.MPS.Daemon != config.MPSManaged {
 		return
 	}
 	daemons, errs := p.mpsDaemons(st)
@@ -318,7 +318,7 @@ func (p *Plugin) exclusive(st *state, g *mpsGPU) error {
 	if g.daemon.GPU == "" || p.exclusiveGPUs[g.daemon.GPU] {
 		return nil // without a UUID the manager starts no daemon, and says why
 	}
-	was, err := nvidia.SetComputeMode(p.nvmlLib(st.cfg), g.daemon.GPU, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
+	was, err := nvidia.SetComputeMode(p.nvmlLib(), g.daemon.GPU, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
 	if errors.Is(err, nvidia.ErrNVML) {
 		return fmt.Errorf("device %q: its GPU's compute mode is left as it is (%w): put it in Exclusive_Process (nvidia-smi -i %s -c EXCLUSIVE_PROCESS), which keeps a client from leaving MPS", g.device, err, g.daemon.GPU)
 	}
@@ -342,7 +342,7 @@ func (p *Plugin) shared(st *state, uuid string) {
 	}
 	delete(p.exclusiveGPUs, uuid)
 	log := p.log.WithField("uuid", uuid)
-	if _, err := nvidia.SetComputeMode(p.nvmlLib(st.cfg), uuid, nvml.COMPUTEMODE_DEFAULT); err != nil {
+	if _, err := nvidia.SetComputeMode(p.nvmlLib(), uuid, nvml.COMPUTEMODE_DEFAULT); err != nil {
 		log.Warnf("GPU no longer shared with MPS left in Exclusive_Process compute mode: %v", err)
 		return
 	}
@@ -357,7 +357,7 @@ func (p *Plugin) keepMPSDaemons(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(p.state().cfg.Start.MPS.CheckInterval):
+		case <-time.After(p.start.MPS.CheckInterval):
 		}
 	}
 }

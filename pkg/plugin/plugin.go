@@ -55,6 +55,10 @@ type Plugin struct {
 	log logrus.FieldLogger
 	// specDirs, when set, overrides cdiSpecDirs of every configuration.
 	specDirs []string
+	// start is the configuration's start block as nri-gpu started with
+	// it: what every part reads of it, which no reload and no
+	// configuration from the runtime changes.
+	start config.Start
 	// alloc outlives configurations.
 	alloc *policy.Allocations
 	// rec keeps alloc across restarts.
@@ -143,7 +147,7 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	if err != nil {
 		return nil, err
 	}
-	p.st = st
+	p.st, p.start = st, cfg.Start
 	if p.rec.file != nil {
 		if !p.rec.file.ReadOnly() {
 			if err := p.rec.file.Lock(); err != nil {
@@ -321,7 +325,10 @@ func (p *Plugin) Close() {
 
 // Configure is called by the runtime when the plugin registers. A
 // non-empty config (what containerd passes a pre-registered plugin from
-// its plugin_config_path) replaces the configuration, parsed as a file is.
+// its plugin_config_path) replaces the configuration, parsed as a file is
+// and checked as a reload is: one that cannot be used, or changes the
+// start block, is refused (the plugin does not register), and the
+// configuration in force stays.
 func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api.EventMask, error) {
 	log := p.log.WithFields(logrus.Fields{"runtime": runtime, "version": version})
 	rt := adjust.RuntimeOf(runtime, version)
@@ -367,10 +374,7 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 // configuration stays, when the new one cannot be used (its spec
 // directories cannot be watched).
 func (p *Plugin) Reload(cfg *config.Config) error {
-	if keys := p.state().cfg.StartChanged(cfg); len(keys) > 0 {
-		return fmt.Errorf("%w: %s is read at start: restart nri-gpu to change it", ErrStartOnly, strings.Join(keys, ", "))
-	}
-	st, err := p.newState(cfg)
+	st, err := p.reloaded(cfg)
 	if err != nil {
 		return err
 	}
@@ -385,12 +389,22 @@ func (p *Plugin) Reload(cfg *config.Config) error {
 	return nil
 }
 
+// reloaded returns the state of a configuration that replaces the one
+// in force: refused (ErrStartOnly, naming the keys) when it changes the
+// start block, which nri-gpu read when it started.
+func (p *Plugin) reloaded(cfg *config.Config) (*state, error) {
+	if keys := p.start.Changed(cfg.Start); len(keys) > 0 {
+		return nil, fmt.Errorf("%w: %s is read at start: restart nri-gpu to change it (a pre-registered nri-gpu reads its start block from --config)", ErrStartOnly, strings.Join(keys, ", "))
+	}
+	return p.newState(cfg)
+}
+
 func (p *Plugin) parseRuntimeConfig(cfg string) (*state, error) {
 	c, err := config.Parse([]byte(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("configuration from runtime: %w", err)
 	}
-	st, err := p.newState(c)
+	st, err := p.reloaded(c)
 	if err != nil {
 		return nil, fmt.Errorf("configuration from runtime: %w", err)
 	}

@@ -506,6 +506,17 @@ func TestConfigureFromRuntime(t *testing.T) {
 	if _, err := create(); err != nil {
 		t.Errorf("a rejected configuration replaced the one in force: %v", err)
 	}
+
+	// A change of the start block is refused as a reload's is, naming
+	// the key, and the configuration in force stays.
+	_, err = p.Configure(context.Background(), "version: v1\nstart: {mps: {checkInterval: 1s}}\n"+cfg, "containerd", "1.7.35")
+	testutil.ErrorSays(t, err, "configuration from runtime", "start.mps is read at start")
+	if !errors.Is(err, plugin.ErrStartOnly) {
+		t.Errorf("error %v does not wrap ErrStartOnly", err)
+	}
+	if _, err := create(); err != nil {
+		t.Errorf("a configuration changing the start block replaced the one in force: %v", err)
+	}
 }
 
 func TestAllocationsSurviveRestart(t *testing.T) {
