@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sirupsen/logrus"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
@@ -56,6 +57,8 @@ type mpsConfig struct {
 type asked struct {
 	policy.Asked
 	perDevice map[string]int64
+	// unapplied are the fields accepted and not applied, each with why.
+	unapplied []string
 }
 
 // parseGpuConfig reads one opaque configuration's parameters strictly:
@@ -84,8 +87,11 @@ func parseGpuConfig(raw []byte) (asked, error) {
 		}
 		// The interval is the GPU's, not a claim's: nri-gpu leaves
 		// it as the operator set it (nvidia-smi compute-policy).
-		if t := s.TimeSlicingConfig; t != nil && t.Interval != nil && !slices.Contains([]string{"Default", "Short", "Medium", "Long"}, *t.Interval) {
-			return asked{}, fmt.Errorf("%w: timeSlicingConfig.interval %q is none of Default, Short, Medium, Long", ErrConfig, *t.Interval)
+		if t := s.TimeSlicingConfig; t != nil && t.Interval != nil {
+			if !slices.Contains([]string{"Default", "Short", "Medium", "Long"}, *t.Interval) {
+				return asked{}, fmt.Errorf("%w: timeSlicingConfig.interval %q is none of Default, Short, Medium, Long", ErrConfig, *t.Interval)
+			}
+			out.unapplied = append(out.unapplied, fmt.Sprintf("timeSlicingConfig.interval %q is not applied: the GPU's time slice is the operator's (nvidia-smi compute-policy --set-timeslice), not a claim's", *t.Interval))
 		}
 	case "MPS":
 		out.Strategy = config.StrategyMPS
@@ -153,7 +159,10 @@ func orNone(s string) string {
 // claim's, a later one of the request overriding an earlier, as NVIDIA's
 // driver reads them.
 func (d *Driver) askedOf(c *resourceapi.ResourceClaim, request string, index int, uuid string) (policy.Asked, error) {
-	var out policy.Asked
+	var (
+		out       policy.Asked
+		unapplied []string // the effective configuration's
+	)
 	for _, cfg := range configsOf(c) {
 		o := cfg.Opaque
 		if o == nil || o.Driver != d.cfg.DriverName {
@@ -175,7 +184,10 @@ func (d *Driver) askedOf(c *resourceapi.ResourceClaim, request string, index int
 				a.PinnedMemory = v
 			}
 		}
-		out = a.Asked
+		out, unapplied = a.Asked, a.unapplied
+	}
+	for _, why := range unapplied {
+		d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name, "request": request}).Warn(why)
 	}
 	return out, nil
 }

@@ -143,6 +143,11 @@ func TestGpuConfig(t *testing.T) {
 			if diff := cmp.Diff(want, src.prepared["uid-cfg"]); diff != "" {
 				t.Errorf("held (-want +got):\n%s", diff)
 			}
+			// NVIDIA's gpu-test5 asks for interval Long: accepted, and the
+			// driver says it is not applied.
+			if said := s.warned(`timeSlicingConfig.interval "Long" is not applied`); said != (tc.name == "published time-slicing") {
+				t.Errorf("warned that the interval is not applied: %v", said)
+			}
 		})
 	}
 }
