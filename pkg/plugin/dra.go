@@ -198,13 +198,20 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	undo, err := c.p.alloc.AdmitClaim(st.policy, claim, devs, c.p.unhealthy())
-	if err != nil || undo == nil {
+	admitted, err := c.p.alloc.AdmitClaim(st.policy, claim, devs, c.p.unhealthy())
+	if err != nil || admitted == nil {
 		return err // refused, or kubelet asked again: nothing new to record
+	}
+	// One undo, whichever step fails: the claim is let go and the
+	// daemons started for it stop, their GPUs back in Default.
+	undo := func() {
+		admitted()
+		if len(own) > 0 {
+			c.p.keepMPS(ctx)
+		}
 	}
 	if err := c.p.startClaimMPS(ctx, own); err != nil {
 		undo()
-		c.p.keepMPS(ctx) // stops what was started
 		return fmt.Errorf("%s: %w", claim, err)
 	}
 	// Not recorded, not prepared: kubelet tries again.
