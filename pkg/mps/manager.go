@@ -15,7 +15,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 // Want is a daemon a Manager is told to keep running.
@@ -30,16 +33,24 @@ type Want struct {
 
 // Event is something a Manager did, for the caller to log.
 type Event struct {
-	// What is one of Started, LimitsSet and Stopped.
+	// What is one of Started, LimitsSet, Stopped, Exclusive and
+	// Restored.
 	What string
 	Want
+	// Was is the compute mode the GPU was in (Exclusive).
+	Was string
 }
 
-// What a Manager did to a daemon.
+// What a Manager did to a daemon, or to its GPU's compute mode.
 const (
 	Started   = "started"
 	LimitsSet = "limits set"
 	Stopped   = "stopped"
+	// Exclusive: the GPU put in Exclusive_Process compute mode before
+	// its daemon is kept, from the mode Was.
+	Exclusive = "exclusive"
+	// Restored: the GPU of a daemon stopped put back in Default.
+	Restored = "restored"
 )
 
 // Start runs a daemon's "nvidia-cuda-mps-control -d" command with shm
@@ -54,10 +65,15 @@ type Start func(shm string, cmd *exec.Cmd) error
 // there, and a daemon started through "-d" is reparented to it.
 type Manager struct {
 	start Start
+	// lib is the NVML the GPUs' compute modes are set through.
+	lib func() nvml.Interface
 
 	mu sync.Mutex
 	// kept are the daemons started or found answering, by directory.
 	kept map[string]*kept
+	// exclusive are the GPUs the manager put in Exclusive_Process
+	// compute mode, by UUID, with the daemon they were put in it for.
+	exclusive map[string]Want
 }
 
 // kept is a daemon a Manager keeps: what it was told, and its process.
@@ -66,13 +82,22 @@ type kept struct {
 	proc proc
 }
 
-// NewManager returns a manager that starts daemons through start.
-func NewManager(start Start) *Manager {
-	return &Manager{start: start, kept: map[string]*kept{}}
+// NewManager returns a manager that starts daemons through start and
+// sets their GPUs' compute mode through the NVML lib returns.
+func NewManager(start Start, lib func() nvml.Interface) *Manager {
+	return &Manager{start: start, lib: lib, kept: map[string]*kept{}, exclusive: map[string]Want{}}
 }
 
 // Sync makes the daemons running those of want, as above, and returns
-// what it did and what it could not (one error per daemon).
+// what it did and what it could not (one error per daemon). Before a
+// daemon is kept its GPU is put in Exclusive_Process compute mode (once
+// while the manager runs; the mode stays across restarts of nri-gpu),
+// so that a client that leaves MPS cannot have a context of its own
+// beside the server, unbounded: a GPU NVML does not put in it gets no
+// daemon. Where NVML cannot be loaded at all (nor, then, the daemon's
+// own driver libraries on a real node) the daemon is kept all the same,
+// and the error says to set the mode. A GPU no daemon is wanted for any
+// more (stopped, or never started) is put back in Default.
 func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -83,6 +108,14 @@ func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 	wanted := map[string]bool{}
 	for _, w := range want {
 		wanted[w.Daemon.Dir] = true
+		if e, err := m.exclusiveMode(w); err != nil {
+			errs = append(errs, err)
+			if !errors.Is(err, nvidia.ErrNVML) {
+				continue
+			}
+		} else if e != nil {
+			events = append(events, *e)
+		}
 		had, known := m.kept[w.Daemon.Dir]
 		// Whoever answers must be the daemon before it is sent limits: a
 		// process of nri-gpu's pid namespace (no client container's), and
@@ -139,7 +172,48 @@ func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 		}
 		delete(m.kept, dir)
 	}
+	// The GPUs of daemons no longer wanted (stopped, or never started)
+	// go back to Default.
+	gpus := map[string]bool{}
+	for _, w := range want {
+		gpus[w.Daemon.GPU] = true
+	}
+	for _, uuid := range slices.Sorted(maps.Keys(m.exclusive)) {
+		if gpus[uuid] {
+			continue
+		}
+		w := m.exclusive[uuid]
+		delete(m.exclusive, uuid)
+		if _, err := nvidia.SetComputeMode(m.lib(), uuid, nvml.COMPUTEMODE_DEFAULT); err != nil {
+			errs = append(errs, fmt.Errorf("GPU %s of %s, no longer shared with MPS, left in Exclusive_Process compute mode: %w", uuid, w.Device, err))
+			continue
+		}
+		events = append(events, Event{What: Restored, Want: w})
+	}
 	return events, errs
+}
+
+// exclusiveMode puts w's GPU in Exclusive_Process compute mode, unless
+// the manager did already, and returns the event of the change (nil
+// when there was none to make). An error wrapping nvidia.ErrNVML says
+// NVML cannot be loaded: the mode is left as it is.
+func (m *Manager) exclusiveMode(w Want) (*Event, error) {
+	uuid := w.Daemon.GPU
+	if _, done := m.exclusive[uuid]; uuid == "" || done {
+		return nil, nil // without a UUID no daemon is started, and Sync says why
+	}
+	was, err := nvidia.SetComputeMode(m.lib(), uuid, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
+	if errors.Is(err, nvidia.ErrNVML) {
+		return nil, fmt.Errorf("device %q: its GPU's compute mode is left as it is (%w): put it in Exclusive_Process (nvidia-smi -i %s -c EXCLUSIVE_PROCESS), which keeps a client from leaving MPS", w.Device, err, uuid)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("MPS daemon of %s not started: its GPU is not put in Exclusive_Process compute mode, which keeps a client from leaving MPS: %w", w.Device, err)
+	}
+	m.exclusive[uuid] = w
+	if was == nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
+		return nil, nil
+	}
+	return &Event{What: Exclusive, Want: w, Was: nvidia.ModeName(was)}, nil
 }
 
 // proc is a process known by its pid and its start time (so that a pid

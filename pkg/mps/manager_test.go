@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu/nri-gpu/internal/mpsstandin"
@@ -29,12 +31,49 @@ func asPID1(t *testing.T) {
 	t.Cleanup(func() { _ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
 }
 
+// whats returns what the manager did to daemons (not to compute modes).
 func whats(events []mps.Event) []string {
 	var out []string
 	for _, e := range events {
-		out = append(out, e.What+" "+e.Device)
+		if e.What != mps.Exclusive && e.What != mps.Restored {
+			out = append(out, e.What+" "+e.Device)
+		}
 	}
 	return out
+}
+
+// modesDone returns what the manager did to compute modes.
+func modesDone(events []mps.Event) []string {
+	var out []string
+	for _, e := range events {
+		if e.What == mps.Exclusive || e.What == mps.Restored {
+			out = append(out, e.What+" "+e.Device+" "+e.Was)
+		}
+	}
+	return out
+}
+
+// gpusOf returns NVML (go-nvml's mock) knowing a GPU by each of uuids,
+// each in the Default compute mode until set, and those GPUs by UUID.
+func gpusOf(uuids ...string) (func() nvml.Interface, map[string]nvml.Device) {
+	s := testutil.NVML(len(uuids))
+	byUUID := map[string]nvml.Device{}
+	for i, u := range uuids {
+		byUUID[u] = s.Devices[i]
+	}
+	s.DeviceGetHandleByUUIDFunc = func(u string) (nvml.Device, nvml.Return) {
+		if d, ok := byUUID[u]; ok {
+			return d, nvml.SUCCESS
+		}
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	return func() nvml.Interface { return s }, byUUID
+}
+
+// mode returns a GPU's compute mode.
+func mode(d nvml.Device) nvml.ComputeMode {
+	m, _ := d.GetComputeMode()
+	return m
 }
 
 // gone reports whether process pid has left no trace: neither running
@@ -58,7 +97,8 @@ func managed(t *testing.T) (mps.Daemon, mps.Want, *mps.Manager) {
 	d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu"), GPU: "GPU-1234"}
 	t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
 	want := mps.Want{Device: "nvidia.com/gpu=0", Daemon: d, Limits: mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1024}}
-	return d, want, mps.NewManager(inShm)
+	lib, _ := gpusOf("GPU-1234")
+	return d, want, mps.NewManager(inShm, lib)
 }
 
 // TestManager: told a daemon is wanted, the manager starts it with its
@@ -73,6 +113,9 @@ func TestManager(t *testing.T) {
 	events, errs := m.Sync(ctx, []mps.Want{want})
 	if len(errs) > 0 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=0"}) {
 		t.Fatalf("first sync: %v, %v; want started", whats(events), errs)
+	}
+	if got := modesDone(events); !slices.Equal(got, []string{"exclusive nvidia.com/gpu=0 Default"}) {
+		t.Errorf("first sync's compute modes: %v, want the GPU put in Exclusive_Process from Default", got)
 	}
 	first, err := mpsstandin.Pid(d.PipeDir())
 	if err != nil {
@@ -113,6 +156,9 @@ func TestManager(t *testing.T) {
 	if len(errs) > 0 || !slices.Equal(whats(events), []string{"stopped nvidia.com/gpu=0"}) {
 		t.Fatalf("no longer wanted: %v, %v; want stopped", whats(events), errs)
 	}
+	if got := modesDone(events); !slices.Equal(got, []string{"restored nvidia.com/gpu=0 "}) {
+		t.Errorf("stopped: compute modes %v, want the GPU back in Default", got)
+	}
 	if !gone(second) {
 		t.Errorf("the stopped daemon (pid %d) was not reaped", second)
 	}
@@ -126,7 +172,8 @@ func TestManager(t *testing.T) {
 // nothing to stop once it is no longer wanted).
 func TestManagerCannotStart(t *testing.T) {
 	ctx := context.Background()
-	m := mps.NewManager(inShm)
+	lib, _ := gpusOf("GPU-1")
+	m := mps.NewManager(inShm, lib)
 	noUUID := mps.Want{Device: "nvidia.com/gpu=1", Daemon: mps.Daemon{Control: "/nonexistent", Dir: filepath.Join(t.TempDir(), "x")}}
 	events, errs := m.Sync(ctx, []mps.Want{noUUID})
 	if len(events) > 0 || len(errs) != 1 {
@@ -135,13 +182,18 @@ func TestManagerCannotStart(t *testing.T) {
 	testutil.ErrorSays(t, errs[0], "MPS daemon of nvidia.com/gpu=1 not started", "its UUID is not known")
 	noUUID.Daemon.GPU = "GPU-1"
 	events, errs = m.Sync(ctx, []mps.Want{noUUID})
-	if len(events) > 0 || len(errs) != 1 {
+	if len(whats(events)) > 0 || len(errs) != 1 {
 		t.Fatalf("%v, %v; want one error", whats(events), errs)
 	}
 	testutil.ErrorSays(t, errs[0], "MPS daemon of nvidia.com/gpu=1 not started", "/nonexistent")
-	// Kept, it would be stopped now that it is no longer wanted.
-	if events, errs := m.Sync(ctx, nil); len(events) > 0 || len(errs) > 0 {
+	// Kept, it would be stopped now that it is no longer wanted; its GPU,
+	// put in Exclusive_Process for it, goes back to Default.
+	events, errs = m.Sync(ctx, nil)
+	if len(whats(events)) > 0 || len(errs) > 0 {
 		t.Errorf("a daemon that did not start is kept: %v, %v", whats(events), errs)
+	}
+	if got := modesDone(events); !slices.Equal(got, []string{"restored nvidia.com/gpu=1 "}) {
+		t.Errorf("no longer wanted: compute modes %v, want its GPU back in Default", got)
 	}
 }
 
@@ -164,7 +216,8 @@ func TestManagerManyDaemons(t *testing.T) {
 	a, c, d := daemon("a"), daemon("c"), daemon("d")
 	noUUID := mps.Want{Device: "nvidia.com/gpu=b", Daemon: mps.Daemon{Control: ctl, Dir: filepath.Join(root, "b")}}
 	cannotStart := mps.Want{Device: "nvidia.com/gpu=e", Daemon: mps.Daemon{Control: "/nonexistent", Dir: filepath.Join(root, "e"), GPU: "GPU-e"}}
-	m := mps.NewManager(inShm)
+	lib, _ := gpusOf("GPU-a", "GPU-c", "GPU-d", "GPU-e")
+	m := mps.NewManager(inShm, lib)
 	events, errs := m.Sync(ctx, []mps.Want{noUUID, cannotStart, a})
 	if len(errs) != 2 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=a"}) {
 		t.Fatalf("no UUID, cannot start, then a: %v, %v; want two errors and a started", whats(events), errs)
@@ -183,11 +236,61 @@ func TestManagerManyDaemons(t *testing.T) {
 	// control program is gone); c after it is started.
 	broken := a
 	broken.Daemon.Control = "/nonexistent"
-	events, errs = mps.NewManager(inShm).Sync(ctx, []mps.Want{broken, c})
+	events, errs = mps.NewManager(inShm, lib).Sync(ctx, []mps.Want{broken, c})
 	if len(errs) != 1 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=c"}) {
 		t.Errorf("a's limits not set, then c: %v, %v; want one error and c started", whats(events), errs)
 	}
 	if len(errs) == 1 {
 		testutil.ErrorSays(t, errs[0], "MPS daemon of nvidia.com/gpu=a", "/nonexistent")
+	}
+}
+
+// TestManagerComputeMode: a daemon's GPU is in Exclusive_Process while
+// the manager keeps it, and back in Default once it is stopped; a GPU
+// NVML does not put in Exclusive_Process gets no daemon; where NVML
+// cannot be loaded the daemon is started all the same, the error saying
+// to set the mode.
+func TestManagerComputeMode(t *testing.T) {
+	ctx := context.Background()
+	d, want, _ := managed(t)
+	lib, gpus := gpusOf("GPU-1234")
+	gpu := gpus["GPU-1234"]
+	m := mps.NewManager(inShm, lib)
+	if _, errs := m.Sync(ctx, []mps.Want{want}); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if mode(gpu) != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
+		t.Errorf("kept: GPU in mode %d, want Exclusive_Process", mode(gpu))
+	}
+	if _, errs := m.Sync(ctx, nil); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if mode(gpu) != nvml.COMPUTEMODE_DEFAULT {
+		t.Errorf("stopped: GPU in mode %d, want Default", mode(gpu))
+	}
+
+	// NVML refuses the mode: no daemon.
+	refusing, byUUID := gpusOf("GPU-1234")
+	byUUID["GPU-1234"].(*dgxa100.Device).SetComputeModeFunc = func(nvml.ComputeMode) nvml.Return { return nvml.ERROR_NO_PERMISSION }
+	events, errs := mps.NewManager(inShm, refusing).Sync(ctx, []mps.Want{want})
+	if len(events) > 0 || len(errs) != 1 {
+		t.Fatalf("mode refused: %v, %v; want one error and nothing done", whats(events), errs)
+	}
+	testutil.ErrorSays(t, errs[0], "MPS daemon of nvidia.com/gpu=0 not started", "Exclusive_Process", "ERROR_NO_PERMISSION")
+	if d.Running(ctx) == nil {
+		t.Error("a daemon runs on a GPU not in Exclusive_Process")
+	}
+
+	// NVML cannot be loaded: started, and told.
+	absent := &dgxa100.Server{}
+	absent.InitFunc = func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
+	m = mps.NewManager(inShm, func() nvml.Interface { return absent })
+	events, errs = m.Sync(ctx, []mps.Want{want})
+	if len(errs) != 1 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=0"}) {
+		t.Fatalf("without NVML: %v, %v; want started and one error", whats(events), errs)
+	}
+	testutil.ErrorSays(t, errs[0], "compute mode is left as it is", "nvidia-smi -i GPU-1234 -c EXCLUSIVE_PROCESS")
+	if _, errs := m.Sync(ctx, nil); len(errs) > 0 {
+		t.Errorf("stopping without NVML: %v (the manager did not set the mode, and leaves it)", errs)
 	}
 }

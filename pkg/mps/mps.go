@@ -1,8 +1,11 @@
 // Package mps runs and asks NVIDIA's Multi-Process Service control
-// daemons: one per GPU shared with the mps strategy, each with its own
-// directories, through the driver's nvidia-cuda-mps-control. It says what
-// a client container needs to reach a GPU's daemon (mounts and
-// environment), and what bounds each client.
+// daemons: one per GPU shared with MPS, each with its own directories
+// (Layout), through the driver's nvidia-cuda-mps-control. A Manager
+// keeps the daemons it is told are wanted running, their GPUs in
+// Exclusive_Process compute mode (NVML) while they run and back in
+// Default when they stop; a Daemon says whether it answers, gives a
+// client container's edits (mounts and environment) for the Limits that
+// bound it, and stops.
 //
 // The layout under a root directory, per GPU:
 //
@@ -25,6 +28,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
 // ErrNotRunning is wrapped by Running's error for a daemon that does not
@@ -124,13 +129,59 @@ func (l Limits) Commands() []string {
 	return cmds
 }
 
-// ClientEnv is what a client container's environment gets: where its
-// daemon is, and its limits.
-func ClientEnv(l Limits) []string {
-	return append([]string{
-		"CUDA_MPS_PIPE_DIRECTORY=" + ClientPipeDir,
-		"CUDA_MPS_LOG_DIRECTORY=" + ClientLogDir,
-	}, l.Env()...)
+// ClientEdits returns what a client container of the daemon needs,
+// bound by l: its environment (where the daemon is, and the limits) and
+// the daemon's directories mounted where CUDA looks when the
+// environment names none. The pipe directory is read-only in the
+// client: a client only connects to the daemon's sockets (which works on
+// a read-only mount) and creates nothing there, so a tenant cannot
+// remove or replace the daemon's sockets, or listen there in their
+// place, for its own clients or another pod's.
+func (d Daemon) ClientEdits(l Limits) *cdispec.ContainerEdits {
+	mount := func(host, ctr string, opts ...string) *cdispec.Mount {
+		return &cdispec.Mount{HostPath: host, ContainerPath: ctr, Type: "bind", Options: append([]string{"rbind", "nosuid", "nodev"}, opts...)}
+	}
+	return &cdispec.ContainerEdits{
+		Env: append([]string{
+			"CUDA_MPS_PIPE_DIRECTORY=" + ClientPipeDir,
+			"CUDA_MPS_LOG_DIRECTORY=" + ClientLogDir,
+		}, l.Env()...),
+		Mounts: []*cdispec.Mount{
+			mount(d.PipeDir(), ClientPipeDir, "ro"),
+			mount(d.LogDir(), ClientLogDir, "ro"),
+			mount(d.ShmDir(), ClientShmDir, "rw"),
+		},
+	}
+}
+
+// Layout is where the daemons are and what runs them: the configuration's
+// start.mps block.
+type Layout struct {
+	// Control is the driver's nvidia-cuda-mps-control.
+	Control string
+	// Root is the directory the daemons' directories are under.
+	Root string
+	// HostRoot, when set, is the host's root as nri-gpu sees it (see
+	// Daemon.Root).
+	HostRoot string
+}
+
+// ErrDaemonDir is wrapped by the error for a GPU whose daemon's
+// directory would not be one path element under the root.
+var ErrDaemonDir = errors.New("MPS daemon refused")
+
+// Daemon returns the daemon of the GPU of uuid (CUDA_VISIBLE_DEVICES for
+// it; "" when not known), its directory named by uuid, else by name
+// (the GPU's name within its CDI kind), which must be one path element.
+func (l Layout) Daemon(uuid, name string) (Daemon, error) {
+	dir := uuid
+	if dir == "" {
+		dir = name
+	}
+	if dir == "" || dir == "." || dir == ".." || strings.ContainsAny(dir, "/\x00") {
+		return Daemon{}, fmt.Errorf("%w: its MPS daemon's directory would be named %q, which is not one path element under %s", ErrDaemonDir, dir, l.Root)
+	}
+	return Daemon{Control: l.Control, Dir: filepath.Join(l.Root, dir), GPU: uuid, Root: l.HostRoot}, nil
 }
 
 // Running returns nil when the daemon answers on its control socket

@@ -35,8 +35,22 @@ func TestLimits(t *testing.T) {
 		if got := tc.limits.Commands(); !slices.Equal(got, tc.commands) {
 			t.Errorf("%s: commands %q, want %q", tc.name, got, tc.commands)
 		}
-		if got, want := mps.ClientEnv(tc.limits), append(slices.Clone(where), tc.env...); !slices.Equal(got, want) {
+		edits := mps.Daemon{Dir: "/run/mps/GPU-1"}.ClientEdits(tc.limits)
+		if got, want := edits.Env, append(slices.Clone(where), tc.env...); !slices.Equal(got, want) {
 			t.Errorf("%s: client env %q, want %q", tc.name, got, want)
+		}
+		// The daemon's directories where CUDA looks without the
+		// environment; its sockets read-only, its shm shared.
+		var mounts []string
+		for _, m := range edits.Mounts {
+			mounts = append(mounts, m.HostPath+" "+m.ContainerPath+" "+m.Type+" "+strings.Join(m.Options, ","))
+		}
+		if want := []string{
+			"/run/mps/GPU-1/pipe /tmp/nvidia-mps bind rbind,nosuid,nodev,ro",
+			"/run/mps/GPU-1/log /var/log/nvidia-mps bind rbind,nosuid,nodev,ro",
+			"/run/mps/GPU-1/shm /dev/shm bind rbind,nosuid,nodev,rw",
+		}; !slices.Equal(mounts, want) {
+			t.Errorf("%s: client mounts %q, want %q", tc.name, mounts, want)
 		}
 	}
 }
@@ -45,6 +59,37 @@ func TestDirectories(t *testing.T) {
 	d := mps.Daemon{Dir: "/run/mps/GPU-1"}
 	if d.PipeDir() != "/run/mps/GPU-1/pipe" || d.LogDir() != "/run/mps/GPU-1/log" || d.ShmDir() != "/run/mps/GPU-1/shm" {
 		t.Errorf("directories %s %s %s", d.PipeDir(), d.LogDir(), d.ShmDir())
+	}
+}
+
+// TestLayout: a GPU's daemon is named by its UUID, else its name, one
+// path element under the root, and runs the layout's control program
+// in its host root.
+func TestLayout(t *testing.T) {
+	l := mps.Layout{Control: "/usr/bin/nvidia-cuda-mps-control", Root: "/run/nri-gpu/mps", HostRoot: "/host"}
+	for _, tc := range []struct {
+		uuid, name string
+		want       mps.Daemon
+		wantErr    bool
+	}{
+		{uuid: "GPU-1", name: "0", want: mps.Daemon{Control: l.Control, Dir: "/run/nri-gpu/mps/GPU-1", GPU: "GPU-1", Root: "/host"}},
+		{name: "0", want: mps.Daemon{Control: l.Control, Dir: "/run/nri-gpu/mps/0", Root: "/host"}},
+		{name: "..", wantErr: true},
+		{name: ".", wantErr: true},
+		{uuid: "a/b", wantErr: true},
+		{name: "a\x00b", wantErr: true},
+		{wantErr: true},
+	} {
+		got, err := l.Daemon(tc.uuid, tc.name)
+		if tc.wantErr {
+			if !errors.Is(err, mps.ErrDaemonDir) {
+				t.Errorf("%q, %q: %v, %v; want ErrDaemonDir", tc.uuid, tc.name, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%q, %q: %+v, %v; want %+v", tc.uuid, tc.name, got, err, tc.want)
+		}
 	}
 }
 

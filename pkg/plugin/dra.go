@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/containerd/nri/pkg/api"
@@ -131,17 +130,10 @@ func (c *DRAView) info(snap *specs.Snapshot, kind string, d specs.Device) link.I
 		return info
 	}
 	info.UUID = uuidOf(snap, d)
-	switch m := migName.FindStringSubmatch(name); {
-	case m != nil:
+	index, mig := indexOf(name, info.UUID)
+	info.Index, info.Type = index, link.TypeGPU
+	if mig {
 		info.Type = link.TypeMIG
-		info.Index, _ = strconv.Atoi(m[1])
-	case strings.HasPrefix(info.UUID, "MIG-"):
-		info.Type = link.TypeMIG
-	default:
-		info.Type = link.TypeGPU
-		if i, err := strconv.Atoi(name); err == nil {
-			info.Index = i
-		}
 	}
 	// A MIG device's node /dev/nvidiaN is its GPU's: it has the GPU's
 	// product, versions and PCI address (as NVIDIA's DRA driver gives

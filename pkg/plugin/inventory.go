@@ -129,6 +129,24 @@ var (
 	migName = regexp.MustCompile(`^([0-9]+):([0-9]+)$`)
 )
 
+// indexOf returns the index of the NVIDIA GPU that a device named name
+// (within its kind) with UUID uuid ("" if unknown) is or is a MIG device
+// of (-1 when its name does not say), and whether it is a MIG device:
+// named "GPU:MIG" as nvidia-ctk names them, or by a MIG- UUID.
+func indexOf(name, uuid string) (index int, mig bool) {
+	if m := migName.FindStringSubmatch(name); m != nil {
+		i, _ := strconv.Atoi(m[1])
+		return i, true
+	}
+	if strings.HasPrefix(uuid, "MIG-") {
+		return -1, true
+	}
+	if i, err := strconv.Atoi(name); err == nil {
+		return i, false
+	}
+	return -1, false
+}
+
 // gpus returns what NVML says of the GPUs (asked once), by minor; nil
 // where NVML cannot be had.
 func (p *Plugin) gpus() map[int]gpuInfo {
@@ -150,7 +168,7 @@ func (p *Plugin) gpus() map[int]gpuInfo {
 // MIG device, another kind of device, no NVML).
 func (p *Plugin) memoryOf(snap *specs.Snapshot, d specs.Device) int64 {
 	_, _, name := parser.ParseDevice(d.Name)
-	if migName.MatchString(name) || strings.HasPrefix(uuidOf(snap, d), "MIG-") {
+	if _, mig := indexOf(name, uuidOf(snap, d)); mig {
 		return 0
 	}
 	return int64(p.gpus()[minorOf(snap, d.Name)].MemoryBytes)

@@ -7,24 +7,19 @@ import (
 	"fmt"
 	"maps"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
 
-	"tags.cncf.io/container-device-interface/pkg/parser"
-	cdispec "tags.cncf.io/container-device-interface/specs-go"
-
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/sirupsen/logrus"
+	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
-	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 // mpsGPU is an MPS-shared GPU: its daemon, and what bounds each client.
@@ -112,27 +107,19 @@ func (p *Plugin) claimAskingMPS(st *state, d specs.Device) (policy.ClaimDevice, 
 func (p *Plugin) mpsDaemonOf(st *state, snap *specs.Snapshot, d specs.Device, by string) (*mpsGPU, error) {
 	_, _, name := parser.ParseDevice(d.Name)
 	uuid := uuidOf(snap, d)
-	if migName.MatchString(name) || strings.HasPrefix(uuid, "MIG-") {
+	if _, mig := indexOf(name, uuid); mig {
 		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, which nri-gpu does not do for MIG devices (nor does NVIDIA's device plugin); share MIG devices with strategy timeSlicing",
 			ErrMPS, d.Name, by)
 	}
 	if uuid == "" {
 		uuid = p.gpus()[minorOf(snap, d.Name)].UUID // "" when NVML does not know it either
 	}
-	dir := uuid
-	if dir == "" {
-		dir = name
+	layout := mps.Layout{Control: p.start.MPS.ControlCommand, Root: p.start.MPS.Root, HostRoot: p.start.MPS.HostRoot}
+	daemon, err := layout.Daemon(uuid, name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: device %q: %w", ErrMPS, d.Name, err)
 	}
-	if dir == "." || dir == ".." || strings.ContainsAny(dir, "/\x00") {
-		return nil, fmt.Errorf("%w: device %q: its MPS daemon's directory would be named %q, which is not one path element under %s",
-			ErrMPS, d.Name, dir, p.start.MPS.Root)
-	}
-	return &mpsGPU{
-		device: d.Name,
-		dev:    d,
-		by:     by,
-		daemon: mps.Daemon{Control: p.start.MPS.ControlCommand, Dir: filepath.Join(p.start.MPS.Root, dir), GPU: uuid, Root: p.start.MPS.HostRoot},
-	}, nil
+	return &mpsGPU{device: d.Name, dev: d, by: by, daemon: daemon}, nil
 }
 
 // limitsOf returns the bounds of a client that consumes c.Use of the GPU
@@ -206,25 +193,7 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, but %v; nri-gpu does not give an MPS-shared GPU unbounded: %s",
 			ErrMPS, g.device, g.by, err, how)
 	}
-	mount := func(host, ctr string, opts ...string) *cdispec.Mount {
-		return &cdispec.Mount{HostPath: host, ContainerPath: ctr, Type: "bind", Options: append([]string{"rbind", "nosuid", "nodev"}, opts...)}
-	}
-	// The pipe directory is read-only in the client: a client only
-	// connects to the daemon's sockets (which works on a read-only mount)
-	// and creates nothing there, so a tenant cannot remove or replace the
-	// daemon's sockets, or listen there in their place, for its own
-	// clients or another pod's.
-	return []adjust.Extra{{
-		Name: fmt.Sprintf("MPS of %s", g.device),
-		Edits: &cdispec.ContainerEdits{
-			Env: mps.ClientEnv(g.limitsOf(st.policy, use)),
-			Mounts: []*cdispec.Mount{
-				mount(g.daemon.PipeDir(), mps.ClientPipeDir, "ro"),
-				mount(g.daemon.LogDir(), mps.ClientLogDir, "ro"),
-				mount(g.daemon.ShmDir(), mps.ClientShmDir, "rw"),
-			},
-		},
-	}}, nil
+	return []adjust.Extra{{Name: fmt.Sprintf("MPS of %s", g.device), Edits: g.daemon.ClientEdits(g.limitsOf(st.policy, use))}}, nil
 }
 
 // mpsDaemons returns the daemons of every GPU the policy shares with
@@ -259,27 +228,13 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 		return
 	}
 	daemons, errs := p.mpsDaemons(st)
-	var (
-		want     []mps.Want
-		warnings []error
-	)
+	want := make([]mps.Want, 0, len(daemons))
 	for _, dir := range slices.Sorted(maps.Keys(daemons)) {
 		g := daemons[dir]
-		// Before its daemon starts, the GPU takes one context at a
-		// time: the MPS server's, never a client's own beside it.
-		if err := p.exclusive(st, g); errors.Is(err, nvidia.ErrNVML) {
-			warnings = append(warnings, err)
-		} else if err != nil {
-			errs = append(errs, err)
-			continue
-		}
 		want = append(want, mps.Want{Device: g.device, Daemon: g.daemon, Limits: g.limits})
 	}
 	events, failed := p.mps.Sync(ctx, want)
 	for _, e := range events {
-		if e.What == mps.Stopped {
-			p.shared(st, e.Daemon.GPU)
-		}
 		log := p.log.WithFields(logrus.Fields{"device": e.Device, "activeThreadPercentage": e.Limits.ActiveThreadPercentage, "pinnedMemoryMiB": e.Limits.PinnedMemoryMiB})
 		switch e.What {
 		case mps.Started:
@@ -288,14 +243,16 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 			log.Info("set the MPS control daemon's limits, for its next server")
 		case mps.Stopped:
 			p.log.WithField("dir", e.Daemon.Dir).Info("stopped MPS control daemon: its GPU is no longer shared with MPS")
+		case mps.Exclusive:
+			p.log.WithFields(logrus.Fields{"device": e.Device, "uuid": e.Daemon.GPU, "was": e.Was}).
+				Info("put the GPU in Exclusive_Process compute mode while it is shared with MPS")
+		case mps.Restored:
+			p.log.WithField("uuid", e.Daemon.GPU).Info("put the GPU back in Default compute mode: it is no longer shared with MPS")
 		}
 	}
 	current := map[string]string{}
 	for _, err := range errs {
 		current["MPS daemon not started: "+err.Error()] = ""
-	}
-	for _, err := range warnings {
-		current[err.Error()] = ""
 	}
 	for _, err := range failed {
 		current[err.Error()] = ""
@@ -304,49 +261,6 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 	for _, msg := range appeared {
 		p.log.Warn(msg)
 	}
-}
-
-// exclusive puts g's GPU in EXCLUSIVE_PROCESS compute mode through NVML,
-// once per GPU while nri-gpu runs (the mode stays across restarts of
-// nri-gpu), so that a client that leaves MPS cannot have a context of
-// its own beside the server, unbounded. A GPU NVML does not put in it
-// gets no daemon, and its pods are refused. Where NVML cannot be loaded
-// at all (nor, then, the daemon's own driver libraries on a real node),
-// the error wraps nvidia.ErrNVML: the daemon is started as before, and
-// the operator is told to set the mode.
-func (p *Plugin) exclusive(st *state, g *mpsGPU) error {
-	if g.daemon.GPU == "" || p.exclusiveGPUs[g.daemon.GPU] {
-		return nil // without a UUID the manager starts no daemon, and says why
-	}
-	was, err := nvidia.SetComputeMode(p.nvmlLib(), g.daemon.GPU, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
-	if errors.Is(err, nvidia.ErrNVML) {
-		return fmt.Errorf("device %q: its GPU's compute mode is left as it is (%w): put it in Exclusive_Process (nvidia-smi -i %s -c EXCLUSIVE_PROCESS), which keeps a client from leaving MPS", g.device, err, g.daemon.GPU)
-	}
-	if err != nil {
-		return fmt.Errorf("%w: device %q: its GPU is not put in Exclusive_Process compute mode, which keeps a client from leaving MPS: %w", ErrMPS, g.device, err)
-	}
-	if was != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
-		p.log.WithFields(logrus.Fields{"device": g.device, "uuid": g.daemon.GPU, "was": nvidia.ModeName(was)}).
-			Info("put the GPU in Exclusive_Process compute mode while it is shared with MPS")
-	}
-	p.exclusiveGPUs[g.daemon.GPU] = true
-	return nil
-}
-
-// shared puts the GPU of uuid, whose daemon was stopped (no longer
-// shared with MPS), back in the Default compute mode, if nri-gpu put it
-// in Exclusive_Process.
-func (p *Plugin) shared(st *state, uuid string) {
-	if !p.exclusiveGPUs[uuid] {
-		return
-	}
-	delete(p.exclusiveGPUs, uuid)
-	log := p.log.WithField("uuid", uuid)
-	if _, err := nvidia.SetComputeMode(p.nvmlLib(), uuid, nvml.COMPUTEMODE_DEFAULT); err != nil {
-		log.Warnf("GPU no longer shared with MPS left in Exclusive_Process compute mode: %v", err)
-		return
-	}
-	log.Info("put the GPU back in Default compute mode: it is no longer shared with MPS")
 }
 
 // keepMPSDaemons runs keepMPS at once, then every start.mps.checkInterval,

@@ -96,9 +96,6 @@ type Plugin struct {
 	// mpsMu is held by keepMPS, which the checker's loop and preparing
 	// and releasing a claim that runs MPS call.
 	mpsMu sync.Mutex
-	// exclusiveGPUs are the UUIDs of the GPUs keepMPS put in
-	// Exclusive_Process compute mode (under mpsMu).
-	exclusiveGPUs map[string]bool
 
 	// problems are the spec problems logged, by spec file;
 	// sharingProblems the devices two policy.sharing entries match.
@@ -135,10 +132,11 @@ type state struct {
 
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
-	p := &Plugin{log: log, alloc: policy.NewAllocations(), mps: mps.NewManager(nil), exclusiveGPUs: map[string]bool{}}
+	p := &Plugin{log: log, alloc: policy.NewAllocations()}
+	p.mps = mps.NewManager(nil, p.nvmlLib)
 	if self, err := os.Executable(); err == nil {
 		p.hookPath = self
-		p.mps = mps.NewManager(startInShm(self))
+		p.mps = mps.NewManager(startInShm(self), p.nvmlLib)
 	}
 	for _, o := range opts {
 		o(p)
