@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 )
 
@@ -13,17 +14,18 @@ import (
 // cannot work (nri-gpu then stops rather than start it again), on flags
 // it does not know, and without its link to nri-gpu.
 func TestRun(t *testing.T) {
-	args := link.Options{Node: "node-1", LogLevel: "info", LogFormat: "text"}
-	args.DRA.DriverName, args.DRA.PluginDir, args.DRA.RegistryDir = "gpu.nri-gpu.io", t.TempDir(), t.TempDir()
-	args.DRA.UnhealthyTaint, args.DRA.CDIDevices = "NoSchedule", "cri"
+	args := link.Options{DRA: config.Default().Start.DRA, Node: "node-1", LogLevel: "info", LogFormat: "text"}
+	args.DRA.PluginDir, args.DRA.RegistryDir = t.TempDir(), t.TempDir()
+	loud := args
+	loud.LogLevel = "loud"
 	tests := []struct {
 		name string
 		args []string
 		want string
 	}{
 		{"an unknown flag", []string{"--no-such-flag"}, "flag provided but not defined"},
-		{"no node name", []string{"--driver-name=x", "--plugin-dir=/p", "--registry-dir=/r"}, "--node-name is needed"},
-		{"a log level that is none", append(args.Args(), "--log-level=loud"), "--log-level"},
+		{"no node name", []string{`--options={"DRA":{}}`}, "the node's name is needed"},
+		{"a log level that is none", loud.Args(), "loud"},
 		{"not started by nri-gpu", args.Args(), "nri-gpu-dra is started by nri-gpu"},
 	}
 	for _, tc := range tests {

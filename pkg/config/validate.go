@@ -296,6 +296,16 @@ func (s *Sharing) PinnedMemory() (int64, error) {
 	return q.Value(), nil
 }
 
+// Validate checks a start.dra block on its own, as Validate checks it
+// within a configuration: for a DRA driver handed the block nri-gpu
+// validated.
+func (d *DRA) Validate() error {
+	if errs := d.validate(key("start.dra")); len(errs) > 0 {
+		return invalid(errs)
+	}
+	return nil
+}
+
 func (d *DRA) validate(at *field.Path) field.ErrorList {
 	errs := dnsSubdomain(at.Child("driverName"), d.DriverName, "a DNS subdomain")
 	if len(d.Kinds) == 0 {

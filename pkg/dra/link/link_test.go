@@ -4,6 +4,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 )
 
@@ -36,58 +40,47 @@ func TestDeviceName(t *testing.T) {
 	}
 }
 
-// TestOptions: the driver parses exactly what nri-gpu starts it with,
-// and refuses to start without what it cannot guess.
+// TestOptions: the driver is handed exactly what nri-gpu starts it
+// with, its configuration's DRA block whole, and refuses to start on
+// what the configuration's validation refuses, or without what it
+// cannot guess.
 func TestOptions(t *testing.T) {
-	in := link.Options{Node: "node-1", LogLevel: "debug", LogFormat: "json"}
+	in := link.Options{DRA: config.Default().Start.DRA, Node: "node-1", LogLevel: "debug", LogFormat: "json"}
 	in.DRA.Enabled = true
-	in.DRA.DriverName, in.DRA.PluginDir, in.DRA.RegistryDir = "gpu.example.com", "/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry"
-	in.DRA.UnhealthyTaint, in.DRA.CDIDevices = "NoExecute", "nri-gpu"
+	in.DRA.DriverName, in.DRA.UnhealthyTaint, in.DRA.CDIDevices = "gpu.example.com", "NoExecute", "nri-gpu"
 	for _, kubeconfig := range []string{"", "/etc/nri-gpu/kubeconfig"} {
 		in.DRA.Kubeconfig = kubeconfig
-		var stderr strings.Builder
-		got, err := link.ParseOptions(in.Args(), &stderr)
+		got, err := link.ParseOptions(in.Args(), &strings.Builder{})
 		if err != nil {
 			t.Fatalf("ParseOptions(%q): %v", in.Args(), err)
 		}
-		if got.DRA.DriverName != in.DRA.DriverName || got.DRA.PluginDir != in.DRA.PluginDir || got.DRA.RegistryDir != in.DRA.RegistryDir ||
-			got.DRA.UnhealthyTaint != in.DRA.UnhealthyTaint || got.DRA.CDIDevices != in.DRA.CDIDevices || got.DRA.Kubeconfig != in.DRA.Kubeconfig || got.Node != in.Node || got.LogLevel != in.LogLevel || got.LogFormat != in.LogFormat || !got.DRA.Enabled {
-			t.Errorf("ParseOptions(Args()) = %+v, want %+v", got, in)
+		if diff := cmp.Diff(in, got); diff != "" {
+			t.Errorf("ParseOptions(Args()) (-want +got):\n%s", diff)
 		}
 	}
-	for _, missing := range []string{"driver-name", "node-name", "plugin-dir", "registry-dir", "unhealthy-taint"} {
-		var args []string
-		for _, a := range in.Args() {
-			if !strings.HasPrefix(a, "--"+missing+"=") {
-				args = append(args, a)
-			}
-		}
-		_, err := link.ParseOptions(args, &strings.Builder{})
-		if err == nil || !strings.Contains(err.Error(), "--"+missing+" is needed") {
-			t.Errorf("without --%s: %v", missing, err)
-		}
+	edited := func(f func(*link.Options)) []string {
+		o := in
+		f(&o)
+		return o.Args()
 	}
-	for _, extra := range [][]string{{"extra"}, {"extra", "more"}} {
-		if _, err := link.ParseOptions(append(in.Args(), extra...), &strings.Builder{}); err == nil || !strings.Contains(err.Error(), `unexpected argument "extra"`) {
-			t.Errorf("arguments %q after the flags: %v, want the first named", extra, err)
-		}
-	}
-	if _, err := link.ParseOptions(append(in.Args(), "--unhealthy-taint=PreferNoSchedule"), &strings.Builder{}); err == nil || !strings.Contains(err.Error(), `--unhealthy-taint="PreferNoSchedule"`) {
-		t.Errorf("an effect kube-controller-manager does not act on: %v", err)
-	}
-	if _, err := link.ParseOptions(append(in.Args(), "--cdi-devices=annotations"), &strings.Builder{}); err == nil || !strings.Contains(err.Error(), `--cdi-devices="annotations": want cri or nri-gpu`) {
-		t.Errorf("a cdiDevices the driver has no use for: %v", err)
-	}
-	var older []string // as a driver is started by an nri-gpu before the flag
-	for _, a := range in.Args() {
-		if !strings.HasPrefix(a, "--cdi-devices=") {
-			older = append(older, a)
-		}
-	}
-	if got, err := link.ParseOptions(older, &strings.Builder{}); err != nil || got.DRA.CDIDevices != "cri" {
-		t.Errorf("without --cdi-devices: %q, %v; want cri", got.DRA.CDIDevices, err)
-	}
-	if _, err := link.ParseOptions([]string{"--no-such-flag"}, &strings.Builder{}); err == nil {
-		t.Error("an unknown flag was taken")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no options", nil, "--options is needed"},
+		{"no node", edited(func(o *link.Options) { o.Node = "" }), "the node's name is needed"},
+		{"an effect kube-controller-manager does not act on", edited(func(o *link.Options) { o.DRA.UnhealthyTaint = "PreferNoSchedule" }), `start.dra.unhealthyTaint`},
+		{"a cdiDevices the driver has no use for", edited(func(o *link.Options) { o.DRA.CDIDevices = "annotations" }), `start.dra.cdiDevices`},
+		{"a relative plugin directory", edited(func(o *link.Options) { o.DRA.PluginDir = "plugins" }), `start.dra.pluginDir`},
+		{"a field it does not know", []string{`--options={"Node":"n","Privileged":true}`}, `unknown field "Privileged"`},
+		{"not JSON", []string{"--options=node-1"}, "--options: invalid character"},
+		{"an argument after the flags", append(in.Args(), "extra", "more"), `unexpected argument "extra"`},
+		{"a flag of before", append(in.Args(), "--driver-name=x"), "flag provided but not defined: -driver-name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := link.ParseOptions(tc.args, &strings.Builder{})
+			testutil.ErrorSays(t, err, tc.want)
+		})
 	}
 }

@@ -1,15 +1,17 @@
 package link
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 )
 
-// Options are what nri-gpu starts its DRA driver with, as command-line
-// arguments.
+// Options are what nri-gpu starts its DRA driver with, handed whole as
+// its one command-line argument.
 type Options struct {
 	// DRA is the start.dra block of nri-gpu's configuration; the driver
 	// uses its driverName, kubeconfig, pluginDir, registryDir,
@@ -22,58 +24,49 @@ type Options struct {
 	LogLevel, LogFormat string
 }
 
-// Args returns the options as the driver's command-line arguments.
+// Args returns the options as the driver's command-line arguments: one,
+// the options whole as JSON, so that the driver is handed the block
+// nri-gpu validated as it is (re-encoded flag by flag, a new key was
+// once dropped on the way).
 func (o Options) Args() []string {
-	args := []string{
-		"--driver-name=" + o.DRA.DriverName,
-		"--node-name=" + o.Node,
-		"--plugin-dir=" + o.DRA.PluginDir,
-		"--registry-dir=" + o.DRA.RegistryDir,
-		"--unhealthy-taint=" + o.DRA.UnhealthyTaint,
-		"--cdi-devices=" + string(o.DRA.CDIDevices),
-		"--log-level=" + o.LogLevel,
-		"--log-format=" + o.LogFormat,
+	data, err := json.Marshal(o)
+	if err != nil {
+		panic(err) // strings, booleans and lists of strings always marshal
 	}
-	if o.DRA.Kubeconfig != "" {
-		args = append(args, "--kubeconfig="+o.DRA.Kubeconfig)
-	}
-	return args
+	return []string{"--" + optionsFlag + "=" + string(data)}
 }
 
+// optionsFlag is the driver's one flag.
+const optionsFlag = "options"
+
 // ParseOptions parses the driver's command-line arguments, as Args writes
-// them; flag errors and usage go to stderr.
+// them: strictly (a field it does not know is an error), the DRA block
+// checked by the configuration's own validation; flag errors and usage
+// go to stderr.
 func ParseOptions(args []string, stderr io.Writer) (Options, error) {
 	fs := flag.NewFlagSet("nri-gpu-dra", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	raw := fs.String(optionsFlag, "", "the driver's options, as nri-gpu writes them (JSON)")
 	var o Options
-	fs.StringVar(&o.DRA.DriverName, "driver-name", "", "the DRA driver's name")
-	fs.StringVar(&o.Node, "node-name", "", "the node's name")
-	fs.StringVar(&o.DRA.PluginDir, "plugin-dir", "", "kubelet's plugins directory")
-	fs.StringVar(&o.DRA.RegistryDir, "registry-dir", "", "kubelet's plugin registration directory")
-	fs.StringVar(&o.DRA.UnhealthyTaint, "unhealthy-taint", "", "the effect of an unhealthy device's taint: NoSchedule or NoExecute")
-	fs.StringVar((*string)(&o.DRA.CDIDevices), "cdi-devices", string(config.CDICRI), "who injects a claim's devices: cri (the runtime, through kubelet's CDI devices) or nri-gpu")
-	fs.StringVar(&o.DRA.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: the pod's service account)")
-	fs.StringVar(&o.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.StringVar(&o.LogFormat, "log-format", "text", "log format: text or json")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	for _, f := range []struct{ name, value string }{
-		{"driver-name", o.DRA.DriverName}, {"node-name", o.Node}, {"plugin-dir", o.DRA.PluginDir}, {"registry-dir", o.DRA.RegistryDir},
-		{"unhealthy-taint", o.DRA.UnhealthyTaint},
-	} {
-		if f.value == "" {
-			return o, fmt.Errorf("--%s is needed", f.name)
-		}
+	if *raw == "" {
+		return o, fmt.Errorf("--%s is needed", optionsFlag)
 	}
-	if t := o.DRA.UnhealthyTaint; t != config.TaintNoSchedule && t != config.TaintNoExecute {
-		return o, fmt.Errorf("--unhealthy-taint=%q: want %s or %s", t, config.TaintNoSchedule, config.TaintNoExecute)
+	dec := json.NewDecoder(strings.NewReader(*raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&o); err != nil {
+		return o, fmt.Errorf("--%s: %w", optionsFlag, err)
 	}
-	if c := o.DRA.CDIDevices; c != config.CDICRI && c != config.CDINRIGPU {
-		return o, fmt.Errorf("--cdi-devices=%q: want %s or %s", c, config.CDICRI, config.CDINRIGPU)
+	if o.Node == "" {
+		return o, fmt.Errorf("--%s: the node's name is needed", optionsFlag)
+	}
+	if err := o.DRA.Validate(); err != nil {
+		return o, fmt.Errorf("--%s: %w", optionsFlag, err)
 	}
 	o.DRA.Enabled = true
 	return o, nil
