@@ -56,7 +56,7 @@ func startDRA(ctx context.Context, opts link.Options, p *plugin.Plugin, stderr i
 			if ctx.Err() != nil {
 				return
 			}
-			if errors.Is(err, link.ErrConfig) {
+			if errors.Is(err, link.ErrDriverConfig) {
 				fail(err)
 				return
 			}

@@ -282,7 +282,7 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) (kub
 		d.mu.Lock()
 		info := d.infos[r.Device]
 		d.mu.Unlock()
-		if a.Asked, err = d.askedOf(c, r.Request, info.Index, info.UUID); err != nil {
+		if a.GpuConfig, err = d.askedOf(c, r.Request, info.Index, info.UUID); err != nil {
 			return res, fmt.Errorf("%s: %w", claim, err)
 		}
 		dev := kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, ShareID: r.ShareID}

@@ -58,7 +58,7 @@ func (f *Finder) pod(ctx context.Context, ref link.PodRef) (*corev1.Pod, error) 
 
 // Uses returns the claims of this driver, allocated on this node, that
 // the named container of the pod uses.
-func (f *Finder) Uses(ctx context.Context, ref link.PodRef, container string) ([]link.Use, error) {
+func (f *Finder) Uses(ctx context.Context, ref link.PodRef, container string) ([]link.ClaimUse, error) {
 	pod, err := f.pod(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -70,7 +70,7 @@ func (f *Finder) Uses(ctx context.Context, ref link.PodRef, container string) ([
 			break
 		}
 	}
-	var uses []link.Use
+	var uses []link.ClaimUse
 	for _, cc := range claims {
 		var podClaim *corev1.PodResourceClaim
 		for i := range pod.Spec.ResourceClaims {
@@ -127,7 +127,7 @@ func (f *Finder) Uses(ctx context.Context, ref link.PodRef, container string) ([
 // of them), as the pod knows it (what), or nil when it is not the
 // driver's on this node. A claim made for the pod must be owned by it
 // (mustCheckOwner); any claim of the driver's must be reserved for it.
-func (f *Finder) use(ctx context.Context, pod *corev1.Pod, what, name string, mustCheckOwner bool, requests []string) (*link.Use, error) {
+func (f *Finder) use(ctx context.Context, pod *corev1.Pod, what, name string, mustCheckOwner bool, requests []string) (*link.ClaimUse, error) {
 	claim, err := f.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("pod %s/%s claim %q: %w", pod.Namespace, pod.Name, what, err)
@@ -143,7 +143,7 @@ func (f *Finder) use(ctx context.Context, pod *corev1.Pod, what, name string, mu
 	if !resourceclaim.IsReservedForPod(pod, claim, false) {
 		return nil, fmt.Errorf("claim %s/%s: %w %s/%s", claim.Namespace, claim.Name, link.ErrNotReserved, pod.Namespace, pod.Name)
 	}
-	return &link.Use{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name, Requests: requests}, nil
+	return &link.ClaimUse{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name, Requests: requests}, nil
 }
 
 // ours reports whether a claim has devices of this driver on this node.

@@ -64,14 +64,14 @@ func TestUses(t *testing.T) {
 		objects   []runtime.Object
 		ref       link.PodRef
 		container string
-		want      []link.Use
+		want      []link.ClaimUse
 		wantErr   error
 		errSays   string
 	}{{
 		name:      "a container using a claim by name",
 		objects:   []runtime.Object{pod(byName, nil, uses, nil), mine},
 		container: "gpu",
-		want:      []link.Use{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
+		want:      []link.ClaimUse{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
 	}, {
 		name:      "a container of the pod that uses no claim",
 		objects:   []runtime.Object{pod(byName, nil, uses, nil), mine},
@@ -87,7 +87,7 @@ func TestUses(t *testing.T) {
 			withOwner(claim("p-gpu-x", "uid-2", driver, node, "pod-uid"), "pod-uid"),
 		},
 		container: "gpu",
-		want:      []link.Use{{UID: "uid-2", Namespace: "ns", Name: "p-gpu-x"}},
+		want:      []link.ClaimUse{{UID: "uid-2", Namespace: "ns", Name: "p-gpu-x"}},
 	}, {
 		name: "a claim made from a template for another pod",
 		objects: []runtime.Object{
@@ -108,17 +108,17 @@ func TestUses(t *testing.T) {
 			claim("nic", "uid-nic", "nic.example.com", node, "pod-uid"), mine,
 		},
 		container: "gpu",
-		want:      []link.Use{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
+		want:      []link.ClaimUse{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
 	}, {
 		name:      "one request of the claim",
 		objects:   []runtime.Object{pod(byName, nil, map[string][]corev1.ResourceClaim{"gpu": {{Name: "gpu", Request: "big"}}}, nil), mine},
 		container: "gpu",
-		want:      []link.Use{{UID: "uid-1", Namespace: "ns", Name: "mine", Requests: []string{"big"}}},
+		want:      []link.ClaimUse{{UID: "uid-1", Namespace: "ns", Name: "mine", Requests: []string{"big"}}},
 	}, {
 		name:      "an init container",
 		objects:   []runtime.Object{pod(byName, nil, nil, uses), mine},
 		container: "gpu",
-		want:      []link.Use{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
+		want:      []link.ClaimUse{{UID: "uid-1", Namespace: "ns", Name: "mine"}},
 	}, {
 		name:      "a claim of another driver",
 		objects:   []runtime.Object{pod(byName, nil, uses, nil), claim("mine", "uid-1", "gpu.nvidia.com", node, "pod-uid")},
@@ -162,7 +162,7 @@ func TestUses(t *testing.T) {
 			withOwner(claim("p-extended-resources-x", "uid-4", driver, node, "pod-uid"), "pod-uid"),
 		},
 		container: "gpu",
-		want:      []link.Use{{UID: "uid-4", Namespace: "ns", Name: "p-extended-resources-x", Requests: []string{"container-0-request-0"}}},
+		want:      []link.ClaimUse{{UID: "uid-4", Namespace: "ns", Name: "p-extended-resources-x", Requests: []string{"container-0-request-0"}}},
 	}, {
 		name: "extended resources of another container",
 		objects: []runtime.Object{

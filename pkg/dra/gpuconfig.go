@@ -17,10 +17,10 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
-// ErrConfig is wrapped by the error for a claim's opaque configuration
+// ErrGpuConfig is wrapped by the error for a claim's opaque configuration
 // nri-gpu does not honour: another kind or version than NVIDIA's
 // GpuConfig, a field it does not know, a value out of range.
-var ErrConfig = errors.New("opaque device configuration not honoured")
+var ErrGpuConfig = errors.New("opaque device configuration not honoured")
 
 // The opaque parameters NVIDIA's DRA driver reads (its
 // api/nvidia.com/resource/v1beta1 GpuConfig), as nri-gpu honours them.
@@ -52,10 +52,10 @@ type mpsConfig struct {
 	MultiUser                         *bool                        `json:"multiUser,omitempty"`
 }
 
-// asked is what a GpuConfig asks of a device's sharing: keys of
+// parsedConfig is what a GpuConfig asks of a device's sharing: keys of
 // perDevice are the devices' index or UUID.
-type asked struct {
-	policy.Asked
+type parsedConfig struct {
+	policy.GpuConfig
 	perDevice map[string]int64
 	// unapplied are the fields accepted and not applied, each with why.
 	unapplied []string
@@ -64,17 +64,17 @@ type asked struct {
 // parseGpuConfig reads one opaque configuration's parameters strictly:
 // NVIDIA's GpuConfig of resource.nvidia.com/v1beta1, every field known,
 // each value in range.
-func parseGpuConfig(raw []byte) (asked, error) {
+func parseGpuConfig(raw []byte) (parsedConfig, error) {
 	var c gpuConfig
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
-		return asked{}, fmt.Errorf("%w: %w", ErrConfig, err)
+		return parsedConfig{}, fmt.Errorf("%w: %w", ErrGpuConfig, err)
 	}
 	if c.APIVersion != gpuConfigVersion || c.Kind != gpuConfigKind {
-		return asked{}, fmt.Errorf("%w: %s of %s; nri-gpu honours %s of %s", ErrConfig, orNone(c.Kind), orNone(c.APIVersion), gpuConfigKind, gpuConfigVersion)
+		return parsedConfig{}, fmt.Errorf("%w: %s of %s; nri-gpu honours %s of %s", ErrGpuConfig, orNone(c.Kind), orNone(c.APIVersion), gpuConfigKind, gpuConfigVersion)
 	}
-	var out asked
+	var out parsedConfig
 	s := c.Sharing
 	if s == nil {
 		return out, nil
@@ -83,46 +83,46 @@ func parseGpuConfig(raw []byte) (asked, error) {
 	case "TimeSlicing":
 		out.Strategy = config.StrategyTimeSlicing
 		if s.MpsConfig != nil {
-			return asked{}, fmt.Errorf("%w: mpsConfig with strategy TimeSlicing", ErrConfig)
+			return parsedConfig{}, fmt.Errorf("%w: mpsConfig with strategy TimeSlicing", ErrGpuConfig)
 		}
 		// The interval is the GPU's, not a claim's: nri-gpu leaves
 		// it as the operator set it (nvidia-smi compute-policy).
 		if t := s.TimeSlicingConfig; t != nil && t.Interval != nil {
 			if !slices.Contains([]string{"Default", "Short", "Medium", "Long"}, *t.Interval) {
-				return asked{}, fmt.Errorf("%w: timeSlicingConfig.interval %q is none of Default, Short, Medium, Long", ErrConfig, *t.Interval)
+				return parsedConfig{}, fmt.Errorf("%w: timeSlicingConfig.interval %q is none of Default, Short, Medium, Long", ErrGpuConfig, *t.Interval)
 			}
 			out.unapplied = append(out.unapplied, fmt.Sprintf("timeSlicingConfig.interval %q is not applied: the GPU's time slice is the operator's (nvidia-smi compute-policy --set-timeslice), not a claim's", *t.Interval))
 		}
 	case "MPS":
 		out.Strategy = config.StrategyMPS
 		if s.TimeSlicingConfig != nil {
-			return asked{}, fmt.Errorf("%w: timeSlicingConfig with strategy MPS", ErrConfig)
+			return parsedConfig{}, fmt.Errorf("%w: timeSlicingConfig with strategy MPS", ErrGpuConfig)
 		}
 		if err := out.mps(s.MpsConfig); err != nil {
-			return asked{}, err
+			return parsedConfig{}, err
 		}
 	default:
-		return asked{}, fmt.Errorf("%w: sharing.strategy %q is neither TimeSlicing nor MPS", ErrConfig, s.Strategy)
+		return parsedConfig{}, fmt.Errorf("%w: sharing.strategy %q is neither TimeSlicing nor MPS", ErrGpuConfig, s.Strategy)
 	}
 	return out, nil
 }
 
-func (a *asked) mps(m *mpsConfig) error {
+func (a *parsedConfig) mps(m *mpsConfig) error {
 	if m == nil {
 		return nil
 	}
 	if m.MultiUser != nil && *m.MultiUser {
-		return fmt.Errorf("%w: mpsConfig.multiUser: nri-gpu runs one MPS daemon per GPU for all its users, as the operator starts it", ErrConfig)
+		return fmt.Errorf("%w: mpsConfig.multiUser: nri-gpu runs one MPS daemon per GPU for all its users, as the operator starts it", ErrGpuConfig)
 	}
 	if p := m.DefaultActiveThreadPercentage; p != nil {
 		if *p < 1 || *p > 100 {
-			return fmt.Errorf("%w: mpsConfig.defaultActiveThreadPercentage %d is not between 1 and 100", ErrConfig, *p)
+			return fmt.Errorf("%w: mpsConfig.defaultActiveThreadPercentage %d is not between 1 and 100", ErrGpuConfig, *p)
 		}
 		a.ActiveThreadPercentage = *p
 	}
 	limit := func(at string, q resource.Quantity) (int64, error) {
 		if q.Value() < 1<<20 {
-			return 0, fmt.Errorf("%w: mpsConfig.%s %s is less than 1Mi", ErrConfig, at, q.String())
+			return 0, fmt.Errorf("%w: mpsConfig.%s %s is less than 1Mi", ErrGpuConfig, at, q.String())
 		}
 		return q.Value(), nil
 	}
@@ -158,9 +158,9 @@ func orNone(s string) string {
 // UUID name it in a per-device limit): the class's first, then the
 // claim's, a later one of the request overriding an earlier, as NVIDIA's
 // driver reads them.
-func (d *Driver) askedOf(c *resourceapi.ResourceClaim, request string, index int, uuid string) (policy.Asked, error) {
+func (d *Driver) askedOf(c *resourceapi.ResourceClaim, request string, index int, uuid string) (policy.GpuConfig, error) {
 	var (
-		out       policy.Asked
+		out       policy.GpuConfig
 		unapplied []string // the effective configuration's
 	)
 	for _, cfg := range configsOf(c) {
@@ -177,14 +177,14 @@ func (d *Driver) askedOf(c *resourceapi.ResourceClaim, request string, index int
 			if len(cfg.Requests) > 0 {
 				which = "config of requests [" + strings.Join(cfg.Requests, ", ") + "]"
 			}
-			return policy.Asked{}, fmt.Errorf("%s: %w", which, err)
+			return policy.GpuConfig{}, fmt.Errorf("%s: %w", which, err)
 		}
 		for key, v := range a.perDevice {
 			if key == uuid || (index >= 0 && key == fmt.Sprint(index)) {
 				a.PinnedMemory = v
 			}
 		}
-		out, unapplied = a.Asked, a.unapplied
+		out, unapplied = a.GpuConfig, a.unapplied
 	}
 	for _, why := range unapplied {
 		d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name, "request": request}).Warn(why)

@@ -64,22 +64,22 @@ func TestGpuConfig(t *testing.T) {
 	tests := []struct {
 		name    string
 		configs func(t *testing.T) []resourceapi.DeviceAllocationConfiguration
-		want    policy.Asked // of request "gpus" on gpu-0
+		want    policy.GpuConfig // of request "gpus" on gpu-0
 		wantErr string
 	}{
 		{name: "none", configs: func(*testing.T) []resourceapi.DeviceAllocationConfiguration { return nil }},
 		{name: "published time-slicing", configs: func(t *testing.T) []resourceapi.DeviceAllocationConfiguration {
 			return []resourceapi.DeviceAllocationConfiguration{opaque(t, resourceapi.AllocationConfigSourceClaim, publishedTimeSlicing, "gpus")}
-		}, want: policy.Asked{Strategy: config.StrategyTimeSlicing}},
+		}, want: policy.GpuConfig{Strategy: config.StrategyTimeSlicing}},
 		{name: "published MPS", configs: func(t *testing.T) []resourceapi.DeviceAllocationConfiguration {
 			return []resourceapi.DeviceAllocationConfiguration{opaque(t, resourceapi.AllocationConfigSourceClaim, publishedMPS, "gpus")}
-		}, want: policy.Asked{Strategy: config.StrategyMPS, ActiveThreadPercentage: 50, PinnedMemory: 10 * gi}},
+		}, want: policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 50, PinnedMemory: 10 * gi}},
 		{name: "the claim's over the class's, whatever their order", configs: func(t *testing.T) []resourceapi.DeviceAllocationConfiguration {
 			return []resourceapi.DeviceAllocationConfiguration{
 				opaque(t, resourceapi.AllocationConfigSourceClaim, publishedMPS),
 				opaque(t, resourceapi.AllocationConfigSourceClass, publishedTimeSlicing),
 			}
-		}, want: policy.Asked{Strategy: config.StrategyMPS, ActiveThreadPercentage: 50, PinnedMemory: 10 * gi}},
+		}, want: policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 50, PinnedMemory: 10 * gi}},
 		{name: "another request's, and another driver's, not read", configs: func(t *testing.T) []resourceapi.DeviceAllocationConfiguration {
 			other := opaque(t, resourceapi.AllocationConfigSourceClaim, "{kind: Anything}", "gpus")
 			other.Opaque.Driver = "gpu.example.com"
@@ -87,7 +87,7 @@ func TestGpuConfig(t *testing.T) {
 		}},
 		{name: "a per-device limit by index", configs: func(t *testing.T) []resourceapi.DeviceAllocationConfiguration {
 			return []resourceapi.DeviceAllocationConfiguration{opaque(t, resourceapi.AllocationConfigSourceClaim, publishedMPS+"    defaultPerDevicePinnedMemoryLimit: {\"0\": 2Gi, \"1\": 3Gi}\n")}
-		}, want: policy.Asked{Strategy: config.StrategyMPS, ActiveThreadPercentage: 50, PinnedMemory: 2 * gi}},
+		}, want: policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 50, PinnedMemory: 2 * gi}},
 		{name: "another kind", configs: func(t *testing.T) []resourceapi.DeviceAllocationConfiguration {
 			return []resourceapi.DeviceAllocationConfiguration{opaque(t, resourceapi.AllocationConfigSourceClaim, "{apiVersion: resource.nvidia.com/v1beta1, kind: MigDeviceConfig}", "gpus")}
 		}, wantErr: "config of requests [gpus]: opaque device configuration not honoured: MigDeviceConfig of resource.nvidia.com/v1beta1; nri-gpu honours GpuConfig of resource.nvidia.com/v1beta1"},
@@ -139,7 +139,7 @@ func TestGpuConfig(t *testing.T) {
 			if got.Error != "" {
 				t.Fatal(got.Error)
 			}
-			want := []link.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus"}, Asked: tc.want}}
+			want := []link.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus"}, GpuConfig: tc.want}}
 			if diff := cmp.Diff(want, src.prepared["uid-cfg"]); diff != "" {
 				t.Errorf("held (-want +got):\n%s", diff)
 			}

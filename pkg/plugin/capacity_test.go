@@ -144,7 +144,7 @@ func TestClaimsByCapacity(t *testing.T) {
 // asks for less; a pod's to the daemon's defaults, on one daemon.
 func TestMPSClaimLimits(t *testing.T) {
 	ctl, root := standin(t), testutil.ShortDir(t)
-	f := &finder{uses: map[string][]link.Use{"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}}}}
+	f := &finder{uses: map[string][]link.ClaimUse{"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}}}}
 	r := runtimeSetUp(t, "v1.7.35", strings.Replace(mpsConfig(ctl, root, "external", "2Gi"), "  exclusive: true\n", "  exclusive: true\n  namespaces: [tenant]\n", 1), func(p *plugin.Plugin) { p.UseClaims(f) })
 	gpu0 := root + "/0"
 	d := mps.Daemon{Control: ctl, Dir: gpu0}
@@ -181,12 +181,12 @@ func TestMPSClaimLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.mu.Lock()
-	f.uses["e/gpu"] = []link.Use{{UID: "uid-e", Namespace: "tenant", Name: "e"}}
+	f.uses["e/gpu"] = []link.ClaimUse{{UID: "uid-e", Namespace: "tenant", Name: "e"}}
 	f.mu.Unlock()
 	if err := r.plugin.DRAView(config.Default().Start.DRA).Prepare(context.Background(),
 		policy.Claim{UID: "uid-e", Namespace: "tenant", Name: "e", Pods: []string{"tenant/e"}},
 		[]link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, Use: policy.Use{Shares: 1, Memory: 8 << 30},
-			Asked: policy.Asked{Strategy: config.StrategyMPS, ActiveThreadPercentage: 20, PinnedMemory: 1 << 30}}}); err != nil {
+			GpuConfig: policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 20, PinnedMemory: 1 << 30}}}); err != nil {
 		t.Fatal(err)
 	}
 	e := &api.PodSandbox{Id: "id-e", Name: "e", Namespace: "tenant", Uid: "uid-e"}

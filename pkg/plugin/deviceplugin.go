@@ -54,7 +54,7 @@ func (r *Resource) Devices() []deviceplugin.Device {
 	var ids []string
 	for _, c := range offered {
 		_, _, id := parser.ParseDevice(c.Name)
-		room := r.p.room(st, snap, c, policy.DevicePlugin)
+		room := r.p.healthyRoom(st, snap, c, policy.DevicePlugin)
 		share := st.policy.Sharing(c)
 		if share == nil {
 			healthy[id] = room > 0

@@ -176,7 +176,7 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 			continue
 		}
 
-		d := policy.ClaimDevice{Device: e.Footprint, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, Asked: a.Asked}
+		d := policy.ClaimDevice{Device: e.Footprint, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, GpuConfig: a.GpuConfig}
 		if ownMPS(st, d) {
 			g, err := c.p.claimMPS(st, snap, d)
 			if err != nil {
@@ -207,7 +207,7 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 		return fmt.Errorf("%s: %w", claim, err)
 	}
 	// Not recorded, not prepared: kubelet tries again.
-	if err := c.p.recorded(undo); err != nil {
+	if err := c.p.keepOrUndo(undo); err != nil {
 		return fmt.Errorf("%s: %w", claim, err)
 	}
 	return nil
@@ -247,7 +247,7 @@ func (c *DRAView) Prepared(context.Context) ([]policy.Claim, error) {
 // policy.sharing leaves unshared: one the claim has MPS run on for
 // itself.
 func ownMPS(st *state, d policy.ClaimDevice) bool {
-	return d.Asked.Strategy == config.StrategyMPS && st.policy.Sharing(d.Device) == nil
+	return d.GpuConfig.Strategy == config.StrategyMPS && st.policy.Sharing(d.Device) == nil
 }
 
 // startClaimMPS has the daemons of the GPUs a claim asked to share with

@@ -29,14 +29,14 @@ import (
 // container ("pod/container") uses, or an error for the pod.
 type finder struct {
 	mu   sync.Mutex
-	uses map[string][]link.Use
+	uses map[string][]link.ClaimUse
 	errs map[string]error
 	// slow is how long the API server takes to answer for a pod, as a
 	// client sees it: its answer comes then, or the caller's deadline.
 	slow map[string]time.Duration
 }
 
-func (f *finder) Uses(ctx context.Context, pod link.PodRef, ctr string) ([]link.Use, error) {
+func (f *finder) Uses(ctx context.Context, pod link.PodRef, ctr string) ([]link.ClaimUse, error) {
 	f.mu.Lock()
 	wait := f.slow[pod.Name]
 	f.mu.Unlock()
@@ -115,7 +115,7 @@ func container(pod *api.PodSandbox, name string, cdi ...string) *api.Container {
 // gets them under exclusive; the claim survives a restart of nri-gpu,
 // and once unprepared its GPU is free.
 func TestClaimsOverNRI(t *testing.T) {
-	f := &finder{uses: map[string][]link.Use{
+	f := &finder{uses: map[string][]link.ClaimUse{
 		"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}},
 		"b/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}},
 	}}
@@ -164,7 +164,7 @@ func TestClaimsOverNRI(t *testing.T) {
 // twice, and holds them as the claim's, not the pod's (a second pod of
 // the claim is not refused under exclusive).
 func TestClaimsInjectedByTheRuntime(t *testing.T) {
-	f := &finder{uses: map[string][]link.Use{
+	f := &finder{uses: map[string][]link.ClaimUse{
 		"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}},
 		"b/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}},
 	}}
@@ -187,7 +187,7 @@ func TestClaimsInjectedByTheRuntime(t *testing.T) {
 	// plugin, CRI CDI devices): the other is the pod's.
 	c := &api.PodSandbox{Id: "id-c", Name: "c", Namespace: "tenant"}
 	f.mu.Lock()
-	f.uses["c/gpu"] = []link.Use{{UID: "uid-c", Namespace: "tenant", Name: "c"}}
+	f.uses["c/gpu"] = []link.ClaimUse{{UID: "uid-c", Namespace: "tenant", Name: "c"}}
 	f.mu.Unlock()
 	if _, err := r.create(c, container(c, "gpu", "nvidia.com/gpu=1", "nvidia.com/gpu=0")); err != nil {
 		t.Fatal(err)
@@ -206,7 +206,7 @@ func TestClaimsInjectedByTheRuntime(t *testing.T) {
 func TestClaimsTheAPIServerCannotTell(t *testing.T) {
 	down := errors.New("connection refused")
 	f := &finder{
-		uses: map[string][]link.Use{"y/gpu": {{UID: "uid-gone", Namespace: "tenant", Name: "gone"}}},
+		uses: map[string][]link.ClaimUse{"y/gpu": {{UID: "uid-gone", Namespace: "tenant", Name: "gone"}}},
 		errs: map[string]error{"a": down, "later": down, "x": down, "z": link.ErrNotReserved},
 	}
 	r := claimRuntime(t, "v1.7.35", f)
@@ -570,7 +570,7 @@ func TestUUIDOfItsKind(t *testing.T) {
 // nothing of its own: the record, saved again for another pod, lists the
 // claim and that pod, not the claim's pod.
 func TestClaimOnlyPodNotHeld(t *testing.T) {
-	f := &finder{uses: map[string][]link.Use{"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}}}}
+	f := &finder{uses: map[string][]link.ClaimUse{"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}}}}
 	r := claimRuntime(t, "v1.7.35", f)
 	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant", Uid: "uid-a"}
 	if _, err := r.create(a, container(a, "gpu")); err != nil {

@@ -218,11 +218,11 @@ func (st *state) hardware(snap *specs.Snapshot, kind string, globs []string, see
 	return out
 }
 
-// room returns how many more users device d may take through door now:
+// healthyRoom returns how many more users device d may take through door now:
 // the pool's answer (0 or 1 for a device that is not shared, the
 // replicas left for one that is), or 0 when its device nodes are not on
 // the host or its GPU is unhealthy (NVML).
-func (p *Plugin) room(st *state, snap *specs.Snapshot, d specs.Device, door policy.Door) int {
+func (p *Plugin) healthyRoom(st *state, snap *specs.Snapshot, d specs.Device, door policy.Door) int {
 	if sick := p.unhealthy(); !nodesExist(snap, d.Name) || (sick != nil && sick(d) != nil) {
 		return 0
 	}

@@ -85,7 +85,7 @@ func (p *Plugin) claimMPS(st *state, snap *specs.Snapshot, c policy.ClaimDevice)
 		return nil, err
 	}
 	threads, memory := st.policy.MPSBounds(nil, c.Device, c.Use)
-	g.limits = mps.Limits{ActiveThreadPercentage: cmp.Or(c.Asked.ActiveThreadPercentage, threads), PinnedMemoryMiB: cmp.Or(c.Asked.PinnedMemory, memory) >> 20}
+	g.limits = mps.Limits{ActiveThreadPercentage: cmp.Or(c.GpuConfig.ActiveThreadPercentage, threads), PinnedMemoryMiB: cmp.Or(c.GpuConfig.PinnedMemory, memory) >> 20}
 	return g, nil
 }
 
@@ -130,10 +130,10 @@ func (g *mpsGPU) limitsOf(pol *policy.Policy, c policy.ClaimDevice) mps.Limits {
 		return g.limits
 	}
 	threads, memory := pol.MPSBounds(g.share, g.dev, c.Use)
-	if a := c.Asked.ActiveThreadPercentage; a > 0 {
+	if a := c.GpuConfig.ActiveThreadPercentage; a > 0 {
 		threads = min(threads, a)
 	}
-	if a := c.Asked.PinnedMemory; a > 0 {
+	if a := c.GpuConfig.PinnedMemory; a > 0 {
 		memory = min(memory, a)
 	}
 	return mps.Limits{ActiveThreadPercentage: threads, PinnedMemoryMiB: memory >> 20}

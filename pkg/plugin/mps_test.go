@@ -407,7 +407,7 @@ func TestClaimOwnMPS(t *testing.T) {
 	unshared := func(daemon string) string {
 		return "healthInterval: 100ms\npolicy: {exclusive: true, namespaces: [tenant]}\nmps: {daemon: " + daemon + ", controlCommand: " + ctl + ", root: " + root + "}\n"
 	}
-	f := &finder{uses: map[string][]link.Use{
+	f := &finder{uses: map[string][]link.ClaimUse{
 		"a/ts-ctr":  {{UID: "uid-c", Namespace: "tenant", Name: "c", Requests: []string{"ts-gpu"}}},
 		"a/mps-ctr": {{UID: "uid-c", Namespace: "tenant", Name: "c", Requests: []string{"mps-gpu"}}},
 		"w/ctr":     {{UID: "uid-w", Namespace: "tenant", Name: "w"}},
@@ -425,10 +425,10 @@ func TestClaimOwnMPS(t *testing.T) {
 		m, _ := lib.Devices[i].GetComputeMode()
 		return m
 	}
-	mpsAsked := policy.Asked{Strategy: config.StrategyMPS, ActiveThreadPercentage: 50, PinnedMemory: 10 << 30}
+	mpsAsked := policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 50, PinnedMemory: 10 << 30}
 	if err := view.Prepare(context.Background(), policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a"}}, []link.Allocated{
-		{CDI: "nvidia.com/gpu=0", Requests: []string{"ts-gpu"}, Asked: policy.Asked{Strategy: config.StrategyTimeSlicing}},
-		{CDI: "nvidia.com/gpu=1", Requests: []string{"mps-gpu"}, Asked: mpsAsked},
+		{CDI: "nvidia.com/gpu=0", Requests: []string{"ts-gpu"}, GpuConfig: policy.GpuConfig{Strategy: config.StrategyTimeSlicing}},
+		{CDI: "nvidia.com/gpu=1", Requests: []string{"mps-gpu"}, GpuConfig: mpsAsked},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +485,7 @@ func TestClaimOwnMPS(t *testing.T) {
 
 	// A claim asking for MPS and no bounds: its clients have the whole GPU.
 	if err := view.Prepare(context.Background(), policy.Claim{UID: "uid-w", Namespace: "tenant", Name: "w", Pods: []string{"tenant/w"}}, []link.Allocated{
-		{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, Asked: policy.Asked{Strategy: config.StrategyMPS}},
+		{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, GpuConfig: policy.GpuConfig{Strategy: config.StrategyMPS}},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -500,7 +500,7 @@ func TestClaimOwnMPS(t *testing.T) {
 	r = runtimeSetUp(t, "v2.3.7", unshared("external"), func(p *plugin.Plugin) { plugin.WithNVML(lib)(p) })
 	view = r.plugin.DRAView(config.Default().Start.DRA)
 	err = view.Prepare(context.Background(), policy.Claim{UID: "uid-e", Namespace: "tenant", Name: "e"}, []link.Allocated{
-		{CDI: "nvidia.com/gpu=0", Requests: []string{"gpu"}, Asked: mpsAsked},
+		{CDI: "nvidia.com/gpu=0", Requests: []string{"gpu"}, GpuConfig: mpsAsked},
 	})
 	testutil.ErrorSays(t, err, `claim tenant/e: MPS-shared GPU not served: device "nvidia.com/gpu=0": the GpuConfig of the claim that holds it asks for MPS, and nri-gpu runs an MPS daemon for a claim's GPU only with start.mps.daemon: managed`)
 	e := gpuPod("e", map[string]string{"gpus.nri-gpu.io": "0"})
@@ -531,7 +531,7 @@ func TestClaimOwnMPSUndone(t *testing.T) {
 	view := r.plugin.DRAView(config.Default().Start.DRA)
 	dir := filepath.Join(root, inv.GPUs[1].UUID)
 	claim := policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a"}}
-	gpu := []link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, Asked: policy.Asked{Strategy: config.StrategyMPS}}}
+	gpu := []link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, GpuConfig: policy.GpuConfig{Strategy: config.StrategyMPS}}}
 
 	state := filepath.Dir(r.stateFile)
 	if err := os.RemoveAll(state); err != nil {

@@ -1166,7 +1166,7 @@ type gate struct {
 	entered, let chan struct{}
 }
 
-func (g *gate) Uses(ctx context.Context, pod link.PodRef, _ string) ([]link.Use, error) {
+func (g *gate) Uses(ctx context.Context, pod link.PodRef, _ string) ([]link.ClaimUse, error) {
 	if pod.Name == g.pod {
 		close(g.entered)
 		select {

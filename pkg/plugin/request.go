@@ -170,11 +170,11 @@ func userNS(ctr *api.Container) bool {
 	return slices.ContainsFunc(ctr.GetLinux().GetNamespaces(), func(ns *api.LinuxNamespace) bool { return ns.GetType() == "user" })
 }
 
-// asked is what a container asks for, resolved: the devices to inject
+// resolvedAsk is what a container asks for, resolved: the devices to inject
 // (those of its claims and its requests by name), those of them the
 // runtime injected itself, what the pool is asked (to hold by name, and
 // the count request), and the claims it uses.
-type asked struct {
+type resolvedAsk struct {
 	inject   []*specs.Entry
 	injected []*cdi.Device
 	want     policy.Want
@@ -184,11 +184,11 @@ type asked struct {
 	uses map[string]policy.ClaimDevice
 }
 
-// uses returns what the claims' devices consume of shared devices and
+// claimUses returns what the claims' devices consume of shared devices and
 // asked of their sharing, by name: a device in two of the container's
 // claims, what the two consume together, within the tighter of what
 // they asked.
-func uses(held []policy.ClaimDevice) map[string]policy.ClaimDevice {
+func claimUses(held []policy.ClaimDevice) map[string]policy.ClaimDevice {
 	tighter := func(a, b int64) int64 {
 		if a == 0 || (b != 0 && b < a) {
 			return b
@@ -204,8 +204,8 @@ func uses(held []policy.ClaimDevice) map[string]policy.ClaimDevice {
 		}
 		u.Use.Shares += d.Use.Shares
 		u.Use.Memory += d.Use.Memory
-		u.Asked.ActiveThreadPercentage = int(tighter(int64(u.Asked.ActiveThreadPercentage), int64(d.Asked.ActiveThreadPercentage)))
-		u.Asked.PinnedMemory = tighter(u.Asked.PinnedMemory, d.Asked.PinnedMemory)
+		u.GpuConfig.ActiveThreadPercentage = int(tighter(int64(u.GpuConfig.ActiveThreadPercentage), int64(d.GpuConfig.ActiveThreadPercentage)))
+		u.GpuConfig.PinnedMemory = tighter(u.GpuConfig.PinnedMemory, d.GpuConfig.PinnedMemory)
 		out[d.Name] = u
 	}
 	return out
@@ -214,7 +214,7 @@ func uses(held []policy.ClaimDevice) map[string]policy.ClaimDevice {
 // holds reports whether the request asks the pool for anything: to hold
 // devices, or to count the claims it uses towards its pod's (their
 // devices are the claims' holdings already).
-func (a asked) holds() bool {
+func (a resolvedAsk) holds() bool {
 	return len(a.want.Named) > 0 || a.want.Count > 0 || len(a.want.Claims) > 0
 }
 
@@ -258,7 +258,7 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 	if err != nil {
 		return nil, policy.Grant{}, err
 	}
-	a.uses = uses(held)
+	a.uses = claimUses(held)
 	a.want.Pod, a.want.Claims = pod, claims
 	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Unhealthy: p.unhealthy()}
 	if ask.Count > 1 {
@@ -301,9 +301,9 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 // the devices of the claims it uses (injected unless the runtime did;
 // not held again), its requests (held by the pod; injected unless the
 // runtime's own CDI did, or injects them from its own spec dirs).
-func (r *request) decide(ask policy.Ask, claimed []specs.Device, log logrus.FieldLogger) (asked, error) {
+func (r *request) decide(ask policy.Ask, claimed []specs.Device, log logrus.FieldLogger) (resolvedAsk, error) {
 	var (
-		a    = asked{claimed: claimed, want: policy.Want{Count: ask.Count}}
+		a    = resolvedAsk{claimed: claimed, want: policy.Want{Count: ask.Count}}
 		errs []error
 	)
 	for _, d := range claimed {
@@ -353,7 +353,7 @@ func (r *request) decide(ask policy.Ask, claimed []specs.Device, log logrus.Fiel
 // needs for an MPS-shared GPU (once its daemon answers), and the
 // annotations that say what the container got. It returns with it the
 // record of what the adjustment gives (nil when it gives nothing).
-func (p *Plugin) build(ctx context.Context, r *request, a asked, plan policy.Plan, log logrus.FieldLogger) (*api.ContainerAdjustment, *cdispec.Spec, error) {
+func (p *Plugin) build(ctx context.Context, r *request, a resolvedAsk, plan policy.Plan, log logrus.FieldLogger) (*api.ContainerAdjustment, *cdispec.Spec, error) {
 	var devices []*cdi.Device
 	for _, e := range a.inject {
 		if !slices.Contains(a.injected, e.Device) {
@@ -440,7 +440,7 @@ func (p *Plugin) commit(st *state, plan policy.Plan) (policy.Grant, error) {
 	if err != nil || !grant.Added() {
 		return grant, err
 	}
-	if err := p.recorded(func() { p.alloc.Revert(grant) }); err != nil {
+	if err := p.keepOrUndo(func() { p.alloc.Revert(grant) }); err != nil {
 		return policy.Grant{}, fmt.Errorf("devices not given, since their grant %w", err)
 	}
 	return grant, nil

@@ -124,7 +124,7 @@ func (a *Allocations) Commit(p *Policy, pl Plan) (Grant, error) {
 		}
 		mine := slices.Concat(own.named, w.Named, a.claimDevices(w.Claims))
 		for _, c := range pl.counted {
-			if p.usedTwice(c, mine) || a.judge(p, who{pod: w.Pod.ID, claims: w.Claims, exclusive: true}, c).room() == 0 {
+			if p.usedTwice(c, mine) || a.judge(p, who{pod: w.Pod.ID, claims: w.Claims, exclusive: true}, c).usersLeft() == 0 {
 				return Grant{}, fmt.Errorf("%w: device %q, chosen for pod %s, was taken meanwhile", ErrStale, c.Name, w.Pod)
 			}
 		}

@@ -116,9 +116,9 @@ func (c Capacity) fits(used, u Use) bool {
 	return used.Shares+u.Shares <= c.Shares && (c.Memory == 0 || used.Memory+u.Memory <= c.Memory)
 }
 
-// room returns how many more users that ask for no amount fit beside
+// usersLeft returns how many more users that ask for no amount fit beside
 // used.
-func (c Capacity) room(used Use) int {
+func (c Capacity) usersLeft(used Use) int {
 	n := c.Shares - used.Shares
 	if c.Memory > 0 && c.Default > 0 {
 		n = min(n, int((c.Memory-used.Memory)/c.Default))
@@ -131,10 +131,10 @@ func (c Capacity) Left(used Use) Use {
 	return Use{Shares: max(0, c.Shares-used.Shares), Memory: max(0, c.Memory-used.Memory)}
 }
 
-// Asked is what a claim asked of how its device is shared (NVIDIA's
+// GpuConfig is what a claim asked of how its device is shared (NVIDIA's
 // GpuConfig opaque parameters): a strategy, and for MPS bounds of its
 // clients tighter than those its allocation allows (0: none asked).
-type Asked struct {
+type GpuConfig struct {
 	Strategy               config.Strategy
 	ActiveThreadPercentage int
 	PinnedMemory           int64
@@ -168,7 +168,7 @@ func (p *Policy) MPSBounds(s *Share, d specs.Device, u Use) (threads int, memory
 // policy.sharing leaves unshared is the claim's whole: it may have it
 // shared with MPS among its own containers, within the whole GPU.
 func (p *Policy) checkAsked(c Claim, d ClaimDevice) error {
-	a := d.Asked
+	a := d.GpuConfig
 	s := p.Sharing(d.Device)
 	how := "not shared"
 	if s != nil {

@@ -188,32 +188,32 @@ func TestAsked(t *testing.T) {
 		name    string
 		device  string
 		use     policy.Use
-		asked   policy.Asked
+		asked   policy.GpuConfig
 		wantErr []string
 	}{
-		{"MPS where time-slicing shares it", "1", policy.Use{}, policy.Asked{Strategy: mps},
+		{"MPS where time-slicing shares it", "1", policy.Use{}, policy.GpuConfig{Strategy: mps},
 			[]string{`device "nvidia.com/gpu=1" is shared by policy.sharing[1] (replicas 2, timeSlicing), and the claim's GpuConfig asks for MPS, whose bounds its other users, not clients of a daemon, would not keep`}},
-		{"MPS on a whole GPU, more memory than it has", "2", policy.Use{}, policy.Asked{Strategy: mps, ActiveThreadPercentage: 100, PinnedMemory: 81 * gi},
+		{"MPS on a whole GPU, more memory than it has", "2", policy.Use{}, policy.GpuConfig{Strategy: mps, ActiveThreadPercentage: 100, PinnedMemory: 81 * gi},
 			[]string{`device "nvidia.com/gpu=2" is not shared, and the claim's GpuConfig asks for 81Gi of pinned memory, more than the 80Gi it is allowed`}},
-		{"MPS on a whole GPU, as published", "2", policy.Use{}, policy.Asked{Strategy: mps, ActiveThreadPercentage: 50, PinnedMemory: 10 * gi}, nil},
-		{"MPS on a whole GPU, all of it", "2", policy.Use{}, policy.Asked{Strategy: mps, ActiveThreadPercentage: 100, PinnedMemory: 80 * gi}, nil},
-		{"time-slicing where MPS shares it", "0", policy.Use{}, policy.Asked{Strategy: ts},
+		{"MPS on a whole GPU, as published", "2", policy.Use{}, policy.GpuConfig{Strategy: mps, ActiveThreadPercentage: 50, PinnedMemory: 10 * gi}, nil},
+		{"MPS on a whole GPU, all of it", "2", policy.Use{}, policy.GpuConfig{Strategy: mps, ActiveThreadPercentage: 100, PinnedMemory: 80 * gi}, nil},
+		{"time-slicing where MPS shares it", "0", policy.Use{}, policy.GpuConfig{Strategy: ts},
 			[]string{"asks for time-slicing, which would take its clients out of the MPS daemon's bounds"}},
-		{"more compute than a share", "0", policy.Use{}, policy.Asked{Strategy: mps, ActiveThreadPercentage: 60},
+		{"more compute than a share", "0", policy.Use{}, policy.GpuConfig{Strategy: mps, ActiveThreadPercentage: 60},
 			[]string{"asks for 60% of compute, more than the 50% it is allowed"}},
-		{"more memory than allocated", "0", policy.Use{Shares: 1, Memory: 30 * gi}, policy.Asked{Strategy: mps, PinnedMemory: 31 * gi},
+		{"more memory than allocated", "0", policy.Use{Shares: 1, Memory: 30 * gi}, policy.GpuConfig{Strategy: mps, PinnedMemory: 31 * gi},
 			[]string{"asks for 31Gi of pinned memory, more than the 30Gi it is allowed"}},
-		{"as published, within a default share", "0", policy.Use{}, policy.Asked{Strategy: mps, ActiveThreadPercentage: 50, PinnedMemory: 10 * gi}, nil},
-		{"the whole GPU's compute for both shares", "0", policy.Use{Shares: 2}, policy.Asked{Strategy: mps, ActiveThreadPercentage: 100}, nil},
-		{"time-slicing where nothing else shares it", "2", policy.Use{}, policy.Asked{Strategy: ts}, nil},
-		{"time-slicing where time-slicing shares it", "1", policy.Use{}, policy.Asked{Strategy: ts}, nil},
+		{"as published, within a default share", "0", policy.Use{}, policy.GpuConfig{Strategy: mps, ActiveThreadPercentage: 50, PinnedMemory: 10 * gi}, nil},
+		{"the whole GPU's compute for both shares", "0", policy.Use{Shares: 2}, policy.GpuConfig{Strategy: mps, ActiveThreadPercentage: 100}, nil},
+		{"time-slicing where nothing else shares it", "2", policy.Use{}, policy.GpuConfig{Strategy: ts}, nil},
+		{"time-slicing where time-slicing shares it", "1", policy.Use{}, policy.GpuConfig{Strategy: ts}, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := gpuPolicy(cfg).WithMemory(func(specs.Device) int64 { return 80 * gi })
 			a := policy.NewAllocations()
 			_, err := a.AdmitClaim(p, policy.Claim{UID: "u", Namespace: "ns", Name: "c"},
-				[]policy.ClaimDevice{{Device: byName[tc.device], Use: tc.use, Asked: tc.asked}}, nil)
+				[]policy.ClaimDevice{{Device: byName[tc.device], Use: tc.use, GpuConfig: tc.asked}}, nil)
 			if tc.wantErr == nil {
 				if err != nil {
 					t.Fatal(err)

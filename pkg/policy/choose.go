@@ -60,7 +60,7 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses
 		// A device held by another pod in any way is not free, unless
 		// it is shared and a replica is left.
 		v := a.judge(p, who{pod: podID, claims: uses, exclusive: true}, c)
-		if v.room() == 0 {
+		if v.usersLeft() == 0 {
 			held++
 			why := "held by " + describeUsers(v.sharers)
 			if v.by != nil {

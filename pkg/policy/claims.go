@@ -54,8 +54,8 @@ type ClaimDevice struct {
 	// MemoryAsked says the claim asked for an amount of memory of it
 	// (not kept across a restart: it was judged when prepared).
 	MemoryAsked bool
-	// Asked is what the claim asked of how it is shared (GpuConfig).
-	Asked Asked
+	// GpuConfig is what the claim asked of how it is shared.
+	GpuConfig GpuConfig
 }
 
 // ClaimHolding is a prepared claim and its devices, as kept across a

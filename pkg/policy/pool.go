@@ -225,23 +225,23 @@ type verdict struct {
 	twice error
 }
 
-// room is how many more users the device may take: 0 or 1 for a device
+// usersLeft is how many more users the device may take: 0 or 1 for a device
 // that is not shared, the replicas left for one that is.
-func (v verdict) room() int {
+func (v verdict) usersLeft() int {
 	switch {
 	case v.by != nil, v.twice != nil:
 		return 0
 	case v.share == nil:
 		return 1
 	}
-	return v.capacity.room(v.used)
+	return v.capacity.usersLeft(v.used)
 }
 
 // fits reports whether the asker may have the device: it is free, or
 // shared with room for what the asker would consume.
 func (v verdict) fits() bool {
 	if v.share == nil || v.by != nil || v.twice != nil {
-		return v.room() > 0
+		return v.usersLeft() > 0
 	}
 	return v.capacity.fits(v.used, v.asking)
 }
@@ -310,7 +310,7 @@ func (a *Allocations) judge(p *Policy, w who, d specs.Device) verdict {
 func (a *Allocations) Room(p *Policy, d specs.Device, door Door) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.judge(p, who{door: door, exclusive: true}, d).room()
+	return a.judge(p, who{door: door, exclusive: true}, d).usersLeft()
 }
 
 // Offer returns what shared device d offers the users door's scheduler
@@ -322,7 +322,7 @@ func (a *Allocations) Offer(p *Policy, d specs.Device, door Door) (Capacity, boo
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v := a.judge(p, who{door: door, exclusive: true}, d)
-	if v.share == nil || v.room() == 0 {
+	if v.share == nil || v.usersLeft() == 0 {
 		return Capacity{}, false
 	}
 	c := v.capacity

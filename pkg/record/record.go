@@ -193,8 +193,8 @@ func (f *File) Save(held func() Content) error {
 		r := claimRecord{UID: c.Claim.UID, Namespace: c.Claim.Namespace, Name: c.Claim.Name, Pods: c.Claim.Pods}
 		for _, d := range c.Devices {
 			dr := claimDeviceRecord{deviceRecord: recordOf(d.Device), Requests: d.Requests, Shares: d.Use.Shares, Memory: d.Use.Memory}
-			if d.Asked != (policy.Asked{}) {
-				dr.Asked = &askedRecord{Strategy: d.Asked.Strategy, ActiveThreadPercentage: d.Asked.ActiveThreadPercentage, PinnedMemory: d.Asked.PinnedMemory}
+			if d.GpuConfig != (policy.GpuConfig{}) {
+				dr.Asked = &askedRecord{Strategy: d.GpuConfig.Strategy, ActiveThreadPercentage: d.GpuConfig.ActiveThreadPercentage, PinnedMemory: d.GpuConfig.PinnedMemory}
 			}
 			r.Devices = append(r.Devices, dr)
 		}
@@ -413,7 +413,7 @@ func (f *File) Load() (Content, error) {
 			if a := d.Asked; a != nil {
 				// Bounds kept as asked; one that is not positive bounds
 				// nothing more than the allocation does.
-				cd.Asked = policy.Asked{Strategy: a.Strategy, ActiveThreadPercentage: max(0, a.ActiveThreadPercentage), PinnedMemory: max(0, a.PinnedMemory)}
+				cd.GpuConfig = policy.GpuConfig{Strategy: a.Strategy, ActiveThreadPercentage: max(0, a.ActiveThreadPercentage), PinnedMemory: max(0, a.PinnedMemory)}
 			}
 			c.Devices = append(c.Devices, cd)
 		}

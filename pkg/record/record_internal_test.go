@@ -33,7 +33,7 @@ func TestStateFileRoundTrip(t *testing.T) {
 		Devices: []policy.ClaimDevice{
 			{Device: specs.Device{Name: "nvidia.com/gpu=3", Nodes: []string{"c 195:3"}}, Requests: []string{"gpu"}},
 			{Device: specs.Device{Name: "nvidia.com/gpu=1", Nodes: []string{"c 195:1"}}, Requests: []string{"shared"}, Use: policy.Use{Shares: 2, Memory: 10 << 30},
-				Asked: policy.Asked{Strategy: config.StrategyMPS, ActiveThreadPercentage: 40, PinnedMemory: 8 << 30}},
+				GpuConfig: policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 40, PinnedMemory: 8 << 30}},
 		},
 	}}
 	if err := f.Save(func() Content { return Content{Pods: holdings, Claims: claims} }); err != nil {

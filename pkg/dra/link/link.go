@@ -124,8 +124,8 @@ type Allocated struct {
 	Use policy.Use
 	// MemoryAsked says one of Requests asked for an amount of memory.
 	MemoryAsked bool
-	// Asked is what the claim's GpuConfig asked of the device's sharing.
-	Asked policy.Asked
+	// GpuConfig is what the claim's GpuConfig asked of the device's sharing.
+	GpuConfig policy.GpuConfig
 }
 
 // PodRef is the pod of a container being created, as the runtime knows
@@ -136,8 +136,8 @@ type PodRef struct {
 	UID string
 }
 
-// Use is a claim of the driver that a container uses.
-type Use struct {
+// ClaimUse is a claim of the driver that a container uses.
+type ClaimUse struct {
 	// UID, Namespace and Name are the ResourceClaim's.
 	UID, Namespace, Name string
 	// Requests are the claim's requests the container names; empty for
@@ -168,5 +168,5 @@ type Finder interface {
 	// pod, as the API server says; an error when it cannot tell, which
 	// wraps ErrNotReserved for a claim the container names that is not
 	// reserved for its pod.
-	Uses(ctx context.Context, pod PodRef, container string) ([]Use, error)
+	Uses(ctx context.Context, pod PodRef, container string) ([]ClaimUse, error)
 }

@@ -25,9 +25,9 @@ const (
 // work (no node name, no credentials for the API server).
 const ExitConfig = 2
 
-// ErrConfig is wrapped by Run's error when the driver quit with
+// ErrDriverConfig is wrapped by Run's error when the driver quit with
 // ExitConfig: starting it again would not help.
-var ErrConfig = errors.New("the DRA driver's configuration cannot work")
+var ErrDriverConfig = errors.New("the DRA driver's configuration cannot work")
 
 // ErrNotRunning is wrapped by the error of asking a driver that is not
 // running (not yet started, or started again after it quit).
@@ -59,7 +59,7 @@ func NewProcess(path string, args []string, stderr io.Writer, pool Pool) *Proces
 
 // Run starts the driver and serves it the pool until it quits, which is
 // an error, or ctx is done: the driver is then told to stop (SIGTERM) and
-// killed if it has not within 10 s. The error wraps ErrConfig when the
+// killed if it has not within 10 s. The error wraps ErrDriverConfig when the
 // driver's configuration cannot work.
 func (p *Process) Run(ctx context.Context) error {
 	poolConn, poolEnd, err := socketpair()
@@ -105,7 +105,7 @@ func (p *Process) Run(ctx context.Context) error {
 	}
 	var exit *exec.ExitError
 	if errors.As(err, &exit) && exit.ExitCode() == ExitConfig {
-		return fmt.Errorf("%w: %s exited with status %d", ErrConfig, p.path, ExitConfig)
+		return fmt.Errorf("%w: %s exited with status %d", ErrDriverConfig, p.path, ExitConfig)
 	}
 	if err == nil {
 		err = errors.New("exited")
@@ -126,7 +126,7 @@ func (p *Process) running() *driverClient {
 }
 
 // Uses asks the driver which prepared claims the container uses.
-func (p *Process) Uses(ctx context.Context, pod PodRef, container string) ([]Use, error) {
+func (p *Process) Uses(ctx context.Context, pod PodRef, container string) ([]ClaimUse, error) {
 	d := p.running()
 	if d == nil {
 		return nil, ErrNotRunning

@@ -50,11 +50,11 @@ func driver(mode string) int {
 		select {}
 	}
 	pool := link.NewPoolClient(poolConn)
-	uses := func(ctx context.Context, pod link.PodRef, ctr string) ([]link.Use, error) {
+	uses := func(ctx context.Context, pod link.PodRef, ctr string) ([]link.ClaimUse, error) {
 		claims, err := pool.Prepared(ctx)
-		var out []link.Use
+		var out []link.ClaimUse
 		for _, c := range claims {
-			out = append(out, link.Use{UID: c.UID, Namespace: c.Namespace, Name: c.Name, Requests: []string{ctr}})
+			out = append(out, link.ClaimUse{UID: c.UID, Namespace: c.Namespace, Name: c.Name, Requests: []string{ctr}})
 		}
 		return out, err
 	}
@@ -63,9 +63,9 @@ func driver(mode string) int {
 	return 0
 }
 
-type finder func(context.Context, link.PodRef, string) ([]link.Use, error)
+type finder func(context.Context, link.PodRef, string) ([]link.ClaimUse, error)
 
-func (f finder) Uses(ctx context.Context, pod link.PodRef, ctr string) ([]link.Use, error) {
+func (f finder) Uses(ctx context.Context, pod link.PodRef, ctr string) ([]link.ClaimUse, error) {
 	return f(ctx, pod, ctr)
 }
 
@@ -127,7 +127,7 @@ func TestProcess(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- p.Run(runCtx) }()
-	var uses []link.Use
+	var uses []link.ClaimUse
 	within(t, "the driver's answer", func() bool {
 		var err error
 		uses, err = p.Uses(ctx, link.PodRef{Namespace: "tenant", Name: "a"}, "gpu")
@@ -175,8 +175,8 @@ func TestProcessQuits(t *testing.T) {
 				path = os.Args[0]
 			}
 			err := link.NewProcess(path, []string{"-test.run=^$"}, &strings.Builder{}, &pool{}).Run(context.Background())
-			if err == nil || errors.Is(err, link.ErrConfig) != tc.config || !strings.Contains(err.Error(), tc.says) {
-				t.Errorf("Run: %v; want an error saying %q, ErrConfig %v", err, tc.says, tc.config)
+			if err == nil || errors.Is(err, link.ErrDriverConfig) != tc.config || !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("Run: %v; want an error saying %q, ErrDriverConfig %v", err, tc.says, tc.config)
 			}
 		})
 	}
@@ -198,7 +198,7 @@ func TestProcessLinkBroken(t *testing.T) {
 	})
 	select {
 	case err := <-done:
-		if err == nil || errors.Is(err, link.ErrConfig) {
+		if err == nil || errors.Is(err, link.ErrDriverConfig) {
 			t.Errorf("Run: %v, want the driver's end (to be started again)", err)
 		}
 	case <-time.After(10 * time.Second):

@@ -68,7 +68,7 @@ type PreparedReply struct{ Claims []policy.Claim }
 
 // UsesReply is Driver.Uses's reply.
 type UsesReply struct {
-	Uses []Use
+	Uses []ClaimUse
 	// NotReserved is the error, when it wraps ErrNotReserved.
 	NotReserved string `json:",omitempty"`
 }
@@ -243,7 +243,7 @@ func (e notReserved) Unwrap() error { return ErrNotReserved }
 // driverClient is the DRA driver as nri-gpu asks it, over the link.
 type driverClient struct{ *client }
 
-func (d driverClient) uses(ctx context.Context, pod PodRef, container string) ([]Use, error) {
+func (d driverClient) uses(ctx context.Context, pod PodRef, container string) ([]ClaimUse, error) {
 	var out UsesReply
 	if err := d.call(ctx, driverName+".Uses", UsesArgs{Bounded: bounded(ctx), Pod: pod, Container: container}, &out); err != nil {
 		return nil, err

@@ -119,7 +119,7 @@ func TestPoolOverTheLink(t *testing.T) {
 		t.Errorf("prepared claims over the link (-pool +driver):\n%s", diff)
 	}
 	allocated := []Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus", "extra"}, Use: policy.Use{Shares: 2, Memory: 1 << 30}, MemoryAsked: true,
-		Asked: policy.Asked{Strategy: config.StrategyMPS, ActiveThreadPercentage: 40, PinnedMemory: 1 << 29}}}
+		GpuConfig: policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 40, PinnedMemory: 1 << 29}}}
 	if err := c.Prepare(ctx, claim, allocated); err != nil {
 		t.Fatal(err)
 	}
@@ -224,9 +224,9 @@ func TestLinkDown(t *testing.T) {
 }
 
 // finderFunc is a Finder of a function.
-type finderFunc func(context.Context, PodRef, string) ([]Use, error)
+type finderFunc func(context.Context, PodRef, string) ([]ClaimUse, error)
 
-func (f finderFunc) Uses(ctx context.Context, pod PodRef, ctr string) ([]Use, error) {
+func (f finderFunc) Uses(ctx context.Context, pod PodRef, ctr string) ([]ClaimUse, error) {
 	return f(ctx, pod, ctr)
 }
 
@@ -237,12 +237,12 @@ func (f finderFunc) Uses(ctx context.Context, pod PodRef, ctr string) ([]Use, er
 // driver's service ends when nri-gpu's end closes.
 func TestDriverOverTheLink(t *testing.T) {
 	conn, driverEnd := pair(t)
-	uses := []Use{{UID: "uid-1", Namespace: "tenant", Name: "c", Requests: []string{"gpus"}}}
+	uses := []ClaimUse{{UID: "uid-1", Namespace: "tenant", Name: "c", Requests: []string{"gpus"}}}
 	var (
 		seen     []string
 		deadline time.Time
 	)
-	f := finderFunc(func(ctx context.Context, pod PodRef, ctr string) ([]Use, error) {
+	f := finderFunc(func(ctx context.Context, pod PodRef, ctr string) ([]ClaimUse, error) {
 		seen = append(seen, pod.Namespace+"/"+pod.Name+"/"+pod.UID+"/"+ctr)
 		deadline, _ = ctx.Deadline()
 		switch pod.Name {
