@@ -83,88 +83,72 @@ func (r *Resource) Devices() []deviceplugin.Device {
 }
 
 // Preferred returns mustInclude and then, up to size, available devices
-// as a count request chooses them: the set most closely connected to
-// each other and to mustInclude where NVML tells the topology, else the
-// first in the order Devices lists them (neighbours by index). Replicas
-// of shared devices are spread (spread).
+// as a count request chooses them (policy.Pick): one replica per device,
+// the devices with the fewest replicas in use (not available) first, of
+// those the set most closely connected to each other and to mustInclude
+// where NVML tells the topology, else the first in the order Devices
+// lists them (neighbours by index). A second replica of a device
+// mustInclude or the choice has already comes last, only to make up
+// size (Allocate refuses a container two of one device, which is what
+// kubelet then says).
 func (r *Resource) Preferred(available, mustInclude []string, size int) []string {
 	out := slices.Clone(mustInclude)
 	devs := r.Devices()
-	if slices.ContainsFunc(devs, func(d deviceplugin.Device) bool { return d.ID != deviceplugin.DeviceOf(d.ID) }) {
-		return spread(devs, available, out, size)
-	}
-	var rest []string
+	inUse := map[string]int{}
 	for _, d := range devs {
-		if slices.Contains(available, d.ID) && !slices.Contains(out, d.ID) {
-			rest = append(rest, d.ID)
+		if !slices.Contains(available, d.ID) {
+			inUse[deviceplugin.DeviceOf(d.ID)]++
 		}
 	}
-	want := min(size-len(out), len(rest))
-	if want <= 0 {
-		return out
+	var had []string
+	for _, id := range out {
+		had = append(had, deviceplugin.DeviceOf(id))
 	}
-	links := r.p.links()
-	if links == nil || want+len(out) < 2 {
-		return append(out, rest[:want]...)
-	}
-	snap := r.p.state().specs.Snapshot()
-	vendor, class := parser.ParseQualifier(r.cfg.Kind)
-	footprints := func(ids []string) []specs.Device {
-		var fs []specs.Device
-		for _, id := range ids {
-			f := specs.Device{Name: parser.QualifiedName(vendor, class, id)}
-			if e, err := snap.Lookup(f.Name); err == nil {
-				f = e.Footprint
-			}
-			fs = append(fs, f)
+	var (
+		free, spare []string              // devices, and replicas of those had or chosen
+		used        []int                 // replicas in use of each of free
+		replica     = map[string]string{} // the first available replica of each of free
+	)
+	for _, d := range devs {
+		dev := deviceplugin.DeviceOf(d.ID)
+		switch {
+		case !slices.Contains(available, d.ID) || slices.Contains(out, d.ID):
+		case slices.Contains(had, dev) || replica[dev] != "":
+			spare = append(spare, d.ID)
+		default:
+			replica[dev] = d.ID
+			free = append(free, dev)
+			used = append(used, inUse[dev])
 		}
-		return fs
 	}
-	best, _ := policy.Closest(footprints(out), footprints(rest), want, links)
-	for _, d := range best {
-		_, _, id := parser.ParseDevice(d.Name)
+	if want := min(size-len(out), len(free)); want > 0 {
+		chosen, _ := policy.Pick(r.footprints(had), r.footprints(free), used, want, r.p.links())
+		for _, d := range chosen {
+			_, _, dev := parser.ParseDevice(d.Name)
+			out = append(out, replica[dev])
+		}
+	}
+	for _, id := range spare {
+		if len(out) >= size {
+			break
+		}
 		out = append(out, id)
 	}
 	return out
 }
 
-// spread chooses, after out, up to size available devices where some
-// are replicas of shared ones: one replica per device, of the devices
-// with the fewest replicas in use (not available) first, ties in order;
-// a second replica of a device out or the choice has already comes
-// last, only to make up size (Allocate refuses a container two of one
-// device, which is what kubelet then says).
-func spread(devs []deviceplugin.Device, available, out []string, size int) []string {
-	used := map[string]int{}
-	for _, d := range devs {
-		if !slices.Contains(available, d.ID) {
-			used[deviceplugin.DeviceOf(d.ID)]++
+// footprints returns the resource's devices of the given names (within
+// its kind) as the specs in force give them.
+func (r *Resource) footprints(names []string) []specs.Device {
+	snap := r.p.state().specs.Snapshot()
+	vendor, class := parser.ParseQualifier(r.cfg.Kind)
+	var out []specs.Device
+	for _, name := range names {
+		f := specs.Device{Name: parser.QualifiedName(vendor, class, name)}
+		if e, err := snap.Lookup(f.Name); err == nil {
+			f = e.Footprint
 		}
-	}
-	taken := map[string]bool{}
-	for _, id := range out {
-		taken[deviceplugin.DeviceOf(id)] = true
-	}
-	var first, twice []string
-	for _, d := range devs {
-		if !slices.Contains(available, d.ID) || slices.Contains(out, d.ID) {
-			continue
-		}
-		if dev := deviceplugin.DeviceOf(d.ID); !taken[dev] {
-			taken[dev] = true
-			first = append(first, d.ID)
-		} else {
-			twice = append(twice, d.ID)
-		}
-	}
-	slices.SortStableFunc(first, func(a, b string) int {
-		return used[deviceplugin.DeviceOf(a)] - used[deviceplugin.DeviceOf(b)]
-	})
-	for _, id := range append(first, twice...) {
-		if len(out) >= size {
-			break
-		}
-		out = append(out, id)
+		out = append(out, f)
 	}
 	return out
 }

@@ -102,14 +102,26 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses
 		return nil, 0, Considered{}, deny(RuleCount, fmt.Errorf("pod annotation %q: %w: asks for %d %s, but %d are free and %d held by other pods (of %d allowed by policy.devices)%s; they are free again when their pods are removed",
 			CountAnnotationKey, ErrDenied, count, kind, len(free), held, len(seen), why))
 	}
-	considered := Considered{Free: specs.Names(free), Passed: passed}
-	fixed, rest := leastUsed(free, used, count)
-	need := count - len(fixed)
-	if ch.Links == nil || count == 1 {
-		return append(fixed, rest[:need]...), 0, considered, nil
+	chosen, score := Pick(nil, free, used, count, ch.Links)
+	return chosen, score, Considered{Free: specs.Names(free), Passed: passed}, nil
+}
+
+// Pick is the one chooser, of a count request's devices and of the
+// device plugin's preferred allocation: it returns count of free
+// (count <= len(free)), used saying how many users each has, the least
+// used first; of those used alike, the set most closely connected to
+// each other and to had (devices the holder has already) where links is
+// known, else the first in order. It returns them (the least used
+// before the others, each in the order of free) and their score under
+// links (0 where it was not asked).
+func Pick(had, free []specs.Device, used []int, count int, links func(a, b specs.Device) int) ([]specs.Device, int) {
+	least, rest := leastUsed(free, used, count)
+	need := count - len(least)
+	if links == nil || count+len(had) < 2 {
+		return append(least, rest[:need]...), 0
 	}
-	best, score := Closest(fixed, rest, need, ch.Links)
-	return append(fixed, best...), score, considered, nil
+	best, score := Closest(slices.Concat(had, least), rest, need, links)
+	return append(least, best...), score
 }
 
 // leastUsed splits the least-used count devices of free (shared ones by
