@@ -15,10 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
-
-	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 // Want is a daemon a Manager is told to keep running.
@@ -65,8 +62,8 @@ type Start func(shm string, cmd *exec.Cmd) error
 // there, and a daemon started through "-d" is reparented to it.
 type Manager struct {
 	start Start
-	// lib is the NVML the GPUs' compute modes are set through.
-	lib func() nvml.Interface
+	// modes sets the GPUs' compute modes.
+	modes Modes
 
 	mu sync.Mutex
 	// kept are the daemons started or found answering, by directory.
@@ -82,10 +79,25 @@ type kept struct {
 	proc proc
 }
 
+// Modes sets a GPU's compute mode (nri-gpu's, through NVML).
+type Modes interface {
+	// Exclusive puts the GPU of uuid in Exclusive_Process compute mode,
+	// and returns the mode it was in ("" when it was in it already).
+	Exclusive(uuid string) (was string, err error)
+	// Default puts the GPU of uuid in the Default compute mode.
+	Default(uuid string) error
+}
+
+// ErrNoModes is wrapped by the error of a Modes that cannot set any
+// GPU's mode here (NVML cannot be loaded): a daemon is kept all the
+// same, since where NVML cannot be loaded neither can the daemon's own
+// driver libraries on a real node.
+var ErrNoModes = errors.New("compute modes cannot be set here")
+
 // NewManager returns a manager that starts daemons through start and
-// sets their GPUs' compute mode through the NVML lib returns.
-func NewManager(start Start, lib func() nvml.Interface) *Manager {
-	return &Manager{start: start, lib: lib, kept: map[string]*kept{}, exclusive: map[string]Want{}}
+// sets their GPUs' compute mode through modes.
+func NewManager(start Start, modes Modes) *Manager {
+	return &Manager{start: start, modes: modes, kept: map[string]*kept{}, exclusive: map[string]Want{}}
 }
 
 // Sync makes the daemons running those of want, as above, and returns
@@ -93,10 +105,9 @@ func NewManager(start Start, lib func() nvml.Interface) *Manager {
 // daemon is kept its GPU is put in Exclusive_Process compute mode (once
 // while the manager runs; the mode stays across restarts of nri-gpu),
 // so that a client that leaves MPS cannot have a context of its own
-// beside the server, unbounded: a GPU NVML does not put in it gets no
-// daemon. Where NVML cannot be loaded at all (nor, then, the daemon's
-// own driver libraries on a real node) the daemon is kept all the same,
-// and the error says to set the mode. A GPU no daemon is wanted for any
+// beside the server, unbounded: a GPU modes does not put in it gets no
+// daemon. Where no mode can be set here (ErrNoModes) the daemon is kept
+// all the same, and the error says to set the mode. A GPU no daemon is wanted for any
 // more (stopped, or never started) is put back in Default.
 func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 	m.mu.Lock()
@@ -110,7 +121,7 @@ func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 		wanted[w.Daemon.Dir] = true
 		if e, err := m.exclusiveMode(w); err != nil {
 			errs = append(errs, err)
-			if !errors.Is(err, nvidia.ErrNVML) {
+			if !errors.Is(err, ErrNoModes) {
 				continue
 			}
 		} else if e != nil {
@@ -184,7 +195,7 @@ func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 		}
 		w := m.exclusive[uuid]
 		delete(m.exclusive, uuid)
-		if _, err := nvidia.SetComputeMode(m.lib(), uuid, nvml.COMPUTEMODE_DEFAULT); err != nil {
+		if err := m.modes.Default(uuid); err != nil {
 			errs = append(errs, fmt.Errorf("GPU %s of %s, no longer shared with MPS, left in Exclusive_Process compute mode: %w", uuid, w.Device, err))
 			continue
 		}
@@ -195,25 +206,25 @@ func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 
 // exclusiveMode puts w's GPU in Exclusive_Process compute mode, unless
 // the manager did already, and returns the event of the change (nil
-// when there was none to make). An error wrapping nvidia.ErrNVML says
-// NVML cannot be loaded: the mode is left as it is.
+// when there was none to make). An error wrapping ErrNoModes says no
+// mode can be set here: the mode is left as it is.
 func (m *Manager) exclusiveMode(w Want) (*Event, error) {
 	uuid := w.Daemon.GPU
 	if _, done := m.exclusive[uuid]; uuid == "" || done {
 		return nil, nil // without a UUID no daemon is started, and Sync says why
 	}
-	was, err := nvidia.SetComputeMode(m.lib(), uuid, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
-	if errors.Is(err, nvidia.ErrNVML) {
+	was, err := m.modes.Exclusive(uuid)
+	if errors.Is(err, ErrNoModes) {
 		return nil, fmt.Errorf("device %q: its GPU's compute mode is left as it is (%w): put it in Exclusive_Process (nvidia-smi -i %s -c EXCLUSIVE_PROCESS), which keeps a client from leaving MPS", w.Device, err, uuid)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("MPS daemon of %s not started: its GPU is not put in Exclusive_Process compute mode, which keeps a client from leaving MPS: %w", w.Device, err)
 	}
 	m.exclusive[uuid] = w
-	if was == nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
+	if was == "" {
 		return nil, nil
 	}
-	return &Event{What: Exclusive, Want: w, Was: nvidia.ModeName(was)}, nil
+	return &Event{What: Exclusive, Want: w, Was: was}, nil
 }
 
 // proc is a process known by its pid and its start time (so that a pid

@@ -2,16 +2,16 @@ package mps_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu/nri-gpu/internal/mpsstandin"
@@ -53,27 +53,52 @@ func modesDone(events []mps.Event) []string {
 	return out
 }
 
-// gpusOf returns NVML (go-nvml's mock) knowing a GPU by each of uuids,
-// each in the Default compute mode until set, and those GPUs by UUID.
-func gpusOf(uuids ...string) (func() nvml.Interface, map[string]nvml.Device) {
-	s := testutil.NVML(len(uuids))
-	byUUID := map[string]nvml.Device{}
-	for i, u := range uuids {
-		byUUID[u] = s.Devices[i]
-	}
-	s.DeviceGetHandleByUUIDFunc = func(u string) (nvml.Device, nvml.Return) {
-		if d, ok := byUUID[u]; ok {
-			return d, nvml.SUCCESS
-		}
-		return nil, nvml.ERROR_NOT_FOUND
-	}
-	return func() nvml.Interface { return s }, byUUID
+// modes is a fake mps.Modes: each GPU's compute mode by UUID (none
+// set: Default), and the error Exclusive returns where err is set.
+type modes struct {
+	mu   sync.Mutex
+	mode map[string]string
+	err  error
 }
 
-// mode returns a GPU's compute mode.
-func mode(d nvml.Device) nvml.ComputeMode {
-	m, _ := d.GetComputeMode()
-	return m
+var _ mps.Modes = (*modes)(nil)
+
+func newModes() *modes { return &modes{mode: map[string]string{}} }
+
+func (m *modes) Exclusive(uuid string) (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return "", m.err
+	}
+	was := m.of(uuid)
+	m.mode[uuid] = "Exclusive_Process"
+	if was == "Exclusive_Process" {
+		return "", nil
+	}
+	return was, nil
+}
+
+func (m *modes) Default(uuid string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.mode[uuid] = "Default"
+	return nil
+}
+
+// of returns the GPU's mode, under m.mu.
+func (m *modes) of(uuid string) string {
+	if mode, ok := m.mode[uuid]; ok {
+		return mode
+	}
+	return "Default"
+}
+
+// modeOf returns the GPU's mode.
+func (m *modes) modeOf(uuid string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.of(uuid)
 }
 
 // gone reports whether process pid has left no trace: neither running
@@ -97,8 +122,7 @@ func managed(t *testing.T) (mps.Daemon, mps.Want, *mps.Manager) {
 	d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu"), GPU: "GPU-1234"}
 	t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
 	want := mps.Want{Device: "nvidia.com/gpu=0", Daemon: d, Limits: mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1024}}
-	lib, _ := gpusOf("GPU-1234")
-	return d, want, mps.NewManager(inShm, lib)
+	return d, want, mps.NewManager(inShm, newModes())
 }
 
 // TestManager: told a daemon is wanted, the manager starts it with its
@@ -172,8 +196,7 @@ func TestManager(t *testing.T) {
 // nothing to stop once it is no longer wanted).
 func TestManagerCannotStart(t *testing.T) {
 	ctx := context.Background()
-	lib, _ := gpusOf("GPU-1")
-	m := mps.NewManager(inShm, lib)
+	m := mps.NewManager(inShm, newModes())
 	noUUID := mps.Want{Device: "nvidia.com/gpu=1", Daemon: mps.Daemon{Control: "/nonexistent", Dir: filepath.Join(t.TempDir(), "x")}}
 	events, errs := m.Sync(ctx, []mps.Want{noUUID})
 	if len(events) > 0 || len(errs) != 1 {
@@ -216,8 +239,8 @@ func TestManagerManyDaemons(t *testing.T) {
 	a, c, d := daemon("a"), daemon("c"), daemon("d")
 	noUUID := mps.Want{Device: "nvidia.com/gpu=b", Daemon: mps.Daemon{Control: ctl, Dir: filepath.Join(root, "b")}}
 	cannotStart := mps.Want{Device: "nvidia.com/gpu=e", Daemon: mps.Daemon{Control: "/nonexistent", Dir: filepath.Join(root, "e"), GPU: "GPU-e"}}
-	lib, _ := gpusOf("GPU-a", "GPU-c", "GPU-d", "GPU-e")
-	m := mps.NewManager(inShm, lib)
+	gpus := newModes()
+	m := mps.NewManager(inShm, gpus)
 	events, errs := m.Sync(ctx, []mps.Want{noUUID, cannotStart, a})
 	if len(errs) != 2 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=a"}) {
 		t.Fatalf("no UUID, cannot start, then a: %v, %v; want two errors and a started", whats(events), errs)
@@ -236,7 +259,7 @@ func TestManagerManyDaemons(t *testing.T) {
 	// control program is gone); c after it is started.
 	broken := a
 	broken.Daemon.Control = "/nonexistent"
-	events, errs = mps.NewManager(inShm, lib).Sync(ctx, []mps.Want{broken, c})
+	events, errs = mps.NewManager(inShm, gpus).Sync(ctx, []mps.Want{broken, c})
 	if len(errs) != 1 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=c"}) {
 		t.Errorf("a's limits not set, then c: %v, %v; want one error and c started", whats(events), errs)
 	}
@@ -247,31 +270,30 @@ func TestManagerManyDaemons(t *testing.T) {
 
 // TestManagerComputeMode: a daemon's GPU is in Exclusive_Process while
 // the manager keeps it, and back in Default once it is stopped; a GPU
-// NVML does not put in Exclusive_Process gets no daemon; where NVML
-// cannot be loaded the daemon is started all the same, the error saying
-// to set the mode.
+// not put in Exclusive_Process gets no daemon; where no mode can be set
+// (no NVML) the daemon is started all the same, the error saying to set
+// the mode.
 func TestManagerComputeMode(t *testing.T) {
 	ctx := context.Background()
 	d, want, _ := managed(t)
-	lib, gpus := gpusOf("GPU-1234")
-	gpu := gpus["GPU-1234"]
-	m := mps.NewManager(inShm, lib)
+	gpus := newModes()
+	m := mps.NewManager(inShm, gpus)
 	if _, errs := m.Sync(ctx, []mps.Want{want}); len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	if mode(gpu) != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
-		t.Errorf("kept: GPU in mode %d, want Exclusive_Process", mode(gpu))
+	if got := gpus.modeOf("GPU-1234"); got != "Exclusive_Process" {
+		t.Errorf("kept: GPU in %s, want Exclusive_Process", got)
 	}
 	if _, errs := m.Sync(ctx, nil); len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	if mode(gpu) != nvml.COMPUTEMODE_DEFAULT {
-		t.Errorf("stopped: GPU in mode %d, want Default", mode(gpu))
+	if got := gpus.modeOf("GPU-1234"); got != "Default" {
+		t.Errorf("stopped: GPU in %s, want Default", got)
 	}
 
-	// NVML refuses the mode: no daemon.
-	refusing, byUUID := gpusOf("GPU-1234")
-	byUUID["GPU-1234"].(*dgxa100.Device).SetComputeModeFunc = func(nvml.ComputeMode) nvml.Return { return nvml.ERROR_NO_PERMISSION }
+	// The mode refused: no daemon.
+	refusing := newModes()
+	refusing.err = errors.New("NVML: ERROR_NO_PERMISSION")
 	events, errs := mps.NewManager(inShm, refusing).Sync(ctx, []mps.Want{want})
 	if len(events) > 0 || len(errs) != 1 {
 		t.Fatalf("mode refused: %v, %v; want one error and nothing done", whats(events), errs)
@@ -281,16 +303,16 @@ func TestManagerComputeMode(t *testing.T) {
 		t.Error("a daemon runs on a GPU not in Exclusive_Process")
 	}
 
-	// NVML cannot be loaded: started, and told.
-	absent := &dgxa100.Server{}
-	absent.InitFunc = func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
-	m = mps.NewManager(inShm, func() nvml.Interface { return absent })
+	// No mode can be set here: started, and told.
+	absent := newModes()
+	absent.err = fmt.Errorf("%w: NVML: ERROR_LIBRARY_NOT_FOUND", mps.ErrNoModes)
+	m = mps.NewManager(inShm, absent)
 	events, errs = m.Sync(ctx, []mps.Want{want})
 	if len(errs) != 1 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=0"}) {
 		t.Fatalf("without NVML: %v, %v; want started and one error", whats(events), errs)
 	}
 	testutil.ErrorSays(t, errs[0], "compute mode is left as it is", "nvidia-smi -i GPU-1234 -c EXCLUSIVE_PROCESS")
-	if _, errs := m.Sync(ctx, nil); len(errs) > 0 {
-		t.Errorf("stopping without NVML: %v (the manager did not set the mode, and leaves it)", errs)
+	if _, errs := m.Sync(ctx, nil); len(errs) > 0 || absent.modeOf("GPU-1234") != "Default" {
+		t.Errorf("stopping without NVML: %v, mode %s (the manager did not set it, and leaves it)", errs, absent.modeOf("GPU-1234"))
 	}
 }

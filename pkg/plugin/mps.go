@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/sirupsen/logrus"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 // mpsGPU is an MPS-shared GPU: its daemon, and what bounds each client.
@@ -261,6 +263,32 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 	for _, msg := range appeared {
 		p.log.Warn(msg)
 	}
+}
+
+var _ mps.Modes = nvmlModes{}
+
+// nvmlModes sets GPUs' compute modes through NVML, for the MPS manager.
+type nvmlModes struct{ lib func() nvml.Interface }
+
+// Exclusive puts the GPU in Exclusive_Process; an NVML that cannot be
+// loaded is mps.ErrNoModes.
+func (m nvmlModes) Exclusive(uuid string) (string, error) {
+	was, err := nvidia.SetComputeMode(m.lib(), uuid, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
+	switch {
+	case errors.Is(err, nvidia.ErrNVML):
+		return "", fmt.Errorf("%w: %w", mps.ErrNoModes, err)
+	case err != nil:
+		return "", err
+	case was == nvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
+		return "", nil
+	}
+	return nvidia.ModeName(was), nil
+}
+
+// Default puts the GPU back in the Default compute mode.
+func (m nvmlModes) Default(uuid string) error {
+	_, err := nvidia.SetComputeMode(m.lib(), uuid, nvml.COMPUTEMODE_DEFAULT)
+	return err
 }
 
 // keepMPSDaemons runs keepMPS at once, then every start.mps.checkInterval,

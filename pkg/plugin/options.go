@@ -59,5 +59,5 @@ func WithRecord(path string) Option {
 // runs the command it is given with shm as its /dev/shm (by default
 // nri-gpu's mps-shm command, in a mount namespace of its own).
 func WithMPSStart(start mps.Start) Option {
-	return func(p *Plugin) { p.mps = mps.NewManager(start, p.nvmlLib) }
+	return func(p *Plugin) { p.mps = mps.NewManager(start, nvmlModes{p.nvmlLib}) }
 }

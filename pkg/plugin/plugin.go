@@ -133,10 +133,10 @@ type state struct {
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
 	p := &Plugin{log: log, alloc: policy.NewAllocations()}
-	p.mps = mps.NewManager(nil, p.nvmlLib)
+	p.mps = mps.NewManager(nil, nvmlModes{p.nvmlLib})
 	if self, err := os.Executable(); err == nil {
 		p.hookPath = self
-		p.mps = mps.NewManager(startInShm(self), p.nvmlLib)
+		p.mps = mps.NewManager(startInShm(self), nvmlModes{p.nvmlLib})
 	}
 	for _, o := range opts {
 		o(p)
