@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
@@ -483,7 +485,8 @@ func killDRADriver(t *testing.T, n *harness.Node) {
 }
 
 // draDriver returns the pid of node n's nri-gpu-dra (0 when none runs):
-// the process of that program whose --node-name is n's.
+// the process of that program whose options (link.Options, handed whole)
+// name n.
 func draDriver(t *testing.T, n *harness.Node) int {
 	t.Helper()
 	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
@@ -496,7 +499,11 @@ func draDriver(t *testing.T, n *harness.Node) int {
 			continue
 		}
 		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if filepath.Base(args[0]) == "nri-gpu-dra" && slices.Contains(args, "--node-name="+n.Name) {
+		if filepath.Base(args[0]) != "nri-gpu-dra" || len(args) < 2 {
+			continue
+		}
+		opts, err := link.ParseOptions(args[1:], io.Discard)
+		if err == nil && opts.Node == n.Name {
 			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
 			return pid
 		}
