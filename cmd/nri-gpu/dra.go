@@ -28,29 +28,32 @@ const driverProgram = "nri-gpu-dra"
 // again.
 const driverRestart = 5 * time.Second
 
-// startDRA starts nri-gpu's DRA driver, a process of its own (Kubernetes'
-// client is paid for only here), served p's specs and pool over the link,
-// and has p inject the claims its containers use. It returns an error for
-// a configuration that cannot work (no node name, no driver program);
-// a driver that quits is started again, but one whose own configuration
-// cannot work (no credentials for the API server) stops nri-gpu, through
-// fail.
-func startDRA(ctx context.Context, opts link.Options, p *plugin.Plugin, stderr io.Writer, log logrus.FieldLogger, fail context.CancelCauseFunc) error {
+// draDriver returns the option that has the plugin use nri-gpu's DRA
+// driver, a process of its own (Kubernetes' client is paid for only
+// there) served the plugin's specs and pool over the link, for the claims
+// its containers use; and run, which runs the driver until ctx is done. It
+// returns an error for a configuration that cannot work (no node name, no
+// driver program); a driver that quits is started again, but one whose
+// own configuration cannot work (no credentials for the API server) stops
+// nri-gpu, through fail.
+func draDriver(opts link.Options, stderr io.Writer, log logrus.FieldLogger, fail context.CancelCauseFunc) (plugin.Option, func(context.Context), error) {
 	opts.Node = opts.DRA.NodeName
 	if opts.Node == "" {
 		opts.Node = os.Getenv(nodeNameEnv)
 	}
 	if opts.Node == "" {
-		return fmt.Errorf("dra: no node name: set dra.nodeName or the %s environment variable", nodeNameEnv)
+		return nil, nil, fmt.Errorf("dra: no node name: set dra.nodeName or the %s environment variable", nodeNameEnv)
 	}
 	path, err := driverPath()
 	if err != nil {
-		return fmt.Errorf("dra: %w", err)
+		return nil, nil, fmt.Errorf("dra: %w", err)
 	}
-	proc := link.NewProcess(path, opts.Args(), stderr, p.DRAView(opts.DRA))
-	p.UseClaims(proc)
-	p.OnHeldChange(proc.Notify)
-	go func() {
+	var proc *link.Process
+	open := func(view *plugin.DRAView) plugin.DRADriver {
+		proc = link.NewProcess(path, opts.Args(), stderr, view)
+		return proc
+	}
+	run := func(ctx context.Context) {
 		for {
 			err := proc.Run(ctx)
 			if ctx.Err() != nil {
@@ -67,8 +70,8 @@ func startDRA(ctx context.Context, opts link.Options, p *plugin.Plugin, stderr i
 			case <-time.After(driverRestart):
 			}
 		}
-	}()
-	return nil
+	}
+	return plugin.WithDRA(opts.DRA, open), run, nil
 }
 
 // driverPath finds the DRA driver's program.

@@ -81,6 +81,26 @@ func runPlugin(args []string, stderr io.Writer) int {
 		m = metrics.New()
 		popts = append(popts, plugin.WithMetrics(m))
 	}
+	// Device-plugin mode: each resource served to kubelet beside the NRI
+	// side, over the same specs and pool.
+	var doors []func(context.Context)
+	dp := cfg.Start.DevicePlugin
+	for _, r := range dp.Resources {
+		popts = append(popts, plugin.WithDevicePlugin(r, func(res *plugin.Resource) plugin.Door {
+			d := deviceplugin.New(r, dp.KubeletDir, dp.CDIDevices, res, log)
+			doors = append(doors, func(ctx context.Context) { _ = d.Run(ctx) })
+			return d
+		}))
+	}
+	if cfg.Start.DRA.Enabled {
+		opts := link.Options{DRA: cfg.Start.DRA, LogLevel: *logLevel, LogFormat: *logFormat}
+		opt, run, err := draDriver(opts, stderr, log, fail)
+		if err != nil {
+			fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
+			return exitUsage
+		}
+		popts, doors = append(popts, opt), append(doors, run)
+	}
 	p, err := plugin.New(cfg, log, popts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
@@ -114,21 +134,10 @@ func runPlugin(args []string, stderr io.Writer) int {
 		}
 		go watchConfig(ctx, *flags.file, d, load, p, hup, configReloadInterval, log, m.ConfigLoaded)
 	}
-	// Device-plugin mode: each resource served to kubelet beside the NRI
-	// side, over the same specs and pool.
-	dp := cfg.Start.DevicePlugin
-	for _, r := range dp.Resources {
-		d := deviceplugin.New(r, dp.KubeletDir, dp.CDIDevices, p.Resource(r), log)
-		p.OnHeldChange(d.Notify)
-		go func() { _ = d.Run(ctx) }()
-	}
-
-	if cfg.Start.DRA.Enabled {
-		opts := link.Options{DRA: cfg.Start.DRA, LogLevel: *logLevel, LogFormat: *logFormat}
-		if err := startDRA(ctx, opts, p, stderr, log, fail); err != nil {
-			fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
-			return exitUsage
-		}
+	// The doors beside the runtime's requests, run once the plugin is
+	// built and until ctx is done.
+	for _, run := range doors {
+		go run(ctx)
 	}
 
 	if err := p.Serve(ctx, stubOptions(fs, *name, *idx, *socketPath)...); err != nil {

@@ -145,7 +145,7 @@ func TestClaimsByCapacity(t *testing.T) {
 func TestMPSClaimLimits(t *testing.T) {
 	ctl, root := standin(t), testutil.ShortDir(t)
 	f := &finder{uses: map[string][]link.ClaimUse{"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}}}}
-	r := runtimeSetUp(t, "v1.7.35", strings.Replace(mpsConfig(ctl, root, "external", "2Gi"), "  exclusive: true\n", "  exclusive: true\n  namespaces: [tenant]\n", 1), func(p *plugin.Plugin) { p.UseClaims(f) })
+	r := runtimeSetUp(t, "v1.7.35", strings.Replace(mpsConfig(ctl, root, "external", "2Gi"), "  exclusive: true\n", "  exclusive: true\n  namespaces: [tenant]\n", 1), func() []plugin.Option { return []plugin.Option{claimsOf(f)} })
 	gpu0 := root + "/0"
 	d := mps.Daemon{Control: ctl, Dir: gpu0}
 	t.Cleanup(func() { quitAll(root) })

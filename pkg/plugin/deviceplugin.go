@@ -31,11 +31,6 @@ type Resource struct {
 // Resource returns the devices of extended resource r.
 func (p *Plugin) Resource(r config.Resource) *Resource { return &Resource{p: p, cfg: r} }
 
-// OnHeldChange has f called whenever what pods hold changes (a device
-// plugin then tells kubelet which devices it may hand out). It must be
-// called before Serve.
-func (p *Plugin) OnHeldChange(f func()) { p.onHeld = append(p.onHeld, f) }
-
 // Devices returns the resource's devices: each device of its kind whose
 // name matches its globs and that policy.devices allows, one name per
 // device (the first of a GPU's names: its index before its UUID), not

@@ -17,11 +17,6 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
-// UseClaims has the plugin inject the devices of the prepared DRA claims
-// that f (the DRA driver) says a container uses. It must be called before
-// Serve.
-func (p *Plugin) UseClaims(f link.Finder) { p.claims = f }
-
 // claimDevices returns the UIDs of the prepared claims the container
 // uses, and their devices (those of the requests it names). Without DRA,
 // and for a pod with no claims, there are none. A claim the container

@@ -27,6 +27,17 @@ import (
 
 // finder is the API server's answer, as a test sets it: the claims each
 // container ("pod/container") uses, or an error for the pod.
+// claimsOf has the plugin use f as its DRA driver, for the claims its
+// containers use.
+func claimsOf(f link.Finder) plugin.Option {
+	return plugin.WithDRA(config.Default().Start.DRA, func(*plugin.DRAView) plugin.DRADriver { return notified{f} })
+}
+
+// notified is a finder as a DRA driver that is told nothing.
+type notified struct{ link.Finder }
+
+func (notified) Notify() {}
+
 type finder struct {
 	mu   sync.Mutex
 	uses map[string][]link.ClaimUse
@@ -84,7 +95,7 @@ var claimC = policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []
 // on GPU 1.
 func claimRuntime(t *testing.T, containerdVersion string, f *finder) *testRuntime {
 	t.Helper()
-	r := runtimeSetUp(t, containerdVersion, "policy: {exclusive: true, namespaces: [tenant]}", func(p *plugin.Plugin) { p.UseClaims(f) })
+	r := runtimeSetUp(t, containerdVersion, "policy: {exclusive: true, namespaces: [tenant]}", func() []plugin.Option { return []plugin.Option{claimsOf(f)} })
 	prepare(t, r, claimC, "nvidia.com/gpu=1")
 	return r
 }

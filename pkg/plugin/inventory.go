@@ -72,8 +72,8 @@ func (p *Plugin) keepWatchingHealth(ctx context.Context) {
 			p.log.WithField("gpu", node).Info("GPU healthy again")
 		}
 		p.metrics.UnhealthyGPUs(len(m.Unhealthies()))
-		for _, f := range p.onHeld {
-			f()
+		for _, d := range p.doors {
+			d.Notify()
 		}
 	}
 	p.hw.health.Store(m)

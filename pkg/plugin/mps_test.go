@@ -183,9 +183,8 @@ func TestMPSManaged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := runtimeSetUp(t, "v2.3.7", mpsConfig(ctl, root, "managed", ""), func(p *plugin.Plugin) {
-		plugin.WithNVML(lib)(p)
-		plugin.WithMPSStart(startedInDir)(p)
+	r := runtimeSetUp(t, "v2.3.7", mpsConfig(ctl, root, "managed", ""), func() []plugin.Option {
+		return []plugin.Option{plugin.WithNVML(lib), plugin.WithMPSStart(startedInDir)}
 	})
 	dirOf := func(i int) string { return filepath.Join(root, inv.GPUs[i].UUID) }
 	running := func(i int) bool { return (mps.Daemon{Dir: dirOf(i)}).Running(context.Background()) == nil }
@@ -275,9 +274,8 @@ func TestMPSComputeModeRefused(t *testing.T) {
 		tried.Add(1)
 		return nvml.ERROR_NO_PERMISSION
 	}
-	r := runtimeSetUp(t, "v2.3.7", mpsConfig(ctl, root, "managed", ""), func(p *plugin.Plugin) {
-		plugin.WithNVML(lib)(p)
-		plugin.WithMPSStart(startedInDir)(p)
+	r := runtimeSetUp(t, "v2.3.7", mpsConfig(ctl, root, "managed", ""), func() []plugin.Option {
+		return []plugin.Option{plugin.WithNVML(lib), plugin.WithMPSStart(startedInDir)}
 	})
 	t.Cleanup(func() { quitAll(root) })
 	testutil.Within(t, 10*time.Second, "the compute mode asked for", func() bool { return tried.Load() > 0 })
@@ -412,10 +410,8 @@ func TestClaimOwnMPS(t *testing.T) {
 		"a/mps-ctr": {{UID: "uid-c", Namespace: "tenant", Name: "c", Requests: []string{"mps-gpu"}}},
 		"w/ctr":     {{UID: "uid-w", Namespace: "tenant", Name: "w"}},
 	}}
-	r := runtimeSetUp(t, "v2.3.7", unshared("managed"), func(p *plugin.Plugin) {
-		plugin.WithNVML(lib)(p)
-		plugin.WithMPSStart(startedInDir)(p)
-		p.UseClaims(f)
+	r := runtimeSetUp(t, "v2.3.7", unshared("managed"), func() []plugin.Option {
+		return []plugin.Option{plugin.WithNVML(lib), plugin.WithMPSStart(startedInDir), claimsOf(f)}
 	})
 	t.Cleanup(func() { quitAll(root) })
 	view := r.plugin.DRAView(config.Default().Start.DRA)
@@ -497,7 +493,7 @@ func TestClaimOwnMPS(t *testing.T) {
 	wantClient(t, adj, dirOf(1), 100, int64(inv.GPUs[1].MemoryBytes>>20))
 
 	// nri-gpu does not run the daemons: refused, nothing held.
-	r = runtimeSetUp(t, "v2.3.7", unshared("external"), func(p *plugin.Plugin) { plugin.WithNVML(lib)(p) })
+	r = runtimeSetUp(t, "v2.3.7", unshared("external"), func() []plugin.Option { return []plugin.Option{plugin.WithNVML(lib)} })
 	view = r.plugin.DRAView(config.Default().Start.DRA)
 	err = view.Prepare(context.Background(), policy.Claim{UID: "uid-e", Namespace: "tenant", Name: "e"}, []link.Allocated{
 		{CDI: "nvidia.com/gpu=0", Requests: []string{"gpu"}, GpuConfig: mpsAsked},
@@ -523,9 +519,8 @@ func TestClaimOwnMPSUndone(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := "policy: {exclusive: true, namespaces: [tenant]}\nmps: {daemon: managed, controlCommand: " + ctl + ", root: " + root + ", checkInterval: 1h}\n"
-	r := runtimeSetUp(t, "v2.3.7", cfg, func(p *plugin.Plugin) {
-		plugin.WithNVML(lib)(p)
-		plugin.WithMPSStart(startedInDir)(p)
+	r := runtimeSetUp(t, "v2.3.7", cfg, func() []plugin.Option {
+		return []plugin.Option{plugin.WithNVML(lib), plugin.WithMPSStart(startedInDir)}
 	})
 	t.Cleanup(func() { quitAll(root) })
 	view := r.plugin.DRAView(config.Default().Start.DRA)

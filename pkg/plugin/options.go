@@ -6,6 +6,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/nri-gpu/nri-gpu/pkg/access"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
@@ -60,4 +62,40 @@ func WithRecord(path string) Option {
 // nri-gpu's mps-shm command, in a mount namespace of its own).
 func WithMPSStart(start mps.Start) Option {
 	return func(p *Plugin) { p.mps = mps.NewManager(start, nvmlModes{p.nvmlLib}) }
+}
+
+// A Door is a way to the pool beside the runtime's requests (a device
+// plugin, the DRA driver), told whenever what pods hold changes (a
+// device plugin then tells kubelet which devices it may hand out).
+type Door interface{ Notify() }
+
+// A DRADriver is the DRA driver as the plugin uses it: a door that also
+// says which prepared claims a container uses.
+type DRADriver interface {
+	Door
+	link.Finder
+}
+
+// WithDevicePlugin has New open a device plugin for extended resource r
+// over the plugin it builds (open is given the resource's devices as the
+// plugin knows them), and tell it whenever what pods hold changes.
+func WithDevicePlugin(r config.Resource, open func(*Resource) Door) Option {
+	return func(p *Plugin) {
+		p.opening = append(p.opening, func() { p.doors = append(p.doors, open(p.Resource(r))) })
+	}
+}
+
+// WithDRA has New open the DRA driver configured by cfg over the plugin
+// it builds (open is given the driver's view of the devices and pool),
+// inject the devices of the prepared claims the driver says a container
+// uses, and tell it whenever what pods hold changes. Without it, no
+// container gets a claim's devices.
+func WithDRA(cfg config.DRA, open func(*DRAView) DRADriver) Option {
+	return func(p *Plugin) {
+		p.opening = append(p.opening, func() {
+			d := open(p.DRAView(cfg))
+			p.claims = d
+			p.doors = append(p.doors, d)
+		})
+	}
 }

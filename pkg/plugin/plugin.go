@@ -83,8 +83,11 @@ type Plugin struct {
 	// metrics is nil when metrics are off.
 	metrics *metrics.Metrics
 
-	// onHeld are called whenever what pods hold changes.
-	onHeld []func()
+	// doors are told whenever what pods hold changes; opening opens
+	// them, once New has built the plugin (the options' part that
+	// needs it).
+	doors   []Door
+	opening []func()
 	// recovered are the pods of the last Synchronize, whose end the
 	// runtime may tell only through their containers' removal.
 	recovered recovered
@@ -167,6 +170,10 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 		}
 		p.rec.pending, p.rec.restoring = pods, true
 	}
+	for _, open := range p.opening {
+		open()
+	}
+	p.opening = nil
 	return p, nil
 }
 

@@ -77,7 +77,7 @@ type testRuntime struct {
 	// accessDir is the plugin's --access-dir; none when empty.
 	accessDir string
 	// setup, when set, is called with each plugin before it serves.
-	setup func(*plugin.Plugin)
+	options func() []plugin.Option
 	// plugin is the plugin connected last.
 	plugin *plugin.Plugin
 
@@ -101,11 +101,11 @@ func runtimeOf(t *testing.T, containerdVersion, cfgYAML string) *testRuntime {
 	return runtimeSetUp(t, containerdVersion, cfgYAML, nil)
 }
 
-// runtimeSetUp is runtimeOf, with setup called with each plugin before it
-// serves.
-func runtimeSetUp(t *testing.T, containerdVersion, cfgYAML string, setup func(*plugin.Plugin)) *testRuntime {
+// runtimeSetUp is runtimeOf, with each plugin built with the options
+// that options returns then, beside the test runtime's own.
+func runtimeSetUp(t *testing.T, containerdVersion, cfgYAML string, options func() []plugin.Option) *testRuntime {
 	t.Helper()
-	return runtimeWith(t, containerdVersion, cfgYAML, func(r *testRuntime) { r.setup = setup })
+	return runtimeWith(t, containerdVersion, cfgYAML, func(r *testRuntime) { r.options = options })
 }
 
 // runtimeWith is runtimeOf, with tune called with the runtime before
@@ -191,12 +191,12 @@ func (r *testRuntime) connect(t *testing.T, cfgYAML string) (stop func()) {
 	if r.accessDir != "" {
 		opts = append(opts, plugin.WithAccessDir(r.accessDir))
 	}
+	if r.options != nil {
+		opts = append(opts, r.options()...)
+	}
 	p, err := plugin.New(cfg, log, opts...)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if r.setup != nil {
-		r.setup(p)
 	}
 	r.plugin = p
 	ctx, cancel := context.WithCancel(context.Background())
@@ -1187,11 +1187,12 @@ func TestRecoveredPodKeepsItsGPUWhileAContainerIsCreated(t *testing.T) {
 	const cfg = "policy: {exclusive: true}"
 	g := &gate{pod: "one", entered: make(chan struct{}), let: make(chan struct{})}
 	open := true
-	r := runtimeSetUp(t, "v1.7.35", cfg, func(p *plugin.Plugin) {
-		if !open {
-			p.UseClaims(g) // the nri-gpu after the restart
+	r := runtimeSetUp(t, "v1.7.35", cfg, func() []plugin.Option {
+		if open {
+			open = false
+			return nil
 		}
-		open = false
+		return []plugin.Option{claimsOf(g)} // the nri-gpu after the restart
 	})
 	one := &api.PodSandbox{Id: "id-one", Name: "one", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
 	main := &api.Container{Id: "one-main", PodSandboxId: one.Id, Name: "main", Linux: &api.LinuxContainer{}}

@@ -242,8 +242,8 @@ func (p *Plugin) saveAndNotify() error {
 	}
 	p.metrics.DevicesHeld(p.alloc.Count()) // nil metrics: nothing
 	p.metrics.RecordRebuilt(p.rec.lost.Load() || p.alloc.Rebuilt() > 0)
-	for _, f := range p.onHeld {
-		f()
+	for _, d := range p.doors {
+		d.Notify()
 	}
 	return err
 }
