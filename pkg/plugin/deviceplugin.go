@@ -117,7 +117,7 @@ func (r *Resource) Preferred(available, mustInclude []string, size int) []string
 		}
 	}
 	if want := min(size-len(out), len(free)); want > 0 {
-		chosen, _ := policy.Pick(r.footprints(had), r.footprints(free), used, want, r.p.links())
+		chosen, _ := policy.Pick(r.footprints(had), r.footprints(free), used, want, r.p.hw.links())
 		for _, d := range chosen {
 			_, _, dev := parser.ParseDevice(d.Name)
 			out = append(out, replica[dev])

@@ -100,7 +100,7 @@ func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
 				continue
 			}
 			info := c.info(snap, kind, cand)
-			info.Unhealthy = c.p.sickness(snap, cand)
+			info.Unhealthy = c.p.hw.sickness(snap, cand)
 			if offer, ok := c.p.alloc.Offer(st.policy, cand, policy.DRA); ok {
 				info.Offer = &offer
 			}
@@ -133,7 +133,7 @@ func (c *DRAView) info(snap *specs.Snapshot, kind string, d specs.Device) link.I
 	// A MIG device's node /dev/nvidiaN is its GPU's: it has the GPU's
 	// product, versions and PCI address (as NVIDIA's DRA driver gives
 	// them), its own UUID and memory.
-	if g, ok := c.p.gpus()[info.Minor]; ok {
+	if g, ok := c.p.hw.gpus()[info.Minor]; ok {
 		info.ProductName, info.Brand, info.Architecture = g.Model, g.Brand, g.Architecture
 		info.DriverVersion, info.CUDAComputeCapability = g.driverVersion, g.CUDAComputeCapability
 		info.PCIBusID = g.PCIBusID
@@ -185,7 +185,7 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	admitted, err := c.p.alloc.AdmitClaim(st.policy, claim, devs, c.p.unhealthy())
+	admitted, err := c.p.alloc.AdmitClaim(st.policy, claim, devs, c.p.hw.unhealthy())
 	if err != nil || admitted == nil {
 		return err // refused, or kubelet asked again: nothing new to record
 	}

@@ -32,7 +32,7 @@ func (p *Plugin) keepGenerating(ctx context.Context) {
 				continue
 			}
 		}
-		lib := p.nvmlLib()
+		lib := p.hw.lib()
 		dir := st.cfg.CDISpecDirs[len(st.cfg.CDISpecDirs)-1]
 		path := filepath.Join(dir, GeneratedSpecName)
 		fingerprint, err := p.generate(lib, path, last)

@@ -16,96 +16,25 @@ import (
 	"sync/atomic"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/sirupsen/logrus"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
-// unhealthy says why a device's GPU is unhealthy, or returns nil where
-// nri-gpu watches no GPU (no NVML): every device is then healthy.
-func (p *Plugin) unhealthy() func(specs.Device) error {
-	if m := p.hw.health.Load(); m != nil {
-		return m.Unhealthy
-	}
-	return nil
-}
-
-// nvmlLib returns the NVML spec generation, health and topology ask: the
-// one given (tests), else the driver's under start.driverRoot.
-func (p *Plugin) nvmlLib() nvml.Interface {
-	if p.hw.nvml != nil {
-		return p.hw.nvml
-	}
-	return nvidia.Library(p.start.DriverRoot)
-}
-
-// CheckHealth looks once at the NVIDIA GPUs' health (a GPU a check finds
-// lost), for a plugin that does not Serve (nri-gpu explain); without
-// NVML it does nothing.
-func (p *Plugin) CheckHealth() {
-	m, err := nvidia.NewMonitor(p.nvmlLib())
-	if err != nil {
-		return
-	}
-	m.Check()
-	m.Close() // what it found stays
-	p.hw.health.Store(m)
-}
-
-// keepWatchingHealth watches the NVIDIA GPUs' health through NVML until
-// ctx is done; without NVML it says that it takes every GPU as healthy.
-func (p *Plugin) keepWatchingHealth(ctx context.Context) {
-	m, err := nvidia.NewMonitor(p.nvmlLib())
-	if err != nil {
-		p.log.Infof("GPU health not watched (%v): every device is taken as healthy", err)
-		return
-	}
-	defer m.Close()
-	m.RecoverAfter = p.start.Health.RecoverAfter
-	m.OnChange = func(node, why string) {
-		if why != "" {
-			p.log.WithField("gpu", node).Warnf("GPU unhealthy: %s", why)
-		} else {
-			p.log.WithField("gpu", node).Info("GPU healthy again")
-		}
-		p.metrics.UnhealthyGPUs(len(m.Unhealthies()))
-		for _, d := range p.doors {
-			d.Notify()
-		}
-	}
-	p.hw.health.Store(m)
-	defer p.hw.health.Store(nil)
-	p.log.Infof("watching the health of NVIDIA GPUs (critical Xid events, a check every %s)", p.start.Health.Interval)
-	m.Run(ctx, p.start.Health.Interval)
-}
-
-// links returns how closely two devices are connected, from the GPU
-// topology NVML reports (asked once), or nil where NVML cannot be had:
-// count requests then take free devices in spec order.
-func (p *Plugin) links() func(a, b specs.Device) int {
-	p.hw.topologyOnce.Do(func() {
-		t, err := nvidia.DiscoverTopology(p.nvmlLib())
-		if err != nil {
-			p.log.Infof("GPU topology unknown (%v): count requests take free devices in spec order", err)
-			return
-		}
-		p.log.Infof("GPU topology of %d pairs known: count requests take the most closely connected free devices", len(t))
-		p.hw.topology = t
-	})
-	if p.hw.topology == nil {
-		return nil
-	}
-	return p.hw.topology.Links
-}
-
 // inventory is what NVML says of the node's GPUs: facts and topology,
-// asked once, and health, watched.
+// asked once, and health, watched; and what of it the specs' devices
+// are (which GPU, MIG or not, their nodes on the host).
 type inventory struct {
-	// nvml, when set, replaces the driver's NVML (tests).
-	nvml nvml.Interface
+	log logrus.FieldLogger
+	// nvml, when set, replaces the driver's NVML under driverRoot
+	// (tests).
+	nvml       nvml.Interface
+	driverRoot string
 
 	gpusOnce sync.Once
 	// gpuFacts is what NVML says of the GPUs, by minor; nil without NVML.
@@ -116,6 +45,81 @@ type inventory struct {
 	topology nvidia.Topology
 	// health watches the NVIDIA GPUs; nil where NVML cannot be had.
 	health atomic.Pointer[nvidia.Monitor]
+}
+
+// unhealthy says why a device's GPU is unhealthy, or returns nil where
+// nri-gpu watches no GPU (no NVML): every device is then healthy.
+func (inv *inventory) unhealthy() func(specs.Device) error {
+	if m := inv.health.Load(); m != nil {
+		return m.Unhealthy
+	}
+	return nil
+}
+
+// lib returns the NVML spec generation, health, topology and compute
+// modes ask: the one given (tests), else the driver's under driverRoot.
+func (inv *inventory) lib() nvml.Interface {
+	if inv.nvml != nil {
+		return inv.nvml
+	}
+	return nvidia.Library(inv.driverRoot)
+}
+
+// CheckHealth looks once at the NVIDIA GPUs' health (a GPU a check finds
+// lost), for a plugin that does not Serve (nri-gpu explain); without
+// NVML it does nothing.
+func (p *Plugin) CheckHealth() {
+	m, err := nvidia.NewMonitor(p.hw.lib())
+	if err != nil {
+		return
+	}
+	m.Check()
+	m.Close() // what it found stays
+	p.hw.health.Store(m)
+}
+
+// watchHealth watches the NVIDIA GPUs' health through NVML as h says
+// until ctx is done, calling changed with how many are unhealthy after
+// each change; without NVML it says that it takes every GPU as healthy.
+func (inv *inventory) watchHealth(ctx context.Context, h config.Health, changed func(unhealthy int)) {
+	m, err := nvidia.NewMonitor(inv.lib())
+	if err != nil {
+		inv.log.Infof("GPU health not watched (%v): every device is taken as healthy", err)
+		return
+	}
+	defer m.Close()
+	m.RecoverAfter = h.RecoverAfter
+	m.OnChange = func(node, why string) {
+		if why != "" {
+			inv.log.WithField("gpu", node).Warnf("GPU unhealthy: %s", why)
+		} else {
+			inv.log.WithField("gpu", node).Info("GPU healthy again")
+		}
+		changed(len(m.Unhealthies()))
+	}
+	inv.health.Store(m)
+	defer inv.health.Store(nil)
+	inv.log.Infof("watching the health of NVIDIA GPUs (critical Xid events, a check every %s)", h.Interval)
+	m.Run(ctx, h.Interval)
+}
+
+// links returns how closely two devices are connected, from the GPU
+// topology NVML reports (asked once), or nil where NVML cannot be had:
+// count requests then take free devices in spec order.
+func (inv *inventory) links() func(a, b specs.Device) int {
+	inv.topologyOnce.Do(func() {
+		t, err := nvidia.DiscoverTopology(inv.lib())
+		if err != nil {
+			inv.log.Infof("GPU topology unknown (%v): count requests take free devices in spec order", err)
+			return
+		}
+		inv.log.Infof("GPU topology of %d pairs known: count requests take the most closely connected free devices", len(t))
+		inv.topology = t
+	})
+	if inv.topology == nil {
+		return nil
+	}
+	return inv.topology.Links
 }
 
 // gpuInfo is what NVML says of a GPU.
@@ -149,29 +153,29 @@ func indexOf(name, uuid string) (index int, mig bool) {
 
 // gpus returns what NVML says of the GPUs (asked once), by minor; nil
 // where NVML cannot be had.
-func (p *Plugin) gpus() map[int]gpuInfo {
-	p.hw.gpusOnce.Do(func() {
-		inv, err := nvidia.Discover(p.nvmlLib())
+func (inv *inventory) gpus() map[int]gpuInfo {
+	inv.gpusOnce.Do(func() {
+		found, err := nvidia.Discover(inv.lib())
 		if err != nil {
-			p.log.Infof("GPU facts from the CDI specs only (%v)", err)
+			inv.log.Infof("GPU facts from the CDI specs only (%v)", err)
 			return
 		}
-		p.hw.gpuFacts = map[int]gpuInfo{}
-		for _, g := range inv.GPUs {
-			p.hw.gpuFacts[g.Minor] = gpuInfo{g, inv.DriverVersion}
+		inv.gpuFacts = map[int]gpuInfo{}
+		for _, g := range found.GPUs {
+			inv.gpuFacts[g.Minor] = gpuInfo{g, found.DriverVersion}
 		}
 	})
-	return p.hw.gpuFacts
+	return inv.gpuFacts
 }
 
 // memoryOf returns the memory of a whole GPU as NVML tells it, or 0 (a
 // MIG device, another kind of device, no NVML).
-func (p *Plugin) memoryOf(snap *specs.Snapshot, d specs.Device) int64 {
+func (inv *inventory) memoryOf(snap *specs.Snapshot, d specs.Device) int64 {
 	_, _, name := parser.ParseDevice(d.Name)
 	if _, mig := indexOf(name, uuidOf(snap, d)); mig {
 		return 0
 	}
-	return int64(p.gpus()[minorOf(snap, d.Name)].MemoryBytes)
+	return int64(inv.gpus()[minorOf(snap, d.Name)].MemoryBytes)
 }
 
 // minorOf returns the minor of the NVIDIA GPU node (/dev/nvidiaN) the
@@ -223,7 +227,7 @@ func (st *state) hardware(snap *specs.Snapshot, kind string, globs []string, see
 // replicas left for one that is), or 0 when its device nodes are not on
 // the host or its GPU is unhealthy (NVML).
 func (p *Plugin) healthyRoom(st *state, snap *specs.Snapshot, d specs.Device, door policy.Door) int {
-	if sick := p.unhealthy(); !nodesExist(snap, d.Name) || (sick != nil && sick(d) != nil) {
+	if sick := p.hw.unhealthy(); !nodesExist(snap, d.Name) || (sick != nil && sick(d) != nil) {
 		return 0
 	}
 	return p.alloc.Room(st.policy, d, door)
@@ -232,11 +236,11 @@ func (p *Plugin) healthyRoom(st *state, snap *specs.Snapshot, d specs.Device, do
 // sickness returns why device d is unhealthy, or nil: its device nodes
 // are not on the host, or NVML found its GPU lost or with a critical Xid
 // error.
-func (p *Plugin) sickness(snap *specs.Snapshot, d specs.Device) *link.Health {
+func (inv *inventory) sickness(snap *specs.Snapshot, d specs.Device) *link.Health {
 	if !nodesExist(snap, d.Name) {
 		return &link.Health{Problem: link.ProblemGone, Reason: "its device nodes are not on the host"}
 	}
-	m := p.hw.health.Load()
+	m := inv.health.Load()
 	if m == nil {
 		return nil
 	}

@@ -114,7 +114,7 @@ func (p *Plugin) mpsDaemonOf(st *state, snap *specs.Snapshot, d specs.Device, by
 			ErrMPS, d.Name, by)
 	}
 	if uuid == "" {
-		uuid = p.gpus()[minorOf(snap, d.Name)].UUID // "" when NVML does not know it either
+		uuid = p.hw.gpus()[minorOf(snap, d.Name)].UUID // "" when NVML does not know it either
 	}
 	layout := mps.Layout{Control: p.start.MPS.ControlCommand, Root: p.start.MPS.Root, HostRoot: p.start.MPS.HostRoot}
 	daemon, err := layout.Daemon(uuid, name)

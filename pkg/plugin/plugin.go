@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
@@ -70,9 +69,10 @@ type Plugin struct {
 	// without DRA.
 	claims link.Finder
 
+	// mu covers st, and rec's pending and restoring.
 	mu sync.RWMutex
 	st *state
-	// conn is the connection to the runtime (under mu).
+	// conn is the connection to the runtime.
 	conn connection
 
 	// hw is what NVML says of the node's GPUs.
@@ -105,26 +105,6 @@ type Plugin struct {
 	problems, sharingProblems lasting
 }
 
-// connection is what the plugin knows of its connection to the runtime.
-type connection struct {
-	// configured counts successful Configure calls, one per connection.
-	configured int
-	// synced says the plugin is registered with the runtime: it has had
-	// Synchronize on its current connection.
-	synced bool
-	// configErr is the last rejected configuration from the runtime.
-	configErr error
-	// runtime is what the connected runtime applies, decided at Configure.
-	runtime adjust.Runtime
-	// nriVersion returns the connected runtime's NRI version, as the
-	// stub of the current connection learnt it; nil outside Serve.
-	nriVersion func() string
-	// requestTimeout returns how long the runtime waits for an answer to
-	// a request, as it said at Configure (0 when it did not); nil
-	// outside Serve.
-	requestTimeout func() time.Duration
-}
-
 // state is everything a request needs, replaced whole on reconfiguration.
 type state struct {
 	cfg    *config.Config
@@ -136,14 +116,15 @@ type state struct {
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
 	p := &Plugin{log: log, alloc: policy.NewAllocations()}
-	p.mps = mps.NewManager(nil, nvmlModes{p.nvmlLib})
+	p.mps = mps.NewManager(nil, nvmlModes{p.hw.lib})
 	if self, err := os.Executable(); err == nil {
 		p.hookPath = self
-		p.mps = mps.NewManager(startInShm(self), nvmlModes{p.nvmlLib})
+		p.mps = mps.NewManager(startInShm(self), nvmlModes{p.hw.lib})
 	}
 	for _, o := range opts {
 		o(p)
 	}
+	p.hw.log, p.hw.driverRoot = log, cfg.Start.DriverRoot
 	st, err := p.newState(cfg)
 	if err != nil {
 		return nil, err
@@ -213,7 +194,7 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 	// A shared GPU's memory is counted, and bounds the MPS clients of a
 	// claim's own (NVML asked once, when first needed).
 	pol := policy.New(rules).WithAliases(func(d specs.Device) []string { return reg.Snapshot().Aliases(d) }).
-		WithMemory(func(d specs.Device) int64 { return p.memoryOf(reg.Snapshot(), d) })
+		WithMemory(func(d specs.Device) int64 { return p.hw.memoryOf(reg.Snapshot(), d) })
 	if err := pol.CheckSharing(reg.Snapshot().Trusted()); err != nil {
 		reg.Close()
 		return nil, err
@@ -298,27 +279,6 @@ func (p *Plugin) state() *state {
 	return p.st
 }
 
-// connectedRuntime returns what the connected runtime applies.
-func (p *Plugin) connectedRuntime() adjust.Runtime {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.conn.runtime
-}
-
-// runtimePatience returns how long the connected runtime waits for an
-// answer to a request: what it said at Configure, else NRI's default
-// (containerd's: 2 s).
-func (p *Plugin) runtimePatience() time.Duration {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	if p.conn.requestTimeout != nil {
-		if t := p.conn.requestTimeout(); t > 0 {
-			return t
-		}
-	}
-	return api.DefaultPluginRequestTimeout
-}
-
 // Close stops watching the spec directories and lets the state file's
 // lock go.
 func (p *Plugin) Close() {
@@ -337,36 +297,27 @@ func (p *Plugin) Close() {
 func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api.EventMask, error) {
 	log := p.log.WithFields(logrus.Fields{"runtime": runtime, "version": version})
 	rt := adjust.RuntimeOf(runtime, version)
-	p.mu.Lock()
-	p.conn.runtime = rt
-	nriVersion := "unknown"
-	if p.conn.nriVersion != nil {
-		nriVersion = p.conn.nriVersion()
-	}
-	p.mu.Unlock()
+	nriVersion := p.conn.configuring(rt)
 	log.Infof("what the runtime can apply: %s", rt)
 	ev := events(nriVersion)
 	if !ev.IsSet(api.Event_VALIDATE_CONTAINER_ADJUSTMENT) {
 		log.Infof("the runtime's NRI (%s) asks no validators: a device another NRI plugin asks the runtime to inject is not checked against those nri-gpu injects", nriVersion)
 	}
 	if cfg == "" {
-		p.mu.Lock()
-		p.conn.configured++
-		p.mu.Unlock()
+		p.conn.configured(nil)
 		log.Info("connected to runtime")
 		return ev, nil
 	}
 	st, err := p.parseRuntimeConfig(cfg)
-	p.mu.Lock()
 	if err != nil {
-		p.conn.configErr = err
-		p.mu.Unlock()
+		p.conn.configured(err)
 		return 0, err
 	}
+	p.mu.Lock()
 	old := p.st
 	p.st = st
-	p.conn.configured++
 	p.mu.Unlock()
+	p.conn.configured(nil)
 	old.specs.Close()
 	log.Info("connected to runtime, using the configuration it passed")
 	return ev, nil
@@ -421,35 +372,11 @@ func (p *Plugin) parseRuntimeConfig(cfg string) (*state, error) {
 // the specs, and says what is missing otherwise: before the first
 // connection, and while it reconnects after losing one.
 func (p *Plugin) Ready() error {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
 	switch {
-	case !p.conn.synced:
+	case !p.conn.isSynced():
 		return fmt.Errorf("%w: not registered with the runtime (connecting)", ErrNotReady)
-	case p.st.specs.Snapshot() == nil:
+	case p.state().specs.Snapshot() == nil:
 		return fmt.Errorf("%w: no snapshot of the CDI specs yet", ErrNotReady)
 	}
 	return nil
-}
-
-func (p *Plugin) setSynced(v bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.conn.synced = v
-}
-
-// connections returns how many connections the runtime configured.
-func (p *Plugin) connections() int {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.conn.configured
-}
-
-// takeConfigError returns and forgets the last rejected configuration.
-func (p *Plugin) takeConfigError() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	err := p.conn.configErr
-	p.conn.configErr = nil
-	return err
 }

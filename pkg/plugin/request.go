@@ -45,7 +45,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 func (p *Plugin) Create(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, policy.Grant, error) {
 	start := time.Now()
 	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
-	req := &request{st: p.state(), rt: p.connectedRuntime(), pod: pod, ctr: ctr, resolved: map[string]resolved{}}
+	req := &request{st: p.state(), rt: p.conn.runtime(), pod: pod, ctr: ctr, resolved: map[string]resolved{}}
 	req.snap = req.st.specs.Snapshot() // one snapshot for the whole request
 	ctx, cancel := context.WithTimeout(ctx, p.waitBound(ctx))
 	defer cancel()
@@ -93,7 +93,7 @@ const waitShare = 2
 // carries over from the runtime, else what the runtime said at
 // Configure).
 func (p *Plugin) waitBound(ctx context.Context) time.Duration {
-	patience := p.runtimePatience()
+	patience := p.conn.patience()
 	if dl, ok := ctx.Deadline(); ok {
 		patience = min(patience, time.Until(dl))
 	}
@@ -260,9 +260,9 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 	}
 	a.uses = claimUses(held)
 	a.want.Pod, a.want.Claims = pod, claims
-	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Unhealthy: p.unhealthy()}
+	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Unhealthy: p.hw.unhealthy()}
 	if ask.Count > 1 {
-		a.want.Choice.Links = p.links()
+		a.want.Choice.Links = p.hw.links()
 	}
 	for attempt := 1; ; attempt++ {
 		// Planned even when it holds nothing new (only claims): the

@@ -31,7 +31,12 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the generator whenever Serve returns
 	go p.keepGenerating(ctx)
-	go p.keepWatchingHealth(ctx)
+	go p.hw.watchHealth(ctx, p.start.Health, func(unhealthy int) {
+		p.metrics.UnhealthyGPUs(unhealthy)
+		for _, d := range p.doors {
+			d.Notify()
+		}
+	})
 	go p.keepMPSDaemons(ctx)
 	delay := MinBackoff
 	for attempt := 1; ; attempt++ {
@@ -39,23 +44,20 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 		if err != nil {
 			return fmt.Errorf("creating the NRI stub: %w", err)
 		}
-		p.mu.Lock()
-		p.conn.nriVersion, p.conn.requestTimeout = s.RuntimeNRIVersion, s.RequestTimeout
-		p.mu.Unlock()
-		before := p.connections()
+		before := p.conn.opening(s.RuntimeNRIVersion, s.RequestTimeout)
 		err = s.Run(ctx)
-		p.setSynced(false)
+		wasConfigured, cfgErr := p.conn.closed(before)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if cfgErr := p.takeConfigError(); cfgErr != nil {
+		if cfgErr != nil {
 			return fmt.Errorf("%w: %w", ErrConfig, cfgErr)
 		}
 		if preRegistered {
 			p.log.Warnf("connection to the runtime lost (%v); a pre-registered plugin exits and is started again by the runtime", err)
 			return nil
 		}
-		if p.connections() != before {
+		if wasConfigured {
 			delay = MinBackoff // it was connected: start the backoff anew
 		}
 		p.log.Warnf("NRI connection failed or lost (%v); reconnecting in %s (attempt %d)", err, delay, attempt)

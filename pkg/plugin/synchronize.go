@@ -122,7 +122,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		}
 	}
 	p.saveAndNotify()
-	p.setSynced(true)
+	p.conn.setSynced()
 	for pod, devices := range p.alloc.Held() {
 		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": strings.Join(devices, ",")}).
 			Info("restored devices held by pod")
