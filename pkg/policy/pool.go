@@ -375,10 +375,10 @@ func (a *Allocations) Holdings() []Holding {
 	out := make([]Holding, 0, len(a.pods))
 	for _, id := range slices.Sorted(maps.Keys(a.pods)) {
 		h := a.pods[id]
-		if h.empty() {
-			continue // it uses claims only, which hold their devices
+		if h.empty() && len(h.claims) == 0 {
+			continue
 		}
-		out = append(out, Holding{Pod: h.pod, Named: slices.Clone(h.named), Counted: slices.Clone(h.counted), Kubelet: slices.Clone(h.kubelet), Sole: slices.Clone(h.sole)})
+		out = append(out, Holding{Pod: h.pod, Named: slices.Clone(h.named), Counted: slices.Clone(h.counted), Kubelet: slices.Clone(h.kubelet), Sole: slices.Clone(h.sole), Claims: slices.Clone(h.claims)})
 	}
 	return out
 }

@@ -21,6 +21,10 @@ type Holding struct {
 	// policy.exclusive says, as it holds Counted: devices found in its
 	// containers that no record of holdings had.
 	Sole []string
+	// Claims are the UIDs of the prepared claims the pod's containers
+	// used, whichever pods the claims were reserved for: they count
+	// towards policy.maxDevicesPerPod for its next containers.
+	Claims []string
 }
 
 // Restore replaces all allocations with the given holdings, as rebuilt
@@ -58,6 +62,11 @@ func (a *Allocations) Restore(p *Policy, holdings []Holding) error {
 		}
 		if own.counted == nil && len(h.Counted) > 0 {
 			own.counted = slices.Clone(h.Counted)
+		}
+		for _, uid := range h.Claims {
+			if !slices.Contains(own.claims, uid) {
+				own.claims = append(own.claims, uid)
+			}
 		}
 	}
 	return a.check(p)

@@ -116,6 +116,29 @@ func TestOneRuleEveryDoor(t *testing.T) {
 		uses: []string{"uid-second"},
 		rule: policy.RuleMax,
 		want: "denied by policy: pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1); raise policy.maxDevicesPerPod to allow it",
+	}, {
+		// The same after nri-gpu restarted: the pods rebuilt from what
+		// the pool kept for its record.
+		name:   "maxDevicesPerPod: a claim another container of the pod used, prepared for another pod, after a restart",
+		policy: with(func(c *config.Policy) { c.MaxDevicesPerPod = 1 }),
+		before: func(t *testing.T, a *policy.Allocations, p *policy.Policy) {
+			first, devs := claim("first", "ns/x", "0")
+			if _, err := a.AdmitClaim(p, first, devs, nil); err != nil {
+				t.Fatal(err)
+			}
+			mustAdmit(t)(admit(a, p, pod("p"), nil, 0, policy.Choice{}, nil, first.UID))
+			second, devs := claim("second", "ns/y", "1")
+			if _, err := a.AdmitClaim(p, second, devs, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Restore(p, a.Holdings()); err != nil {
+				t.Fatal(err)
+			}
+		},
+		gpu:  "1",
+		uses: []string{"uid-second"},
+		rule: policy.RuleMax,
+		want: "denied by policy: pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1); raise policy.maxDevicesPerPod to allow it",
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

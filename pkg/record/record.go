@@ -142,6 +142,9 @@ type podRecord struct {
 	// Sole names those of Named the pod holds alone: found in its
 	// containers when no record had them.
 	Sole []string `json:"sole,omitempty"`
+	// Claims are the UIDs of the prepared claims the pod's containers
+	// used.
+	Claims []string `json:"claims,omitempty"`
 }
 
 type deviceRecord struct {
@@ -186,7 +189,7 @@ func (f *File) Save(held func() Content) error {
 	for _, h := range c.Pods {
 		rec.Pods = append(rec.Pods, podRecord{
 			ID: h.Pod.ID, Namespace: h.Pod.Namespace, Name: h.Pod.Name,
-			Named: deviceRecords(h.Named), Counted: deviceRecords(h.Counted), Kubelet: h.Kubelet, Sole: h.Sole,
+			Named: deviceRecords(h.Named), Counted: deviceRecords(h.Counted), Kubelet: h.Kubelet, Sole: h.Sole, Claims: h.Claims,
 		})
 	}
 	for _, c := range c.Claims {
@@ -399,7 +402,7 @@ func (f *File) Load() (Content, error) {
 	for _, r := range rec.Pods {
 		out = append(out, policy.Holding{
 			Pod:   policy.Pod{ID: r.ID, Namespace: r.Namespace, Name: r.Name},
-			Named: devices(r.Named), Counted: devices(r.Counted), Kubelet: r.Kubelet, Sole: r.Sole,
+			Named: devices(r.Named), Counted: devices(r.Counted), Kubelet: r.Kubelet, Sole: r.Sole, Claims: r.Claims,
 		})
 	}
 	var claims []policy.ClaimHolding

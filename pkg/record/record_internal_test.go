@@ -27,6 +27,7 @@ func TestStateFileRoundTrip(t *testing.T) {
 		{Pod: policy.Pod{ID: "id-b", Namespace: "ns", Name: "b"},
 			Named:   []specs.Device{{Name: "vendor.com/dev=x"}, {Name: "nvidia.com/gpu=2", Nodes: []string{"c 195:2"}}},
 			Kubelet: []string{"nvidia.com/gpu=2"}},
+		{Pod: policy.Pod{ID: "id-c", Namespace: "ns", Name: "c"}, Claims: []string{"uid-1"}},
 	}
 	claims := []policy.ClaimHolding{{
 		Claim: policy.Claim{UID: "uid-1", Namespace: "ns", Name: "c", Pods: []string{"ns/a", "ns/b"}},
