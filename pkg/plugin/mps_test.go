@@ -506,53 +506,75 @@ func TestClaimOwnMPS(t *testing.T) {
 }
 
 // TestClaimOwnMPSUndone: a claim asking for MPS on a GPU policy.sharing
-// leaves unshared whose preparation fails after its daemon started (the
-// record cannot keep it) leaves nothing: no daemon, the GPU back in
-// Default, no claim held; once the record can keep it, it is prepared.
-// Its daemon once stayed running, the GPU in Exclusive_Process, until
-// the next look at the daemons.
+// leaves unshared whose preparation fails at each step after its
+// admission in turn (its daemon does not start; it started, and the
+// record cannot keep the claim) leaves nothing: no daemon, the GPU back
+// in Default, no claim held; once the step works, it is prepared. Its
+// daemon once stayed running, the GPU in Exclusive_Process, until the
+// next look at the daemons.
 func TestClaimOwnMPSUndone(t *testing.T) {
-	ctl, root := standin(t), testutil.ShortDir(t)
-	lib := testutil.NVML(2)
-	inv, err := nvidia.Discover(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := "policy: {exclusive: true, namespaces: [tenant]}\nmps: {daemon: managed, controlCommand: " + ctl + ", root: " + root + ", checkInterval: 1h}\n"
-	r := runtimeSetUp(t, "v2.3.7", cfg, func() []plugin.Option {
-		return []plugin.Option{plugin.WithNVML(lib), plugin.WithMPSStart(startedInDir)}
-	})
-	t.Cleanup(func() { quitAll(root) })
-	view := r.plugin.DRAView(config.Default().Start.DRA)
-	dir := filepath.Join(root, inv.GPUs[1].UUID)
-	claim := policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a"}}
-	gpu := []link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, GpuConfig: policy.GpuConfig{Strategy: config.StrategyMPS}}}
+	ctl := standin(t)
+	for _, step := range []string{"the daemon does not start", "the record cannot keep the claim"} {
+		t.Run(step, func(t *testing.T) {
+			root := testutil.ShortDir(t)
+			lib := testutil.NVML(2)
+			inv, err := nvidia.Discover(lib)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var refuse atomic.Bool
+			start := func(shm string, cmd *exec.Cmd) error {
+				if refuse.Load() {
+					return errors.New("refused to start")
+				}
+				return startedInDir(shm, cmd)
+			}
+			cfg := "policy: {exclusive: true, namespaces: [tenant]}\nmps: {daemon: managed, controlCommand: " + ctl + ", root: " + root + ", checkInterval: 1h}\n"
+			r := runtimeSetUp(t, "v2.3.7", cfg, func() []plugin.Option {
+				return []plugin.Option{plugin.WithNVML(lib), plugin.WithMPSStart(start)}
+			})
+			t.Cleanup(func() { quitAll(root) })
+			view := r.plugin.DRAView(config.Default().Start.DRA)
+			dir := filepath.Join(root, inv.GPUs[1].UUID)
+			claim := policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a"}}
+			gpu := []link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, GpuConfig: policy.GpuConfig{Strategy: config.StrategyMPS}}}
 
-	state := filepath.Dir(r.stateFile)
-	if err := os.RemoveAll(state); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, state, nil) // every save fails
-	err = view.Prepare(context.Background(), claim, gpu)
-	if !errors.Is(err, plugin.ErrNotRecorded) {
-		t.Fatalf("preparing with the record unwritable: %v, want ErrNotRecorded", err)
-	}
-	mode, _ := lib.Devices[1].GetComputeMode()
-	if (mps.Daemon{Dir: dir}).Running(context.Background()) == nil || mode != nvml.COMPUTEMODE_DEFAULT {
-		t.Errorf("after the failed preparation: daemon running %v, GPU in %s; want none, Default",
-			(mps.Daemon{Dir: dir}).Running(context.Background()) == nil, nvidia.ModeName(mode))
-	}
-	if prepared, _ := view.Prepared(context.Background()); len(prepared) > 0 {
-		t.Errorf("claims held after the failed preparation: %v", prepared)
-	}
+			state := filepath.Dir(r.stateFile)
+			want := plugin.ErrMPS
+			if step == "the daemon does not start" {
+				refuse.Store(true)
+			} else {
+				if err := os.RemoveAll(state); err != nil {
+					t.Fatal(err)
+				}
+				writeFile(t, state, nil) // every save fails
+				want = plugin.ErrNotRecorded
+			}
+			err = view.Prepare(context.Background(), claim, gpu)
+			if !errors.Is(err, want) {
+				t.Fatalf("preparing: %v, want %v", err, want)
+			}
+			mode, _ := lib.Devices[1].GetComputeMode()
+			if (mps.Daemon{Dir: dir}).Running(context.Background()) == nil || mode != nvml.COMPUTEMODE_DEFAULT {
+				t.Errorf("after the failed preparation: daemon running %v, GPU in %s; want none, Default",
+					(mps.Daemon{Dir: dir}).Running(context.Background()) == nil, nvidia.ModeName(mode))
+			}
+			if prepared, _ := view.Prepared(context.Background()); len(prepared) > 0 {
+				t.Errorf("claims held after the failed preparation: %v", prepared)
+			}
 
-	if err := os.Remove(state); err != nil {
-		t.Fatal(err)
-	}
-	if err := view.Prepare(context.Background(), claim, gpu); err != nil {
-		t.Fatal(err)
-	}
-	if err := (mps.Daemon{Dir: dir}).Running(context.Background()); err != nil {
-		t.Errorf("prepared: %v", err)
+			refuse.Store(false)
+			if want == plugin.ErrNotRecorded {
+				if err := os.Remove(state); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := view.Prepare(context.Background(), claim, gpu); err != nil {
+				t.Fatal(err)
+			}
+			if err := (mps.Daemon{Dir: dir}).Running(context.Background()); err != nil {
+				t.Errorf("prepared: %v", err)
+			}
+		})
 	}
 }
