@@ -173,7 +173,7 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 
 		d := policy.ClaimDevice{Device: e.Footprint, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, GpuConfig: a.GpuConfig}
 		if ownMPS(st, d) {
-			g, err := c.p.claimMPS(st, snap, d)
+			g, err := c.p.mps.claim(st, snap, d)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", claim, err))
 				continue
@@ -194,10 +194,10 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 	undo := func() {
 		admitted()
 		if len(own) > 0 {
-			c.p.keepMPS(ctx)
+			c.p.mps.keep(ctx)
 		}
 	}
-	if err := c.p.startClaimMPS(ctx, own); err != nil {
+	if err := c.p.mps.startForClaim(ctx, own); err != nil {
 		undo()
 		return fmt.Errorf("%s: %w", claim, err)
 	}
@@ -221,7 +221,7 @@ func (c *DRAView) Unprepare(ctx context.Context, uid string) error {
 		c.p.log.WithFields(logrus.Fields{"claim": uid, "devices": strings.Join(released, ",")}).Info("released devices of DRA claim")
 	}
 	if slices.ContainsFunc(devs, func(d policy.ClaimDevice) bool { return ownMPS(st, d) }) {
-		c.p.keepMPS(ctx) // its daemon stops, its GPU back in its compute mode
+		c.p.mps.keep(ctx) // its daemon stops, its GPU back in its compute mode
 	}
 	if err := c.p.saveAndNotify(); err != nil {
 		return fmt.Errorf("claim %s released, but %w: %w", uid, ErrNotRecorded, err)
@@ -245,16 +245,16 @@ func ownMPS(st *state, d policy.ClaimDevice) bool {
 	return d.GpuConfig.Strategy == config.StrategyMPS && st.policy.Sharing(d.Device) == nil
 }
 
-// startClaimMPS has the daemons of the GPUs a claim asked to share with
+// startForClaim has the daemons of the GPUs a claim asked to share with
 // MPS itself started, and returns why one does not answer.
-func (p *Plugin) startClaimMPS(ctx context.Context, gpus []*mpsGPU) error {
+func (m *mpsSharing) startForClaim(ctx context.Context, gpus []*mpsGPU) error {
 	if len(gpus) == 0 {
 		return nil
 	}
-	p.keepMPS(ctx)
+	m.keep(ctx)
 	var errs []error
 	for _, g := range gpus {
-		if err := p.mps.Serves(ctx, g.daemon); err != nil {
+		if err := m.mgr.Serves(ctx, g.daemon); err != nil {
 			errs = append(errs, fmt.Errorf("%w: device %q: the MPS daemon its claim asked for does not run: %w", ErrMPS, g.device, err))
 		}
 	}

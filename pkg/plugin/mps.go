@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,6 +24,26 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
+
+// mpsSharing is how nri-gpu shares GPUs with MPS: which GPU's daemon
+// serves a container or a claim, within which bounds, and the managed
+// daemons kept (start.mps.daemon: managed) through pkg/mps's Manager.
+type mpsSharing struct {
+	cfg   config.MPS
+	mgr   *mps.Manager
+	alloc *policy.Allocations
+	hw    *inventory
+	log   logrus.FieldLogger
+	// state returns the plugin's state in force.
+	state func() *state
+
+	// mu is held by keep, which the checker's loop and preparing and
+	// releasing a claim that runs MPS call.
+	mu sync.Mutex
+	// problems are the problems with the daemons logged, while they
+	// last.
+	problems lasting
+}
 
 // mpsGPU is an MPS-shared GPU: its daemon, and what bounds each client.
 type mpsGPU struct {
@@ -39,25 +60,25 @@ type mpsGPU struct {
 	limits mps.Limits
 }
 
-// mpsOf returns how device d is shared with MPS, or nil when it is not:
+// of returns how device d is shared with MPS, or nil when it is not:
 // by the policy.sharing entry that shares it with mps, or, for a GPU the
 // entries leave unshared, by the prepared claim that holds it whole and
 // asked for MPS (NVIDIA's GpuConfig). It fails for one nri-gpu cannot
 // bound: a MIG device, a GPU whose memory is not known when no
 // pinnedMemoryLimit is set, or a claim's GPU where nri-gpu does not run
 // the daemons.
-func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU, error) {
+func (m *mpsSharing) of(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU, error) {
 	share := st.policy.Sharing(d)
 	if share == nil {
-		if c, ok := p.claimAskingMPS(st, d); ok {
-			return p.claimMPS(st, snap, c)
+		if c, ok := m.claimAsking(st, d); ok {
+			return m.claim(st, snap, c)
 		}
 		return nil, nil
 	}
 	if share.Strategy != config.StrategyMPS {
 		return nil, nil
 	}
-	g, err := p.mpsDaemonOf(st, snap, d, share.String())
+	g, err := m.daemonOf(snap, d, share.String())
 	if err != nil {
 		return nil, err
 	}
@@ -71,18 +92,18 @@ func (p *Plugin) mpsOf(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU
 	return g, nil
 }
 
-// claimMPS returns the MPS daemon of a GPU policy.sharing leaves unshared
+// claim returns the MPS daemon of a GPU policy.sharing leaves unshared
 // that claim device c holds whole and asked to share with MPS among the
 // claim's containers: nri-gpu runs it (start.mps.daemon: managed) while
 // the claim is prepared, its clients bound to what the claim asked, else
 // the whole GPU.
-func (p *Plugin) claimMPS(st *state, snap *specs.Snapshot, c policy.ClaimDevice) (*mpsGPU, error) {
+func (m *mpsSharing) claim(st *state, snap *specs.Snapshot, c policy.ClaimDevice) (*mpsGPU, error) {
 	by := "the GpuConfig of the claim that holds it"
-	if p.start.MPS.Daemon != config.MPSManaged {
+	if m.cfg.Daemon != config.MPSManaged {
 		return nil, fmt.Errorf("%w: device %q: %s asks for MPS, and nri-gpu runs an MPS daemon for a claim's GPU only with start.mps.daemon: managed",
 			ErrMPS, c.Name, by)
 	}
-	g, err := p.mpsDaemonOf(st, snap, c.Device, by)
+	g, err := m.daemonOf(snap, c.Device, by)
 	if err != nil {
 		return nil, err
 	}
@@ -91,10 +112,10 @@ func (p *Plugin) claimMPS(st *state, snap *specs.Snapshot, c policy.ClaimDevice)
 	return g, nil
 }
 
-// claimAskingMPS returns the device of a prepared claim that is d and
+// claimAsking returns the device of a prepared claim that is d and
 // that the claim has MPS run on for itself (ownMPS).
-func (p *Plugin) claimAskingMPS(st *state, d specs.Device) (policy.ClaimDevice, bool) {
-	for _, h := range p.alloc.Claims() {
+func (m *mpsSharing) claimAsking(st *state, d specs.Device) (policy.ClaimDevice, bool) {
+	for _, h := range m.alloc.Claims() {
 		for _, c := range h.Devices {
 			if c.Same(d) && ownMPS(st, c) {
 				return c, true
@@ -104,9 +125,9 @@ func (p *Plugin) claimAskingMPS(st *state, d specs.Device) (policy.ClaimDevice, 
 	return policy.ClaimDevice{}, false
 }
 
-// mpsDaemonOf returns the daemon of device d, which by shares with MPS:
+// daemonOf returns the daemon of device d, which by shares with MPS:
 // named by its GPU's UUID (else its name), never of a MIG device.
-func (p *Plugin) mpsDaemonOf(st *state, snap *specs.Snapshot, d specs.Device, by string) (*mpsGPU, error) {
+func (m *mpsSharing) daemonOf(snap *specs.Snapshot, d specs.Device, by string) (*mpsGPU, error) {
 	_, _, name := parser.ParseDevice(d.Name)
 	uuid := uuidOf(snap, d)
 	if _, mig := indexOf(name, uuid); mig {
@@ -114,9 +135,9 @@ func (p *Plugin) mpsDaemonOf(st *state, snap *specs.Snapshot, d specs.Device, by
 			ErrMPS, d.Name, by)
 	}
 	if uuid == "" {
-		uuid = p.hw.gpus()[minorOf(snap, d.Name)].UUID // "" when NVML does not know it either
+		uuid = m.hw.gpus()[minorOf(snap, d.Name)].UUID // "" when NVML does not know it either
 	}
-	layout := mps.Layout{Control: p.start.MPS.ControlCommand, Root: p.start.MPS.Root, HostRoot: p.start.MPS.HostRoot}
+	layout := mps.Layout{Control: m.cfg.ControlCommand, Root: m.cfg.Root, HostRoot: m.cfg.HostRoot}
 	daemon, err := layout.Daemon(uuid, name)
 	if err != nil {
 		return nil, fmt.Errorf("%w: device %q: %w", ErrMPS, d.Name, err)
@@ -141,12 +162,12 @@ func (g *mpsGPU) limitsOf(pol *policy.Policy, c policy.ClaimDevice) mps.Limits {
 	return mps.Limits{ActiveThreadPercentage: threads, PinnedMemoryMiB: memory >> 20}
 }
 
-// mpsEdits returns what a container given devices needs of MPS: for its
+// edits returns what a container given devices needs of MPS: for its
 // MPS-shared GPU (one at most: a client reaches one daemon), the
 // daemon's directories and the client's limits, once the daemon answers.
 // A container of an MPS-shared GPU whose daemon does not run is refused:
 // never given the GPU unbounded.
-func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, devices []specs.Device, uses map[string]policy.ClaimDevice) ([]adjust.Extra, error) {
+func (m *mpsSharing) edits(ctx context.Context, st *state, snap *specs.Snapshot, devices []specs.Device, uses map[string]policy.ClaimDevice) ([]adjust.Extra, error) {
 	var (
 		gpus []*mpsGPU
 		errs []error
@@ -155,7 +176,7 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 		use policy.ClaimDevice
 	)
 	for _, d := range devices {
-		g, err := p.mpsOf(st, snap, d)
+		g, err := m.of(st, snap, d)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -183,13 +204,13 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 	}
 	g := gpus[0]
 	serving := g.daemon.Serving
-	if p.start.MPS.Daemon == config.MPSManaged {
-		serving = func(ctx context.Context) error { return p.mps.Serves(ctx, g.daemon) }
+	if m.cfg.Daemon == config.MPSManaged {
+		serving = func(ctx context.Context) error { return m.mgr.Serves(ctx, g.daemon) }
 	}
 	if err := serving(ctx); err != nil {
 		how := fmt.Sprintf("run one with CUDA_MPS_PIPE_DIRECTORY=%s, CUDA_MPS_LOG_DIRECTORY=%s and %s as its /dev/shm (mps.daemon: external)",
 			g.daemon.PipeDir(), g.daemon.LogDir(), g.daemon.ShmDir())
-		if p.start.MPS.Daemon == config.MPSManaged {
+		if m.cfg.Daemon == config.MPSManaged {
 			how = "nri-gpu starts it (mps.daemon: managed): its log says why it could not"
 		}
 		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, but %v; nri-gpu does not give an MPS-shared GPU unbounded: %s",
@@ -198,14 +219,14 @@ func (p *Plugin) mpsEdits(ctx context.Context, st *state, snap *specs.Snapshot, 
 	return []adjust.Extra{{Name: fmt.Sprintf("MPS of %s", g.device), Edits: g.daemon.ClientEdits(g.limitsOf(st.policy, use))}}, nil
 }
 
-// mpsDaemons returns the daemons of every GPU the policy shares with
+// daemons returns the daemons of every GPU the policy shares with
 // MPS, by directory, and the problems of those it cannot bound.
-func (p *Plugin) mpsDaemons(st *state) (map[string]*mpsGPU, []error) {
+func (m *mpsSharing) daemons(st *state) (map[string]*mpsGPU, []error) {
 	snap := st.specs.Snapshot()
 	out := map[string]*mpsGPU{}
 	var errs []error
 	for _, d := range st.hardware(snap, st.cfg.DefaultKind, []string{"*"}, nil) {
-		g, err := p.mpsOf(st, snap, d)
+		g, err := m.of(st, snap, d)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
@@ -216,40 +237,40 @@ func (p *Plugin) mpsDaemons(st *state) (map[string]*mpsGPU, []error) {
 	return out, errs
 }
 
-// keepMPS has the MPS manager, with mps.daemon: managed, keep the
+// keep has the MPS manager, with mps.daemon: managed, keep the
 // control daemon of each GPU the policy shares with MPS running, and
 // stop those it kept whose GPU it no longer shares so; it logs what the
 // manager did, and each problem once while it lasts. Daemons are left
 // running when nri-gpu exits, so that running clients keep their server
 // through a restart of nri-gpu; the next one finds them answering.
-func (p *Plugin) keepMPS(ctx context.Context) {
-	p.mpsMu.Lock()
-	defer p.mpsMu.Unlock()
-	st := p.state()
-	if p.start.MPS.Daemon != config.MPSManaged {
+func (m *mpsSharing) keep(ctx context.Context) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := m.state()
+	if m.cfg.Daemon != config.MPSManaged {
 		return
 	}
-	daemons, errs := p.mpsDaemons(st)
+	daemons, errs := m.daemons(st)
 	want := make([]mps.Want, 0, len(daemons))
 	for _, dir := range slices.Sorted(maps.Keys(daemons)) {
 		g := daemons[dir]
 		want = append(want, mps.Want{Device: g.device, Daemon: g.daemon, Limits: g.limits})
 	}
-	events, failed := p.mps.Sync(ctx, want)
+	events, failed := m.mgr.Sync(ctx, want)
 	for _, e := range events {
-		log := p.log.WithFields(logrus.Fields{"device": e.Device, "activeThreadPercentage": e.Limits.ActiveThreadPercentage, "pinnedMemoryMiB": e.Limits.PinnedMemoryMiB})
+		log := m.log.WithFields(logrus.Fields{"device": e.Device, "activeThreadPercentage": e.Limits.ActiveThreadPercentage, "pinnedMemoryMiB": e.Limits.PinnedMemoryMiB})
 		switch e.What {
 		case mps.Started:
 			log.WithField("pipe", e.Daemon.PipeDir()).Info("started MPS control daemon")
 		case mps.LimitsSet:
 			log.Info("set the MPS control daemon's limits, for its next server")
 		case mps.Stopped:
-			p.log.WithField("dir", e.Daemon.Dir).Info("stopped MPS control daemon: its GPU is no longer shared with MPS")
+			m.log.WithField("dir", e.Daemon.Dir).Info("stopped MPS control daemon: its GPU is no longer shared with MPS")
 		case mps.Exclusive:
-			p.log.WithFields(logrus.Fields{"device": e.Device, "uuid": e.Daemon.GPU, "was": e.Was}).
+			m.log.WithFields(logrus.Fields{"device": e.Device, "uuid": e.Daemon.GPU, "was": e.Was}).
 				Info("put the GPU in Exclusive_Process compute mode while it is shared with MPS")
 		case mps.Restored:
-			p.log.WithField("uuid", e.Daemon.GPU).Info("put the GPU back in Default compute mode: it is no longer shared with MPS")
+			m.log.WithField("uuid", e.Daemon.GPU).Info("put the GPU back in Default compute mode: it is no longer shared with MPS")
 		}
 	}
 	current := map[string]string{}
@@ -259,9 +280,9 @@ func (p *Plugin) keepMPS(ctx context.Context) {
 	for _, err := range failed {
 		current[err.Error()] = ""
 	}
-	appeared, _ := p.mpsProblems.update(current)
+	appeared, _ := m.problems.update(current)
 	for _, msg := range appeared {
-		p.log.Warn(msg)
+		m.log.Warn(msg)
 	}
 }
 
@@ -291,15 +312,15 @@ func (m nvmlModes) Default(uuid string) error {
 	return err
 }
 
-// keepMPSDaemons runs keepMPS at once, then every start.mps.checkInterval,
+// keepRunning runs keep at once, then every start.mps.checkInterval,
 // until ctx is done.
-func (p *Plugin) keepMPSDaemons(ctx context.Context) {
+func (m *mpsSharing) keepRunning(ctx context.Context) {
 	for {
-		p.keepMPS(ctx)
+		m.keep(ctx)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(p.start.MPS.CheckInterval):
+		case <-time.After(m.cfg.CheckInterval):
 		}
 	}
 }
@@ -355,13 +376,13 @@ func (p *Plugin) SharedDevices() []Shared {
 		sharing := ""
 		if share := st.policy.Sharing(d); share != nil {
 			sharing = share.String()
-		} else if _, ok := p.claimAskingMPS(st, d); ok {
+		} else if _, ok := p.mps.claimAsking(st, d); ok {
 			sharing = "mps, for the claim that holds it (its GpuConfig)"
 		} else {
 			continue
 		}
 		s := Shared{Device: d.Name, Sharing: sharing, Users: p.alloc.Users(d)}
-		if g, err := p.mpsOf(st, snap, d); err != nil {
+		if g, err := p.mps.of(st, snap, d); err != nil {
 			s.Limits = err.Error()
 		} else if g != nil {
 			s.Limits = fmt.Sprintf("each client %d%% of compute, %d MiB of pinned memory; daemon in %s", g.limits.ActiveThreadPercentage, g.limits.PinnedMemoryMiB, g.daemon.Dir)

@@ -92,13 +92,8 @@ type Plugin struct {
 	// runtime may tell only through their containers' removal.
 	recovered recovered
 
-	// mps keeps the managed MPS control daemons; mpsProblems are the
-	// problems with them logged, while they last.
-	mps         *mps.Manager
-	mpsProblems lasting
-	// mpsMu is held by keepMPS, which the checker's loop and preparing
-	// and releasing a claim that runs MPS call.
-	mpsMu sync.Mutex
+	// mps shares GPUs with MPS.
+	mps *mpsSharing
 
 	// problems are the spec problems logged, by spec file;
 	// sharingProblems the devices two policy.sharing entries match.
@@ -116,10 +111,11 @@ type state struct {
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
 	p := &Plugin{log: log, alloc: policy.NewAllocations()}
-	p.mps = mps.NewManager(nil, nvmlModes{p.hw.lib})
+	p.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.alloc, hw: &p.hw, log: log, state: p.state}
+	p.mps.mgr = mps.NewManager(nil, nvmlModes{p.hw.lib})
 	if self, err := os.Executable(); err == nil {
 		p.hookPath = self
-		p.mps = mps.NewManager(startInShm(self), nvmlModes{p.hw.lib})
+		p.mps.mgr = mps.NewManager(startInShm(self), nvmlModes{p.hw.lib})
 	}
 	for _, o := range opts {
 		o(p)

@@ -373,7 +373,7 @@ func (p *Plugin) build(ctx context.Context, r *request, a resolvedAsk, plan poli
 		return nil, nil, err
 	}
 	given := append(plan.Devices(), a.claimed...)
-	extra, err := p.mpsEdits(ctx, r.st, r.snap, given, a.uses)
+	extra, err := p.mps.edits(ctx, r.st, r.snap, given, a.uses)
 	if err != nil {
 		return nil, nil, err
 	}

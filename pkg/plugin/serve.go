@@ -37,7 +37,7 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 			d.Notify()
 		}
 	})
-	go p.keepMPSDaemons(ctx)
+	go p.mps.keepRunning(ctx)
 	delay := MinBackoff
 	for attempt := 1; ; attempt++ {
 		s, err := stub.New(p, opts...)
