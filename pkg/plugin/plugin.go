@@ -50,6 +50,11 @@ var (
 // CreateContainer, RemoveContainer, StopPodSandbox and RemovePodSandbox,
 // all of which every NRI-enabled containerd (1.7 on) knows, and ValidateContainerAdjustment
 // where the runtime asks validators (NRI v0.10 on: containerd 2.2).
+//
+// Its fields are set by New and its options, and none is replaced after
+// but st (under mu); those that change inside (the pool, the record, the
+// connection, the inventory, the recovered pods, MPS sharing, the
+// problems logged) have locks of their own.
 type Plugin struct {
 	log logrus.FieldLogger
 	// specDirs, when set, overrides cdiSpecDirs of every configuration.
