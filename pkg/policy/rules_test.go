@@ -30,6 +30,28 @@ func TestOneRuleEveryDoor(t *testing.T) {
 	claim := func(name, pod string, gpu string) (policy.Claim, []policy.ClaimDevice) {
 		return policy.Claim{UID: "uid-" + name, Namespace: "ns", Name: name, Pods: []string{pod}}, []policy.ClaimDevice{{Device: byName[gpu]}}
 	}
+	// usedClaim fills the pool with claim first (GPU 0), prepared for
+	// pod x and used by a container of pod p, and claim second (GPU 1),
+	// prepared for pod y; with restart, the pods are then rebuilt from
+	// what the pool keeps for its record, as after a restart.
+	usedClaim := func(restart bool) func(t *testing.T, a *policy.Allocations, p *policy.Policy) {
+		return func(t *testing.T, a *policy.Allocations, p *policy.Policy) {
+			first, devs := claim("first", "ns/x", "0")
+			if _, err := a.AdmitClaim(p, first, devs, nil); err != nil {
+				t.Fatal(err)
+			}
+			mustAdmit(t)(admit(a, p, pod("p"), nil, 0, policy.Choice{}, nil, first.UID))
+			second, devs := claim("second", "ns/y", "1")
+			if _, err := a.AdmitClaim(p, second, devs, nil); err != nil {
+				t.Fatal(err)
+			}
+			if restart {
+				if err := a.Restore(p, a.Holdings()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
 	tests := []struct {
 		name   string
 		policy config.Policy
@@ -101,17 +123,7 @@ func TestOneRuleEveryDoor(t *testing.T) {
 		// device counts (it once did not).
 		name:   "maxDevicesPerPod: a claim another container of the pod used, prepared for another pod",
 		policy: with(func(c *config.Policy) { c.MaxDevicesPerPod = 1 }),
-		before: func(t *testing.T, a *policy.Allocations, p *policy.Policy) {
-			first, devs := claim("first", "ns/x", "0")
-			if _, err := a.AdmitClaim(p, first, devs, nil); err != nil {
-				t.Fatal(err)
-			}
-			mustAdmit(t)(admit(a, p, pod("p"), nil, 0, policy.Choice{}, nil, first.UID))
-			second, devs := claim("second", "ns/y", "1")
-			if _, err := a.AdmitClaim(p, second, devs, nil); err != nil {
-				t.Fatal(err)
-			}
-		},
+		before: usedClaim(false),
 		gpu:  "1",
 		uses: []string{"uid-second"},
 		rule: policy.RuleMax,
@@ -121,20 +133,7 @@ func TestOneRuleEveryDoor(t *testing.T) {
 		// the pool kept for its record.
 		name:   "maxDevicesPerPod: a claim another container of the pod used, prepared for another pod, after a restart",
 		policy: with(func(c *config.Policy) { c.MaxDevicesPerPod = 1 }),
-		before: func(t *testing.T, a *policy.Allocations, p *policy.Policy) {
-			first, devs := claim("first", "ns/x", "0")
-			if _, err := a.AdmitClaim(p, first, devs, nil); err != nil {
-				t.Fatal(err)
-			}
-			mustAdmit(t)(admit(a, p, pod("p"), nil, 0, policy.Choice{}, nil, first.UID))
-			second, devs := claim("second", "ns/y", "1")
-			if _, err := a.AdmitClaim(p, second, devs, nil); err != nil {
-				t.Fatal(err)
-			}
-			if err := a.Restore(p, a.Holdings()); err != nil {
-				t.Fatal(err)
-			}
-		},
+		before: usedClaim(true),
 		gpu:  "1",
 		uses: []string{"uid-second"},
 		rule: policy.RuleMax,
