@@ -33,9 +33,7 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 	go p.keepGenerating(ctx)
 	go p.hw.watchHealth(ctx, p.start.Health, func(unhealthy int) {
 		p.metrics.UnhealthyGPUs(unhealthy)
-		for _, d := range p.doors {
-			d.Notify()
-		}
+		p.notifyDoors()
 	})
 	go p.mps.keepRunning(ctx)
 	delay := MinBackoff

@@ -242,10 +242,16 @@ func (p *Plugin) saveAndNotify() error {
 	}
 	p.metrics.DevicesHeld(p.alloc.Count()) // nil metrics: nothing
 	p.metrics.RecordRebuilt(p.rec.lost.Load() || p.alloc.Rebuilt() > 0)
+	p.notifyDoors()
+	return err
+}
+
+// notifyDoors tells each door that what pods hold, or what is healthy,
+// changed.
+func (p *Plugin) notifyDoors() {
 	for _, d := range p.doors {
 		d.Notify()
 	}
-	return err
 }
 
 // keepOrUndo records a change that added to what is held (a pod's grant, a
