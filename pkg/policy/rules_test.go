@@ -124,20 +124,20 @@ func TestOneRuleEveryDoor(t *testing.T) {
 		name:   "maxDevicesPerPod: a claim another container of the pod used, prepared for another pod",
 		policy: with(func(c *config.Policy) { c.MaxDevicesPerPod = 1 }),
 		before: usedClaim(false),
-		gpu:  "1",
-		uses: []string{"uid-second"},
-		rule: policy.RuleMax,
-		want: "denied by policy: pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1); raise policy.maxDevicesPerPod to allow it",
+		gpu:    "1",
+		uses:   []string{"uid-second"},
+		rule:   policy.RuleMax,
+		want:   "denied by policy: pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1); raise policy.maxDevicesPerPod to allow it",
 	}, {
 		// The same after nri-gpu restarted: the pods rebuilt from what
 		// the pool kept for its record.
 		name:   "maxDevicesPerPod: a claim another container of the pod used, prepared for another pod, after a restart",
 		policy: with(func(c *config.Policy) { c.MaxDevicesPerPod = 1 }),
 		before: usedClaim(true),
-		gpu:  "1",
-		uses: []string{"uid-second"},
-		rule: policy.RuleMax,
-		want: "denied by policy: pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1); raise policy.maxDevicesPerPod to allow it",
+		gpu:    "1",
+		uses:   []string{"uid-second"},
+		rule:   policy.RuleMax,
+		want:   "denied by policy: pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1); raise policy.maxDevicesPerPod to allow it",
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
