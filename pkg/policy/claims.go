@@ -181,7 +181,7 @@ func (a *Allocations) admitClaim(p *Policy, c Claim, devices []ClaimDevice, unhe
 // it is reserved for no pod.
 func (a *Allocations) checkClaimMax(p *Policy, c Claim, devs []specs.Device) error {
 	if len(c.Pods) == 0 {
-		return p.checkMax(c.String(), devs, nil)
+		return p.checkMax("it", devs, nil) // the caller names the claim
 	}
 	for _, pod := range c.Pods {
 		var holdings []*holding

@@ -38,9 +38,11 @@ func TestAdmitClaim(t *testing.T) {
 		claim string
 		gpus  []string
 		// fresh: nothing held before.
-		fresh   bool
-		rule    string
-		wantErr []string
+		fresh bool
+		// unreserved: the claim is reserved for no pod yet.
+		unreserved bool
+		rule       string
+		wantErr    []string
 	}{
 		{name: "a free device", policy: config.Policy{Namespaces: []string{"ns"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"3"}},
 		{name: "a device a pod holds by name, exclusive or not", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"0"},
@@ -62,6 +64,8 @@ func TestAdmitClaim(t *testing.T) {
 		{name: "an unhealthy GPU where policy.allowUnhealthy", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, AllowUnhealthy: true}, claim: "c", gpus: []string{"GPU-3"}},
 		{name: "more than policy.maxDevicesPerPod", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 1}, claim: "c", gpus: []string{"0", "1"}, fresh: true,
 			rule: policy.RuleMax, wantErr: []string{"pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1)"}},
+		{name: "more than policy.maxDevicesPerPod, reserved for no pod: the claim named once", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 1}, claim: "c", gpus: []string{"0", "1"}, fresh: true, unreserved: true,
+			rule: policy.RuleMax, wantErr: []string{"claim ns/c: denied by policy: it would hold 2 devices, more than policy.maxDevicesPerPod (1)"}},
 		{name: "as many as policy.maxDevicesPerPod, one GPU by two names", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 1}, claim: "c", gpus: []string{"0", "GPU-0"}, fresh: true},
 		{name: "the same claim again with the same device (kubelet after a restart): kept, whatever the policy now", policy: config.Policy{Namespaces: []string{"tenant-*"}, Devices: config.DefaultDevices}, claim: "old", gpus: []string{"2"}},
 	}
@@ -73,6 +77,9 @@ func TestAdmitClaim(t *testing.T) {
 				holdBefore(t, a, byName)
 			}
 			c, devs := claimOf(tc.claim, byName, tc.gpus...)
+			if tc.unreserved {
+				c.Pods = nil
+			}
 			_, err := a.AdmitClaim(p, c, devs, sick)
 			if tc.rule == "" {
 				if err != nil {
