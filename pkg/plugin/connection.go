@@ -13,9 +13,9 @@ import (
 // under its own lock.
 type connection struct {
 	mu sync.Mutex
-	// configuredOK counts successful Configure calls, one per
+	// configuredOK says a Configure succeeded on the current
 	// connection.
-	configuredOK int
+	configuredOK bool
 	// synced says the plugin is registered with the runtime: it has had
 	// Synchronize on its current connection.
 	synced bool
@@ -33,13 +33,12 @@ type connection struct {
 }
 
 // opening starts a connection through a stub that tells the runtime's
-// NRI version and request timeout, and returns how many connections were
-// configured before it.
-func (c *connection) opening(nriVersion func() string, requestTimeout func() time.Duration) int {
+// NRI version and request timeout.
+func (c *connection) opening(nriVersion func() string, requestTimeout func() time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.nriVersion, c.requestTimeout = nriVersion, requestTimeout
-	return c.configuredOK
+	c.configuredOK, c.configErr = false, nil
 }
 
 // configuring keeps what the runtime being configured applies, and
@@ -54,8 +53,8 @@ func (c *connection) configuring(rt adjust.Runtime) (nriVersion string) {
 	return c.nriVersion()
 }
 
-// configured counts a configured connection, or keeps the error that
-// refused its configuration.
+// configured says the connection's Configure succeeded, or keeps the
+// error that refused the configuration it was handed.
 func (c *connection) configured(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -63,18 +62,16 @@ func (c *connection) configured(err error) {
 		c.configErr = err
 		return
 	}
-	c.configuredOK++
+	c.configuredOK = true
 }
 
-// closed says the connection's end: whether a connection was configured
-// since opening said before, and the configuration it refused, which it
-// forgets.
-func (c *connection) closed(before int) (wasConfigured bool, refused error) {
+// closed says the connection's end: whether its Configure succeeded, and
+// the configuration it refused.
+func (c *connection) closed() (wasConfigured bool, refused error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.synced = false
-	refused, c.configErr = c.configErr, nil
-	return c.configuredOK != before, refused
+	return c.configuredOK, c.configErr
 }
 
 func (c *connection) setSynced() {

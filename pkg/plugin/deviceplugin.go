@@ -123,11 +123,8 @@ func (r *Resource) Preferred(available, mustInclude []string, size int) []string
 			out = append(out, replica[dev])
 		}
 	}
-	for _, id := range spare {
-		if len(out) >= size {
-			break
-		}
-		out = append(out, id)
+	if n := size - len(out); n > 0 {
+		out = append(out, spare[:min(n, len(spare))]...)
 	}
 	return out
 }

@@ -42,9 +42,9 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 		if err != nil {
 			return fmt.Errorf("creating the NRI stub: %w", err)
 		}
-		before := p.conn.opening(s.RuntimeNRIVersion, s.RequestTimeout)
+		p.conn.opening(s.RuntimeNRIVersion, s.RequestTimeout)
 		err = s.Run(ctx)
-		wasConfigured, cfgErr := p.conn.closed(before)
+		wasConfigured, cfgErr := p.conn.closed()
 		if ctx.Err() != nil {
 			return nil
 		}
