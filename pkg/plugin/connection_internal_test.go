@@ -17,7 +17,7 @@ func TestConnectionEnd(t *testing.T) {
 		name string
 		// before runs on an earlier connection, then this one opens
 		// and runs steps.
-		before, steps []error
+		before, steps  []error
 		wantConfigured bool
 		wantRefused    error
 	}{
