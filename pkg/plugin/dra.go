@@ -190,12 +190,11 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 		return err // refused, or kubelet asked again: nothing new to record
 	}
 	// One undo, whichever step fails: the claim is let go and the
-	// daemons started for it stop, their GPUs back in Default.
+	// daemons started for it stop, their GPUs back in Default (keep
+	// stops those no holder wants any more).
 	undo := func() {
 		admitted()
-		if len(own) > 0 {
-			c.p.mps.keep(ctx)
-		}
+		c.p.mps.keep(ctx)
 	}
 	if err := c.p.mps.startForClaim(ctx, own); err != nil {
 		undo()

@@ -431,8 +431,8 @@ func TestSharedClaimDevices(t *testing.T) {
 // TestClaimDevicesChosen: the DRA driver offers the devices of each
 // configured kind that dra.devices and policy.devices both allow; a
 // device of another vendor has no GPU's attributes, and is named from
-// its CDI name; a MIG device has its GPU's index and is offered where its
-// GPU is not.
+// its CDI name; a MIG device has its GPU's index (none where its name,
+// its UUID, does not say it) and is offered where its GPU is not.
 func TestClaimDevicesChosen(t *testing.T) {
 	dir := t.TempDir()
 	fpga := `
@@ -459,9 +459,12 @@ devices:
   - name: "2:0"
     containerEdits:
       deviceNodes: [{path: /dev/nvidia2, hostPath: %s}, {path: /dev/nvidia-caps/nvidia-cap21, hostPath: %s}]
+  - name: MIG-5c1f2a3b-0000-5000-8000-000000000022
+    containerEdits:
+      deviceNodes: [{path: /dev/nvidia2, hostPath: %s}, {path: /dev/nvidia-caps/nvidia-cap22, hostPath: %s}]
 `
 	var nodes []any
-	for _, n := range []string{"nvidia1", "nvidia2", "nvidia2", "cap21"} {
+	for _, n := range []string{"nvidia1", "nvidia2", "nvidia2", "cap21", "nvidia2", "cap22"} {
 		path := filepath.Join(dir, n)
 		if err := os.WriteFile(path, nil, 0o644); err != nil {
 			t.Fatal(err)
@@ -477,9 +480,9 @@ devices:
 			t.Fatal(err)
 		}
 	}
-	p := inProcess(t, `policy: {devices: ["nvidia.com/gpu=[02]*", "vendor.com/fpga=*"]}`, specDir)
+	p := inProcess(t, `policy: {devices: ["nvidia.com/gpu=[02]*", "nvidia.com/gpu=MIG-*", "vendor.com/fpga=*"]}`, specDir)
 	cfg := config.Default().Start.DRA
-	cfg.Kinds, cfg.Devices = []string{"vendor.com/fpga", "nvidia.com/gpu"}, []string{"Card_*", "1", "*:*"}
+	cfg.Kinds, cfg.Devices = []string{"vendor.com/fpga", "nvidia.com/gpu"}, []string{"Card_*", "1", "*:*", "MIG-*"}
 	var got []string
 	attrs := map[string]int{}
 	for _, d := range offer(t, p.DRAView(cfg), nil) {
@@ -493,11 +496,22 @@ devices:
 				t.Errorf("MIG device 2:0 of index %v, want its GPU's 2", i)
 			}
 		}
+		// A MIG device named by its UUID (nvidia-ctk's uuid naming):
+		// its name does not say its GPU, and it is published with no
+		// index rather than another GPU's.
+		if strings.HasPrefix(d.CDI, "nvidia.com/gpu=MIG-") {
+			if ty := d.Device.Attributes["type"].StringValue; ty == nil || *ty != "mig" {
+				t.Errorf("MIG device %s of type %v", d.CDI, ty)
+			}
+			if i, ok := d.Device.Attributes["index"]; ok {
+				t.Errorf("MIG device %s published with index %v, want none", d.CDI, i)
+			}
+		}
 	}
 	// GPUs 0 and 2: not in dra.devices; GPU 1: not in policy.devices;
 	// MIG device 2:0 (offered as GPU 2 is not: one device per piece of
-	// hardware).
-	want := []string{"fpga-card-a=vendor.com/fpga=Card_A", "gpu-2-0=nvidia.com/gpu=2:0"}
+	// hardware), and another MIG device of GPU 2, named by its UUID.
+	want := []string{"fpga-card-a=vendor.com/fpga=Card_A", "gpu-2-0=nvidia.com/gpu=2:0", "gpu-mig-5c1f2a3b-0000-5000-8000-000000000022=nvidia.com/gpu=MIG-5c1f2a3b-0000-5000-8000-000000000022"}
 	if !slices.Equal(got, want) {
 		t.Errorf("offered %v, want %v", got, want)
 	}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -492,16 +493,21 @@ func TestClaimOwnMPS(t *testing.T) {
 	}
 	wantClient(t, adj, dirOf(1), 100, int64(inv.GPUs[1].MemoryBytes>>20))
 
-	// nri-gpu does not run the daemons: refused, nothing held.
+	// nri-gpu does not run the daemons: refused, each GPU named, nothing
+	// held.
 	r = runtimeSetUp(t, "v2.3.7", unshared("external"), func() []plugin.Option { return []plugin.Option{plugin.WithNVML(lib)} })
 	view = r.plugin.DRAView(config.Default().Start.DRA)
 	err = view.Prepare(context.Background(), policy.Claim{UID: "uid-e", Namespace: "tenant", Name: "e"}, []link.Allocated{
 		{CDI: "nvidia.com/gpu=0", Requests: []string{"gpu"}, GpuConfig: mpsAsked},
+		{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, GpuConfig: mpsAsked},
 	})
-	testutil.ErrorSays(t, err, `claim tenant/e: MPS-shared GPU not served: device "nvidia.com/gpu=0": the GpuConfig of the claim that holds it asks for MPS, and nri-gpu runs an MPS daemon for a claim's GPU only with start.mps.daemon: managed`)
-	e := gpuPod("e", map[string]string{"gpus.nri-gpu.io": "0"})
-	if _, err := r.create(e, ctrOf(e, nil)); err != nil {
-		t.Errorf("GPU 0 after the refused claim: %v", err)
+	testutil.ErrorSays(t, err, `claim tenant/e: MPS-shared GPU not served: device "nvidia.com/gpu=0": the GpuConfig of the claim that holds it asks for MPS, and nri-gpu runs an MPS daemon for a claim's GPU only with start.mps.daemon: managed`,
+		`claim tenant/e: MPS-shared GPU not served: device "nvidia.com/gpu=1"`)
+	for i, name := range []string{"e", "f"} {
+		e := gpuPod(name, map[string]string{"gpus.nri-gpu.io": strconv.Itoa(i)})
+		if _, err := r.create(e, ctrOf(e, nil)); err != nil {
+			t.Errorf("GPU %d after the refused claim: %v", i, err)
+		}
 	}
 }
 
