@@ -75,7 +75,7 @@ func TestOptions(t *testing.T) {
 		{"a relative plugin directory", edited(func(o *link.Options) { o.DRA.PluginDir = "plugins" }), `start.dra.pluginDir`},
 		{"a field it does not know", []string{`--options={"Node":"n","Privileged":true}`}, `unknown field "Privileged"`},
 		{"not JSON", []string{"--options=node-1"}, "--options: invalid character"},
-		{"an argument after the flags", append(in.Args(), "extra", "more"), `unexpected argument "extra"`},
+		{"an argument after the flags", append(in.Args(), "extra"), `unexpected argument "extra"`},
 		{"a flag of before", append(in.Args(), "--driver-name=x"), "flag provided but not defined: -driver-name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
