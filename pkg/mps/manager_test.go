@@ -54,11 +54,13 @@ func modesDone(events []mps.Event) []string {
 }
 
 // modes is a fake mps.Modes: each GPU's compute mode by UUID (none
-// set: Default), and the error Exclusive returns where err is set.
+// set: Default), and the error Exclusive returns where err is set (for
+// the GPU of UUID only, where it is set too).
 type modes struct {
 	mu   sync.Mutex
 	mode map[string]string
 	err  error
+	only string
 }
 
 var _ mps.Modes = (*modes)(nil)
@@ -68,7 +70,7 @@ func newModes() *modes { return &modes{mode: map[string]string{}} }
 func (m *modes) Exclusive(uuid string) (string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.err != nil {
+	if m.err != nil && (m.only == "" || m.only == uuid) {
 		return "", m.err
 	}
 	was := m.of(uuid)
@@ -265,6 +267,15 @@ func TestManagerManyDaemons(t *testing.T) {
 	}
 	if len(errs) == 1 {
 		testutil.ErrorSays(t, errs[0], "MPS daemon of nvidia.com/gpu=a", "/nonexistent")
+	}
+	// One GPU's mode refused: its daemon is not started, the next one's
+	// is.
+	f, g := daemon("f"), daemon("g")
+	refusing := newModes()
+	refusing.err, refusing.only = errors.New("NVML: ERROR_NO_PERMISSION"), "GPU-f"
+	events, errs = mps.NewManager(inShm, refusing).Sync(ctx, []mps.Want{f, g})
+	if len(errs) != 1 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=g"}) {
+		t.Errorf("f's mode refused, then g: %v, %v; want one error and g started", whats(events), errs)
 	}
 }
 
