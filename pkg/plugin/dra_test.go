@@ -462,9 +462,12 @@ devices:
   - name: MIG-5c1f2a3b-0000-5000-8000-000000000022
     containerEdits:
       deviceNodes: [{path: /dev/nvidia2, hostPath: %s}, {path: /dev/nvidia-caps/nvidia-cap22, hostPath: %s}]
+  - name: GPU-5c1f2a3b-0000-5000-8000-000000000003
+    containerEdits:
+      deviceNodes: [{path: /dev/nvidia3, hostPath: %s}]
 `
 	var nodes []any
-	for _, n := range []string{"nvidia1", "nvidia2", "nvidia2", "cap21", "nvidia2", "cap22"} {
+	for _, n := range []string{"nvidia1", "nvidia2", "nvidia2", "cap21", "nvidia2", "cap22", "nvidia3"} {
 		path := filepath.Join(dir, n)
 		if err := os.WriteFile(path, nil, 0o644); err != nil {
 			t.Fatal(err)
@@ -480,9 +483,9 @@ devices:
 			t.Fatal(err)
 		}
 	}
-	p := inProcess(t, `policy: {devices: ["nvidia.com/gpu=[02]*", "nvidia.com/gpu=MIG-*", "vendor.com/fpga=*"]}`, specDir)
+	p := inProcess(t, `policy: {devices: ["nvidia.com/gpu=[02]*", "nvidia.com/gpu=MIG-*", "nvidia.com/gpu=GPU-*", "vendor.com/fpga=*"]}`, specDir)
 	cfg := config.Default().Start.DRA
-	cfg.Kinds, cfg.Devices = []string{"vendor.com/fpga", "nvidia.com/gpu"}, []string{"Card_*", "1", "*:*", "MIG-*"}
+	cfg.Kinds, cfg.Devices = []string{"vendor.com/fpga", "nvidia.com/gpu"}, []string{"Card_*", "1", "*:*", "MIG-*", "GPU-*"}
 	var got []string
 	attrs := map[string]int{}
 	for _, d := range offer(t, p.DRAView(cfg), nil) {
@@ -496,12 +499,13 @@ devices:
 				t.Errorf("MIG device 2:0 of index %v, want its GPU's 2", i)
 			}
 		}
-		// A MIG device named by its UUID (nvidia-ctk's uuid naming):
-		// its name does not say its GPU, and it is published with no
-		// index rather than another GPU's.
-		if strings.HasPrefix(d.CDI, "nvidia.com/gpu=MIG-") {
-			if ty := d.Device.Attributes["type"].StringValue; ty == nil || *ty != "mig" {
-				t.Errorf("MIG device %s of type %v", d.CDI, ty)
+		// A GPU and a MIG device named by their UUIDs (nvidia-ctk's
+		// uuid naming): their names do not say their GPU's index, and
+		// they are published with none rather than another GPU's.
+		if kind, ok := strings.CutPrefix(d.CDI, "nvidia.com/gpu="); ok && (strings.HasPrefix(kind, "MIG-") || strings.HasPrefix(kind, "GPU-")) {
+			want := map[bool]string{true: "mig", false: "gpu"}[strings.HasPrefix(kind, "MIG-")]
+			if ty := d.Device.Attributes["type"].StringValue; ty == nil || *ty != want {
+				t.Errorf("device %s of type %v, want %s", d.CDI, ty, want)
 			}
 			if i, ok := d.Device.Attributes["index"]; ok {
 				t.Errorf("MIG device %s published with index %v, want none", d.CDI, i)
@@ -510,8 +514,11 @@ devices:
 	}
 	// GPUs 0 and 2: not in dra.devices; GPU 1: not in policy.devices;
 	// MIG device 2:0 (offered as GPU 2 is not: one device per piece of
-	// hardware), and another MIG device of GPU 2, named by its UUID.
-	want := []string{"fpga-card-a=vendor.com/fpga=Card_A", "gpu-2-0=nvidia.com/gpu=2:0", "gpu-mig-5c1f2a3b-0000-5000-8000-000000000022=nvidia.com/gpu=MIG-5c1f2a3b-0000-5000-8000-000000000022"}
+	// hardware), another MIG device of GPU 2 and GPU 3, named by their
+	// UUIDs.
+	// GPU 3 is named from its device node's minor.
+	want := []string{"fpga-card-a=vendor.com/fpga=Card_A", "gpu-2-0=nvidia.com/gpu=2:0", "gpu-3=nvidia.com/gpu=GPU-5c1f2a3b-0000-5000-8000-000000000003",
+		"gpu-mig-5c1f2a3b-0000-5000-8000-000000000022=nvidia.com/gpu=MIG-5c1f2a3b-0000-5000-8000-000000000022"}
 	if !slices.Equal(got, want) {
 		t.Errorf("offered %v, want %v", got, want)
 	}
