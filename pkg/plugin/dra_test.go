@@ -431,8 +431,8 @@ func TestSharedClaimDevices(t *testing.T) {
 // TestClaimDevicesChosen: the DRA driver offers the devices of each
 // configured kind that dra.devices and policy.devices both allow; a
 // device of another vendor has no GPU's attributes, and is named from
-// its CDI name; a MIG device has its GPU's index (none where its name,
-// its UUID, does not say it) and is offered where its GPU is not.
+// its CDI name; a MIG device has its GPU's index and is offered where its
+// GPU is not; a GPU or MIG device named by its UUID has no index.
 func TestClaimDevicesChosen(t *testing.T) {
 	dir := t.TempDir()
 	fpga := `
@@ -508,15 +508,14 @@ devices:
 				t.Errorf("device %s of type %v, want %s", d.CDI, ty, want)
 			}
 			if i, ok := d.Device.Attributes["index"]; ok {
-				t.Errorf("MIG device %s published with index %v, want none", d.CDI, i)
+				t.Errorf("device %s published with index %v, want none", d.CDI, i)
 			}
 		}
 	}
 	// GPUs 0 and 2: not in dra.devices; GPU 1: not in policy.devices;
 	// MIG device 2:0 (offered as GPU 2 is not: one device per piece of
 	// hardware), another MIG device of GPU 2 and GPU 3, named by their
-	// UUIDs.
-	// GPU 3 is named from its device node's minor.
+	// UUIDs (GPU 3 offered under its device node's number).
 	want := []string{"fpga-card-a=vendor.com/fpga=Card_A", "gpu-2-0=nvidia.com/gpu=2:0", "gpu-3=nvidia.com/gpu=GPU-5c1f2a3b-0000-5000-8000-000000000003",
 		"gpu-mig-5c1f2a3b-0000-5000-8000-000000000022=nvidia.com/gpu=MIG-5c1f2a3b-0000-5000-8000-000000000022"}
 	if !slices.Equal(got, want) {
