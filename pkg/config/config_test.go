@@ -466,26 +466,28 @@ func TestStartChanged(t *testing.T) {
 func TestSharingAmounts(t *testing.T) {
 	const mi, gi = int64(1 << 20), int64(1 << 30)
 	for _, tc := range []struct {
+		// entry is the entry's keys after its devices and replicas,
+		// each after a comma.
 		name, entry string
 		want        config.Amounts
 		wantErr     string
 		// notSaid is what the refusal does not say.
 		notSaid string
 	}{
-		{name: "nothing set", entry: "{}", want: config.Amounts{Step: mi}},
-		{name: "the step 1Mi unless set", entry: "{memory: 3Mi, memoryRequest: {default: 1Mi}}", want: config.Amounts{Memory: 3 * mi, Default: mi, Step: mi}},
-		{name: "a step of its own", entry: "{memory: 80Gi, memoryRequest: {step: 2Gi, minimum: 2Gi, default: 16Gi, maximum: 40Gi}}",
+		{name: "nothing set", entry: "", want: config.Amounts{Step: mi}},
+		{name: "the step 1Mi unless set", entry: ", memory: 3Mi, memoryRequest: {default: 1Mi}", want: config.Amounts{Memory: 3 * mi, Default: mi, Step: mi}},
+		{name: "a step of its own", entry: ", memory: 80Gi, memoryRequest: {step: 2Gi, minimum: 2Gi, default: 16Gi, maximum: 40Gi}",
 			want: config.Amounts{Memory: 80 * gi, Minimum: 2 * gi, Default: 16 * gi, Maximum: 40 * gi, Step: 2 * gi}},
-		{name: "equal bounds", entry: "{memory: 4Gi, memoryRequest: {minimum: 4Gi, default: 4Gi, maximum: 4Gi}}",
+		{name: "equal bounds", entry: ", memory: 4Gi, memoryRequest: {minimum: 4Gi, default: 4Gi, maximum: 4Gi}",
 			want: config.Amounts{Memory: 4 * gi, Minimum: 4 * gi, Default: 4 * gi, Maximum: 4 * gi, Step: mi}},
-		{name: "the default unset between two set", entry: "{memoryRequest: {minimum: 2Gi, maximum: 4Gi}}", want: config.Amounts{Minimum: 2 * gi, Maximum: 4 * gi, Step: mi}},
-		{name: "the maximum under the minimum, the default unset between them", entry: "{memoryRequest: {minimum: 4Gi, maximum: 2Gi}}",
+		{name: "the default unset between two set", entry: ", memoryRequest: {minimum: 2Gi, maximum: 4Gi}", want: config.Amounts{Minimum: 2 * gi, Maximum: 4 * gi, Step: mi}},
+		{name: "the maximum under the minimum, the default unset between them", entry: ", memoryRequest: {minimum: 4Gi, maximum: 2Gi}",
 			wantErr: `policy.sharing[0].memoryRequest.maximum: "2Gi" is less than policy.sharing[0].memoryRequest.minimum (4Gi)`},
-		{name: "one unparsable amount: named alone, the others checked once it parses", entry: "{memoryRequest: {minimum: lots, default: 2Gi, maximum: 1Gi}}",
+		{name: "one unparsable amount: named alone, the others checked once it parses", entry: ", memoryRequest: {minimum: lots, default: 2Gi, maximum: 1Gi}",
 			wantErr: `policy.sharing[0].memoryRequest.minimum: "lots" is not a quantity`, notSaid: "is less than"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			yaml := "policy:\n  sharing: [{devices: ['*'], replicas: 2, " + strings.TrimSuffix(strings.TrimPrefix(tc.entry, "{"), "}") + "}]\n"
+			yaml := "policy:\n  sharing: [{devices: ['*'], replicas: 2" + tc.entry + "}]\n"
 			c, err := config.Parse([]byte(yaml))
 			if tc.wantErr != "" {
 				testutil.ErrorSays(t, err, tc.wantErr)
