@@ -140,7 +140,10 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 		}
 		kept, err := p.rec.file.Load()
 		if err != nil {
-			p.recordLost(err)
+			p.recordLost(err, len(kept.Claims))
+		}
+		if kept.EarlierBoot != "" {
+			p.log.Infof("the record of what pods and claims held was kept before the node last booted (boot %s): it holds nothing now, and kubelet prepares the claims of the pods it starts again", kept.EarlierBoot)
 		}
 		pods, claims := kept.Pods, kept.Claims
 		if err := p.alloc.RestoreClaims(st.policy, claims); err != nil {

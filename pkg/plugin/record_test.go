@@ -431,3 +431,73 @@ func TestClaimAskedAgainWhileNotRecorded(t *testing.T) {
 		t.Errorf("claim v asked again, with the same GPU: %v", err)
 	}
 }
+
+// TestRecordOfAnotherBootOrFormat: nri-gpu starts on a record holding
+// claim ns/c on GPU 1 (and pod x, gone, on GPU 0). Kept in this boot,
+// the claim still holds GPU 1. Kept before the node last booted, it
+// holds nothing: GPU 1 goes to a pod, the record is rewritten for this
+// boot, and kubelet's prepare of the claim, asked again, holds it anew.
+// Written by a newer nri-gpu, the record is set aside naming both
+// versions, and the claim it names still holds GPU 1.
+func TestRecordOfAnotherBootOrFormat(t *testing.T) {
+	raw, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Skip("the kernel does not say which boot this is")
+	}
+	thisBoot := strings.TrimSpace(string(raw))
+	for _, tc := range []struct {
+		name, version, boot string
+		claimHolds, aside   bool
+		logged              string
+	}{
+		{name: "this boot", version: "1", boot: thisBoot, claimHolds: true},
+		{name: "earlier boot", version: "1", boot: "9d1c0a7e-0000-4000-8000-000000000001",
+			logged: "kept before the node last booted (boot 9d1c0a7e-0000-4000-8000-000000000001): it holds nothing now"},
+		{name: "newer format", version: "2", boot: thisBoot, claimHolds: true, aside: true,
+			logged: "written by a newer nri-gpu: format version 2, and this nri-gpu reads version 1 and older"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			state := filepath.Join(t.TempDir(), "allocations.json")
+			writeFile(t, state, []byte(`{"version":`+tc.version+`,"bootId":"`+tc.boot+`","pods":[{"id":"id-x","namespace":"ns","name":"x","named":[{"name":"nvidia.com/gpu=0","nodes":["c 195:0"]}]}],`+
+				`"claims":[{"uid":"uid-c","namespace":"ns","name":"c","devices":[{"name":"nvidia.com/gpu=1","nodes":["c 195:1"]}]}]}`))
+			p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}), plugin.WithStateFile(state))
+			if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			if tc.logged != "" && len(entries(hook, logrus.InfoLevel, tc.logged))+len(entries(hook, logrus.ErrorLevel, tc.logged)) != 1 {
+				t.Errorf("no log saying %q", tc.logged)
+			}
+			aside, _ := filepath.Glob(state + ".damaged-*")
+			if (len(aside) == 1) != tc.aside {
+				t.Errorf("records set aside: %v, want one: %v", aside, tc.aside)
+			}
+			for gpu, held := range map[string]bool{"0": false, "1": tc.claimHolds} {
+				pod := gpuPod("p"+gpu, map[string]string{"gpus.nri-gpu.io": gpu})
+				_, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil))
+				if held {
+					testutil.ErrorSays(t, err, "claim ns/c")
+				} else if err != nil {
+					t.Errorf("GPU %s: %v, want it free", gpu, err)
+				}
+			}
+			saved, err := os.ReadFile(state)
+			if err != nil || !strings.Contains(string(saved), `"bootId":"`+thisBoot+`"`) || strings.Contains(string(saved), "id-x") {
+				t.Errorf("the record kept now: %s, %v; want this boot's, without pod x", saved, err)
+			}
+			if tc.claimHolds {
+				return
+			}
+			// The claim's pod starts again after the reboot: kubelet asks
+			// for it to be prepared, and it is, once GPU 1 is free again.
+			view := p.DRAView(config.Default().Start.DRA)
+			claim, gpu1 := policy.Claim{UID: "uid-c", Namespace: "ns", Name: "c"}, []link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}}}
+			testutil.ErrorSays(t, view.Prepare(context.Background(), claim, gpu1), "held by pod tenant/p1")
+			if err := p.StopPodSandbox(context.Background(), gpuPod("p1", nil)); err != nil {
+				t.Fatal(err)
+			}
+			if err := view.Prepare(context.Background(), claim, gpu1); err != nil {
+				t.Errorf("the claim prepared again after the reboot: %v", err)
+			}
+		})
+	}
+}

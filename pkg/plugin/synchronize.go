@@ -32,7 +32,9 @@ type kept struct {
 // recordLost handles a state file that cannot be read back: it is set
 // aside for the operator (never when read only), and every device found
 // in a running container is then held by its pod alone (Synchronize).
-func (p *Plugin) recordLost(err error) {
+// claims are those of the file still held (a newer nri-gpu's record:
+// what this one reads of it).
+func (p *Plugin) recordLost(err error, claims int) {
 	kept := "left where it is"
 	if !p.rec.file.ReadOnly() {
 		aside, aerr := p.rec.file.SetAside()
@@ -43,6 +45,9 @@ func (p *Plugin) recordLost(err error) {
 		}
 	}
 	p.rec.lost.Store(true)
+	if claims > 0 {
+		kept += fmt.Sprintf("; the %d prepared claims it names stay held", claims)
+	}
 	p.log.Errorf("the record of what pods hold is unusable (%v; %s): it is rebuilt from the device nodes of the running containers, each device found held by its pod alone (as a count grant is) until the pod is removed", err, kept)
 }
 

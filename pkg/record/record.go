@@ -45,6 +45,10 @@ var ErrUntrusted = errors.New("not trusted")
 // file's lock: one nri-gpu per record.
 var ErrLocked = errors.New("in use by another nri-gpu")
 
+// ErrNewer is wrapped by Load's error for a record written by a newer
+// nri-gpu, in a format this one does not read.
+var ErrNewer = errors.New("written by a newer nri-gpu")
+
 // lockWait is how long Lock waits for another process to let the lock go
 // (the nri-gpu it replaces may still be stopping) before it refuses. A
 // variable for the package's tests alone.
@@ -58,6 +62,9 @@ func tempPrefix(path string) string { return "." + filepath.Base(path) + ".tmp-"
 // File is the record at one path.
 type File struct {
 	path string
+	// boot is the kernel's ID of the boot this process runs in ("" when
+	// it cannot tell): a record kept in another boot holds nothing.
+	boot string
 	// readOnly files are read, never written (nri-gpu explain).
 	readOnly bool
 	// step, when set (the package's own tests), is called at each step
@@ -72,11 +79,25 @@ type File struct {
 }
 
 // Open returns the record at path, for reading and writing.
-func Open(path string) *File { return &File{path: path} }
+func Open(path string) *File { return &File{path: path, boot: bootID()} }
 
 // OpenReadOnly returns the record at path, which Save then never writes
 // (for nri-gpu explain and devices, beside the running plugin).
-func OpenReadOnly(path string) *File { return &File{path: path, readOnly: true} }
+func OpenReadOnly(path string) *File {
+	return &File{path: path, readOnly: true, boot: bootID()}
+}
+
+// bootIDPath is where the kernel says which boot this is: a random ID
+// made anew at each boot.
+const bootIDPath = "/proc/sys/kernel/random/boot_id"
+
+func bootID() string {
+	b, err := os.ReadFile(bootIDPath)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
 
 // Path is where the record is kept.
 func (f *File) Path() string { return f.path }
@@ -89,6 +110,10 @@ func (f *File) ReadOnly() bool { return f.readOnly }
 type Content struct {
 	Pods   []policy.Holding
 	Claims []policy.ClaimHolding
+	// EarlierBoot is the boot ID of the record Load read, when it was
+	// kept before the node last booted: the containers and prepared
+	// devices it listed went with that boot, and it holds nothing.
+	EarlierBoot string
 }
 
 func (f *File) mark(name string) {
@@ -99,8 +124,11 @@ func (f *File) mark(name string) {
 
 // stateRecord is the file's content.
 type stateRecord struct {
-	Version int         `json:"version"`
-	Pods    []podRecord `json:"pods"`
+	Version int `json:"version"`
+	// Boot is the kernel's boot ID when the record was kept; none in
+	// records of nri-gpu before it, and where the kernel does not tell.
+	Boot string      `json:"bootId,omitempty"`
+	Pods []podRecord `json:"pods"`
 	// Claims are the DRA claims prepared on the node.
 	Claims []claimRecord `json:"claims,omitempty"`
 }
@@ -172,6 +200,12 @@ func (r deviceRecord) device() specs.Device {
 	return d
 }
 
+// stateVersion is the record's format: the one this nri-gpu writes and
+// the newest it reads. It goes up only when a reader of the format before
+// would misjudge what a record holds; a key such a reader may ignore
+// (bootId, a claim's asked bounds, a device's parts) is added within it.
+// testdata/formats keeps a record of every format nri-gpu has written,
+// and the tests read each.
 const stateVersion = 1
 
 // Save writes what held returns, unless it is what was last written; a
@@ -184,7 +218,7 @@ func (f *File) Save(held func() Content) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	rec := stateRecord{Version: stateVersion, Pods: []podRecord{}}
+	rec := stateRecord{Version: stateVersion, Boot: f.boot, Pods: []podRecord{}}
 	c := held()
 	for _, h := range c.Pods {
 		rec.Pods = append(rec.Pods, podRecord{
@@ -361,9 +395,14 @@ func (f *File) SetAside() (string, error) {
 	return aside, nil
 }
 
-// Load reads what the record keeps. A missing file holds nothing. A file
-// nri-gpu's user does not own, that others may write, that is not a
-// regular file or is too big is not read (ErrUntrusted).
+// Load reads what the record keeps. A missing file holds nothing, and so
+// does a record kept before the node last booted (Content.EarlierBoot
+// says so). A file nri-gpu's user does not own, that others may write,
+// that is not a regular file or is too big is not read (ErrUntrusted). A
+// record a newer nri-gpu wrote is refused (ErrNewer), except for the
+// claims it keeps as far as this format reads them, which Load returns
+// with the error: a claim's devices are found nowhere else, and are not
+// to be given away.
 func (f *File) Load() (Content, error) {
 	file, err := os.OpenFile(f.path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, os.ErrNotExist) {
@@ -391,13 +430,36 @@ func (f *File) Load() (Content, error) {
 	if err != nil {
 		return Content{}, fmt.Errorf("state file %s: %w", f.path, err)
 	}
-	var rec stateRecord
-	if err := json.Unmarshal(data, &rec); err != nil {
+	var format struct {
+		Version int `json:"version"`
+	}
+	if err := json.Unmarshal(data, &format); err != nil {
 		return Content{}, fmt.Errorf("state file %s: %w", f.path, err)
 	}
-	if rec.Version != stateVersion {
-		return Content{}, fmt.Errorf("state file %s: version %d, want %d", f.path, rec.Version, stateVersion)
+	var rec stateRecord
+	err = json.Unmarshal(data, &rec)
+	switch {
+	case format.Version > stateVersion:
+		// Pods are found again in their containers; claims are not, so
+		// what this nri-gpu understands of them is held.
+		c, _ := rec.content()
+		return Content{Claims: c.Claims}, fmt.Errorf("state file %s: %w: format version %d, and this nri-gpu reads version %d and older", f.path, ErrNewer, format.Version, stateVersion)
+	case err != nil:
+		return Content{}, fmt.Errorf("state file %s: %w", f.path, err)
+	case rec.Version < 1:
+		return Content{}, fmt.Errorf("state file %s: format version %d, which no nri-gpu writes", f.path, rec.Version)
+	case rec.Boot != "" && f.boot != "" && rec.Boot != f.boot:
+		return Content{EarlierBoot: rec.Boot}, nil
 	}
+	c, err := rec.content()
+	if err != nil {
+		return Content{}, fmt.Errorf("state file %s: %w", f.path, err)
+	}
+	return c, nil
+}
+
+// content is what a record holds.
+func (rec *stateRecord) content() (Content, error) {
 	out := make([]policy.Holding, 0, len(rec.Pods))
 	for _, r := range rec.Pods {
 		out = append(out, policy.Holding{
@@ -410,7 +472,7 @@ func (f *File) Load() (Content, error) {
 		c := policy.ClaimHolding{Claim: policy.Claim{UID: r.UID, Namespace: r.Namespace, Name: r.Name, Pods: r.Pods}}
 		for _, d := range r.Devices {
 			if d.Shares < 0 || d.Memory < 0 {
-				return Content{}, fmt.Errorf("state file %s: claim %s/%s: device %q: a negative amount allocated (%d shares, %d bytes of memory)", f.path, r.Namespace, r.Name, d.Name, d.Shares, d.Memory)
+				return Content{}, fmt.Errorf("claim %s/%s: device %q: a negative amount allocated (%d shares, %d bytes of memory)", r.Namespace, r.Name, d.Name, d.Shares, d.Memory)
 			}
 			cd := policy.ClaimDevice{Device: d.device(), Requests: d.Requests, Use: policy.Use{Shares: d.Shares, Memory: d.Memory}}
 			if a := d.Asked; a != nil {

@@ -159,8 +159,10 @@ func TestStateFileTrust(t *testing.T) {
 		}, want: "more than", untrust: true},
 		{name: "not json", make: func(t *testing.T, path string) { write(t, path, []byte("pods: []"), 0o600) },
 			want: "invalid character"},
-		{name: "other version", make: func(t *testing.T, path string) { write(t, path, []byte(`{"version":2}`), 0o600) },
-			want: "version 2, want 1"},
+		{name: "newer version", make: func(t *testing.T, path string) { write(t, path, []byte(`{"version":2}`), 0o600) },
+			want: "written by a newer nri-gpu: format version 2, and this nri-gpu reads version 1 and older"},
+		{name: "no version", make: func(t *testing.T, path string) { write(t, path, []byte(`{"pods":[]}`), 0o600) },
+			want: "format version 0, which no nri-gpu writes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "allocations.json")
