@@ -245,6 +245,11 @@ type DRA struct {
 	// it is on, nri-gpu where it is off) or "nri-gpu" (it returns none:
 	// nri-gpu injects them on every runtime).
 	CDIDevices CDIDevices `yaml:"cdiDevices"`
+	// SweepInterval is how often the driver asks the API server about
+	// each claim it has prepared, releasing those it no longer has or no
+	// longer allocates on this node (kubelet never unprepares them): one
+	// GET a prepared claim each time.
+	SweepInterval time.Duration `yaml:"sweepInterval"`
 }
 
 // The effects of an unhealthy device's taint (dra.unhealthyTaint).
@@ -349,6 +354,7 @@ var (
 	DefaultMPSControl       = "/usr/bin/nvidia-cuda-mps-control"
 	DefaultMPSRoot          = "/run/nri-gpu/mps"
 	DefaultMPSCheckInterval = 10 * time.Second
+	DefaultDRASweepInterval = 10 * time.Minute
 )
 
 // Default returns the configuration used when none is given.
@@ -508,6 +514,9 @@ func (c *Config) setDefaults() {
 	}
 	if r.CDIDevices == "" {
 		r.CDIDevices = CDICRI
+	}
+	if r.SweepInterval == 0 {
+		r.SweepInterval = DefaultDRASweepInterval
 	}
 	m := &c.Start.MPS
 	if m.CheckInterval == 0 {

@@ -37,6 +37,7 @@ func TestParse(t *testing.T) {
 			DRA: config.DRA{
 				DriverName: "gpu.nri-gpu.io", Kinds: []string{"nvidia.com/gpu"}, Devices: []string{"*"},
 				PluginDir: "/var/lib/kubelet/plugins", RegistryDir: "/var/lib/kubelet/plugins_registry", UnhealthyTaint: "NoSchedule", CDIDevices: config.CDICRI,
+				SweepInterval: 10 * time.Minute,
 			},
 			MPS: config.MPS{Daemon: config.MPSExternal, ControlCommand: "/usr/bin/nvidia-cuda-mps-control", Root: "/run/nri-gpu/mps", CheckInterval: 10 * time.Second},
 		},
@@ -75,6 +76,7 @@ func TestParse(t *testing.T) {
 				Enabled: true, DriverName: "fpga.example.com", Kinds: []string{"example.com/fpga", "example.com/nic"},
 				Devices: []string{"[0-9]*"}, NodeName: "node-1", Kubeconfig: "/etc/nri-gpu/kubeconfig",
 				PluginDir: "/var/lib/k3s/plugins", RegistryDir: "/var/lib/k3s/plugins_registry", UnhealthyTaint: "NoExecute", CDIDevices: config.CDINRIGPU,
+				SweepInterval: 30 * time.Second,
 			},
 		},
 	}
@@ -142,6 +144,7 @@ dra:
   pluginDir: /var/lib/k3s/plugins
   registryDir: /var/lib/k3s/plugins_registry
   unhealthyTaint: NoExecute
+  sweepInterval: 30s
   cdiDevices: nri-gpu
 `,
 			want: everyKey,
@@ -207,6 +210,7 @@ start:
     pluginDir: /var/lib/k3s/plugins
     registryDir: /var/lib/k3s/plugins_registry
     unhealthyTaint: NoExecute
+    sweepInterval: 30s
     cdiDevices: nri-gpu
 `,
 			want: everyKey,
@@ -265,6 +269,7 @@ start:
 		{name: "default beside pinned memory", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, pinnedMemoryLimit: 1Gi, memoryRequest: {default: 2Gi}}]\n", wantErr: []string{`policy.sharing[0].memoryRequest.default: pinnedMemoryLimit is what a user consumes by default`}},
 		{name: "memory quota with MPS", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, memoryQuota: true}]\n", wantErr: []string{`policy.sharing[0].memoryQuota: MPS bounds each client's memory`}},
 		{name: "bad DRA cdiDevices", yaml: "dra:\n  cdiDevices: annotations\n", wantErr: []string{`dra.cdiDevices: "annotations" is neither "cri" nor "nri-gpu"`}},
+		{name: "no DRA sweep", yaml: "dra:\n  sweepInterval: -1s\n", wantErr: []string{"dra.sweepInterval: -1s is not positive"}},
 		{name: "bad unhealthy taint", yaml: "dra:\n  unhealthyTaint: PreferNoSchedule\n", wantErr: []string{`dra.unhealthyTaint: "PreferNoSchedule" is neither "NoSchedule" nor "NoExecute"`}},
 		{name: "bad MPS daemon", yaml: "mps:\n  daemon: systemd\n", wantErr: []string{`mps.daemon: "systemd" is neither "external" nor "managed"`}},
 		{name: "relative MPS control", yaml: "mps:\n  controlCommand: nvidia-cuda-mps-control\n", wantErr: []string{`mps.controlCommand: "nvidia-cuda-mps-control" is not an absolute path`}},

@@ -324,6 +324,7 @@ func (d *DRA) validate(at *field.Path) field.ErrorList {
 	errs = append(errs, absolute(at.Child("pluginDir"), d.PluginDir)...)
 	errs = append(errs, oneOf(at.Child("unhealthyTaint"), d.UnhealthyTaint, TaintNoSchedule, TaintNoExecute)...)
 	errs = append(errs, oneOf(at.Child("cdiDevices"), d.CDIDevices, CDICRI, CDINRIGPU)...)
+	errs = append(errs, positive(at.Child("sweepInterval"), d.SweepInterval)...)
 	return append(errs, absolute(at.Child("registryDir"), d.RegistryDir)...)
 }
 

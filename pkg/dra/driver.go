@@ -104,7 +104,9 @@ func (d *Driver) changes() <-chan struct{} {
 }
 
 // Run registers with kubelet through the kubelet-plugin helper and keeps
-// the node's ResourceSlice current until ctx is done.
+// the node's ResourceSlice current until ctx is done. At start, and every
+// sweepInterval after, it releases the prepared claims the API server no
+// longer has here (ReleaseGone).
 func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(d.cfg.DriverName),
@@ -128,6 +130,8 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 	if err := d.PrepareHeld(ctx, client); err != nil {
 		d.log.Warnf("claims in use on this node not all held (their pods' next containers are refused): %v", err)
 	}
+	sweep := time.NewTicker(d.cfg.SweepInterval)
+	defer sweep.Stop()
 	var last []resourceapi.Device
 	for published := false; ; {
 		changed := d.changes()
@@ -152,6 +156,10 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 			return nil
 		case <-changed:
 		case <-time.After(d.poll):
+		case <-sweep.C:
+			if err := d.ReleaseGone(ctx, client); err != nil {
+				d.log.Warnf("prepared claims not checked against the API server (checked again in %s): %v", d.cfg.SweepInterval, err)
+			}
 		}
 	}
 }

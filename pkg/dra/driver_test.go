@@ -142,8 +142,13 @@ type started struct {
 
 func start(t *testing.T, src *source, objects ...*resourceapi.ResourceClaim) *started {
 	t.Helper()
+	return startWith(t, config.Default().Start.DRA, src, objects...)
+}
+
+// startWith starts a driver of cfg, in directories of the test's own.
+func startWith(t *testing.T, cfg config.DRA, src *source, objects ...*resourceapi.ResourceClaim) *started {
+	t.Helper()
 	dir := testutil.ShortDir(t) // it holds unix sockets, whatever TMPDIR is
-	cfg := config.Default().Start.DRA
 	cfg.PluginDir, cfg.RegistryDir = filepath.Join(dir, "plugins"), filepath.Join(dir, "registry")
 	for _, d := range []string{filepath.Join(cfg.PluginDir, cfg.DriverName), cfg.RegistryDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -723,6 +728,47 @@ func TestReleaseGone(t *testing.T) {
 		"replaced: released a prepared claim that the API server has replaced (UID uid-new, not uid-old)",
 		"unallocated: released a prepared claim that is no longer allocated",
 		"moved: released a prepared claim that is no longer allocated on this node")
+}
+
+// TestSweep: while the driver runs, a prepared claim the API server
+// deletes, or allocates elsewhere, is released within the sweep interval
+// without kubelet unpreparing it; one still allocated here stays held.
+func TestSweep(t *testing.T) {
+	kept := allocated("kept", "uid-kept", result("gpus", driver, node, "gpu-0"))
+	deleted := allocated("deleted", "uid-deleted", result("gpus", driver, node, "gpu-1"))
+	moved := allocated("moved", "uid-moved", result("gpus", driver, node, "gpu-1"))
+	src := newSource("gpu-0", "gpu-1")
+	for _, c := range []*resourceapi.ResourceClaim{kept, deleted, moved} {
+		src.claims[string(c.UID)] = policy.Claim{UID: string(c.UID), Namespace: c.Namespace, Name: c.Name}
+	}
+	cfg := config.Default().Start.DRA
+	cfg.SweepInterval = 100 * time.Millisecond
+	s := startWith(t, cfg, src, kept, deleted, moved)
+	time.Sleep(3 * cfg.SweepInterval)
+	if got := s.unprepared(); len(got) > 0 {
+		t.Fatalf("released %v while the API server allocates each here", got)
+	}
+	ctx := context.Background()
+	if err := s.client.ResourceV1().ResourceClaims("ns").Delete(ctx, "deleted", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	moved.Status.Allocation.Devices.Results[0].Pool = "node-2"
+	if _, err := s.client.ResourceV1().ResourceClaims("ns").UpdateStatus(ctx, moved, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the deleted and moved claims released", func() bool { return len(s.unprepared()) == 2 })
+	time.Sleep(3 * cfg.SweepInterval)
+	if diff := cmp.Diff([]string{"uid-deleted", "uid-moved"}, s.unprepared()); diff != "" {
+		t.Errorf("released (-want +got):\n%s", diff)
+	}
+}
+
+func (s *started) unprepared() []string {
+	s.src.mu.Lock()
+	defer s.src.mu.Unlock()
+	out := slices.Clone(s.src.unprepared)
+	slices.Sort(out)
+	return out
 }
 
 // TestPrepareHeld: at start, the claims of this node's pods that the API
