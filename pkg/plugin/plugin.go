@@ -99,6 +99,8 @@ type Plugin struct {
 
 	// mps shares GPUs with MPS.
 	mps *mpsSharing
+	// stop stops a running container (killContainer).
+	stop func(*api.Container) error
 
 	// problems are the spec problems logged, by spec file;
 	// sharingProblems the devices two policy.sharing entries match.
@@ -115,7 +117,7 @@ type state struct {
 
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
-	p := &Plugin{log: log, alloc: policy.NewAllocations()}
+	p := &Plugin{log: log, alloc: policy.NewAllocations(), stop: func(c *api.Container) error { return killContainer("/proc", c) }}
 	p.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.alloc, hw: &p.hw, log: log, state: p.state}
 	p.mps.mgr = mps.NewManager(nil, nvmlModes{p.hw.lib})
 	if self, err := os.Executable(); err == nil {

@@ -231,14 +231,7 @@ const maxPlans = 1024
 // recorded, in one step with one undo (commit). It returns the
 // adjustment (nil when nothing is asked for) and what the pool granted.
 func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) (*api.ContainerAdjustment, policy.Grant, error) {
-	ask, err := r.st.parser.Parse(policy.Container{
-		Namespace:      r.pod.GetNamespace(),
-		Pod:            r.pod.GetName(),
-		Name:           r.ctr.GetName(),
-		PodAnnotations: r.pod.GetAnnotations(),
-		Annotations:    r.ctr.GetAnnotations(),
-		CDIDevices:     cdiDeviceNames(r.ctr),
-	})
+	ask, err := r.st.parser.Parse(containerOf(r.pod, r.ctr))
 	if err != nil {
 		return nil, policy.Grant{}, err
 	}

@@ -61,8 +61,10 @@ func (p *Plugin) recordLost(err error, claims int) {
 func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
 	st := p.state()
 	live := make(map[string]policy.Pod, len(pods))
+	sandboxes := make(map[string]*api.PodSandbox, len(pods))
 	for _, pod := range pods {
 		live[pod.GetId()] = podOf(pod)
+		sandboxes[pod.GetId()] = pod
 	}
 	withContainers, running := map[string]bool{}, map[string]bool{} // by pod ID
 	for _, c := range containers {
@@ -76,7 +78,10 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 			delete(live, id)
 		}
 	}
-	var holdings []policy.Holding
+	var (
+		holdings []policy.Holding
+		stop     []stopping
+	)
 	recorded := map[string][]specs.Device{} // by pod ID
 	for _, h := range p.takeRestored() {
 		if pod, ok := live[h.Pod.ID]; ok {
@@ -85,7 +90,8 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 			recorded[pod.ID] = append(recorded[pod.ID], slices.Concat(h.Named, h.Counted)...)
 		}
 	}
-	candidates := st.specs.Snapshot().Candidates(st.cfg.DefaultKind)
+	snap := st.specs.Snapshot()
+	candidates := snap.Candidates(st.cfg.DefaultKind)
 	// A device of a prepared claim, found in a container, is the claim's.
 	claimed := p.alloc.ClaimHeld()
 	candidates = slices.DeleteFunc(candidates, func(d specs.Device) bool { return specs.OverlapsAny(d, claimed) })
@@ -94,7 +100,12 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		if !ok || c.GetState() == api.ContainerState_CONTAINER_STOPPED {
 			continue
 		}
-		found := foundIn(c, candidates)
+		why, asks := unserved(st, snap, sandboxes[c.GetPodSandboxId()], c, candidates)
+		if why != "" {
+			stop = append(stop, stopping{sandboxes[c.GetPodSandboxId()], c, why})
+			continue
+		}
+		found := foundIn(c, asks, candidates)
 		if len(found) == 0 {
 			continue
 		}
@@ -128,6 +139,9 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	}
 	p.saveAndNotify()
 	p.conn.setSynced()
+	for _, s := range stop {
+		p.stopUnserved(s)
+	}
 	for pod, devices := range p.alloc.Held() {
 		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": strings.Join(devices, ",")}).
 			Info("restored devices held by pod")
@@ -139,12 +153,20 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 const maxContainerDevices = 1024
 
 // foundIn returns the candidates whose device nodes are all in a
-// container nri-gpu gave devices, as the runtime reports them (its spec).
-// A container nri-gpu gave nothing (a privileged one, say) holds nothing.
-func foundIn(c *api.Container, candidates []specs.Device) []specs.Device {
-	if _, ok := c.GetAnnotations()[DevicesAnnotation]; !ok {
+// container nri-gpu gave devices, or that asks for devices and has them
+// (the runtime's own CDI injected them while nri-gpu was away), as the
+// runtime reports them (its spec). Another container (a privileged one,
+// say) holds nothing.
+func foundIn(c *api.Container, asks bool, candidates []specs.Device) []specs.Device {
+	if _, ok := c.GetAnnotations()[DevicesAnnotation]; !ok && !asks {
 		return nil
 	}
+	return withNodesOf(c, candidates)
+}
+
+// withNodesOf returns the candidates whose device nodes are all in the
+// container.
+func withNodesOf(c *api.Container, candidates []specs.Device) []specs.Device {
 	nodes := map[string]bool{}
 	for i, d := range c.GetLinux().GetDevices() {
 		if i == maxContainerDevices {

@@ -1,0 +1,75 @@
+package plugin
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+)
+
+// TestKillContainer: a container's process is killed only when its cgroup
+// names the container; a process elsewhere (another container's, or one
+// that took a dead container's pid), and a container without a process,
+// are not signalled, and the error says why.
+func TestKillContainer(t *testing.T) {
+	const id = "0123456789abcdef"
+	for _, tc := range []struct {
+		name, cgroup string
+		pid          func(real int) uint32
+		killed       bool
+		err          string
+	}{
+		{name: "the container's", cgroup: "0::/kubepods/besteffort/pod-uid/" + id + "\n", killed: true},
+		{name: "a systemd scope", cgroup: "1:name=systemd:/kubepods.slice/cri-containerd-" + id + ".scope\n", killed: true},
+		{name: "another cgroup", cgroup: "0::/user.slice/session-1.scope\n", err: "not in the container's cgroup"},
+		{name: "no process", cgroup: "0::/" + id + "\n", pid: func(int) uint32 { return 0 }, err: "the runtime reports no process"},
+		{name: "no such process", cgroup: "0::/" + id + "\n", pid: func(int) uint32 { return 1 << 30 }, err: "no such process"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command("sleep", "60")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			pid := uint32(cmd.Process.Pid)
+			if tc.pid != nil {
+				pid = tc.pid(cmd.Process.Pid)
+			}
+			proc := t.TempDir()
+			dir := filepath.Join(proc, strconv.Itoa(int(pid)))
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(tc.cgroup), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			err := killContainer(proc, &api.Container{Id: id, Pid: pid})
+			if tc.err != "" && (!errors.Is(err, ErrNotStopped) || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("killContainer: %v, want it not stopped because %s", err, tc.err)
+			}
+			if tc.killed && err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			select {
+			case err := <-exited:
+				st, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
+				if !tc.killed || st.Signal() != syscall.SIGKILL {
+					t.Errorf("the process ended (%v), killed: %v; want it killed: %v", err, st.Signal(), tc.killed)
+				}
+			case <-time.After(500 * time.Millisecond):
+				if tc.killed {
+					t.Error("the container's process still runs")
+				}
+			}
+		})
+	}
+}
