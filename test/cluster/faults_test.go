@@ -3,8 +3,11 @@ package cluster
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -204,4 +207,68 @@ func replaceNRIPod(t *testing.T, n *harness.Node) {
 		p, ok := nriPods(t)[n.Name]
 		return ok && p.UID != old.UID
 	})
+}
+
+// TestUnservedRestarted: node-a's nri-gpu hangs (SIGSTOP), so containerd
+// 1.7 drops it once a request times out and creates the containers of a
+// pod asking for a GPU by count without it: the pod runs, GPU-less. When
+// nri-gpu goes on (SIGCONT, or kubelet restarts it for its failed
+// liveness probe) it finds that container, stops it with the reason in
+// its log, and kubelet creates it again, through nri-gpu: the pod ends
+// Running with one GPU, in a second container.
+func TestUnservedRestarted(t *testing.T) {
+	needCluster(t)
+	n := env.a
+	nri := nriPods(t)[n.Name]
+	id := strings.TrimPrefix(nri.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	out, err := n.Ctd.Crictl("inspect", "-o", "go-template", "--template", "{{.info.pid}}", id)
+	if err != nil {
+		t.Fatalf("nri-gpu's pid: %v: %s", err, out)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil || pid <= 0 {
+		t.Fatalf("nri-gpu's pid: %q", out)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	continued := false
+	resume := func() {
+		if !continued {
+			continued = true
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(func() {
+		resume()
+		if err := waitDaemonSetReady(2); err != nil {
+			t.Error(err)
+		}
+	})
+
+	createPod(t, gpuPod("default", "unserved", 0, map[string]string{"gpu-count.nri-gpu.io": "1"}, n.Name))
+	first := waitRunning(t, "default", "unserved")
+	if seen := gpusSeen(t, first); len(seen) > 0 {
+		t.Fatalf("created while nri-gpu hung, the pod sees %v: nri-gpu was not away", seen)
+	}
+	resumed := time.Now()
+	resume()
+	var again *corev1.Pod
+	testutil.Within(t, podWait, "the pod's container created again", func() bool {
+		p, err := env.client.CoreV1().Pods("default").Get(context.Background(), "unserved", metav1.GetOptions{})
+		if err != nil || len(p.Status.ContainerStatuses) == 0 {
+			return false
+		}
+		s := p.Status.ContainerStatuses[0]
+		again = p
+		return s.RestartCount > 0 && s.State.Running != nil && s.ContainerID != first.Status.ContainerStatuses[0].ContainerID
+	})
+	t.Logf("the pod's container running again, through nri-gpu, %s after nri-gpu went on", time.Since(resumed).Round(time.Millisecond))
+	if seen := gpusSeen(t, again); len(seen) != 1 {
+		t.Errorf("created again, the pod sees %v, want one GPU", seen)
+	}
+	if log := nriLog(t, n); !strings.Contains(log, "stopped the container, to be created again through nri-gpu: it was created while nri-gpu was not serving, without 1 of the 1 devices it counts") {
+		t.Errorf("nri-gpu's log does not say why it stopped the container:\n%s", log)
+	}
+	noGPUTwice(t, n)
 }

@@ -373,9 +373,9 @@ func TestMPSValues(t *testing.T) {
 		caps         []corev1.Capability
 		mounts       map[string]string // mount path -> volume
 	}{
-		{"", "", nil, nil},
-		{"ci/multitenant-values.yaml", "", nil, nil},
-		{"ci/mps-values.yaml", "/run/nri-gpu-mps", []corev1.Capability{"SYS_ADMIN", "SYS_CHROOT"},
+		{"", "", []corev1.Capability{"KILL"}, nil},
+		{"ci/multitenant-values.yaml", "", []corev1.Capability{"KILL"}, nil},
+		{"ci/mps-values.yaml", "/run/nri-gpu-mps", []corev1.Capability{"KILL", "SYS_ADMIN", "SYS_CHROOT"},
 			map[string]string{"/run/nri-gpu-mps": "mps", "/host": "host-root", "/host/run/nri-gpu-mps": "mps"}},
 	} {
 		r := render(t, tc.values)
@@ -403,6 +403,9 @@ func TestMPSValues(t *testing.T) {
 		}
 		if len(tc.mounts) > 0 && !maps.Equal(mounts, tc.mounts) || len(tc.mounts) == 0 && len(mounts) > 0 {
 			t.Errorf("%s: MPS mounts %v, want %v", tc.values, mounts, tc.mounts)
+		}
+		if !spec.HostPID {
+			t.Errorf("%s: not in the host's PID namespace, where the containers nri-gpu stops run", tc.values)
 		}
 		caps := spec.Containers[0].SecurityContext.Capabilities
 		if !slices.Equal(caps.Add, tc.caps) || !slices.Equal(caps.Drop, []corev1.Capability{"ALL"}) {
