@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/containerd/nri/pkg/api"
@@ -39,6 +41,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 		metricsAt  = fs.String("metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, and the probes /healthz and /readyz (off when empty)")
 		stateFile  = fs.String("state-file", record.DefaultPath, "file in which the plugin keeps which pod holds which devices, for a restart (none when empty)")
 		accessDir  = fs.String("access-dir", access.DefaultDir, "directory in which the plugin keeps, for each container it gives devices, the record of what it was given, mounted read-only at "+access.Path+" (none when empty)")
+		takeOver   = fs.Bool("take-over", false, "when another nri-gpu holds the state file, wait for it to stop and serve then, ready meanwhile (a rolling update with surge), instead of exiting")
 	)
 	if code, done := parseFlags(fs, args); done {
 		return code
@@ -76,6 +79,9 @@ func runPlugin(args []string, stderr io.Writer) int {
 	if *accessDir != "" {
 		popts = append(popts, plugin.WithAccessDir(*accessDir))
 	}
+	if *takeOver {
+		popts = append(popts, plugin.WithTakeOver(ctx))
+	}
 	var m *metrics.Metrics
 	if *metricsAt != "" {
 		m = metrics.New()
@@ -101,21 +107,38 @@ func runPlugin(args []string, stderr io.Writer) int {
 		}
 		popts, doors = append(popts, opt), append(doors, run)
 	}
-	p, err := plugin.New(cfg, log, popts...)
-	if err != nil {
-		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
-		return exitUsage
-	}
+	// The probes answer from the start: not ready until the plugin is
+	// built, but ready while it waits to take over, so that a rolling
+	// update with surge goes on to stop the nri-gpu it replaces.
+	var built atomic.Pointer[plugin.Plugin]
 	if m != nil {
-		addr, serveErr, err := m.Serve(*metricsAt, p.Ready)
+		ready := func() error {
+			if p := built.Load(); p != nil {
+				return p.Ready()
+			}
+			if *takeOver {
+				return nil
+			}
+			return fmt.Errorf("%w: starting", plugin.ErrNotReady)
+		}
+		addr, serveErr, err := m.Serve(*metricsAt, ready)
 		if err != nil {
-			p.Close()
 			fmt.Fprintf(stderr, "nri-gpu: --metrics-address: %v\n", err)
 			return exitError
 		}
 		log.Infof("serving metrics at http://%s/metrics, probes at /healthz and /readyz", addr)
 		go func() { fail(fmt.Errorf("metrics server at %s: %w", addr, <-serveErr)) }()
 	}
+	p, err := plugin.New(cfg, log, popts...)
+	if err != nil {
+		if *takeOver && ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled) {
+			log.Info("plugin stopped before taking over")
+			return exitOK
+		}
+		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
+		return exitUsage
+	}
+	built.Store(p)
 	defer p.Close()
 	// The configuration file, reloaded on SIGHUP and when it changes.
 	if *flags.file != "" {
@@ -136,9 +159,14 @@ func runPlugin(args []string, stderr io.Writer) int {
 	}
 	// The doors beside the runtime's requests, run once the plugin is
 	// built and until ctx is done.
+	// They are waited for before the plugin lets its record go (Close):
+	// an nri-gpu taking over starts its own only then.
+	var running sync.WaitGroup
+	defer running.Wait()
 	for _, run := range doors {
-		go run(ctx)
+		running.Go(func() { run(ctx) })
 	}
+	defer fail(nil)
 
 	if err := p.Serve(ctx, stubOptions(fs, *name, *idx, *socketPath)...); err != nil {
 		log.Errorf("nri-gpu: %v", err)

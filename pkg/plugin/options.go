@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"context"
 	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -41,6 +42,13 @@ func WithHookPath(path string) Option { return func(p *Plugin) { p.hookPath = pa
 func WithStateFile(path string) Option {
 	return func(p *Plugin) { p.rec.file = record.Open(path) }
 }
+
+// WithTakeOver has the plugin, when another nri-gpu holds its state file,
+// wait for it to stop, until ctx is done, instead of refusing to start
+// (the --take-over flag): a rolling update with surge, where the nri-gpu
+// replaced serves until it stops and lets the record go only once it no
+// longer serves, so that one nri-gpu at a time serves and keeps it.
+func WithTakeOver(ctx context.Context) Option { return func(p *Plugin) { p.rec.takeOver = ctx } }
 
 // WithAccessDir has the plugin keep in dir, and mount into each
 // container it gives devices, the record of what the container was given

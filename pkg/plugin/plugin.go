@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
@@ -135,7 +136,7 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	p.st, p.start = st, cfg.Start
 	if p.rec.file != nil {
 		if !p.rec.file.ReadOnly() {
-			if err := p.rec.file.Lock(); err != nil {
+			if err := p.lockRecord(); err != nil {
 				st.specs.Close()
 				return nil, err
 			}
@@ -162,6 +163,24 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	}
 	p.opening = nil
 	return p, nil
+}
+
+// lockRecord locks the state file for this nri-gpu: at once, or, taking
+// over (WithTakeOver), once the nri-gpu holding it has stopped.
+func (p *Plugin) lockRecord() error {
+	if p.rec.takeOver == nil {
+		return p.rec.file.Lock()
+	}
+	waited := time.Now()
+	held := false
+	err := p.rec.file.TakeOver(p.rec.takeOver, func(pid string) {
+		held = true
+		p.log.Infof("the state file %s is held by another nri-gpu (pid %s): waiting for it to stop, to take over", p.rec.file.Path(), pid)
+	})
+	if err == nil && held {
+		p.log.Infof("took over the state file %s after %s", p.rec.file.Path(), time.Since(waited).Round(time.Millisecond))
+	}
+	return err
 }
 
 func (p *Plugin) newState(cfg *config.Config) (*state, error) {

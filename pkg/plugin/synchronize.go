@@ -27,6 +27,9 @@ type kept struct {
 	// says they are still pending (both under the plugin's mu).
 	pending   []policy.Holding
 	restoring bool
+	// takeOver, when set, has New wait for another nri-gpu holding file
+	// to stop, until it is done (WithTakeOver).
+	takeOver context.Context
 }
 
 // recordLost handles a state file that cannot be read back: it is set

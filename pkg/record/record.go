@@ -9,6 +9,7 @@ package record
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -304,6 +305,55 @@ func (f *File) writeAtomic(data []byte) error {
 // is not a regular file of one link (a hard link to another file, which
 // writing the pid would truncate) is refused.
 func (f *File) Lock() error {
+	return f.lockWith(func(fd int, _ func() string) error {
+		for deadline := time.Now().Add(lockWait); ; time.Sleep(100 * time.Millisecond) {
+			err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+			if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+				return err
+			}
+		}
+	})
+}
+
+// TakeOver locks the record as Lock does, but waits for as long as
+// another process holds it, until ctx is done: the nri-gpu it replaces
+// (a rolling update with surge) serves until it stops, and lets the lock
+// go only once it no longer serves. waiting is called, with the holder's
+// pid, when it has to wait.
+func (f *File) TakeOver(ctx context.Context, waiting func(holder string)) error {
+	return f.lockWith(func(fd int, holder func() string) error {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			return err
+		}
+		waiting(holder())
+		got := make(chan error, 1)
+		go func() {
+			// Woken the moment the holder lets go (or dies). Left
+			// waiting when ctx ends first: its descriptor is then
+			// closed, and a lock it gets is let go with it.
+			for {
+				err := unix.Flock(fd, unix.LOCK_EX)
+				if !errors.Is(err, unix.EINTR) {
+					got <- err
+					return
+				}
+			}
+		}()
+		select {
+		case err := <-got:
+			return err
+		case <-ctx.Done():
+			return fmt.Errorf("waiting to take it over: %w", ctx.Err())
+		}
+	})
+}
+
+// lockWith opens the state directory and the lock path, locks the
+// directory with acquire (given its descriptor, and what tells the
+// holder's pid), writes this process's pid and removes what saves of an
+// earlier process left half done.
+func (f *File) lockWith(acquire func(fd int, holder func() string) error) error {
 	dir := filepath.Dir(f.path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("state file %s: %w", f.path, err)
@@ -319,20 +369,17 @@ func (f *File) Lock() error {
 		return fmt.Errorf("state file %s: lock: %w", f.path, err)
 	}
 	defer pidFile.Close()
-	for deadline := time.Now().Add(lockWait); ; time.Sleep(100 * time.Millisecond) {
-		err = unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
-			break
+	holder := func() string {
+		b, _ := io.ReadAll(io.LimitReader(io.NewSectionReader(pidFile, 0, 32), 32))
+		if pid := strings.TrimSpace(string(b)); pid != "" {
+			return pid
 		}
+		return "unknown"
 	}
+	err = acquire(int(d.Fd()), holder)
 	if errors.Is(err, unix.EWOULDBLOCK) {
 		d.Close()
-		holder, _ := io.ReadAll(io.LimitReader(pidFile, 32))
-		pid := strings.TrimSpace(string(holder))
-		if pid == "" {
-			pid = "unknown"
-		}
-		return fmt.Errorf("state file %s: %w (pid %s holds %s): run one nri-gpu per state directory, or give this one a --state-file in another directory", f.path, ErrLocked, pid, name)
+		return fmt.Errorf("state file %s: %w (pid %s holds %s): run one nri-gpu per state directory, or give this one a --state-file in another directory", f.path, ErrLocked, holder(), name)
 	}
 	if err == nil {
 		err = pidFile.Truncate(0)

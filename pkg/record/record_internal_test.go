@@ -1,11 +1,14 @@
 package record
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -283,6 +286,61 @@ func TestLock(t *testing.T) {
 		t.Errorf("once let go: %v", err)
 	}
 	second.Unlock()
+}
+
+// TestTakeOver: a take-over waits for as long as another holds the
+// record, saying who, and has it the moment that one lets go; the wait
+// ends when its context does, leaving the lock to the holder.
+func TestTakeOver(t *testing.T) {
+	defer func(wait time.Duration) { lockWait = wait }(lockWait)
+	lockWait = 100 * time.Millisecond
+	path := filepath.Join(t.TempDir(), "state", "allocations.json")
+	first := Open(path)
+	if err := first.Lock(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	var holders []string
+	err := Open(path).TakeOver(ctx, func(pid string) { holders = append(holders, pid) })
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "waiting to take it over") {
+		t.Errorf("a take-over whose wait ended: %v", err)
+	}
+	if want := []string{strconv.Itoa(os.Getpid())}; !slices.Equal(holders, want) {
+		t.Errorf("told of holders %v, want %v", holders, want)
+	}
+
+	second := Open(path)
+	took := make(chan error, 1)
+	waiting := make(chan string, 1)
+	go func() { took <- second.TakeOver(context.Background(), func(pid string) { waiting <- pid }) }()
+	<-waiting
+	select {
+	case err := <-took:
+		t.Fatalf("took over while the first held it: %v", err)
+	case <-time.After(3 * lockWait / 2):
+	}
+	let := time.Now()
+	first.Unlock()
+	if err := <-took; err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(let); d > 100*time.Millisecond {
+		t.Errorf("took over %s after the first let go", d)
+	}
+	if data, err := os.ReadFile(path + ".lock"); err != nil || string(data) != fmt.Sprintf("%d\n", os.Getpid()) {
+		t.Errorf("lock file %q, %v; want the pid of the one that took over", data, err)
+	}
+	if err := Open(path).Lock(); !errors.Is(err, ErrLocked) {
+		t.Errorf("a third nri-gpu beside the one that took over: %v, want ErrLocked", err)
+	}
+	second.Unlock()
+	// Nothing held: no wait, and no word of one.
+	third := Open(path)
+	if err := third.TakeOver(context.Background(), func(pid string) { t.Errorf("told of holder %s with none", pid) }); err != nil {
+		t.Fatal(err)
+	}
+	third.Unlock()
 }
 
 // TestLockFileOfOneLink: a lock path that is not a regular file of one

@@ -35,6 +35,17 @@ func AccessDir(dir, name string) string {
 // StartPlugin starts nri-gpu against this containerd's NRI socket with the
 // given extra arguments, and waits until it has registered.
 func (c *Containerd) StartPlugin(args ...string) (*Plugin, error) {
+	return c.startPlugin("Started plugin", args)
+}
+
+// StartStandby starts nri-gpu as StartPlugin does, with --take-over and
+// the given extra arguments, and waits until it says it waits for the
+// nri-gpu holding its state file to stop.
+func (c *Containerd) StartStandby(args ...string) (*Plugin, error) {
+	return c.startPlugin("waiting for it to stop, to take over", append([]string{"--take-over"}, args...))
+}
+
+func (c *Containerd) startPlugin(started string, args []string) (*Plugin, error) {
 	p := &Plugin{LogPath: filepath.Join(c.Dir, fmt.Sprintf("nri-gpu-%d.log", len(c.plugins)))}
 	logFile, err := os.Create(p.LogPath)
 	if err != nil {
@@ -59,7 +70,7 @@ func (c *Containerd) StartPlugin(args ...string) (*Plugin, error) {
 	c.plugins = append(c.plugins, p)
 
 	deadline := time.Now().Add(15 * time.Second)
-	for !strings.Contains(p.Log(), "Started plugin") {
+	for !strings.Contains(p.Log(), started) {
 		select {
 		case err := <-p.done:
 			p.done <- err
@@ -67,7 +78,7 @@ func (c *Containerd) StartPlugin(args ...string) (*Plugin, error) {
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("nri-gpu did not register; log:\n%s", p.Log())
+			return nil, fmt.Errorf("nri-gpu did not say %q; log:\n%s", started, p.Log())
 		}
 	}
 	return p, nil
