@@ -180,6 +180,7 @@ type daemonSet struct {
 			Spec struct {
 				PriorityClassName string `json:"priorityClassName"`
 				Containers        []struct {
+					Args            []string `json:"args"`
 					SecurityContext struct {
 						Privileged *bool `json:"privileged"`
 					} `json:"securityContext"`
@@ -223,11 +224,16 @@ func TestDaemonSet(t *testing.T) {
 		t.Errorf("the ConfigMap's config.yaml: %v", problems)
 	}
 	pod := ds.Spec.Template.Spec
-	if pod.PriorityClassName != "system-node-critical" || ds.Spec.UpdateStrategy.RollingUpdate.MaxSurge != float64(0) {
-		t.Errorf("priority %q, maxSurge %v: want system-node-critical and 0", pod.PriorityClassName, ds.Spec.UpdateStrategy.RollingUpdate.MaxSurge)
+	// A surge of one, each new nri-gpu taking over from the one it
+	// replaces (--take-over below).
+	if pod.PriorityClassName != "system-node-critical" || ds.Spec.UpdateStrategy.RollingUpdate.MaxSurge != float64(1) {
+		t.Errorf("priority %q, maxSurge %v: want system-node-critical and 1", pod.PriorityClassName, ds.Spec.UpdateStrategy.RollingUpdate.MaxSurge)
 	}
 	if len(pod.Containers) != 1 {
 		t.Fatalf("%d containers", len(pod.Containers))
+	}
+	if args := pod.Containers[0].Args; !slices.Contains(args, "--take-over") {
+		t.Errorf("nri-gpu's args %v: want --take-over, for the surge", args)
 	}
 	c := pod.Containers[0]
 	if p := c.SecurityContext.Privileged; p == nil || *p {

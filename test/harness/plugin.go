@@ -75,7 +75,7 @@ func (c *Containerd) startPlugin(started string, args []string) (*Plugin, error)
 		case err := <-p.done:
 			p.done <- err
 			return nil, fmt.Errorf("nri-gpu exited: %v; log:\n%s", err, p.Log())
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(10 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("nri-gpu did not say %q; log:\n%s", started, p.Log())
