@@ -219,32 +219,7 @@ func replaceNRIPod(t *testing.T, n *harness.Node) {
 func TestUnservedRestarted(t *testing.T) {
 	needCluster(t)
 	n := env.a
-	nri := nriPods(t)[n.Name]
-	id := strings.TrimPrefix(nri.Status.ContainerStatuses[0].ContainerID, "containerd://")
-	out, err := n.Ctd.Crictl("inspect", "-o", "go-template", "--template", "{{.info.pid}}", id)
-	if err != nil {
-		t.Fatalf("nri-gpu's pid: %v: %s", err, out)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(out))
-	if err != nil || pid <= 0 {
-		t.Fatalf("nri-gpu's pid: %q", out)
-	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	continued := false
-	resume := func() {
-		if !continued {
-			continued = true
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(func() {
-		resume()
-		if err := waitDaemonSetReady(2); err != nil {
-			t.Error(err)
-		}
-	})
+	resume := hang(t, n)
 
 	createPod(t, gpuPod("default", "unserved", 0, map[string]string{"gpu-count.nri-gpu.io": "1"}, n.Name))
 	first := waitRunning(t, "default", "unserved")
@@ -271,4 +246,74 @@ func TestUnservedRestarted(t *testing.T) {
 		t.Errorf("nri-gpu's log does not say why it stopped the container:\n%s", log)
 	}
 	noGPUTwice(t, n)
+}
+
+// TestRequiredWhileAway: the chart's MutatingAdmissionPolicy annotates a
+// pod asking for a GPU (and no other pod) as requiring nri-gpu. On
+// node-b (containerd 2.3.7, NRI's default validator on) with nri-gpu
+// hung (SIGSTOP, dropped by containerd at its request timeout), such a
+// pod's container is not created, rather than started GPU-less; once
+// nri-gpu goes on, kubelet's retry is served and the pod runs with its
+// GPU, its first container.
+func TestRequiredWhileAway(t *testing.T) {
+	needCluster(t)
+	n := env.b
+	plain := createPod(t, gpuPod("default", "plain", 0, nil, n.Name))
+	if _, ok := plain.Annotations["required-plugins.noderesource.dev"]; ok {
+		t.Errorf("a pod asking for no device is annotated %v", plain.Annotations)
+	}
+	deletePod(t, "default", "plain")
+	resume := hang(t, n)
+	p := createPod(t, gpuPod("default", "required", 0, map[string]string{"gpu-count.nri-gpu.io": "1"}, n.Name))
+	if got := p.Annotations["required-plugins.noderesource.dev"]; got != `["nri-gpu"]` {
+		t.Fatalf("the GPU pod is annotated %v, want nri-gpu required", p.Annotations)
+	}
+	// Well past containerd's 2 s request timeout: kubelet has tried.
+	testutil.Within(t, podWait, "kubelet told the container cannot be created", func() bool {
+		return warning("default", "required", "", []string{`required plugin "nri-gpu" not present`}) != nil
+	})
+	if got, err := env.client.CoreV1().Pods("default").Get(context.Background(), "required", metav1.GetOptions{}); err != nil || got.Status.Phase == corev1.PodRunning {
+		t.Fatalf("with nri-gpu away the pod is %v (%v), want it not running", got.Status.Phase, err)
+	}
+	resume()
+	running := waitRunning(t, "default", "required")
+	if seen := gpusSeen(t, running); len(seen) != 1 {
+		t.Errorf("the pod sees %v, want one GPU", seen)
+	}
+	if r := running.Status.ContainerStatuses[0].RestartCount; r != 0 {
+		t.Errorf("the pod's container restarted %d times, want it created once, with its GPU", r)
+	}
+}
+
+// hang stops node n's nri-gpu (SIGSTOP) and returns what lets it go on;
+// it goes on when the test ends, which waits for the DaemonSet's Ready.
+func hang(t *testing.T, n *harness.Node) func() {
+	t.Helper()
+	nri := nriPods(t)[n.Name]
+	id := strings.TrimPrefix(nri.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	out, err := n.Ctd.Crictl("inspect", "-o", "go-template", "--template", "{{.info.pid}}", id)
+	if err != nil {
+		t.Fatalf("nri-gpu's pid: %v: %s", err, out)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil || pid <= 0 {
+		t.Fatalf("nri-gpu's pid: %q", out)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	continued := false
+	resume := func() {
+		if !continued {
+			continued = true
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(func() {
+		resume()
+		if err := waitDaemonSetReady(2); err != nil {
+			t.Error(err)
+		}
+	})
+	return resume
 }

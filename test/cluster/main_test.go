@@ -187,7 +187,7 @@ func setup() (int, error) {
 	if env.a, err = env.cluster.AddNode(harness.NodeOptions{Name: "node-a", Tools: tools, GPUs: 2, Images: images, CNIBin: os.Getenv(cniEnv)}); err != nil {
 		return 1, err
 	}
-	if env.b, err = env.cluster.AddNode(harness.NodeOptions{Name: "node-b", Tools: toolsB, GPUs: 4, EnableCDI: true, Images: images, CNIBin: os.Getenv(cniEnv)}); err != nil {
+	if env.b, err = env.cluster.AddNode(harness.NodeOptions{Name: "node-b", Tools: toolsB, GPUs: 4, EnableCDI: true, DefaultValidator: true, Images: images, CNIBin: os.Getenv(cniEnv)}); err != nil {
 		return 1, err
 	}
 	fmt.Fprintf(os.Stderr, "cluster: control plane and 2 nodes Ready in %s\n", time.Since(start).Round(100*time.Millisecond))

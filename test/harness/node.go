@@ -37,6 +37,9 @@ type NodeOptions struct {
 	GPUs int
 	// EnableCDI turns the node's containerd's own CDI on.
 	EnableCDI bool
+	// DefaultValidator turns NRI's default validator on (containerd
+	// 2.2 and later), so that a pod can require a plugin.
+	DefaultValidator bool
 	// Images are image tars imported into the node's containerd.
 	Images []string
 	// CNIBin holds the CNI plugins bridge, host-local and loopback.
@@ -139,7 +142,7 @@ func (c *Cluster) AddNode(opts NodeOptions) (n *Node, err error) {
 	}); err != nil {
 		return n, err
 	}
-	if n.Ctd, err = StartContainerd(filepath.Join(n.Dir, "ctd"), opts.Tools, Options{EnableCDI: opts.EnableCDI, CDISpecDirs: []string{NodeSpecDir}, Prefix: n.enter()}); err != nil {
+	if n.Ctd, err = StartContainerd(filepath.Join(n.Dir, "ctd"), opts.Tools, Options{EnableCDI: opts.EnableCDI, DefaultValidator: opts.DefaultValidator, CDISpecDirs: []string{NodeSpecDir}, Prefix: n.enter()}); err != nil {
 		return n, err
 	}
 	for _, image := range opts.Images {

@@ -18,6 +18,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -40,9 +41,19 @@ type rendered struct {
 	clusterRole        *rbacv1.ClusterRole
 	clusterRoleBinding *rbacv1.ClusterRoleBinding
 	deviceClass        *resourceapi.DeviceClass
+	// Where the cluster serves MutatingAdmissionPolicy.
+	required        *admissionv1.MutatingAdmissionPolicy
+	requiredBinding *admissionv1.MutatingAdmissionPolicyBinding
 }
 
 func render(t *testing.T, valuesFile string) rendered {
+	t.Helper()
+	return renderWith(t, valuesFile)
+}
+
+// renderWith renders as render does, for a cluster that serves the API
+// versions given too (helm template's --api-versions).
+func renderWith(t *testing.T, valuesFile string, apiVersions ...string) rendered {
 	t.Helper()
 	chart, err := loader.Load(chartDir)
 	if err != nil {
@@ -54,7 +65,9 @@ func render(t *testing.T, valuesFile string) rendered {
 			t.Fatal(err)
 		}
 	}
-	rv, err := chartutil.ToRenderValues(chart, vals, chartutil.ReleaseOptions{Name: "nri-gpu", Namespace: "nri-gpu", IsInstall: true}, chartutil.DefaultCapabilities)
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.APIVersions = append(caps.APIVersions, apiVersions...)
+	rv, err := chartutil.ToRenderValues(chart, vals, chartutil.ReleaseOptions{Name: "nri-gpu", Namespace: "nri-gpu", IsInstall: true}, caps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,6 +120,12 @@ func (r *rendered) add(t *testing.T, name, text string) {
 	case "DeviceClass":
 		r.deviceClass = &resourceapi.DeviceClass{}
 		into = r.deviceClass
+	case "MutatingAdmissionPolicy":
+		r.required = &admissionv1.MutatingAdmissionPolicy{}
+		into = r.required
+	case "MutatingAdmissionPolicyBinding":
+		r.requiredBinding = &admissionv1.MutatingAdmissionPolicyBinding{}
+		into = r.requiredBinding
 	default:
 		t.Fatalf("%s: unexpected kind %q", name, head.Kind)
 	}
@@ -437,6 +456,47 @@ func TestV1Values(t *testing.T) {
 	for path, writable := range map[string]bool{"/var/lib/kubelet/device-plugins": true, "/var/run/cdi": true, "/etc/cdi": false, "/run/nri-gpu/mps": true} {
 		if w, ok := mounts[path]; !ok || w != writable {
 			t.Errorf("%s mounted %v (writable %v), want writable %v", path, ok, w, writable)
+		}
+	}
+}
+
+// TestRequiredPlugin: where the cluster serves MutatingAdmissionPolicy,
+// the chart annotates the pods that ask for devices through nri-gpu as
+// requiring it: by its annotations, the configuration's device-plugin
+// resources, and DRA claims where the driver is on; where the cluster
+// does not, or requiredPlugin.enabled is false, nothing is rendered.
+func TestRequiredPlugin(t *testing.T) {
+	const api = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+	if r := render(t, ""); r.required != nil || r.requiredBinding != nil {
+		t.Error("a policy rendered for a cluster that does not serve its API")
+	}
+	for _, tc := range []struct {
+		values string
+		want   []string
+	}{
+		{"", []string{`k.startsWith("gpus.nri-gpu.io")`, `k.startsWith("gpu-count.nri-gpu.io")`, `k.startsWith("cdi.k8s.io/")`, `r in []`}},
+		{"ci/multitenant-values.yaml", []string{`r in ["nvidia.com/gpu"]`}},
+		{"ci/dra-values.yaml", []string{"size(object.spec.resourceClaims) > 0"}},
+	} {
+		r := renderWith(t, tc.values, api)
+		if r.required == nil || r.requiredBinding == nil || r.requiredBinding.Spec.PolicyName != r.required.Name {
+			t.Fatalf("%s: policy %v, binding %v; want both, bound", tc.values, r.required, r.requiredBinding)
+		}
+		var conditions []string
+		for _, c := range r.required.Spec.MatchConditions {
+			conditions = append(conditions, c.Expression)
+		}
+		all := strings.Join(conditions, "\n")
+		for _, w := range tc.want {
+			if !strings.Contains(all, w) {
+				t.Errorf("%s: the match conditions do not say %s:\n%s", tc.values, w, all)
+			}
+		}
+		if m := r.required.Spec.Mutations; len(m) != 1 || !strings.Contains(m[0].ApplyConfiguration.Expression, `"required-plugins.noderesource.dev": "[\"nri-gpu\"]"`) {
+			t.Errorf("%s: mutations %+v", tc.values, m)
+		}
+		if fp := r.required.Spec.FailurePolicy; fp == nil || *fp != admissionv1.Fail {
+			t.Errorf("%s: failure policy %v, want Fail", tc.values, fp)
 		}
 	}
 }
