@@ -2,7 +2,7 @@
 // operator runs it: etcd, kube-apiserver, kube-scheduler and
 // kube-controller-manager built from Kubernetes' own modules, two GPU
 // nodes of different sizes (node-a: containerd 1.7.35 with CDI off and 2
-// fake GPUs; node-b: containerd 2.3.7 with its CDI on and 4), each with
+// fake GPUs; node-b: containerd 2.3.7 with its CDI and NRI's default validator on and 4), each with
 // its own kubelet, and nri-gpu installed on them by its Helm chart with
 // Helm's own CLI. The cluster is started once for the package's tests;
 // each test removes what it made. It needs root; without root (or the
