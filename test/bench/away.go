@@ -33,26 +33,14 @@ func (r *report) away(runs int) {
 }
 
 func measureAway(runs int) (takeOver, crash []time.Duration, err error) {
-	if os.Geteuid() != 0 {
-		return nil, nil, fmt.Errorf("needs root")
+	b, err := newBenchHost("away")
+	if b.dir != "" {
+		defer os.RemoveAll(b.dir)
 	}
-	tools, err := harness.FindTools("")
 	if err != nil {
 		return nil, nil, err
 	}
-	dir, err := os.MkdirTemp("/tmp", "nri-gpu-bench-away-") // short: it holds unix sockets
-	if err != nil {
-		return nil, nil, err
-	}
-	defer os.RemoveAll(dir)
-	image := filepath.Join(dir, "busybox.tar")
-	if err := harness.BuildImage(tools.Busybox, image); err != nil {
-		return nil, nil, err
-	}
-	host, err := harness.NewGPUHost(dir, 1)
-	if err != nil {
-		return nil, nil, err
-	}
+	tools, dir, image, host := b.tools, b.dir, b.image, b.host
 	ctd, err := harness.StartContainerd(filepath.Join(dir, "ctd"), tools, harness.Options{Image: image})
 	if err != nil {
 		return nil, nil, err

@@ -69,27 +69,15 @@ func startSetups() ([]*setup, func(), error) {
 			_ = s.ctd.Stop()
 		}
 	}
-	if os.Geteuid() != 0 {
-		return nil, cleanup, fmt.Errorf("needs root")
+	b, err := newBenchHost("e2e")
+	if b.dir != "" {
+		prev := cleanup
+		cleanup = func() { prev(); _ = os.RemoveAll(b.dir) }
 	}
-	tools, err := harness.FindTools("")
 	if err != nil {
 		return nil, cleanup, err
 	}
-	dir, err := os.MkdirTemp("/tmp", "nri-gpu-bench-e2e-") // short: it holds unix sockets
-	if err != nil {
-		return nil, cleanup, err
-	}
-	prev := cleanup
-	cleanup = func() { prev(); _ = os.RemoveAll(dir) }
-	image := filepath.Join(dir, "busybox.tar")
-	if err := harness.BuildImage(tools.Busybox, image); err != nil {
-		return nil, cleanup, err
-	}
-	host, err := harness.NewGPUHost(dir, 1)
-	if err != nil {
-		return nil, cleanup, err
-	}
+	tools, dir, image, host := b.tools, b.dir, b.image, b.host
 	for _, s := range []struct {
 		name   string
 		opts   harness.Options
@@ -147,4 +135,34 @@ func (r *report) targets() {
 			r.printf("- %s: %s.\n", t.name, t.bound)
 		}
 	}
+}
+
+// benchHost is what a benchmark's containerds share: the tools, a
+// directory of their own, a local image and a fake GPU.
+type benchHost struct {
+	tools harness.Tools
+	dir   string // removed by the caller, once set
+	image string
+	host  *harness.GPUHost
+}
+
+func newBenchHost(name string) (benchHost, error) {
+	var b benchHost
+	if os.Geteuid() != 0 {
+		return b, fmt.Errorf("needs root")
+	}
+	tools, err := harness.FindTools("")
+	if err != nil {
+		return b, err
+	}
+	b.tools = tools
+	if b.dir, err = os.MkdirTemp("/tmp", "nri-gpu-bench-"+name+"-"); err != nil { // short: it holds unix sockets
+		return b, err
+	}
+	b.image = filepath.Join(b.dir, "busybox.tar")
+	if err := harness.BuildImage(tools.Busybox, b.image); err != nil {
+		return b, err
+	}
+	b.host, err = harness.NewGPUHost(b.dir, 1)
+	return b, err
 }
