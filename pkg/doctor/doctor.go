@@ -207,6 +207,9 @@ func checkContainerd(file, socketPath string) []Finding {
 	return out
 }
 
+// maxListed bounds the files a finding names.
+const maxListed = 5
+
 // checkSpecs loads the spec dirs as the plugin does.
 func checkSpecs(cfg *config.Config) []Finding {
 	var out []Finding
@@ -238,6 +241,7 @@ func checkSpecs(cfg *config.Config) []Finding {
 		out = append(out, Finding{Fail, "spec", fmt.Sprintf("%s: %v", path, errors.Join(snap.Problems[path]...)), fix})
 	}
 	hooks := map[string][]string{} // hook path -> devices
+	missing := map[string][]string{} // spec file -> host files it mounts that are gone
 	n := 0
 	for _, e := range snap.Entries() {
 		if e.Untrusted != nil {
@@ -247,6 +251,23 @@ func checkSpecs(cfg *config.Config) []Finding {
 		for _, h := range e.Hooks {
 			hooks[h] = append(hooks[h], e.Footprint.Name)
 		}
+		for _, m := range append(slices.Clone(e.Device.GetSpec().ContainerEdits.Mounts), e.Device.ContainerEdits.Mounts...) {
+			if m == nil || slices.Contains(missing[e.Spec], m.HostPath) {
+				continue
+			}
+			if _, err := os.Lstat(m.HostPath); errors.Is(err, os.ErrNotExist) {
+				missing[e.Spec] = append(missing[e.Spec], m.HostPath)
+			}
+		}
+	}
+	for _, spec := range slices.Sorted(maps.Keys(missing)) {
+		files := missing[spec]
+		more := ""
+		if len(files) > maxListed {
+			files, more = files[:maxListed], fmt.Sprintf(" and %d more", len(files)-maxListed)
+		}
+		out = append(out, Finding{Warn, "spec files", fmt.Sprintf("%s mounts files that no longer exist (a driver upgraded or removed since the spec was written?): %s%s; containers given its devices fail to start", spec, strings.Join(files, ", "), more),
+			"regenerate the spec for the driver installed (nvidia-ctk cdi generate, or nri-gpu generate)"})
 	}
 	if n == 0 {
 		out = append(out, Finding{Warn, "devices", "no device in " + strings.Join(cfg.CDISpecDirs, ", "),

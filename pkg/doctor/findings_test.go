@@ -2,6 +2,7 @@ package doctor_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,6 +47,15 @@ func TestFindings(t *testing.T) {
 		"  - {name: \"1\", containerEdits: {env: [A=1], hooks: "+hook(plain)+"}}\n"+
 		"  - {name: \"2\", containerEdits: {env: [A=2], hooks: "+hook(exe)+"}}\n"+
 		"  - {name: \"3\", containerEdits: {env: [A=3], hooks: "+hook(allowed)+"}}\n", 0o644)
+	// A driver upgraded since its spec was written: the libraries it
+	// mounts are gone, but for one.
+	lib := write("driver/libcuda.so.580.1", "", 0o644)
+	var mounts []string
+	for i := range 7 {
+		mounts = append(mounts, fmt.Sprintf("{hostPath: %s/driver/libgone.so.%d, containerPath: /lib/libgone.so.%d}", dir, i, i))
+	}
+	write("cdi/driver.yaml", "cdiVersion: \"0.6.0\"\nkind: example.com/driver\ncontainerEdits: {mounts: ["+mounts[0]+", {hostPath: "+lib+", containerPath: /lib/libcuda.so}]}\n"+
+		"devices: [{name: \"0\", containerEdits: {env: [C=1], mounts: ["+strings.Join(mounts, ", ")+"]}}]\n", 0o644)
 	write("cdi/broken.yaml", "cdiVersion: \"0.6.0\"\nkind: broken\n", 0o644)
 	write("cdi/open.yaml", "cdiVersion: \"0.6.0\"\nkind: example.com/open\ndevices: [{name: \"0\", containerEdits: {env: [B=1]}}]\n", 0o666)
 	if err := os.Chmod(specDir, 0o755); err != nil {
@@ -104,7 +114,10 @@ func TestFindings(t *testing.T) {
 				{"nri-gpu config", doctor.OK, valid + " is valid"},
 				{"spec", doctor.Fail, filepath.Join(specDir, "broken.yaml") + ": "},
 				{"spec", doctor.Fail, filepath.Join(specDir, "open.yaml") + ": CDI spec not trusted"},
-				{"devices", doctor.OK, "4 devices can be injected"},
+				{"devices", doctor.OK, "5 devices can be injected"},
+				{"spec files", doctor.Warn, filepath.Join(specDir, "driver.yaml") + " mounts files that no longer exist (a driver upgraded or removed since the spec was written?): " +
+					filepath.Join(dir, "driver/libgone.so.0") + ", " + filepath.Join(dir, "driver/libgone.so.1") + ", " + filepath.Join(dir, "driver/libgone.so.2") + ", " +
+					filepath.Join(dir, "driver/libgone.so.3") + ", " + filepath.Join(dir, "driver/libgone.so.4") + " and 2 more;"},
 				{"hook", doctor.OK, allowed + " exists and is allowed"},
 				{"hook", doctor.Fail, exe + " (for nvidia.com/gpu=2) is not in policy.hookPaths"},
 				{"hook", doctor.Fail, filepath.Join(dir, "hooks/missing") + " (for nvidia.com/gpu=0) does not exist"},
