@@ -240,7 +240,7 @@ func checkSpecs(cfg *config.Config) []Finding {
 		}
 		out = append(out, Finding{Fail, "spec", fmt.Sprintf("%s: %v", path, errors.Join(snap.Problems[path]...)), fix})
 	}
-	hooks := map[string][]string{} // hook path -> devices
+	hooks := map[string][]string{}   // hook path -> devices
 	missing := map[string][]string{} // spec file -> host files it mounts that are gone
 	n := 0
 	for _, e := range snap.Entries() {
