@@ -37,7 +37,14 @@ func TestKillContainer(t *testing.T) {
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			t.Cleanup(func() {
+				_ = cmd.Process.Kill()
+				if exited != nil {
+					<-exited
+				}
+			})
 			pid := uint32(cmd.Process.Pid)
 			if tc.pid != nil {
 				pid = tc.pid(cmd.Process.Pid)
@@ -57,10 +64,9 @@ func TestKillContainer(t *testing.T) {
 			if tc.killed && err != nil {
 				t.Fatal(err)
 			}
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
 			select {
 			case err := <-exited:
+				exited = nil // waited for
 				st, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
 				if !tc.killed || st.Signal() != syscall.SIGKILL {
 					t.Errorf("the process ended (%v), killed: %v; want it killed: %v", err, st.Signal(), tc.killed)
