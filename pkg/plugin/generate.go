@@ -17,32 +17,30 @@ import (
 const GeneratedSpecName = "nvidia.com-gpu.yaml"
 
 // keepGenerating, while generateSpecs is on, generates the spec of the
-// node's GPUs now and again whenever they change (checked every
-// generateInterval), until ctx is done. Injection keeps reading the spec
-// dirs as before.
+// node's GPUs now and again (every generateInterval) and writes it
+// whenever it differs from the file: a GPU appearing, a control node
+// made, the driver upgraded (its version, or only its files under the
+// driver root), the file edited or removed. Containers created afterwards
+// get what it then names; running ones keep what they were given.
+// Injection keeps reading the spec dirs as before.
 func (p *Plugin) keepGenerating(ctx context.Context) {
-	var last, lastErr string
+	var lastErr string
 	for {
 		st := p.state()
-		if !st.cfg.Generate.Enabled {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(st.cfg.Generate.Interval):
-				continue
+		if st.cfg.Generate.Enabled {
+			dir := st.cfg.CDISpecDirs[len(st.cfg.CDISpecDirs)-1]
+			path := filepath.Join(dir, GeneratedSpecName)
+			what, wrote, err := p.generate(p.hw.lib(), path)
+			switch {
+			case err != nil && err.Error() != lastErr:
+				p.log.Errorf("generating the CDI spec of the GPUs into %s: %v", path, err)
+				lastErr = err.Error()
+			case err == nil:
+				if wrote {
+					p.log.WithField("spec", path).Infof("generated the CDI spec of the GPUs: %s", what)
+				}
+				lastErr = ""
 			}
-		}
-		lib := p.hw.lib()
-		dir := st.cfg.CDISpecDirs[len(st.cfg.CDISpecDirs)-1]
-		path := filepath.Join(dir, GeneratedSpecName)
-		fingerprint, err := p.generate(lib, path, last)
-		switch {
-		case err != nil && err.Error() != lastErr:
-			p.log.Errorf("generating the CDI spec of the GPUs into %s: %v", path, err)
-			lastErr = err.Error()
-		case err == nil && fingerprint != last:
-			p.log.WithField("spec", path).Infof("generated the CDI spec of the GPUs: %s", fingerprint)
-			last, lastErr = fingerprint, ""
 		}
 		select {
 		case <-ctx.Done():
@@ -52,26 +50,25 @@ func (p *Plugin) keepGenerating(ctx context.Context) {
 	}
 }
 
-// generate discovers the GPUs and, when they differ from last or the
-// spec file is gone, writes their spec. It returns the GPUs' fingerprint.
-func (p *Plugin) generate(lib nvml.Interface, path, last string) (string, error) {
+// generate discovers the GPUs and the driver's files and writes their
+// spec to path unless it holds exactly that already. It returns what the
+// spec is of (driver, GPUs, control nodes, files) and whether it wrote.
+func (p *Plugin) generate(lib nvml.Interface, path string) (string, bool, error) {
 	inv, err := nvidia.Discover(lib)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	cfg := p.state().cfg
-	fingerprint := fmt.Sprintf("driver %s, GPUs %s, control nodes %s", inv.DriverVersion, gpuList(inv), controlNodes(p.start.DriverRoot))
-	if _, err := os.Stat(path); err == nil && fingerprint == last {
-		return fingerprint, nil
-	}
 	spec, err := nvidia.Generate(lib, nvidia.Options{DriverRoot: p.start.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.hookPath, CreateControlNodes: true})
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
+	what := fmt.Sprintf("driver %s, GPUs %s, control nodes %s, %d driver files", inv.DriverVersion, gpuList(inv), controlNodes(p.start.DriverRoot), len(spec.ContainerEdits.Mounts))
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return "", err
+		return "", false, err
 	}
-	return fingerprint, nvidia.Write(spec, path, "yaml", nil)
+	wrote, err := nvidia.Update(spec, path, "yaml")
+	return what, wrote, err
 }
 
 // gpuList describes the GPUs and MIG devices of an inventory.
@@ -90,9 +87,8 @@ func gpuList(inv *nvidia.Inventory) string {
 	return strings.Join(ids, ", ")
 }
 
-// controlNodes lists the driver's control nodes present under root, so
-// that one appearing (nvidia-uvm, at the first CUDA call) makes the spec
-// be written again.
+// controlNodes lists the driver's control nodes present under root (one
+// appears, nvidia-uvm, at the first CUDA call).
 func controlNodes(root string) string {
 	var present []string
 	for _, n := range nvidia.ControlNodes {

@@ -2,9 +2,11 @@ package plugin_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -162,7 +164,8 @@ func TestGenerateOnlyOnChange(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(root, "dev"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(root, "dev", "nvidia-uvm"), nil, 0o644); err != nil {
+	// A real char device node (/dev/null's numbers), as the driver makes.
+	if err := syscall.Mknod(filepath.Join(root, "dev", "nvidia-uvm"), syscall.S_IFCHR|0o666, 1<<8|3); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Within(t, 5*time.Second, "the spec written again for nvidia-uvm", func() bool {
@@ -173,4 +176,93 @@ func TestGenerateOnlyOnChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Within(t, 5*time.Second, "the spec written again once removed", func() bool { return written() != 0 })
+}
+
+// TestGenerateDriverChange: the driver changes under a running nri-gpu
+// generating the spec (a fake driver root of real files, NVML mocked):
+// the spec is written again and containers created afterwards are given
+// the new driver's files, not the old ones, whether its version changed
+// or only its files did.
+func TestGenerateDriverChange(t *testing.T) {
+	const old = "550.54.15"
+	for _, tc := range []struct {
+		name    string
+		version string   // the driver's version after the change
+		remove  []string // files of the driver removed
+		add     []string // files of the driver added
+		want    string   // the file containers get afterwards
+		gone    string   // the file they no longer get ("" for none)
+	}{
+		{name: "upgraded", version: "560.35.03",
+			remove: []string{"usr/lib64/libcuda.so." + old, "usr/lib64/libnvidia-ml.so." + old},
+			add:    []string{"usr/lib64/libcuda.so.560.35.03", "usr/lib64/libnvidia-ml.so.560.35.03"},
+			want:   "/usr/lib64/libcuda.so.560.35.03", gone: "/usr/lib64/libcuda.so." + old},
+		{name: "a library installed", version: old,
+			add:  []string{"usr/lib64/libnvidia-ptxjitcompiler.so." + old},
+			want: "/usr/lib64/libnvidia-ptxjitcompiler.so." + old},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			if err := os.CopyFS(root, os.DirFS("../specs/nvidia/testdata/minimal-root")); err != nil {
+				t.Fatal(err)
+			}
+			var version atomic.Value
+			version.Store(old)
+			lib := testutil.NVML(1)
+			lib.SystemGetDriverVersionFunc = func() (string, nvml.Return) { return version.Load().(string), nvml.SUCCESS }
+			specDir := filepath.Join(t.TempDir(), "cdi")
+			p, hook := logged(t, "generateSpecs: true\ngenerateInterval: 20ms\ndriverRoot: "+root+"\npolicy:\n  devices: [\"*/*\"]\n",
+				plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(lib))
+			ctx, cancel := context.WithCancel(context.Background())
+			served := make(chan struct{})
+			defer func() { cancel(); <-served }() // before the dirs go
+			go func() {
+				defer close(served)
+				_ = p.Serve(ctx, stub.WithSocketPath(filepath.Join(testutil.ShortDir(t), "none.sock")), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
+			}()
+			n := 0
+			mounts := func() []string {
+				n++
+				pod := gpuPod(fmt.Sprintf("p%d", n), map[string]string{"gpus.nri-gpu.io": "0"})
+				ctr := &api.Container{Id: fmt.Sprintf("c%d", n), PodSandboxId: pod.Id, Name: "c", Linux: &api.LinuxContainer{}}
+				adj, _, err := p.CreateContainer(context.Background(), pod, ctr)
+				if err != nil {
+					return nil
+				}
+				var hosts []string
+				for _, m := range adj.GetMounts() {
+					hosts = append(hosts, strings.TrimPrefix(m.Source, root))
+				}
+				return hosts
+			}
+			testutil.Within(t, 5*time.Second, "a container given the driver's files", func() bool { return slices.Contains(mounts(), "/usr/lib64/libcuda.so."+old) })
+
+			for _, f := range tc.remove {
+				if err := os.Remove(filepath.Join(root, f)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, f := range tc.add {
+				if err := os.WriteFile(filepath.Join(root, f), []byte("\x7fELF"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			version.Store(tc.version)
+			var got []string
+			testutil.Within(t, 5*time.Second, "a container given "+tc.want, func() bool {
+				got = mounts()
+				return slices.Contains(got, tc.want)
+			})
+			if tc.gone != "" && slices.Contains(got, tc.gone) {
+				t.Errorf("a container created after the change is given %s, which is gone: %v", tc.gone, got)
+			}
+			g := entries(hook, logrus.InfoLevel, "generated the CDI spec of the GPUs")
+			// The change is not one step (files go, files come, the version
+			// changes): a spec may be written in between; the last is of
+			// the new driver.
+			if len(g) < 2 || !strings.Contains(g[len(g)-1].Message, "driver "+tc.version) {
+				t.Errorf("%d writes logged, want two or more, the last of driver %s", len(g), tc.version)
+			}
+		})
+	}
 }

@@ -1,6 +1,7 @@
 package nvidia
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,6 +23,19 @@ func marshal(spec *cdispec.Spec, format string) ([]byte, error) {
 		return append(data, '\n'), err
 	}
 	return nil, fmt.Errorf("format %q is neither yaml nor json", format)
+}
+
+// Update writes a spec to path as Write does unless the file there
+// already holds exactly it; it says whether it wrote.
+func Update(spec *cdispec.Spec, path, format string) (bool, error) {
+	data, err := marshal(spec, format)
+	if err != nil {
+		return false, err
+	}
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return false, nil
+	}
+	return true, Write(spec, path, format, nil)
 }
 
 // Write validates a spec with the CDI library and writes it to path

@@ -65,6 +65,40 @@ func TestWrite(t *testing.T) {
 	}
 }
 
+// TestUpdate: the spec is written when the file is missing or holds
+// something else (another driver's spec, an edit), and left alone when it
+// holds exactly the spec.
+func TestUpdate(t *testing.T) {
+	spec, err := nvidia.Generate(server(2), nvidia.Options{DriverRoot: "testdata/minimal-root", HookPath: "/usr/bin/nvidia-cdi-hook"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "nvidia.com-gpu.yaml")
+	for _, step := range []struct {
+		name   string
+		before func()
+		wrote  bool
+	}{
+		{"missing", func() {}, true},
+		{"the same", func() {}, false},
+		{"edited", func() {
+			if err := os.WriteFile(path, []byte("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"the same again", func() {}, false},
+	} {
+		step.before()
+		wrote, err := nvidia.Update(spec, path, "yaml")
+		if err != nil || wrote != step.wrote {
+			t.Errorf("%s: wrote %v, %v; want %v", step.name, wrote, err, step.wrote)
+		}
+		if read, err := cdi.ReadSpec(path, 0); err != nil || !cmp.Equal(spec, read.Spec) {
+			t.Errorf("%s: the file does not hold the spec: %v", step.name, err)
+		}
+	}
+}
+
 // TestGeneratedSpecInjects feeds a generated spec back through nri-gpu's
 // own injection path: the spec registry, then the adjustment.
 func TestGeneratedSpecInjects(t *testing.T) {
