@@ -1069,6 +1069,76 @@ func TestRecoveredPodsReleasedByTheirContainers(t *testing.T) {
 	heldBy("1", "three")
 }
 
+// TestRecoveredPodsWithNoContainer: containerd reports no exited
+// container at Synchronize, and a stopped sandbox with pid 0. After it
+// restarted, a pod whose containers exited and whose sandbox stopped
+// (being deleted: kubelet removes its containers soon, its sandbox later,
+// and containerd tells nri-gpu of neither) holds nothing (seen on 2.3.7
+// on the test cluster: a GPU held after its pod was gone); one whose
+// sandbox still runs (its container crashed, to be started again) keeps
+// its GPU, and releases it when the container it is given next is
+// removed.
+func TestRecoveredPodsWithNoContainer(t *testing.T) {
+	const cfg = "policy: {exclusive: true}"
+	for _, tc := range []struct {
+		name    string
+		pid     uint32 // the sandbox's, as the runtime reports it
+		running bool   // a container of it still runs
+		held    bool
+	}{
+		{"sandbox stopped, containers exited", 0, false, false},
+		{"sandbox running, containers exited", 4242, false, true},
+		{"sandbox stopped, a container running", 0, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runtime(t, cfg)
+			one := &api.PodSandbox{Id: "id-one", Name: "one", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+			if _, err := r.create(one, &api.Container{Id: "one-main", PodSandboxId: one.Id, Name: "main", Linux: &api.LinuxContainer{}}); err != nil {
+				t.Fatal(err)
+			}
+			r.mu.Lock()
+			r.pods[one.Id] = &api.PodSandbox{Id: one.Id, Name: one.Name, Namespace: one.Namespace, Annotations: one.Annotations, Pid: tc.pid}
+			if !tc.running {
+				r.containers = nil
+			}
+			r.mu.Unlock()
+			r.restart(t, cfg) // the runtime restarted: no StopPodSandbox will come
+
+			heldBy := func(holder string) {
+				t.Helper()
+				asker := &api.PodSandbox{Id: "id-asker", Name: "asker", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+				_, err := r.create(asker, &api.Container{Id: "asker-main", PodSandboxId: asker.Id, Name: "main", Linux: &api.LinuxContainer{}})
+				if holder == "" {
+					if err != nil {
+						t.Errorf("GPU 0: %v, want it free", err)
+					}
+					r.removePod(t, asker)
+					return
+				}
+				if err == nil || !strings.Contains(err.Error(), "held by pod tenant/"+holder) {
+					t.Errorf("GPU 0: %v, want it held by %s", err, holder)
+				}
+			}
+			if !tc.held {
+				heldBy("")
+				return
+			}
+			heldBy("one")
+			if tc.running {
+				return
+			}
+			again := &api.Container{Id: "one-again", PodSandboxId: one.Id, Name: "main", Linux: &api.LinuxContainer{}}
+			if _, err := r.create(one, again); err != nil {
+				t.Fatalf("the pod's container started again: %v", err)
+			}
+			if err := r.RemoveContainer(context.Background(), &adaptation.RemoveContainerRequest{Pod: one, Container: again}); err != nil {
+				t.Fatal(err)
+			}
+			heldBy("")
+		})
+	}
+}
+
 // TestConcurrentCounts: as many pods as there are GPUs ask for one at
 // once, round after round: each gets one, none the same, though several
 // choose the same free GPU at first and all but one must choose again.

@@ -11,30 +11,33 @@ import (
 // pods in memory and, on a plugin's Synchronize, rebuilds only its
 // containers': for a pod that ran before containerd restarted it sends no
 // StopPodSandbox and no RemovePodSandbox, ever, but it does send
-// RemoveContainer for each of the pod's containers. Such a pod's devices
-// are released when its last container is removed: a pod with no
-// container left runs nothing that could use them, and a container it
-// makes later is admitted anew, and tracked: the pod stays tracked, its
-// containers counted again from none. Pods created on the current
-// connection are not tracked; their StopPodSandbox releases them.
+// RemoveContainer for each of the pod's containers it reported, and for
+// each it creates later. Such a pod's devices are released when its last
+// container is removed: a pod with no container left runs nothing that
+// could use them, and a container it makes later is admitted anew, and
+// tracked: the pod stays tracked, its containers counted again from none.
+// A pod reported with no container (its containers exited: containerd
+// reports none of those) is tracked too, so that the containers it makes
+// later are. Pods created on the current connection are not tracked;
+// their StopPodSandbox releases them.
 type recovered struct {
 	mu sync.Mutex
 	// pods holds, by pod ID, the IDs of the pod's containers.
 	pods map[string]map[string]bool
 }
 
-// reset tracks the containers of the pods for which live is true, and no
-// other pod.
-func (r *recovered) reset(containers []*api.Container, live func(podID string) bool) {
+// reset tracks the pods, with those of the containers that are theirs,
+// and no other pod.
+func (r *recovered) reset(pods []string, containers []*api.Container) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.pods = map[string]map[string]bool{}
+	r.pods = make(map[string]map[string]bool, len(pods))
+	for _, id := range pods {
+		r.pods[id] = map[string]bool{}
+	}
 	for _, c := range containers {
-		if id := c.GetPodSandboxId(); live(id) {
-			if r.pods[id] == nil {
-				r.pods[id] = map[string]bool{}
-			}
-			r.pods[id][c.GetId()] = true
+		if ctrs, ok := r.pods[c.GetPodSandboxId()]; ok {
+			ctrs[c.GetId()] = true
 		}
 	}
 }

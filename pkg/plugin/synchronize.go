@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -58,8 +59,8 @@ func (p *Plugin) recordLost(err error, claims int) {
 // tenant can write: the state file the plugin keeps, for the pods the
 // runtime still runs, and the device nodes the runtime reports in the
 // containers nri-gpu gave devices. Pods gone while the plugin was away,
-// and pods all of whose containers have stopped (stopped pods, not yet
-// removed), hold nothing any more. Holdings that break the policy or each
+// and stopped pods not yet removed (all their containers stopped, or none
+// left and their sandbox stopped), hold nothing any more. Holdings that break the policy or each
 // other are logged, and stay held.
 func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
 	st := p.state()
@@ -76,8 +77,13 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 			running[c.GetPodSandboxId()] = true
 		}
 	}
-	for id := range withContainers {
-		if !running[id] { // a stopped pod, not yet removed
+	for id, pod := range sandboxes {
+		// A stopped pod, not yet removed: all its containers stopped, or
+		// none left and no sandbox process (containerd reports a
+		// stopped sandbox with pid 0, and none of its exited
+		// containers). Nothing of it can run: no container can be
+		// created in a stopped sandbox.
+		if !running[id] && (withContainers[id] || pod.GetPid() == 0) {
 			delete(live, id)
 		}
 	}
@@ -129,7 +135,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	if err := p.alloc.Restore(st.policy, holdings); err != nil {
 		p.log.Warn(err)
 	}
-	p.recovered.reset(containers, func(id string) bool { _, ok := live[id]; return ok })
+	p.recovered.reset(slices.Collect(maps.Keys(live)), containers)
 	if p.access != nil {
 		// The records of pods the runtime no longer has.
 		known := map[string]bool{}
