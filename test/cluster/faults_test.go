@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -289,16 +288,7 @@ func TestRequiredWhileAway(t *testing.T) {
 // it goes on when the test ends, which waits for the DaemonSet's Ready.
 func hang(t *testing.T, n *harness.Node) func() {
 	t.Helper()
-	nri := nriPods(t)[n.Name]
-	id := strings.TrimPrefix(nri.Status.ContainerStatuses[0].ContainerID, "containerd://")
-	out, err := n.Ctd.Crictl("inspect", "-o", "go-template", "--template", "{{.info.pid}}", id)
-	if err != nil {
-		t.Fatalf("nri-gpu's pid: %v: %s", err, out)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(out))
-	if err != nil || pid <= 0 {
-		t.Fatalf("nri-gpu's pid: %q", out)
-	}
+	pid := nriPid(t, n)
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}

@@ -111,7 +111,7 @@ func waitRunning(t *testing.T, namespace, name string) *corev1.Pod {
 			return
 		}
 		if pod != nil {
-			t.Logf("pod %s/%s last seen: phase %s, containers %+v", namespace, name, pod.Status.Phase, pod.Status.ContainerStatuses)
+			t.Logf("pod %s/%s last seen: phase %s (%s: %s), containers %+v", namespace, name, pod.Status.Phase, pod.Status.Reason, pod.Status.Message, pod.Status.ContainerStatuses)
 		}
 		if e := warning(namespace, name, "", nil); e != nil {
 			t.Logf("its last warning: %s: %s", e.Reason, e.Message)

@@ -298,13 +298,23 @@ func needCluster(t *testing.T) {
 // nriPods returns the pods of nri-gpu's DaemonSet, by node.
 func nriPods(t *testing.T) map[string]corev1.Pod {
 	t.Helper()
-	pods, err := env.client.CoreV1().Pods(nriNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nri-gpu"})
+	byNode, err := listNRIPods()
 	if err != nil {
 		t.Fatal(err)
+	}
+	return byNode
+}
+
+// listNRIPods is nriPods for a goroutine other than the test's: it
+// returns its error.
+func listNRIPods() (map[string]corev1.Pod, error) {
+	pods, err := env.client.CoreV1().Pods(nriNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nri-gpu"})
+	if err != nil {
+		return nil, err
 	}
 	byNode := map[string]corev1.Pod{}
 	for _, p := range pods.Items {
 		byNode[p.Spec.NodeName] = p
 	}
-	return byNode
+	return byNode, nil
 }

@@ -2,12 +2,17 @@ package cluster
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
@@ -16,11 +21,10 @@ import (
 // count annotation, the device plugin's resource, a DRA claim) are created
 // one after another throughout. The chart's surge hands each node over
 // from the old nri-gpu to the new one: every pod ends Running with
-// exactly one GPU, seen the first time it is seen Running, none GPU-less;
-// no GPU is seen by two pods.
+// exactly one GPU, seen the first time it is seen Running; no GPU is seen
+// by two pods.
 func TestUpgradeStream(t *testing.T) {
 	needCluster(t)
-	createTemplate(t, "default", "stream-gpu", harness.ClaimSpec(driverName, 1))
 	nodes := []*harness.Node{env.a, env.b}
 	for _, n := range nodes {
 		out, err := n.Ctd.Ctr("images", "ls", "-q")
@@ -43,35 +47,162 @@ func TestUpgradeStream(t *testing.T) {
 	next := valuesFile(t, "next-image.yaml", "image:\n  tag: next\n")
 	t.Cleanup(func() { helmUpgrade(t, env.values) })
 	before := nriPods(t)
+	streamThrough(t, "helm upgrade", func() error {
+		_, err := env.cluster.Helm(env.helm, "upgrade", releaseName, chartDir, "--namespace", nriNamespace, "--wait", "--timeout", "3m", "--values", env.values, "--values", next)
+		return err
+	})
+	for name, p := range nriPods(t) {
+		if p.UID == before[name].UID || !strings.HasSuffix(p.Spec.Containers[0].Image, ":next") {
+			t.Errorf("%s: nri-gpu's pod %s (%s) not replaced by the upgrade", name, p.Name, p.Spec.Containers[0].Image)
+		}
+	}
+	for _, n := range nodes {
+		if log := nriLog(t, n); !strings.Contains(log, "took over the state file") {
+			t.Errorf("%s: the new nri-gpu does not say it took over:\n%s", n.Name, log)
+		}
+	}
+}
 
+// TestCrashStream: nri-gpu's process killed (SIGKILL) on both nodes,
+// kubelet starting its container again, while pods of every door are
+// created on each node one after another: every pod ends Running with
+// exactly one GPU, seen the first time it is seen Running (one whose
+// container was created while nri-gpu was away is stopped and created
+// again through it first); no GPU is seen by two pods.
+func TestCrashStream(t *testing.T) {
+	needCluster(t)
+	streamThrough(t, "kill -9 of nri-gpu", func() error {
+		for _, n := range []*harness.Node{env.a, env.b} {
+			restarts, err := nriRestarts(n)
+			if err != nil {
+				return err
+			}
+			pid, err := nriPidOf(n)
+			if err != nil {
+				return err
+			}
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				return err
+			}
+			deadline := time.Now().Add(podWait)
+			for {
+				pods, err := listNRIPods()
+				if err != nil {
+					return err
+				}
+				if s := pods[n.Name].Status.ContainerStatuses; len(s) > 0 && s[0].RestartCount > restarts && s[0].Ready {
+					break
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("%s: nri-gpu not Ready again after its kill", n.Name)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+		return nil
+	})
+}
+
+// TestContainerdRestartStream: each node's containerd restarted while
+// pods of every door are created on it one after another: every pod ends
+// Running with exactly one GPU, seen the first time it is seen Running; no
+// GPU is seen by two pods.
+func TestContainerdRestartStream(t *testing.T) {
+	needCluster(t)
+	streamThrough(t, "containerd restart", func() error {
+		for _, n := range []*harness.Node{env.a, env.b} {
+			if err := n.Ctd.Restart(); err != nil {
+				return err
+			}
+			if err := n.WaitReady(podWait); err != nil {
+				return err
+			}
+		}
+		return waitDaemonSetReady(2)
+	})
+}
+
+// nriPid is the pid of node n's nri-gpu process, as its containerd tells.
+func nriPid(t *testing.T, n *harness.Node) int {
+	t.Helper()
+	pid, err := nriPidOf(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// nriPidOf is nriPid for a goroutine other than the test's.
+func nriPidOf(n *harness.Node) (int, error) {
+	pods, err := listNRIPods()
+	if err != nil {
+		return 0, err
+	}
+	p, ok := pods[n.Name]
+	if !ok || len(p.Status.ContainerStatuses) == 0 {
+		return 0, fmt.Errorf("no nri-gpu container on %s", n.Name)
+	}
+	id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	out, err := n.Ctd.Crictl("inspect", "-o", "go-template", "--template", "{{.info.pid}}", id)
+	if err != nil {
+		return 0, fmt.Errorf("nri-gpu's pid on %s: %w: %s", n.Name, err, out)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("nri-gpu's pid on %s: %q", n.Name, out)
+	}
+	return pid, nil
+}
+
+// nriRestarts is how often kubelet has restarted node n's nri-gpu.
+func nriRestarts(n *harness.Node) (int32, error) {
+	pods, err := listNRIPods()
+	if err != nil {
+		return 0, err
+	}
+	if s := pods[n.Name].Status.ContainerStatuses; len(s) > 0 {
+		return s[0].RestartCount, nil
+	}
+	return 0, fmt.Errorf("no nri-gpu container on %s", n.Name)
+}
+
+// streamThrough creates, on each node, pods of every door one after
+// another (a count annotation, the device plugin's resource, a DRA
+// claim), each waited for until Running, checked to see exactly one GPU
+// and deleted, while disrupt runs (begun once the streams are under
+// way), and three more pods after it; then checks that no GPU is seen by
+// two pods and every claim was released.
+func streamThrough(t *testing.T, what string, disrupt func() error) {
+	t.Helper()
+	createTemplate(t, "default", "stream-gpu", harness.ClaimSpec(driverName, 1))
+	nodes := []*harness.Node{env.a, env.b}
 	var (
-		upgraded = make(chan struct{})
-		mu       sync.Mutex
-		report   []string
+		done   = make(chan struct{})
+		mu     sync.Mutex
+		report []string
+		errc   = make(chan error, 1)
 	)
-	upgradeErr := make(chan error, 1)
 	go func() {
 		// Not a subtest: the streams, parallel subtests, take as many
 		// of the test binary's parallel slots as the machine has cores.
-		defer close(upgraded)
+		defer close(done)
 		time.Sleep(3 * time.Second) // the streams under way
 		start := time.Now()
-		args := []string{"upgrade", releaseName, chartDir, "--namespace", nriNamespace, "--wait", "--timeout", "3m", "--values", env.values, "--values", next}
-		_, err := env.cluster.Helm(env.helm, args...)
+		err := disrupt()
 		mu.Lock()
-		report = append(report, fmt.Sprintf("helm upgrade took %s", time.Since(start).Round(time.Second)))
+		report = append(report, fmt.Sprintf("%s took %s", what, time.Since(start).Round(100*time.Millisecond)))
 		mu.Unlock()
-		upgradeErr <- err
+		errc <- err
 	}()
-	t.Run("during", func(t *testing.T) {
+	t.Run("during "+what, func(t *testing.T) {
 		for _, n := range nodes {
 			t.Run("stream on "+n.Name, func(t *testing.T) {
 				t.Parallel()
 				doors := map[string]int{}
-				after := 0 // pods begun once the upgrade was done
+				after := 0 // pods begun once the disruption was over
 				for i := 0; after < 3; i++ {
 					select {
-					case <-upgraded:
+					case <-done:
 						after++
 					default:
 					}
@@ -81,11 +212,11 @@ func TestUpgradeStream(t *testing.T) {
 					switch i % 3 {
 					case 0:
 						door = "annotation"
-						createPod(t, gpuPod("default", name, 0, map[string]string{"gpu-count.nri-gpu.io": "1"}, n.Name))
+						createPod(t, scheduledOn(n, gpuPod("default", name, 0, map[string]string{"gpu-count.nri-gpu.io": "1"}, "")))
 						seen = gpusSeen(t, waitRunning(t, "default", name))
 					case 1:
 						door = "device plugin"
-						createPod(t, gpuPod("default", name, 1, nil, n.Name))
+						createPod(t, scheduledOn(n, gpuPod("default", name, 1, nil, "")))
 						seen = gpusSeen(t, waitRunning(t, "default", name))
 					case 2:
 						door = "DRA"
@@ -104,24 +235,47 @@ func TestUpgradeStream(t *testing.T) {
 			})
 		}
 	})
-	if err := <-upgradeErr; err != nil {
-		t.Fatalf("helm upgrade: %v", err)
+	if err := <-errc; err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 	for _, r := range report {
 		t.Log(r)
 	}
-	for name, p := range nriPods(t) {
-		if p.UID == before[name].UID || !strings.HasSuffix(p.Spec.Containers[0].Image, ":next") {
-			t.Errorf("%s: nri-gpu's pod %s (%s) not replaced by the upgrade", name, p.Name, p.Spec.Containers[0].Image)
-		}
-	}
 	for _, n := range nodes {
-		if log := nriLog(t, n); !strings.Contains(log, "took over the state file") {
-			t.Errorf("%s: the new nri-gpu does not say it took over:\n%s", n.Name, log)
-		}
 		noGPUTwice(t, n)
 	}
-	testutil.Within(t, podWait, "the claims of the stream released", func() bool {
-		return allocatable(t, env.a) == int64(env.a.GPUs) && allocatable(t, env.b) == int64(env.b.GPUs)
-	})
+	waitAllReleased(t, nodes)
+}
+
+// scheduledOn has the scheduler place pod p on node n (a node selector),
+// as a workload's pods are placed: a pod bound to a node by name skips
+// the scheduler, and kubelet fails it at once if it asks for a resource
+// the node does not offer at that moment (a device plugin restarting).
+func scheduledOn(n *harness.Node, p *corev1.Pod) *corev1.Pod {
+	p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": n.Name}
+	return p
+}
+
+// waitAllReleased waits until every node offers all its GPUs again (no
+// pod and no claim holds one); if not, it says what each node offers and
+// what its nri-gpu records.
+func waitAllReleased(t *testing.T, nodes []*harness.Node) {
+	t.Helper()
+	deadline := time.Now().Add(podWait)
+	for {
+		var held []string
+		for _, n := range nodes {
+			if got := allocatable(t, n); got != int64(n.GPUs) {
+				state, _ := os.ReadFile(filepath.Join(n.Dir, "run", "nri-gpu", "allocations.json"))
+				held = append(held, fmt.Sprintf("%s offers %d of %d GPUs; its record: %s", n.Name, got, n.GPUs, state))
+			}
+		}
+		if len(held) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GPUs still held %s after the streams:\n%s", podWait, strings.Join(held, "\n"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
