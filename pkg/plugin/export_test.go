@@ -5,3 +5,9 @@ import "github.com/containerd/nri/pkg/api"
 // StopWith has the plugin stop containers with stop, for the package's
 // tests, instead of killing their processes.
 func (p *Plugin) StopWith(stop func(*api.Container) error) { p.stop = stop }
+
+// WithSandboxCheck has the plugin take a process for a pod's sandbox as
+// is tells, for the package's tests, instead of by its cgroup.
+func WithSandboxCheck(is func(pid int, podID string) bool) Option {
+	return func(p *Plugin) { p.recovered.isSandbox = is }
+}

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -1077,45 +1079,65 @@ func TestRecoveredPodsReleasedByTheirContainers(t *testing.T) {
 // on the test cluster: a GPU held after its pod was gone); one whose
 // sandbox still runs (its container crashed, to be started again) keeps
 // its GPU, and releases it when the container it is given next is
-// removed.
+// removed, or when its sandbox process (a real one here) ends with no
+// container (the pod deleted while its container waited to be started
+// again) but not when a process that is not its sandbox ends.
 func TestRecoveredPodsWithNoContainer(t *testing.T) {
 	const cfg = "policy: {exclusive: true}"
 	for _, tc := range []struct {
 		name    string
-		pid     uint32 // the sandbox's, as the runtime reports it
+		sandbox string // "stopped" (pid 0), "running", "ends", "another ends"
 		running bool   // a container of it still runs
 		held    bool
 	}{
-		{"sandbox stopped, containers exited", 0, false, false},
-		{"sandbox running, containers exited", 4242, false, true},
-		{"sandbox stopped, a container running", 0, true, true},
+		{"sandbox stopped, containers exited", "stopped", false, false},
+		{"sandbox running, containers exited", "running", false, true},
+		{"sandbox stopped, a container running", "stopped", true, true},
+		{"containers exited, then the sandbox ends", "ends", false, true},
+		{"containers exited, then a process not its sandbox ends", "another ends", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := runtime(t, cfg)
+			var pid int
+			if tc.sandbox != "stopped" {
+				proc := exec.Command("sleep", "60")
+				if err := proc.Start(); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = proc.Process.Kill(); _ = proc.Wait() })
+				pid = proc.Process.Pid
+				if strings.HasSuffix(tc.sandbox, "ends") {
+					defer func() { _ = proc.Process.Kill(); _ = proc.Wait() }()
+				}
+			}
+			isSandbox := func(p int, podID string) bool { return tc.sandbox != "another ends" && p == pid && podID == "id-one" }
+			r := runtimeSetUp(t, "v1.7.35", cfg, func() []plugin.Option { return []plugin.Option{plugin.WithSandboxCheck(isSandbox)} })
 			one := &api.PodSandbox{Id: "id-one", Name: "one", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
 			if _, err := r.create(one, &api.Container{Id: "one-main", PodSandboxId: one.Id, Name: "main", Linux: &api.LinuxContainer{}}); err != nil {
 				t.Fatal(err)
 			}
 			r.mu.Lock()
-			r.pods[one.Id] = &api.PodSandbox{Id: one.Id, Name: one.Name, Namespace: one.Namespace, Annotations: one.Annotations, Pid: tc.pid}
+			r.pods[one.Id] = &api.PodSandbox{Id: one.Id, Name: one.Name, Namespace: one.Namespace, Annotations: one.Annotations, Pid: uint32(pid)}
 			if !tc.running {
 				r.containers = nil
 			}
 			r.mu.Unlock()
 			r.restart(t, cfg) // the runtime restarted: no StopPodSandbox will come
 
+			asker := &api.PodSandbox{Id: "id-asker", Name: "asker", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+			ask := func() error {
+				_, err := r.create(asker, &api.Container{Id: "asker-main", PodSandboxId: asker.Id, Name: "main", Linux: &api.LinuxContainer{}})
+				if err == nil {
+					r.removePod(t, asker)
+				}
+				return err
+			}
 			heldBy := func(holder string) {
 				t.Helper()
-				asker := &api.PodSandbox{Id: "id-asker", Name: "asker", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
-				_, err := r.create(asker, &api.Container{Id: "asker-main", PodSandboxId: asker.Id, Name: "main", Linux: &api.LinuxContainer{}})
-				if holder == "" {
-					if err != nil {
-						t.Errorf("GPU 0: %v, want it free", err)
-					}
-					r.removePod(t, asker)
-					return
+				err := ask()
+				if holder == "" && err != nil {
+					t.Errorf("GPU 0: %v, want it free", err)
 				}
-				if err == nil || !strings.Contains(err.Error(), "held by pod tenant/"+holder) {
+				if holder != "" && (err == nil || !strings.Contains(err.Error(), "held by pod tenant/"+holder)) {
 					t.Errorf("GPU 0: %v, want it held by %s", err, holder)
 				}
 			}
@@ -1124,7 +1146,19 @@ func TestRecoveredPodsWithNoContainer(t *testing.T) {
 				return
 			}
 			heldBy("one")
-			if tc.running {
+			switch {
+			case tc.running:
+				return
+			case strings.HasSuffix(tc.sandbox, "ends"):
+				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				if tc.sandbox == "ends" {
+					testutil.Within(t, 5*time.Second, "GPU 0 released once the sandbox ended", func() bool { return ask() == nil })
+					return
+				}
+				time.Sleep(2 * time.Second) // two looks of the watch, were there one
+				heldBy("one")
 				return
 			}
 			again := &api.Container{Id: "one-again", PodSandboxId: one.Id, Name: "main", Linux: &api.LinuxContainer{}}

@@ -1,9 +1,14 @@
 package plugin
 
 import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"sync"
 
 	"github.com/containerd/nri/pkg/api"
+	"golang.org/x/sys/unix"
 )
 
 // recovered tracks, by their containers, the pods the runtime reported at
@@ -18,12 +23,18 @@ import (
 // tracked: the pod stays tracked, its containers counted again from none.
 // A pod reported with no container (its containers exited: containerd
 // reports none of those) is tracked too, so that the containers it makes
-// later are. Pods created on the current connection are not tracked;
-// their StopPodSandbox releases them.
+// later are, and is released when its sandbox process ends with still no
+// container (watch). Pods created on the current connection are not
+// tracked; their StopPodSandbox releases them.
 type recovered struct {
 	mu sync.Mutex
 	// pods holds, by pod ID, the IDs of the pod's containers.
 	pods map[string]map[string]bool
+	// resets counts reset: a watch begun before the last one ends.
+	resets int
+	// isSandbox tells whether process pid is pod podID's sandbox
+	// (sandboxProcess; the package's tests replace it).
+	isSandbox func(pid int, podID string) bool
 }
 
 // reset tracks the pods, with those of the containers that are theirs,
@@ -31,6 +42,7 @@ type recovered struct {
 func (r *recovered) reset(pods []string, containers []*api.Container) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.resets++
 	r.pods = make(map[string]map[string]bool, len(pods))
 	for _, id := range pods {
 		r.pods[id] = map[string]bool{}
@@ -69,4 +81,72 @@ func (r *recovered) forget(podID string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.pods, podID)
+}
+
+// watchPoll is how often a watch looks whether it is still needed.
+const watchPoll = 1000 // ms
+
+// errNotSandbox says a process is not the sandbox a pod was reported with.
+var errNotSandbox = errors.New("not the pod's sandbox process")
+
+// watch calls release once process pid, pod podID's sandbox as the
+// runtime reported it, has ended, if the pod is then still tracked, with
+// no container, since the last reset; it returns at once. A process that
+// cannot be watched (it ended already, it is not in nri-gpu's pid
+// namespace, or it is not the pod's sandbox) is not, and the error says
+// why: the pod then keeps what it holds until a container it makes is
+// removed, as a pod whose sandbox runs on. A watch ends with its pod's
+// tracking (the pod stopped, removed, or given a container whose removal
+// tells its end) or at the next reset.
+func (r *recovered) watch(podID string, pid int, release func()) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return fmt.Errorf("sandbox process %d: %w", pid, err)
+	}
+	check := r.isSandbox
+	if check == nil {
+		check = sandboxProcess
+	}
+	if !check(pid, podID) {
+		_ = unix.Close(fd)
+		return fmt.Errorf("process %d: %w", pid, errNotSandbox)
+	}
+	r.mu.Lock()
+	resets := r.resets
+	r.mu.Unlock()
+	go func() {
+		defer func() { _ = unix.Close(fd) }()
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			n, err := unix.Poll(fds, watchPoll)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			r.mu.Lock()
+			ctrs, tracked := r.pods[podID]
+			if !tracked || r.resets != resets || len(ctrs) > 0 {
+				r.mu.Unlock()
+				return
+			}
+			if n == 0 && err == nil { // still running
+				r.mu.Unlock()
+				continue
+			}
+			delete(r.pods, podID)
+			r.mu.Unlock()
+			release()
+			return
+		}
+	}()
+	return nil
+}
+
+// sandboxProcess reports whether process pid is in pod podID's sandbox's
+// cgroup: containerd names it after the sandbox's ID, under the cgroupfs
+// driver (".../<id>") and systemd's ("cri-containerd-<id>.scope") alike.
+// A pid read in another pid namespace than the runtime's names another
+// process, in another cgroup.
+func sandboxProcess(pid int, podID string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	return err == nil && podID != "" && strings.Contains(string(b), podID)
 }

@@ -136,6 +136,20 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		p.log.Warn(err)
 	}
 	p.recovered.reset(slices.Collect(maps.Keys(live)), containers)
+	for id := range live {
+		// A pod with no container, its end told only by its sandbox's.
+		if pod := sandboxes[id]; !withContainers[id] {
+			ended := func() {
+				p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).
+					Info("the pod's sandbox ended with no container: what it held is released (the runtime restarted, and tells nothing else of its end)")
+				p.release(pod)
+			}
+			if err := p.recovered.watch(id, int(pod.GetPid()), ended); err != nil {
+				p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).
+					Debugf("a pod with no container: its end is told by its next container's removal, not by its sandbox's (%v)", err)
+			}
+		}
+	}
 	if p.access != nil {
 		// The records of pods the runtime no longer has.
 		known := map[string]bool{}

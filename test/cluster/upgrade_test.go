@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,7 +13,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
@@ -120,6 +123,48 @@ func TestContainerdRestartStream(t *testing.T) {
 		}
 		return waitDaemonSetReady(2)
 	})
+}
+
+// TestRestartedBetweenCrashes: a pod holding a GPU by count whose
+// container exits, again and again (kubelet waiting longer each time to
+// start it again), is deleted after containerd restarted while it had no
+// container: containerd tells nri-gpu of neither its sandbox's stop nor
+// its removal, and reported no container of it; nri-gpu releases the GPU
+// when the pod's sandbox process ends, on each node (1.7.35 and 2.3.7).
+func TestRestartedBetweenCrashes(t *testing.T) {
+	needCluster(t)
+	for _, n := range []*harness.Node{env.a, env.b} {
+		t.Run(n.Name, func(t *testing.T) {
+			p := gpuPod("default", "between-crashes", 0, map[string]string{"gpu-count.nri-gpu.io": "1"}, n.Name)
+			p.Spec.Containers[0].Command = []string{"/bin/sleep", "1"}
+			createPod(t, p)
+			testutil.Within(t, podWait, "the pod's container exited twice, waiting to be started again", func() bool {
+				got, err := env.client.CoreV1().Pods("default").Get(context.Background(), p.Name, metav1.GetOptions{})
+				if err != nil || len(got.Status.ContainerStatuses) == 0 {
+					return false
+				}
+				s := got.Status.ContainerStatuses[0]
+				return s.RestartCount >= 2 && s.State.Waiting != nil
+			})
+			if got := allocatable(t, n); got != int64(n.GPUs-1) {
+				t.Fatalf("%s offers %d GPUs while the pod waits, want %d: the pod's GPU held", n.Name, got, n.GPUs-1)
+			}
+			synced := strings.Count(nriLog(t, n), "restored devices held by pod")
+			if err := n.Ctd.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			testutil.Within(t, podWait, "nri-gpu synchronized with the restarted containerd", func() bool {
+				return strings.Count(nriLog(t, n), "restored devices held by pod") > synced
+			})
+			deletePod(t, "default", p.Name)
+			testutil.Within(t, 20*time.Second, n.Name+" offering all its GPUs once the pod is gone", func() bool {
+				return allocatable(t, n) == int64(n.GPUs)
+			})
+			if log := nriLog(t, n); !strings.Contains(log, "the pod's sandbox ended with no container") {
+				t.Errorf("nri-gpu does not say the pod's sandbox ended:\n%s", log)
+			}
+		})
+	}
 }
 
 // nriPid is the pid of node n's nri-gpu process, as its containerd tells.
@@ -268,6 +313,9 @@ func waitAllReleased(t *testing.T, nodes []*harness.Node) {
 			if got := allocatable(t, n); got != int64(n.GPUs) {
 				state, _ := os.ReadFile(filepath.Join(n.Dir, "run", "nri-gpu", "allocations.json"))
 				held = append(held, fmt.Sprintf("%s offers %d of %d GPUs; its record: %s", n.Name, got, n.GPUs, state))
+				if time.Now().After(deadline) {
+					held = append(held, "its nri-gpu's log:\n"+nriLog(t, n))
+				}
 			}
 		}
 		if len(held) == 0 {
