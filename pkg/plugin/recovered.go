@@ -122,13 +122,16 @@ func (r *recovered) watch(podID string, pid int, release func()) error {
 			if errors.Is(err, unix.EINTR) {
 				continue
 			}
+			if err != nil { // the process cannot be watched: it keeps what it holds
+				return
+			}
 			r.mu.Lock()
 			ctrs, tracked := r.pods[podID]
 			if !tracked || r.resets != resets || len(ctrs) > 0 {
 				r.mu.Unlock()
 				return
 			}
-			if n == 0 && err == nil { // still running
+			if n == 0 { // still running
 				r.mu.Unlock()
 				continue
 			}
