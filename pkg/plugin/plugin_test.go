@@ -1105,9 +1105,6 @@ func TestRecoveredPodsWithNoContainer(t *testing.T) {
 				}
 				t.Cleanup(func() { _ = proc.Process.Kill(); _ = proc.Wait() })
 				pid = proc.Process.Pid
-				if strings.HasSuffix(tc.sandbox, "ends") {
-					defer func() { _ = proc.Process.Kill(); _ = proc.Wait() }()
-				}
 			}
 			isSandbox := func(p int, podID string) bool { return tc.sandbox != "another ends" && p == pid && podID == "id-one" }
 			r := runtimeSetUp(t, "v1.7.35", cfg, func() []plugin.Option { return []plugin.Option{plugin.WithSandboxCheck(isSandbox)} })

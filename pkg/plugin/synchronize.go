@@ -60,8 +60,8 @@ func (p *Plugin) recordLost(err error, claims int) {
 // runtime still runs, and the device nodes the runtime reports in the
 // containers nri-gpu gave devices. Pods gone while the plugin was away,
 // and stopped pods not yet removed (all their containers stopped, or none
-// left and their sandbox stopped), hold nothing any more. Holdings that break the policy or each
-// other are logged, and stay held.
+// left and their sandbox stopped), hold nothing any more. Holdings that
+// break the policy or each other are logged, and stay held.
 func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
 	st := p.state()
 	live := make(map[string]policy.Pod, len(pods))
@@ -138,16 +138,17 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	p.recovered.reset(slices.Collect(maps.Keys(live)), containers)
 	for id := range live {
 		// A pod with no container, its end told only by its sandbox's.
-		if pod := sandboxes[id]; !withContainers[id] {
-			ended := func() {
-				p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).
-					Info("the pod's sandbox ended with no container: what it held is released (the runtime restarted, and tells nothing else of its end)")
-				p.release(pod)
-			}
-			if err := p.recovered.watch(id, int(pod.GetPid()), ended); err != nil {
-				p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).
-					Debugf("a pod with no container: its end is told by its next container's removal, not by its sandbox's (%v)", err)
-			}
+		if withContainers[id] {
+			continue
+		}
+		pod := sandboxes[id]
+		log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()})
+		ended := func() {
+			log.Info("the pod's sandbox ended with no container: what it held is released (the runtime restarted, and tells nothing else of its end)")
+			p.release(pod)
+		}
+		if err := p.recovered.watch(id, int(pod.GetPid()), ended); err != nil {
+			log.Debugf("a pod with no container: its end is told by its next container's removal, not by its sandbox's (%v)", err)
 		}
 	}
 	if p.access != nil {
