@@ -69,6 +69,8 @@ type Node struct {
 	kubeletArgs []string
 	cgroupRoot  string
 	bridge      string
+	// baseMounts are the IDs of the namespace's mounts as it was made.
+	baseMounts map[string]bool
 }
 
 // nodeSysctls are what a node's kubelet and CNI plugins write.
@@ -141,6 +143,14 @@ func (c *Cluster) AddNode(opts NodeOptions) (n *Node, err error) {
 		return err
 	}); err != nil {
 		return n, err
+	}
+	ids, err := n.mountIDs()
+	if err != nil {
+		return n, err
+	}
+	n.baseMounts = map[string]bool{}
+	for id := range ids {
+		n.baseMounts[id] = true
 	}
 	if n.Ctd, err = StartContainerd(filepath.Join(n.Dir, "ctd"), opts.Tools, Options{EnableCDI: opts.EnableCDI, DefaultValidator: opts.DefaultValidator, CDISpecDirs: []string{NodeSpecDir}, Prefix: n.enter()}); err != nil {
 		return n, err
