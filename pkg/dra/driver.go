@@ -371,7 +371,10 @@ func (d *Driver) ReleaseGone(ctx context.Context, client kubernetes.Interface) e
 			continue
 		}
 		log := d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name})
-		if err := d.src.Unprepare(ctx, c.UID); err != nil {
+		if err := d.src.Release(ctx, c.UID); errors.Is(err, policy.ErrClaimInUse) {
+			log.Infof("kept a prepared claim that %s: %v (released at a sweep once they have ended)", why, err)
+			continue
+		} else if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", c, err))
 			continue
 		}

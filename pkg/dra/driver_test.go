@@ -58,6 +58,9 @@ type source struct {
 	// unrecordedUID, when set, is the claim whose release Unprepare
 	// cannot record.
 	unrecordedUID string
+	// used are the claims Release keeps: pods' containers still use
+	// them.
+	used []string
 }
 
 func newSource(names ...string) *source {
@@ -112,6 +115,16 @@ func (s *source) Unprepare(_ context.Context, uid string) error {
 	s.unprepared = append(s.unprepared, uid)
 	delete(s.claims, uid)
 	return nil
+}
+
+func (s *source) Release(ctx context.Context, uid string) error {
+	s.mu.Lock()
+	used := slices.Contains(s.used, uid)
+	s.mu.Unlock()
+	if used {
+		return fmt.Errorf("claim %s %w pod ns/p", uid, policy.ErrClaimInUse)
+	}
+	return s.Unprepare(ctx, uid)
 }
 
 func (s *source) Prepared(context.Context) ([]policy.Claim, error) {
@@ -671,9 +684,10 @@ func TestUnprepareNotRecorded(t *testing.T) {
 
 // TestReleaseGone: of the claims held when the driver starts, those the
 // API server no longer has, has under another UID, no longer allocates,
-// or allocates on another node or through another driver are released;
-// the others stay held, and so do all of them while the API server
-// cannot tell.
+// or allocates on another node or through another driver are released,
+// but for one whose pods' containers still use it (a pod deleted while
+// kubelet was away still runs); the others stay held, and so do all of
+// them while the API server cannot tell.
 func TestReleaseGone(t *testing.T) {
 	kept := allocated("kept", "uid-kept", result("gpus", driver, node, "gpu-0"))
 	replaced := allocated("replaced", "uid-new", result("gpus", driver, node, "gpu-0"))
@@ -688,8 +702,10 @@ func TestReleaseGone(t *testing.T) {
 		{UID: "uid-other", Namespace: "ns", Name: "other"},
 		{UID: "uid-old", Namespace: "ns", Name: "replaced"},
 		{UID: "uid-unallocated", Namespace: "ns", Name: "unallocated"},
+		{UID: "uid-used", Namespace: "ns", Name: "used"},
 	}
 	src := newSource("gpu-0")
+	src.used = []string{"uid-used"}
 	for _, c := range held {
 		src.claims[c.UID] = c
 	}
@@ -727,7 +743,11 @@ func TestReleaseGone(t *testing.T) {
 		"deleted: released a prepared claim that the API server no longer has",
 		"replaced: released a prepared claim that the API server has replaced (UID uid-new, not uid-old)",
 		"unallocated: released a prepared claim that is no longer allocated",
-		"moved: released a prepared claim that is no longer allocated on this node")
+		"moved: released a prepared claim that is no longer allocated on this node",
+		"used: kept a prepared claim that the API server no longer has: claim uid-used still used by the containers of pod ns/p (released at a sweep once they have ended)")
+	if _, held := src.claims["uid-used"]; !held {
+		t.Error("the claim still in use was released")
+	}
 }
 
 // TestSweep: while the driver runs, a prepared claim the API server

@@ -213,9 +213,25 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 // record (the DRA driver then releases it if the API server no longer
 // has it on this node).
 func (c *DRAView) Unprepare(ctx context.Context, uid string) error {
+	return c.release(ctx, uid, func() ([]string, error) { return c.p.alloc.ReleaseClaim(uid), nil })
+}
+
+// Release releases what a claim the API server no longer has holds,
+// unless the containers of pods the pool tracks still use it (an error
+// wrapping policy.ErrClaimInUse).
+func (c *DRAView) Release(ctx context.Context, uid string) error {
+	return c.release(ctx, uid, func() ([]string, error) { return c.p.alloc.ReleaseUnused(uid) })
+}
+
+// release releases claim uid through forget, which returns the names of
+// the devices it held, and records it.
+func (c *DRAView) release(ctx context.Context, uid string, forget func() ([]string, error)) error {
 	st := c.p.state()
 	_, devs, _ := c.p.alloc.Claim(uid, nil)
-	released := c.p.alloc.ReleaseClaim(uid)
+	released, err := forget()
+	if err != nil {
+		return err
+	}
 	if len(released) > 0 {
 		c.p.log.WithFields(logrus.Fields{"claim": uid, "devices": strings.Join(released, ",")}).Info("released devices of DRA claim")
 	}

@@ -144,10 +144,10 @@ func TestClaimsOverNRI(t *testing.T) {
 	if adj, err := r.create(a, container(a, "plain")); err != nil || len(devicePaths(adj)) > 0 {
 		t.Errorf("a container of the pod that uses no claim got %v, %v", adj, err)
 	}
-	// The claim holds the GPU, not the pod: the state file records no
-	// pod holding.
-	if data, err := os.ReadFile(r.stateFile); err != nil || !strings.Contains(string(data), `"pods":[]`) || !strings.Contains(string(data), `"uid":"uid-c"`) {
-		t.Errorf("state file %s, %v: want the claim and no pod", data, err)
+	// The claim holds the GPU, not the pod: the state file records the
+	// pod with no device, only the claim its container used.
+	if data, err := os.ReadFile(r.stateFile); err != nil || !strings.Contains(string(data), `"pods":[{"id":"id-a","namespace":"tenant","name":"a","claims":["uid-c"]}]`) || !strings.Contains(string(data), `"uid":"uid-c"`) {
+		t.Errorf("state file %s, %v: want the claim and the pod holding no device", data, err)
 	}
 
 	x := &api.PodSandbox{Id: "id-x", Name: "x", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
@@ -636,5 +636,40 @@ func TestClaimOnlyPodNotHeld(t *testing.T) {
 	want := map[string]string{"id-a": "0 devices, claims [uid-c]", "id-x": "1 devices, claims []"}
 	if !maps.Equal(got, want) {
 		t.Errorf("record %s: pods %v, want %v", data, got, want)
+	}
+}
+
+// TestSweepKeepsClaimInUse: a claim the API server no longer has (its pod
+// deleted while kubelet was away) is not released while its pod's
+// container runs on the node, across a restart of nri-gpu too: its GPU
+// is not given to another pod; once the pod has ended it is released, and
+// the GPU is free.
+func TestSweepKeepsClaimInUse(t *testing.T) {
+	f := &finder{uses: map[string][]link.ClaimUse{"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}}}}
+	r := claimRuntime(t, "v1.7.35", f)
+	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant", Uid: "uid-a"}
+	if _, err := r.create(a, container(a, "gpu")); err != nil {
+		t.Fatal(err)
+	}
+	x := &api.PodSandbox{Id: "id-x", Name: "x", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
+	ctx := context.Background()
+	for _, restarted := range []bool{false, true} {
+		if restarted {
+			r.restart(t, "policy: {exclusive: true, namespaces: [tenant]}")
+		}
+		err := r.plugin.DRAView(config.Default().Start.DRA).Release(ctx, "uid-c")
+		testutil.ErrorSays(t, err, "claim tenant/c of pod tenant/a still used by the containers of pod tenant/a")
+		if !errors.Is(err, policy.ErrClaimInUse) {
+			t.Errorf("restarted %v: %v, want ErrClaimInUse", restarted, err)
+		}
+		_, err = r.create(x, container(x, "main"))
+		testutil.ErrorSays(t, err, "is held by claim tenant/c")
+	}
+	r.removePod(t, a)
+	if err := r.plugin.DRAView(config.Default().Start.DRA).Release(ctx, "uid-c"); err != nil {
+		t.Fatal(err)
+	}
+	if adj, err := r.create(x, container(x, "main")); err != nil || !slices.Equal(devicePaths(adj), []string{"/dev/nvidia1"}) {
+		t.Errorf("after the claim was released, a pod asking by name got %v, %v", adj, err)
 	}
 }

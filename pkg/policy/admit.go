@@ -193,9 +193,13 @@ func (a *Allocations) checkMax(p *Policy, own *holding, w Want, counted []specs.
 }
 
 // Added reports whether the grant added to what its pod holds (a device
-// not held before, or a count grant): what must be recorded before the
-// container may have it.
-func (g Grant) Added() bool { return len(g.added) > 0 || len(g.addedKubelet) > 0 || g.addedCount }
+// not held before, a count grant, or a claim its containers had not
+// used): what must be recorded before the container may have it (a
+// claim a pod's containers use stays held while the pod lives, across a
+// restart too).
+func (g Grant) Added() bool {
+	return len(g.added) > 0 || len(g.addedKubelet) > 0 || g.addedCount || len(g.addedClaims) > 0
+}
 
 // Revert undoes what a grant added, when the container it was for could
 // not be given its devices after all.

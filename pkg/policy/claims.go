@@ -209,6 +209,37 @@ func (a *Allocations) podClaims(pod string, uses []string) []string {
 	return out
 }
 
+// ErrClaimInUse says a claim is still used by pods whose containers the
+// pool tracks.
+var ErrClaimInUse = errors.New("still used by the containers of")
+
+// ReleaseUnused forgets claim uid as ReleaseClaim does, unless a pod the
+// pool tracks uses it (its containers used it, or it was reserved for the
+// pod): the claim then stays held, and the error, wrapping ErrClaimInUse,
+// names the pods. It is for a claim the API server no longer has: a pod
+// deleted while its node's kubelet was away may still run there, and its
+// devices must not go to another pod before its containers end.
+func (a *Allocations) ReleaseUnused(uid string) ([]string, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.claims[uid]
+	if c == nil {
+		return nil, nil
+	}
+	var users []string
+	for _, h := range a.pods {
+		if slices.Contains(h.claims, uid) || slices.Contains(c.claim.Pods, h.pod.String()) {
+			users = append(users, h.pod.String())
+		}
+	}
+	if len(users) > 0 {
+		slices.Sort(users)
+		return nil, fmt.Errorf("%s %w pod %s", c.claim, ErrClaimInUse, strings.Join(users, ", "))
+	}
+	delete(a.claims, uid)
+	return specs.Names(footprints(c.devices)), nil
+}
+
 // ReleaseClaim forgets a claim (kubelet unprepared it), and returns the
 // names of the devices it held.
 func (a *Allocations) ReleaseClaim(uid string) []string {

@@ -425,3 +425,76 @@ func TestRestoreClaimsJudged(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseUnused: a claim the API server no longer has is released
+// unless a pod the pool tracks uses it (its containers used it, or it was
+// reserved for the pod and the pod holds something): its devices then
+// stay held, and the error names the pods.
+func TestReleaseUnused(t *testing.T) {
+	_, byName := gpus()
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices})
+	tests := []struct {
+		name string
+		// use admits the pods of the row, given the claim's UID.
+		use     func(t *testing.T, a *policy.Allocations, uid string)
+		wantErr []string // empty: released
+	}{
+		{name: "no pod uses it", use: func(*testing.T, *policy.Allocations, string) {}},
+		{name: "its pod's container uses it", wantErr: []string{"claim ns/c of pod ns/p still used by the containers of pod ns/p"},
+			use: func(t *testing.T, a *policy.Allocations, uid string) {
+				if _, err := admit(a, p, pod("p"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil, uid); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "the pod it was reserved for holds a device of another door", wantErr: []string{"still used by the containers of pod ns/p"},
+			use: func(t *testing.T, a *policy.Allocations, _ string) {
+				if _, err := admit(a, p, pod("p"), []specs.Device{byName["2"]}, 0, policy.Choice{}, nil); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "pods it was shared with later", wantErr: []string{"still used by the containers of pod ns/q, ns/r"},
+			use: func(t *testing.T, a *policy.Allocations, uid string) {
+				for _, name := range []string{"r", "q"} {
+					if _, err := admit(a, p, pod(name), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil, uid); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}},
+		{name: "its pod has ended", use: func(t *testing.T, a *policy.Allocations, uid string) {
+			if _, err := admit(a, p, pod("p"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil, uid); err != nil {
+				t.Fatal(err)
+			}
+			a.Release("id-p")
+		}},
+		{name: "another pod holds other devices", use: func(t *testing.T, a *policy.Allocations, _ string) {
+			if _, err := admit(a, p, pod("x"), []specs.Device{byName["2"]}, 0, policy.Choice{}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := policy.NewAllocations()
+			c, devs := claimOf("c", byName, "0", "1")
+			if _, err := a.AdmitClaim(p, c, devs, nil); err != nil {
+				t.Fatal(err)
+			}
+			tt.use(t, a, c.UID)
+			released, err := a.ReleaseUnused(c.UID)
+			_, _, held := a.Claim(c.UID, nil)
+			if len(tt.wantErr) > 0 {
+				testutil.ErrorSays(t, err, tt.wantErr...)
+				if !errors.Is(err, policy.ErrClaimInUse) || released != nil || held != nil {
+					t.Errorf("kept claim: released %v, error %v, still held: %v; want ErrClaimInUse and held", released, err, held)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(released, []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}) || !errors.Is(held, policy.ErrNotPrepared) {
+				t.Errorf("released %v, error %v, then %v; want both GPUs released", released, err, held)
+			}
+		})
+	}
+	if released, err := policy.NewAllocations().ReleaseUnused("uid-none"); released != nil || err != nil {
+		t.Errorf("a claim not prepared: released %v, %v", released, err)
+	}
+}

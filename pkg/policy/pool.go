@@ -40,7 +40,7 @@ type holding struct {
 	// claims are the UIDs of the prepared claims the pod's containers
 	// use: they count towards policy.maxDevicesPerPod for its next
 	// containers, whichever pods the claims were reserved for when
-	// prepared (not kept across a restart).
+	// prepared, and a sweep keeps them held while the pod lives.
 	claims []string
 }
 

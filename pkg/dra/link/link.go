@@ -157,6 +157,11 @@ type Pool interface {
 	// Unprepare releases what a claim holds; an error when the release
 	// cannot be recorded (kubelet then asks again).
 	Unprepare(ctx context.Context, uid string) error
+	// Release releases what a claim the API server no longer has here
+	// holds, as Unprepare does, unless pods whose containers the pool
+	// tracks still use it: the claim then stays held, and the error
+	// wraps policy.ErrClaimInUse naming them.
+	Release(ctx context.Context, uid string) error
 	// Prepared returns the claims held now: prepared since the start, or
 	// restored from nri-gpu's record.
 	Prepared(ctx context.Context) ([]policy.Claim, error)

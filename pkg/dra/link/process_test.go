@@ -88,6 +88,8 @@ func (p *pool) Unprepare(_ context.Context, uid string) error {
 	return nil
 }
 
+func (p *pool) Release(ctx context.Context, uid string) error { return p.Unprepare(ctx, uid) }
+
 func (p *pool) Prepared(context.Context) ([]policy.Claim, error) {
 	return p.prepared, nil
 }

@@ -51,6 +51,12 @@ type UnprepareArgs struct {
 	UID string
 }
 
+// ReleaseReply is Pool.Release's reply.
+type ReleaseReply struct {
+	// InUse is the error, when it wraps policy.ErrClaimInUse.
+	InUse string `json:",omitempty"`
+}
+
 // UsesArgs are Driver.Uses's arguments.
 type UsesArgs struct {
 	Bounded
@@ -97,6 +103,18 @@ func (s *poolService) Unprepare(in UnprepareArgs, _ *struct{}) error {
 	ctx, cancel := in.context()
 	defer cancel()
 	return s.pool.Unprepare(ctx, in.UID)
+}
+
+// Release calls Pool.Release.
+func (s *poolService) Release(in UnprepareArgs, out *ReleaseReply) error {
+	ctx, cancel := in.context()
+	defer cancel()
+	err := s.pool.Release(ctx, in.UID)
+	if errors.Is(err, policy.ErrClaimInUse) {
+		out.InUse = err.Error()
+		return nil
+	}
+	return err
 }
 
 // Prepared calls Pool.Prepared.
@@ -227,6 +245,19 @@ func (p *PoolClient) Unprepare(ctx context.Context, uid string) error {
 	return p.call(ctx, poolName+".Unprepare", UnprepareArgs{Bounded: bounded(ctx), UID: uid}, &struct{}{})
 }
 
+// Release asks the pool to release a claim the API server no longer has
+// here, unless it is still in use.
+func (p *PoolClient) Release(ctx context.Context, uid string) error {
+	var out ReleaseReply
+	if err := p.call(ctx, poolName+".Release", UnprepareArgs{Bounded: bounded(ctx), UID: uid}, &out); err != nil {
+		return err
+	}
+	if out.InUse != "" {
+		return inUse(out.InUse)
+	}
+	return nil
+}
+
 // Prepared returns the claims the pool holds.
 func (p *PoolClient) Prepared(ctx context.Context) ([]policy.Claim, error) {
 	var out PreparedReply
@@ -239,6 +270,12 @@ type notReserved string
 
 func (e notReserved) Error() string { return string(e) }
 func (e notReserved) Unwrap() error { return ErrNotReserved }
+
+// inUse is an error from the other end that wraps policy.ErrClaimInUse.
+type inUse string
+
+func (e inUse) Error() string { return string(e) }
+func (e inUse) Unwrap() error { return policy.ErrClaimInUse }
 
 // driverClient is the DRA driver as nri-gpu asks it, over the link.
 type driverClient struct{ *client }

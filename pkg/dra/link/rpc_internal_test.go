@@ -27,6 +27,8 @@ type fakePool struct {
 	deadlines []time.Time
 	// block, when set, holds every call until it is closed.
 	block chan struct{}
+	// inUse, when set, is Release's error.
+	inUse error
 }
 
 func (f *fakePool) called(ctx context.Context, what string) {
@@ -51,6 +53,14 @@ func (f *fakePool) Prepare(ctx context.Context, c policy.Claim, devs []Allocated
 
 func (f *fakePool) Unprepare(ctx context.Context, uid string) error {
 	f.called(ctx, "unprepare "+uid)
+	return f.refuse
+}
+
+func (f *fakePool) Release(ctx context.Context, uid string) error {
+	f.called(ctx, "release "+uid)
+	if f.inUse != nil {
+		return f.inUse
+	}
 	return f.refuse
 }
 
@@ -126,7 +136,10 @@ func TestPoolOverTheLink(t *testing.T) {
 	if err := c.Unprepare(ctx, "uid-1"); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"devices", "prepared", "prepare uid-1 [{nvidia.com/gpu=0 [gpus extra] 2 shares and 1Gi of memory true {mps 40 536870912}}]", "unprepare uid-1"}
+	if err := c.Release(ctx, "uid-1"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"devices", "prepared", "prepare uid-1 [{nvidia.com/gpu=0 [gpus extra] 2 shares and 1Gi of memory true {mps 40 536870912}}]", "unprepare uid-1", "release uid-1"}
 	if !slices.Equal(pool.calls, want) {
 		t.Errorf("the pool was asked %q, want %q", pool.calls, want)
 	}
@@ -153,13 +166,20 @@ func TestPoolOverTheLink(t *testing.T) {
 	for name, call := range map[string]func() error{
 		"prepare":   func() error { return c.Prepare(ctx, claim, allocated) },
 		"unprepare": func() error { return c.Unprepare(ctx, "uid-1") },
+		"release":   func() error { return c.Release(ctx, "uid-1") },
 		"devices":   func() error { _, err := c.Devices(ctx); return err },
 		"prepared":  func() error { _, err := c.Prepared(ctx); return err },
 	} {
 		err := call()
-		if err == nil || err.Error() != pool.refuse.Error() || errors.Is(err, ErrLink) {
+		if err == nil || err.Error() != pool.refuse.Error() || errors.Is(err, ErrLink) || errors.Is(err, policy.ErrClaimInUse) {
 			t.Errorf("%s refused: got %v, want %q", name, err, pool.refuse)
 		}
+	}
+
+	// A claim kept in use says so, as policy.ErrClaimInUse.
+	pool.inUse = fmt.Errorf("claim tenant/c %w pod tenant/a", policy.ErrClaimInUse)
+	if err := c.Release(ctx, "uid-1"); !errors.Is(err, policy.ErrClaimInUse) || err.Error() != pool.inUse.Error() {
+		t.Errorf("release of a claim in use: got %v, want %q wrapping ErrClaimInUse", err, pool.inUse)
 	}
 }
 
