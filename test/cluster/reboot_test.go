@@ -98,9 +98,9 @@ func (r rebootPod) pod() *corev1.Pod {
 }
 
 // running waits until every container of the pod runs, its GPU
-// container other than container was (none before the reboot, the one
-// from before it after), and returns the GPUs that container sees and its
-// ID.
+// container another than the one was names (none before the reboot, the
+// one from before it after), and returns the GPUs that container sees
+// and its ID.
 func (r rebootPod) running(t *testing.T, was string) (gpus []string, id string) {
 	t.Helper()
 	ctr := "main"

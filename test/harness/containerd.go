@@ -578,8 +578,7 @@ func (c *Containerd) Stop() error {
 		}
 		// Whatever is left of containerd's process group (containerd
 		// itself, a pre-registered plugin it started) goes too.
-		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
-		c.done <- <-c.done
+		c.kill()
 	}
 	errs = append(errs, killShims(c.Address))
 	errs = append(errs, unmountBelow(c.Dir))

@@ -150,14 +150,7 @@ var kubelets atomic.Int64
 // cpuset given all its parent's CPUs and memory nodes; or, on cgroup v2,
 // in the one hierarchy.
 func makeCgroup(path string) error {
-	mounts, _ := filepath.Glob("/sys/fs/cgroup/*")
-	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
-		mounts = []string{"/sys/fs/cgroup"}
-	}
-	for _, m := range mounts {
-		if st, err := os.Stat(m); err != nil || !st.IsDir() {
-			continue
-		}
+	for _, m := range cgroupMounts() {
 		dir := filepath.Join(m, path)
 		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("cgroup %s: %w", dir, err)

@@ -133,7 +133,7 @@ func (c *Cluster) AddNode(opts NodeOptions) (n *Node, err error) {
 		return n, err
 	}
 	// A stale bridge of a run that was killed would hold the subnet.
-	_ = exec.Command("ip", "link", "del", n.bridge).Run()
+	_ = n.deleteBridge()
 	if n.holder, err = startProcess(n.Name+" namespace", filepath.Join(n.Dir, "namespace.log"),
 		"unshare", "--mount", "--propagation", "slave", "sh", "-c", fmt.Sprintf(nodeScript, strings.Join(nodeSysctls, " ")), "sh", n.Dir); err != nil {
 		return n, err
@@ -277,11 +277,16 @@ func (n *Node) Stop() error {
 		errs = append(errs, n.Ctd.Stop())
 	}
 	n.holder.Stop(5 * time.Second)
-	errs = append(errs, removeCgroup(n.cgroupRoot))
-	if out, err := exec.Command("ip", "link", "del", n.bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
-		errs = append(errs, fmt.Errorf("deleting bridge %s: %w: %s", n.bridge, err, out))
-	}
+	errs = append(errs, removeCgroup(n.cgroupRoot), n.deleteBridge())
 	return errors.Join(errs...)
+}
+
+// deleteBridge deletes the node's pod bridge, if there is one.
+func (n *Node) deleteBridge() error {
+	if out, err := exec.Command("ip", "link", "del", n.bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
+		return fmt.Errorf("deleting bridge %s: %w: %s", n.bridge, err, out)
+	}
+	return nil
 }
 
 // PodLog returns what container of pod namespace/name on the node has

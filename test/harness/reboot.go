@@ -30,10 +30,7 @@ func (n *Node) PowerOff(keep ...string) error {
 	var errs []error
 	errs = append(errs, killShims(n.Ctd.Address), killCgroup(n.cgroupRoot))
 	errs = append(errs, n.unmountSinceMade())
-	errs = append(errs, removeCgroup(n.cgroupRoot))
-	if out, err := exec.Command("ip", "link", "del", n.bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
-		errs = append(errs, fmt.Errorf("deleting bridge %s: %w: %s", n.bridge, err, out))
-	}
+	errs = append(errs, removeCgroup(n.cgroupRoot), n.deleteBridge())
 	errs = append(errs, emptyDir(filepath.Join(n.Dir, "run"), append(keep, "cdi", "nri")...))
 	errs = append(errs, emptyDir(filepath.Join(n.Ctd.Dir, "state")))
 	return errors.Join(errs...)
