@@ -90,6 +90,8 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	var (
 		holdings []policy.Holding
 		stop     []stopping
+		// others are the running containers nri-gpu did not create.
+		others []stopping
 	)
 	recorded := map[string][]specs.Device{} // by pod ID
 	for _, h := range p.takeRestored() {
@@ -113,6 +115,9 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		if why != "" {
 			stop = append(stop, stopping{sandboxes[c.GetPodSandboxId()], c, why})
 			continue
+		}
+		if _, ours := c.GetAnnotations()[DevicesAnnotation]; !ours {
+			others = append(others, stopping{pod: sandboxes[c.GetPodSandboxId()], ctr: c})
 		}
 		found := foundIn(c, asks, candidates)
 		if len(found) == 0 {
@@ -165,6 +170,10 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	p.conn.setSynced()
 	for _, s := range stop {
 		p.stopUnserved(s)
+	}
+	if check := p.claimless(others); len(check) > 0 {
+		// The DRA driver answers once it runs, after this.
+		go p.stopClaimless(check)
 	}
 	for pod, devices := range p.alloc.Held() {
 		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": strings.Join(devices, ",")}).

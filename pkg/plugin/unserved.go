@@ -1,17 +1,21 @@
 package plugin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -117,4 +121,97 @@ func (p *Plugin) stopUnserved(s stopping) {
 		return
 	}
 	log.Warnf("stopped the container, to be created again through nri-gpu: %s", s.why)
+}
+
+// How long nri-gpu, back, goes on asking whether the running containers
+// it did not create use claims (the DRA driver starts after it, and the
+// API server may be slow to answer), and how long one question may take.
+const (
+	claimCheckFor = 2 * time.Minute
+	claimAskFor   = 10 * time.Second
+	claimRetry    = time.Second
+)
+
+// claimless returns the running containers of found that may use a
+// prepared claim nri-gpu did not give them: those of the pods of the
+// namespaces of the claims prepared on the node (policy.Claim.MayBeUsedBy),
+// none without DRA or with no claim prepared.
+func (p *Plugin) claimless(found []stopping) []stopping {
+	if p.claims == nil {
+		return nil
+	}
+	claims := p.alloc.Claims()
+	return slices.DeleteFunc(found, func(s stopping) bool {
+		return !slices.ContainsFunc(claims, func(c policy.ClaimHolding) bool { return c.Claim.MayBeUsedBy(s.pod.GetNamespace()) })
+	})
+}
+
+// stopClaimless asks, for each container of check (running, created
+// while nri-gpu was away, in a pod that may use a prepared claim), which
+// prepared claims it uses, and stops it, with the reason, when it lacks
+// their devices (or names a claim not reserved for its pod), as
+// stopUnserved does; one that has them (the runtime's own CDI injected
+// them) runs on. A container nri-gpu cannot tell of within
+// claimCheckFor runs on, said in the log.
+func (p *Plugin) stopClaimless(check []stopping) {
+	deadline := time.Now().Add(claimCheckFor)
+	for _, s := range check {
+		why, err := p.claimUnserved(s, deadline)
+		switch {
+		case err != nil:
+			p.log.WithFields(logrus.Fields{"namespace": s.pod.GetNamespace(), "pod": s.pod.GetName(), "container": s.ctr.GetName()}).
+				Warnf("could not tell whether a container created while nri-gpu was away uses DRA claims; it runs on: %v", err)
+		case why != "":
+			s.why = why
+			p.stopUnserved(s)
+		}
+	}
+}
+
+// claimUnserved says why the container is to be stopped ("" when it has
+// the devices of every claim it uses), asking the DRA driver until it
+// answers or deadline.
+func (p *Plugin) claimUnserved(s stopping, deadline time.Time) (string, error) {
+	ref := link.PodRef{Namespace: s.pod.GetNamespace(), Name: s.pod.GetName(), UID: s.pod.GetUid()}
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), min(claimAskFor, time.Until(deadline)))
+		uses, err := p.claims.Uses(ctx, ref, s.ctr.GetName())
+		cancel()
+		if errors.Is(err, link.ErrNotReserved) {
+			return fmt.Sprintf("it names a claim not reserved for its pod: %v", err), nil
+		}
+		if err == nil {
+			return p.lacksClaimed(s.ctr, uses), nil
+		}
+		if time.Until(deadline) < claimRetry {
+			return "", err
+		}
+		time.Sleep(claimRetry)
+	}
+}
+
+// lacksClaimed says which of the claims a container uses it lacks the
+// devices of ("" when none).
+func (p *Plugin) lacksClaimed(ctr *api.Container, uses []link.ClaimUse) string {
+	var missing []string
+	for _, u := range uses {
+		_, devs, err := p.alloc.Claim(u.UID, u.Requests)
+		if err != nil {
+			missing = append(missing, fmt.Sprintf("claim %s/%s (%v)", u.Namespace, u.Name, err))
+			continue
+		}
+		want := make([]specs.Device, 0, len(devs))
+		for _, d := range devs {
+			if len(d.Nodes) > 0 { // a device of no node is not seen in a container
+				want = append(want, d.Device)
+			}
+		}
+		if len(withNodesOf(ctr, want)) < len(want) {
+			missing = append(missing, fmt.Sprintf("the devices of claim %s/%s", u.Namespace, u.Name))
+		}
+	}
+	if len(missing) == 0 {
+		return ""
+	}
+	return "it was created while nri-gpu was not serving, without " + strings.Join(missing, ", ")
 }

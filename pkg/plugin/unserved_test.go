@@ -3,12 +3,17 @@ package plugin_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 )
 
@@ -106,4 +111,121 @@ func TestUnservedNotStopped(t *testing.T) {
 		t.Fatalf("logged %d errors saying it still runs", len(got))
 	}
 	testutil.ErrorSays(t, errors.New(got[0].Message), "without nvidia.com/gpu=0", "operation not permitted")
+}
+
+// asked is a DRA driver that is not running for its first down
+// questions, and counts them.
+type asked struct {
+	link.Finder
+	mu          sync.Mutex
+	calls, down int
+}
+
+func (a *asked) Uses(ctx context.Context, pod link.PodRef, ctr string) ([]link.ClaimUse, error) {
+	a.mu.Lock()
+	a.calls++
+	n := a.calls
+	a.mu.Unlock()
+	if n <= a.down {
+		return nil, link.ErrNotRunning
+	}
+	return a.Finder.Uses(ctx, pod, ctr)
+}
+
+func (a *asked) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.calls
+}
+
+// TestUnservedClaims: nri-gpu comes back (Synchronize) to running
+// containers the runtime created while it was away, with claim c
+// prepared on GPU 1 for a pod of namespace tenant. Once its DRA driver
+// answers (it starts after nri-gpu), each container that uses a claim
+// and lacks its devices, or names a claim not reserved for its pod, is
+// stopped with the reason logged, so that kubelet creates it again
+// through nri-gpu; one that has the claim's device (the runtime's own
+// CDI injected it), one that uses none, and those of pods that can use
+// no prepared claim (another namespace, asked nothing) run on.
+func TestUnservedClaims(t *testing.T) {
+	uses := []link.ClaimUse{{UID: "uid-c", Namespace: "tenant", Name: "c"}}
+	for _, tc := range []struct {
+		name      string
+		namespace string
+		uses      []link.ClaimUse
+		err       error
+		down      int // questions the driver is not running for
+		devices   []*api.LinuxDevice
+		ours      bool
+		stopped   string // the reason logged, "" when left alone
+		asks      bool   // the driver is asked
+	}{
+		{name: "uses the claim and lacks its GPU", uses: uses, asks: true,
+			stopped: "created while nri-gpu was not serving, without the devices of claim tenant/c"},
+		{name: "lacks it and the driver is up later", uses: uses, down: 2, asks: true,
+			stopped: "without the devices of claim tenant/c"},
+		{name: "a claim not prepared", uses: []link.ClaimUse{{UID: "uid-x", Namespace: "tenant", Name: "x"}}, asks: true,
+			stopped: "without claim tenant/x"},
+		{name: "a claim not reserved for its pod", err: fmt.Errorf("claim tenant/d: %w", link.ErrNotReserved), asks: true,
+			stopped: "names a claim not reserved for its pod"},
+		{name: "injected by the runtime", uses: uses, devices: []*api.LinuxDevice{gpuNode(1)}, asks: true},
+		{name: "uses no claim", asks: true},
+		{name: "another namespace", namespace: "other", uses: uses},
+		{name: "nri-gpu's own", uses: uses, ours: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &finder{uses: map[string][]link.ClaimUse{"a/c": tc.uses}, errs: map[string]error{"a": tc.err}}
+			driver := &asked{Finder: f, down: tc.down}
+			p, hook := logged(t, "policy: {namespaces: [tenant, other]}", plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}), claimsOf(driver))
+			if err := p.DRAView(config.Default().Start.DRA).Prepare(context.Background(), claimC, []link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}}); err != nil {
+				t.Fatal(err)
+			}
+			var (
+				mu      sync.Mutex
+				stopped []string
+			)
+			p.StopWith(func(c *api.Container) error {
+				mu.Lock()
+				defer mu.Unlock()
+				stopped = append(stopped, c.GetId())
+				return nil
+			})
+			pod := gpuPod("a", nil)
+			if tc.namespace != "" {
+				pod.Namespace = tc.namespace
+			}
+			ctr := ctrOf(pod, nil)
+			if tc.ours {
+				ctr.Annotations = map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=1"}
+			}
+			ctr.Linux.Devices = tc.devices
+			if _, err := p.Synchronize(context.Background(), []*api.PodSandbox{pod}, []*api.Container{ctr}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.asks {
+				testutil.Within(t, 10*time.Second, "the driver asked", func() bool { return driver.count() > tc.down })
+			}
+			logs := func() []*logrus.Entry {
+				return entries(hook, logrus.WarnLevel, "stopped the container, to be created again through nri-gpu")
+			}
+			if tc.stopped != "" {
+				testutil.Within(t, 10*time.Second, "the container stopped", func() bool { return len(logs()) > 0 })
+				got := logs()
+				testutil.ErrorSays(t, errors.New(got[0].Message), tc.stopped)
+			} else {
+				time.Sleep(100 * time.Millisecond) // what the check would do, it has done
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case tc.stopped == "" && len(stopped) > 0:
+				t.Errorf("stopped %v; want it left running", stopped)
+			case tc.stopped != "" && (len(stopped) != 1 || stopped[0] != ctr.GetId()):
+				t.Errorf("stopped %v; want container %s stopped once", stopped, ctr.GetId())
+			}
+			if !tc.asks && driver.count() > 0 {
+				t.Errorf("the driver was asked %d times; want none", driver.count())
+			}
+		})
+	}
 }
