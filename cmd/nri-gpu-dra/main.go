@@ -1,16 +1,20 @@
-// Command nri-gpu-dra is nri-gpu's Dynamic Resource Allocation driver. It
-// is not run by hand: nri-gpu starts it when start.dra.enabled is set,
+// Command nri-gpu-dra is nri-gpu's Dynamic Resource Allocation driver,
+// and the poster of its events (nri-gpu-dra event). It is not run by
+// hand: nri-gpu starts it when start.dra.enabled is set,
 // with its ends of the link to nri-gpu as file descriptors 3 and 4, and
 // it stops when nri-gpu does. Through Kubernetes' kubelet-plugin helper
 // it publishes the node's devices as ResourceSlices and prepares the
 // claims allocated on them in nri-gpu's pool; it tells nri-gpu which
 // claims a container uses. It runs apart so that a node without DRA does
-// not pay for Kubernetes' client.
+// not pay for Kubernetes' client; for the same reason nri-gpu, when
+// start.events.enabled, posts the events it tells of pods through it, a
+// short-lived process each time.
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -32,8 +36,45 @@ import (
 // again.
 const registerRetry = 5 * time.Second
 
+// eventTimeout bounds the event command.
+const eventTimeout = 30 * time.Second
+
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == link.EventCommand {
+		os.Exit(postEvents(os.Args[2:], os.Stdin, os.Stderr))
+	}
 	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// postEvents is the event command (link.PostEvents): it posts the
+// events read on stdin as their pods', with the client of --kubeconfig
+// (or the pod's service account), reported by --node, and exits 0 once
+// all are posted.
+func postEvents(args []string, stdin io.Reader, stderr io.Writer) int {
+	fs := flag.NewFlagSet("nri-gpu-dra "+link.EventCommand, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	kubeconfig := fs.String("kubeconfig", "", "the kubeconfig file to reach the API server with (empty: the pod's service account)")
+	node := fs.String("node", "", "the node the events are reported on")
+	if err := fs.Parse(args); err != nil {
+		return link.ExitConfig
+	}
+	events, err := link.ReadEvents(stdin)
+	if err != nil {
+		fmt.Fprintf(stderr, "nri-gpu-dra: events: %v\n", err)
+		return link.ExitConfig
+	}
+	client, err := kubeClient(*kubeconfig)
+	if err != nil {
+		fmt.Fprintf(stderr, "nri-gpu-dra: events: %v\n", err)
+		return link.ExitConfig
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	defer cancel()
+	if err := dra.PostEvents(ctx, client, *node, events); err != nil {
+		fmt.Fprintf(stderr, "nri-gpu-dra: events: %v\n", err)
+		return 1
+	}
+	return 0
 }
 
 func run(args []string, stderr io.Writer) int {

@@ -101,6 +101,21 @@ type Start struct {
 	// MPS says where the MPS control daemons of GPUs shared with the mps
 	// strategy are, and whether nri-gpu runs them.
 	MPS MPS `yaml:"mps"`
+	// Events has nri-gpu tell, in a pod's events on the API server, what
+	// it did to the pod's containers (one created while nri-gpu was away
+	// and stopped).
+	Events Events `yaml:"events"`
+}
+
+// Events is the start.events block.
+type Events struct {
+	// Enabled turns the events on; they are off by default (a node
+	// without the API server). Each is posted by a short-lived
+	// nri-gpu-dra process, Kubernetes' client being paid for only then.
+	Enabled bool `yaml:"enabled"`
+	// Kubeconfig is the kubeconfig file to reach the API server with;
+	// empty uses the pod's service account.
+	Kubeconfig string `yaml:"kubeconfig"`
 }
 
 // Health is the start.health block.

@@ -78,6 +78,7 @@ func TestParse(t *testing.T) {
 				PluginDir: "/var/lib/k3s/plugins", RegistryDir: "/var/lib/k3s/plugins_registry", UnhealthyTaint: "NoExecute", CDIDevices: config.CDINRIGPU,
 				SweepInterval: 30 * time.Second,
 			},
+			Events: config.Events{Enabled: true, Kubeconfig: "/etc/nri-gpu/events-kubeconfig"},
 		},
 	}
 	tests := []struct {
@@ -146,6 +147,9 @@ dra:
   unhealthyTaint: NoExecute
   sweepInterval: 30s
   cdiDevices: nri-gpu
+events:
+  enabled: true
+  kubeconfig: /etc/nri-gpu/events-kubeconfig
 `,
 			want: everyKey,
 		},
@@ -212,6 +216,9 @@ start:
     unhealthyTaint: NoExecute
     sweepInterval: 30s
     cdiDevices: nri-gpu
+  events:
+    enabled: true
+    kubeconfig: /etc/nri-gpu/events-kubeconfig
 `,
 			want: everyKey,
 		},
@@ -247,6 +254,7 @@ start:
 		{name: "bad DRA glob", yaml: "dra:\n  devices: ['[']\n", wantErr: []string{`dra.devices[0]: glob "["`}},
 		{name: "bad node name", yaml: "dra:\n  nodeName: Node_1\n", wantErr: []string{`dra.nodeName: "Node_1" is not a node name`}},
 		{name: "relative kubeconfig", yaml: "dra:\n  kubeconfig: kubeconfig\n", wantErr: []string{`dra.kubeconfig: "kubeconfig" is not an absolute path`}},
+		{name: "relative events kubeconfig", yaml: "events:\n  kubeconfig: kubeconfig\n", wantErr: []string{`events.kubeconfig: "kubeconfig" is not an absolute path`}},
 		{name: "relative plugin dir", yaml: "dra:\n  pluginDir: plugins\n", wantErr: []string{`dra.pluginDir: "plugins" is not an absolute path`}},
 		{name: "relative registry dir", yaml: "dra:\n  registryDir: reg\n", wantErr: []string{`dra.registryDir: "reg" is not an absolute path`}},
 		{name: "sharing without devices", yaml: "policy:\n  sharing: [{replicas: 2}]\n", wantErr: []string{"policy.sharing[0].devices: at least one glob is needed"}},

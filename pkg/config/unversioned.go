@@ -21,6 +21,7 @@ type unversioned struct {
 	DevicePlugin        DevicePlugin     `yaml:"devicePlugin"`
 	DRA                 DRA              `yaml:"dra"`
 	MPS                 MPS              `yaml:"mps"`
+	Events              Events           `yaml:"events"`
 }
 
 // unversionedKeys are the keys of v1 spelt otherwise without version
@@ -50,6 +51,7 @@ func (u *unversioned) convert() *Config {
 			DevicePlugin: u.DevicePlugin,
 			DRA:          u.DRA,
 			MPS:          u.MPS,
+			Events:       u.Events,
 		},
 	}
 	if c.Start.MPS.CheckInterval == 0 {

@@ -91,6 +91,9 @@ func (c *Config) problems() field.ErrorList {
 	errs = append(errs, absolute(key("start.driverRoot"), c.Start.DriverRoot)...)
 	errs = append(errs, c.Policy.validate(key("policy"))...)
 	errs = append(errs, c.Start.DRA.validate(key("start.dra"))...)
+	if k := c.Start.Events.Kubeconfig; k != "" {
+		errs = append(errs, absolute(key("start.events.kubeconfig"), k)...)
+	}
 	errs = append(errs, c.Start.MPS.validate(key("start.mps"))...)
 	return append(errs, c.Start.DevicePlugin.validate(key("start.devicePlugin"))...)
 }

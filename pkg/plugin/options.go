@@ -107,3 +107,8 @@ func WithDRA(cfg config.DRA, open func(*DRAView) DRADriver) Option {
 		})
 	}
 }
+
+// WithEvents has the plugin tell post what it does to a pod's containers
+// that the pod's users should learn of (a container created while
+// nri-gpu was away, stopped), for the pod's events. post must not wait.
+func WithEvents(post func(link.Event)) Option { return func(p *Plugin) { p.events = post } }

@@ -102,6 +102,8 @@ type Plugin struct {
 	mps *mpsSharing
 	// stop stops a running container (killContainer).
 	stop func(*api.Container) error
+	// events, when set, is told what the pods' users should learn of.
+	events func(link.Event)
 
 	// problems are the spec problems logged, by spec file;
 	// sharingProblems the devices two policy.sharing entries match.

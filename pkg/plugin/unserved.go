@@ -116,12 +116,25 @@ type stopping struct {
 // stopped).
 func (p *Plugin) stopUnserved(s stopping) {
 	log := p.log.WithFields(logrus.Fields{"namespace": s.pod.GetNamespace(), "pod": s.pod.GetName(), "container": s.ctr.GetName()})
+	ev := link.Event{Namespace: s.pod.GetNamespace(), Pod: s.pod.GetName(), UID: s.pod.GetUid(), Container: s.ctr.GetName(), Action: "Stop"}
 	if err := p.stop(s.ctr); err != nil {
 		log.Errorf("a container that is not to run as it is (%s) still runs: %v", s.why, err)
-		return
+		ev.Reason, ev.Note = NotStoppedReason, fmt.Sprintf("nri-gpu could not stop container %s, which is not to run as it is (%s): %v", s.ctr.GetName(), s.why, err)
+	} else {
+		log.Warnf("stopped the container, to be created again through nri-gpu: %s", s.why)
+		ev.Reason, ev.Note = StoppedReason, fmt.Sprintf("nri-gpu stopped container %s, to be created again through nri-gpu: %s", s.ctr.GetName(), s.why)
 	}
-	log.Warnf("stopped the container, to be created again through nri-gpu: %s", s.why)
+	if p.events != nil {
+		p.events(ev)
+	}
 }
+
+// The reasons of the events about a container created while nri-gpu was
+// away: stopped, or not stopped (it runs on as the runtime created it).
+const (
+	StoppedReason    = "StoppedByNRIGPU"
+	NotStoppedReason = "NotStoppedByNRIGPU"
+)
 
 // How long nri-gpu, back, goes on asking whether the running containers
 // it did not create use claims (the DRA driver starts after it, and the

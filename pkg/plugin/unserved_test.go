@@ -24,10 +24,11 @@ func gpuNode(i int32) *api.LinuxDevice {
 // TestUnservedStopped: nri-gpu comes back (Synchronize) to running
 // containers the runtime created while it was away. Each that asks for
 // devices it lacks, asks in a way nri-gpu refuses, or that the policy
-// refuses, is stopped with the reason logged, so that kubelet creates it
-// again through nri-gpu; one that has all it asks for (the runtime's own
-// CDI injected it) runs on and holds its device; one that asks for
-// nothing, one nri-gpu created and one already stopped are left alone.
+// refuses, is stopped with the reason logged and told in the pod's
+// events, so that kubelet creates it again through nri-gpu; one that has
+// all it asks for (the runtime's own CDI injected it) runs on and holds
+// its device; one that asks for nothing, one nri-gpu created and one
+// already stopped are left alone.
 func TestUnservedStopped(t *testing.T) {
 	const cfg = "policy: {namespaces: [tenant], maxDevicesPerPod: 1}"
 	for _, tc := range []struct {
@@ -61,10 +62,12 @@ func TestUnservedStopped(t *testing.T) {
 		{name: "already stopped", pod: map[string]string{"gpus.nri-gpu.io": "0"}, state: api.ContainerState_CONTAINER_STOPPED},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, hook := logged(t, cfg, plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}))
+			var events []link.Event
+			p, hook := logged(t, cfg, plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}), plugin.WithEvents(func(e link.Event) { events = append(events, e) }))
 			var stopped []string
 			p.StopWith(func(c *api.Container) error { stopped = append(stopped, c.GetId()); return nil })
 			pod := gpuPod("a", tc.pod)
+			pod.Uid = "uid-a"
 			if tc.namespace != "" {
 				pod.Namespace = tc.namespace
 			}
@@ -88,6 +91,19 @@ func TestUnservedStopped(t *testing.T) {
 					t.Errorf("logged for %v", logs[0].Data)
 				}
 			}
+			// The pod's users are told, in its events, as the log says.
+			switch {
+			case tc.stopped == "" && len(events) > 0:
+				t.Errorf("events %+v; want none", events)
+			case tc.stopped != "" && len(events) != 1:
+				t.Errorf("events %+v; want one", events)
+			case tc.stopped != "":
+				e := events[0]
+				if e.Reason != plugin.StoppedReason || e.Namespace != pod.Namespace || e.Pod != "a" || e.UID != "uid-a" || e.Container != "c" {
+					t.Errorf("event %+v: want %s of container c of pod %s/a (uid-a)", e, plugin.StoppedReason, pod.Namespace)
+				}
+				testutil.ErrorSays(t, errors.New(e.Note), "nri-gpu stopped container c, to be created again through nri-gpu", tc.stopped)
+			}
 			if tc.holds != "" {
 				other := gpuPod("b", map[string]string{"gpus.nri-gpu.io": tc.holds})
 				_, _, err := p.CreateContainer(context.Background(), other, ctrOf(other, nil))
@@ -98,9 +114,11 @@ func TestUnservedStopped(t *testing.T) {
 }
 
 // TestUnservedNotStopped: a container that cannot be stopped is said to
-// run on, with the reason it should not and the error.
+// run on, with the reason it should not and the error, in the log and
+// the pod's events.
 func TestUnservedNotStopped(t *testing.T) {
-	p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}))
+	var events []link.Event
+	p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}), plugin.WithEvents(func(e link.Event) { events = append(events, e) }))
 	p.StopWith(func(*api.Container) error { return errors.New("operation not permitted") })
 	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
 	if _, err := p.Synchronize(context.Background(), []*api.PodSandbox{pod}, []*api.Container{ctrOf(pod, nil)}); err != nil {
@@ -111,6 +129,10 @@ func TestUnservedNotStopped(t *testing.T) {
 		t.Fatalf("logged %d errors saying it still runs", len(got))
 	}
 	testutil.ErrorSays(t, errors.New(got[0].Message), "without nvidia.com/gpu=0", "operation not permitted")
+	if len(events) != 1 || events[0].Reason != plugin.NotStoppedReason {
+		t.Fatalf("events %+v; want one %s", events, plugin.NotStoppedReason)
+	}
+	testutil.ErrorSays(t, errors.New(events[0].Note), "could not stop container c", "without nvidia.com/gpu=0", "operation not permitted")
 }
 
 // asked is a DRA driver that is not running for its first down

@@ -213,7 +213,7 @@ func replaceNRIPod(t *testing.T, n *harness.Node) {
 // pod asking for a GPU by count without it: the pod runs, GPU-less. When
 // nri-gpu goes on (SIGCONT, or kubelet restarts it for its failed
 // liveness probe) it finds that container, stops it with the reason in
-// its log, and kubelet creates it again, through nri-gpu: the pod ends
+// its log and the pod's events, and kubelet creates it again, through nri-gpu: the pod ends
 // Running with one GPU, in a second container.
 func TestUnservedRestarted(t *testing.T) {
 	needCluster(t)
@@ -243,6 +243,23 @@ func TestUnservedRestarted(t *testing.T) {
 	}
 	if log := nriLog(t, n); !strings.Contains(log, "stopped the container, to be created again through nri-gpu: it was created while nri-gpu was not serving, without 1 of the 1 devices it counts") {
 		t.Errorf("nri-gpu's log does not say why it stopped the container:\n%s", log)
+	}
+	// The pod's events say it too, as kubectl describe lists them (by the
+	// pod's UID).
+	var told []string
+	testutil.Within(t, podWait, "the pod's event", func() bool {
+		evs, err := env.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
+			FieldSelector: "involvedObject.uid=" + string(again.UID) + ",reason=StoppedByNRIGPU"})
+		told = nil
+		for _, e := range evs.Items {
+			if e.Type == corev1.EventTypeWarning && e.ReportingController == "nri-gpu.io/nri-gpu" && e.ReportingInstance == n.Name {
+				told = append(told, e.Message)
+			}
+		}
+		return err == nil && len(told) > 0
+	})
+	if len(told) != 1 || !strings.Contains(told[0], "nri-gpu stopped container main, to be created again through nri-gpu: it was created while nri-gpu was not serving, without 1 of the 1 devices it counts") {
+		t.Errorf("the pod's events from nri-gpu: %q", told)
 	}
 	noGPUTwice(t, n)
 }

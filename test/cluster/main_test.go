@@ -74,6 +74,10 @@ config:
       - name: nvidia.com/gpu
   dra:
     enabled: true
+  # A container created while nri-gpu was away, stopped, is told in its
+  # pod's events.
+  events:
+    enabled: true
   # MPS daemons nri-gpu runs, once a test shares GPUs with MPS: the
   # stand-in control program the test puts on the node, where nri-gpu's
   # container has no such path: it runs chrooted into the node's root, as

@@ -31,6 +31,9 @@ func TestMain(m *testing.M) {
 // as a driver whose configuration cannot work, "crash" as one that
 // failed; "garbage" answers what nri-gpu cannot read, and hangs.
 func driver(mode string) int {
+	if mode == link.EventCommand {
+		return eventCommand()
+	}
 	switch mode {
 	case "config":
 		return link.ExitConfig

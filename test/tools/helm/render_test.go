@@ -41,6 +41,9 @@ type rendered struct {
 	clusterRole        *rbacv1.ClusterRole
 	clusterRoleBinding *rbacv1.ClusterRoleBinding
 	deviceClass        *resourceapi.DeviceClass
+	// The events', with config.events.enabled.
+	eventsRole        *rbacv1.ClusterRole
+	eventsRoleBinding *rbacv1.ClusterRoleBinding
 	// Where the cluster serves MutatingAdmissionPolicy.
 	required        *admissionv1.MutatingAdmissionPolicy
 	requiredBinding *admissionv1.MutatingAdmissionPolicyBinding
@@ -112,11 +115,21 @@ func (r *rendered) add(t *testing.T, name, text string) {
 	case "ServiceMonitor":
 		into = &r.serviceMonitor
 	case "ClusterRole":
-		r.clusterRole = &rbacv1.ClusterRole{}
-		into = r.clusterRole
+		role := &rbacv1.ClusterRole{}
+		if strings.HasSuffix(name, "/events.yaml") {
+			r.eventsRole = role
+		} else {
+			r.clusterRole = role
+		}
+		into = role
 	case "ClusterRoleBinding":
-		r.clusterRoleBinding = &rbacv1.ClusterRoleBinding{}
-		into = r.clusterRoleBinding
+		binding := &rbacv1.ClusterRoleBinding{}
+		if strings.HasSuffix(name, "/events.yaml") {
+			r.eventsRoleBinding = binding
+		} else {
+			r.clusterRoleBinding = binding
+		}
+		into = binding
 	case "DeviceClass":
 		r.deviceClass = &resourceapi.DeviceClass{}
 		into = r.deviceClass
@@ -281,11 +294,11 @@ func TestSpecDirsMounted(t *testing.T) {
 
 // TestNoToken: the chart's ServiceAccount, and its pod, mount no token,
 // and the chart grants it no access (it makes no Role, ClusterRole or
-// binding) unless the DRA driver is on.
+// binding) unless the DRA driver or the events are on.
 func TestNoToken(t *testing.T) {
 	r := render(t, "")
-	if r.clusterRole != nil || r.clusterRoleBinding != nil || r.deviceClass != nil {
-		t.Errorf("without DRA the chart makes %v, %v, %v", r.clusterRole, r.clusterRoleBinding, r.deviceClass)
+	if r.clusterRole != nil || r.clusterRoleBinding != nil || r.deviceClass != nil || r.eventsRole != nil || r.eventsRoleBinding != nil {
+		t.Errorf("without DRA and events the chart makes %v, %v, %v, %v, %v", r.clusterRole, r.clusterRoleBinding, r.deviceClass, r.eventsRole, r.eventsRoleBinding)
 	}
 	if r.serviceAccount == nil || r.serviceAccount.AutomountServiceAccountToken == nil || *r.serviceAccount.AutomountServiceAccountToken {
 		t.Errorf("ServiceAccount %+v: want one with automountServiceAccountToken false", r.serviceAccount)
@@ -498,5 +511,40 @@ func TestRequiredPlugin(t *testing.T) {
 		if fp := r.required.Spec.FailurePolicy; fp == nil || *fp != admissionv1.Fail {
 			t.Errorf("%s: failure policy %v, want Fail", tc.values, fp)
 		}
+	}
+}
+
+// TestEventsValues: with config.events.enabled the chart gives nri-gpu
+// what posting its pod events needs and no more: its token, NODE_NAME,
+// and a ClusterRole that creates events (nothing else) bound to the
+// chart's account; no DRA role; the configuration passes nri-gpu's
+// validation with the events on.
+func TestEventsValues(t *testing.T) {
+	r := render(t, "ci/events-values.yaml")
+	if cfg := parseConfig(t, r.configMap); !cfg.Start.Events.Enabled || cfg.Start.DRA.Enabled {
+		t.Errorf("events %+v, DRA on %v", cfg.Start.Events, cfg.Start.DRA.Enabled)
+	}
+	spec := r.daemonSet.Spec.Template.Spec
+	if spec.AutomountServiceAccountToken == nil || !*spec.AutomountServiceAccountToken {
+		t.Error("the pod mounts no token: nri-gpu cannot post events")
+	}
+	if !slices.ContainsFunc(spec.Containers[0].Env, func(e corev1.EnvVar) bool {
+		return e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName"
+	}) {
+		t.Errorf("no NODE_NAME from spec.nodeName in %v", spec.Containers[0].Env)
+	}
+	if r.clusterRole != nil || r.deviceClass != nil {
+		t.Errorf("DRA's ClusterRole %v, DeviceClass %v without DRA", r.clusterRole, r.deviceClass)
+	}
+	if r.eventsRole == nil || r.eventsRoleBinding == nil {
+		t.Fatalf("events ClusterRole %v, binding %v", r.eventsRole, r.eventsRoleBinding)
+	}
+	want := []rbacv1.PolicyRule{{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create"}}}
+	if diff := cmp.Diff(want, r.eventsRole.Rules); diff != "" {
+		t.Errorf("events rules (-want +chart):\n%s", diff)
+	}
+	b := r.eventsRoleBinding
+	if b.RoleRef.Name != r.eventsRole.Name || len(b.Subjects) != 1 || b.Subjects[0].Name != spec.ServiceAccountName || b.Subjects[0].Namespace != "nri-gpu" {
+		t.Errorf("binding %+v: want role %s to the pod's account %s", b, r.eventsRole.Name, spec.ServiceAccountName)
 	}
 }

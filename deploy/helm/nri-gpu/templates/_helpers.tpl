@@ -65,3 +65,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "nri-gpu.mpsHostRoot" -}}
 {{- (((include "nri-gpu.start" . | fromYaml).mps | default dict).hostRoot) | default "" }}
 {{- end }}
+
+{{- /* Whether nri-gpu posts pod events: config.events.enabled. */ -}}
+{{- define "nri-gpu.events" -}}
+{{- if ((include "nri-gpu.start" . | fromYaml).events | default dict).enabled }}true{{ end }}
+{{- end }}
+
+{{- /* Whether nri-gpu reaches the API server: DRA or events on. */ -}}
+{{- define "nri-gpu.apiServer" -}}
+{{- if or (include "nri-gpu.dra" .) (include "nri-gpu.events" .) }}true{{ end }}
+{{- end }}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+)
+
+// Events waiting to be posted at most, and how long one post may take.
+const (
+	eventQueue = 256
+	eventPost  = 30 * time.Second
+)
+
+// podEvents returns the option that has the plugin tell its events to
+// the pods' events on the API server, and run, which posts them until
+// ctx is done: those told meanwhile together, by one nri-gpu-dra event
+// process (Kubernetes' client is paid for only there, and only then).
+// An event told while 256 wait is dropped, said in the log.
+func podEvents(cfg config.Events, node string, stderr io.Writer, log logrus.FieldLogger) (plugin.Option, func(context.Context), error) {
+	path, err := driverPath()
+	if err != nil {
+		return nil, nil, fmt.Errorf("events: %w", err)
+	}
+	if node == "" {
+		node = os.Getenv(nodeNameEnv)
+	}
+	args := []string{"--node", node}
+	if cfg.Kubeconfig != "" {
+		args = append(args, "--kubeconfig", cfg.Kubeconfig)
+	}
+	queue := make(chan link.Event, eventQueue)
+	tell := func(e link.Event) {
+		select {
+		case queue <- e:
+		default:
+			log.Warnf("dropped an event of pod %s/%s (%s): %d wait to be posted", e.Namespace, e.Pod, e.Reason, eventQueue)
+		}
+	}
+	run := func(ctx context.Context) {
+		for {
+			var batch []link.Event
+			select {
+			case <-ctx.Done():
+				return
+			case e := <-queue:
+				batch = append(batch, e)
+			}
+			for more := true; more; {
+				select {
+				case e := <-queue:
+					batch = append(batch, e)
+				default:
+					more = false
+				}
+			}
+			pctx, cancel := context.WithTimeout(ctx, eventPost)
+			if err := link.PostEvents(pctx, path, args, batch, stderr); err != nil {
+				log.Warnf("posting %d events of pods: %v", len(batch), err)
+			}
+			cancel()
+		}
+	}
+	return plugin.WithEvents(tell), run, nil
+}
