@@ -550,8 +550,11 @@ func TestDRASliceFollowsThePool(t *testing.T) {
 // adjust its containers, kubelet still has the claim allocated and
 // prepared by nri-gpu's DRA driver and hands the CDI device IDs to
 // containerd in the CRI request, which drops them: the pod runs without
-// its GPU, as with any DRA driver on such a node. With NRI back, the same
-// pod gets the GPU through nri-gpu.
+// its GPU, as with any DRA driver on such a node. With NRI back, nri-gpu
+// finds that container (the claim's CDI devices are in its CRI request,
+// start.dra.cdiDevices being cri, and it lacks them) and stops it, saying why in the pod's events; kubelet
+// creates it again, through nri-gpu, with the GPU; the pod's container
+// that uses no claim runs on.
 func TestDRAGapWithoutNRI(t *testing.T) {
 	needCluster(t)
 	n := env.a
@@ -596,20 +599,41 @@ func TestDRAGapWithoutNRI(t *testing.T) {
 		t.Errorf("without NRI, container gpu sees %v: containerd 1.7 with CDI off injected the claim's CDI devices", seen)
 	}
 	t.Logf("without NRI: claim %s allocated %s and prepared, container gpu sees no GPU", claim.Name, claim.Status.Allocation.Devices.Results[0].Device)
-	deletePod(t, "default", "gap")
 
 	restore()
+	back := time.Now()
 	testutil.Within(t, podWait, "nri-gpu connected to node-a's containerd again", func() bool {
 		return strings.Count(nriLog(t, n), "connected to runtime") > connected
 	})
-	createPod(t, claimPod("default", "no-gap", n, "gap-gpu", ""))
-	p = waitAllRunning(t, "default", "no-gap")
-	claim = allocatedClaim(t, p)
-	seen := seenBy(t, p, "gpu")
-	if want := "nvidia" + strings.TrimPrefix(claim.Status.Allocation.Devices.Results[0].Device, "gpu-"); len(seen) != 1 || seen[0] != want {
-		t.Errorf("with NRI, container gpu sees %v, want [%s]", seen, want)
+	// Back, nri-gpu finds the claim's container it did not serve and
+	// stops it; kubelet creates it again, through nri-gpu.
+	var again *corev1.Pod
+	testutil.Within(t, podWait, "container gpu created again", func() bool {
+		q, err := env.client.CoreV1().Pods("default").Get(context.Background(), "gap", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		for _, s := range q.Status.ContainerStatuses {
+			if s.Name == "gpu" && s.RestartCount > 0 && s.State.Running != nil {
+				again = q
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("container gpu running again, through nri-gpu, %s after NRI was back", time.Since(back).Round(time.Millisecond))
+	if want := "nvidia" + strings.TrimPrefix(claim.Status.Allocation.Devices.Results[0].Device, "gpu-"); !slices.Equal(seenBy(t, again, "gpu"), []string{want}) {
+		t.Errorf("created again, container gpu sees %v, want [%s]", seenBy(t, again, "gpu"), want)
 	}
-	deletePod(t, "default", "no-gap")
+	for _, s := range again.Status.ContainerStatuses {
+		if s.Name == "plain" && s.RestartCount > 0 {
+			t.Errorf("container plain, which uses no claim, was stopped too (%d restarts)", s.RestartCount)
+		}
+	}
+	if told := stoppedEvents(t, n, again); len(told) != 1 || !strings.Contains(told[0], "nri-gpu stopped container gpu, to be created again through nri-gpu: it was created while nri-gpu was not serving, without ") {
+		t.Errorf("the pod's events from nri-gpu: %q", told)
+	}
+	deletePod(t, "default", "gap")
 }
 
 // TestDRASlowAPIServer: when the API server answers nri-gpu's DRA driver

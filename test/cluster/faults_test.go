@@ -246,19 +246,7 @@ func TestUnservedRestarted(t *testing.T) {
 	}
 	// The pod's events say it too, as kubectl describe lists them (by the
 	// pod's UID).
-	var told []string
-	testutil.Within(t, podWait, "the pod's event", func() bool {
-		evs, err := env.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
-			FieldSelector: "involvedObject.uid=" + string(again.UID) + ",reason=StoppedByNRIGPU"})
-		told = nil
-		for _, e := range evs.Items {
-			if e.Type == corev1.EventTypeWarning && e.ReportingController == "nri-gpu.io/nri-gpu" && e.ReportingInstance == n.Name {
-				told = append(told, e.Message)
-			}
-		}
-		return err == nil && len(told) > 0
-	})
-	if len(told) != 1 || !strings.Contains(told[0], "nri-gpu stopped container main, to be created again through nri-gpu: it was created while nri-gpu was not serving, without 1 of the 1 devices it counts") {
+	if told := stoppedEvents(t, n, again); len(told) != 1 || !strings.Contains(told[0], "nri-gpu stopped container main, to be created again through nri-gpu: it was created while nri-gpu was not serving, without 1 of the 1 devices it counts") {
 		t.Errorf("the pod's events from nri-gpu: %q", told)
 	}
 	noGPUTwice(t, n)
@@ -323,4 +311,27 @@ func hang(t *testing.T, n *harness.Node) func() {
 		}
 	})
 	return resume
+}
+
+// stoppedEvents waits for the events nri-gpu on node n posted about pod
+// p for containers it stopped, as kubectl describe finds them (by the
+// pod's UID), and returns their messages.
+func stoppedEvents(t *testing.T, n *harness.Node, p *corev1.Pod) []string {
+	t.Helper()
+	var told []string
+	testutil.Within(t, podWait, "nri-gpu's event of pod "+p.Name, func() bool {
+		evs, err := env.client.CoreV1().Events(p.Namespace).List(context.Background(), metav1.ListOptions{
+			FieldSelector: "involvedObject.uid=" + string(p.UID) + ",reason=StoppedByNRIGPU"})
+		if err != nil {
+			return false
+		}
+		told = nil
+		for _, e := range evs.Items {
+			if e.Type == corev1.EventTypeWarning && e.ReportingController == "nri-gpu.io/nri-gpu" && e.ReportingInstance == n.Name {
+				told = append(told, e.Message)
+			}
+		}
+		return len(told) > 0
+	})
+	return told
 }

@@ -19,7 +19,8 @@ import (
 // API server, runs nri-gpu on both nodes, placed there by the DaemonSet
 // controller, Ready through its probes and registered with each node's
 // containerd; the pod runs as the chart's ServiceAccount, whose token the
-// DRA driver uses, and that account may do what the driver does only.
+// DRA driver and the events use, and that account may do what they do
+// only.
 func TestInstalled(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
@@ -53,8 +54,8 @@ func TestInstalled(t *testing.T) {
 	if _, err := env.client.CoreV1().ServiceAccounts(nriNamespace).Get(ctx, releaseName, metav1.GetOptions{}); err != nil {
 		t.Errorf("the chart's ServiceAccount: %v", err)
 	}
-	// The one binding that names nri-gpu's account is the DRA driver's,
-	// and it grants what the driver does and nothing else.
+	// The bindings that name nri-gpu's account are the DRA driver's and
+	// the events', and they grant what those do and nothing else.
 	crbs, err := env.client.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +66,7 @@ func TestInstalled(t *testing.T) {
 	}
 	for _, b := range crbs.Items {
 		for _, s := range b.Subjects {
-			if s.Namespace == nriNamespace && b.Name != releaseName+"-dra" {
+			if s.Namespace == nriNamespace && b.Name != releaseName+"-dra" && b.Name != releaseName+"-events" {
 				t.Errorf("ClusterRoleBinding %s grants %s/%s access", b.Name, s.Namespace, s.Name)
 			}
 		}
@@ -84,6 +85,9 @@ func TestInstalled(t *testing.T) {
 		{"get", "resource.k8s.io", "resourceclaims", true},
 		{"watch", "", "pods", true},
 		{"get", "", "nodes", true},
+		{"create", "events.k8s.io", "events", true},
+		{"update", "events.k8s.io", "events", false},
+		{"delete", "events.k8s.io", "events", false},
 		{"update", "resource.k8s.io", "resourceclaims", false},
 		{"list", "resource.k8s.io", "resourceclaims", false},
 		{"create", "", "pods", false},
