@@ -11,7 +11,6 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
-	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 )
 
 // Events waiting to be posted at most, and how long one post may take.
@@ -20,12 +19,12 @@ const (
 	eventPost  = 30 * time.Second
 )
 
-// podEvents returns the option that has the plugin tell its events to
-// the pods' events on the API server, and run, which posts them until
+// podEvents returns tell, which queues an event for the pod's events on
+// the API server (plugin.WithEvents), and run, which posts them until
 // ctx is done: those told meanwhile together, by one nri-gpu-dra event
 // process (Kubernetes' client is paid for only there, and only then).
 // An event told while 256 wait is dropped, said in the log.
-func podEvents(cfg config.Events, node string, stderr io.Writer, log logrus.FieldLogger) (plugin.Option, func(context.Context), error) {
+func podEvents(cfg config.Events, node string, stderr io.Writer, log logrus.FieldLogger) (tell func(link.Event), run func(context.Context), err error) {
 	path, err := driverPath()
 	if err != nil {
 		return nil, nil, fmt.Errorf("events: %w", err)
@@ -38,14 +37,14 @@ func podEvents(cfg config.Events, node string, stderr io.Writer, log logrus.Fiel
 		args = append(args, "--kubeconfig", cfg.Kubeconfig)
 	}
 	queue := make(chan link.Event, eventQueue)
-	tell := func(e link.Event) {
+	tell = func(e link.Event) {
 		select {
 		case queue <- e:
 		default:
 			log.Warnf("dropped an event of pod %s/%s (%s): %d wait to be posted", e.Namespace, e.Pod, e.Reason, eventQueue)
 		}
 	}
-	run := func(ctx context.Context) {
+	run = func(ctx context.Context) {
 		for {
 			var batch []link.Event
 			select {
@@ -69,5 +68,5 @@ func podEvents(cfg config.Events, node string, stderr io.Writer, log logrus.Fiel
 			cancel()
 		}
 	}
-	return plugin.WithEvents(tell), run, nil
+	return tell, run, nil
 }

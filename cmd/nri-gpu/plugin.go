@@ -108,12 +108,12 @@ func runPlugin(args []string, stderr io.Writer) int {
 		popts, doors = append(popts, opt), append(doors, run)
 	}
 	if cfg.Start.Events.Enabled {
-		opt, run, err := podEvents(cfg.Start.Events, cfg.Start.DRA.NodeName, stderr, log)
+		tell, run, err := podEvents(cfg.Start.Events, cfg.Start.DRA.NodeName, stderr, log)
 		if err != nil {
 			fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
 			return exitUsage
 		}
-		popts, doors = append(popts, opt), append(doors, run)
+		popts, doors = append(popts, plugin.WithEvents(tell)), append(doors, run)
 	}
 	// The probes answer from the start: not ready until the plugin is
 	// built, but ready while it waits to take over, so that a rolling
