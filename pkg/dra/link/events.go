@@ -16,7 +16,8 @@ import (
 // as its pod's, and exits.
 const EventCommand = "event"
 
-// Bounds on what EventCommand reads: events, and the bytes of one.
+// Bounds on what EventCommand reads: events, and the bytes of one (less
+// than maxEventLine, its newline aside).
 const (
 	maxEvents    = 1024
 	maxEventLine = 16 << 10
@@ -57,11 +58,11 @@ func PostEvents(ctx context.Context, path string, args []string, events []Event,
 	return nil
 }
 
-// ReadEvents reads the events PostEvents writes: at most 1024, of 16 KiB
-// each.
+// ReadEvents reads the events PostEvents writes: at most 1024, each a
+// line of less than 16 KiB.
 func ReadEvents(r io.Reader) ([]Event, error) {
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 4096), maxEventLine)
+	sc.Buffer(nil, maxEventLine)
 	var events []Event
 	for sc.Scan() {
 		if len(events) == maxEvents {

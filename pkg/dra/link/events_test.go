@@ -85,7 +85,7 @@ func TestPostEvents(t *testing.T) {
 }
 
 // TestReadEvents: what the event command reads is bounded: at most 1024
-// events, of 16 KiB each, each a JSON object.
+// events, each a JSON object on a line of less than 16 KiB.
 func TestReadEvents(t *testing.T) {
 	line := `{"namespace":"tenant","pod":"a","reason":"StoppedByNRIGPU"}` + "\n"
 	for _, tc := range []struct {
@@ -99,7 +99,8 @@ func TestReadEvents(t *testing.T) {
 		{name: "two", input: line + line, want: 2},
 		{name: "as many as read", input: strings.Repeat(line, 1024), want: 1024},
 		{name: "too many", input: strings.Repeat(line, 1025), err: "more than 1024", is: link.ErrTooManyEvents},
-		{name: "too long", input: `{"note":"` + strings.Repeat("x", 16<<10) + `"}` + "\n", err: "too long"},
+		{name: "as long as read", input: noteLine(16<<10 - 1), want: 1},
+		{name: "too long", input: noteLine(16 << 10), err: "too long"},
 		{name: "not JSON", input: line + "}{\n", err: "event 2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -119,4 +120,11 @@ func TestReadEvents(t *testing.T) {
 			}
 		})
 	}
+}
+
+// noteLine is an event of pod a as a JSON line of n bytes, its newline
+// aside.
+func noteLine(n int) string {
+	head, tail := `{"pod":"a","reason":"StoppedByNRIGPU","note":"`, `"}`
+	return head + strings.Repeat("x", n-len(head)-len(tail)) + tail + "\n"
 }
