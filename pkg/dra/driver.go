@@ -27,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
@@ -103,6 +104,10 @@ func (d *Driver) changes() <-chan struct{} {
 	return d.changed
 }
 
+// sweepJitter is how much later than sweepInterval a sweep may come, as
+// a fraction of it.
+const sweepJitter = 0.1
+
 // Run registers with kubelet through the kubelet-plugin helper and keeps
 // the node's ResourceSlice current until ctx is done. At start, and every
 // sweepInterval after, it releases the prepared claims the API server no
@@ -130,7 +135,10 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 	if err := d.PrepareHeld(ctx, client); err != nil {
 		d.log.Warnf("claims in use on this node not all held (their pods' next containers are refused): %v", err)
 	}
-	sweep := time.NewTicker(d.cfg.SweepInterval)
+	// Each sweep comes 0–10% later than sweepInterval, so that the
+	// drivers of nodes started together do not ask the API server
+	// together.
+	sweep := time.NewTimer(wait.Jitter(d.cfg.SweepInterval, sweepJitter))
 	defer sweep.Stop()
 	var last []resourceapi.Device
 	for published := false; ; {
@@ -160,6 +168,7 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 			if err := d.ReleaseGone(ctx, client); err != nil {
 				d.log.Warnf("prepared claims not checked against the API server (checked again in %s): %v", d.cfg.SweepInterval, err)
 			}
+			sweep.Reset(wait.Jitter(d.cfg.SweepInterval, sweepJitter))
 		}
 	}
 }
