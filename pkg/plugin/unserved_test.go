@@ -179,6 +179,7 @@ func TestUnservedClaims(t *testing.T) {
 		down      int // questions the driver is not running for
 		devices   []*api.LinuxDevice
 		ours      bool
+		nodeless  bool   // the claim also has a device of no device node
 		stopped   string // the reason logged, "" when left alone
 		asks      bool   // the driver is asked
 	}{
@@ -191,6 +192,7 @@ func TestUnservedClaims(t *testing.T) {
 		{name: "a claim not reserved for its pod", err: fmt.Errorf("claim tenant/d: %w", link.ErrNotReserved), asks: true,
 			stopped: "names a claim not reserved for its pod"},
 		{name: "injected by the runtime", uses: uses, devices: []*api.LinuxDevice{gpuNode(1)}, asks: true},
+		{name: "injected by the runtime with a device of no node", uses: uses, devices: []*api.LinuxDevice{gpuNode(1)}, nodeless: true, asks: true},
 		{name: "uses no claim", asks: true},
 		{name: "another namespace", namespace: "other", uses: uses},
 		{name: "nri-gpu's own", uses: uses, ours: true},
@@ -198,8 +200,14 @@ func TestUnservedClaims(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &finder{uses: map[string][]link.ClaimUse{"a/c": tc.uses}, errs: map[string]error{"a": tc.err}}
 			driver := &asked{Finder: f, down: tc.down}
-			p, hook := logged(t, "policy: {namespaces: [tenant, other]}", plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}), claimsOf(driver))
-			if err := p.DRAView(config.Default().Start.DRA).Prepare(context.Background(), claimC, []link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}}); err != nil {
+			dirs := []string{gpuSpecDir(t, 2)}
+			allocated := []link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}}
+			if tc.nodeless {
+				dirs = append(dirs, specDirWith(t, t.TempDir(), "env.yaml", "cdiVersion: \"0.6.0\"\nkind: example.com/env\ndevices:\n  - name: e\n    containerEdits:\n      env: [E=1]\n"))
+				allocated = append(allocated, link.Allocated{CDI: "example.com/env=e", Requests: []string{"gpus"}})
+			}
+			p, hook := logged(t, "policy: {namespaces: [tenant, other], devices: [\"*/*\"]}", plugin.WithSpecDirs(dirs), claimsOf(driver))
+			if err := p.DRAView(config.Default().Start.DRA).Prepare(context.Background(), claimC, allocated); err != nil {
 				t.Fatal(err)
 			}
 			var (
