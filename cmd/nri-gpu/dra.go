@@ -37,10 +37,7 @@ const driverRestart = 5 * time.Second
 // own configuration cannot work (no credentials for the API server) stops
 // nri-gpu, through fail.
 func draDriver(opts link.Options, stderr io.Writer, log logrus.FieldLogger, fail context.CancelCauseFunc) (plugin.Option, func(context.Context), error) {
-	opts.Node = opts.DRA.NodeName
-	if opts.Node == "" {
-		opts.Node = os.Getenv(nodeNameEnv)
-	}
+	opts.Node = nodeName(opts.DRA.NodeName)
 	if opts.Node == "" {
 		return nil, nil, fmt.Errorf("dra: no node name: set dra.nodeName or the %s environment variable", nodeNameEnv)
 	}
@@ -72,6 +69,15 @@ func draDriver(opts link.Options, stderr io.Writer, log logrus.FieldLogger, fail
 		}
 	}
 	return plugin.WithDRA(opts.DRA, open), run, nil
+}
+
+// nodeName is the node's name: configured (dra.nodeName), or else the
+// NODE_NAME environment variable.
+func nodeName(configured string) string {
+	if configured != "" {
+		return configured
+	}
+	return os.Getenv(nodeNameEnv)
 }
 
 // driverPath finds the DRA driver's program.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -29,10 +28,7 @@ func podEvents(cfg config.Events, node string, stderr io.Writer, log logrus.Fiel
 	if err != nil {
 		return nil, nil, fmt.Errorf("events: %w", err)
 	}
-	if node == "" {
-		node = os.Getenv(nodeNameEnv)
-	}
-	args := []string{"--node", node}
+	args := []string{"--node", nodeName(node)}
 	if cfg.Kubeconfig != "" {
 		args = append(args, "--kubeconfig", cfg.Kubeconfig)
 	}

@@ -110,12 +110,17 @@ type stopping struct {
 	why string
 }
 
+// logTo returns log with the container's namespace, pod and name.
+func (s stopping) logTo(log logrus.FieldLogger) logrus.FieldLogger {
+	return log.WithFields(logrus.Fields{"namespace": s.pod.GetNamespace(), "pod": s.pod.GetName(), "container": s.ctr.GetName()})
+}
+
 // stopUnserved stops a container that is not to run as the runtime
 // created it, and logs why: kubelet then creates it again, through
 // nri-gpu, as its pod's restart policy says (without kubelet, it stays
 // stopped).
 func (p *Plugin) stopUnserved(s stopping) {
-	log := p.log.WithFields(logrus.Fields{"namespace": s.pod.GetNamespace(), "pod": s.pod.GetName(), "container": s.ctr.GetName()})
+	log := s.logTo(p.log)
 	ev := link.Event{Namespace: s.pod.GetNamespace(), Pod: s.pod.GetName(), UID: s.pod.GetUid(), Container: s.ctr.GetName(), Action: "Stop"}
 	if err := p.stop(s.ctr); err != nil {
 		log.Errorf("a container that is not to run as it is (%s) still runs: %v", s.why, err)
@@ -172,8 +177,7 @@ func (p *Plugin) stopClaimless(check []stopping) {
 		why, err := p.claimUnserved(s, deadline)
 		switch {
 		case err != nil:
-			p.log.WithFields(logrus.Fields{"namespace": s.pod.GetNamespace(), "pod": s.pod.GetName(), "container": s.ctr.GetName()}).
-				Warnf("could not tell whether a container created while nri-gpu was away uses DRA claims; it runs on: %v", err)
+			s.logTo(p.log).Warnf("could not tell whether a container created while nri-gpu was away uses DRA claims; it runs on: %v", err)
 		case why != "":
 			s.why = why
 			p.stopUnserved(s)

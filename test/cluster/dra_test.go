@@ -552,9 +552,9 @@ func TestDRASliceFollowsThePool(t *testing.T) {
 // containerd in the CRI request, which drops them: the pod runs without
 // its GPU, as with any DRA driver on such a node. With NRI back, nri-gpu
 // finds that container (the claim's CDI devices are in its CRI request,
-// start.dra.cdiDevices being cri, and it lacks them) and stops it, saying why in the pod's events; kubelet
-// creates it again, through nri-gpu, with the GPU; the pod's container
-// that uses no claim runs on.
+// start.dra.cdiDevices being cri, and it lacks them) and stops it,
+// saying why in the pod's events; kubelet creates it again, through
+// nri-gpu, with the GPU; the pod's container that uses no claim runs on.
 func TestDRAGapWithoutNRI(t *testing.T) {
 	needCluster(t)
 	n := env.a
@@ -607,23 +607,10 @@ func TestDRAGapWithoutNRI(t *testing.T) {
 	})
 	// Back, nri-gpu finds the claim's container it did not serve and
 	// stops it; kubelet creates it again, through nri-gpu.
-	var again *corev1.Pod
-	testutil.Within(t, podWait, "container gpu created again", func() bool {
-		q, err := env.client.CoreV1().Pods("default").Get(context.Background(), "gap", metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		for _, s := range q.Status.ContainerStatuses {
-			if s.Name == "gpu" && s.RestartCount > 0 && s.State.Running != nil {
-				again = q
-				return true
-			}
-		}
-		return false
-	})
+	again := createdAgain(t, p, "gpu")
 	t.Logf("container gpu running again, through nri-gpu, %s after NRI was back", time.Since(back).Round(time.Millisecond))
-	if want := "nvidia" + strings.TrimPrefix(claim.Status.Allocation.Devices.Results[0].Device, "gpu-"); !slices.Equal(seenBy(t, again, "gpu"), []string{want}) {
-		t.Errorf("created again, container gpu sees %v, want [%s]", seenBy(t, again, "gpu"), want)
+	if want, seen := "nvidia"+strings.TrimPrefix(claim.Status.Allocation.Devices.Results[0].Device, "gpu-"), seenBy(t, again, "gpu"); !slices.Equal(seen, []string{want}) {
+		t.Errorf("created again, container gpu sees %v, want [%s]", seen, want)
 	}
 	for _, s := range again.Status.ContainerStatuses {
 		if s.Name == "plain" && s.RestartCount > 0 {

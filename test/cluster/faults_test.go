@@ -213,8 +213,8 @@ func replaceNRIPod(t *testing.T, n *harness.Node) {
 // pod asking for a GPU by count without it: the pod runs, GPU-less. When
 // nri-gpu goes on (SIGCONT, or kubelet restarts it for its failed
 // liveness probe) it finds that container, stops it with the reason in
-// its log and the pod's events, and kubelet creates it again, through nri-gpu: the pod ends
-// Running with one GPU, in a second container.
+// its log and the pod's events, and kubelet creates it again, through
+// nri-gpu: the pod ends Running with one GPU, in a second container.
 func TestUnservedRestarted(t *testing.T) {
 	needCluster(t)
 	n := env.a
@@ -227,16 +227,7 @@ func TestUnservedRestarted(t *testing.T) {
 	}
 	resumed := time.Now()
 	resume()
-	var again *corev1.Pod
-	testutil.Within(t, podWait, "the pod's container created again", func() bool {
-		p, err := env.client.CoreV1().Pods("default").Get(context.Background(), "unserved", metav1.GetOptions{})
-		if err != nil || len(p.Status.ContainerStatuses) == 0 {
-			return false
-		}
-		s := p.Status.ContainerStatuses[0]
-		again = p
-		return s.RestartCount > 0 && s.State.Running != nil && s.ContainerID != first.Status.ContainerStatuses[0].ContainerID
-	})
+	again := createdAgain(t, first, "main")
 	t.Logf("the pod's container running again, through nri-gpu, %s after nri-gpu went on", time.Since(resumed).Round(time.Millisecond))
 	if seen := gpusSeen(t, again); len(seen) != 1 {
 		t.Errorf("created again, the pod sees %v, want one GPU", seen)
@@ -334,4 +325,27 @@ func stoppedEvents(t *testing.T, n *harness.Node, p *corev1.Pod) []string {
 		return len(told) > 0
 	})
 	return told
+}
+
+// createdAgain waits until container ctr of pod first runs again, a
+// container other than first's (kubelet created it again), and returns
+// the pod then.
+func createdAgain(t *testing.T, first *corev1.Pod, ctr string) *corev1.Pod {
+	t.Helper()
+	was := containerID(t, first, ctr)
+	var again *corev1.Pod
+	testutil.Within(t, podWait, "container "+ctr+" of pod "+first.Name+" created again", func() bool {
+		p, err := env.client.CoreV1().Pods(first.Namespace).Get(context.Background(), first.Name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		for _, s := range p.Status.ContainerStatuses {
+			if s.Name == ctr && s.RestartCount > 0 && s.State.Running != nil && strings.TrimPrefix(s.ContainerID, "containerd://") != was {
+				again = p
+				return true
+			}
+		}
+		return false
+	})
+	return again
 }
