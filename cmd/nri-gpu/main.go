@@ -23,8 +23,10 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"os"
+	"syscall"
 
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
@@ -35,10 +37,31 @@ const (
 	exitOK    = 0
 	exitError = 1
 	exitUsage = 2
+	// exitRestart is runPlugin's, for nri-gpu to be started again in
+	// place: main executes it anew, as the same process.
+	exitRestart = -1
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	code := run(os.Args[1:], os.Stdout, os.Stderr)
+	if code == exitRestart {
+		code = restart(os.Stderr)
+	}
+	os.Exit(code)
+}
+
+// restart executes nri-gpu anew, with the same arguments and
+// environment, in place of this process (its pid, its container): a
+// process that loaded a driver's NVML cannot load another (the NVIDIA
+// driver was upgraded under it). Its record, NRI connection and DRA
+// driver were let go before. It returns only on failure.
+func restart(stderr io.Writer) int {
+	self, err := os.Executable()
+	if err == nil {
+		err = syscall.Exec(self, os.Args, os.Environ())
+	}
+	fmt.Fprintf(stderr, "nri-gpu: starting again: %v\n", err)
+	return exitError
 }
 
 // run runs a subcommand, or the plugin when there is none.

@@ -177,6 +177,12 @@ func runPlugin(args []string, stderr io.Writer) int {
 	defer fail(nil)
 
 	if err := p.Serve(ctx, stubOptions(fs, *name, *idx, *socketPath)...); err != nil {
+		// A pre-registered plugin's connection was handed to it by the
+		// runtime and cannot be opened again: it exits.
+		if errors.Is(err, plugin.ErrDriverChanged) && os.Getenv(api.PluginSocketEnvVar) == "" {
+			log.Info("starting again")
+			return exitRestart
+		}
 		log.Errorf("nri-gpu: %v", err)
 		if errors.Is(err, plugin.ErrConfig) {
 			return exitUsage

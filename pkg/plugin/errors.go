@@ -17,6 +17,13 @@ var ErrNotRecorded = errors.New("could not be recorded")
 // changes what only a start reads.
 var ErrStartOnly = errors.New("cannot change while nri-gpu runs")
 
+// ErrDriverChanged is wrapped by Serve's error when the NVIDIA driver's
+// kernel module was replaced under the NVML this process has loaded
+// (NVML_ERROR_LIB_RM_VERSION_MISMATCH, after it had answered): a process
+// cannot load another NVML in place of the one it has, so nri-gpu is to
+// be started again (cmd/nri-gpu executes itself anew).
+var ErrDriverChanged = errors.New("the NVIDIA driver changed under the NVML nri-gpu has loaded")
+
 // ErrNotReady is wrapped by Ready's error.
 var ErrNotReady = errors.New("not ready")
 

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -23,8 +24,17 @@ const GeneratedSpecName = "nvidia.com-gpu.yaml"
 // driver root), the file edited or removed. Containers created afterwards
 // get what it then names; running ones keep what they were given.
 // Injection keeps reading the spec dirs as before.
-func (p *Plugin) keepGenerating(ctx context.Context) {
+//
+// A driver upgrade that reloads the kernel module leaves this process
+// with the old NVML, which then refuses to run
+// (NVML_ERROR_LIB_RM_VERSION_MISMATCH): once it has answered before,
+// that ends Serve with ErrDriverChanged, through stop, so that nri-gpu
+// starts again with the new one. An NVML that never answered (a library
+// newer than the loaded module, until the node reboots) does not: it is
+// logged, as any other error.
+func (p *Plugin) keepGenerating(ctx context.Context, stop context.CancelCauseFunc) {
 	var lastErr string
+	answered := false
 	for {
 		st := p.state()
 		if st.cfg.Generate.Enabled {
@@ -32,10 +42,15 @@ func (p *Plugin) keepGenerating(ctx context.Context) {
 			path := filepath.Join(dir, GeneratedSpecName)
 			what, wrote, err := p.generate(p.hw.lib(), path)
 			switch {
+			case err != nil && answered && errors.Is(err, nvml.ERROR_LIB_RM_VERSION_MISMATCH):
+				p.log.Warnf("the NVIDIA driver changed under this process's NVML (%v): starting again to load the new driver's", err)
+				stop(fmt.Errorf("%w: %w", ErrDriverChanged, err))
+				return
 			case err != nil && err.Error() != lastErr:
 				p.log.Errorf("generating the CDI spec of the GPUs into %s: %v", path, err)
 				lastErr = err.Error()
 			case err == nil:
+				answered = true
 				if wrote {
 					p.log.WithField("spec", path).Infof("generated the CDI spec of the GPUs: %s", what)
 				}

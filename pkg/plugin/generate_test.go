@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -262,6 +263,69 @@ func TestGenerateDriverChange(t *testing.T) {
 			// the new driver.
 			if len(g) < 2 || !strings.Contains(g[len(g)-1].Message, "driver "+tc.version) {
 				t.Errorf("%d writes logged, want two or more, the last of driver %s", len(g), tc.version)
+			}
+		})
+	}
+}
+
+// TestDriverReplacedUnderNVML: the driver's kernel module is replaced
+// under the NVML the plugin has loaded, which then fails with
+// NVML_ERROR_LIB_RM_VERSION_MISMATCH. Once it has answered before, Serve
+// ends with ErrDriverChanged (nri-gpu then starts again with the new
+// NVML); an NVML that never answered (a library newer than the loaded
+// module) is an error logged, and the plugin serves on.
+func TestDriverReplacedUnderNVML(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		answered bool // NVML answered before the mismatch
+	}{
+		{name: "replaced after it answered", answered: true},
+		{name: "mismatched from the start", answered: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			if err := os.CopyFS(root, os.DirFS("../specs/nvidia/testdata/minimal-root")); err != nil {
+				t.Fatal(err)
+			}
+			var replaced atomic.Bool
+			replaced.Store(!tc.answered)
+			lib := testutil.NVML(1)
+			lib.InitFunc = func() nvml.Return {
+				if replaced.Load() {
+					return nvml.ERROR_LIB_RM_VERSION_MISMATCH
+				}
+				return nvml.SUCCESS
+			}
+			specDir := filepath.Join(t.TempDir(), "cdi")
+			p, hook := logged(t, "generateSpecs: true\ngenerateInterval: 20ms\ndriverRoot: "+root+"\n",
+				plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(lib))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			served := make(chan error, 1)
+			go func() {
+				served <- p.Serve(ctx, stub.WithSocketPath(filepath.Join(testutil.ShortDir(t), "none.sock")), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
+			}()
+			if tc.answered {
+				testutil.Within(t, 5*time.Second, "the spec written", func() bool {
+					return len(entries(hook, logrus.InfoLevel, "generated the CDI spec")) == 1
+				})
+				replaced.Store(true)
+			}
+			select {
+			case err := <-served:
+				if !tc.answered {
+					t.Fatalf("Serve ended (%v), though this NVML never answered", err)
+				}
+				if !errors.Is(err, plugin.ErrDriverChanged) || !errors.Is(err, nvml.ERROR_LIB_RM_VERSION_MISMATCH) {
+					t.Errorf("Serve ended with %v, want ErrDriverChanged and NVML's mismatch", err)
+				}
+			case <-time.After(2 * time.Second):
+				if tc.answered {
+					t.Fatal("Serve goes on with an NVML the driver no longer runs")
+				}
+				if len(entries(hook, logrus.ErrorLevel, "generating the CDI spec of the GPUs")) != 1 {
+					t.Error("the mismatch of an NVML that never answered is not logged, once")
+				}
 			}
 		})
 	}

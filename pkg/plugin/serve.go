@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -24,13 +25,14 @@ const (
 // passed it) cannot reconnect: it returns, and containerd starts it anew.
 //
 // Serve returns nil when ctx is done or a pre-registered connection
-// closed, and an error only for bad stub options or a configuration the
-// runtime handed over that was rejected (wrapping ErrConfig).
+// closed, and an error only for bad stub options, a configuration the
+// runtime handed over that was rejected (wrapping ErrConfig), or the
+// NVIDIA driver replaced under this process's NVML (ErrDriverChanged).
 func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 	preRegistered := os.Getenv(api.PluginSocketEnvVar) != ""
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // stops the generator whenever Serve returns
-	go p.keepGenerating(ctx)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil) // stops the generator whenever Serve returns
+	go p.keepGenerating(ctx, cancel)
 	go p.hw.watchHealth(ctx, p.start.Health, func(unhealthy int) {
 		p.metrics.UnhealthyGPUs(unhealthy)
 		p.notifyDoors()
@@ -46,7 +48,7 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 		err = s.Run(ctx)
 		wasConfigured, cfgErr := p.conn.closed()
 		if ctx.Err() != nil {
-			return nil
+			return driverChanged(ctx)
 		}
 		if cfgErr != nil {
 			return fmt.Errorf("%w: %w", ErrConfig, cfgErr)
@@ -61,9 +63,18 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 		p.log.Warnf("NRI connection failed or lost (%v); reconnecting in %s (attempt %d)", err, delay, attempt)
 		select {
 		case <-ctx.Done():
-			return nil
+			return driverChanged(ctx)
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, MaxBackoff)
 	}
+}
+
+// driverChanged returns why Serve's ctx ended when it is ErrDriverChanged,
+// else nil (ctx was done).
+func driverChanged(ctx context.Context) error {
+	if err := context.Cause(ctx); errors.Is(err, ErrDriverChanged) {
+		return err
+	}
+	return nil
 }

@@ -1,0 +1,234 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// FakeDriver describes a fake NVIDIA driver whose NVML is a real shared
+// object (libnvidia-ml.so.<Version>, soname libnvidia-ml.so.1) that
+// go-nvml dlopens and nvcdi generates a spec from, as it would from
+// NVIDIA's: its GPUs, its version, and the version of the kernel module
+// it finds loaded, read at every nvmlInit from KernelVersionFile, as the
+// real one asks the kernel. When the two differ (the module was replaced
+// under a process that still has the old library loaded), nvmlInit
+// fails with NVML_ERROR_LIB_RM_VERSION_MISMATCH, as NVIDIA's does
+// ("Driver/library version mismatch").
+type FakeDriver struct {
+	// Version is the driver version the library is of ("560.35.03").
+	Version string
+	// KernelVersionFile holds the loaded kernel module's version (a
+	// line); a missing file is NVML_ERROR_DRIVER_NOT_LOADED.
+	KernelVersionFile string
+	// GPUs is how many GPUs it reports: index i has minor i, UUID
+	// UUIDPrefix followed by i in 12 hex digits, and PCI bus 0000:0i:00.0.
+	GPUs int
+	// UUIDPrefix begins each GPU's UUID: "GPU-" and 24 characters
+	// ("GPU-7f3e9c2a-1b4d-4e8f-a6c5-").
+	UUIDPrefix string
+}
+
+// fakeNVMLImpl is the part of the fake NVML that answers; every other
+// function of nvml.h returns NVML_ERROR_NOT_SUPPORTED (fakeNVMLStubs).
+const fakeNVMLImpl = `#include <stdio.h>
+#include <string.h>
+#include "nvml.h"
+
+#define N_GPUS %d
+static const char *version = %q;
+static const char *kernel_file = %q;
+static const char *uuid_prefix = %q;
+
+static int kernel_matches(void) {
+	FILE *f = fopen(kernel_file, "r");
+	if (!f) return -1;
+	char line[64] = {0};
+	if (!fgets(line, sizeof line, f)) line[0] = 0;
+	fclose(f);
+	line[strcspn(line, "\r\n")] = 0;
+	return strcmp(line, version) == 0;
+}
+
+static int inits;
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+	(void)flags;
+	switch (kernel_matches()) {
+	case -1: return NVML_ERROR_DRIVER_NOT_LOADED;
+	case 0: return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
+	}
+	inits++;
+	return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlShutdown(void) {
+	if (inits == 0) return NVML_ERROR_UNINITIALIZED;
+	inits--;
+	return NVML_SUCCESS;
+}
+
+const char *nvmlErrorString(nvmlReturn_t r) {
+	switch (r) {
+	case NVML_SUCCESS: return "Success";
+	case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+	case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+	case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+	case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+	case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "Driver/library version mismatch";
+	default: return "Unknown Error";
+	}
+}
+
+static nvmlReturn_t copy(char *dst, unsigned int n, const char *src) {
+	if (!dst || strlen(src) + 1 > n) return NVML_ERROR_INSUFFICIENT_SIZE;
+	strcpy(dst, src);
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *v, unsigned int n) { return copy(v, n, version); }
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *v, unsigned int n) { return copy(v, n, "12.560.35.03"); }
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) { *v = 12060; return NVML_SUCCESS; }
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { *v = 12060; return NVML_SUCCESS; }
+
+/* A device handle is its index plus one (go-nvml's nvml.h wraps the
+   handle's pointer in a struct, of the same ABI). */
+static nvmlDevice_t handle(int i) { nvmlDevice_t d = {(struct nvmlDevice_st *)(long)(i + 1)}; return d; }
+static int index_of(nvmlDevice_t d) {
+	long i = (long)d.handle - 1;
+	return (i >= 0 && i < N_GPUS) ? (int)i : -1;
+}
+#define DEVICE(d) int i = index_of(d); if (i < 0) return NVML_ERROR_INVALID_ARGUMENT
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) { *n = N_GPUS; return NVML_SUCCESS; }
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
+	if (i >= N_GPUS) return NVML_ERROR_INVALID_ARGUMENT;
+	*d = handle(i);
+	return NVML_SUCCESS;
+}
+static void uuid_of(int i, char *out) { sprintf(out, "%%s%%012x", uuid_prefix, i); }
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *u, unsigned int n) {
+	DEVICE(d);
+	char b[96];
+	uuid_of(i, b);
+	return copy(u, n, b);
+}
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *u, nvmlDevice_t *d) {
+	char b[96];
+	for (int i = 0; i < N_GPUS; i++) {
+		uuid_of(i, b);
+		if (strcmp(b, u) == 0) { *d = handle(i); return NVML_SUCCESS; }
+	}
+	return NVML_ERROR_NOT_FOUND;
+}
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *n) { DEVICE(d); *n = i; return NVML_SUCCESS; }
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *n) { DEVICE(d); *n = i; return NVML_SUCCESS; }
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *s, unsigned int n) { DEVICE(d); return copy(s, n, "NVIDIA A100-SXM4-40GB"); }
+nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, nvmlBrandType_t *b) { DEVICE(d); *b = NVML_BRAND_NVIDIA; return NVML_SUCCESS; }
+nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t d, nvmlDeviceArchitecture_t *a) { DEVICE(d); *a = NVML_DEVICE_ARCH_AMPERE; return NVML_SUCCESS; }
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *ma, int *mi) { DEVICE(d); *ma = 8; *mi = 0; return NVML_SUCCESS; }
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p) {
+	DEVICE(d);
+	memset(p, 0, sizeof *p);
+	p->bus = i;
+	snprintf(p->busId, sizeof p->busId, "00000000:%%02x:00.0", i);
+	snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "0000:%%02x:00.0", i);
+	p->pciDeviceId = 0x20b010de;
+	return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+	DEVICE(d);
+	m->total = 40ULL << 30; m->free = m->total; m->used = 0;
+	return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
+	DEVICE(d);
+	m->total = 40ULL << 30; m->reserved = 0; m->free = m->total; m->used = 0;
+	return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned int *pend) {
+	DEVICE(d);
+	*cur = *pend = NVML_DEVICE_MIG_DISABLE;
+	return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is) { DEVICE(d); *is = 0; return NVML_SUCCESS; }
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *n) { DEVICE(d); *n = 0; return NVML_SUCCESS; }
+`
+
+// declared matches a function declaration of nvml.h.
+var declared = regexp.MustCompile(`(?m)^(?:DEPRECATED\([^)]*\) )?nvmlReturn_t DECLDIR (nvml\w+)\s*\(`)
+
+// implemented matches a function fakeNVMLImpl defines.
+var implemented = regexp.MustCompile(`(?m)^nvmlReturn_t (nvml\w+)\(`)
+
+// fakeNVMLStubs returns C that defines, as returning
+// NVML_ERROR_NOT_SUPPORTED (3), every function nvml.h declares that the
+// answering part does not: go-nvml calls the driver's functions through
+// lazily bound symbols, and a missing one would end the process.
+func fakeNVMLStubs(header string) string {
+	var done []string
+	for _, m := range implemented.FindAllStringSubmatch(fakeNVMLImpl, -1) {
+		done = append(done, m[1])
+	}
+	var b strings.Builder
+	b.WriteString("/* Every other NVML function: not supported. */\n")
+	seen := map[string]bool{}
+	for _, m := range declared.FindAllStringSubmatch(header, -1) {
+		name := m[1]
+		if seen[name] || slices.Contains(done, name) {
+			continue
+		}
+		seen[name] = true
+		fmt.Fprintf(&b, "int %s(void) { return 3; }\n", name)
+	}
+	return b.String()
+}
+
+// nvmlHeader returns the path of go-nvml's nvml.h (NVIDIA's header, as
+// go-nvml binds it), from the module the project builds with.
+func nvmlHeader() (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/NVIDIA/go-nvml").Output()
+	if err != nil {
+		return "", fmt.Errorf("finding go-nvml's module: %w", err)
+	}
+	h := filepath.Join(strings.TrimSpace(string(out)), "pkg", "nvml", "nvml.h")
+	if _, err := os.Stat(h); err != nil {
+		return "", err
+	}
+	return h, nil
+}
+
+// BuildNVML compiles the fake driver's NVML into dir as
+// libnvidia-ml.so.<Version> and returns its path.
+func (d FakeDriver) BuildNVML(dir string) (string, error) {
+	if d.Version == "" || d.KernelVersionFile == "" || d.GPUs < 1 || len(d.UUIDPrefix) != 28 {
+		return "", errors.New("fake driver: a version, a kernel version file, GPUs and a 28-character UUID prefix are needed")
+	}
+	header, err := nvmlHeader()
+	if err != nil {
+		return "", err
+	}
+	h, err := os.ReadFile(header)
+	if err != nil {
+		return "", err
+	}
+	src := filepath.Join(dir, "fake-nvml-"+d.Version)
+	impl, stubs := src+".c", src+"-stubs.c"
+	if err := os.WriteFile(impl, fmt.Appendf(nil, fakeNVMLImpl, d.GPUs, d.Version, d.KernelVersionFile, d.UUIDPrefix), 0o644); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(stubs, []byte(fakeNVMLStubs(string(h))), 0o644); err != nil {
+		return "", err
+	}
+	lib := filepath.Join(dir, "libnvidia-ml.so."+d.Version)
+	cmd := exec.Command("cc", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-I", filepath.Dir(header), "-o", lib, impl, stubs)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the fake NVML: %w\n%s", err, out)
+	}
+	return lib, nil
+}
