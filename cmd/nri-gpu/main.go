@@ -15,6 +15,7 @@
 //	nri-gpu check      check a node: NRI, containerd config, specs, hooks, DRA driver
 //	nri-gpu validate   check configuration files
 //	nri-gpu hook       the CDI hooks of the specs nri-gpu generates (nvidia-cdi-hook's)
+//	nri-gpu install    copy nri-gpu into a host directory, for those hooks
 //	nri-gpu version    nri-gpu's version, commit, Go, NRI and CDI library versions
 //
 // Every flag can also be set from the environment: --state-file from
@@ -82,6 +83,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runCheck(args[1:], stdout, stderr)
 		case "hook":
 			return runHook(args[1:], stdout, stderr)
+		case "install":
+			return runInstall(args[1:], stdout, stderr)
 		case plugin.MPSShmCommand:
 			return runMPSShm(args[1:], stderr)
 		case "version", "--version", "-version":

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -38,6 +39,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 		logLevel   = fs.String("log-level", "info", "log level: debug, info, warn or error")
 		logFormat  = fs.String("log-format", "text", "log format: text or json")
 		generate   = fs.Bool("generate-specs", false, "generate the CDI spec of the node's NVIDIA GPUs with NVML (config generate.enabled)")
+		hookPath   = fs.String("hook-path", "", "the CDI hook the specs nri-gpu generates name, as the host has it (default: this executable; nri-gpu install puts one there)")
 		metricsAt  = fs.String("metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, and the probes /healthz and /readyz (off when empty)")
 		stateFile  = fs.String("state-file", record.DefaultPath, "file in which the plugin keeps which pod holds which devices, for a restart (none when empty)")
 		accessDir  = fs.String("access-dir", access.DefaultDir, "directory in which the plugin keeps, for each container it gives devices, the record of what it was given, mounted read-only at "+access.Path+" (none when empty)")
@@ -81,6 +83,13 @@ func runPlugin(args []string, stderr io.Writer) int {
 	}
 	if *takeOver {
 		popts = append(popts, plugin.WithTakeOver(ctx))
+	}
+	if *hookPath != "" {
+		if !filepath.IsAbs(*hookPath) {
+			fmt.Fprintf(stderr, "nri-gpu: --hook-path %q is not absolute\n", *hookPath)
+			return exitUsage
+		}
+		popts = append(popts, plugin.WithHookPath(*hookPath))
 	}
 	var m *metrics.Metrics
 	if *metricsAt != "" {

@@ -548,3 +548,65 @@ func TestEventsValues(t *testing.T) {
 		t.Errorf("binding %+v: want role %s to the pod's account %s", b, r.eventsRole.Name, spec.ServiceAccountName)
 	}
 }
+
+// TestGenerateValues: with generation on, an init container installs
+// nri-gpu into hostPaths.hookDir on the host, and the generated specs'
+// hooks name it there (--hook-path); a containerized driver's root is
+// mounted read-only at its own path. Without generation and with driver
+// root "/" there is none of it.
+func TestGenerateValues(t *testing.T) {
+	for _, tc := range []struct {
+		name, values string
+		generate     bool
+		driverRoot   string
+	}{
+		{name: "default", values: ""},
+		{name: "generating from a containerized driver", values: "ci/generate-values.yaml", generate: true, driverRoot: "/run/nvidia/driver"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := render(t, tc.values).daemonSet.Spec.Template.Spec
+			hostPath := map[string]string{}
+			for _, v := range spec.Volumes {
+				if v.HostPath != nil {
+					hostPath[v.Name] = v.HostPath.Path
+				}
+			}
+			args := spec.Containers[0].Args
+			hook := slices.Index(args, "--hook-path")
+			if !tc.generate {
+				if len(spec.InitContainers) != 0 || hook >= 0 || hostPath["hook-dir"] != "" || hostPath["driver-root"] != "" {
+					t.Errorf("init containers %v, args %v, host paths %v: want none of the generator's", spec.InitContainers, args, hostPath)
+				}
+				return
+			}
+			if hook < 0 || hook+1 >= len(args) || args[hook+1] != "/opt/nri-gpu/bin/nri-gpu" {
+				t.Errorf("args %v, want --hook-path /opt/nri-gpu/bin/nri-gpu", args)
+			}
+			if len(spec.InitContainers) != 1 {
+				t.Fatalf("%d init containers, want the hook's installer", len(spec.InitContainers))
+			}
+			ic := spec.InitContainers[0]
+			if !slices.Equal(ic.Args, []string{"install", "/opt/nri-gpu/bin"}) || ic.Image != spec.Containers[0].Image {
+				t.Errorf("init container %s runs %s %v, want nri-gpu's image with install /opt/nri-gpu/bin", ic.Name, ic.Image, ic.Args)
+			}
+			if len(ic.VolumeMounts) != 1 || ic.VolumeMounts[0].MountPath != "/opt/nri-gpu/bin" || hostPath[ic.VolumeMounts[0].Name] != "/opt/nri-gpu/bin" {
+				t.Errorf("init container mounts %v, want only the host's /opt/nri-gpu/bin at its path", ic.VolumeMounts)
+			}
+			if sc := ic.SecurityContext; sc == nil || sc.Privileged == nil || *sc.Privileged || sc.Capabilities == nil || len(sc.Capabilities.Add) != 0 {
+				t.Errorf("init container security context %+v, want unprivileged, no capability added", sc)
+			}
+			found := false
+			for _, m := range spec.Containers[0].VolumeMounts {
+				if m.MountPath == tc.driverRoot {
+					found = true
+					if !m.ReadOnly || hostPath[m.Name] != tc.driverRoot {
+						t.Errorf("driver root mounted from %q, read-only %v; want the host's, read-only", hostPath[m.Name], m.ReadOnly)
+					}
+				}
+			}
+			if !found {
+				t.Errorf("the driver root %s is not mounted", tc.driverRoot)
+			}
+		})
+	}
+}

@@ -20,6 +20,21 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if $dp.resources }}true{{ end }}
 {{- end }}
 
+{{- /* Whether nri-gpu generates the NVIDIA spec: config.generate.enabled
+       (config.generateSpecs without version). */ -}}
+{{- define "nri-gpu.generate" -}}
+{{- if or .Values.config.generateSpecs (.Values.config.generate | default dict).enabled }}true{{ end }}
+{{- end }}
+
+{{- /* The NVIDIA driver's root when it is not "/" (a containerized
+       driver's, /run/nvidia/driver): mounted at its own path, so that the
+       NVML nri-gpu loads and the files the specs it generates name are
+       the host's. */ -}}
+{{- define "nri-gpu.driverRoot" -}}
+{{- $root := clean ((include "nri-gpu.start" . | fromYaml).driverRoot | default "/") }}
+{{- if ne $root "/" }}{{ $root }}{{ end }}
+{{- end }}
+
 {{- /* The pod's ServiceAccount: the chart's own, or serviceAccount.name. */ -}}
 {{- define "nri-gpu.serviceAccount" -}}
 {{- if .Values.serviceAccount.create }}{{ .Release.Name }}{{ else }}{{ .Values.serviceAccount.name | default "default" }}{{ end }}
