@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -106,6 +107,7 @@ func run(args []string, stderr io.Writer) int {
 	pool := link.NewPoolClient(poolConn)
 	defer pool.Close()
 	d := dra.New(opts.DRA, opts.Node, pool, log)
+	d.RollingUpdate = types.UID(opts.RollingUpdate)
 	finder := dra.NewFinder(ctx, client, opts.DRA.DriverName, opts.Node)
 	go func() {
 		link.ServeDriver(driverConn, finder, d.Notify)

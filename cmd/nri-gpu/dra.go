@@ -20,6 +20,12 @@ import (
 // it from the pod's spec.nodeName).
 const nodeNameEnv = "NODE_NAME"
 
+// podUIDEnv is the pod's UID, which the chart sets (the downward API's
+// metadata.uid): the DRA driver then registers for kubelet's rolling
+// update, under a socket of its pod's own, and is started before nri-gpu
+// takes over from the one it replaces.
+const podUIDEnv = "POD_UID"
+
 // driverProgram is the DRA driver's program: beside nri-gpu's own, or
 // else on the PATH.
 const driverProgram = "nri-gpu-dra"
@@ -38,6 +44,7 @@ const driverRestart = 5 * time.Second
 // nri-gpu, through fail.
 func draDriver(opts link.Options, stderr io.Writer, log logrus.FieldLogger, fail context.CancelCauseFunc) (plugin.Option, func(context.Context), error) {
 	opts.Node = nodeName(opts.DRA.NodeName)
+	opts.RollingUpdate = os.Getenv(podUIDEnv)
 	if opts.Node == "" {
 		return nil, nil, fmt.Errorf("dra: no node name: set dra.nodeName or the %s environment variable", nodeNameEnv)
 	}
@@ -45,9 +52,12 @@ func draDriver(opts link.Options, stderr io.Writer, log logrus.FieldLogger, fail
 	if err != nil {
 		return nil, nil, fmt.Errorf("dra: %w", err)
 	}
-	var proc *link.Process
+	// The pool the driver is served is the plugin's, once it is built:
+	// a driver started before (a rolling update) waits for it.
+	pool := link.NewLater()
+	proc := link.NewProcess(path, opts.Args(), stderr, pool)
 	open := func(view *plugin.DRAView) plugin.DRADriver {
-		proc = link.NewProcess(path, opts.Args(), stderr, view)
+		pool.Set(view)
 		return proc
 	}
 	run := func(ctx context.Context) {

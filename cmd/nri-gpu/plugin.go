@@ -98,7 +98,10 @@ func runPlugin(args []string, stderr io.Writer) int {
 	}
 	// Device-plugin mode: each resource served to kubelet beside the NRI
 	// side, over the same specs and pool.
-	var doors []func(context.Context)
+	// early are the doors run before the plugin is built: the DRA driver
+	// of a rolling update, registered with kubelet while the nri-gpu this
+	// one takes over from still serves.
+	var doors, early []func(context.Context)
 	dp := cfg.Start.DevicePlugin
 	for _, r := range dp.Resources {
 		popts = append(popts, plugin.WithDevicePlugin(r, func(res *plugin.Resource) plugin.Door {
@@ -114,7 +117,12 @@ func runPlugin(args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
 			return exitUsage
 		}
-		popts, doors = append(popts, opt), append(doors, run)
+		popts = append(popts, opt)
+		if os.Getenv(podUIDEnv) != "" {
+			early = append(early, run)
+		} else {
+			doors = append(doors, run)
+		}
 	}
 	if cfg.Start.Events.Enabled {
 		tell, run, err := podEvents(cfg.Start.Events, cfg.Start.DRA.NodeName, stderr, log)
@@ -146,9 +154,19 @@ func runPlugin(args []string, stderr io.Writer) int {
 		log.Infof("serving metrics at http://%s/metrics, probes at /healthz and /readyz", addr)
 		go func() { fail(fmt.Errorf("metrics server at %s: %w", addr, <-serveErr)) }()
 	}
+	// The doors are waited for before the plugin lets its record go
+	// (Close, deferred first): an nri-gpu taking over starts its own
+	// plugin only then.
+	var running sync.WaitGroup
+	for _, run := range early {
+		running.Go(func() { run(ctx) })
+	}
 	p, err := plugin.New(cfg, log, popts...)
 	if err != nil {
-		if *takeOver && ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled) {
+		stopped := *takeOver && ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled)
+		fail(nil)
+		running.Wait()
+		if stopped {
 			log.Info("plugin stopped before taking over")
 			return exitOK
 		}
@@ -176,9 +194,6 @@ func runPlugin(args []string, stderr io.Writer) int {
 	}
 	// The doors beside the runtime's requests, run once the plugin is
 	// built and until ctx is done.
-	// They are waited for before the plugin lets its record go (Close):
-	// an nri-gpu taking over starts its own only then.
-	var running sync.WaitGroup
 	defer running.Wait()
 	for _, run := range doors {
 		running.Go(func() { run(ctx) })

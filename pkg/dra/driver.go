@@ -52,6 +52,10 @@ type Driver struct {
 	log  logrus.FieldLogger
 	// Sysfs, when set, replaces the host's /sys for PCIe roots.
 	Sysfs fs.ReadLinkFS
+	// RollingUpdate, when set, is the UID of the pod the driver runs in:
+	// it registers for kubelet's rolling update (two instances on the
+	// node while one replaces the other, kubelet asking the newer).
+	RollingUpdate types.UID
 	// poll is how often the devices are looked at without Notify.
 	poll time.Duration
 
@@ -113,14 +117,24 @@ const sweepJitter = 0.1
 // sweepInterval after, it releases the prepared claims the API server no
 // longer has here (ReleaseGone).
 func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
-	helper, err := kubeletplugin.Start(ctx, d,
+	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(d.cfg.DriverName),
 		kubeletplugin.NodeName(d.node),
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.PluginDataDirectoryPath(filepath.Join(d.cfg.PluginDir, d.cfg.DriverName)),
 		kubeletplugin.RegistrarDirectoryPath(d.cfg.RegistryDir),
 		kubeletplugin.HealthService(true),
-	)
+	}
+	if d.RollingUpdate != "" {
+		// Both instances keep no state between calls: what is held is
+		// the pool's, in the one nri-gpu that holds the record (the new
+		// instance's calls wait until its nri-gpu has taken over). The
+		// pool serializes its changes, so the helper's file lock across
+		// instances is not taken: a call of the new instance waiting for
+		// the take-over does not hold up the old one's.
+		opts = append(opts, kubeletplugin.RollingUpdate(d.RollingUpdate), kubeletplugin.Serialize(false))
+	}
+	helper, err := kubeletplugin.Start(ctx, d, opts...)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -128,7 +142,11 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 		return fmt.Errorf("DRA driver %s: %w", d.cfg.DriverName, err)
 	}
 	defer helper.Stop()
-	d.log.Infof("DRA driver registering with kubelet at %s for node %s", d.cfg.RegistryDir, d.node)
+	if d.RollingUpdate != "" {
+		d.log.Infof("DRA driver registering with kubelet at %s for node %s, for a rolling update (pod %s)", d.cfg.RegistryDir, d.node, d.RollingUpdate)
+	} else {
+		d.log.Infof("DRA driver registering with kubelet at %s for node %s", d.cfg.RegistryDir, d.node)
+	}
 	if err := d.ReleaseGone(ctx, client); err != nil {
 		d.log.Warnf("prepared claims not checked against the API server (they stay held until kubelet unprepares them or nri-gpu starts again): %v", err)
 	}

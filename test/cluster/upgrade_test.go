@@ -50,6 +50,7 @@ func TestUpgradeStream(t *testing.T) {
 	next := valuesFile(t, "next-image.yaml", "image:\n  tag: next\n")
 	t.Cleanup(func() { helmUpgrade(t, env.values) })
 	before := nriPods(t)
+	started := time.Now().Add(-time.Second) // events' times are in seconds
 	streamThrough(t, "helm upgrade", func() error {
 		_, err := env.cluster.Helm(env.helm, "upgrade", releaseName, chartDir, "--namespace", nriNamespace, "--wait", "--timeout", "3m", "--values", env.values, "--values", next)
 		return err
@@ -60,8 +61,24 @@ func TestUpgradeStream(t *testing.T) {
 		}
 	}
 	for _, n := range nodes {
-		if log := nriLog(t, n); !strings.Contains(log, "took over the state file") {
+		log := nriLog(t, n)
+		if !strings.Contains(log, "took over the state file") {
 			t.Errorf("%s: the new nri-gpu does not say it took over:\n%s", n.Name, log)
+		}
+		// The new DRA driver registered beside the old one, before the
+		// take-over: kubelet's rolling update of a DRA driver.
+		if !strings.Contains(log, "for a rolling update (pod "+string(nriPods(t)[n.Name].UID)+")") {
+			t.Errorf("%s: the new DRA driver does not say it registered for a rolling update", n.Name)
+		}
+	}
+	// Claims were prepared throughout: kubelet never failed to prepare one.
+	events, err := env.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "reason=FailedPrepareDynamicResources"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events.Items {
+		if !e.LastTimestamp.Time.Before(started) {
+			t.Errorf("kubelet failed to prepare a claim of %s during the upgrade: %s", e.InvolvedObject.Name, e.Message)
 		}
 	}
 }

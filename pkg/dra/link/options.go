@@ -22,6 +22,10 @@ type Options struct {
 	Node string
 	// LogLevel and LogFormat are nri-gpu's --log-level and --log-format.
 	LogLevel, LogFormat string
+	// RollingUpdate, when set, is the UID of nri-gpu's pod: the driver
+	// registers with kubelet for a rolling update (kubeletplugin's
+	// RollingUpdate), beside the driver of the pod it replaces.
+	RollingUpdate string `json:",omitempty"`
 }
 
 // Args returns the options as the driver's command-line arguments: one,

@@ -58,6 +58,14 @@ func render(t *testing.T, valuesFile string) rendered {
 // versions given too (helm template's --api-versions).
 func renderWith(t *testing.T, valuesFile string, apiVersions ...string) rendered {
 	t.Helper()
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.APIVersions = append(caps.APIVersions, apiVersions...)
+	return renderFor(t, valuesFile, caps)
+}
+
+// renderFor renders as render does, for a cluster of those capabilities.
+func renderFor(t *testing.T, valuesFile string, caps *chartutil.Capabilities) rendered {
+	t.Helper()
 	chart, err := loader.Load(chartDir)
 	if err != nil {
 		t.Fatal(err)
@@ -68,8 +76,6 @@ func renderWith(t *testing.T, valuesFile string, apiVersions ...string) rendered
 			t.Fatal(err)
 		}
 	}
-	caps := chartutil.DefaultCapabilities.Copy()
-	caps.APIVersions = append(caps.APIVersions, apiVersions...)
 	rv, err := chartutil.ToRenderValues(chart, vals, chartutil.ReleaseOptions{Name: "nri-gpu", Namespace: "nri-gpu", IsInstall: true}, caps)
 	if err != nil {
 		t.Fatal(err)
@@ -606,6 +612,38 @@ func TestGenerateValues(t *testing.T) {
 			}
 			if !found {
 				t.Errorf("the driver root %s is not mounted", tc.driverRoot)
+			}
+		})
+	}
+}
+
+// TestDRARollingUpdate: the DRA driver registers for kubelet's rolling
+// update (the pod's UID, from the downward API, as POD_UID) where the API
+// server is 1.36 or later, whose kubelets are 1.33 or later (the version
+// skew policy), which have it; not on an older cluster, nor without DRA.
+func TestDRARollingUpdate(t *testing.T) {
+	for _, tc := range []struct {
+		name, values, version string
+		want                  bool
+	}{
+		{"DRA on 1.37", "ci/dra-values.yaml", "v1.37.2", true},
+		{"DRA on 1.36", "ci/dra-values.yaml", "v1.36.0", true},
+		{"DRA on 1.35", "ci/dra-values.yaml", "v1.35.4", false},
+		{"no DRA on 1.37", "", "v1.37.2", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			caps := chartutil.DefaultCapabilities.Copy()
+			v, err := chartutil.ParseKubeVersion(tc.version)
+			if err != nil {
+				t.Fatal(err)
+			}
+			caps.KubeVersion = *v
+			env := renderFor(t, tc.values, caps).daemonSet.Spec.Template.Spec.Containers[0].Env
+			got := slices.ContainsFunc(env, func(e corev1.EnvVar) bool {
+				return e.Name == "POD_UID" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.uid"
+			})
+			if got != tc.want || slices.ContainsFunc(env, func(e corev1.EnvVar) bool { return e.Name == "POD_UID" }) != tc.want {
+				t.Errorf("POD_UID from metadata.uid: %v, want %v (env %v)", got, tc.want, env)
 			}
 		})
 	}
