@@ -84,7 +84,9 @@ func TestDriverUpgradeOnNodes(t *testing.T) {
 		if err := unix.Mknod(filepath.Join(root, "dev", "nvidiactl"), unix.S_IFCHR|0o666, int(unix.Mkdev(harness.NvidiaMajor, 255))); err != nil {
 			t.Fatal(err)
 		}
-		installDriver(t, dir, root, old, "")
+		if err := harness.InstallFakeDriver(dir, filepath.Join(root, "usr", "lib64"), filepath.Join(root, "nvidia-module-version"), old, ""); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() {
 		for _, n := range both {
@@ -133,7 +135,10 @@ func TestDriverUpgradeOnNodes(t *testing.T) {
 
 	upgradedAt := time.Now()
 	for _, n := range both {
-		installDriver(t, filepath.Join(build, n.Name), onNode(n, nodeDriverRoot), upgraded, old)
+		root := onNode(n, nodeDriverRoot)
+		if err := harness.InstallFakeDriver(filepath.Join(build, n.Name), filepath.Join(root, "usr", "lib64"), filepath.Join(root, "nvidia-module-version"), upgraded, old); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, n := range both {
 		testutil.Within(t, 30*time.Second, n.Name+": the spec of driver "+upgraded, generated(n, upgraded))
@@ -161,42 +166,4 @@ func TestDriverUpgradeOnNodes(t *testing.T) {
 // has it: its own /run.
 func onNode(n *harness.Node, path string) string {
 	return filepath.Join(n.Dir, "run", strings.TrimPrefix(strings.TrimPrefix(path, "/var"), "/run/"))
-}
-
-// installDriver installs version v of the fake driver built in dir under
-// root as an installer does: its libraries, libnvidia-ml.so.1 pointed at
-// its NVML, the previous version's libraries removed, and the kernel
-// module's version written last (the module reloaded).
-func installDriver(t *testing.T, dir, root, v, previous string) {
-	t.Helper()
-	lib := filepath.Join(root, "usr", "lib64")
-	if err := os.MkdirAll(lib, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"libcuda.so.", "libnvidia-ml.so."} {
-		data, err := os.ReadFile(filepath.Join(dir, name+v))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(lib, name+v), data, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	link := filepath.Join(lib, "libnvidia-ml.so.1")
-	if err := os.Symlink("libnvidia-ml.so."+v, link+".new"); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(link+".new", link); err != nil {
-		t.Fatal(err)
-	}
-	if previous != "" {
-		for _, name := range []string{"libcuda.so.", "libnvidia-ml.so."} {
-			if err := os.Remove(filepath.Join(lib, name+previous)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if err := os.WriteFile(filepath.Join(root, "nvidia-module-version"), []byte(v+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
 }

@@ -56,20 +56,10 @@ int main(void) {
 // makes the links; without the hooks the same program cannot load them.
 func TestCUDALoads(t *testing.T) {
 	needEnv(t)
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Fatalf("a C compiler is needed (make test needs one for cgo too): %v", err)
-	}
 	dir := filepath.Join(env.dir, "cuda")
 	build := filepath.Join(dir, "build")
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		t.Fatal(err)
-	}
-	compile := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
-			t.Fatalf("cc %v: %v\n%s", args, err, out)
-		}
 	}
 	var libsC []string
 	for _, l := range fakeLibs {
@@ -77,14 +67,14 @@ func TestCUDALoads(t *testing.T) {
 		if err := os.WriteFile(src, []byte(fmt.Sprintf("int %s(unsigned f) { (void)f; return %s; }\n", l.fn, l.ret)), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		compile("-shared", "-fPIC", "-Wl,-soname,"+l.soname, "-o", filepath.Join(build, l.stem+"."+driverVersion), src)
+		compileC(t, "-shared", "-fPIC", "-Wl,-soname,"+l.soname, "-o", filepath.Join(build, l.stem+"."+driverVersion), src)
 		libsC = append(libsC, fmt.Sprintf("{%q, %q}", l.soname, l.fn))
 	}
 	probeC := filepath.Join(build, "probe.c")
 	if err := os.WriteFile(probeC, []byte(fmt.Sprintf(probe, strings.Join(libsC, ", "), len(fakeLibs))), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	compile("-o", filepath.Join(build, "probe"), probeC, "-ldl")
+	compileC(t, "-o", filepath.Join(build, "probe"), probeC, "-ldl")
 
 	image := filepath.Join(dir, "image.tar")
 	files, err := harness.ProgramFiles(filepath.Join(build, "probe"), "probe")
@@ -262,5 +252,18 @@ func hostileUserNS(t *testing.T, name, libDir, config string) {
 		if entries, err := os.ReadDir(d); err != nil || len(entries) > 0 {
 			t.Errorf("the host directory %s holds %v (%v); want nothing", d, entries, err)
 		}
+	}
+}
+
+// compileC runs the C compiler with args (make test needs one for cgo
+// too).
+func compileC(t *testing.T, args ...string) {
+	t.Helper()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Fatalf("a C compiler is needed (make test needs one for cgo too): %v", err)
+	}
+	if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
+		t.Fatalf("cc %v: %v\n%s", args, err, out)
 	}
 }

@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -50,10 +49,6 @@ type fakeDriverVersion struct {
 // about a spec naming the removed files.
 func TestDriverUpgrade(t *testing.T) {
 	needEnv(t)
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Fatalf("a C compiler is needed: %v", err)
-	}
 	old, upgraded := fakeDriverVersion{"550.54.15", 550}, fakeDriverVersion{"560.35.03", 560}
 	dir := filepath.Join(env.dir, "driver-upgrade")
 	build, root := filepath.Join(dir, "build"), filepath.Join(dir, "root")
@@ -63,19 +58,13 @@ func TestDriverUpgrade(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	compile := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
-			t.Fatalf("cc %v: %v\n%s", args, err, out)
-		}
-	}
 	kernel := filepath.Join(root, "nvidia-module-version")
 	for _, v := range []fakeDriverVersion{old, upgraded} {
 		src := filepath.Join(build, "cuda-"+v.version+".c")
 		if err := os.WriteFile(src, fmt.Appendf(nil, "int cuInit(unsigned f) { (void)f; return %d; }\n", v.major), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		compile("-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", filepath.Join(build, "libcuda.so."+v.version), src)
+		compileC(t, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", filepath.Join(build, "libcuda.so."+v.version), src)
 		d := harness.FakeDriver{Version: v.version, KernelVersionFile: kernel, GPUs: 1, UUIDPrefix: "GPU-5d0c8a4e-93b1-4c7a-8e2f-"}
 		if _, err := d.BuildNVML(build); err != nil {
 			t.Fatal(err)
@@ -85,7 +74,7 @@ func TestDriverUpgrade(t *testing.T) {
 	if err := os.WriteFile(probe, []byte(cudaProbe), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	compile("-o", filepath.Join(build, "probe"), probe, "-ldl")
+	compileC(t, "-o", filepath.Join(build, "probe"), probe, "-ldl")
 	files, err := harness.ProgramFiles(filepath.Join(build, "probe"), "probe")
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +88,9 @@ func TestDriverUpgrade(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	install(t, build, libDir, kernel, old, nil)
+	if err := harness.InstallFakeDriver(build, libDir, kernel, old.version, ""); err != nil {
+		t.Fatal(err)
+	}
 
 	specDir := filepath.Join(dir, "cdi")
 	ctd := extraContainerd(t, "driver-upgrade", harness.Options{Image: image})
@@ -149,7 +140,9 @@ func TestDriverUpgrade(t *testing.T) {
 	probeSays(idBefore, old)
 
 	pid := nri.Pid()
-	install(t, build, libDir, kernel, upgraded, &old)
+	if err := harness.InstallFakeDriver(build, libDir, kernel, upgraded.version, old.version); err != nil {
+		t.Fatal(err)
+	}
 	upgradedAt := time.Now()
 	testutil.Within(t, 20*time.Second, "the spec of driver "+upgraded.version, generated(upgraded))
 	t.Logf("the spec of driver %s written %s after the upgrade", upgraded.version, time.Since(upgradedAt).Round(time.Millisecond))
@@ -190,39 +183,5 @@ func TestDriverUpgrade(t *testing.T) {
 	out, _ := nriGPU(t, "check", "--config", config, "--containerd-config", "", "--cdi-spec-dirs", staleDir, "--socket-path", ctd.NRISock, "--state-file", filepath.Join(dir, "none.json"))
 	if !strings.Contains(out, "libcuda.so."+old.version) {
 		t.Errorf("nri-gpu check on a spec of the removed driver does not name its missing libcuda:\n%s", out)
-	}
-}
-
-// install installs version v of the fake driver into libDir as a
-// driver installer does: the new libraries, libnvidia-ml.so.1 pointed at
-// the new NVML, the previous version's libraries removed, and the kernel
-// module's version written last (the module reloaded).
-func install(t *testing.T, build, libDir, kernel string, v fakeDriverVersion, previous *fakeDriverVersion) {
-	t.Helper()
-	for _, lib := range []string{"libcuda.so.", "libnvidia-ml.so."} {
-		data, err := os.ReadFile(filepath.Join(build, lib+v.version))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(libDir, lib+v.version), data, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	link := filepath.Join(libDir, "libnvidia-ml.so.1")
-	if err := os.Symlink("libnvidia-ml.so."+v.version, link+".new"); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(link+".new", link); err != nil {
-		t.Fatal(err)
-	}
-	if previous != nil {
-		for _, lib := range []string{"libcuda.so.", "libnvidia-ml.so."} {
-			if err := os.Remove(filepath.Join(libDir, lib+previous.version)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if err := os.WriteFile(kernel, []byte(v.version+"\n"), 0o644); err != nil {
-		t.Fatal(err)
 	}
 }

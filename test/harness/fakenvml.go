@@ -232,3 +232,40 @@ func (d FakeDriver) BuildNVML(dir string) (string, error) {
 	}
 	return lib, nil
 }
+
+// InstallFakeDriver installs version of a fake driver built in build
+// (its libcuda.so.<version> and libnvidia-ml.so.<version>) into libDir
+// as a driver installer does: the libraries, libnvidia-ml.so.1 pointed
+// at the new NVML, the previous version's libraries removed (none when
+// previous is empty), and the kernel module's version written last into
+// kernelFile (the module reloaded).
+func InstallFakeDriver(build, libDir, kernelFile, version, previous string) error {
+	if err := os.MkdirAll(libDir, 0o755); err != nil {
+		return err
+	}
+	libs := []string{"libcuda.so.", "libnvidia-ml.so."}
+	for _, lib := range libs {
+		data, err := os.ReadFile(filepath.Join(build, lib+version))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(libDir, lib+version), data, 0o755); err != nil {
+			return err
+		}
+	}
+	link := filepath.Join(libDir, "libnvidia-ml.so.1")
+	if err := os.Symlink("libnvidia-ml.so."+version, link+".new"); err != nil {
+		return err
+	}
+	if err := os.Rename(link+".new", link); err != nil {
+		return err
+	}
+	if previous != "" {
+		for _, lib := range libs {
+			if err := os.Remove(filepath.Join(libDir, lib+previous)); err != nil {
+				return err
+			}
+		}
+	}
+	return os.WriteFile(kernelFile, []byte(version+"\n"), 0o644)
+}
