@@ -56,9 +56,11 @@ func daemonSetPod(t *testing.T, host map[string]string, dir string) map[string]a
 	spec := pod["spec"].(map[string]any)
 	// The test's containerd has no CNI: the pod shares the node's network.
 	spec["hostNetwork"] = true
-	// A static pod may not name a service account; the pod mounts no
-	// token anyway (the cluster tests run it with its account).
+	// A static pod may not name a service account, nor mount its token
+	// (the API server mounts it, for the events); the test's pod has no
+	// API server to post to.
 	delete(spec, "serviceAccountName")
+	delete(spec, "automountServiceAccountToken")
 	for _, v := range spec["volumes"].([]any) {
 		vol := v.(map[string]any)
 		switch {

@@ -298,11 +298,15 @@ func TestSpecDirsMounted(t *testing.T) {
 	}
 }
 
-// TestNoToken: the chart's ServiceAccount, and its pod, mount no token,
-// and the chart grants it no access (it makes no Role, ClusterRole or
-// binding) unless the DRA driver or the events are on.
+// TestNoToken: with the events off (they are on by default) and no DRA
+// driver, the chart's ServiceAccount, and its pod, mount no token, and
+// the chart grants it no access (it makes no Role, ClusterRole or
+// binding).
 func TestNoToken(t *testing.T) {
-	r := render(t, "")
+	r := render(t, "ci/no-events-values.yaml")
+	if parseConfig(t, r.configMap).Start.Events.Enabled {
+		t.Error("events.enabled: false, and the configuration has them on")
+	}
 	if r.clusterRole != nil || r.clusterRoleBinding != nil || r.deviceClass != nil || r.eventsRole != nil || r.eventsRoleBinding != nil {
 		t.Errorf("without DRA and events the chart makes %v, %v, %v, %v, %v", r.clusterRole, r.clusterRoleBinding, r.deviceClass, r.eventsRole, r.eventsRoleBinding)
 	}
@@ -520,13 +524,22 @@ func TestRequiredPlugin(t *testing.T) {
 	}
 }
 
-// TestEventsValues: with config.events.enabled the chart gives nri-gpu
+// TestEventsValues: with events on (the default, or config.events.enabled)
+// the chart gives nri-gpu
 // what posting its pod events needs and no more: its token, NODE_NAME,
 // and a ClusterRole that creates events (nothing else) bound to the
 // chart's account; no DRA role; the configuration passes nri-gpu's
 // validation with the events on.
 func TestEventsValues(t *testing.T) {
-	r := render(t, "ci/events-values.yaml")
+	for _, values := range []string{"", "ci/events-values.yaml"} {
+		t.Run("values "+values, func(t *testing.T) { eventsValues(t, values) })
+	}
+}
+
+// eventsValues checks what the chart renders from values (events on).
+func eventsValues(t *testing.T, values string) {
+	t.Helper()
+	r := render(t, values)
 	if cfg := parseConfig(t, r.configMap); !cfg.Start.Events.Enabled || cfg.Start.DRA.Enabled {
 		t.Errorf("events %+v, DRA on %v", cfg.Start.Events, cfg.Start.DRA.Enabled)
 	}

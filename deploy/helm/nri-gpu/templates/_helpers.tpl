@@ -83,7 +83,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{- /* Whether nri-gpu posts pod events: config.events.enabled. */ -}}
 {{- define "nri-gpu.events" -}}
-{{- if ((include "nri-gpu.start" . | fromYaml).events | default dict).enabled }}true{{ end }}
+{{- $start := include "nri-gpu.start" . | fromYaml }}
+{{- if hasKey $start "events" }}{{ if ($start.events | default dict).enabled }}true{{ end }}
+{{- else if .Values.events.enabled }}true{{ end }}
 {{- end }}
 
 {{- /* Whether nri-gpu reaches the API server: DRA or events on. */ -}}
