@@ -104,6 +104,10 @@ type Plugin struct {
 	stop func(*api.Container) error
 	// events, when set, is told what the pods' users should learn of.
 	events func(link.Event)
+	// closed is done once Close let the record go: what the plugin still
+	// does in the background (the claim check after Synchronize) stops.
+	closed     context.Context
+	closeAfter context.CancelFunc
 
 	// problems are the spec problems logged, by spec file;
 	// sharingProblems the devices two policy.sharing entries match.
@@ -121,6 +125,8 @@ type state struct {
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
 	p := &Plugin{log: log, alloc: policy.NewAllocations(), stop: func(c *api.Container) error { return killContainer("/proc", c) }}
+	p.closed, p.closeAfter = context.WithCancel(context.Background())
+	p.recovered.done = p.closed.Done()
 	p.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.alloc, hw: &p.hw, log: log, state: p.state}
 	p.mps.mgr = mps.NewManager(nil, nvmlModes{p.hw.lib})
 	if self, err := os.Executable(); err == nil {
@@ -309,6 +315,7 @@ func (p *Plugin) state() *state {
 // Close stops watching the spec directories and lets the state file's
 // lock go.
 func (p *Plugin) Close() {
+	p.closeAfter()
 	p.state().specs.Close()
 	if p.rec.file != nil {
 		p.rec.file.Unlock()

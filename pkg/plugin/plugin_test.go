@@ -1095,6 +1095,7 @@ func TestRecoveredPodsWithNoContainer(t *testing.T) {
 		{"sandbox stopped, a container running", "stopped", true, true},
 		{"containers exited, then the sandbox ends", "ends", false, true},
 		{"containers exited, then a process not its sandbox ends", "another ends", false, true},
+		{"containers exited, nri-gpu stopped, then the sandbox ends", "ends once stopped", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var pid int
@@ -1107,6 +1108,33 @@ func TestRecoveredPodsWithNoContainer(t *testing.T) {
 				pid = proc.Process.Pid
 			}
 			isSandbox := func(p int, podID string) bool { return tc.sandbox != "another ends" && p == pid && podID == "id-one" }
+			if tc.sandbox == "ends once stopped" {
+				// Its record is another nri-gpu's once it stopped: the
+				// sandbox's end, watched by the stopped one, changes nothing.
+				r := runtimeSetUp(t, "v1.7.35", cfg, func() []plugin.Option { return []plugin.Option{plugin.WithSandboxCheck(isSandbox)} })
+				one := &api.PodSandbox{Id: "id-one", Name: "one", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+				if _, err := r.create(one, &api.Container{Id: "one-main", PodSandboxId: one.Id, Name: "main", Linux: &api.LinuxContainer{}}); err != nil {
+					t.Fatal(err)
+				}
+				r.mu.Lock()
+				r.pods[one.Id] = &api.PodSandbox{Id: one.Id, Name: one.Name, Namespace: one.Namespace, Annotations: one.Annotations, Pid: uint32(pid)}
+				r.containers = nil
+				r.mu.Unlock()
+				r.restart(t, cfg)
+				r.stopPlugin()
+				before, err := os.ReadFile(r.stateFile)
+				if err != nil || !strings.Contains(string(before), "id-one") {
+					t.Fatalf("the record %q (%v), want pod one in it", before, err)
+				}
+				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(2 * time.Second) // two looks of the watch
+				if after, err := os.ReadFile(r.stateFile); err != nil || string(after) != string(before) {
+					t.Errorf("the record changed after nri-gpu stopped (%v):\n%s\nwas\n%s", err, after, before)
+				}
+				return
+			}
 			r := runtimeSetUp(t, "v1.7.35", cfg, func() []plugin.Option { return []plugin.Option{plugin.WithSandboxCheck(isSandbox)} })
 			one := &api.PodSandbox{Id: "id-one", Name: "one", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
 			if _, err := r.create(one, &api.Container{Id: "one-main", PodSandboxId: one.Id, Name: "main", Linux: &api.LinuxContainer{}}); err != nil {

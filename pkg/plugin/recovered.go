@@ -32,6 +32,8 @@ type recovered struct {
 	pods map[string]map[string]bool
 	// resets counts reset: a watch begun before the last one ends.
 	resets int
+	// done, when closed, ends the watches: the plugin let its record go.
+	done <-chan struct{}
 	// isSandbox tells whether process pid is pod podID's sandbox
 	// (sandboxProcess; the package's tests replace it).
 	isSandbox func(pid int, podID string) bool
@@ -124,6 +126,11 @@ func (r *recovered) watch(podID string, pid int, release func()) error {
 			}
 			if err != nil { // the process cannot be watched: it keeps what it holds
 				return
+			}
+			select {
+			case <-r.done: // another nri-gpu holds the record now
+				return
+			default:
 			}
 			r.mu.Lock()
 			ctrs, tracked := r.pods[podID]

@@ -176,6 +176,8 @@ func (p *Plugin) stopClaimless(check []stopping) {
 	for _, s := range check {
 		why, err := p.claimUnserved(s, deadline)
 		switch {
+		case p.closed.Err() != nil:
+			return // the plugin let its record go: another nri-gpu serves
 		case err != nil:
 			s.logTo(p.log).Warnf("could not tell whether a container created while nri-gpu was away uses DRA claims; it runs on: %v", err)
 		case why != "":
@@ -191,7 +193,7 @@ func (p *Plugin) stopClaimless(check []stopping) {
 func (p *Plugin) claimUnserved(s stopping, deadline time.Time) (string, error) {
 	ref := link.PodRef{Namespace: s.pod.GetNamespace(), Name: s.pod.GetName(), UID: s.pod.GetUid()}
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), min(claimAskFor, time.Until(deadline)))
+		ctx, cancel := context.WithTimeout(p.closed, min(claimAskFor, time.Until(deadline)))
 		uses, err := p.claims.Uses(ctx, ref, s.ctr.GetName())
 		cancel()
 		if errors.Is(err, link.ErrNotReserved) {
@@ -203,7 +205,11 @@ func (p *Plugin) claimUnserved(s stopping, deadline time.Time) (string, error) {
 		if time.Until(deadline) < claimRetry {
 			return "", err
 		}
-		time.Sleep(claimRetry)
+		select {
+		case <-p.closed.Done():
+			return "", err
+		case <-time.After(claimRetry):
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -257,5 +258,37 @@ func TestUnservedClaims(t *testing.T) {
 				t.Errorf("the driver was asked %d times; want none", driver.count())
 			}
 		})
+	}
+}
+
+// TestUnservedClaimsAfterClose: the claim check after Synchronize, still
+// waiting for a DRA driver that does not answer, ends when the plugin is
+// closed (it let its record go, and another nri-gpu serves): it asks no
+// more and stops nothing.
+func TestUnservedClaimsAfterClose(t *testing.T) {
+	f := &finder{uses: map[string][]link.ClaimUse{"a/c": {{UID: "uid-c", Namespace: "tenant", Name: "c"}}}}
+	driver := &asked{Finder: f, down: 1 << 30}
+	p, hook := logged(t, "policy: {namespaces: [tenant], devices: [\"*/*\"]}", plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}), claimsOf(driver))
+	if err := p.DRAView(config.Default().Start.DRA).Prepare(context.Background(), claimC, []link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}}); err != nil {
+		t.Fatal(err)
+	}
+	var stops atomic.Int32
+	p.StopWith(func(*api.Container) error { stops.Add(1); return nil })
+	pod := gpuPod("a", nil)
+	if _, err := p.Synchronize(context.Background(), []*api.PodSandbox{pod}, []*api.Container{ctrOf(pod, nil)}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 10*time.Second, "the driver asked", func() bool { return driver.count() > 0 })
+	p.Close()
+	closed := driver.count()
+	time.Sleep(2500 * time.Millisecond) // two retries' worth
+	if n := driver.count(); n > closed+1 {
+		t.Errorf("the driver was asked %d more times after Close", n-closed)
+	}
+	if stops.Load() != 0 {
+		t.Error("a container was stopped after Close")
+	}
+	if e := entries(hook, logrus.WarnLevel, "could not tell whether a container"); len(e) != 0 {
+		t.Errorf("logged %q after Close", e[0].Message)
 	}
 }
