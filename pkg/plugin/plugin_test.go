@@ -1108,19 +1108,21 @@ func TestRecoveredPodsWithNoContainer(t *testing.T) {
 				pid = proc.Process.Pid
 			}
 			isSandbox := func(p int, podID string) bool { return tc.sandbox != "another ends" && p == pid && podID == "id-one" }
+			r := runtimeSetUp(t, "v1.7.35", cfg, func() []plugin.Option { return []plugin.Option{plugin.WithSandboxCheck(isSandbox)} })
+			one := &api.PodSandbox{Id: "id-one", Name: "one", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+			if _, err := r.create(one, &api.Container{Id: "one-main", PodSandboxId: one.Id, Name: "main", Linux: &api.LinuxContainer{}}); err != nil {
+				t.Fatal(err)
+			}
+			r.mu.Lock()
+			r.pods[one.Id] = &api.PodSandbox{Id: one.Id, Name: one.Name, Namespace: one.Namespace, Annotations: one.Annotations, Pid: uint32(pid)}
+			if !tc.running {
+				r.containers = nil
+			}
+			r.mu.Unlock()
+			r.restart(t, cfg) // the runtime restarted: no StopPodSandbox will come
 			if tc.sandbox == "ends once stopped" {
 				// Its record is another nri-gpu's once it stopped: the
 				// sandbox's end, watched by the stopped one, changes nothing.
-				r := runtimeSetUp(t, "v1.7.35", cfg, func() []plugin.Option { return []plugin.Option{plugin.WithSandboxCheck(isSandbox)} })
-				one := &api.PodSandbox{Id: "id-one", Name: "one", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
-				if _, err := r.create(one, &api.Container{Id: "one-main", PodSandboxId: one.Id, Name: "main", Linux: &api.LinuxContainer{}}); err != nil {
-					t.Fatal(err)
-				}
-				r.mu.Lock()
-				r.pods[one.Id] = &api.PodSandbox{Id: one.Id, Name: one.Name, Namespace: one.Namespace, Annotations: one.Annotations, Pid: uint32(pid)}
-				r.containers = nil
-				r.mu.Unlock()
-				r.restart(t, cfg)
 				r.stopPlugin()
 				before, err := os.ReadFile(r.stateFile)
 				if err != nil || !strings.Contains(string(before), "id-one") {
@@ -1135,18 +1137,6 @@ func TestRecoveredPodsWithNoContainer(t *testing.T) {
 				}
 				return
 			}
-			r := runtimeSetUp(t, "v1.7.35", cfg, func() []plugin.Option { return []plugin.Option{plugin.WithSandboxCheck(isSandbox)} })
-			one := &api.PodSandbox{Id: "id-one", Name: "one", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
-			if _, err := r.create(one, &api.Container{Id: "one-main", PodSandboxId: one.Id, Name: "main", Linux: &api.LinuxContainer{}}); err != nil {
-				t.Fatal(err)
-			}
-			r.mu.Lock()
-			r.pods[one.Id] = &api.PodSandbox{Id: one.Id, Name: one.Name, Namespace: one.Namespace, Annotations: one.Annotations, Pid: uint32(pid)}
-			if !tc.running {
-				r.containers = nil
-			}
-			r.mu.Unlock()
-			r.restart(t, cfg) // the runtime restarted: no StopPodSandbox will come
 
 			asker := &api.PodSandbox{Id: "id-asker", Name: "asker", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
 			ask := func() error {
