@@ -44,7 +44,6 @@ const driverRestart = 5 * time.Second
 // nri-gpu, through fail.
 func draDriver(opts link.Options, stderr io.Writer, log logrus.FieldLogger, fail context.CancelCauseFunc) (plugin.Option, func(context.Context), error) {
 	opts.Node = nodeName(opts.DRA.NodeName)
-	opts.RollingUpdate = os.Getenv(podUIDEnv)
 	if opts.Node == "" {
 		return nil, nil, fmt.Errorf("dra: no node name: set dra.nodeName or the %s environment variable", nodeNameEnv)
 	}

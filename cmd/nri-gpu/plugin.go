@@ -111,14 +111,14 @@ func runPlugin(args []string, stderr io.Writer) int {
 		}))
 	}
 	if cfg.Start.DRA.Enabled {
-		opts := link.Options{DRA: cfg.Start.DRA, LogLevel: *logLevel, LogFormat: *logFormat}
+		opts := link.Options{DRA: cfg.Start.DRA, LogLevel: *logLevel, LogFormat: *logFormat, RollingUpdate: os.Getenv(podUIDEnv)}
 		opt, run, err := draDriver(opts, stderr, log, fail)
 		if err != nil {
 			fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
 			return exitUsage
 		}
 		popts = append(popts, opt)
-		if os.Getenv(podUIDEnv) != "" {
+		if opts.RollingUpdate != "" {
 			early = append(early, run)
 		} else {
 			doors = append(doors, run)
@@ -203,7 +203,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 	if err := p.Serve(ctx, stubOptions(fs, *name, *idx, *socketPath)...); err != nil {
 		// A pre-registered plugin's connection was handed to it by the
 		// runtime and cannot be opened again: it exits.
-		if errors.Is(err, plugin.ErrDriverChanged) && os.Getenv(api.PluginSocketEnvVar) == "" {
+		if errors.Is(err, plugin.ErrDriverChanged) && !plugin.PreRegistered() {
 			log.Info("starting again")
 			return exitRestart
 		}

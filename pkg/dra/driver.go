@@ -142,11 +142,11 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 		return fmt.Errorf("DRA driver %s: %w", d.cfg.DriverName, err)
 	}
 	defer helper.Stop()
+	how := ""
 	if d.RollingUpdate != "" {
-		d.log.Infof("DRA driver registering with kubelet at %s for node %s, for a rolling update (pod %s)", d.cfg.RegistryDir, d.node, d.RollingUpdate)
-	} else {
-		d.log.Infof("DRA driver registering with kubelet at %s for node %s", d.cfg.RegistryDir, d.node)
+		how = fmt.Sprintf(", for a rolling update (pod %s)", d.RollingUpdate)
 	}
+	d.log.Infof("DRA driver registering with kubelet at %s for node %s%s", d.cfg.RegistryDir, d.node, how)
 	if err := d.ReleaseGone(ctx, client); err != nil {
 		d.log.Warnf("prepared claims not checked against the API server (they stay held until kubelet unprepares them or nri-gpu starts again): %v", err)
 	}

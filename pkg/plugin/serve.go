@@ -29,7 +29,7 @@ const (
 // runtime handed over that was rejected (wrapping ErrConfig), or the
 // NVIDIA driver replaced under this process's NVML (ErrDriverChanged).
 func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
-	preRegistered := os.Getenv(api.PluginSocketEnvVar) != ""
+	preRegistered := PreRegistered()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil) // stops the generator whenever Serve returns
 	go p.keepGenerating(ctx, cancel)
@@ -78,3 +78,8 @@ func driverChanged(ctx context.Context) error {
 	}
 	return nil
 }
+
+// PreRegistered reports whether the runtime started this plugin, handing
+// it its connection (a pre-registered plugin), which cannot be opened
+// again.
+func PreRegistered() bool { return os.Getenv(api.PluginSocketEnvVar) != "" }
