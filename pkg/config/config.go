@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -304,6 +305,11 @@ type DevicePlugin struct {
 	// KubeletDir is kubelet's device-plugin directory, where its
 	// registration socket is and nri-gpu's sockets go.
 	KubeletDir string `yaml:"kubeletDir"`
+	// PodResources is kubelet's pod-resources socket, which says the
+	// devices kubelet allocated pods whose containers are not created
+	// yet (a count request passes over them); by default
+	// pod-resources/kubelet.sock beside KubeletDir.
+	PodResources string `yaml:"podResources"`
 	// CDIDevices is "annotations", "cri" or "nri-gpu".
 	CDIDevices CDIDevices `yaml:"cdiDevices"`
 }
@@ -492,6 +498,9 @@ func (c *Config) setDefaults() {
 	d := &c.Start.DevicePlugin
 	if d.KubeletDir == "" {
 		d.KubeletDir = DefaultKubeletDir
+	}
+	if d.PodResources == "" {
+		d.PodResources = filepath.Join(filepath.Dir(d.KubeletDir), "pod-resources", "kubelet.sock")
 	}
 	if d.CDIDevices == "" {
 		d.CDIDevices = CDIAnnotations

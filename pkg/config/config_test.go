@@ -33,7 +33,7 @@ func TestParse(t *testing.T) {
 		Start: config.Start{
 			DriverRoot:   "/",
 			Health:       config.Health{Interval: 10 * time.Second},
-			DevicePlugin: config.DevicePlugin{KubeletDir: "/var/lib/kubelet/device-plugins", CDIDevices: config.CDIAnnotations},
+			DevicePlugin: config.DevicePlugin{KubeletDir: "/var/lib/kubelet/device-plugins", PodResources: "/var/lib/kubelet/pod-resources/kubelet.sock", CDIDevices: config.CDIAnnotations},
 			DRA: config.DRA{
 				DriverName: "gpu.nri-gpu.io", Kinds: []string{"nvidia.com/gpu"}, Devices: []string{"*"},
 				PluginDir: "/var/lib/kubelet/plugins", RegistryDir: "/var/lib/kubelet/plugins_registry", UnhealthyTaint: "NoSchedule", CDIDevices: config.CDICRI,
@@ -66,7 +66,7 @@ func TestParse(t *testing.T) {
 			Health:     config.Health{Interval: 30 * time.Second, RecoverAfter: 10 * time.Minute},
 			MPS:        config.MPS{Daemon: config.MPSManaged, ControlCommand: "/usr/bin/nvidia-cuda-mps-control", Root: "/run/mps", HostRoot: "/host", CheckInterval: 30 * time.Second},
 			DevicePlugin: config.DevicePlugin{
-				KubeletDir: "/var/lib/k3s/device-plugins", CDIDevices: config.CDICRI,
+				KubeletDir: "/var/lib/k3s/device-plugins", PodResources: "/var/lib/k3s/kubelet/pod-resources/kubelet.sock", CDIDevices: config.CDICRI,
 				Resources: []config.Resource{
 					{Name: "example.com/fpga", Kind: "example.com/fpga", Devices: []string{"*"}},
 					{Name: "example.com/fpga-half", Kind: "example.com/fpga", Devices: []string{"*:*"}},
@@ -129,6 +129,7 @@ mps:
   hostRoot: /host
 devicePlugin:
   kubeletDir: /var/lib/k3s/device-plugins
+  podResources: /var/lib/k3s/kubelet/pod-resources/kubelet.sock
   cdiDevices: cri
   resources:
   - name: example.com/fpga
@@ -198,6 +199,7 @@ start:
     checkInterval: 30s
   devicePlugin:
     kubeletDir: /var/lib/k3s/device-plugins
+    podResources: /var/lib/k3s/kubelet/pod-resources/kubelet.sock
     cdiDevices: cri
     resources:
     - name: example.com/fpga

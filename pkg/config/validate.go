@@ -333,6 +333,7 @@ func (d *DRA) validate(at *field.Path) field.ErrorList {
 
 func (d *DevicePlugin) validate(at *field.Path) field.ErrorList {
 	errs := absolute(at.Child("kubeletDir"), d.KubeletDir)
+	errs = append(errs, absolute(at.Child("podResources"), d.PodResources)...)
 	errs = append(errs, oneOf(at.Child("cdiDevices"), d.CDIDevices, CDIAnnotations, CDICRI, CDINRIGPU)...)
 	seen := map[string]bool{}
 	for i, r := range d.Resources {

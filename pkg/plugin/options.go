@@ -89,6 +89,7 @@ type DRADriver interface {
 // plugin knows them), and tell it whenever what pods hold changes.
 func WithDevicePlugin(r config.Resource, open func(*Resource) Door) Option {
 	return func(p *Plugin) {
+		p.kubelet = append(p.kubelet, r)
 		p.opening = append(p.opening, func() { p.doors = append(p.doors, open(p.Resource(r))) })
 	}
 }

@@ -94,6 +94,8 @@ type Plugin struct {
 	// needs it).
 	doors   []Door
 	opening []func()
+	// kubelet are the extended resources of the device plugins.
+	kubelet []config.Resource
 	// recovered are the pods of the last Synchronize, whose end the
 	// runtime may tell only through their containers' removal.
 	recovered recovered

@@ -257,6 +257,7 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 	if ask.Count > 1 {
 		a.want.Choice.Links = p.hw.links()
 	}
+	a.want.Choice.Kubelet = p.allocatedByKubelet(ctx, r, a.want, log)
 	for attempt := 1; ; attempt++ {
 		// Planned even when it holds nothing new (only claims): the
 		// pod's claims and holdings are checked against

@@ -178,6 +178,10 @@ func (a *Allocations) judgeNamed(p *Policy, own *holding, w Want, health bool) e
 		}
 		if err := a.judge(p, who{pod: w.Pod.ID, claims: w.Claims, exclusive: p.exclusive}, d).err(d, p.exclusive); err != nil {
 			errs = append(errs, err)
+			continue
+		}
+		if pod := w.Choice.allocatedBy(d); pod != "" && p.exclusive && !slices.Contains(w.FromKubelet, d.Name) {
+			errs = append(errs, deny(RuleExclusive, fmt.Errorf("%w: device %q is %s; it is free again when that pod is removed", ErrDenied, d.Name, kubeletWhy(pod))))
 		}
 	}
 	return errors.Join(errs...)

@@ -774,3 +774,48 @@ func TestMaxWithAll(t *testing.T) {
 	_, err = admit(policy.NewAllocations(), p, pod("a"), []specs.Device{mig(0, 1), mig(0, 2)}, 0, policy.Choice{}, nil)
 	wantDenied(t, err, policy.RuleMax, "would hold 2 devices")
 }
+
+// TestKubeletAllocated: devices kubelet allocated other pods (at their
+// admission, before their containers hold them) are not free: a count
+// request passes over them, saying why, and a request by name is denied
+// one under policy.exclusive; the pod kubelet allocated them to may have
+// them.
+func TestKubeletAllocated(t *testing.T) {
+	candidates, byName := gpus()
+	// kubelet gave pod k GPU 0 (by index); its container is not created.
+	kubelet := []policy.KubeletAllocation{{Device: byName["0"], Pod: "default/k"}}
+	ch := policy.Choice{Candidates: candidates, Kubelet: kubelet}
+	strict := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	lax := policy.New(config.Policy{Devices: config.DefaultDevices})
+	for _, tc := range []struct {
+		name        string
+		pol         *policy.Policy
+		named       []specs.Device
+		fromKubelet []string
+		count       int
+		wantCounted []string
+		wantErr     []string
+	}{
+		{name: "count passes over it", pol: strict, count: 1, wantCounted: []string{byName["1"].Name}},
+		{name: "count of all but it", pol: strict, count: 3, wantCounted: []string{byName["1"].Name, byName["2"].Name, byName["3"].Name}},
+		{name: "count of all", pol: strict, count: 4, wantErr: []string{"3 are free and 1 held by other pods"}},
+		{name: "by index, exclusive", pol: strict, named: []specs.Device{byName["0"]}, wantErr: []string{`device "nvidia.com/gpu=0"`, "allocated by kubelet to pod default/k", "free again when that pod is removed"}},
+		{name: "by UUID, exclusive", pol: strict, named: []specs.Device{byName["GPU-0"]}, wantErr: []string{`device "nvidia.com/gpu=GPU-0"`, "allocated by kubelet to pod default/k"}},
+		{name: "by name, not exclusive", pol: lax, named: []specs.Device{byName["0"]}},
+		{name: "from kubelet", pol: strict, named: []specs.Device{byName["0"]}, fromKubelet: []string{byName["0"].Name}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, err := admit(policy.NewAllocations(), tc.pol, pod("a"), tc.named, tc.count, ch, tc.fromKubelet)
+			if len(tc.wantErr) > 0 {
+				testutil.ErrorSays(t, err, tc.wantErr...)
+				return
+			}
+			if err != nil || !slices.Equal(specs.Names(g.Counted), tc.wantCounted) {
+				t.Fatalf("got %v, %v; want counted %v", specs.Names(g.Counted), err, tc.wantCounted)
+			}
+			if tc.count > 0 && !slices.Contains(g.Considered.Passed, policy.Passed{Device: byName["0"].Name, Reason: "allocated by kubelet to pod default/k (through the device plugin), which holds it for as long as it lives"}) {
+				t.Errorf("passed over %v, want GPU 0 as kubelet's", g.Considered.Passed)
+			}
+		})
+	}
+}

@@ -27,6 +27,35 @@ type Choice struct {
 	// is not known. A request for more than one device takes the free set
 	// whose members are the most closely connected.
 	Links func(a, b specs.Device) int
+	// Kubelet are the devices kubelet allocated other pods through a
+	// device plugin (at their admission, for as long as they live),
+	// whether or not their containers hold them yet. A count request
+	// passes them over; a request by name is denied one under
+	// policy.exclusive.
+	Kubelet []KubeletAllocation
+}
+
+// KubeletAllocation is a device kubelet allocated a pod.
+type KubeletAllocation struct {
+	Device specs.Device
+	// Pod is the pod's namespace/name.
+	Pod string
+}
+
+// allocatedBy returns the pod kubelet allocated a device overlapping d,
+// or "".
+func (ch Choice) allocatedBy(d specs.Device) string {
+	for _, k := range ch.Kubelet {
+		if k.Device.Overlaps(d) {
+			return k.Pod
+		}
+	}
+	return ""
+}
+
+// kubeletWhy is why a device kubelet allocated pod is not free.
+func kubeletWhy(pod string) string {
+	return "allocated by kubelet to pod " + pod + " (through the device plugin), which holds it for as long as it lives"
 }
 
 // choose picks count free candidates that ch.Usable accepts, one name
@@ -67,6 +96,11 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses
 				why = "held by " + v.by.holder.String()
 			}
 			passed = append(passed, Passed{c.Name, why})
+			continue
+		}
+		if pod := ch.allocatedBy(c); pod != "" {
+			held++
+			passed = append(passed, Passed{c.Name, kubeletWhy(pod)})
 			continue
 		}
 		if ch.Unhealthy != nil {

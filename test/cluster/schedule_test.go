@@ -186,3 +186,30 @@ func describe(pods []corev1.Pod) string {
 	}
 	return b.String()
 }
+
+// TestCountBesideKubeletAllocation: kubelet allocates a device-plugin
+// pod's GPU when it admits the pod, well before its container is created
+// (here, while an init container runs); a count-annotation pod created
+// meanwhile on that node gets the other GPU, not the one kubelet gave
+// (the device-plugin pod's container would then be refused for as long as
+// the count pod lives), and both run, each with its own GPU.
+func TestCountBesideKubeletAllocation(t *testing.T) {
+	needCluster(t)
+	kubeletPod := gpuPod("default", "kubelet-first", 1, nil, env.a.Name)
+	kubeletPod.Spec.InitContainers = []corev1.Container{{Name: "wait", Image: kubeletPod.Spec.Containers[0].Image, ImagePullPolicy: corev1.PullNever, Command: []string{"/bin/sleep", "6"}}}
+	createPod(t, kubeletPod)
+	testutil.Within(t, podWait, "pod kubelet-first's init container running", func() bool {
+		p, err := env.client.CoreV1().Pods("default").Get(context.Background(), kubeletPod.Name, metav1.GetOptions{})
+		return err == nil && len(p.Status.InitContainerStatuses) == 1 && p.Status.InitContainerStatuses[0].State.Running != nil
+	})
+	createPod(t, gpuPod("default", "count-meanwhile", 0, map[string]string{"gpu-count.nri-gpu.io": "1"}, env.a.Name))
+	counted := gpusSeen(t, waitRunning(t, "default", "count-meanwhile"))
+	allocated := gpusSeen(t, waitRunning(t, "default", kubeletPod.Name))
+	if len(counted) != 1 || len(allocated) != 1 || counted[0] == allocated[0] {
+		t.Errorf("the count pod sees %v and the device-plugin pod %v: want one GPU each, not the same", counted, allocated)
+	}
+	if e := warning("default", kubeletPod.Name, "Failed", nil); e != nil {
+		t.Errorf("the device-plugin pod's container was refused: %s", e.Message)
+	}
+	t.Logf("device-plugin pod (allocated first, created last): %v; count pod: %v", allocated, counted)
+}

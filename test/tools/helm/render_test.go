@@ -10,6 +10,7 @@ package helm
 import (
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -235,12 +236,16 @@ func TestMultiTenantValues(t *testing.T) {
 		t.Errorf("configuration %+v", cfg)
 	}
 	c := r.daemonSet.Spec.Template.Spec.Containers[0]
-	mounted := false
+	mounted, podResources := false, false
 	for _, m := range c.VolumeMounts {
 		mounted = mounted || (m.Name == "device-plugins" && m.MountPath == cfg.Start.DevicePlugin.KubeletDir && !m.ReadOnly)
+		podResources = podResources || (m.MountPath == filepath.Dir(cfg.Start.DevicePlugin.PodResources) && m.ReadOnly)
 	}
 	if !mounted {
 		t.Errorf("device-plugin mode without kubelet's device-plugin directory mounted read-write: %+v", c.VolumeMounts)
+	}
+	if !podResources {
+		t.Errorf("device-plugin mode without kubelet's pod-resources directory mounted read-only where nri-gpu looks for it: %+v", c.VolumeMounts)
 	}
 	if r.service == nil || r.serviceMonitor == nil {
 		t.Error("no metrics Service or ServiceMonitor though enabled")

@@ -1,0 +1,54 @@
+package deviceplugin
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// Allocation is a device kubelet allocated a container of a pod.
+type Allocation struct {
+	Namespace, Pod string
+	// Resource is the extended resource, ID the device's ID in it.
+	Resource, ID string
+}
+
+// maxPodResources bounds the size of kubelet's answer.
+const maxPodResources = 16 << 20
+
+// Allocated asks kubelet, through its pod-resources API at socket, which
+// devices of resources it has allocated to the containers of the pods it
+// runs: kubelet allocates a pod's devices when it admits the pod, before
+// any of its containers is created, and keeps them until the pod ends.
+func Allocated(ctx context.Context, socket string, resources []string) ([]Allocation, error) {
+	conn, err := grpc.NewClient("unix://"+socket,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxPodResources)))
+	if err != nil {
+		return nil, fmt.Errorf("kubelet's pod-resources API at %s: %w", socket, err)
+	}
+	defer conn.Close()
+	resp, err := podresources.NewPodResourcesListerClient(conn).List(ctx, &podresources.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("kubelet's pod-resources API at %s: %w", socket, err)
+	}
+	var out []Allocation
+	for _, pod := range resp.GetPodResources() {
+		for _, c := range pod.GetContainers() {
+			for _, d := range c.GetDevices() {
+				if !slices.Contains(resources, d.GetResourceName()) {
+					continue
+				}
+				for _, id := range d.GetDeviceIds() {
+					out = append(out, Allocation{Namespace: pod.GetNamespace(), Pod: pod.GetName(), Resource: d.GetResourceName(), ID: id})
+				}
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,58 @@
+package plugin
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+)
+
+// kubeletPatience bounds the wait for kubelet to say what it allocated.
+const kubeletPatience = time.Second
+
+// allocatedByKubelet returns what a request that asks for devices other
+// than kubelet's must not take: the devices kubelet allocated other pods
+// through nri-gpu's device plugins. kubelet allocates them when it admits
+// a pod, before its containers are created and so before the pool knows
+// them, and keeps them for the pod: a count request that took one would
+// leave that pod's container refused until the count request's pod ends.
+// A shared device's replicas are left out (kubelet counts them itself).
+// When kubelet does not answer, that is logged and nothing is returned:
+// the pool still refuses a device to a second pod, the kubelet pod's
+// container then.
+func (p *Plugin) allocatedByKubelet(ctx context.Context, r *request, w policy.Want, log logrus.FieldLogger) []policy.KubeletAllocation {
+	if len(p.kubelet) == 0 || (w.Count == 0 && len(w.Named) == len(w.FromKubelet)) {
+		return nil
+	}
+	kinds := map[string]string{}
+	var names []string
+	for _, res := range p.kubelet {
+		kinds[res.Name] = res.Kind
+		names = append(names, res.Name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, kubeletPatience)
+	defer cancel()
+	got, err := deviceplugin.Allocated(ctx, p.start.DevicePlugin.PodResources, names)
+	if err != nil {
+		log.Warnf("not told which devices kubelet allocated (a count request may take one kubelet gave a pod whose container is not created yet): %v", err)
+		return nil
+	}
+	var out []policy.KubeletAllocation
+	for _, a := range got {
+		if a.Namespace == r.pod.GetNamespace() && a.Pod == r.pod.GetName() || deviceplugin.DeviceOf(a.ID) != a.ID {
+			continue
+		}
+		vendor, class := parser.ParseQualifier(kinds[a.Resource])
+		dev := r.snap.Footprints([]string{parser.QualifiedName(vendor, class, a.ID)})[0]
+		pod := a.Namespace + "/" + a.Pod
+		if !slices.ContainsFunc(out, func(k policy.KubeletAllocation) bool { return k.Device.Name == dev.Name && k.Pod == pod }) {
+			out = append(out, policy.KubeletAllocation{Device: dev, Pod: pod})
+		}
+	}
+	return out
+}

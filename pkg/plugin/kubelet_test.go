@@ -1,0 +1,84 @@
+package plugin_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/containerd/nri/pkg/api"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+
+	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+type noDoor struct{}
+
+func (noDoor) Notify() {}
+
+// TestKubeletAllocations: kubelet allocates a device-plugin pod's GPUs
+// when it admits the pod, before its container is created; a count
+// request meanwhile takes another GPU (not the one that pod's container
+// would then be refused), and a request by name for it is denied naming
+// that pod. The pod itself gets it; a GPU kubelet allocated a pod through
+// another resource, or a replica of a shared one, is not passed over;
+// with kubelet not answering, the count request is served as before.
+func TestKubeletAllocations(t *testing.T) {
+	specDir := gpuSpecDir(t, 3)
+	kubeletGot := func(ids ...string) []*podresources.PodResources {
+		return []*podresources.PodResources{testutil.AllocatedPod("default", "k", "nvidia.com/gpu", ids...)}
+	}
+	count := func(n int) map[string]string { return map[string]string{"gpu-count.nri-gpu.io": fmt.Sprint(n)} }
+	for _, tc := range []struct {
+		name     string
+		serve    bool
+		pods     []*podresources.PodResources
+		podAnn   map[string]string
+		wantGPU  string
+		wantErrs []string
+	}{
+		{name: "count", serve: true, pods: kubeletGot("0"), podAnn: count(1), wantGPU: "1"},
+		{name: "count of two taken by kubelet", serve: true, pods: kubeletGot("0", "2"), podAnn: count(2), wantErrs: []string{"1 are free and 2 held by other pods"}},
+		{name: "by name", serve: true, pods: kubeletGot("0"), podAnn: map[string]string{"gpus.nri-gpu.io": "0"},
+			wantErrs: []string{`device "nvidia.com/gpu=0" is allocated by kubelet to pod default/k`}},
+		{name: "its own", serve: true, pods: []*podresources.PodResources{testutil.AllocatedPod("tenant", "p", "nvidia.com/gpu", "0")},
+			podAnn: map[string]string{"gpus.nri-gpu.io": "0"}, wantGPU: "0"},
+		{name: "another resource", serve: true, pods: []*podresources.PodResources{testutil.AllocatedPod("default", "k", "example.com/other", "0")},
+			podAnn: count(1), wantGPU: "0"},
+		{name: "a replica", serve: true, pods: kubeletGot("0::1"), podAnn: count(1), wantGPU: "0"},
+		{name: "kubelet not answering", podAnn: count(1), wantGPU: "0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			socket := filepath.Join(testutil.ShortDir(t), "pod-resources", "kubelet.sock")
+			if tc.serve {
+				testutil.ServePodResources(t, socket, tc.pods...)
+			}
+			cfg, err := config.Parse(fmt.Appendf(nil, "version: v1\npolicy: {exclusive: true}\nstart:\n  devicePlugin:\n    podResources: %s\n    resources: [{name: nvidia.com/gpu}]\n", socket))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{specDir}),
+				plugin.WithDevicePlugin(cfg.Start.DevicePlugin.Resources[0], func(*plugin.Resource) plugin.Door { return noDoor{} }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(p.Close)
+			pod := &api.PodSandbox{Id: "id-p", Name: "p", Namespace: "tenant", Annotations: tc.podAnn}
+			ctr := &api.Container{Id: "c", PodSandboxId: pod.Id, Name: "main", Linux: &api.LinuxContainer{}}
+			adj, _, err := p.CreateContainer(context.Background(), pod, ctr)
+			if len(tc.wantErrs) > 0 {
+				testutil.ErrorSays(t, err, tc.wantErrs...)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := adj.GetAnnotations()[plugin.DevicesAnnotation]; got != "nvidia.com/gpu="+tc.wantGPU {
+				t.Errorf("given %q, want GPU %s", got, tc.wantGPU)
+			}
+		})
+	}
+}
