@@ -70,6 +70,14 @@ type Options struct {
 	// owner and group are the host's), with its cgroup rule, where the
 	// runtime applies cgroup rules; refused where it does not.
 	UserNS bool
+	// HookFree replaces every hook by edits the runtime applies (see
+	// withoutHooks.replace): no hook reaches the container, and a device
+	// with a hook that cannot be replaced is refused.
+	HookFree bool
+	// Sonames are the sonames of the host's shared libraries that specs
+	// mount, by host path (specs.Snapshot.Sonames): the links
+	// update-ldcache would make, for HookFree.
+	Sonames map[string]string
 }
 
 // Extra is a set of edits of nri-gpu's own, such as what a client of an
@@ -106,6 +114,9 @@ type Result struct {
 	// net devices and RDT, and the additional groups its devices need,
 	// which its process has (Unneeded). Edits left out are not in it.
 	Given *cdispec.ContainerEdits
+	// LeftOut are the hooks HookFree left out, and what the container
+	// lacks without them.
+	LeftOut []LeftOut
 }
 
 // Build collects the edits of devices, spec-level edits once per spec,
@@ -129,7 +140,16 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 	for _, x := range opts.Extra {
 		sets = append(sets, editSet{edits: x.Edits, device: x.Name})
 	}
+	var free *withoutHooks
+	if opts.HookFree {
+		free = newWithoutHooks(sets, opts.Sonames)
+	}
 	for _, set := range sets {
+		if free != nil {
+			hookless, err := free.replace(set, res)
+			errs = append(errs, err)
+			set.edits = hookless
+		}
 		e, err := supported(set, opts, res)
 		errs = append(errs, err)
 		edits.Append(e)

@@ -60,7 +60,7 @@ func load(t *testing.T, yamls map[string]string, names ...string) ([]*cdi.Device
 func build(t *testing.T, yamls map[string]string, opts adjust.Options, names ...string) (*adjust.Result, error) {
 	t.Helper()
 	devs, snap := load(t, yamls, names...)
-	opts.SpecPath = snap.SpecPath
+	opts.SpecPath, opts.Sonames = snap.SpecPath, snap.Sonames
 	return adjust.Build(devs, snap.HostNodes, opts)
 }
 

@@ -68,6 +68,10 @@ type Config struct {
 	// UnsupportedEdits is "error" or "warn": what to do with CDI edits
 	// (additionalGids, intelRdt, netDevices) that NRI cannot express.
 	UnsupportedEdits UnsupportedEdits `yaml:"unsupportedEdits"`
+	// HookFree has nri-gpu give devices with no OCI hook: the work of
+	// each of NVIDIA's hooks is done by mounts and device nodes the
+	// runtime applies, and a device with another hook is refused.
+	HookFree bool `yaml:"hookFree"`
 	// Generate has nri-gpu write the CDI spec of the node's NVIDIA GPUs.
 	Generate Generate `yaml:"generate"`
 	// Policy says who may have which devices.

@@ -12,6 +12,7 @@ type unversioned struct {
 	HonorCDIAnnotations *bool            `yaml:"honorCDIAnnotations"`
 	AnnotationKeys      []string         `yaml:"annotationKeys"`
 	UnsupportedEdits    UnsupportedEdits `yaml:"unsupportedEdits"`
+	HookFree            bool             `yaml:"hookFree"`
 	GenerateSpecs       bool             `yaml:"generateSpecs"`
 	GenerateInterval    time.Duration    `yaml:"generateInterval"`
 	DriverRoot          string           `yaml:"driverRoot"`
@@ -43,6 +44,7 @@ func (u *unversioned) convert() *Config {
 		HonorCDIAnnotations: u.HonorCDIAnnotations,
 		AnnotationKeys:      u.AnnotationKeys,
 		UnsupportedEdits:    u.UnsupportedEdits,
+		HookFree:            u.HookFree,
 		Generate:            Generate{Enabled: u.GenerateSpecs, Interval: u.GenerateInterval},
 		Policy:              u.Policy,
 		Start: Start{

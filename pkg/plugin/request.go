@@ -161,6 +161,8 @@ func (r *request) options(injected []*cdi.Device) adjust.Options {
 		UserUnknown:     r.ctr.GetUser() == nil,
 		Runtime:         r.rt,
 		UserNS:          userNS(r.ctr),
+		HookFree:        r.st.cfg.HookFree,
+		Sonames:         r.snap.Sonames,
 	}
 }
 
@@ -380,6 +382,9 @@ func (p *Plugin) build(ctx context.Context, r *request, a resolvedAsk, plan poli
 	for _, s := range res.Skipped {
 		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
 			Warn("skipped a CDI edit the runtime cannot apply (unsupportedEdits: warn)")
+	}
+	for _, l := range res.LeftOut {
+		log.WithFields(logrus.Fields{"device": l.Device, "hook": l.Hook}).Debugf("hookFree: left the hook out; the container lacks %s", l.Lacks)
 	}
 	for _, s := range res.Unneeded {
 		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).

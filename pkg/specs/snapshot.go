@@ -1,10 +1,12 @@
 package specs
 
 import (
+	"debug/elf"
 	"errors"
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -25,6 +27,10 @@ type Snapshot struct {
 	// HostNodes are the host device nodes the devices name, by host path
 	// (each node's hostPath, and its path), as stat'ed at load.
 	HostNodes map[string]HostNode
+	// Sonames are the sonames of the shared libraries that the specs
+	// with hooks mount, by host path, as read at load: what a hook
+	// running ldconfig would link them by (for hook-free injection).
+	Sonames map[string]string
 }
 
 // Entry is a device of a snapshot.
@@ -63,10 +69,20 @@ func load(dirs []string) *Snapshot {
 		paths:     l.paths,
 		Problems:  l.problems,
 		HostNodes: map[string]HostNode{},
+		Sonames:   map[string]string{},
 	}
 	for name, d := range l.devices {
 		spec := d.GetSpec()
+		withHooks := len(hooks(d)) > 0
 		for _, edits := range []*cdispec.ContainerEdits{&spec.ContainerEdits, &d.ContainerEdits} {
+			for _, m := range edits.Mounts {
+				if m == nil || !withHooks || !isLibrary(m.HostPath) {
+					continue
+				}
+				if _, ok := s.Sonames[m.HostPath]; !ok {
+					s.Sonames[m.HostPath] = soname(m.HostPath)
+				}
+			}
 			for _, n := range edits.DeviceNodes {
 				// And the host's node at its container path, where runc
 				// binds it from in a user namespace.
@@ -122,6 +138,28 @@ func hooks(d *cdi.Device) []string {
 		}
 	}
 	return paths
+}
+
+// isLibrary reports whether a file's name is a shared library's
+// ("libcuda.so", "libcuda.so.570.86.15").
+func isLibrary(p string) bool {
+	base := filepath.Base(p)
+	return strings.HasSuffix(base, ".so") || strings.Contains(base, ".so.")
+}
+
+// soname returns the soname of the shared library at p, or "" when it has
+// none or is not one.
+func soname(p string) string {
+	f, err := elf.Open(p)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	names, err := f.DynString(elf.DT_SONAME)
+	if err != nil || len(names) != 1 || strings.Contains(names[0], "/") {
+		return ""
+	}
+	return names[0]
 }
 
 // HostPath returns the host path of a device node: its hostPath, or its

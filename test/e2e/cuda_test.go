@@ -57,34 +57,7 @@ int main(void) {
 func TestCUDALoads(t *testing.T) {
 	needEnv(t)
 	dir := filepath.Join(env.dir, "cuda")
-	build := filepath.Join(dir, "build")
-	if err := os.MkdirAll(build, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	var libsC []string
-	for _, l := range fakeLibs {
-		src := filepath.Join(build, l.stem+".c")
-		if err := os.WriteFile(src, []byte(fmt.Sprintf("int %s(unsigned f) { (void)f; return %s; }\n", l.fn, l.ret)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		compileC(t, "-shared", "-fPIC", "-Wl,-soname,"+l.soname, "-o", filepath.Join(build, l.stem+"."+driverVersion), src)
-		libsC = append(libsC, fmt.Sprintf("{%q, %q}", l.soname, l.fn))
-	}
-	probeC := filepath.Join(build, "probe.c")
-	if err := os.WriteFile(probeC, []byte(fmt.Sprintf(probe, strings.Join(libsC, ", "), len(fakeLibs))), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	compileC(t, "-o", filepath.Join(build, "probe"), probeC, "-ldl")
-
-	image := filepath.Join(dir, "image.tar")
-	files, err := harness.ProgramFiles(filepath.Join(build, "probe"), "probe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := harness.BuildImage(env.tools.Busybox, image, files...); err != nil {
-		t.Fatal(err)
-	}
-
+	build, image := probeImage(t, dir)
 	for _, layout := range []struct{ name, libDir string }{
 		{"multiarch", "/usr/lib/x86_64-linux-gnu"},
 		{"lib64", "/usr/lib64"},
@@ -150,6 +123,41 @@ func TestCUDALoads(t *testing.T) {
 			}
 		})
 	}
+}
+
+// probeImage builds, in dir, the fake driver's libraries (real shared
+// objects with NVIDIA's sonames) into build and an image whose /probe
+// dlopens them by soname, and returns build and the image's tar.
+func probeImage(t *testing.T, dir string) (build, image string) {
+	t.Helper()
+	build = filepath.Join(dir, "build")
+	if err := os.MkdirAll(build, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var libsC []string
+	for _, l := range fakeLibs {
+		src := filepath.Join(build, l.stem+".c")
+		if err := os.WriteFile(src, []byte(fmt.Sprintf("int %s(unsigned f) { (void)f; return %s; }\n", l.fn, l.ret)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		compileC(t, "-shared", "-fPIC", "-Wl,-soname,"+l.soname, "-o", filepath.Join(build, l.stem+"."+driverVersion), src)
+		libsC = append(libsC, fmt.Sprintf("{%q, %q}", l.soname, l.fn))
+	}
+	probeC := filepath.Join(build, "probe.c")
+	if err := os.WriteFile(probeC, []byte(fmt.Sprintf(probe, strings.Join(libsC, ", "), len(fakeLibs))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	compileC(t, "-o", filepath.Join(build, "probe"), probeC, "-ldl")
+
+	image = filepath.Join(dir, "image.tar")
+	files, err := harness.ProgramFiles(filepath.Join(build, "probe"), "probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := harness.BuildImage(env.tools.Busybox, image, files...); err != nil {
+		t.Fatal(err)
+	}
+	return build, image
 }
 
 // fakeDriver lays out a driver root: the GPU's and nvidiactl's device
@@ -265,5 +273,80 @@ func compileC(t *testing.T, args ...string) {
 	}
 	if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
 		t.Fatalf("cc %v: %v\n%s", args, err, out)
+	}
+}
+
+// TestHookFreeCUDALoads: with hookFree, a container given GPU 0 of the
+// spec nri-gpu generated (its hooks create-symlinks and update-ldcache)
+// gets no OCI hook, and the probe loads the driver's libraries by soname
+// all the same (Debian/Ubuntu multiarch), as root and as another user,
+// and in a user namespace (2.x). On containerd 2.x with the default
+// validator's reject_oci_hook_adjustment, the same device with its hooks
+// is refused by the runtime, and hook-free it runs.
+func TestHookFreeCUDALoads(t *testing.T) {
+	needEnv(t)
+	dir := filepath.Join(env.dir, "cuda-hookfree")
+	build, image := probeImage(t, dir)
+	root := filepath.Join(dir, "driver")
+	fakeDriver(t, root, build, "/usr/lib/x86_64-linux-gnu")
+	specDir := filepath.Join(dir, "cdi")
+	writeSpecs(t, root, specDir)
+	reject := env.tools.Containerd2()
+	ctd := extraContainerd(t, "cuda-hookfree", harness.Options{Image: image, RejectHooks: reject})
+	config := func(hookFree bool) string {
+		path := filepath.Join(ctd.Dir, fmt.Sprintf("nri-gpu-%v.yaml", hookFree))
+		if err := os.WriteFile(path, []byte(fmt.Sprintf("cdiSpecDirs: [%s]\nhookFree: %v\npolicy:\n  devices: [\"*/*\"]\n", specDir, hookFree)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+
+	if reject {
+		plug, err := ctd.StartPlugin("--config", config(false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		podID, pod := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "0"})
+		_, err = ctd.CreateContainer(podID, pod, harness.Container{Name: "hooks"})
+		t.Logf("with hooks, under reject_oci_hook_adjustment: %v", err)
+		testutil.ErrorSays(t, err, "restricted OCI hook injection")
+		plug.Stop()
+	}
+
+	if _, err := ctd.StartPlugin("--config", config(true)); err != nil {
+		t.Fatal(err)
+	}
+	user := int64(1000)
+	for _, tc := range []struct {
+		name   string
+		user   *int64
+		userNS bool
+	}{
+		{name: "root"},
+		{name: "user 1000", user: &user},
+		{name: "user namespace", userNS: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.userNS && !env.tools.Containerd2() {
+				t.Skip("user namespaces of pods: containerd 2.x")
+			}
+			pod := harness.Pod{Name: "hookfree-" + strings.ReplaceAll(tc.name, " ", "-"), Namespace: "e2e", UserNS: tc.userNS, Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+			podID, err := ctd.RunPod(pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, spec := runContainer(t, ctd, podID, pod, harness.Container{Name: "cuda", User: tc.user})
+			if h := spec.Hooks; h != nil && len(h.CreateRuntime)+len(h.CreateContainer)+len(h.StartContainer)+len(h.Prestart)+len(h.Poststart) > 0 {
+				t.Errorf("hook-free container has hooks: %+v", h)
+			}
+			out, err := ctd.Exec(id, "/probe")
+			t.Logf("the probe, hook-free:\n%s", out)
+			if err != nil {
+				t.Fatalf("the probe could not load the driver hook-free: %v", err)
+			}
+			for _, l := range fakeLibs {
+				testutil.ErrorSays(t, fmt.Errorf("%s", out), l.fn+"="+l.ret)
+			}
+		})
 	}
 }

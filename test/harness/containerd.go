@@ -33,6 +33,10 @@ type Options struct {
 	// DefaultValidator enables NRI's default validator (containerd 2.2+),
 	// which fails containers whose pods require a plugin that is absent.
 	DefaultValidator bool
+	// RejectHooks turns on the default validator's
+	// reject_oci_hook_adjustment: a container to which a plugin adds an
+	// OCI hook is refused (DefaultValidator is implied).
+	RejectHooks bool
 	// PreRegister, when set, installs nri-gpu as the pre-registered plugin
 	// 10-nri-gpu, which containerd starts itself and hands this
 	// configuration (plugin_config_path/10-nri-gpu.conf).
@@ -159,6 +163,7 @@ disabled_plugins = [
   plugin_request_timeout = "2s"
   [plugins.'io.containerd.nri.v1.nri'.default_validator]
     enable = {{.Validator}}
+    reject_oci_hook_adjustment = {{.RejectHooks}}
 `
 
 // StartContainerd writes a config under dir, starts containerd, waits for
@@ -185,12 +190,12 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 	tmpl := configTemplate
 	if tools.Containerd2() {
 		tmpl = configTemplateV3
-	} else if opts.DefaultValidator {
+	} else if opts.DefaultValidator || opts.RejectHooks {
 		return nil, fmt.Errorf("containerd %s has no NRI default validator", tools.ContainerdVersion)
 	}
 	if err := template.Must(template.Must(template.New("config").Parse(configCommon)).Parse(tmpl)).Execute(&cfg, map[string]any{
 		"Dir": dir, "Image": ImageRef, "EnableCDI": opts.EnableCDI,
-		"CDIDirs": strings.Join(quoted, ", "), "Runc": tools.Runc, "Validator": opts.DefaultValidator,
+		"CDIDirs": strings.Join(quoted, ", "), "Runc": tools.Runc, "Validator": opts.DefaultValidator || opts.RejectHooks, "RejectHooks": opts.RejectHooks,
 	}); err != nil {
 		return nil, err
 	}

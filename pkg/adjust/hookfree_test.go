@@ -1,0 +1,266 @@
+package adjust_test
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containerd/nri/pkg/api"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/test/corpus"
+)
+
+// sharedObject returns a real shared library of the machine and its
+// soname: the dynamic loader this test binary names as its interpreter.
+func sharedObject(t *testing.T) (path, soname string) {
+	t.Helper()
+	f, err := elf.Open("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_INTERP {
+			continue
+		}
+		data := make([]byte, p.Filesz)
+		if _, err := p.ReadAt(data, 0); err != nil {
+			t.Fatal(err)
+		}
+		path, err = filepath.EvalSymlinks(strings.TrimRight(string(data), "\x00"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lib, err := elf.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lib.Close()
+		names, err := lib.DynString(elf.DT_SONAME)
+		if err != nil || len(names) != 1 {
+			t.Skipf("the loader %s has no soname (%v)", path, err)
+		}
+		return path, names[0]
+	}
+	t.Skip("the test binary is static: no shared object to read")
+	return "", ""
+}
+
+// hookFreeSpec is shaped like nvidia-ctk's: a library mount, a node, and
+// NVIDIA's hooks (%s is the library's host path, %s a hook more).
+const hookFreeSpec = `
+cdiVersion: "0.6.0"
+kind: example.com/gpu
+containerEdits:
+  deviceNodes:
+    - {path: /dev/examplectl, hostPath: /dev/zero}
+  mounts:
+    - {hostPath: %s, containerPath: /usr/lib/x86_64-linux-gnu/libexample.so.570.1, options: [ro, nosuid, nodev, bind]}
+  hooks:
+    - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, update-ldcache, --folder, /usr/lib/x86_64-linux-gnu]}
+    - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, create-symlinks, --link, %s::/usr/lib/x86_64-linux-gnu/libexample.so]}
+    - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, enable-cuda-compat, --host-driver-version=570.1]}
+    - {hookName: createContainer, path: /usr/bin/nvidia-ctk, args: [nvidia-ctk, hook, disable-device-node-modification]}
+%s
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes:
+        - {path: /dev/dri/card0, hostPath: /dev/null}
+      hooks:
+        - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, create-symlinks, --link, ../card0::/dev/dri/by-path/pci-0000:01:00.0-card]}
+        - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, chmod, --mode, "755", --path, /dev/dri]}
+        - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, create-symlinks, --link, /gone/libx.so::/usr/lib/libx.so]}
+`
+
+// TestHookFree: with HookFree, no hook reaches the container; each of
+// NVIDIA's is replaced by what the runtime applies (the soname link
+// ldconfig would make and a link to it as mounts of the library, a link
+// to a device node as that node, chmod 755 of a directory of nodes left
+// to runc), or left out saying what the container lacks; any other hook
+// refuses the device, naming it. Without HookFree the hooks stay.
+func TestHookFree(t *testing.T) {
+	lib, soname := sharedObject(t)
+	for _, tc := range []struct {
+		name, link, more string
+		hookFree         bool
+		wantErr          []string
+	}{
+		{name: "soname link", link: soname, hookFree: true},
+		{name: "relative to a link of a link", link: "./" + soname, hookFree: true},
+		{name: "another hook", link: soname, hookFree: true, more: "    - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, something-new]}",
+			wantErr: []string{"/usr/bin/nvidia-cdi-hook nvidia-cdi-hook something-new", "hookFree refuses every other hook"}},
+		{name: "chmod of another path", link: soname, hookFree: true, more: "    - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, chmod, --mode, \"700\", --path, /etc]}",
+			wantErr: []string{"chmod", `path "/etc" (mode 700)`}},
+		{name: "hooks kept", link: soname},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := fmt.Sprintf(hookFreeSpec, lib, tc.link, tc.more)
+			res, err := build(t, map[string]string{"gpu.yaml": spec}, adjust.Options{HookFree: tc.hookFree}, "example.com/gpu=0")
+			if len(tc.wantErr) > 0 {
+				testutil.ErrorSays(t, err, tc.wantErr...)
+				if !errors.Is(err, adjust.ErrHook) {
+					t.Errorf("error %v does not wrap ErrHook", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			adj := res.Adjustment
+			if !tc.hookFree {
+				if hooks := adj.GetHooks().GetCreateContainer(); len(hooks) != 7 {
+					t.Errorf("without hookFree, %d createContainer hooks, want the spec's 7", len(hooks))
+				}
+				return
+			}
+			if h := adj.GetHooks(); h != nil && len(h.GetCreateContainer())+len(h.GetCreateRuntime())+len(h.GetPrestart())+len(h.GetStartContainer()) > 0 {
+				t.Errorf("hookFree gave hooks: %v", h)
+			}
+			mounted := map[string]string{}
+			for _, m := range adj.GetMounts() {
+				mounted[m.Destination] = m.Source
+			}
+			for _, at := range []string{"/usr/lib/x86_64-linux-gnu/libexample.so.570.1", "/usr/lib/x86_64-linux-gnu/" + soname, "/usr/lib/x86_64-linux-gnu/libexample.so"} {
+				if mounted[at] != lib {
+					t.Errorf("%s mounts %q, want the library %s (mounts %v)", at, mounted[at], lib, mounted)
+				}
+			}
+			if !slices.ContainsFunc(adj.GetLinux().GetDevices(), func(d *api.LinuxDevice) bool {
+				return d.Path == "/dev/dri/by-path/pci-0000:01:00.0-card" && d.Major == 1 && d.Minor == 3
+			}) {
+				t.Errorf("the by-path link is not the card's node (1:3): %v", adj.GetLinux().GetDevices())
+			}
+			var left []string
+			for _, l := range res.LeftOut {
+				left = append(left, l.Hook+": "+l.Lacks)
+			}
+			for _, want := range []string{"enable-cuda-compat: CUDA forward compatibility", "disable-device-node-modification: the driver's ModifyDeviceFiles", "create-symlinks: the link /usr/lib/libx.so to /gone/libx.so"} {
+				if !slices.ContainsFunc(left, func(l string) bool { return strings.HasPrefix(l, want) }) {
+					t.Errorf("left out %q, want %q", left, want)
+				}
+			}
+		})
+	}
+}
+
+// TestHookFreeCorpus: every device of every published spec of the corpus
+// is given with no hook in hook-free mode, each link of its
+// create-symlinks at its path (or left out as dangling), unless it has
+// a hook other than NVIDIA's, which refuses it naming the hook.
+func TestHookFreeCorpus(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("making the corpus's device nodes needs root")
+	}
+	all, err := corpus.Specs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range all {
+		dir := t.TempDir()
+		if _, err := s.Install(dir, t.TempDir(), "/usr/bin/recording-hook"); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range s.Devices() {
+			t.Run(s.File+"/"+name, func(t *testing.T) {
+				devs, snap := loadDir(t, dir, name)
+				res, err := adjust.Build(devs, snap.HostNodes, adjust.Options{HookFree: true, Sonames: snap.Sonames, Runtime: adjust.RuntimeOf("containerd", "v2.3.7")})
+				var links, others []string
+				for _, h := range hooksOf(devs) {
+					switch {
+					case len(h.Args) > 1 && h.Args[1] == "create-symlinks":
+						for i, a := range h.Args {
+							if a == "--link" && i+1 < len(h.Args) {
+								_, link, _ := strings.Cut(h.Args[i+1], "::")
+								links = append(links, filepath.Clean(link))
+							}
+						}
+					case !isNVIDIAHook(h.Args):
+						others = append(others, strings.Join(h.Args, " "))
+					}
+				}
+				if len(others) > 0 {
+					if !errors.Is(err, adjust.ErrHook) {
+						t.Fatalf("hooks %q, not NVIDIA's: error %v, want ErrHook", others, err)
+					}
+					return
+				}
+				if errors.Is(err, adjust.ErrUnsupportedEdit) {
+					return // refused as on any runtime (TestCorpusParity)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if h := res.Adjustment.GetHooks(); h != nil {
+					t.Errorf("hooks given: %v", h)
+				}
+				at := map[string]bool{}
+				for _, m := range res.Adjustment.GetMounts() {
+					at[m.Destination] = true
+				}
+				for _, d := range res.Adjustment.GetLinux().GetDevices() {
+					at[d.Path] = true
+				}
+				for _, l := range res.LeftOut {
+					if _, link, ok := strings.Cut(l.Lacks, "the link "); ok {
+						at[strings.Fields(link)[0]] = true
+					}
+				}
+				for _, l := range links {
+					if !at[l] {
+						t.Errorf("link %s neither given nor left out", l)
+					}
+				}
+				t.Logf("%d links given or left out, %d hooks left out", len(links), len(res.LeftOut))
+			})
+		}
+	}
+}
+
+// loadDir loads the specs of dir and resolves names in them.
+func loadDir(t *testing.T, dir string, names ...string) ([]*cdi.Device, *specs.Snapshot) {
+	t.Helper()
+	snap, err := specs.Load([]string{dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := snap.Resolve(names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*cdi.Device
+	for _, e := range entries {
+		out = append(out, e.Device)
+	}
+	return out, snap
+}
+
+// hooksOf returns the hooks of devices and their specs.
+func hooksOf(devs []*cdi.Device) []*cdispec.Hook {
+	var out []*cdispec.Hook
+	for _, d := range devs {
+		out = append(out, d.GetSpec().ContainerEdits.Hooks...)
+		out = append(out, d.ContainerEdits.Hooks...)
+	}
+	return out
+}
+
+// isNVIDIAHook reports whether a hook's arguments run one of the NVIDIA
+// hook commands docs/hook-free.md lists.
+func isNVIDIAHook(args []string) bool {
+	if len(args) > 1 && args[1] == "hook" {
+		args = args[1:]
+	}
+	return len(args) > 1 && slices.Contains([]string{"create-symlinks", "update-ldcache", "create-soname-symlinks", "chmod", "enable-cuda-compat",
+		"disable-device-node-modification", "update-application-profile", "apply-cuda-memory-limits"}, args[1])
+}
