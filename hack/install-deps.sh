@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the host packages the end-to-end tests and the demo need: runc
 # (the demo's; the tests build the runc each containerd is tested with),
-# libseccomp's headers and pkg-config (to build those with seccomp) and a
-# static busybox (for the test image). Debian/Ubuntu only; does nothing
+# libseccomp's headers and pkg-config (to build those with seccomp), a
+# static busybox (for the test image) and musl's compiler (a musl image's
+# probe, for hook-free injection). Debian/Ubuntu only; does nothing
 # when they are already there.
 set -euo pipefail
 
@@ -11,6 +12,7 @@ command -v runc >/dev/null 2>&1 || missing+=(runc)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 dpkg -s libseccomp-dev >/dev/null 2>&1 || missing+=(libseccomp-dev)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
+command -v musl-gcc >/dev/null 2>&1 || missing+=(musl-tools)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"runtime"
 	"slices"
 	"strings"
 
@@ -178,20 +179,48 @@ func (w *withoutHooks) resolve(p string) (*cdispec.Mount, *cdispec.DeviceNode) {
 }
 
 // sonameMounts returns, for each mount of a library in one of folders
-// whose soname is not its file name, the same library mounted at its
-// soname in that folder: the link ldconfig would make.
+// that has a soname, the same library mounted at its soname: in that
+// folder (the link ldconfig would make, unless the file is named so), and,
+// for a folder of the machine's own libraries, in the directories every
+// family of images' dynamic loader searches without a cache entry
+// (loaderDirs), so that it is found by soname whatever the image.
 func (w *withoutHooks) sonameMounts(folders []string) []*cdispec.Mount {
 	var out []*cdispec.Mount
 	for _, cp := range sortedKeys(w.mounts) {
 		m := w.mounts[cp]
 		soname := w.sonames[m.HostPath]
 		dir := path.Dir(cp)
-		if soname == "" || soname == path.Base(cp) || !slices.ContainsFunc(folders, func(f string) bool { return path.Clean(f) == dir }) {
+		if soname == "" || !slices.ContainsFunc(folders, func(f string) bool { return path.Clean(f) == dir }) {
 			continue
 		}
-		out = append(out, &cdispec.Mount{HostPath: m.HostPath, ContainerPath: path.Join(dir, soname), Type: m.Type, Options: slices.Clone(m.Options)})
+		for _, d := range append([]string{dir}, loaderDirs(dir)...) {
+			if at := path.Join(d, soname); at != cp && !slices.ContainsFunc(out, func(o *cdispec.Mount) bool { return o.ContainerPath == at }) {
+				out = append(out, &cdispec.Mount{HostPath: m.HostPath, ContainerPath: at, Type: m.Type, Options: slices.Clone(m.Options)})
+			}
+		}
 	}
 	return out
+}
+
+// multiarch are the Debian multiarch triplets of the 64-bit machines, by
+// Go's name for them.
+var multiarch = map[string]string{"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu", "ppc64le": "powerpc64le-linux-gnu", "s390x": "s390x-linux-gnu"}
+
+// loaderDirs returns where an image's dynamic loader looks for a library
+// that its ld.so.cache does not list, other than dir, when dir holds the
+// machine's own (64-bit) libraries: the system directories of glibc on
+// Debian and Ubuntu (/usr/lib/<triplet>, and /usr/lib), of glibc on RHEL,
+// Fedora, SUSE and Amazon Linux (/usr/lib64), and musl's default path on
+// Alpine (/usr/lib). /lib, /lib64 and /lib/<triplet> are links to them on
+// every merged-/usr image, and the loaders search both. None for any other
+// directory (a 32-bit one, a subdirectory such as vdpau).
+func loaderDirs(dir string) []string {
+	triplet := multiarch[runtime.GOARCH]
+	own := []string{"/usr/lib/" + triplet, "/lib/" + triplet, "/usr/lib64", "/lib64"}
+	if triplet == "" || !slices.Contains(own, dir) {
+		return nil
+	}
+	return slices.DeleteFunc([]string{"/usr/lib/" + triplet, "/usr/lib64", "/usr/lib"}, func(d string) bool { return d == dir })
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -57,7 +58,7 @@ int main(void) {
 func TestCUDALoads(t *testing.T) {
 	needEnv(t)
 	dir := filepath.Join(env.dir, "cuda")
-	build, image := probeImage(t, dir)
+	build, image := probeImage(t, dir, nil)
 	for _, layout := range []struct{ name, libDir string }{
 		{"multiarch", "/usr/lib/x86_64-linux-gnu"},
 		{"lib64", "/usr/lib64"},
@@ -126,9 +127,11 @@ func TestCUDALoads(t *testing.T) {
 }
 
 // probeImage builds, in dir, the fake driver's libraries (real shared
-// objects with NVIDIA's sonames) into build and an image whose /probe
-// dlopens them by soname, and returns build and the image's tar.
-func probeImage(t *testing.T, dir string) (build, image string) {
+// objects with NVIDIA's sonames, needing no libc, so that glibc's and
+// musl's loaders load them alike) into build and an image whose /probe
+// dlopens them by soname, with the files extra makes from build, and
+// returns build and the image's tar.
+func probeImage(t *testing.T, dir string, extra func(build string, probe []harness.File) []harness.File) (build, image string) {
 	t.Helper()
 	build = filepath.Join(dir, "build")
 	if err := os.MkdirAll(build, 0o755); err != nil {
@@ -140,7 +143,7 @@ func probeImage(t *testing.T, dir string) (build, image string) {
 		if err := os.WriteFile(src, []byte(fmt.Sprintf("int %s(unsigned f) { (void)f; return %s; }\n", l.fn, l.ret)), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		compileC(t, "-shared", "-fPIC", "-Wl,-soname,"+l.soname, "-o", filepath.Join(build, l.stem+"."+driverVersion), src)
+		compileC(t, "-shared", "-fPIC", "-nostdlib", "-Wl,-soname,"+l.soname, "-o", filepath.Join(build, l.stem+"."+driverVersion), src)
 		libsC = append(libsC, fmt.Sprintf("{%q, %q}", l.soname, l.fn))
 	}
 	probeC := filepath.Join(build, "probe.c")
@@ -153,6 +156,9 @@ func probeImage(t *testing.T, dir string) (build, image string) {
 	files, err := harness.ProgramFiles(filepath.Join(build, "probe"), "probe")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if extra != nil {
+		files = append(files, extra(build, files)...)
 	}
 	if err := harness.BuildImage(env.tools.Busybox, image, files...); err != nil {
 		t.Fatal(err)
@@ -277,76 +283,165 @@ func compileC(t *testing.T, args ...string) {
 }
 
 // TestHookFreeCUDALoads: with hookFree, a container given GPU 0 of the
-// spec nri-gpu generated (its hooks create-symlinks and update-ldcache)
-// gets no OCI hook, and the probe loads the driver's libraries by soname
-// all the same (Debian/Ubuntu multiarch), as root and as another user,
-// and in a user namespace (2.x). On containerd 2.x with the default
-// validator's reject_oci_hook_adjustment, the same device with its hooks
-// is refused by the runtime, and hook-free it runs.
+// spec nri-gpu generated (its hooks create-symlinks and update-ldcache
+// among others) gets no OCI hook, and the probe loads the driver's
+// libraries by soname all the same, on a host laid out as Debian/Ubuntu
+// multiarch and as /usr/lib64, in an image of each loader family (glibc
+// with an ld.so.cache that does not list the driver, as a Debian or
+// Ubuntu image has; glibc with no cache at all, a minimal root; musl, as
+// Alpine; glibc with LD_LIBRARY_PATH set, as NVIDIA's CUDA images set
+// it), as root, as another user and in a user namespace (2.x). On
+// containerd 2.x with the default validator's
+// reject_oci_hook_adjustment, the same device with its hooks is refused
+// by the runtime.
 func TestHookFreeCUDALoads(t *testing.T) {
 	needEnv(t)
+	musl, err := exec.LookPath("musl-gcc")
+	if err != nil {
+		t.Fatalf("musl-gcc (musl-tools, hack/install-deps.sh) builds the musl probe: %v", err)
+	}
 	dir := filepath.Join(env.dir, "cuda-hookfree")
-	build, image := probeImage(t, dir)
-	root := filepath.Join(dir, "driver")
-	fakeDriver(t, root, build, "/usr/lib/x86_64-linux-gnu")
-	specDir := filepath.Join(dir, "cdi")
-	writeSpecs(t, root, specDir)
+	build, image := probeImage(t, dir, func(build string, probe []harness.File) []harness.File {
+		return append(muslProbe(t, musl, build), ldCache(t, filepath.Join(build, "cache-root"), probe)...)
+	})
 	reject := env.tools.Containerd2()
-	ctd := extraContainerd(t, "cuda-hookfree", harness.Options{Image: image, RejectHooks: reject})
-	config := func(hookFree bool) string {
-		path := filepath.Join(ctd.Dir, fmt.Sprintf("nri-gpu-%v.yaml", hookFree))
-		if err := os.WriteFile(path, []byte(fmt.Sprintf("cdiSpecDirs: [%s]\nhookFree: %v\npolicy:\n  devices: [\"*/*\"]\n", specDir, hookFree)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
-
-	if reject {
-		plug, err := ctd.StartPlugin("--config", config(false))
-		if err != nil {
-			t.Fatal(err)
-		}
-		podID, pod := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "0"})
-		_, err = ctd.CreateContainer(podID, pod, harness.Container{Name: "hooks"})
-		t.Logf("with hooks, under reject_oci_hook_adjustment: %v", err)
-		testutil.ErrorSays(t, err, "restricted OCI hook injection")
-		plug.Stop()
-	}
-
-	if _, err := ctd.StartPlugin("--config", config(true)); err != nil {
-		t.Fatal(err)
+	families := []struct{ name, cmd string }{
+		{"glibc, ld.so.cache without the driver", "/probe"},
+		{"glibc, no ld.so.cache", "/lib64/ld-linux-x86-64.so.2 --inhibit-cache /probe"},
+		{"musl", "/probe-musl"},
+		{"glibc, LD_LIBRARY_PATH of CUDA images", "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64 /probe"},
 	}
 	user := int64(1000)
-	for _, tc := range []struct {
+	users := []struct {
 		name   string
 		user   *int64
 		userNS bool
-	}{
-		{name: "root"},
-		{name: "user 1000", user: &user},
-		{name: "user namespace", userNS: true},
+	}{{name: "root"}, {name: "user 1000", user: &user}, {name: "user namespace", userNS: true}}
+	for _, layout := range []struct{ name, libDir string }{
+		{"multiarch", "/usr/lib/x86_64-linux-gnu"},
+		{"lib64", "/usr/lib64"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if tc.userNS && !env.tools.Containerd2() {
-				t.Skip("user namespaces of pods: containerd 2.x")
+		t.Run(layout.name, func(t *testing.T) {
+			root := filepath.Join(dir, layout.name, "driver")
+			fakeDriver(t, root, build, layout.libDir)
+			specDir := filepath.Join(dir, layout.name, "cdi")
+			writeSpecs(t, root, specDir)
+			ctd := extraContainerd(t, "cuda-hookfree-"+layout.name, harness.Options{Image: image, RejectHooks: reject})
+			config := func(hookFree bool) string {
+				path := filepath.Join(ctd.Dir, fmt.Sprintf("nri-gpu-%v.yaml", hookFree))
+				if err := os.WriteFile(path, []byte(fmt.Sprintf("cdiSpecDirs: [%s]\nhookFree: %v\npolicy:\n  devices: [\"*/*\"]\n", specDir, hookFree)), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return path
 			}
-			pod := harness.Pod{Name: "hookfree-" + strings.ReplaceAll(tc.name, " ", "-"), Namespace: "e2e", UserNS: tc.userNS, Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
-			podID, err := ctd.RunPod(pod)
-			if err != nil {
+			if reject {
+				plug, err := ctd.StartPlugin("--config", config(false))
+				if err != nil {
+					t.Fatal(err)
+				}
+				podID, pod := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "0"})
+				_, err = ctd.CreateContainer(podID, pod, harness.Container{Name: "hooks"})
+				testutil.ErrorSays(t, err, "restricted OCI hook injection")
+				plug.Stop()
+			}
+			if _, err := ctd.StartPlugin("--config", config(true)); err != nil {
 				t.Fatal(err)
 			}
-			id, spec := runContainer(t, ctd, podID, pod, harness.Container{Name: "cuda", User: tc.user})
-			if h := spec.Hooks; h != nil && len(h.CreateRuntime)+len(h.CreateContainer)+len(h.StartContainer)+len(h.Prestart)+len(h.Poststart) > 0 {
-				t.Errorf("hook-free container has hooks: %+v", h)
-			}
-			out, err := ctd.Exec(id, "/probe")
-			t.Logf("the probe, hook-free:\n%s", out)
-			if err != nil {
-				t.Fatalf("the probe could not load the driver hook-free: %v", err)
-			}
-			for _, l := range fakeLibs {
-				testutil.ErrorSays(t, fmt.Errorf("%s", out), l.fn+"="+l.ret)
+			for _, u := range users {
+				t.Run(u.name, func(t *testing.T) {
+					if u.userNS && !env.tools.Containerd2() {
+						t.Skip("user namespaces of pods: containerd 2.x")
+					}
+					pod := harness.Pod{Name: "hookfree-" + strings.ReplaceAll(u.name, " ", "-"), Namespace: "e2e", UserNS: u.userNS, Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+					podID, err := ctd.RunPod(pod)
+					if err != nil {
+						t.Fatal(err)
+					}
+					id, spec := runContainer(t, ctd, podID, pod, harness.Container{Name: "cuda", User: u.user})
+					if h := spec.Hooks; h != nil && len(h.CreateRuntime)+len(h.CreateContainer)+len(h.StartContainer)+len(h.Prestart)+len(h.Poststart) > 0 {
+						t.Errorf("hook-free container has hooks: %+v", h)
+					}
+					for _, f := range families {
+						out, err := ctd.Exec(id, "sh", "-c", f.cmd)
+						if err != nil {
+							t.Errorf("%s: the probe could not load the driver hook-free: %v\n%s", f.name, err, out)
+							continue
+						}
+						for _, l := range fakeLibs {
+							if !strings.Contains(out, l.fn+"="+l.ret) {
+								t.Errorf("%s: the probe said %q, want %s=%s", f.name, out, l.fn, l.ret)
+							}
+						}
+						t.Logf("%s: loaded %d libraries by soname", f.name, len(fakeLibs))
+					}
+				})
 			}
 		})
 	}
+}
+
+// muslProbe returns the image's /probe-musl, the probe built with musl,
+// and musl's loader at its path.
+func muslProbe(t *testing.T, muslGCC, build string) []harness.File {
+	t.Helper()
+	out := filepath.Join(build, "probe-musl")
+	if b, err := exec.Command(muslGCC, "-o", out, filepath.Join(build, "probe.c")).CombinedOutput(); err != nil {
+		t.Fatalf("musl-gcc: %v\n%s", err, b)
+	}
+	interp := elfInterp(t, out)
+	probe, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loader, err := os.ReadFile(interp) // through its link: musl's libc
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []harness.File{{Name: "probe-musl", Data: probe, Mode: 0o755}, {Name: strings.TrimPrefix(interp, "/"), Data: loader, Mode: 0o755}}
+}
+
+// elfInterp returns the program interpreter an executable names.
+func elfInterp(t *testing.T, path string) string {
+	t.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			data := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(data, 0); err != nil {
+				t.Fatal(err)
+			}
+			return strings.TrimRight(string(data), "\x00")
+		}
+	}
+	t.Fatalf("%s names no interpreter", path)
+	return ""
+}
+
+// ldCache returns an /etc/ld.so.conf and the /etc/ld.so.cache ldconfig
+// builds of the image's files (the probe's libc and loader), as a Debian
+// or Ubuntu image has: a cache that does not list the driver.
+func ldCache(t *testing.T, root string, files []harness.File) []harness.File {
+	t.Helper()
+	conf := harness.File{Name: "etc/ld.so.conf", Data: []byte("include /etc/ld.so.conf.d/*.conf\n"), Mode: 0o644}
+	for _, f := range append(files, conf) {
+		p := filepath.Join(root, f.Name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, f.Data, os.FileMode(f.Mode)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := exec.Command("ldconfig", "-r", root).CombinedOutput(); err != nil {
+		t.Fatalf("ldconfig -r: %v\n%s", err, out)
+	}
+	cache, err := os.ReadFile(filepath.Join(root, "etc", "ld.so.cache"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []harness.File{conf, {Name: "etc/ld.so.cache", Data: cache, Mode: 0o644}}
 }
