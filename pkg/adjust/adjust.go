@@ -143,6 +143,7 @@ func Build(devices []*cdi.Device, nodes map[string]specs.HostNode, opts Options)
 	var free *withoutHooks
 	if opts.HookFree {
 		free = newWithoutHooks(sets, opts.Sonames)
+		errs = append(errs, hooksByRuntime(opts))
 	}
 	for _, set := range sets {
 		if free != nil {

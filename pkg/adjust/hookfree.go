@@ -289,6 +289,20 @@ func (w *withoutHooks) replace(set editSet, res *Result) (*cdispec.ContainerEdit
 	return &e, errors.Join(errs...)
 }
 
+// hooksByRuntime refuses, in hook-free mode, a device the runtime's own
+// CDI injected with hooks: they reach the container, and nri-gpu cannot
+// take them out.
+func hooksByRuntime(opts Options) error {
+	var errs []error
+	for _, set := range inOrder(opts.Injected, nil, opts.SpecPath) {
+		if len(set.edits.Hooks) > 0 {
+			errs = append(errs, fmt.Errorf("%s: %w: the runtime's own CDI injected it, with its %d hooks, which nri-gpu cannot take out; have nri-gpu inject it (the door's cdiDevices: nri-gpu, or the runtime's CDI off)",
+				set.where(), ErrHook, len(set.edits.Hooks)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // chmod gives a chmod hook's mode to the device nodes it names; a
 // directory made 755 is what runc makes a device node's directory.
 func (w *withoutHooks) chmod(e *cdispec.ContainerEdits, args []string) error {

@@ -95,6 +95,7 @@ func TestHookFree(t *testing.T) {
 	for _, tc := range []struct {
 		name, link, more string
 		hookFree         bool
+		injected         bool
 		wantErr          []string
 	}{
 		{name: "soname link", link: soname, hookFree: true},
@@ -104,10 +105,17 @@ func TestHookFree(t *testing.T) {
 		{name: "chmod of another path", link: soname, hookFree: true, more: "    - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, chmod, --mode, \"700\", --path, /etc]}",
 			wantErr: []string{"chmod", `path "/etc" (mode 700)`}},
 		{name: "hooks kept", link: soname},
+		{name: "injected by the runtime", link: soname, hookFree: true, injected: true,
+			wantErr: []string{"the runtime's own CDI injected it, with its 4 hooks", "cdiDevices: nri-gpu"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := fmt.Sprintf(hookFreeSpec, lib, tc.link, tc.more)
-			res, err := build(t, map[string]string{"gpu.yaml": spec}, adjust.Options{HookFree: tc.hookFree}, "example.com/gpu=0")
+			devs, snap := load(t, map[string]string{"gpu.yaml": spec}, "example.com/gpu=0")
+			opts := adjust.Options{HookFree: tc.hookFree, SpecPath: snap.SpecPath, Sonames: snap.Sonames}
+			if tc.injected {
+				opts.Injected = devs
+			}
+			res, err := adjust.Build(devs, snap.HostNodes, opts)
 			if len(tc.wantErr) > 0 {
 				testutil.ErrorSays(t, err, tc.wantErr...)
 				if !errors.Is(err, adjust.ErrHook) {

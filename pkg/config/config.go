@@ -506,6 +506,11 @@ func (c *Config) setDefaults() {
 	if d.PodResources == "" {
 		d.PodResources = filepath.Join(filepath.Dir(d.KubeletDir), "pod-resources", "kubelet.sock")
 	}
+	// With hookFree, the doors hand the runtime's own CDI nothing: it
+	// would run the devices' hooks.
+	if d.CDIDevices == "" && c.HookFree {
+		d.CDIDevices = CDINRIGPU
+	}
 	if d.CDIDevices == "" {
 		d.CDIDevices = CDIAnnotations
 	}
@@ -539,6 +544,9 @@ func (c *Config) setDefaults() {
 	}
 	if r.UnhealthyTaint == "" {
 		r.UnhealthyTaint = TaintNoSchedule
+	}
+	if r.CDIDevices == "" && c.HookFree {
+		r.CDIDevices = CDINRIGPU
 	}
 	if r.CDIDevices == "" {
 		r.CDIDevices = CDICRI

@@ -225,6 +225,14 @@ start:
 			want: everyKey,
 		},
 		{name: "v1 refuses the keys before versions", yaml: "version: v1\ngenerateSpecs: true\ndra: {enabled: true}\n", wantErr: []string{"field generateSpecs not found", "field dra not found"}},
+		{name: "hookFree with doors of the runtime's CDI", yaml: "version: v1\nhookFree: true\nstart:\n  devicePlugin: {cdiDevices: cri, resources: [{name: nvidia.com/gpu}]}\n  dra: {enabled: true, nodeName: n, cdiDevices: cri}\n",
+			wantErr: []string{"start.devicePlugin.cdiDevices: hookFree: cri", "start.dra.cdiDevices: hookFree: cri", "runs their hooks"}},
+		{name: "hookFree defaults the doors to nri-gpu", yaml: "version: v1\nhookFree: true\n", want: func() *config.Config {
+			c := *defaults
+			c.HookFree = true
+			c.Start.DevicePlugin.CDIDevices, c.Start.DRA.CDIDevices = config.CDINRIGPU, config.CDINRIGPU
+			return &c
+		}()},
 		{name: "unknown version", yaml: "version: v2\n", wantErr: []string{`version: "v2" is not one this nri-gpu reads (v1)`}},
 		{name: "v1 errors name v1 keys", yaml: "version: v1\ngenerate: {interval: -1s}\nstart: {health: {interval: -1s}, dra: {pluginDir: plugins}, mps: {checkInterval: -1s}}\n",
 			wantErr: []string{"generate.interval: -1s is not positive", "start.health.interval: -1s is not positive", `start.dra.pluginDir: "plugins" is not an absolute path`, "start.mps.checkInterval: -1s is not positive"}},

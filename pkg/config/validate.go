@@ -95,7 +95,25 @@ func (c *Config) problems() field.ErrorList {
 		errs = append(errs, absolute(key("start.events.kubeconfig"), k)...)
 	}
 	errs = append(errs, c.Start.MPS.validate(key("start.mps"))...)
+	errs = append(errs, c.hookFreeDoors()...)
 	return append(errs, c.Start.DevicePlugin.validate(key("start.devicePlugin"))...)
+}
+
+// hookFreeDoors refuses, with hookFree, a door that hands its devices to
+// the runtime's own CDI, which runs their hooks.
+func (c *Config) hookFreeDoors() field.ErrorList {
+	if !c.HookFree {
+		return nil
+	}
+	var errs field.ErrorList
+	const why = "hookFree: cri hands the devices to the runtime's own CDI, which runs their hooks; use nri-gpu"
+	if len(c.Start.DevicePlugin.Resources) > 0 && c.Start.DevicePlugin.CDIDevices == CDICRI {
+		errs = append(errs, field.Invalid(key("start.devicePlugin.cdiDevices"), CDICRI, why))
+	}
+	if c.Start.DRA.Enabled && c.Start.DRA.CDIDevices == CDICRI {
+		errs = append(errs, field.Invalid(key("start.dra.cdiDevices"), CDICRI, why))
+	}
+	return errs
 }
 
 // The rules every key of their sort follows, each in one place.

@@ -228,9 +228,20 @@ func writeSpecs(t *testing.T, root, specDir string) {
 // root: nothing lands in the host directories.
 func hostileUserNS(t *testing.T, name, libDir, config string) {
 	t.Helper()
+	hostile(t, name, libDir, config, true)
+}
+
+// hostile runs a hostile image in a pod given GPU 0 (in a user namespace
+// of its own when userNS): its library directory and ld.so.conf.d are
+// symlinks to host directories, and its LD_PRELOAD names a library that
+// would leave a file in a third one wherever it is loaded on the host.
+// Nothing lands in any of them.
+func hostile(t *testing.T, name, libDir, config string, userNS bool) {
+	t.Helper()
 	dir := filepath.Join(env.dir, "cuda-hostile-"+name)
-	hostLib, hostConf := filepath.Join(dir, "host-lib"), filepath.Join(dir, "host-conf")
-	for _, d := range []string{hostLib, hostConf} {
+	hostLib, hostConf, hostMark := filepath.Join(dir, "host-lib"), filepath.Join(dir, "host-conf"), filepath.Join(dir, "host-mark")
+	evilC := filepath.Join(dir, "evil.c")
+	for _, d := range []string{hostLib, hostConf, hostMark} {
 		if err := os.MkdirAll(d, 0o777); err != nil {
 			t.Fatal(err)
 		}
@@ -238,31 +249,41 @@ func hostileUserNS(t *testing.T, name, libDir, config string) {
 			t.Fatal(err)
 		}
 	}
+	if err := os.WriteFile(evilC, []byte(fmt.Sprintf("#include <stdio.h>\n__attribute__((constructor)) static void mark(void) { FILE *f = fopen(%q, \"w\"); if (f) fclose(f); }\n", filepath.Join(hostMark, "loaded"))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	compileC(t, "-shared", "-fPIC", "-o", filepath.Join(dir, "evil.so"), evilC)
+	evil, err := os.ReadFile(filepath.Join(dir, "evil.so"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	image := filepath.Join(dir, "image.tar")
 	if err := harness.BuildImage(env.tools.Busybox, image,
 		harness.File{Name: strings.TrimPrefix(libDir, "/"), Link: hostLib},
-		harness.File{Name: "etc/ld.so.conf.d", Link: hostConf}); err != nil {
+		harness.File{Name: "etc/ld.so.conf.d", Link: hostConf},
+		harness.File{Name: "evil.so", Data: evil, Mode: 0o755}); err != nil {
 		t.Fatal(err)
 	}
 	ctd := extraContainerd(t, "cuda-hostile-"+name, harness.Options{Image: image})
 	if _, err := ctd.StartPlugin("--config", config); err != nil {
 		t.Fatal(err)
 	}
-	pod := harness.Pod{Name: "hostile", Namespace: "e2e", UserNS: true, Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
+	pod := harness.Pod{Name: "hostile", Namespace: "e2e", UserNS: userNS, Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
 	podID, err := ctd.RunPod(pod)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, err := ctd.CreateContainer(podID, pod, harness.Container{Name: "hostile"})
+	id, err := ctd.CreateContainer(podID, pod, harness.Container{Name: "hostile", Env: map[string]string{"LD_PRELOAD": "/evil.so"}})
 	if err == nil {
 		err = ctd.StartContainer(id)
 	}
+	where := map[bool]string{true: "in a user namespace", false: "as root"}[userNS]
 	if err != nil {
-		t.Logf("the hostile image in a user namespace does not start: %s", harness.LastLine(err.Error()))
+		t.Logf("the hostile image %s does not start: %s", where, harness.LastLine(err.Error()))
 	} else {
-		t.Log("the hostile image in a user namespace started")
+		t.Logf("the hostile image %s started", where)
 	}
-	for _, d := range []string{hostLib, hostConf} {
+	for _, d := range []string{hostLib, hostConf, hostMark} {
 		if entries, err := os.ReadDir(d); err != nil || len(entries) > 0 {
 			t.Errorf("the host directory %s holds %v (%v); want nothing", d, entries, err)
 		}
@@ -375,6 +396,13 @@ func TestHookFreeCUDALoads(t *testing.T) {
 						t.Logf("%s: loaded %d libraries by soname", f.name, len(fakeLibs))
 					}
 				})
+			}
+			// The hostile image, hook-free: runc makes every mount in the
+			// container's root, and nothing runs on the host.
+			cfg := config(true)
+			hostile(t, "hookfree-"+layout.name, layout.libDir, cfg, false)
+			if env.tools.Containerd2() {
+				hostile(t, "hookfree-userns-"+layout.name, layout.libDir, cfg, true)
 			}
 		})
 	}
