@@ -208,6 +208,7 @@ func TestHookFreeCorpus(t *testing.T) {
 					if !errors.Is(err, adjust.ErrHook) {
 						t.Fatalf("hooks %q, not NVIDIA's: error %v, want ErrHook", others, err)
 					}
+					t.Logf("refused: hooks %q", others)
 					return
 				}
 				if errors.Is(err, adjust.ErrUnsupportedEdit) {
@@ -236,7 +237,11 @@ func TestHookFreeCorpus(t *testing.T) {
 						t.Errorf("link %s neither given nor left out", l)
 					}
 				}
-				t.Logf("%d links given or left out, %d hooks left out", len(links), len(res.LeftOut))
+				var left []string
+				for _, l := range res.LeftOut {
+					left = append(left, l.Hook)
+				}
+				t.Logf("%d links given or left out, left out: %v", len(links), left)
 			})
 		}
 	}
