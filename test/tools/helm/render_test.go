@@ -666,3 +666,14 @@ func TestDRARollingUpdate(t *testing.T) {
 		})
 	}
 }
+
+// TestHookFreeValues: the chart's hook-free node: hookFree on, and both
+// doors handing the runtime's own CDI nothing (cdiDevices: nri-gpu), so
+// that no hook reaches a GPU container whatever the runtime's CDI.
+func TestHookFreeValues(t *testing.T) {
+	cfg := parseConfig(t, render(t, "ci/hookfree-values.yaml").configMap)
+	if !cfg.HookFree || cfg.Start.DevicePlugin.CDIDevices != config.CDINRIGPU || !cfg.Start.DRA.Enabled || cfg.Start.DRA.CDIDevices != config.CDINRIGPU {
+		t.Errorf("hookFree %v, device plugin's cdiDevices %q, DRA on %v with cdiDevices %q; want hook-free, both nri-gpu",
+			cfg.HookFree, cfg.Start.DevicePlugin.CDIDevices, cfg.Start.DRA.Enabled, cfg.Start.DRA.CDIDevices)
+	}
+}
