@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/yaml"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -287,5 +289,56 @@ func TestCheckDRADriver(t *testing.T) {
 	}
 	if out := check(); strings.Contains(out, "DRA driver") {
 		t.Errorf("DRA off, yet:\n%s", out)
+	}
+}
+
+// TestGenerateHookFree: with --hook-free the spec has no hook, neither
+// its own nor a device's, its mounts are kept, and generate says what it
+// left out.
+func TestGenerateHookFree(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("making the GPUs' device nodes needs root")
+	}
+	s := testutil.NVML(2)
+	mock := func(string) nvml.Interface { return s }
+	root, err := filepath.Abs("../../pkg/specs/nvidia/testdata/minimal-root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devRoot := t.TempDir()
+	for i := range 2 {
+		if err := os.MkdirAll(filepath.Join(devRoot, "dev"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mknod(filepath.Join(devRoot, "dev", fmt.Sprintf("nvidia%d", i)), unix.S_IFCHR|0o666, int(unix.Mkdev(195, uint32(i)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, hookFree := range []bool{false, true} {
+		var stdout, stderr bytes.Buffer
+		args := []string{"--driver-root", root, "--dev-root", devRoot, "--output", "-"}
+		if hookFree {
+			args = append(args, "--hook-free")
+		}
+		if code := runGenerate(args, &stdout, &stderr, mock); code != exitOK {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr.String())
+		}
+		var spec cdispec.Spec
+		if err := yaml.UnmarshalStrict(stdout.Bytes(), &spec); err != nil {
+			t.Fatal(err)
+		}
+		hooks := len(spec.ContainerEdits.Hooks)
+		for _, d := range spec.Devices {
+			hooks += len(d.ContainerEdits.Hooks)
+		}
+		if hookFree != (hooks == 0) {
+			t.Errorf("--hook-free %v: %d hooks", hookFree, hooks)
+		}
+		if !slices.ContainsFunc(spec.ContainerEdits.Mounts, func(m *cdispec.Mount) bool { return m.ContainerPath == "/usr/lib64/libcuda.so.550.54.15" }) {
+			t.Errorf("--hook-free %v: the driver's libcuda not mounted", hookFree)
+		}
+		if said := strings.Contains(stderr.String(), "left out enable-cuda-compat"); said != hookFree {
+			t.Errorf("--hook-free %v: stderr %q", hookFree, stderr.String())
+		}
 	}
 }

@@ -10,7 +10,9 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
@@ -32,6 +34,7 @@ func runGenerate(args []string, stdout, stderr io.Writer, lib func(driverRoot st
 		mkNodes    = fs.Bool("create-device-nodes", true, "make the control device nodes the loaded driver has but the dev root lacks (nvidia-uvm before the first CUDA call)")
 		hookPath   = fs.String("hook-path", selfPath(), "the CDI hook the spec's hooks run: nri-gpu itself (the default), nvidia-cdi-hook, or nvidia-ctk")
 		format     = fs.String("format", "", "yaml or json (default: from the file name, else yaml)")
+		hookFree   = fs.Bool("hook-free", false, "write a spec with no hook: NVIDIA's hooks replaced by mounts and device nodes, as hookFree injects (docs/hook-free.md)")
 	)
 	if code, done := parseFlags(fs, args); done {
 		return code
@@ -61,6 +64,20 @@ func runGenerate(args []string, stdout, stderr io.Writer, lib func(driverRoot st
 			return exitUsage
 		}
 		return exitError
+	}
+	if *hookFree {
+		left, err := adjust.WithoutHooks(spec, specs.LibrarySonames(spec))
+		if err != nil {
+			fmt.Fprintf(stderr, "nri-gpu generate: %v\n", err)
+			return exitError
+		}
+		said := map[string]bool{}
+		for _, l := range left {
+			if msg := fmt.Sprintf("left out %s: the container lacks %s", l.Hook, l.Lacks); !said[msg] {
+				said[msg] = true
+				fmt.Fprintf(stderr, "nri-gpu generate: %s\n", msg)
+			}
+		}
 	}
 	if err := nvidia.Write(spec, *output, *format, stdout); err != nil {
 		fmt.Fprintf(stderr, "nri-gpu generate: %v\n", err)

@@ -289,6 +289,42 @@ func (w *withoutHooks) replace(set editSet, res *Result) (*cdispec.ContainerEdit
 	return &e, errors.Join(errs...)
 }
 
+// WithoutHooks rewrites a spec so that it has no hook, as hook-free
+// injection would give its devices: the spec's own edits and each
+// device's, their hooks replaced by mounts and device nodes (replace),
+// each device's links resolved among its edits and the spec's. sonames
+// are its libraries' (specs.LibrarySonames). It returns the hooks left
+// out, and fails, changing nothing, on a hook it cannot replace.
+func WithoutHooks(spec *cdispec.Spec, sonames map[string]string) ([]LeftOut, error) {
+	res := &Result{}
+	specSet := editSet{edits: &spec.ContainerEdits, device: spec.Kind, spec: "spec"}
+	all := []editSet{specSet}
+	for i := range spec.Devices {
+		all = append(all, editSet{edits: &spec.Devices[i].ContainerEdits, device: spec.Kind + "=" + spec.Devices[i].Name})
+	}
+	var (
+		errs    []error
+		replace []*cdispec.ContainerEdits
+	)
+	for i, set := range all {
+		index := all // the spec's own links may name any device's files
+		if i > 0 {
+			index = []editSet{specSet, set}
+		}
+		e, err := newWithoutHooks(index, sonames).replace(set, res)
+		errs = append(errs, err)
+		replace = append(replace, e)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	spec.ContainerEdits = *replace[0]
+	for i := range spec.Devices {
+		spec.Devices[i].ContainerEdits = *replace[i+1]
+	}
+	return res.LeftOut, nil
+}
+
 // hooksByRuntime refuses, in hook-free mode, a device the runtime's own
 // CDI injected with hooks: they reach the container, and nri-gpu cannot
 // take them out.

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
+	"sigs.k8s.io/yaml"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -283,4 +284,62 @@ func isNVIDIAHook(args []string) bool {
 	}
 	return len(args) > 1 && slices.Contains([]string{"create-symlinks", "update-ldcache", "create-soname-symlinks", "chmod", "enable-cuda-compat",
 		"disable-device-node-modification", "update-application-profile", "apply-cuda-memory-limits"}, args[1])
+}
+
+// TestWithoutHooks: a spec written hook-free has no hook, the soname and
+// link mounts and the link's device node in their places, and says what
+// it left out; one with a hook nri-gpu cannot replace is refused and left
+// as it was.
+func TestWithoutHooks(t *testing.T) {
+	lib, soname := sharedObject(t)
+	for _, tc := range []struct {
+		name, more string
+		wantErr    string
+	}{
+		{name: "NVIDIA's hooks"},
+		{name: "another hook", more: "    - {hookName: createContainer, path: /usr/bin/other, args: [other]}", wantErr: "/usr/bin/other other is not one of NVIDIA's hook commands"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var spec cdispec.Spec
+			if err := yaml.Unmarshal([]byte(fmt.Sprintf(hookFreeSpec, lib, soname, tc.more)), &spec); err != nil {
+				t.Fatal(err)
+			}
+			before := fmt.Sprint(spec.ContainerEdits.Hooks, spec.Devices[0].ContainerEdits.Hooks)
+			left, err := adjust.WithoutHooks(&spec, specs.LibrarySonames(&spec))
+			if tc.wantErr != "" {
+				testutil.ErrorSays(t, err, tc.wantErr)
+				if after := fmt.Sprint(spec.ContainerEdits.Hooks, spec.Devices[0].ContainerEdits.Hooks); after != before {
+					t.Errorf("refused, yet the spec changed: %s", after)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := len(spec.ContainerEdits.Hooks) + len(spec.Devices[0].ContainerEdits.Hooks); n > 0 {
+				t.Errorf("%d hooks left", n)
+			}
+			at := map[string]string{}
+			for _, m := range spec.ContainerEdits.Mounts {
+				at[m.ContainerPath] = m.HostPath
+			}
+			for _, p := range []string{"/usr/lib/x86_64-linux-gnu/" + soname, "/usr/lib/x86_64-linux-gnu/libexample.so"} {
+				if at[p] != lib {
+					t.Errorf("%s mounts %q, want %s", p, at[p], lib)
+				}
+			}
+			if !slices.ContainsFunc(spec.Devices[0].ContainerEdits.DeviceNodes, func(n *cdispec.DeviceNode) bool {
+				return n.Path == "/dev/dri/by-path/pci-0000:01:00.0-card" && n.HostPath == "/dev/null"
+			}) {
+				t.Errorf("device nodes %v lack the by-path link as the card's node", spec.Devices[0].ContainerEdits.DeviceNodes)
+			}
+			var hooks []string
+			for _, l := range left {
+				hooks = append(hooks, l.Hook)
+			}
+			if !slices.Contains(hooks, "enable-cuda-compat") || !slices.Contains(hooks, "disable-device-node-modification") {
+				t.Errorf("left out %v", hooks)
+			}
+		})
+	}
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
@@ -77,6 +79,11 @@ func (p *Plugin) generate(lib nvml.Interface, path string) (string, bool, error)
 	spec, err := nvidia.Generate(lib, nvidia.Options{DriverRoot: p.start.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.hookPath, CreateControlNodes: true})
 	if err != nil {
 		return "", false, err
+	}
+	if cfg.HookFree {
+		if _, err := adjust.WithoutHooks(spec, specs.LibrarySonames(spec)); err != nil {
+			return "", false, err
+		}
 	}
 	what := fmt.Sprintf("driver %s, GPUs %s, control nodes %s, %d driver files", inv.DriverVersion, gpuList(inv), controlNodes(p.start.DriverRoot), len(spec.ContainerEdits.Mounts))
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {

@@ -73,16 +73,10 @@ func load(dirs []string) *Snapshot {
 	}
 	for name, d := range l.devices {
 		spec := d.GetSpec()
-		withHooks := len(hooks(d)) > 0
+		if len(hooks(d)) > 0 {
+			addSonames(s.Sonames, &spec.ContainerEdits, &d.ContainerEdits)
+		}
 		for _, edits := range []*cdispec.ContainerEdits{&spec.ContainerEdits, &d.ContainerEdits} {
-			for _, m := range edits.Mounts {
-				if m == nil || !withHooks || !isLibrary(m.HostPath) {
-					continue
-				}
-				if _, ok := s.Sonames[m.HostPath]; !ok {
-					s.Sonames[m.HostPath] = soname(m.HostPath)
-				}
-			}
 			for _, n := range edits.DeviceNodes {
 				// And the host's node at its container path, where runc
 				// binds it from in a user namespace.
@@ -138,6 +132,33 @@ func hooks(d *cdi.Device) []string {
 		}
 	}
 	return paths
+}
+
+// LibrarySonames returns the sonames of the shared libraries a spec
+// mounts (its own edits' and its devices'), by host path, read from their
+// ELF files ("" for one that has none): what ldconfig links them by.
+func LibrarySonames(spec *cdispec.Spec) map[string]string {
+	out := map[string]string{}
+	addSonames(out, &spec.ContainerEdits)
+	for i := range spec.Devices {
+		addSonames(out, &spec.Devices[i].ContainerEdits)
+	}
+	return out
+}
+
+// addSonames adds to sonames those of the libraries edits mount that it
+// lacks.
+func addSonames(sonames map[string]string, edits ...*cdispec.ContainerEdits) {
+	for _, e := range edits {
+		for _, m := range e.Mounts {
+			if m == nil || !isLibrary(m.HostPath) {
+				continue
+			}
+			if _, ok := sonames[m.HostPath]; !ok {
+				sonames[m.HostPath] = soname(m.HostPath)
+			}
+		}
+	}
 }
 
 // isLibrary reports whether a file's name is a shared library's
