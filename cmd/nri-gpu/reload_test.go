@@ -43,9 +43,16 @@ func (f *fakeReloader) last() (*config.Config, int) {
 // SIGHUP reloads even an unchanged file.
 func TestWatchConfig(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "nri-gpu.yaml")
+	// Written whole at once, as kubelet updates a ConfigMap's file (a
+	// rename): a truncated file seen between two polls of a loaded
+	// machine would be an empty, valid configuration.
 	write := func(s string) {
 		t.Helper()
-		if err := os.WriteFile(file, []byte(s), 0o644); err != nil {
+		tmp := file + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, file); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -51,15 +52,24 @@ devices:
         - {path: /dev/nvidia1, hostPath: /dev/zero}
 `
 
-// pluginCount signals each change of the runtime's plugin count.
+// pluginCount signals each change of the runtime's plugin count, with
+// the number of plugins synchronized when it was reported.
 type pluginCount struct {
 	adaptation.Metrics
-	ch chan int
+	ch    chan count
+	syncs *atomic.Int64
+}
+
+// count is one report of the runtime's plugin count: n plugins, reported
+// after syncs plugins were synchronized.
+type count struct {
+	n     int
+	syncs int64
 }
 
 func (m pluginCount) UpdatePluginCount(n int) {
 	select {
-	case m.ch <- n:
+	case m.ch <- count{n: n, syncs: m.syncs.Load()}:
 	default: // nobody waits any more
 	}
 }
@@ -119,7 +129,7 @@ func runtimeWith(t *testing.T, containerdVersion, cfgYAML string, tune func(*tes
 		socket:    filepath.Join(dir, "nri.sock"),
 		specDir:   filepath.Join(dir, "cdi"),
 		stateFile: filepath.Join(dir, "state", "allocations.json"),
-		counts:    pluginCount{Metrics: noMetrics{}, ch: make(chan int, 4)},
+		counts:    pluginCount{Metrics: noMetrics{}, ch: make(chan count, 4), syncs: new(atomic.Int64)},
 		pods:      map[string]*api.PodSandbox{},
 	}
 	if err := os.MkdirAll(r.specDir, 0o755); err != nil {
@@ -137,6 +147,9 @@ func runtimeWith(t *testing.T, containerdVersion, cfgYAML string, tune func(*tes
 		containers := slices.Clone(r.containers)
 		r.mu.Unlock()
 		_, err := cb(ctx, pods, containers)
+		if err == nil {
+			r.counts.syncs.Add(1)
+		}
 		return err
 	}
 	update := func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
@@ -178,14 +191,10 @@ func (r *testRuntime) connect(t *testing.T, cfgYAML string) (stop func()) {
 	}
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	// Forget plugin counts reported before this plugin connects.
-	for drained := false; !drained; {
-		select {
-		case <-r.counts.ch:
-		default:
-			drained = true
-		}
-	}
+	// NRI registers plugins one at a time, and reports the count of the
+	// one before this plugin as late as it likes: only a count reported
+	// after this plugin was synchronized says the runtime has it.
+	synced := r.counts.syncs.Load()
 	opts := []plugin.Option{plugin.WithSpecDirs([]string{r.specDir})}
 	if r.stateFile != "" {
 		opts = append(opts, plugin.WithStateFile(r.stateFile))
@@ -214,8 +223,8 @@ func (r *testRuntime) connect(t *testing.T, cfgYAML string) (stop func()) {
 
 	for registered := false; !registered; {
 		select {
-		case n := <-r.counts.ch:
-			registered = n > 0
+		case c := <-r.counts.ch:
+			registered = c.n > 0 && c.syncs > synced
 		case <-time.After(10 * time.Second):
 			t.Fatal("nri-gpu did not register with the runtime")
 		}

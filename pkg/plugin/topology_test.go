@@ -352,7 +352,8 @@ func startNVIDIAPlugin(t *testing.T, r *testRuntime) {
 	}
 	for n := 0; n < 2; {
 		select {
-		case n = <-r.counts.ch:
+		case c := <-r.counts.ch:
+			n = c.n
 		case <-time.After(10 * time.Second):
 			t.Fatal("NVIDIA's plugin did not register with the runtime")
 		}
