@@ -122,6 +122,11 @@ $(KUBERNETES_SKEW)/kubelet: $(KUBERNETES_MOD)/go.1.34.mod $(KUBERNETES_MOD)/go.1
 $(BIN)/helm: $(CURDIR)/test/tools/helm/go.mod $(CURDIR)/test/tools/helm/go.sum
 	cd test/tools/helm && $(GO) build -o $@ helm.sh/helm/v3/cmd/helm
 
+# A glibc loader whose system directories are RHEL's (/lib64, /usr/lib64),
+# for the hook-free e2e test's RHEL-like image.
+$(BIN)/glibc-lib64/ld.so: hack/glibc-lib64.sh
+	hack/glibc-lib64.sh $(BIN)/glibc-lib64
+
 # The CNI plugins of the cluster's pod network.
 $(CNI)/bridge:
 	GOBIN=$(CNI) $(GO) install \
@@ -146,7 +151,7 @@ deps:
 	./hack/install-deps.sh
 
 e2e-tools: deps build image $(BIN)/nvidia-nri-plugin $(BIN)/mps-control $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd \
-	$(BIN)/runc $(CONTAINERD2)/runc $(CONTAINERD17OLD)/runc $(KUBELET) $(BIN)/helm $(CNI)/bridge
+	$(BIN)/runc $(CONTAINERD2)/runc $(CONTAINERD17OLD)/runc $(KUBELET) $(BIN)/helm $(CNI)/bridge $(BIN)/glibc-lib64/ld.so
 
 lint:
 	@out=$$(gofmt -l cmd pkg test internal hack); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -30,8 +31,10 @@ var fakeLibs = []struct{ stem, soname, fn, ret string }{
 }
 
 // probe dlopens the driver's libraries by soname, as CUDA programs and
-// nvidia-smi do, and prints what their functions return.
-const probe = `#include <dlfcn.h>
+// nvidia-smi do, and prints what their functions return and the file
+// each came from ("cuInit=42 /usr/lib64/libcuda.so.1").
+const probe = `#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdio.h>
 int main(void) {
 	const char *libs[][2] = {%s};
@@ -41,7 +44,8 @@ int main(void) {
 		if (!h) { printf("dlopen %%s: %%s\n", libs[i][0], dlerror()); failed = 1; continue; }
 		int (*fn)(unsigned) = (int (*)(unsigned))dlsym(h, libs[i][1]);
 		if (!fn) { printf("dlsym %%s: %%s\n", libs[i][1], dlerror()); failed = 1; continue; }
-		printf("%%s=%%d\n", libs[i][1], fn(0));
+		Dl_info in;
+		printf("%%s=%%d %%s\n", libs[i][1], fn(0), dladdr((void *)fn, &in) ? in.dli_fname : "?");
 	}
 	return failed;
 }
@@ -309,9 +313,10 @@ func compileC(t *testing.T, args ...string) {
 // libraries by soname all the same, on a host laid out as Debian/Ubuntu
 // multiarch and as /usr/lib64, in an image of each loader family (glibc
 // with an ld.so.cache that does not list the driver, as a Debian or
-// Ubuntu image has; glibc with no cache at all, a minimal root; musl, as
-// Alpine; glibc with LD_LIBRARY_PATH set, as NVIDIA's CUDA images set
-// it), as root, as another user and in a user namespace (2.x). On
+// Ubuntu image has; glibc with no cache at all, a minimal root; a glibc
+// loader whose system directories are RHEL's /lib64 and /usr/lib64,
+// which must find the libraries there; musl, as Alpine; glibc with
+// LD_LIBRARY_PATH set, as NVIDIA's CUDA images set it), as root, as another user and in a user namespace (2.x). On
 // containerd 2.x with the default validator's
 // reject_oci_hook_adjustment, the same device with its hooks is refused
 // by the runtime.
@@ -323,14 +328,22 @@ func TestHookFreeCUDALoads(t *testing.T) {
 	}
 	dir := filepath.Join(env.dir, "cuda-hookfree")
 	build, image := probeImage(t, dir, func(build string, probe []harness.File) []harness.File {
-		return append(muslProbe(t, musl, build), ldCache(t, filepath.Join(build, "cache-root"), probe)...)
+		files := append(muslProbe(t, musl, build), ldCache(t, filepath.Join(build, "cache-root"), probe)...)
+		return append(files, lib64Loader(t)...)
 	})
 	reject := env.tools.Containerd2()
-	families := []struct{ name, cmd string }{
-		{"glibc, ld.so.cache without the driver", "/probe"},
-		{"glibc, no ld.so.cache", "/lib64/ld-linux-x86-64.so.2 --inhibit-cache /probe"},
-		{"musl", "/probe-musl"},
-		{"glibc, LD_LIBRARY_PATH of CUDA images", "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64 /probe"},
+	// The families' loaders; in, where one must have found each library
+	// (RHEL's directories, which its loader searches before Debian's
+	// libc6-amd64 adds /lib and /usr/lib).
+	families := []struct {
+		name, cmd string
+		in        []string
+	}{
+		{name: "glibc, ld.so.cache without the driver", cmd: "/probe"},
+		{name: "glibc, no ld.so.cache", cmd: "/lib64/ld-linux-x86-64.so.2 --inhibit-cache /probe"},
+		{name: "glibc, RHEL-like (/lib64, /usr/lib64)", cmd: lib64LoaderPath + " --inhibit-cache /probe", in: []string{"/lib64/", "/usr/lib64/"}},
+		{name: "musl", cmd: "/probe-musl"},
+		{name: "glibc, LD_LIBRARY_PATH of CUDA images", cmd: "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64 /probe"},
 	}
 	user := int64(1000)
 	users := []struct {
@@ -388,12 +401,18 @@ func TestHookFreeCUDALoads(t *testing.T) {
 							t.Errorf("%s: the probe could not load the driver hook-free: %v\n%s", f.name, err, out)
 							continue
 						}
+						var from []string
 						for _, l := range fakeLibs {
-							if !strings.Contains(out, l.fn+"="+l.ret) {
+							_, after, ok := strings.Cut(out, l.fn+"="+l.ret+" ")
+							file, _, _ := strings.Cut(after, "\n")
+							if !ok {
 								t.Errorf("%s: the probe said %q, want %s=%s", f.name, out, l.fn, l.ret)
+							} else if f.in != nil && !slices.ContainsFunc(f.in, func(d string) bool { return file == d+l.soname }) {
+								t.Errorf("%s: %s loaded from %s, want it found in %v", f.name, l.soname, file, f.in)
 							}
+							from = append(from, file)
 						}
-						t.Logf("%s: loaded %d libraries by soname", f.name, len(fakeLibs))
+						t.Logf("%s: loaded %d libraries by soname, from %v", f.name, len(fakeLibs), from)
 					}
 				})
 			}
@@ -406,6 +425,28 @@ func TestHookFreeCUDALoads(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lib64LoaderPath is where the hook-free probe image has a glibc loader
+// whose system directories are RHEL's (make e2e-tools puts it in the
+// tools: hack/glibc-lib64.sh).
+const lib64LoaderPath = "/opt/glibc-lib64/ld.so"
+
+// lib64Loader returns the image's RHEL-like loader at lib64LoaderPath
+// and its libc in /lib64, where that loader finds it (the image's
+// Debian loader does not look there).
+func lib64Loader(t *testing.T) []harness.File {
+	t.Helper()
+	dir := filepath.Join(env.tools.Dir, "glibc-lib64")
+	var files []harness.File
+	for _, f := range []struct{ name, at string }{{"ld.so", lib64LoaderPath}, {"libc.so.6", "/lib64/libc.so.6"}} {
+		data, err := os.ReadFile(filepath.Join(dir, f.name))
+		if err != nil {
+			t.Fatalf("the RHEL-like loader (make e2e-tools: hack/glibc-lib64.sh): %v", err)
+		}
+		files = append(files, harness.File{Name: strings.TrimPrefix(f.at, "/"), Data: data, Mode: 0o755})
+	}
+	return files
 }
 
 // muslProbe returns the image's /probe-musl, the probe built with musl,
