@@ -88,7 +88,7 @@ func TestRealMPS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	specDir, ctd := realNode(t, dir, append(program(t, dir, "mpsclient", mpsClient), fake...))
+	specDir, ctd := realNode(t, dir, append(program(t, dir, "mpsclient", mpsClient), fake...), false)
 	root := filepath.Join(dir, "mps")
 	config := filepath.Join(dir, "nri-gpu.yaml")
 	text := fmt.Sprintf(`cdiSpecDirs: [%s]

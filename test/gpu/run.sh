@@ -10,7 +10,9 @@
 # that every device node and file the
 # spec names exists, then (TestRealGPU in test/gpu) runs nri-gpu on a
 # throwaway containerd and gives GPU 0 to a container that loads
-# libcuda.so.1, calls cuInit and cuDeviceGetCount, and runs nvidia-smi -L;
+# libcuda.so.1, calls cuInit and cuDeviceGetCount, and runs nvidia-smi -L,
+# once with the spec's hooks and once hook-free (hookFree: true) on
+# containerd 2.3.7 whose NRI validator refuses every hook a plugin adds;
 # and (TestRealGPUAttributes) checks that the DRA driver's devices carry
 # NVML's product, architecture, versions, memory and the PCIe root; and
 # (TestRealMPS) shares GPU 0 two ways with MPS, nri-gpu running the
@@ -59,7 +61,7 @@ while read -r path; do
 done < <(sed -n 's/^ *hostPath: *//p' "$spec" | sort -u)
 [ "$missing" -eq 0 ] || { echo "FAIL: the spec names host paths that do not exist" >&2; exit 1; }
 
-echo "== a container given GPU 0: CUDA loads, nvidia-smi -L; the DRA driver's attributes from NVML (TestRealGPUAttributes); two pods on GPU 0 under MPS (TestRealMPS)"
+echo "== a container given GPU 0: CUDA loads, nvidia-smi -L, with hooks and hook-free; the DRA driver's attributes from NVML (TestRealGPUAttributes); two pods on GPU 0 under MPS (TestRealMPS)"
 cd "$(dirname "$0")/../.."
-NRI_GPU_REAL=1 NRI_GPU_TOOLS="$(dirname "$bin")" go test -count=1 -v -run "TestRealGPU|TestRealMPS" ./test/gpu/
+NRI_GPU_REAL=1 NRI_GPU_TOOLS="$(dirname "$bin")" NRI_GPU_CONTAINERD2="${NRI_GPU_CONTAINERD2:-$(dirname "$bin")/../containerd-2.3.7}" go test -count=1 -v -run "TestRealGPU|TestRealMPS" ./test/gpu/
 echo "PASS"
