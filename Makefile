@@ -127,6 +127,11 @@ $(BIN)/helm: $(CURDIR)/test/tools/helm/go.mod $(CURDIR)/test/tools/helm/go.sum
 $(BIN)/glibc-lib64/ld.so: hack/glibc-lib64.sh
 	hack/glibc-lib64.sh $(BIN)/glibc-lib64
 
+# gVisor's runsc and containerd shim, for the GPU pods in gVisor of the
+# end-to-end tests (hack/gvisor.sh says the one change it makes).
+$(BIN)/gvisor/containerd-shim-runsc-v1: $(CURDIR)/test/tools/gvisor/go.mod $(CURDIR)/test/tools/gvisor/go.sum hack/gvisor.sh
+	GO=$(GO) hack/gvisor.sh $(BIN)/gvisor
+
 # The CNI plugins of the cluster's pod network.
 $(CNI)/bridge:
 	GOBIN=$(CNI) $(GO) install \
@@ -151,7 +156,8 @@ deps:
 	./hack/install-deps.sh
 
 e2e-tools: deps build image $(BIN)/nvidia-nri-plugin $(BIN)/mps-control $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd \
-	$(BIN)/runc $(CONTAINERD2)/runc $(CONTAINERD17OLD)/runc $(KUBELET) $(BIN)/helm $(CNI)/bridge $(BIN)/glibc-lib64/ld.so
+	$(BIN)/runc $(CONTAINERD2)/runc $(CONTAINERD17OLD)/runc $(KUBELET) $(BIN)/helm $(CNI)/bridge $(BIN)/glibc-lib64/ld.so \
+	$(BIN)/gvisor/containerd-shim-runsc-v1
 
 lint:
 	@out=$$(gofmt -l cmd pkg test internal hack); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -161,6 +167,7 @@ lint:
 	cd $(CONTAINERD17) && $(GO) vet -modfile=go.$(CONTAINERD17_OLD).mod ./...
 	cd hack/image && $(GO) vet ./... && $(GO) mod tidy -diff
 	cd test/tools/helm && $(GO) vet ./... && $(GO) mod tidy -diff
+	cd test/tools/gvisor && $(GO) mod tidy -diff
 	cd $(KUBERNETES_MOD) && $(GO) mod tidy -diff && $(GO) mod tidy -modfile=$(KUBERNETES_SKEW_MODFILE) -diff
 
 # Every test: unit, protocol (NRI's runtime side) and end-to-end, on

@@ -44,7 +44,18 @@ type Options struct {
 	// Prefix is a command that runs containerd (a node's nsenter into its
 	// mount namespace).
 	Prefix []string
+	// GVisor, when set, is a directory holding gVisor's runsc and
+	// containerd-shim-runsc-v1: containerd then has the runtime handler
+	// GVisorHandler, which runs a pod's sandbox in gVisor (systrap
+	// platform; no network: the harness's pods share the host's; nvproxy
+	// told the driver's ABI, "latest", as a fake GPU has no kernel driver
+	// to ask).
+	GVisor string
 }
+
+// GVisorHandler is the runtime handler (a RuntimeClass's handler) of
+// gVisor's runsc, where Options.GVisor is set.
+const GVisorHandler = "runsc"
 
 // Containerd is a running throwaway containerd.
 type Containerd struct {
@@ -104,6 +115,14 @@ disabled_plugins = [
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         BinaryName = "{{.Runc}}"
+{{- if .GVisor}}
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
+      runtime_type = "io.containerd.runsc.v1"
+      runtime_path = "{{.GVisor}}/containerd-shim-runsc-v1"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "{{.Dir}}/runsc.toml"
+{{- end}}
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{{.Dir}}/cni/bin"
     conf_dir = "{{.Dir}}/cni/conf"
@@ -146,6 +165,14 @@ disabled_plugins = [
       runtime_type = "io.containerd.runc.v2"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         BinaryName = "{{.Runc}}"
+{{- if .GVisor}}
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc]
+      runtime_type = "io.containerd.runsc.v1"
+      runtime_path = "{{.GVisor}}/containerd-shim-runsc-v1"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "{{.Dir}}/runsc.toml"
+{{- end}}
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["{{.Dir}}/cni/bin"]
     conf_dir = "{{.Dir}}/cni/conf"
@@ -164,6 +191,18 @@ disabled_plugins = [
   [plugins.'io.containerd.nri.v1.nri'.default_validator]
     enable = {{.Validator}}
     reject_oci_hook_adjustment = {{.RejectHooks}}
+`
+
+// runscConfig is the configuration of gVisor's shim (ConfigPath of the
+// runsc runtime): the runsc it runs and runsc's own flags.
+const runscConfig = `binary_name = "{{.GVisor}}/runsc"
+root = "{{.Dir}}/runsc"
+
+[runsc_config]
+  platform = "systrap"
+  network = "none"
+  nvproxy-driver-version = "latest"
+  debug-log = "{{.Dir}}/runsc-logs/"
 `
 
 // StartContainerd writes a config under dir, starts containerd, waits for
@@ -196,8 +235,18 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 	if err := template.Must(template.Must(template.New("config").Parse(configCommon)).Parse(tmpl)).Execute(&cfg, map[string]any{
 		"Dir": dir, "Image": ImageRef, "EnableCDI": opts.EnableCDI,
 		"CDIDirs": strings.Join(quoted, ", "), "Runc": tools.Runc, "Validator": opts.DefaultValidator || opts.RejectHooks, "RejectHooks": opts.RejectHooks,
+		"GVisor": opts.GVisor,
 	}); err != nil {
 		return nil, err
+	}
+	if opts.GVisor != "" {
+		var runsc bytes.Buffer
+		if err := template.Must(template.New("runsc").Parse(runscConfig)).Execute(&runsc, map[string]any{"Dir": dir, "GVisor": opts.GVisor}); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "runsc.toml"), runsc.Bytes(), 0o644); err != nil {
+			return nil, err
+		}
 	}
 	if opts.PreRegister != "" {
 		if err := preRegister(tools.Path("nri-gpu"), dir, opts.PreRegister); err != nil {
@@ -364,6 +413,9 @@ type Pod struct {
 	// userns_options, mode POD): uids and gids 0 to 65535 inside are
 	// UserNSHost and up on the host.
 	UserNS bool
+	// RuntimeHandler runs the pod with that runtime handler of
+	// containerd's (GVisorHandler) instead of the default runc.
+	RuntimeHandler string
 }
 
 // UserNSHost is the first host uid and gid of a UserNS pod's range.
@@ -452,7 +504,7 @@ func (c *Containerd) RunPod(p Pod) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	out, err := c.Crictl("runp", path)
+	out, err := c.Crictl("runp", "--runtime", p.RuntimeHandler, path)
 	if err != nil {
 		return "", fmt.Errorf("crictl runp: %w: %s", err, out)
 	}
@@ -585,31 +637,34 @@ func (c *Containerd) Stop() error {
 		// itself, a pre-registered plugin it started) goes too.
 		c.kill()
 	}
-	errs = append(errs, killShims(c.Address))
+	errs = append(errs, killShims(c.Address, c.Dir))
 	errs = append(errs, unmountBelow(c.Dir))
 	return errors.Join(errs...)
 }
 
-// killShims kills the shims serving this containerd (they outlive it).
-func killShims(address string) error {
+// killShims kills the shims serving the containerd of address and dir,
+// and gVisor's sandboxes of it (they outlive containerd).
+func killShims(address, dir string) error {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return err
 	}
+	// gVisor's sandbox and gofer processes, which outlive a killed shim,
+	// name their root below dir.
+	runscRoot := "--root=" + filepath.Join(dir, "runsc") + "/"
 	for _, e := range entries {
 		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		if err != nil {
 			continue
 		}
 		args := strings.Split(string(cmdline), "\x00")
-		if !strings.HasSuffix(args[0], "containerd-shim-runc-v2") {
-			continue
-		}
+		shim := strings.HasPrefix(filepath.Base(args[0]), "containerd-shim-")
 		for i, a := range args {
-			if a == "-address" && i+1 < len(args) && args[i+1] == address {
+			if (shim && a == "-address" && i+1 < len(args) && args[i+1] == address) || strings.HasPrefix(a, runscRoot) {
 				var pid int
 				fmt.Sscan(e.Name(), &pid)
 				_ = syscall.Kill(pid, syscall.SIGKILL)
+				break
 			}
 		}
 	}

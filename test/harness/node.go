@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -187,7 +186,7 @@ func (c *Cluster) AddNode(opts NodeOptions) (n *Node, err error) {
 // enter is the command prefix that runs a program in the node's mount
 // namespace.
 func (n *Node) enter() []string {
-	return []string{"nsenter", "--mount=/proc/" + strconv.Itoa(n.holder.Pid()) + "/ns/mnt", "--"}
+	return enterMountNS(n.holder.Pid())
 }
 
 // writeGPUs makes the node's fake GPUs (device nodes with NVIDIA's

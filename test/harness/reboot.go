@@ -28,7 +28,7 @@ func (n *Node) PowerOff(keep ...string) error {
 	n.kubelet.kill()
 	n.Ctd.kill()
 	var errs []error
-	errs = append(errs, killShims(n.Ctd.Address), killCgroup(n.cgroupRoot))
+	errs = append(errs, killShims(n.Ctd.Address, n.Ctd.Dir), killCgroup(n.cgroupRoot))
 	errs = append(errs, n.unmountSinceMade())
 	errs = append(errs, removeCgroup(n.cgroupRoot), n.deleteBridge())
 	errs = append(errs, emptyDir(filepath.Join(n.Dir, "run"), append(keep, "cdi", "nri")...))
