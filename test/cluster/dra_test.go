@@ -125,16 +125,35 @@ func seenBy(t *testing.T, p *corev1.Pod, ctr string) []string {
 // waitAllRunning waits until every container of pod namespace/name runs.
 func waitAllRunning(t *testing.T, namespace, name string) *corev1.Pod {
 	t.Helper()
-	var pod *corev1.Pod
-	testutil.Within(t, podWait, "pod "+namespace+"/"+name+" Running", func() bool {
+	var last *corev1.Pod
+	deadline := time.Now().Add(podWait)
+	for {
 		p, err := env.client.CoreV1().Pods(namespace).Get(context.Background(), name, metav1.GetOptions{})
-		if err != nil || p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != len(p.Spec.Containers) {
-			return false
+		if err == nil {
+			last = p
+			if p.Status.Phase == corev1.PodRunning && len(p.Status.ContainerStatuses) == len(p.Spec.Containers) &&
+				!slices.ContainsFunc(p.Status.ContainerStatuses, func(s corev1.ContainerStatus) bool { return s.State.Running == nil }) {
+				return p
+			}
 		}
-		pod = p
-		return !slices.ContainsFunc(p.Status.ContainerStatuses, func(s corev1.ContainerStatus) bool { return s.State.Running == nil })
-	})
-	return pod
+		if time.Now().After(deadline) {
+			t.Fatalf("pod %s/%s Running: not within %s; %s", namespace, name, podWait, podState(last))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// podState says where pod p is (its phase, reason and its containers'
+// states), for a test that waited for it in vain.
+func podState(p *corev1.Pod) string {
+	if p == nil {
+		return "never seen"
+	}
+	s := fmt.Sprintf("phase %s %s %q", p.Status.Phase, p.Status.Reason, p.Status.Message)
+	for _, c := range p.Status.ContainerStatuses {
+		s += fmt.Sprintf("; container %s: %+v", c.Name, c.State)
+	}
+	return s
 }
 
 // TestDRASlices: nri-gpu publishes each node's GPUs as one ResourceSlice
