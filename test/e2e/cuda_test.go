@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
@@ -513,4 +514,61 @@ func ldCache(t *testing.T, root string, files []harness.File) []harness.File {
 		t.Fatal(err)
 	}
 	return []harness.File{conf, {Name: "etc/ld.so.cache", Data: cache, Mode: 0o644}}
+}
+
+// TestHookFreeDevicePlugin: the device plugin's door, hook-free. nri-gpu
+// in device-plugin mode beside a real kubelet, with hookFree and the spec
+// nri-gpu generated (its hooks among its edits), on a containerd that
+// refuses every OCI hook a plugin adds (2.x): a pod asking for
+// nvidia.com/gpu in its limits runs with one GPU, no OCI hook reaches its
+// container, and the probe loads the driver's libraries by soname.
+func TestHookFreeDevicePlugin(t *testing.T) {
+	needEnv(t)
+	dir := filepath.Join(env.dir, "hookfree-device-plugin")
+	build, image := probeImage(t, dir, nil)
+	root := filepath.Join(dir, "driver")
+	fakeDriver(t, root, build, "/usr/lib/x86_64-linux-gnu")
+	specDir := filepath.Join(dir, "cdi")
+	writeSpecs(t, root, specDir)
+	ctd := extraContainerd(t, "hookfree-device-plugin", harness.Options{Image: image, RejectHooks: env.tools.Containerd2()})
+	k := startKubelet(t, ctd)
+	config := filepath.Join(ctd.Dir, "nri-gpu.yaml")
+	cfg := fmt.Sprintf("cdiSpecDirs: [%s]\nhookFree: true\npolicy:\n  devices: [nvidia.com/gpu=*]\n"+
+		"devicePlugin:\n  kubeletDir: %s\n  resources: [{name: nvidia.com/gpu}]\n", specDir, filepath.Join(k.VarLib, "kubelet", "device-plugins"))
+	if err := os.WriteFile(config, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	plugin, err := ctd.StartPlugin("--config", config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A pod kubelet admits before the resource is registered runs with
+	// nothing (TestDevicePlugin): first nri-gpu tells kubelet the GPU.
+	testutil.Within(t, podWait, "nri-gpu telling kubelet its GPU", func() bool {
+		return strings.Contains(plugin.Log(), `devices="0 healthy"`)
+	})
+	time.Sleep(time.Second) // for kubelet to take it in
+	addPod(t, k, harness.StaticPod{Name: "hookfree", Limits: map[string]string{"nvidia.com/gpu": "1"}})
+	id, err := k.RunningContainer("hookfree", podWait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := ctd.ContainerSpec(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := spec.Hooks; h != nil && len(h.CreateRuntime)+len(h.CreateContainer)+len(h.StartContainer)+len(h.Prestart)+len(h.Poststart) > 0 {
+		t.Errorf("the hook-free container has OCI hooks: %+v", h)
+	}
+	if got := gpusInside(t, ctd, id); len(got) != 1 {
+		t.Errorf("the pod sees GPUs %v, want one", got)
+	}
+	out, err := ctd.Exec(id, "/probe")
+	if err != nil {
+		t.Fatalf("the probe could not load the driver hook-free: %v\n%s", err, out)
+	}
+	for _, l := range fakeLibs {
+		testutil.ErrorSays(t, fmt.Errorf("%s", out), l.fn+"="+l.ret)
+	}
+	t.Logf("a device-plugin pod, hook-free:\n%s", out)
 }
