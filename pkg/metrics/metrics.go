@@ -1,12 +1,15 @@
 // Package metrics exposes nri-gpu's Prometheus metrics: requests by
 // result, denials by rule, injection latency, devices held and spec
-// problems.
+// problems; and, read at each scrape, who holds which device of the node,
+// what each offers and how much of it is used, and its MPS daemon.
 package metrics
 
 import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +34,10 @@ type Metrics struct {
 	unhealthy prometheus.Gauge
 	rebuilt   prometheus.Gauge
 	config    *prometheus.GaugeVec
+	// node reads the node's devices at a scrape, once WatchNode is
+	// called (nodeOnce registers its collector).
+	node     atomic.Pointer[func() Node]
+	nodeOnce sync.Once
 }
 
 // New returns metrics registered in a new registry.
@@ -117,11 +124,7 @@ func (m *Metrics) ConfigLoaded(digest string) {
 // RecordRebuilt records whether nri-gpu runs on a rebuilt record.
 func (m *Metrics) RecordRebuilt(rebuilt bool) {
 	if m != nil {
-		v := 0.0
-		if rebuilt {
-			v = 1
-		}
-		m.rebuilt.Set(v)
+		m.rebuilt.Set(bool01(rebuilt))
 	}
 }
 

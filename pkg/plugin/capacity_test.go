@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
@@ -145,7 +147,10 @@ func TestClaimsByCapacity(t *testing.T) {
 func TestMPSClaimLimits(t *testing.T) {
 	ctl, root := standin(t), testutil.ShortDir(t)
 	f := &finder{uses: map[string][]link.ClaimUse{"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}}}}
-	r := runtimeSetUp(t, "v1.7.35", strings.Replace(mpsConfig(ctl, root, "external", "2Gi"), "  exclusive: true\n", "  exclusive: true\n  namespaces: [tenant]\n", 1), func() []plugin.Option { return []plugin.Option{claimsOf(f)} })
+	m := metrics.New()
+	r := runtimeSetUp(t, "v1.7.35", strings.Replace(mpsConfig(ctl, root, "external", "2Gi"), "  exclusive: true\n", "  exclusive: true\n  namespaces: [tenant]\n", 1), func() []plugin.Option {
+		return []plugin.Option{claimsOf(f), plugin.WithMetrics(m)}
+	})
 	gpu0 := root + "/0"
 	d := mps.Daemon{Control: ctl, Dir: gpu0}
 	t.Cleanup(func() { quitAll(root) })
@@ -173,6 +178,24 @@ func TestMPSClaimLimits(t *testing.T) {
 	c := gpuPod("c", map[string]string{"gpus.nri-gpu.io": "0"})
 	_, err = r.create(c, ctrOf(c, nil))
 	testutil.ErrorSays(t, err, "used by 2 already: claim tenant/c of pod tenant/a, pod tenant/b")
+	// The metrics tell the daemon, its two clients and the bounds of each.
+	labels := func(claim, door, pod string) string {
+		return fmt.Sprintf(`{UUID="",cdi_device="nvidia.com/gpu=0",claim=%q,door=%q,gpu="0",namespace="tenant",pod=%q}`, claim, door, pod)
+	}
+	body := scrape(t, m)
+	for _, want := range []string{
+		`nri_gpu_mps_daemon_ready{UUID="",cdi_device="nvidia.com/gpu=0",gpu="0"} 1`,
+		`nri_gpu_mps_clients{UUID="",cdi_device="nvidia.com/gpu=0",gpu="0"} 2`,
+		"nri_gpu_mps_client_compute_percent" + labels("c", "dra", "a") + " 66",
+		"nri_gpu_mps_client_pinned_memory_bytes" + labels("c", "dra", "a") + " 1.073741824e+10",
+		"nri_gpu_mps_client_compute_percent" + labels("", "annotation", "b") + " 33",
+		"nri_gpu_mps_client_pinned_memory_bytes" + labels("", "annotation", "b") + " 2.147483648e+09",
+		`nri_gpu_device_shares_used{UUID="",cdi_device="nvidia.com/gpu=0",gpu="0"} 3`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("no %s in the metrics:\n%s", want, body)
+		}
+	}
 
 	// A claim whose GpuConfig asks for less than its allocation allows
 	// gets what it asked for.

@@ -9,7 +9,6 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
-	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
@@ -99,7 +98,7 @@ func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
 			if c.p.alloc.Room(st.policy, cand, policy.DRA) == 0 {
 				continue
 			}
-			info := c.info(snap, kind, cand)
+			info := c.p.deviceInfo(snap, kind, cand)
 			info.Unhealthy = c.p.hw.sickness(snap, cand)
 			if offer, ok := c.p.alloc.Offer(st.policy, cand, policy.DRA); ok {
 				info.Offer = &offer
@@ -113,40 +112,6 @@ func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
 		}
 	}
 	return out, nil
-}
-
-// info returns what is known of a device: from its spec (its name, its
-// other names, its device nodes) and, for an NVIDIA GPU, NVML.
-func (c *DRAView) info(snap *specs.Snapshot, kind string, d specs.Device) link.Info {
-	_, _, name := parser.ParseDevice(d.Name)
-	info := link.Info{Kind: kind, Name: name, Index: -1, Minor: minorOf(snap, d.Name)}
-	nv := kind == config.DefaultKind
-	if !nv {
-		return info
-	}
-	info.UUID = uuidOf(snap, d)
-	index, mig := indexOf(name, info.UUID)
-	info.Index, info.Type = index, link.TypeGPU
-	if mig {
-		info.Type = link.TypeMIG
-	}
-	// A MIG device's node /dev/nvidiaN is its GPU's: it has the GPU's
-	// product, versions and PCI address (as NVIDIA's DRA driver gives
-	// them), its own UUID and memory.
-	if g, ok := c.p.hw.gpus()[info.Minor]; ok {
-		info.ProductName, info.Brand, info.Architecture = g.Model, g.Brand, g.Architecture
-		info.DriverVersion, info.CUDAComputeCapability = g.driverVersion, g.CUDAComputeCapability
-		info.PCIBusID = g.PCIBusID
-		if info.Type == link.TypeMIG {
-			info.ParentUUID = g.UUID
-		} else {
-			info.MemoryBytes = g.MemoryBytes
-			if info.UUID == "" {
-				info.UUID = g.UUID
-			}
-		}
-	}
-	return info
 }
 
 // Prepare holds a claim's devices in the pool, under the policy: each

@@ -133,6 +133,40 @@ var (
 	migName = regexp.MustCompile(`^([0-9]+):([0-9]+)$`)
 )
 
+// deviceInfo returns what is known of a device: from its spec (its name, its
+// other names, its device nodes) and, for an NVIDIA GPU, NVML.
+func (p *Plugin) deviceInfo(snap *specs.Snapshot, kind string, d specs.Device) link.Info {
+	_, _, name := parser.ParseDevice(d.Name)
+	info := link.Info{Kind: kind, Name: name, Index: -1, Minor: minorOf(snap, d.Name)}
+	nv := kind == config.DefaultKind
+	if !nv {
+		return info
+	}
+	info.UUID = uuidOf(snap, d)
+	index, mig := indexOf(name, info.UUID)
+	info.Index, info.Type = index, link.TypeGPU
+	if mig {
+		info.Type = link.TypeMIG
+	}
+	// A MIG device's node /dev/nvidiaN is its GPU's: it has the GPU's
+	// product, versions and PCI address (as NVIDIA's DRA driver gives
+	// them), its own UUID and memory.
+	if g, ok := p.hw.gpus()[info.Minor]; ok {
+		info.ProductName, info.Brand, info.Architecture = g.Model, g.Brand, g.Architecture
+		info.DriverVersion, info.CUDAComputeCapability = g.driverVersion, g.CUDAComputeCapability
+		info.PCIBusID = g.PCIBusID
+		if info.Type == link.TypeMIG {
+			info.ParentUUID = g.UUID
+		} else {
+			info.MemoryBytes = g.MemoryBytes
+			if info.UUID == "" {
+				info.UUID = g.UUID
+			}
+		}
+	}
+	return info
+}
+
 // indexOf returns the index of the NVIDIA GPU that a device named name
 // (within its kind) with UUID uuid ("" if unknown) is or is a MIG device
 // of (-1 when its name does not say), and whether it is a MIG device:

@@ -203,11 +203,7 @@ func (m *mpsSharing) edits(ctx context.Context, st *state, snap *specs.Snapshot,
 			ErrMPS, len(gpus), strings.Join(names, ", "))
 	}
 	g := gpus[0]
-	serving := g.daemon.Serving
-	if m.cfg.Daemon == config.MPSManaged {
-		serving = func(ctx context.Context) error { return m.mgr.Serves(ctx, g.daemon) }
-	}
-	if err := serving(ctx); err != nil {
+	if err := m.serves(ctx, g); err != nil {
 		how := fmt.Sprintf("run one with CUDA_MPS_PIPE_DIRECTORY=%s, CUDA_MPS_LOG_DIRECTORY=%s and %s as its /dev/shm (mps.daemon: external)",
 			g.daemon.PipeDir(), g.daemon.LogDir(), g.daemon.ShmDir())
 		if m.cfg.Daemon == config.MPSManaged {
@@ -217,6 +213,16 @@ func (m *mpsSharing) edits(ctx context.Context, st *state, snap *specs.Snapshot,
 			ErrMPS, g.device, g.by, err, how)
 	}
 	return []adjust.Extra{{Name: fmt.Sprintf("MPS of %s", g.device), Edits: g.daemon.ClientEdits(g.limitsOf(st.policy, use))}}, nil
+}
+
+// serves returns nil when g's daemon answers on its control socket, and
+// is, with mps.daemon: managed, the one nri-gpu keeps; an error says why
+// not.
+func (m *mpsSharing) serves(ctx context.Context, g *mpsGPU) error {
+	if m.cfg.Daemon == config.MPSManaged {
+		return m.mgr.Serves(ctx, g.daemon)
+	}
+	return g.daemon.Serving(ctx)
 }
 
 // daemons returns the daemons of every GPU the policy shares with

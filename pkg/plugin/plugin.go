@@ -168,6 +168,9 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 		}
 		p.rec.pending, p.rec.restoring = pods, true
 	}
+	// Only the nri-gpu that holds the record tells the node's devices: one
+	// waiting to take over tells none.
+	p.metrics.WatchNode(p.metricsNode)
 	for _, open := range p.opening {
 		open()
 	}

@@ -1,0 +1,129 @@
+package plugin
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/nri-gpu/nri-gpu/pkg/metrics"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// mpsWait bounds how long a scrape waits for the MPS daemons to answer.
+const mpsWait = time.Second
+
+// metricsNode returns what the metrics tell of the node's devices now
+// (pkg/metrics asks at each scrape): each device of the trusted specs,
+// one name per piece of hardware (a GPU by index, not again by UUID;
+// never "all"), what it offers and who holds how much of it, whichever
+// door each holder came through, and the MPS daemon of a device MPS
+// shares. Until the first Synchronize has told which pods of the record
+// still run, it tells no device: the pool does not yet hold what they
+// hold.
+func (p *Plugin) metricsNode() metrics.Node {
+	p.mu.RLock()
+	st, restoring := p.st, p.rec.restoring
+	p.mu.RUnlock()
+	if restoring {
+		return metrics.Node{}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), mpsWait)
+	defer cancel()
+	snap := st.specs.Snapshot()
+	var (
+		out  metrics.Node
+		seen []specs.Device
+	)
+	for _, kind := range kinds(snap, st.cfg.DefaultKind) {
+		hw := st.hardware(snap, kind, []string{"*"}, seen)
+		seen = append(seen, hw...)
+		for _, d := range hw {
+			info := p.deviceInfo(snap, kind, d)
+			u := p.alloc.Usage(st.policy, d)
+			dev := metrics.Device{
+				Name: d.Name, UUID: info.UUID,
+				Shares: u.Capacity.Shares, SharesUsed: u.Used.Shares, Memory: u.Capacity.Memory, MemoryUsed: u.Used.Memory,
+			}
+			if info.Index >= 0 {
+				dev.Index = strconv.Itoa(info.Index)
+			}
+			g, _ := p.mps.of(st, snap, d) // one nri-gpu cannot bound has no daemon to tell of
+			if g != nil {
+				dev.MPS = &metrics.MPS{Ready: p.mps.serves(ctx, g) == nil}
+			}
+			for _, user := range u.Users {
+				dev.Holders = append(dev.Holders, p.holdersOf(st, d, g, user)...)
+			}
+			out.Devices = append(out.Devices, dev)
+		}
+	}
+	return out
+}
+
+// holdersOf returns a user of device d as the metrics name its holders:
+// a pod, or a claim with each pod it was prepared for (none yet: no pod),
+// what it takes of d and, where MPS shares d (g), its clients' bounds.
+func (p *Plugin) holdersOf(st *state, d specs.Device, g *mpsGPU, u policy.User) []metrics.Holder {
+	h := metrics.Holder{Door: door(u), Namespace: u.Pod.Namespace, Pod: u.Pod.Name, Shares: u.Use.Shares, Memory: u.Use.Memory}
+	if g != nil {
+		limits := g.limits
+		if u.Claim != nil {
+			if _, devs, err := p.alloc.Claim(u.Claim.UID, nil); err == nil {
+				if i := slices.IndexFunc(devs, func(c policy.ClaimDevice) bool { return c.Overlaps(d) }); i >= 0 {
+					limits = g.limitsOf(st.policy, devs[i])
+				}
+			}
+		}
+		h.MPSCompute, h.MPSMemory = limits.ActiveThreadPercentage, limits.PinnedMemoryMiB<<20
+	}
+	if u.Claim == nil {
+		return []metrics.Holder{h}
+	}
+	h.Namespace, h.Claim = u.Claim.Namespace, u.Claim.Name
+	if len(u.Claim.Pods) == 0 {
+		return []metrics.Holder{h}
+	}
+	out := make([]metrics.Holder, 0, len(u.Claim.Pods))
+	for _, pod := range u.Claim.Pods {
+		h.Pod = pod
+		if ns, name, ok := strings.Cut(pod, "/"); ok {
+			h.Namespace, h.Pod = ns, name
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+// door names the door a user got its device through.
+func door(u policy.User) string {
+	switch {
+	case u.Claim != nil:
+		return metrics.DoorDRA
+	case u.Found:
+		return metrics.DoorFound
+	case u.Kubelet:
+		return metrics.DoorDevicePlugin
+	case u.Counted:
+		return metrics.DoorCount
+	}
+	return metrics.DoorAnnotation
+}
+
+// kinds returns the kinds of the snapshot's trusted devices, the default
+// kind first.
+func kinds(snap *specs.Snapshot, defaultKind string) []string {
+	out := []string{defaultKind}
+	for _, d := range snap.Trusted() {
+		vendor, class, _ := parser.ParseDevice(d.Name)
+		if k := vendor + "/" + class; !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out[1:])
+	return out
+}
