@@ -37,7 +37,7 @@ export NRI_GPU_REFERENCE_CONTAINERD := $(CONTAINERD2)
 # go-nvml's cgo bindings declare functions the NVML headers deprecate.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: cluster skew mutation unit-long-tmpdir all build image test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
+.PHONY: rules cluster skew mutation unit-long-tmpdir all build image test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
 
 all: build
 
@@ -124,8 +124,19 @@ $(BIN)/helm: $(CURDIR)/test/tools/helm/go.mod $(CURDIR)/test/tools/helm/go.sum
 
 # A glibc loader whose system directories are RHEL's (/lib64, /usr/lib64),
 # for the hook-free e2e test's RHEL-like image.
-$(BIN)/glibc-lib64/ld.so: hack/glibc-lib64.sh
+$(BIN)/glibc-lib64/ld.so: hack/glibc-lib64.sh hack/deb.sh
 	hack/glibc-lib64.sh $(BIN)/glibc-lib64
+
+# Debian's Prometheus (prometheus and promtool, from its package, run
+# from here: no service installed), for the chart's rules and the
+# cluster's metrics tests.
+$(BIN)/prometheus/promtool: hack/deb.sh
+	rm -rf $(OUT)/prometheus-deb
+	hack/deb.sh prometheus $$(dpkg --print-architecture) $(OUT)/prometheus-deb
+	install -D -m 0755 $(OUT)/prometheus-deb/usr/bin/prometheus $(BIN)/prometheus/prometheus
+	cp $(OUT)/prometheus-deb/SOURCE $(BIN)/prometheus/SOURCE
+	install -D -m 0755 $(OUT)/prometheus-deb/usr/bin/promtool $@
+	rm -rf $(OUT)/prometheus-deb
 
 # gVisor's runsc and containerd shim, for the GPU pods in gVisor of the
 # end-to-end tests (hack/gvisor.sh says the one change it makes).
@@ -157,7 +168,7 @@ deps:
 
 e2e-tools: deps build image $(BIN)/nvidia-nri-plugin $(BIN)/mps-control $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd \
 	$(BIN)/runc $(CONTAINERD2)/runc $(CONTAINERD17OLD)/runc $(KUBELET) $(BIN)/helm $(CNI)/bridge $(BIN)/glibc-lib64/ld.so \
-	$(BIN)/gvisor/containerd-shim-runsc-v1
+	$(BIN)/gvisor/containerd-shim-runsc-v1 $(BIN)/prometheus/promtool
 
 lint:
 	@out=$$(gofmt -l cmd pkg test internal hack); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -179,11 +190,18 @@ test: lint e2e-tools
 	$(MAKE) skew
 	cd hack/image && $(GO) test -count=1 ./...
 	cd test/tools/helm && $(GO) test -count=1 ./...
+	$(MAKE) rules
 	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD2) $(GO) test -race -count=1 -timeout 30m ./test/e2e/
 	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD17OLD) $(GO) test -race -count=1 -timeout 30m ./test/e2e/
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./pkg/...
 	$(MAKE) unit-long-tmpdir
 	$(MAKE) fuzz
+
+# The chart's Prometheus rules, checked and unit-tested with Debian's
+# promtool (test/rules).
+rules: $(BIN)/prometheus/promtool
+	$(BIN)/prometheus/promtool check rules deploy/helm/nri-gpu/files/prometheus-rules.yaml
+	$(BIN)/prometheus/promtool test rules test/rules/rules_test.yaml
 
 # The cluster tests: a control plane, two GPU nodes, nri-gpu installed
 # by its chart (test/cluster; started once for all its tests).

@@ -38,6 +38,9 @@ type rendered struct {
 	serviceAccount *corev1.ServiceAccount
 	service        *corev1.Service
 	serviceMonitor map[string]any
+	// With metrics.prometheusRule.enabled and metrics.dashboard.enabled.
+	prometheusRule map[string]any
+	dashboard      *corev1.ConfigMap
 	// The DRA driver's, with config.dra.enabled.
 	clusterRole        *rbacv1.ClusterRole
 	clusterRoleBinding *rbacv1.ClusterRoleBinding
@@ -113,6 +116,12 @@ func (r *rendered) add(t *testing.T, name, text string) {
 		into = &r.daemonSet
 	case "ConfigMap":
 		into = &r.configMap
+		if strings.HasSuffix(name, "/dashboard.yaml") {
+			r.dashboard = &corev1.ConfigMap{}
+			into = r.dashboard
+		}
+	case "PrometheusRule":
+		into = &r.prometheusRule
 	case "Service":
 		r.service = &corev1.Service{}
 		into = r.service
@@ -224,8 +233,8 @@ func TestDefaultValuesMatchTheTestedDaemonSet(t *testing.T) {
 			t.Errorf("%s (-tested +chart):\n%s", c.what, diff)
 		}
 	}
-	if r.service != nil || r.serviceMonitor != nil {
-		t.Error("a metrics Service or ServiceMonitor by default")
+	if r.service != nil || r.serviceMonitor != nil || r.prometheusRule != nil || r.dashboard != nil {
+		t.Error("a metrics Service, ServiceMonitor, PrometheusRule or dashboard by default")
 	}
 }
 
@@ -675,5 +684,51 @@ func TestHookFreeValues(t *testing.T) {
 	if !cfg.HookFree || cfg.Start.DevicePlugin.CDIDevices != config.CDINRIGPU || !cfg.Start.DRA.Enabled || cfg.Start.DRA.CDIDevices != config.CDINRIGPU {
 		t.Errorf("hookFree %v, device plugin's cdiDevices %q, DRA on %v with cdiDevices %q; want hook-free, both nri-gpu",
 			cfg.HookFree, cfg.Start.DevicePlugin.CDIDevices, cfg.Start.DRA.Enabled, cfg.Start.DRA.CDIDevices)
+	}
+}
+
+// TestMonitoringValues: with ci/monitoring-values.yaml the chart serves
+// the rules promtool tests (files/prometheus-rules.yaml, test/rules) as a
+// PrometheusRule with the labels asked, the dashboard (its JSON whole,
+// every panel's query as written) as a ConfigMap Grafana's sidecar loads,
+// and a ServiceMonitor that labels nri-gpu's series job="nri-gpu" and
+// with their node, as the rules and the dashboard read them.
+func TestMonitoringValues(t *testing.T) {
+	r := render(t, "ci/monitoring-values.yaml")
+	if r.prometheusRule == nil || r.dashboard == nil || r.serviceMonitor == nil {
+		t.Fatalf("PrometheusRule %v, dashboard %v, ServiceMonitor %v: want all three", r.prometheusRule != nil, r.dashboard != nil, r.serviceMonitor != nil)
+	}
+	raw, err := os.ReadFile(chartDir + "/files/prometheus-rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules map[string]any
+	if err := yaml.Unmarshal(raw, &rules); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(rules, r.prometheusRule["spec"]); diff != "" {
+		t.Errorf("the PrometheusRule's spec is not the rule file (-file +chart):\n%s", diff)
+	}
+	labels, _ := r.prometheusRule["metadata"].(map[string]any)["labels"].(map[string]any)
+	if labels["release"] != "kube-prometheus-stack" {
+		t.Errorf("PrometheusRule labels %v: want the ruleSelector's release: kube-prometheus-stack", labels)
+	}
+	dashboard, err := os.ReadFile(chartDir + "/files/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.dashboard.Data["nri-gpu.json"]; got != string(dashboard) {
+		t.Errorf("the dashboard ConfigMap holds %d bytes, not the dashboard's %d", len(got), len(dashboard))
+	}
+	if r.dashboard.Labels["grafana_dashboard"] != "1" {
+		t.Errorf("dashboard labels %v: want grafana_dashboard: \"1\"", r.dashboard.Labels)
+	}
+	endpoint := r.serviceMonitor["spec"].(map[string]any)["endpoints"].([]any)[0].(map[string]any)
+	want := []any{
+		map[string]any{"targetLabel": "job", "replacement": "nri-gpu"},
+		map[string]any{"sourceLabels": []any{"__meta_kubernetes_pod_node_name"}, "targetLabel": "node"},
+	}
+	if diff := cmp.Diff(want, endpoint["relabelings"]); diff != "" {
+		t.Errorf("ServiceMonitor relabelings (-want +chart):\n%s", diff)
 	}
 }
