@@ -17,6 +17,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -31,6 +33,8 @@ import (
 	"github.com/nri-gpu/nri-gpu/internal/logflags"
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/metrics"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
 // registerRetry is how long the driver waits to register with kubelet
@@ -64,7 +68,7 @@ func postEvents(args []string, stdin io.Reader, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nri-gpu-dra: events: %v\n", err)
 		return link.ExitConfig
 	}
-	client, err := kubeClient(*kubeconfig)
+	client, err := kubeClient(*kubeconfig, nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu-dra: events: %v\n", err)
 		return link.ExitConfig
@@ -95,7 +99,14 @@ func run(args []string, stderr io.Writer) int {
 		log.Errorf("nri-gpu-dra: %v", err)
 		return link.ExitConfig
 	}
-	client, err := kubeClient(opts.DRA.Kubeconfig)
+	pool := link.NewPoolClient(poolConn)
+	defer pool.Close()
+	m, err := serveMetrics(opts.DRA.MetricsAddress, pool.Prepared, log)
+	if err != nil {
+		log.Errorf("dra: metrics: %v", err)
+		return link.ExitConfig
+	}
+	client, err := kubeClient(opts.DRA.Kubeconfig, m.CountAPIErrors)
 	if err != nil {
 		log.Errorf("dra: %v", err)
 		return link.ExitConfig
@@ -104,9 +115,8 @@ func run(args []string, stderr io.Writer) int {
 	defer stop()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	pool := link.NewPoolClient(poolConn)
-	defer pool.Close()
 	d := dra.New(opts.DRA, opts.Node, pool, log)
+	d.Metrics = m
 	d.RollingUpdate = types.UID(opts.RollingUpdate)
 	finder := dra.NewFinder(ctx, client, opts.DRA.DriverName, opts.Node)
 	go func() {
@@ -138,9 +148,38 @@ func run(args []string, stderr io.Writer) int {
 	}
 }
 
+// preparedWait bounds how long a scrape waits for nri-gpu to say how
+// many claims it holds prepared.
+const preparedWait = time.Second
+
+// serveMetrics serves the driver's metrics on addr, and returns them; nil
+// (metrics off) where addr is empty. prepared tells the claims the pool
+// holds prepared.
+func serveMetrics(addr string, prepared func(context.Context) ([]policy.Claim, error), log logrus.FieldLogger) (*metrics.DRA, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	m := metrics.NewDRA(func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), preparedWait)
+		defer cancel()
+		claims, err := prepared(ctx)
+		if err != nil {
+			return math.NaN() // not known now
+		}
+		return float64(len(claims))
+	})
+	at, errs, err := m.Serve(addr)
+	if err != nil {
+		return nil, err
+	}
+	log.Infof("DRA driver metrics at http://%s/metrics", at)
+	go func() { log.Errorf("DRA driver metrics stopped: %v", <-errs) }()
+	return m, nil
+}
+
 // kubeClient returns a client of the API server: from the kubeconfig
 // file, or else the pod's service account.
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+func kubeClient(kubeconfig string, wrap func(http.RoundTripper) http.RoundTripper) (kubernetes.Interface, error) {
 	var (
 		rc  *rest.Config
 		err error
@@ -157,5 +196,6 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 		return nil, err
 	}
 	rc.UserAgent = "nri-gpu"
+	rc.Wrap(wrap)
 	return kubernetes.NewForConfig(rc)
 }

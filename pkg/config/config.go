@@ -270,6 +270,12 @@ type DRA struct {
 	// longer allocates on this node (kubelet never unprepares them): one
 	// GET a prepared claim each time.
 	SweepInterval time.Duration `yaml:"sweepInterval"`
+	// MetricsAddress, when set, is the HOST:PORT on which the driver
+	// serves its own Prometheus metrics (prepare and unprepare by result
+	// and duration, requests in flight, claims prepared, API-server
+	// errors, how long its ResourceSlice takes to follow a change); off
+	// by default.
+	MetricsAddress string `yaml:"metricsAddress"`
 }
 
 // The effects of an unhealthy device's taint (dra.unhealthyTaint).

@@ -76,7 +76,7 @@ func TestParse(t *testing.T) {
 				Enabled: true, DriverName: "fpga.example.com", Kinds: []string{"example.com/fpga", "example.com/nic"},
 				Devices: []string{"[0-9]*"}, NodeName: "node-1", Kubeconfig: "/etc/nri-gpu/kubeconfig",
 				PluginDir: "/var/lib/k3s/plugins", RegistryDir: "/var/lib/k3s/plugins_registry", UnhealthyTaint: "NoExecute", CDIDevices: config.CDINRIGPU,
-				SweepInterval: 30 * time.Second,
+				SweepInterval: 30 * time.Second, MetricsAddress: "127.0.0.1:9465",
 			},
 			Events: config.Events{Enabled: true, Kubeconfig: "/etc/nri-gpu/events-kubeconfig"},
 		},
@@ -147,6 +147,7 @@ dra:
   registryDir: /var/lib/k3s/plugins_registry
   unhealthyTaint: NoExecute
   sweepInterval: 30s
+  metricsAddress: 127.0.0.1:9465
   cdiDevices: nri-gpu
 events:
   enabled: true
@@ -217,6 +218,7 @@ start:
     registryDir: /var/lib/k3s/plugins_registry
     unhealthyTaint: NoExecute
     sweepInterval: 30s
+    metricsAddress: 127.0.0.1:9465
     cdiDevices: nri-gpu
   events:
     enabled: true
@@ -288,6 +290,7 @@ start:
 		{name: "memory quota with MPS", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mps, memoryQuota: true}]\n", wantErr: []string{`policy.sharing[0].memoryQuota: MPS bounds each client's memory`}},
 		{name: "bad DRA cdiDevices", yaml: "dra:\n  cdiDevices: annotations\n", wantErr: []string{`dra.cdiDevices: "annotations" is neither "cri" nor "nri-gpu"`}},
 		{name: "no DRA sweep", yaml: "dra:\n  sweepInterval: -1s\n", wantErr: []string{"dra.sweepInterval: -1s is not positive"}},
+		{name: "DRA metrics address without a port", yaml: "dra:\n  metricsAddress: localhost\n", wantErr: []string{`dra.metricsAddress: "localhost" is not HOST:PORT`}},
 		{name: "bad unhealthy taint", yaml: "dra:\n  unhealthyTaint: PreferNoSchedule\n", wantErr: []string{`dra.unhealthyTaint: "PreferNoSchedule" is neither "NoSchedule" nor "NoExecute"`}},
 		{name: "bad MPS daemon", yaml: "mps:\n  daemon: systemd\n", wantErr: []string{`mps.daemon: "systemd" is neither "external" nor "managed"`}},
 		{name: "relative MPS control", yaml: "mps:\n  controlCommand: nvidia-cuda-mps-control\n", wantErr: []string{`mps.controlCommand: "nvidia-cuda-mps-control" is not an absolute path`}},

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"path"
 	"path/filepath"
 	"reflect"
@@ -346,6 +347,11 @@ func (d *DRA) validate(at *field.Path) field.ErrorList {
 	errs = append(errs, oneOf(at.Child("unhealthyTaint"), d.UnhealthyTaint, TaintNoSchedule, TaintNoExecute)...)
 	errs = append(errs, oneOf(at.Child("cdiDevices"), d.CDIDevices, CDICRI, CDINRIGPU)...)
 	errs = append(errs, positive(at.Child("sweepInterval"), d.SweepInterval)...)
+	if d.MetricsAddress != "" {
+		if _, port, err := net.SplitHostPort(d.MetricsAddress); err != nil || port == "" {
+			errs = append(errs, field.Invalid(at.Child("metricsAddress"), d.MetricsAddress, fmt.Sprintf("%q is not HOST:PORT (the host may be empty: every address)", d.MetricsAddress)))
+		}
+	}
 	return append(errs, absolute(at.Child("registryDir"), d.RegistryDir)...)
 }
 

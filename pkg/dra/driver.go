@@ -35,6 +35,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
@@ -58,6 +59,9 @@ type Driver struct {
 	RollingUpdate types.UID
 	// poll is how often the devices are looked at without Notify.
 	poll time.Duration
+	// Metrics, when set, records the claims prepared and unprepared, and
+	// how long the ResourceSlice takes to follow a change.
+	Metrics *metrics.DRA
 
 	mu sync.Mutex
 	// names are the CDI names of the devices offered so far, by their
@@ -158,13 +162,19 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 	// together.
 	sweep := time.NewTimer(wait.Jitter(d.cfg.SweepInterval, sweepJitter))
 	defer sweep.Stop()
-	var last []resourceapi.Device
+	var (
+		last []resourceapi.Device
+		// told is when nri-gpu told of a change not yet published.
+		told time.Time
+	)
 	for published := false; ; {
 		changed := d.changes()
 		devs, err := d.offer(ctx)
 		if err != nil {
 			d.log.Warnf("the node's ResourceSlice not published again: %v", err)
-		} else if !published || !equality.Semantic.DeepEqual(devs, last) {
+		} else if published && equality.Semantic.DeepEqual(devs, last) {
+			told = time.Time{} // nothing the slice shows changed
+		} else {
 			res := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
 				d.node: {Slices: []resourceslice.Slice{{Devices: devs}}},
 			}}
@@ -175,12 +185,19 @@ func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
 				return fmt.Errorf("DRA driver %s: %w", d.cfg.DriverName, err)
 			}
 			d.log.WithField("devices", describe(devs)).Info("published the node's ResourceSlice")
+			if !told.IsZero() {
+				d.Metrics.SliceFollowed(time.Since(told))
+				told = time.Time{}
+			}
 			last, published = devs, true
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
+			if told.IsZero() {
+				told = time.Now()
+			}
 		case <-time.After(d.poll):
 		case <-sweep.C:
 			if err := d.ReleaseGone(ctx, client); err != nil {
@@ -254,7 +271,9 @@ func (d *Driver) cdiName(ctx context.Context, device string) (string, bool, erro
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
+		done := d.Metrics.Start(true)
 		res, err := d.prepare(ctx, c)
+		done(err != nil)
 		log := d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name})
 		if err != nil {
 			log.Errorf("claim not prepared: %v", err)
@@ -364,7 +383,10 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		log := d.log.WithFields(logrus.Fields{"namespace": c.Namespace, "claim": c.Name})
-		if err := d.src.Unprepare(ctx, string(c.UID)); err != nil {
+		done := d.Metrics.Start(false)
+		err := d.src.Unprepare(ctx, string(c.UID))
+		done(err != nil)
+		if err != nil {
 			log.Errorf("claim not unprepared: %v", err)
 			out[c.UID] = fmt.Errorf("nri-gpu: %w", err)
 			continue

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,6 +37,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
@@ -151,6 +153,8 @@ type started struct {
 	cfg    config.DRA
 	logs   *test.Hook
 	driver *dra.Driver
+	// metrics are the driver's.
+	metrics *metrics.DRA
 }
 
 func start(t *testing.T, src *source, objects ...*resourceapi.ResourceClaim) *started {
@@ -177,6 +181,7 @@ func startWith(t *testing.T, cfg config.DRA, src *source, objects ...*resourceap
 	log, hook := test.NewNullLogger()
 	log.SetLevel(logrus.DebugLevel)
 	d := dra.New(cfg, node, src, log)
+	d.Metrics = metrics.NewDRA(nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx, client) }()
@@ -196,7 +201,21 @@ func startWith(t *testing.T, cfg config.DRA, src *source, objects ...*resourceap
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &started{src: src, client: client, dra: drapb.NewDRAPluginClient(conn), health: drahealth.NewDRAResourceHealthClient(conn), cfg: cfg, logs: hook, driver: d}
+	return &started{src: src, client: client, dra: drapb.NewDRAPluginClient(conn), health: drahealth.NewDRAResourceHealthClient(conn), cfg: cfg, logs: hook, driver: d, metrics: d.Metrics}
+}
+
+// sample returns the value of the driver's sample whose line starts with
+// name (its labels included), or "" if it has none.
+func (s *started) sample(t *testing.T, name string) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	s.metrics.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, line := range strings.Split(rec.Body.String(), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 func waitFor(t *testing.T, what string, ok func() bool) {
@@ -259,6 +278,9 @@ func TestPublish(t *testing.T) {
 	if n := s.publishedLogs(); n != 1 {
 		t.Errorf("the unchanged slice was published %d times", n)
 	}
+	if got := s.sample(t, "nri_gpu_dra_slice_follow_seconds_count"); got != "0" {
+		t.Errorf("changes told that changed nothing measured as followed %s times", got)
+	}
 	s.src.set("gpu-0")
 	s.driver.Notify()
 	waitFor(t, "slice of gpu-0 only", func() bool { return slices.Equal(s.published(t), []string{"gpu-0"}) })
@@ -267,6 +289,11 @@ func TestPublish(t *testing.T) {
 	s.driver.Notify()
 	waitFor(t, "an empty slice", func() bool { return len(s.published(t)) == 0 })
 	s.logged(t, "none")
+	// Each change told is measured once published (one the driver saw on
+	// its own look first is not told).
+	if got := s.sample(t, "nri_gpu_dra_slice_follow_seconds_count"); got != "1" && got != "2" {
+		t.Errorf("2 changes told and published, %q measured", got)
+	}
 }
 
 // TestPublishNothing: a node with no device to offer publishes its
@@ -446,6 +473,9 @@ func TestUnprepareOneNotRecorded(t *testing.T) {
 	if resp.Claims["uid-one"].GetError() == "" || resp.Claims["uid-two"].GetError() != "" || !slices.Equal(src.unprepared, []string{"uid-two"}) {
 		t.Errorf("one of two not recorded: %v; released %v", resp.Claims, src.unprepared)
 	}
+	if ok, failed := s.sample(t, `nri_gpu_dra_unprepare_total{result="ok"}`), s.sample(t, `nri_gpu_dra_unprepare_total{result="error"}`); ok != "1" || failed != "1" {
+		t.Errorf("unprepared ok %q, error %q; want 1 each", ok, failed)
+	}
 }
 
 // logged checks that the driver logged publishing devices.
@@ -542,6 +572,18 @@ func TestPrepare(t *testing.T) {
 	}
 	if !slices.Equal(src.unprepared, []string{"uid-two"}) {
 		t.Errorf("unprepared %v, want uid-two", src.unprepared)
+	}
+	for name, want := range map[string]string{
+		`nri_gpu_dra_prepare_total{result="ok"}`:       "2",
+		`nri_gpu_dra_prepare_total{result="error"}`:    "3",
+		`nri_gpu_dra_unprepare_total{result="ok"}`:     "1",
+		"nri_gpu_dra_prepare_duration_seconds_count":   "5",
+		"nri_gpu_dra_unprepare_duration_seconds_count": "1",
+		"nri_gpu_dra_requests_in_flight":               "0",
+	} {
+		if got := s.sample(t, name); got != want {
+			t.Errorf("%s = %q, want %s", name, got, want)
+		}
 	}
 }
 

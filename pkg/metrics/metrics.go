@@ -146,10 +146,6 @@ func (m *Metrics) Handler() http.Handler {
 // address listened on and a channel that receives the error the server
 // stops with, or the error of listening.
 func (m *Metrics) Serve(addr string, ready func() error) (net.Addr, <-chan error, error) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, nil, err
-	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.Handler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -160,6 +156,15 @@ func (m *Metrics) Serve(addr string, ready func() error) (net.Addr, <-chan error
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	return serve(addr, mux)
+}
+
+// serve listens on addr and serves mux; see Serve.
+func serve(addr string, mux *http.ServeMux) (net.Addr, <-chan error, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	errs := make(chan error, 1)
 	go func() { errs <- srv.Serve(l) }()

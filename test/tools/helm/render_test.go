@@ -8,6 +8,7 @@
 package helm
 
 import (
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -723,12 +724,31 @@ func TestMonitoringValues(t *testing.T) {
 	if r.dashboard.Labels["grafana_dashboard"] != "1" {
 		t.Errorf("dashboard labels %v: want grafana_dashboard: \"1\"", r.dashboard.Labels)
 	}
-	endpoint := r.serviceMonitor["spec"].(map[string]any)["endpoints"].([]any)[0].(map[string]any)
-	want := []any{
+	relabel := []any{
 		map[string]any{"targetLabel": "job", "replacement": "nri-gpu"},
 		map[string]any{"sourceLabels": []any{"__meta_kubernetes_pod_node_name"}, "targetLabel": "node"},
 	}
-	if diff := cmp.Diff(want, endpoint["relabelings"]); diff != "" {
-		t.Errorf("ServiceMonitor relabelings (-want +chart):\n%s", diff)
+	var want []any
+	for _, port := range []string{"metrics", "dra-metrics"} {
+		want = append(want, map[string]any{"port": port, "interval": "30s", "relabelings": relabel})
+	}
+	if diff := cmp.Diff(want, r.serviceMonitor["spec"].(map[string]any)["endpoints"]); diff != "" {
+		t.Errorf("ServiceMonitor endpoints (-want +chart):\n%s", diff)
+	}
+	// The DRA driver serves its metrics on metrics.draPort, a port of the
+	// container and the Service.
+	if got := parseConfig(t, r.configMap).Start.DRA.MetricsAddress; got != ":9465" {
+		t.Errorf("dra.metricsAddress %q, want :9465", got)
+	}
+	var ports []string
+	for _, p := range r.daemonSet.Spec.Template.Spec.Containers[0].Ports {
+		ports = append(ports, fmt.Sprintf("%s:%d", p.Name, p.ContainerPort))
+	}
+	for _, p := range r.service.Spec.Ports {
+		ports = append(ports, fmt.Sprintf("service %s:%d->%s", p.Name, p.Port, p.TargetPort.String()))
+	}
+	wantPorts := []string{"metrics:9464", "dra-metrics:9465", "service metrics:9464->metrics", "service dra-metrics:9465->dra-metrics"}
+	if !slices.Equal(ports, wantPorts) {
+		t.Errorf("ports %v, want %v", ports, wantPorts)
 	}
 }
