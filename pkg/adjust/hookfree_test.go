@@ -105,6 +105,12 @@ func TestHookFree(t *testing.T) {
 			wantErr: []string{"/usr/bin/nvidia-cdi-hook nvidia-cdi-hook something-new", "hookFree refuses every other hook"}},
 		{name: "chmod of another path", link: soname, hookFree: true, more: "    - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, chmod, --mode, \"700\", --path, /etc]}",
 			wantErr: []string{"chmod", `path "/etc" (mode 700)`}},
+		{name: "chmod beyond a permission", link: soname, hookFree: true, more: "    - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, chmod, --mode, \"1755\", --path, /dev/examplectl]}",
+			wantErr: []string{"chmod", `mode "1755" is not an octal permission`}},
+		{name: "a link not absolute", link: soname, hookFree: true, more: "    - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, create-symlinks, --link, libexample.so.570.1::lib/libexample.so]}",
+			wantErr: []string{`create-symlinks link "libexample.so.570.1::lib/libexample.so" is not target::/absolute/link`}},
+		{name: "a link of no target", link: soname, hookFree: true, more: "    - {hookName: createContainer, path: /usr/bin/nvidia-ctk, args: [nvidia-ctk, hook, create-symlinks, --link, \"::/usr/lib/libexample.so\"]}",
+			wantErr: []string{`create-symlinks link "::/usr/lib/libexample.so" is not target::/absolute/link`}},
 		{name: "hooks kept", link: soname},
 		{name: "injected by the runtime", link: soname, hookFree: true, injected: true,
 			wantErr: []string{"the runtime's own CDI injected it, with its 4 hooks", "cdiDevices: nri-gpu"}},
@@ -341,5 +347,16 @@ func TestWithoutHooks(t *testing.T) {
 				t.Errorf("left out %v", hooks)
 			}
 		})
+	}
+}
+
+// TestHookFreeInjectedWithoutHooks: in hook-free mode a device the
+// runtime's own CDI injected is refused only for its hooks: one with none
+// is no error.
+func TestHookFreeInjectedWithoutHooks(t *testing.T) {
+	spec := "cdiVersion: \"0.6.0\"\nkind: example.com/gpu\ndevices:\n  - name: \"0\"\n    containerEdits:\n      deviceNodes: [{path: /dev/example0, hostPath: /dev/null}]\n"
+	devs, snap := load(t, map[string]string{"gpu.yaml": spec}, "example.com/gpu=0")
+	if _, err := adjust.Build(nil, snap.HostNodes, adjust.Options{HookFree: true, SpecPath: snap.SpecPath, Sonames: snap.Sonames, Injected: devs}); err != nil {
+		t.Errorf("a device the runtime injected with no hook: %v", err)
 	}
 }
