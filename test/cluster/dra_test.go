@@ -175,8 +175,8 @@ func TestDRASlices(t *testing.T) {
 					t.Errorf("%s gpu-%d: %s %v, want %d", n.Name, i, a, got, i)
 				}
 			}
-			if got := d.Attributes["uuid"].StringValue; got == nil || *got != harness.UUID(i) {
-				t.Errorf("%s gpu-%d: uuid %v, want the spec's %s", n.Name, i, got, harness.UUID(i))
+			if got := d.Attributes["uuid"].StringValue; got == nil || *got != n.UUID(i) {
+				t.Errorf("%s gpu-%d: uuid %v, want the spec's %s", n.Name, i, got, n.UUID(i))
 			}
 			if _, ok := d.Attributes["productName"]; ok || len(d.Capacity) > 0 {
 				t.Errorf("%s gpu-%d: attributes %v, capacity %v: made up without NVML", n.Name, i, d.Attributes, d.Capacity)

@@ -119,7 +119,8 @@ func TestNVIDIAManifests(t *testing.T) {
 		t.Errorf("gpu-test5: ts containers %s and %s, mps containers %s and %s; want one GPU for each request",
 			ts, gpuOf(t, p5, "ts-ctr1"), mpsGPU, gpuOf(t, p5, "mps-ctr1"))
 	}
-	n5, uuid := nodeOf(t, p5), harness.UUID(int(mpsGPU[len(mpsGPU)-1]-'0'))
+	n5 := nodeOf(t, p5)
+	uuid := n5.UUID(int(mpsGPU[len(mpsGPU)-1] - '0'))
 	for _, ctr := range []string{"ts-ctr0", "ts-ctr1", "mps-ctr0", "mps-ctr1"} {
 		pipe, env := mpsClient(t, p5, ctr)
 		switch {

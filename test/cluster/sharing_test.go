@@ -34,7 +34,7 @@ func TestSharedReplicasPlaced(t *testing.T) {
 	nodes := []*harness.Node{env.a, env.b}
 	mpsStandIn(t, nodes)
 	mpsDir := func(n *harness.Node, gpu int) string {
-		return filepath.Join(n.Dir, "run", "nri-gpu", "mps", harness.UUID(gpu))
+		return filepath.Join(n.Dir, "run", "nri-gpu", "mps", n.UUID(gpu))
 	}
 	before := nriPods(t)
 	shared := valuesFile(t, "shared-values.yaml", `config:
@@ -63,7 +63,7 @@ func TestSharedReplicasPlaced(t *testing.T) {
 				return string(data) == "set_default_active_thread_percentage 50\nset_default_device_pinned_mem_limit 0 2048M\n"
 			})
 			log, _ := os.ReadFile(filepath.Join(mpsDir(n, i), "log", mpsstandin.Log))
-			if want := fmt.Sprintf(`run args=["-d"] CUDA_VISIBLE_DEVICES=%q`, harness.UUID(i)); !strings.Contains(string(log), want) {
+			if want := fmt.Sprintf(`run args=["-d"] CUDA_VISIBLE_DEVICES=%q`, n.UUID(i)); !strings.Contains(string(log), want) {
 				t.Errorf("%s GPU %d's daemon:\n%s\nwant %s", n.Name, i, log, want)
 			}
 			// Written to the daemon's /dev/shm, from inside nri-gpu's pod.
@@ -87,7 +87,7 @@ func TestSharedReplicasPlaced(t *testing.T) {
 		seen[p.Spec.NodeName] = append(seen[p.Spec.NodeName], gpus[0])
 		gpu := int(gpus[0][len("nvidia")] - '0')
 		if pipe, limits := mpsClient(t, p, p.Spec.Containers[0].Name); !slices.Contains(limits, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M") ||
-			pipe != "/run/nri-gpu/mps/"+harness.UUID(gpu)+"/pipe" {
+			pipe != "/run/nri-gpu/mps/"+nodeOf(t, p).UUID(gpu)+"/pipe" {
 			t.Errorf("pod %s (%s) has no MPS client of GPU %d: pipe %q, limits %v", p.Name, gpus[0], gpu, pipe, limits)
 		}
 	}

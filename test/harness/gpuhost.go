@@ -179,31 +179,31 @@ containerEdits:
       args: [record-hook, poststart]
 devices:
 `, h.Dev("nvidiactl"), h.Dev("nvidia-uvm"), filepath.Join(h.Root, "lib", "libcuda.so.1"), h.HookPath())
-	writeDevices(&b, h.GPUs, h.Dev)
+	writeDevices(&b, h.GPUs, h.Dev, UUID)
 	return b.String()
 }
 
 // deviceSpec returns the CDI spec of n fake GPUs whose device nodes are
-// at dev(name), with nothing but their nodes and environment: per GPU a
-// device by index and one by UUID, an "all" device, and nvidiactl shared
-// by all.
-func deviceSpec(n int, dev func(string) string) string {
+// at dev(name) and whose UUIDs are uuid(i), with nothing but their nodes
+// and environment: per GPU a device by index and one by UUID, an "all"
+// device, and nvidiactl shared by all.
+func deviceSpec(n int, dev func(string) string, uuid func(int) string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ncontainerEdits:\n  deviceNodes:\n    - path: /dev/nvidiactl\n      hostPath: %s\ndevices:\n", dev("nvidiactl"))
-	writeDevices(&b, n, dev)
+	writeDevices(&b, n, dev, uuid)
 	return b.String()
 }
 
 // writeDevices writes the devices of n fake GPUs into a spec: per GPU a
 // device by index and one by UUID (its node at dev(name) and an env
-// entry naming its UUID), and an "all" device.
-func writeDevices(b *strings.Builder, n int, dev func(string) string) {
+// entry naming its UUID, uuid(i)), and an "all" device.
+func writeDevices(b *strings.Builder, n int, dev func(string) string, uuid func(int) string) {
 	var all []string
 	for i := 0; i < n; i++ {
 		node := fmt.Sprintf("        - path: /dev/nvidia%d\n          hostPath: %s\n", i, dev(fmt.Sprintf("nvidia%d", i)))
 		all = append(all, node)
-		for _, name := range []string{fmt.Sprint(i), UUID(i)} {
-			fmt.Fprintf(b, "  - name: %q\n    containerEdits:\n      env: [FAKE_GPU_%d=%s]\n      deviceNodes:\n%s", name, i, UUID(i), node)
+		for _, name := range []string{fmt.Sprint(i), uuid(i)} {
+			fmt.Fprintf(b, "  - name: %q\n    containerEdits:\n      env: [FAKE_GPU_%d=%s]\n      deviceNodes:\n%s", name, i, uuid(i), node)
 		}
 	}
 	fmt.Fprintf(b, "  - name: all\n    containerEdits:\n      deviceNodes:\n%s", strings.Join(all, ""))

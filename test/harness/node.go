@@ -61,6 +61,8 @@ type Node struct {
 	GPUs int
 	// Subnet is the node's pod network.
 	Subnet string
+	// index numbers the node in its cluster, from 1.
+	index int
 
 	cp          *ControlPlane
 	holder      *process
@@ -108,6 +110,7 @@ func (c *Cluster) AddNode(opts NodeOptions) (n *Node, err error) {
 		Dir:        filepath.Join(c.Dir, opts.Name),
 		GPUs:       opts.GPUs,
 		Subnet:     fmt.Sprintf("10.244.%d.0/24", index),
+		index:      index,
 		cp:         c.ControlPlane,
 		cgroupRoot: fmt.Sprintf("/nri-gpu-e2e-%d-%d", os.Getpid(), kubelets.Add(1)),
 		bridge:     fmt.Sprintf("nrigpu%d", index),
@@ -189,13 +192,19 @@ func (n *Node) enter() []string {
 	return enterMountNS(n.holder.Pid())
 }
 
+// UUID is the UUID of the node's fake GPU i: its own, as a real GPU's is
+// unique across a cluster.
+func (n *Node) UUID(i int) string {
+	return fmt.Sprintf("GPU-00000000-0000-0000-%04d-%012d", n.index, i)
+}
+
 // writeGPUs makes the node's fake GPUs (device nodes with NVIDIA's
 // numbers, seen at NodeDevDir) and their CDI spec in its spec directory.
 func (n *Node) writeGPUs() error {
 	if err := mknodGPUs(filepath.Join(n.Dir, "dev"), n.GPUs); err != nil {
 		return err
 	}
-	spec := deviceSpec(n.GPUs, func(name string) string { return filepath.Join(NodeDevDir, name) })
+	spec := deviceSpec(n.GPUs, func(name string) string { return filepath.Join(NodeDevDir, name) }, n.UUID)
 	return os.WriteFile(filepath.Join(n.Dir, "run", "cdi", "nvidia.yaml"), []byte(spec), 0o644)
 }
 
