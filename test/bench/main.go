@@ -24,7 +24,7 @@ func main() {
 		out     = flag.String("out", "BENCHMARKS.md", "file to write")
 		e2eRuns = flag.Int("e2e-runs", 40, "crictl create runs per setup")
 		rounds  = flag.Int("cluster-rounds", 20, "batches of pods of each kind on the cluster")
-		only    = flag.String("only", "", "run only this section (request, protocol, specs, memory, e2e, away, cluster) and print it; for profiling")
+		only    = flag.String("only", "", "run only this section (request, protocol, specs, memory, metrics, e2e, away, cluster) and print it; for profiling")
 	)
 	flag.Parse()
 	r := &report{}
@@ -36,6 +36,7 @@ func main() {
 		{"protocol", r.protocol},
 		{"specs", func() { r.specs(*goBench) }},
 		{"memory", r.memory},
+		{"metrics", r.metricsCost},
 		{"e2e", func() { r.endToEnd(*e2eRuns) }},
 		{"away", func() { r.away(10) }},
 		{"cluster", func() { r.cluster(*rounds) }},
