@@ -3,8 +3,6 @@ package plugin_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,32 +15,6 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
-
-// uuidSpecDir writes a spec of n GPUs, each named by its index and by
-// its UUID (GPU-uuid-N), as nvidia-ctk names them, and returns its dir.
-func uuidSpecDir(t *testing.T, n int) string {
-	t.Helper()
-	dir := t.TempDir()
-	var spec strings.Builder
-	spec.WriteString("cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ndevices:\n")
-	for i := range n {
-		node := filepath.Join(dir, fmt.Sprintf("nvidia%d", i))
-		if err := os.WriteFile(node, nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		for _, name := range []string{fmt.Sprint(i), fmt.Sprintf("GPU-uuid-%d", i)} {
-			fmt.Fprintf(&spec, "  - name: %q\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia%d, hostPath: %s, type: c, major: 195, minor: %d}]\n", name, i, node, i)
-		}
-	}
-	specDir := filepath.Join(dir, "cdi")
-	if err := os.MkdirAll(specDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(specDir, "gpu.yaml"), []byte(spec.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return specDir
-}
 
 // holderSeries returns the nri_gpu_device_holder samples of m, sorted.
 func holderSeries(t *testing.T, m *metrics.Metrics) []string {
@@ -64,7 +36,7 @@ func holderSeries(t *testing.T, m *metrics.Metrics) []string {
 // shares are free again.
 func TestHolderMetrics(t *testing.T) {
 	m := metrics.New()
-	p, _ := logged(t, "", plugin.WithSpecDirs([]string{uuidSpecDir(t, 4)}), plugin.WithMetrics(m))
+	p, _ := logged(t, "", plugin.WithSpecDirs([]string{namedGPUSpecDir(t, 4, func(i int) []string { return []string{fmt.Sprint(i), fmt.Sprintf("GPU-uuid-%d", i)} })}), plugin.WithMetrics(m))
 	for _, c := range []struct {
 		pod    string
 		podAnn map[string]string

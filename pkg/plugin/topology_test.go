@@ -64,6 +64,12 @@ func TestCountRequestsFollowTopology(t *testing.T) {
 // (195:i) on plain files, and returns its directory.
 func gpuSpecDir(t *testing.T, n int) string {
 	t.Helper()
+	return namedGPUSpecDir(t, n, func(i int) []string { return []string{fmt.Sprint(i)} })
+}
+
+// namedGPUSpecDir is gpuSpecDir with GPU i a device of each of names(i).
+func namedGPUSpecDir(t *testing.T, n int, names func(i int) []string) string {
+	t.Helper()
 	dir := t.TempDir()
 	var spec strings.Builder
 	spec.WriteString("cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ndevices:\n")
@@ -72,7 +78,9 @@ func gpuSpecDir(t *testing.T, n int) string {
 		if err := os.WriteFile(node, nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(&spec, "  - name: %q\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia%d, hostPath: %s, type: c, major: 195, minor: %d}]\n", fmt.Sprint(i), i, node, i)
+		for _, name := range names(i) {
+			fmt.Fprintf(&spec, "  - name: %q\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia%d, hostPath: %s, type: c, major: 195, minor: %d}]\n", name, i, node, i)
+		}
 	}
 	specDir := filepath.Join(dir, "cdi")
 	if err := os.MkdirAll(specDir, 0o755); err != nil {

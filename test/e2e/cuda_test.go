@@ -171,6 +171,18 @@ func probeImage(t *testing.T, dir string, extra func(build string, probe []harne
 	return build, image
 }
 
+// probeHost builds, in dir, the probe image (probeImage), a fake driver
+// laid out as Debian/Ubuntu multiarch and the specs nri-gpu generates of
+// it, and returns the image, the driver's root and the spec directory.
+func probeHost(t *testing.T, dir string) (image, root, specDir string) {
+	t.Helper()
+	build, image := probeImage(t, dir, nil)
+	root, specDir = filepath.Join(dir, "driver"), filepath.Join(dir, "cdi")
+	fakeDriver(t, root, build, "/usr/lib/x86_64-linux-gnu")
+	writeSpecs(t, root, specDir)
+	return image, root, specDir
+}
+
 // fakeDriver lays out a driver root: the GPU's and nvidiactl's device
 // nodes, and the built libraries in libDir.
 func fakeDriver(t *testing.T, root, build, libDir string) {
@@ -524,12 +536,7 @@ func ldCache(t *testing.T, root string, files []harness.File) []harness.File {
 // container, and the probe loads the driver's libraries by soname.
 func TestHookFreeDevicePlugin(t *testing.T) {
 	needEnv(t)
-	dir := filepath.Join(env.dir, "hookfree-device-plugin")
-	build, image := probeImage(t, dir, nil)
-	root := filepath.Join(dir, "driver")
-	fakeDriver(t, root, build, "/usr/lib/x86_64-linux-gnu")
-	specDir := filepath.Join(dir, "cdi")
-	writeSpecs(t, root, specDir)
+	image, _, specDir := probeHost(t, filepath.Join(env.dir, "hookfree-device-plugin"))
 	ctd := extraContainerd(t, "hookfree-device-plugin", harness.Options{Image: image, RejectHooks: env.tools.Containerd2()})
 	k := startKubelet(t, ctd)
 	config := filepath.Join(ctd.Dir, "nri-gpu.yaml")

@@ -31,11 +31,7 @@ import (
 func TestGVisor(t *testing.T) {
 	needEnv(t)
 	dir := filepath.Join(env.dir, "gvisor")
-	build, image := probeImage(t, dir, nil)
-	root := filepath.Join(dir, "driver")
-	fakeDriver(t, root, build, "/usr/lib/x86_64-linux-gnu")
-	specDir := filepath.Join(dir, "cdi")
-	writeSpecs(t, root, specDir)
+	image, root, specDir := probeHost(t, dir)
 	prefix, stop, err := harness.DevNamespace(filepath.Join(dir, "devns"), filepath.Join(root, "dev"))
 	if err != nil {
 		t.Fatal(err)
