@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -69,6 +70,31 @@ func TestDRA(t *testing.T) {
 		}
 	}
 
+	// The histograms' buckets, as the dashboard's quantiles read them.
+	for name, want := range map[string][]string{
+		"nri_gpu_dra_prepare_duration_seconds":   {"0.001", "0.005", "0.025", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "30", "+Inf"},
+		"nri_gpu_dra_unprepare_duration_seconds": {"0.001", "0.005", "0.025", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "30", "+Inf"},
+		"nri_gpu_dra_slice_follow_seconds":       {"0.001", "0.005", "0.025", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "+Inf"},
+	} {
+		if got := buckets(s, name); !slices.Equal(got, want) {
+			t.Errorf("%s buckets %v, want %v", name, got, want)
+		}
+	}
+
+	// The client sees what the API server (or the network) said.
+	refused := errors.New("connection refused")
+	answer := &http.Response{StatusCode: http.StatusServiceUnavailable, Body: http.NoBody}
+	for _, inner := range []struct {
+		resp *http.Response
+		err  error
+	}{{nil, refused}, {answer, nil}} {
+		resp, err := m.CountAPIErrors(fakeRoundTrip(func(*http.Request) (*http.Response, error) { return inner.resp, inner.err })).
+			RoundTrip(httptest.NewRequest("GET", "/api/v1/pods", nil))
+		if resp != inner.resp || !errors.Is(err, inner.err) {
+			t.Errorf("through the count: %v, %v; want %v, %v", resp, err, inner.resp, inner.err)
+		}
+	}
+
 	var off *metrics.DRA
 	off.Start(true)(true)
 	off.SliceFollowed(time.Second)
@@ -76,6 +102,19 @@ func TestDRA(t *testing.T) {
 	if got := off.CountAPIErrors(inner); got == nil {
 		t.Error("metrics off lost the round tripper")
 	}
+}
+
+// buckets returns the le labels of histogram name's buckets in samples,
+// in order.
+func buckets(samples, name string) []string {
+	var out []string
+	for _, line := range strings.Split(samples, "\n") {
+		if rest, ok := strings.CutPrefix(line, name+`_bucket{le="`); ok {
+			le, _, _ := strings.Cut(rest, `"`)
+			out = append(out, le)
+		}
+	}
+	return out
 }
 
 type fakeRoundTrip func(*http.Request) (*http.Response, error)

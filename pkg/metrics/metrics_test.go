@@ -4,6 +4,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +27,7 @@ func TestServe(t *testing.T) {
 	m.UnhealthyGPUs(2)
 	m.ConfigLoaded("sha256:old")
 	m.ConfigLoaded("sha256:0123456789ab")
+	m.RecordRebuilt(true)
 	ready := errors.New("not registered")
 	addr, _, err := m.Serve("127.0.0.1:0", func() error { return ready })
 	if err != nil {
@@ -49,6 +52,7 @@ func TestServe(t *testing.T) {
 		`nri_gpu_spec_errors 1`,
 		`nri_gpu_unhealthy_gpus 2`,
 		`nri_gpu_config_info{digest="sha256:0123456789ab"} 1`,
+		`nri_gpu_record_rebuilt 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
@@ -76,4 +80,28 @@ func TestServe(t *testing.T) {
 	if code, _ := get("/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz when ready: %d", code)
 	}
+	if got := buckets(scrapeAll(t, m), "nri_gpu_request_duration_seconds"); !slices.Equal(got,
+		[]string{"1e-05", "2.5e-05", "5e-05", "0.0001", "0.00025", "0.0005", "0.001", "0.005", "0.025", "0.1", "1", "+Inf"}) {
+		t.Errorf("request duration buckets %v", got)
+	}
+	m.RecordRebuilt(false)
+	if !strings.Contains(scrapeAll(t, m), "nri_gpu_record_rebuilt 0") {
+		t.Error("the record no longer rebuilt is still said rebuilt")
+	}
+
+	// An address nri-gpu cannot listen on is an error, for both servers.
+	if _, _, err := m.Serve("256.0.0.1:0", func() error { return nil }); err == nil {
+		t.Error("nri-gpu's metrics served on an address that is none")
+	}
+	if _, _, err := metrics.NewDRA(nil).Serve("256.0.0.1:0"); err == nil {
+		t.Error("the DRA driver's metrics served on an address that is none")
+	}
+}
+
+// scrapeAll returns everything m serves at /metrics, in its order.
+func scrapeAll(t *testing.T, m *metrics.Metrics) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	return rec.Body.String()
 }
