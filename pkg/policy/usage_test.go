@@ -97,6 +97,21 @@ func TestUsage(t *testing.T) {
 			},
 		},
 		{
+			name: "shared, and found held alone: all of it", cfg: shared, device: gpu0, found: []policy.Holding{{Pod: pod("a"), Named: []specs.Device{gpu0}, Sole: []string{gpu0.Name}}},
+			want: policy.Usage{
+				Capacity: policy.Capacity{Shares: 4, Memory: 80 * gi, Default: 20 * gi, Minimum: 1 << 20, Maximum: 80 * gi, Step: 1 << 20},
+				Used:     policy.Use{Shares: 4, Memory: 80 * gi},
+				Users:    []policy.User{{Pod: pod("a"), Found: true, Use: policy.Use{Shares: 4, Memory: 80 * gi}}},
+			},
+		},
+		{
+			name: "a pod holding it by two names: one user", cfg: plain, device: gpu0, holds: []func(*policy.Allocations, *policy.Policy) error{func(a *policy.Allocations, p *policy.Policy) error {
+				_, err := admit(a, p, pod("a"), []specs.Device{gpu0, all}, 0, policy.Choice{}, nil)
+				return err
+			}},
+			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Pod: pod("a"), Use: policy.Use{Shares: 1}}}},
+		},
+		{
 			name: "shared, and all held: all of it", cfg: shared, device: gpu0, holds: []func(*policy.Allocations, *policy.Policy) error{named("a", all, false)},
 			want: policy.Usage{
 				Capacity: policy.Capacity{Shares: 4, Memory: 80 * gi, Default: 20 * gi, Minimum: 1 << 20, Maximum: 80 * gi, Step: 1 << 20},
