@@ -59,8 +59,10 @@ func (a *Allocations) Usage(p *Policy, d specs.Device) Usage {
 			Counted: h.claim == nil && h.strict && !h.sole, Use: use,
 		})
 	}
+	// Judged as an exclusive asker, every holder of a device no entry
+	// shares keeps it, and of a shared one those that take all of it.
 	switch {
-	case v.share == nil && len(u.Users) > 0, v.by != nil:
+	case v.by != nil:
 		u.Used = whole
 	case v.share != nil:
 		u.Used = v.used
