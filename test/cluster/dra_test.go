@@ -357,6 +357,11 @@ func TestDRASelectorAndParity(t *testing.T) {
 	for i, r := range want.Rules {
 		want.Rules[i] = strings.TrimSuffix(r, "rwm") + "rw"
 	}
+	// Each node's GPU 1 has its own UUID, which its spec's env names.
+	want.Env = slices.Clone(want.Env)
+	for i, kv := range want.Env {
+		want.Env[i] = strings.ReplaceAll(kv, env.b.UUID(1), env.a.UUID(1))
+	}
 	if diff := cmp.Diff(want, edits[env.a.Name]); diff != "" {
 		t.Errorf("nri-gpu's injection (node-a) differs from containerd's CDI (node-b) (-cdi +nri-gpu):\n%s", diff)
 	}
