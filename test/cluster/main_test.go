@@ -98,6 +98,9 @@ logLevel: debug
 `
 
 func TestMain(m *testing.M) {
+	if removed := harness.SweepKilledRun(); len(removed) > 0 {
+		fmt.Fprintf(os.Stderr, "cluster: removed what a killed run left: %s\n", strings.Join(removed, ", "))
+	}
 	before := harness.Host()
 	code, err := setup()
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 )
@@ -58,4 +59,23 @@ func (s HostState) Changes(before HostState) []string {
 		}
 	}
 	return out
+}
+
+// SweepKilledRun removes what a cluster run killed before its cleanup
+// (SIGKILL, a machine that went away) leaves on the machine, so that the
+// next run starts from it and its HostState compares with the machine's
+// own: the nodes' bridges and an empty NodeDevDir. A NodeDevDir that is
+// not an empty directory is left alone. It says what it removed.
+func SweepKilledRun() []string {
+	var removed []string
+	ifaces, _ := net.Interfaces()
+	for _, i := range ifaces {
+		if strings.HasPrefix(i.Name, "nrigpu") && exec.Command("ip", "link", "del", i.Name).Run() == nil {
+			removed = append(removed, "bridge "+i.Name)
+		}
+	}
+	if os.Remove(NodeDevDir) == nil {
+		removed = append(removed, NodeDevDir)
+	}
+	return removed
 }

@@ -73,6 +73,9 @@ func TestDRAOn134(t *testing.T) {
 		}
 		t.Skip(skip)
 	}
+	if removed := harness.SweepKilledRun(); len(removed) > 0 {
+		t.Logf("removed what a killed run left: %s", strings.Join(removed, ", "))
+	}
 	before := harness.Host()
 	dir, err := os.MkdirTemp("/tmp", "nri-gpu-skew-") // short: it holds unix sockets
 	if err != nil {
