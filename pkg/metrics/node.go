@@ -13,9 +13,11 @@ type Node struct {
 
 // Device is one device of the node.
 type Device struct {
-	// Name is its CDI name; UUID and Index are its GPU's, as NVIDIA's
-	// DCGM exporter labels it ("" where not known).
-	Name, UUID, Index string
+	// Name is its CDI name; UUID, Index and GPUInstance are how NVIDIA's
+	// DCGM exporter labels its series ("" where not known): a whole
+	// GPU's UUID and index with no instance; for a MIG device, its GPU's
+	// UUID and index and its GPU instance id.
+	Name, UUID, Index, GPUInstance string
 	// Shares and Memory (bytes) are what it offers its holders together:
 	// one share for a device no policy.sharing entry shares; Memory 0
 	// where memory is not counted. SharesUsed and MemoryUsed are what
@@ -61,10 +63,10 @@ type MPS struct {
 	Ready bool
 }
 
-// Label names: UUID and gpu are those of DCGM's exporter, so that its
-// series join nri-gpu's on UUID.
+// Label names: UUID, gpu and GPU_I_ID are those of DCGM's exporter, so
+// that its series join nri-gpu's on (UUID, GPU_I_ID), MIG devices' too.
 var (
-	deviceLabels = []string{"cdi_device", "UUID", "gpu"}
+	deviceLabels = []string{"cdi_device", "UUID", "gpu", "GPU_I_ID"}
 	holderLabels = append(append([]string(nil), deviceLabels...), "door", "namespace", "pod", "claim")
 )
 
@@ -89,7 +91,7 @@ func newNodeCollector(read func() Node) *nodeCollector {
 		sharesUsed:   d("nri_gpu_device_shares_used", "Shares of a device its holders take, through every door.", deviceLabels),
 		memory:       d("nri_gpu_device_memory_bytes", "Memory a shared device offers its holders together, where it is counted.", deviceLabels),
 		memoryUsed:   d("nri_gpu_device_memory_used_bytes", "Memory of a shared device its holders take, where it is counted.", deviceLabels),
-		holder:       d("nri_gpu_device_holder", "1 for each holder of a device: a pod, or a DRA claim and each pod it was prepared for; joins DCGM's series on UUID.", holderLabels),
+		holder:       d("nri_gpu_device_holder", "1 for each holder of a device: a pod, or a DRA claim and each pod it was prepared for; joins DCGM's series on (UUID, GPU_I_ID).", holderLabels),
 		holderShares: d("nri_gpu_device_holder_shares", "Shares of a device one holder takes.", holderLabels),
 		holderMemory: d("nri_gpu_device_holder_memory_bytes", "Memory of a shared device one holder takes, where it is counted.", holderLabels),
 		mpsReady:     d("nri_gpu_mps_daemon_ready", "1 while the MPS control daemon of an MPS-shared device answers, else 0.", deviceLabels),
@@ -112,7 +114,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	for _, dev := range c.read().Devices {
-		l := []string{dev.Name, dev.UUID, dev.Index}
+		l := []string{dev.Name, dev.UUID, dev.Index, dev.GPUInstance}
 		gauge(c.shares, float64(dev.Shares), l...)
 		gauge(c.sharesUsed, float64(dev.SharesUsed), l...)
 		if dev.Memory > 0 {

@@ -29,7 +29,7 @@ func scrape(t *testing.T, m *metrics.Metrics, prefix string) []string {
 
 // TestWatchNode: each scrape tells the node's devices as they are then:
 // what each offers and what its holders take, each holder with the labels
-// that join it to DCGM's series (UUID, gpu) and name it (door,
+// that join it to DCGM's series (UUID, gpu, GPU_I_ID) and name it (door,
 // namespace, pod, claim); MPS daemons and their clients' bounds where MPS
 // shares a device; nothing of a holding that has ended; one series of a
 // label set that two holders share.
@@ -44,8 +44,8 @@ func TestWatchNode(t *testing.T) {
 			name: "a free GPU",
 			node: metrics.Node{Devices: []metrics.Device{{Name: "nvidia.com/gpu=0", UUID: "GPU-a", Index: "0", Shares: 1}}},
 			want: []string{
-				`nri_gpu_device_shares_used{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 0`,
-				`nri_gpu_device_shares{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 1`,
+				`nri_gpu_device_shares_used{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 0`,
+				`nri_gpu_device_shares{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 1`,
 			},
 		},
 		{
@@ -55,14 +55,14 @@ func TestWatchNode(t *testing.T) {
 				{Name: "nvidia.com/gpu=1", UUID: "GPU-b", Index: "1", Shares: 1, SharesUsed: 1, Holders: []metrics.Holder{{Door: metrics.DoorDevicePlugin, Namespace: "tenant", Pod: "trainer", Shares: 1}}},
 			}},
 			want: []string{
-				`nri_gpu_device_holder_shares{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="agent"} 1`,
-				`nri_gpu_device_holder_shares{UUID="GPU-b",cdi_device="nvidia.com/gpu=1",claim="",door="device-plugin",gpu="1",namespace="tenant",pod="trainer"} 1`,
-				`nri_gpu_device_holder{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="agent"} 1`,
-				`nri_gpu_device_holder{UUID="GPU-b",cdi_device="nvidia.com/gpu=1",claim="",door="device-plugin",gpu="1",namespace="tenant",pod="trainer"} 1`,
-				`nri_gpu_device_shares_used{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 1`,
-				`nri_gpu_device_shares_used{UUID="GPU-b",cdi_device="nvidia.com/gpu=1",gpu="1"} 1`,
-				`nri_gpu_device_shares{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 1`,
-				`nri_gpu_device_shares{UUID="GPU-b",cdi_device="nvidia.com/gpu=1",gpu="1"} 1`,
+				`nri_gpu_device_holder_shares{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="agent"} 1`,
+				`nri_gpu_device_holder_shares{GPU_I_ID="",UUID="GPU-b",cdi_device="nvidia.com/gpu=1",claim="",door="device-plugin",gpu="1",namespace="tenant",pod="trainer"} 1`,
+				`nri_gpu_device_holder{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="agent"} 1`,
+				`nri_gpu_device_holder{GPU_I_ID="",UUID="GPU-b",cdi_device="nvidia.com/gpu=1",claim="",door="device-plugin",gpu="1",namespace="tenant",pod="trainer"} 1`,
+				`nri_gpu_device_shares_used{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 1`,
+				`nri_gpu_device_shares_used{GPU_I_ID="",UUID="GPU-b",cdi_device="nvidia.com/gpu=1",gpu="1"} 1`,
+				`nri_gpu_device_shares{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 1`,
+				`nri_gpu_device_shares{GPU_I_ID="",UUID="GPU-b",cdi_device="nvidia.com/gpu=1",gpu="1"} 1`,
 			},
 		},
 		{
@@ -76,16 +76,31 @@ func TestWatchNode(t *testing.T) {
 				MPS: &metrics.MPS{Ready: true},
 			}}},
 			want: []string{
-				`nri_gpu_device_holder_memory_bytes{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="other"} 2.147483648e+10`,
-				`nri_gpu_device_holder_memory_bytes{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="gpu-claim",door="dra",gpu="0",namespace="tenant",pod="agent"} 3.221225472e+10`,
-				`nri_gpu_device_holder_shares{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="other"} 1`,
-				`nri_gpu_device_holder_shares{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="gpu-claim",door="dra",gpu="0",namespace="tenant",pod="agent"} 1`,
-				`nri_gpu_device_holder{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="other"} 1`,
-				`nri_gpu_device_holder{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="gpu-claim",door="dra",gpu="0",namespace="tenant",pod="agent"} 1`,
-				`nri_gpu_device_memory_bytes{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 8.589934592e+10`,
-				`nri_gpu_device_memory_used_bytes{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 5.36870912e+10`,
-				`nri_gpu_device_shares_used{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 2`,
-				`nri_gpu_device_shares{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 4`,
+				`nri_gpu_device_holder_memory_bytes{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="other"} 2.147483648e+10`,
+				`nri_gpu_device_holder_memory_bytes{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="gpu-claim",door="dra",gpu="0",namespace="tenant",pod="agent"} 3.221225472e+10`,
+				`nri_gpu_device_holder_shares{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="other"} 1`,
+				`nri_gpu_device_holder_shares{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="gpu-claim",door="dra",gpu="0",namespace="tenant",pod="agent"} 1`,
+				`nri_gpu_device_holder{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="other"} 1`,
+				`nri_gpu_device_holder{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="gpu-claim",door="dra",gpu="0",namespace="tenant",pod="agent"} 1`,
+				`nri_gpu_device_memory_bytes{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 8.589934592e+10`,
+				`nri_gpu_device_memory_used_bytes{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 5.36870912e+10`,
+				`nri_gpu_device_shares_used{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 2`,
+				`nri_gpu_device_shares{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 4`,
+			},
+		},
+		{
+			name: "two MIG devices of one GPU: its UUID, each its GPU instance",
+			node: metrics.Node{Devices: []metrics.Device{
+				{Name: "nvidia.com/gpu=0:0", UUID: "GPU-a", Index: "0", GPUInstance: "1", Shares: 1, SharesUsed: 1, Holders: []metrics.Holder{{Door: metrics.DoorAnnotation, Namespace: "tenant", Pod: "agent", Shares: 1}}},
+				{Name: "nvidia.com/gpu=0:1", UUID: "GPU-a", Index: "0", GPUInstance: "2", Shares: 1},
+			}},
+			want: []string{
+				`nri_gpu_device_holder_shares{GPU_I_ID="1",UUID="GPU-a",cdi_device="nvidia.com/gpu=0:0",claim="",door="annotation",gpu="0",namespace="tenant",pod="agent"} 1`,
+				`nri_gpu_device_holder{GPU_I_ID="1",UUID="GPU-a",cdi_device="nvidia.com/gpu=0:0",claim="",door="annotation",gpu="0",namespace="tenant",pod="agent"} 1`,
+				`nri_gpu_device_shares_used{GPU_I_ID="1",UUID="GPU-a",cdi_device="nvidia.com/gpu=0:0",gpu="0"} 1`,
+				`nri_gpu_device_shares_used{GPU_I_ID="2",UUID="GPU-a",cdi_device="nvidia.com/gpu=0:1",gpu="0"} 0`,
+				`nri_gpu_device_shares{GPU_I_ID="1",UUID="GPU-a",cdi_device="nvidia.com/gpu=0:0",gpu="0"} 1`,
+				`nri_gpu_device_shares{GPU_I_ID="2",UUID="GPU-a",cdi_device="nvidia.com/gpu=0:1",gpu="0"} 1`,
 			},
 		},
 		{
@@ -95,10 +110,10 @@ func TestWatchNode(t *testing.T) {
 				Holders: []metrics.Holder{{Door: metrics.DoorAnnotation, Namespace: "tenant", Pod: "agent", Shares: 1}, {Door: metrics.DoorAnnotation, Namespace: "tenant", Pod: "agent", Shares: 1}},
 			}}},
 			want: []string{
-				`nri_gpu_device_holder_shares{UUID="",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="agent"} 2`,
-				`nri_gpu_device_holder{UUID="",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="agent"} 1`,
-				`nri_gpu_device_shares_used{UUID="",cdi_device="nvidia.com/gpu=0",gpu="0"} 2`,
-				`nri_gpu_device_shares{UUID="",cdi_device="nvidia.com/gpu=0",gpu="0"} 4`,
+				`nri_gpu_device_holder_shares{GPU_I_ID="",UUID="",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="agent"} 2`,
+				`nri_gpu_device_holder{GPU_I_ID="",UUID="",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="agent"} 1`,
+				`nri_gpu_device_shares_used{GPU_I_ID="",UUID="",cdi_device="nvidia.com/gpu=0",gpu="0"} 2`,
+				`nri_gpu_device_shares{GPU_I_ID="",UUID="",cdi_device="nvidia.com/gpu=0",gpu="0"} 4`,
 			},
 		},
 	}
@@ -130,10 +145,10 @@ func TestWatchNodeMPS(t *testing.T) {
 			up = "1"
 		}
 		want := []string{
-			`nri_gpu_mps_client_compute_percent{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="count",gpu="0",namespace="tenant",pod="agent"} 50`,
-			`nri_gpu_mps_client_pinned_memory_bytes{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="count",gpu="0",namespace="tenant",pod="agent"} 1.073741824e+09`,
-			`nri_gpu_mps_clients{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 1`,
-			`nri_gpu_mps_daemon_ready{UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} ` + up,
+			`nri_gpu_mps_client_compute_percent{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="count",gpu="0",namespace="tenant",pod="agent"} 50`,
+			`nri_gpu_mps_client_pinned_memory_bytes{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",claim="",door="count",gpu="0",namespace="tenant",pod="agent"} 1.073741824e+09`,
+			`nri_gpu_mps_clients{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} 1`,
+			`nri_gpu_mps_daemon_ready{GPU_I_ID="",UUID="GPU-a",cdi_device="nvidia.com/gpu=0",gpu="0"} ` + up,
 		}
 		if diff := cmp.Diff(want, scrape(t, m, "nri_gpu_mps_")); diff != "" {
 			t.Errorf("ready %v: MPS series (-want +got):\n%s", ready, diff)
@@ -160,7 +175,7 @@ func TestWatchNodeFollows(t *testing.T) {
 	m.WatchNode(func() metrics.Node {
 		return metrics.Node{Devices: []metrics.Device{{Name: "nvidia.com/gpu=1", Index: "1", Shares: 1}}}
 	})
-	want := []string{`nri_gpu_device_shares{UUID="",cdi_device="nvidia.com/gpu=1",gpu="1"} 1`}
+	want := []string{`nri_gpu_device_shares{GPU_I_ID="",UUID="",cdi_device="nvidia.com/gpu=1",gpu="1"} 1`}
 	if got := scrape(t, m, "nri_gpu_device_shares{"); !slices.Equal(got, want) {
 		t.Errorf("after watching another node: %v, want %v", got, want)
 	}

@@ -180,17 +180,17 @@ func TestMPSClaimLimits(t *testing.T) {
 	testutil.ErrorSays(t, err, "used by 2 already: claim tenant/c of pod tenant/a, pod tenant/b")
 	// The metrics tell the daemon, its two clients and the bounds of each.
 	labels := func(claim, door, pod string) string {
-		return fmt.Sprintf(`{UUID="",cdi_device="nvidia.com/gpu=0",claim=%q,door=%q,gpu="0",namespace="tenant",pod=%q}`, claim, door, pod)
+		return fmt.Sprintf(`{GPU_I_ID="",UUID="",cdi_device="nvidia.com/gpu=0",claim=%q,door=%q,gpu="0",namespace="tenant",pod=%q}`, claim, door, pod)
 	}
 	body := scrape(t, m)
 	for _, want := range []string{
-		`nri_gpu_mps_daemon_ready{UUID="",cdi_device="nvidia.com/gpu=0",gpu="0"} 1`,
-		`nri_gpu_mps_clients{UUID="",cdi_device="nvidia.com/gpu=0",gpu="0"} 2`,
+		`nri_gpu_mps_daemon_ready{GPU_I_ID="",UUID="",cdi_device="nvidia.com/gpu=0",gpu="0"} 1`,
+		`nri_gpu_mps_clients{GPU_I_ID="",UUID="",cdi_device="nvidia.com/gpu=0",gpu="0"} 2`,
 		"nri_gpu_mps_client_compute_percent" + labels("c", "dra", "a") + " 66",
 		"nri_gpu_mps_client_pinned_memory_bytes" + labels("c", "dra", "a") + " 1.073741824e+10",
 		"nri_gpu_mps_client_compute_percent" + labels("", "annotation", "b") + " 33",
 		"nri_gpu_mps_client_pinned_memory_bytes" + labels("", "annotation", "b") + " 2.147483648e+09",
-		`nri_gpu_device_shares_used{UUID="",cdi_device="nvidia.com/gpu=0",gpu="0"} 3`,
+		`nri_gpu_device_shares_used{GPU_I_ID="",UUID="",cdi_device="nvidia.com/gpu=0",gpu="0"} 3`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("no %s in the metrics:\n%s", want, body)

@@ -9,6 +9,7 @@ import (
 
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -20,11 +21,13 @@ const mpsWait = time.Second
 // metricsNode returns what the metrics tell of the node's devices now
 // (pkg/metrics asks at each scrape): each device of the trusted specs,
 // one name per piece of hardware (a GPU by index, not again by UUID;
-// never "all"), what it offers and who holds how much of it, whichever
-// door each holder came through, and the MPS daemon of a device MPS
-// shares. Until the first Synchronize has told which pods of the record
-// still run, it tells no device: the pool does not yet hold what they
-// hold.
+// never "all") and, beside a GPU, each MIG device of it the specs list;
+// what each offers and who holds how much of it, whichever door each
+// holder came through, each holder told once, under the device it holds
+// (a MIG device's under the MIG device); and the MPS daemon of a device
+// MPS shares. Until the first Synchronize has told which pods of the
+// record still run, it tells no device: the pool does not yet hold what
+// they hold.
 func (p *Plugin) metricsNode() metrics.Node {
 	p.mu.RLock()
 	st, restoring := p.st, p.rec.restoring
@@ -43,26 +46,67 @@ func (p *Plugin) metricsNode() metrics.Node {
 		hw := st.hardware(snap, kind, []string{"*"}, seen)
 		seen = append(seen, hw...)
 		for _, d := range hw {
-			info := p.deviceInfo(snap, kind, d)
-			u := p.alloc.Usage(st.policy, d)
-			dev := metrics.Device{
-				Name: d.Name, UUID: info.UUID,
-				Shares: u.Capacity.Shares, SharesUsed: u.Used.Shares, Memory: u.Capacity.Memory, MemoryUsed: u.Used.Memory,
+			pieces := append([]specs.Device{d}, st.migsOf(snap, kind, d)...)
+			for _, x := range pieces {
+				out.Devices = append(out.Devices, p.metricsDevice(ctx, st, snap, kind, x, pieces))
 			}
-			if info.Index >= 0 {
-				dev.Index = strconv.Itoa(info.Index)
-			}
-			g, _ := p.mps.of(st, snap, d) // one nri-gpu cannot bound has no daemon to tell of
-			if g != nil {
-				dev.MPS = &metrics.MPS{Ready: p.mps.serves(ctx, g) == nil}
-			}
-			for _, user := range u.Users {
-				dev.Holders = append(dev.Holders, p.holdersOf(st, d, g, user)...)
-			}
-			out.Devices = append(out.Devices, dev)
 		}
 	}
 	return out
+}
+
+// metricsDevice returns what the metrics tell of device x, one of pieces
+// (a piece of hardware and its MIG devices): what it offers, and its
+// holders that hold it rather than another of pieces.
+func (p *Plugin) metricsDevice(ctx context.Context, st *state, snap *specs.Snapshot, kind string, x specs.Device, pieces []specs.Device) metrics.Device {
+	info := p.deviceInfo(snap, kind, x)
+	u := p.alloc.Usage(st.policy, x)
+	dev := metrics.Device{
+		Name:   x.Name,
+		Shares: u.Capacity.Shares, SharesUsed: u.Used.Shares, Memory: u.Capacity.Memory, MemoryUsed: u.Used.Memory,
+	}
+	dev.UUID, dev.GPUInstance = p.hw.dcgmEntity(info)
+	if info.Index >= 0 {
+		dev.Index = strconv.Itoa(info.Index)
+	}
+	g, _ := p.mps.of(st, snap, x) // one nri-gpu cannot bound has no daemon to tell of
+	if g != nil {
+		dev.MPS = &metrics.MPS{Ready: p.mps.serves(ctx, g) == nil}
+	}
+	for _, user := range u.Users {
+		if heldAs(user.Device, pieces).Name == x.Name {
+			dev.Holders = append(dev.Holders, p.holdersOf(st, x, g, user)...)
+		}
+	}
+	return dev
+}
+
+// migsOf returns the MIG devices of GPU d that the specs list and
+// policy.devices allows, one name each, in the specs' order.
+func (st *state) migsOf(snap *specs.Snapshot, kind string, d specs.Device) []specs.Device {
+	var out []specs.Device
+	for _, c := range snap.Candidates(kind) {
+		if c.Same(d) || !c.Within(d) || !st.policy.Allowed(c.Name) || specs.OverlapsAny(c, out) {
+			continue
+		}
+		_, _, name := parser.ParseDevice(c.Name)
+		if _, mig := indexOf(name, uuidOf(snap, c)); mig {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// heldAs returns which of pieces (a piece of hardware, then its MIG
+// devices) a holding of device held is told under: the MIG device it is,
+// else the piece of hardware.
+func heldAs(held specs.Device, pieces []specs.Device) specs.Device {
+	for _, m := range pieces[1:] {
+		if m.Same(held) {
+			return m
+		}
+	}
+	return pieces[0]
 }
 
 // holdersOf returns a user of device d as the metrics name its holders:
@@ -97,6 +141,23 @@ func (p *Plugin) holdersOf(st *state, d specs.Device, g *mpsGPU, u policy.User) 
 		out = append(out, h)
 	}
 	return out
+}
+
+// dcgmEntity returns the UUID and GPU instance id by which NVIDIA's DCGM
+// exporter labels a device's series: a whole GPU's UUID and no instance;
+// a MIG device's GPU's UUID and its GPU instance, as NVML tells them;
+// the MIG device's own UUID and no instance where NVML does not tell.
+func (inv *inventory) dcgmEntity(info link.Info) (uuid, instance string) {
+	if info.Type != link.TypeMIG || info.ParentUUID == "" {
+		return info.UUID, ""
+	}
+	_, index, _ := strings.Cut(info.Name, ":") // nvidia-ctk's "GPU:MIG"
+	for _, m := range inv.gpus()[info.Minor].MIGs {
+		if m.UUID == info.UUID || (info.UUID == "" && index == strconv.Itoa(m.Index)) {
+			return info.ParentUUID, strconv.Itoa(m.GI)
+		}
+	}
+	return info.UUID, ""
 }
 
 // door names the door a user got its device through.

@@ -25,6 +25,9 @@ type User struct {
 	Pod Pod
 	// Claim is the prepared DRA claim that holds it.
 	Claim *Claim
+	// Device is the device it holds: the one asked of, another name of
+	// it, or hardware that overlaps it (a MIG device of a GPU, "all").
+	Device specs.Device
 	// Kubelet says kubelet allocated it to the pod (a device plugin's);
 	// Counted that the pod got it for a count request; Found that it was
 	// found in the pod's containers with no record of how it got it.
@@ -55,7 +58,7 @@ func (a *Allocations) Usage(p *Policy, d specs.Device) Usage {
 			use = v.capacity.use(h.use)
 		}
 		u.Users = append(u.Users, User{
-			Pod: h.pod, Claim: h.claim, Kubelet: h.kubelet, Found: h.sole,
+			Pod: h.pod, Claim: h.claim, Device: *h.dev, Kubelet: h.kubelet, Found: h.sole,
 			Counted: h.claim == nil && h.strict && !h.sole, Use: use,
 		})
 	}

@@ -57,7 +57,7 @@ func TestUsage(t *testing.T) {
 		{name: "free", cfg: plain, device: gpu0, want: policy.Usage{Capacity: policy.Capacity{Shares: 1}}},
 		{
 			name: "held by name", cfg: plain, device: gpu0, holds: []func(*policy.Allocations, *policy.Policy) error{named("a", byName["GPU-0"], false)},
-			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Pod: pod("a"), Use: policy.Use{Shares: 1}}}},
+			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Pod: pod("a"), Device: byName["GPU-0"], Use: policy.Use{Shares: 1}}}},
 		},
 		{
 			name: "by kubelet, another GPU free", cfg: plain, device: gpu1, holds: []func(*policy.Allocations, *policy.Policy) error{named("a", gpu0, true)},
@@ -65,23 +65,23 @@ func TestUsage(t *testing.T) {
 		},
 		{
 			name: "by kubelet", cfg: plain, device: gpu0, holds: []func(*policy.Allocations, *policy.Policy) error{named("a", gpu0, true)},
-			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Pod: pod("a"), Kubelet: true, Use: policy.Use{Shares: 1}}}},
+			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Pod: pod("a"), Device: gpu0, Kubelet: true, Use: policy.Use{Shares: 1}}}},
 		},
 		{
 			name: "by count", cfg: plain, device: gpu0, holds: []func(*policy.Allocations, *policy.Policy) error{counted("a")},
-			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Pod: pod("a"), Counted: true, Use: policy.Use{Shares: 1}}}},
+			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Pod: pod("a"), Device: gpu0, Counted: true, Use: policy.Use{Shares: 1}}}},
 		},
 		{
 			name: "all", cfg: plain, device: gpu1, holds: []func(*policy.Allocations, *policy.Policy) error{named("a", all, false)},
-			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Pod: pod("a"), Use: policy.Use{Shares: 1}}}},
+			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Pod: pod("a"), Device: all, Use: policy.Use{Shares: 1}}}},
 		},
 		{
 			name: "found with no record", cfg: plain, device: gpu0, found: []policy.Holding{{Pod: pod("a"), Named: []specs.Device{gpu0}, Sole: []string{gpu0.Name}}},
-			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Pod: pod("a"), Found: true, Use: policy.Use{Shares: 1}}}},
+			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Pod: pod("a"), Device: gpu0, Found: true, Use: policy.Use{Shares: 1}}}},
 		},
 		{
 			name: "a claim", cfg: plain, device: gpu0, holds: []func(*policy.Allocations, *policy.Policy) error{claimOf("c", gpu0, policy.Use{})},
-			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Claim: &claim, Use: policy.Use{Shares: 1}}}},
+			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Claim: &claim, Device: gpu0, Use: policy.Use{Shares: 1}}}},
 		},
 		{
 			name: "shared: a claim's amount and pods' defaults", cfg: shared, device: gpu0,
@@ -90,9 +90,9 @@ func TestUsage(t *testing.T) {
 				Capacity: policy.Capacity{Shares: 4, Memory: 80 * gi, Default: 20 * gi, Minimum: 1 << 20, Maximum: 80 * gi, Step: 1 << 20},
 				Used:     policy.Use{Shares: 3, Memory: 70 * gi},
 				Users: []policy.User{
-					{Claim: &claim, Use: policy.Use{Shares: 1, Memory: 30 * gi}},
-					{Pod: pod("a"), Use: policy.Use{Shares: 1, Memory: 20 * gi}},
-					{Pod: pod("b"), Kubelet: true, Use: policy.Use{Shares: 1, Memory: 20 * gi}},
+					{Claim: &claim, Device: gpu0, Use: policy.Use{Shares: 1, Memory: 30 * gi}},
+					{Pod: pod("a"), Device: gpu0, Use: policy.Use{Shares: 1, Memory: 20 * gi}},
+					{Pod: pod("b"), Device: byName["GPU-0"], Kubelet: true, Use: policy.Use{Shares: 1, Memory: 20 * gi}},
 				},
 			},
 		},
@@ -101,7 +101,7 @@ func TestUsage(t *testing.T) {
 			want: policy.Usage{
 				Capacity: policy.Capacity{Shares: 4, Memory: 80 * gi, Default: 20 * gi, Minimum: 1 << 20, Maximum: 80 * gi, Step: 1 << 20},
 				Used:     policy.Use{Shares: 4, Memory: 80 * gi},
-				Users:    []policy.User{{Pod: pod("a"), Found: true, Use: policy.Use{Shares: 4, Memory: 80 * gi}}},
+				Users:    []policy.User{{Pod: pod("a"), Device: gpu0, Found: true, Use: policy.Use{Shares: 4, Memory: 80 * gi}}},
 			},
 		},
 		{
@@ -109,14 +109,14 @@ func TestUsage(t *testing.T) {
 				_, err := admit(a, p, pod("a"), []specs.Device{gpu0, all}, 0, policy.Choice{}, nil)
 				return err
 			}},
-			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Pod: pod("a"), Use: policy.Use{Shares: 1}}}},
+			want: policy.Usage{Capacity: policy.Capacity{Shares: 1}, Used: policy.Use{Shares: 1}, Users: []policy.User{{Pod: pod("a"), Device: gpu0, Use: policy.Use{Shares: 1}}}},
 		},
 		{
 			name: "shared, and all held: all of it", cfg: shared, device: gpu0, holds: []func(*policy.Allocations, *policy.Policy) error{named("a", all, false)},
 			want: policy.Usage{
 				Capacity: policy.Capacity{Shares: 4, Memory: 80 * gi, Default: 20 * gi, Minimum: 1 << 20, Maximum: 80 * gi, Step: 1 << 20},
 				Used:     policy.Use{Shares: 4, Memory: 80 * gi},
-				Users:    []policy.User{{Pod: pod("a"), Use: policy.Use{Shares: 4, Memory: 80 * gi}}},
+				Users:    []policy.User{{Pod: pod("a"), Device: all, Use: policy.Use{Shares: 4, Memory: 80 * gi}}},
 			},
 		},
 	}

@@ -207,7 +207,7 @@ func TestPrometheus(t *testing.T) {
 	holder("prom-claim", "dra", claim)
 
 	// DCGM's series, joined on UUID, name the pod that holds the GPU.
-	joined := query("DCGM's utilization joined with the holder", `DCGM_FI_DEV_GPU_UTIL * on (UUID) group_right nri_gpu_device_holder{node="`+a.Name+`",gpu="1"}`, one)[0]
+	joined := query("DCGM's utilization joined with the holder", `DCGM_FI_DEV_GPU_UTIL * on (UUID, GPU_I_ID) group_right nri_gpu_device_holder{node="`+a.Name+`",gpu="1"}`, one)[0]
 	if joined.Metric["pod"] != "prom-claim" || joined.Metric["claim"] != model.LabelValue(claim) || int(joined.Value) != util(0, 1) {
 		t.Errorf("joined %v = %v; want pod prom-claim (claim %s) at DCGM's %d%%", joined.Metric, joined.Value, claim, util(0, 1))
 	}
