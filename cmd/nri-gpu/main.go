@@ -85,6 +85,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runHook(args[1:], stdout, stderr)
 		case "install":
 			return runInstall(args[1:], stdout, stderr)
+		case "relay":
+			return runRelay(args[1:], stderr)
 		case plugin.MPSShmCommand:
 			return runMPSShm(args[1:], stderr)
 		case "version", "--version", "-version":

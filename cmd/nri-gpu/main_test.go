@@ -379,3 +379,25 @@ mps: {root: /run/mps}
 		t.Errorf("devices' shared rows:\n%q\nwant\n%q\n%s", rows, want, stdout.String())
 	}
 }
+
+// TestRelayNeedsItsConfiguration: nri-gpu relay with a configuration that
+// sets no relay directory, or no resources, says so and exits with a
+// usage error rather than serving kubelet nothing.
+func TestRelayNeedsItsConfiguration(t *testing.T) {
+	dir := testutil.ShortDir(t)
+	for name, cfg := range map[string]string{
+		"no relay":     "devicePlugin:\n  resources: [{name: nvidia.com/gpu}]\n",
+		"no resources": "devicePlugin:\n  relay: " + dir + "/relay\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			file := filepath.Join(dir, "config.yaml")
+			if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var stderr bytes.Buffer
+			if code := run([]string{"relay", "--config", file}, io.Discard, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "sets no start.devicePlugin.relay, or no resources") {
+				t.Errorf("exit %d, stderr %q", code, stderr.String())
+			}
+		})
+	}
+}

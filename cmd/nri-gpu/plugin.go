@@ -106,7 +106,16 @@ func runPlugin(args []string, stderr io.Writer) int {
 	for _, r := range dp.Resources {
 		popts = append(popts, plugin.WithDevicePlugin(r, func(res *plugin.Resource) plugin.Door {
 			d := deviceplugin.New(r, dp.KubeletDir, dp.CDIDevices, res, log)
-			doors = append(doors, func(ctx context.Context) { _ = d.Run(ctx) })
+			serve := func(ctx context.Context) { _ = d.Run(ctx) }
+			if dp.Relay != "" {
+				// nri-gpu relay registers with kubelet and asks it.
+				serve = func(ctx context.Context) {
+					if err := d.ServeAt(ctx, deviceplugin.RelaySocket(dp.Relay, r.Name)); err != nil {
+						log.Errorf("serving the device plugin to nri-gpu relay: %v", err)
+					}
+				}
+			}
+			doors = append(doors, serve)
 			return d
 		}))
 	}

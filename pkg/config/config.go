@@ -322,6 +322,11 @@ type DevicePlugin struct {
 	PodResources string `yaml:"podResources"`
 	// CDIDevices is "annotations", "cri" or "nri-gpu".
 	CDIDevices CDIDevices `yaml:"cdiDevices"`
+	// Relay, when set, is a directory where nri-gpu serves each
+	// resource's device plugin to nri-gpu relay, the process that
+	// registers with kubelet and keeps kubelet's endpoint while nri-gpu
+	// is away; nri-gpu then registers with kubelet itself no more.
+	Relay string `yaml:"relay"`
 }
 
 // Resource is one extended resource: the devices of a CDI kind whose

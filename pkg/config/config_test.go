@@ -254,6 +254,7 @@ start:
 		{name: "relative driver root", yaml: "driverRoot: run/nvidia\n", wantErr: []string{`driverRoot: "run/nvidia" is not an absolute path`}},
 		{name: "bad cdiDevices", yaml: "devicePlugin:\n  cdiDevices: env\n", wantErr: []string{`devicePlugin.cdiDevices: "env" is not one of "annotations", "cri", "nri-gpu"`}},
 		{name: "relative kubelet dir", yaml: "devicePlugin:\n  kubeletDir: kubelet\n", wantErr: []string{`devicePlugin.kubeletDir: "kubelet" is not an absolute path`}},
+		{name: "relative relay dir", yaml: "devicePlugin:\n  relay: relay\n", wantErr: []string{`devicePlugin.relay: "relay" is not an absolute path`}},
 		{name: "bad resource name", yaml: "devicePlugin:\n  resources: [{name: gpu}]\n", wantErr: []string{`devicePlugin.resources[0].name: kind "gpu" is not of the form vendor/class`}},
 		{name: "resource twice", yaml: "devicePlugin:\n  resources: [{name: a.com/b}, {name: a.com/b}]\n", wantErr: []string{`devicePlugin.resources[1].name: "a.com/b" is listed twice`}},
 		{name: "bad resource glob", yaml: "devicePlugin:\n  resources: [{name: a.com/b, devices: ['[']}]\n", wantErr: []string{`devicePlugin.resources[0].devices[0]: glob "["`}},

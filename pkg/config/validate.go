@@ -359,6 +359,9 @@ func (d *DevicePlugin) validate(at *field.Path) field.ErrorList {
 	errs := absolute(at.Child("kubeletDir"), d.KubeletDir)
 	errs = append(errs, absolute(at.Child("podResources"), d.PodResources)...)
 	errs = append(errs, oneOf(at.Child("cdiDevices"), d.CDIDevices, CDIAnnotations, CDICRI, CDINRIGPU)...)
+	if d.Relay != "" {
+		errs = append(errs, absolute(at.Child("relay"), d.Relay)...)
+	}
 	seen := map[string]bool{}
 	for i, r := range d.Resources {
 		res := at.Child("resources").Index(i)

@@ -71,14 +71,14 @@ func nodeFaults() []nodeFault {
 	return []nodeFault{
 		{"nri-gpu pod deleted", func() *harness.Node { return env.a }, replaceNRIPod},
 		{"kubelet restarted", func() *harness.Node { return env.b }, func(t *testing.T, n *harness.Node) {
-			registered := strings.Count(nriLog(t, n), "registered with kubelet")
+			registered := strings.Count(devicePluginLog(t, n), "registered with kubelet")
 			n.StopKubelet()
 			if err := n.StartKubelet(); err != nil {
 				t.Fatal(err)
 			}
 			// nri-gpu sees kubelet's new socket and registers again.
 			testutil.Within(t, podWait, "nri-gpu's device plugin registered again", func() bool {
-				return strings.Count(nriLog(t, n), "registered with kubelet") > registered
+				return strings.Count(devicePluginLog(t, n), "registered with kubelet") > registered
 			})
 		}},
 		{"containerd restarted", func() *harness.Node { return env.a }, func(t *testing.T, n *harness.Node) {
@@ -130,7 +130,7 @@ func TestNodeDown(t *testing.T) {
 		// kubelet admits no GPU pod until nri-gpu's device plugin is
 		// registered with it again (it fails them: UnexpectedAdmissionError).
 		testutil.Within(t, podWait, "nri-gpu's device plugin registered with node-a's new kubelet", func() bool {
-			return strings.Contains(nriLog(t, env.a), "registered with kubelet")
+			return strings.Contains(devicePluginLog(t, env.a), "registered with kubelet")
 		})
 	}
 	t.Cleanup(restart)

@@ -31,6 +31,23 @@ func nriLog(t *testing.T, n *harness.Node) string {
 	return n.PodLog(nriNamespace, p.Name, "nri-gpu")
 }
 
+// devicePluginLog returns what the container that registers nri-gpu's
+// device plugin with kubelet on node n has logged: the relay's (the
+// chart's, on 1.36 and later), else nri-gpu's.
+func devicePluginLog(t *testing.T, n *harness.Node) string {
+	t.Helper()
+	p, ok := nriPods(t)[n.Name]
+	if !ok {
+		t.Fatalf("no nri-gpu pod on %s", n.Name)
+	}
+	for _, c := range p.Spec.Containers {
+		if c.Name == "relay" {
+			return n.PodLog(nriNamespace, p.Name, "relay")
+		}
+	}
+	return nriLog(t, n)
+}
+
 // allocatable returns node n's allocatable GPUs.
 func allocatable(t *testing.T, n *harness.Node) int64 {
 	t.Helper()

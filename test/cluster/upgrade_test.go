@@ -51,7 +51,7 @@ func TestUpgradeStream(t *testing.T) {
 	t.Cleanup(func() { helmUpgrade(t, env.values) })
 	before := nriPods(t)
 	started := time.Now().Add(-time.Second) // events' times are in seconds
-	streamThrough(t, "helm upgrade", false, func() error {
+	streamThrough(t, "helm upgrade", func() error {
 		_, err := env.cluster.Helm(env.helm, "upgrade", releaseName, chartDir, "--namespace", nriNamespace, "--wait", "--timeout", "3m", "--values", env.values, "--values", next)
 		return err
 	})
@@ -89,12 +89,13 @@ func TestUpgradeStream(t *testing.T) {
 // exactly one GPU, seen the first time it is seen Running (one whose
 // container was created while nri-gpu was away is stopped and created
 // again through it first); no GPU is seen by two pods. A device-plugin
-// pod kubelet rejects at admission while nri-gpu's device plugin is
-// unregistered (kubelet's rule, docs/operations.md) is replaced, and the
-// replacement must run with its GPU.
+// pod is admitted by kubelet throughout: the chart's relay container keeps
+// kubelet's endpoint while nri-gpu is away (without it, kubelet rejects
+// one admitted meanwhile for good: UnexpectedAdmissionError, no healthy
+// devices).
 func TestCrashStream(t *testing.T) {
 	needCluster(t)
-	streamThrough(t, "kill -9 of nri-gpu", true, func() error {
+	streamThrough(t, "kill -9 of nri-gpu", func() error {
 		for _, n := range []*harness.Node{env.a, env.b} {
 			restarts, err := nriRestarts(n)
 			if err != nil {
@@ -132,7 +133,7 @@ func TestCrashStream(t *testing.T) {
 // GPU is seen by two pods.
 func TestContainerdRestartStream(t *testing.T) {
 	needCluster(t)
-	streamThrough(t, "containerd restart", false, func() error {
+	streamThrough(t, "containerd restart", func() error {
 		for _, n := range []*harness.Node{env.a, env.b} {
 			if err := n.Ctd.Restart(); err != nil {
 				return err
@@ -237,7 +238,7 @@ func nriRestarts(n *harness.Node) (int32, error) {
 // and deleted, while disrupt runs (begun once the streams are under
 // way), and three more pods after it; then checks that no GPU is seen by
 // two pods and every claim was released.
-func streamThrough(t *testing.T, what string, kubeletRejects bool, disrupt func() error) {
+func streamThrough(t *testing.T, what string, disrupt func() error) {
 	t.Helper()
 	createTemplate(t, "default", "stream-gpu", harness.ClaimSpec(driverName, 1))
 	nodes := []*harness.Node{env.a, env.b}
@@ -264,8 +265,7 @@ func streamThrough(t *testing.T, what string, kubeletRejects bool, disrupt func(
 			t.Run("stream on "+n.Name, func(t *testing.T) {
 				t.Parallel()
 				doors := map[string]int{}
-				rejected := 0 // device-plugin pods kubelet rejected, replaced
-				after := 0    // pods begun once the disruption was over
+				after := 0 // pods begun once the disruption was over
 				for i := 0; after < 3; i++ {
 					select {
 					case <-done:
@@ -282,13 +282,8 @@ func streamThrough(t *testing.T, what string, kubeletRejects bool, disrupt func(
 						seen = gpusSeen(t, waitRunning(t, "default", name))
 					case 1:
 						door = "device plugin"
-						var (
-							pod   *corev1.Pod
-							again int
-						)
-						pod, name, again = devicePluginPod(t, n, name, kubeletRejects)
-						seen = gpusSeen(t, pod)
-						rejected += again
+						createPod(t, scheduledOn(n, gpuPod("default", name, 1, nil, "")))
+						seen = gpusSeen(t, waitRunning(t, "default", name))
 					case 2:
 						door = "DRA"
 						createPod(t, claimPod("default", name, n, "stream-gpu", ""))
@@ -301,7 +296,7 @@ func streamThrough(t *testing.T, what string, kubeletRejects bool, disrupt func(
 					deletePod(t, "default", name)
 				}
 				mu.Lock()
-				report = append(report, fmt.Sprintf("%s: %v pods, each Running with its GPU; %d device-plugin pods rejected by kubelet's admission and replaced", n.Name, doors, rejected))
+				report = append(report, fmt.Sprintf("%s: %v pods, each Running with its GPU", n.Name, doors))
 				mu.Unlock()
 			})
 		}
@@ -316,42 +311,6 @@ func streamThrough(t *testing.T, what string, kubeletRejects bool, disrupt func(
 		noGPUTwice(t, n)
 	}
 	waitAllReleased(t, nodes)
-}
-
-// devicePluginPod creates a pod named name asking for one of the device
-// plugin's GPUs, placed on node n by the scheduler, and returns it once
-// Running, with its name and how many were rejected before it. Where kubeletRejects, one that kubelet rejects
-// at admission because the resource has no healthy device (its device
-// plugin unregistered: nri-gpu's process killed, until it registers
-// again; kubelet's own rule, kubernetes/kubernetes#125579) is deleted
-// and replaced, as a workload's controller replaces it, by name-again,
-// at most twice. A pod that kubelet rejects otherwise fails the test.
-func devicePluginPod(t *testing.T, n *harness.Node, name string, kubeletRejects bool) (*corev1.Pod, string, int) {
-	t.Helper()
-	for attempt := 0; ; attempt++ {
-		podName := name
-		if attempt > 0 {
-			podName = fmt.Sprintf("%s-again%d", name, attempt)
-		}
-		createPod(t, scheduledOn(n, gpuPod("default", podName, 1, nil, "")))
-		var pod *corev1.Pod
-		testutil.Within(t, podWait, "pod default/"+podName+" Running or rejected by kubelet", func() bool {
-			p, err := env.client.CoreV1().Pods("default").Get(context.Background(), podName, metav1.GetOptions{})
-			if err != nil {
-				return false
-			}
-			pod = p
-			return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodRunning && len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].State.Running != nil
-		})
-		if pod.Status.Phase == corev1.PodRunning {
-			return pod, podName, attempt
-		}
-		if !kubeletRejects || attempt == 2 || pod.Status.Reason != "UnexpectedAdmissionError" || !strings.Contains(pod.Status.Message, "no healthy devices present") {
-			t.Fatalf("pod default/%s %s: %s: %s", podName, pod.Status.Phase, pod.Status.Reason, pod.Status.Message)
-		}
-		t.Logf("pod default/%s rejected by kubelet: %s", podName, pod.Status.Message)
-		deletePod(t, "default", podName)
-	}
 }
 
 // scheduledOn has the scheduler place pod p on node n (a node selector),

@@ -102,7 +102,7 @@ func restartNRI(t *testing.T, n *harness.Node, values ...string) {
 	t.Helper()
 	restartWith(t, []*harness.Node{n}, driverName, values...)
 	testutil.Within(t, podWait, n.Name+": nri-gpu's device plugin registered with kubelet", func() bool {
-		return strings.Contains(nriLog(t, n), "registered with kubelet")
+		return strings.Contains(devicePluginLog(t, n), "registered with kubelet")
 	})
 	waitAllocatable(t, n, n.GPUs)
 	waitSlice(t, n, gpuNames(n)...)

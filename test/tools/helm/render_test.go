@@ -752,3 +752,77 @@ func TestMonitoringValues(t *testing.T) {
 		t.Errorf("ports %v, want %v", ports, wantPorts)
 	}
 }
+
+// TestRelayValues: with the device plugin on, on a cluster of 1.36 or
+// later, kubelet's endpoint is the relay container's: it runs nri-gpu
+// relay with the configuration, mounts kubelet's device-plugin directory
+// and the relay directory from the host (where the nri-gpu of either pod
+// of a rolling update serves), with no capability; nri-gpu serves its
+// device plugin there (start.devicePlugin.relay) and mounts kubelet's
+// directory no more. On 1.35, with the relay off, or with no device
+// plugin, there is no relay container and nri-gpu registers itself.
+func TestRelayValues(t *testing.T) {
+	for _, tc := range []struct {
+		name, values, version string
+		want                  bool
+	}{
+		{"device plugin on 1.37", "ci/multitenant-values.yaml", "v1.37.2", true},
+		{"device plugin on 1.36", "ci/multitenant-values.yaml", "v1.36.0", true},
+		{"device plugin on 1.35", "ci/multitenant-values.yaml", "v1.35.4", false},
+		{"relay off", "ci/no-relay-values.yaml", "v1.37.2", false},
+		{"no device plugin", "", "v1.37.2", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			caps := chartutil.DefaultCapabilities.Copy()
+			v, err := chartutil.ParseKubeVersion(tc.version)
+			if err != nil {
+				t.Fatal(err)
+			}
+			caps.KubeVersion = *v
+			r := renderFor(t, tc.values, caps)
+			spec := r.daemonSet.Spec.Template.Spec
+			relayDir := parseConfig(t, r.configMap).Start.DevicePlugin.Relay
+			mounts := func(c corev1.Container) map[string]string {
+				out := map[string]string{}
+				for _, m := range c.VolumeMounts {
+					out[m.MountPath] = m.Name
+				}
+				return out
+			}
+			hostPath := map[string]string{}
+			for _, v := range spec.Volumes {
+				if v.HostPath != nil {
+					hostPath[v.Name] = v.HostPath.Path
+				}
+			}
+			nriGPU := mounts(spec.Containers[0])
+			_, registers := nriGPU["/var/lib/kubelet/device-plugins"]
+			if !tc.want {
+				if len(spec.Containers) != 1 || relayDir != "" || registers != (tc.values != "") {
+					t.Errorf("%d containers, relay %q, nri-gpu mounts kubelet's directory %v: want nri-gpu alone, registering itself where the device plugin is on", len(spec.Containers), relayDir, registers)
+				}
+				return
+			}
+			if len(spec.Containers) != 2 || spec.Containers[1].Name != "relay" {
+				t.Fatalf("containers %d: want nri-gpu and relay", len(spec.Containers))
+			}
+			relay := spec.Containers[1]
+			if !slices.Equal(relay.Args, []string{"relay", "--config", "/etc/nri-gpu/config.yaml"}) || relay.Image != spec.Containers[0].Image {
+				t.Errorf("relay runs %s %v", relay.Image, relay.Args)
+			}
+			if sc := relay.SecurityContext; sc == nil || len(sc.Capabilities.Add) != 0 || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || *sc.Privileged || !*sc.ReadOnlyRootFilesystem {
+				t.Errorf("relay's security context %+v", sc)
+			}
+			rm := mounts(relay)
+			if relayDir != "/run/nri-gpu/device-plugin" || hostPath[rm[relayDir]] != relayDir || hostPath[rm["/var/lib/kubelet/device-plugins"]] != "/var/lib/kubelet/device-plugins" || rm["/etc/nri-gpu"] != "config" {
+				t.Errorf("relay dir %q; relay mounts %v (host paths %v)", relayDir, rm, hostPath)
+			}
+			if registers {
+				t.Error("nri-gpu mounts kubelet's device-plugin directory beside the relay")
+			}
+			if hostPath[nriGPU["/run/nri-gpu"]] != "/run/nri-gpu" {
+				t.Errorf("nri-gpu does not see the relay directory: mounts %v", nriGPU)
+			}
+		})
+	}
+}

@@ -20,6 +20,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if $dp.resources }}true{{ end }}
 {{- end }}
 
+{{- /* Whether the device plugin's kubelet endpoint is kept by the relay
+       container: the device plugin on, devicePluginRelay.enabled, and a
+       cluster whose kubelets keep an endpoint per socket (1.36). */ -}}
+{{- define "nri-gpu.relay" -}}
+{{- if and (include "nri-gpu.devicePlugin" .) .Values.devicePluginRelay.enabled (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) }}true{{ end }}
+{{- end }}
+
+{{- /* The directory where nri-gpu serves its device plugin to the relay:
+       on the host, so that an nri-gpu taking over (a rolling update)
+       serves at the path the relays of both pods ask. */ -}}
+{{- define "nri-gpu.relayDir" -}}
+{{ .Values.hostPaths.stateDir }}/device-plugin
+{{- end }}
+
 {{- /* Whether nri-gpu generates the NVIDIA spec: config.generate.enabled
        (config.generateSpecs without version). */ -}}
 {{- define "nri-gpu.generate" -}}

@@ -1,0 +1,160 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+
+	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// TestRelay: the relay registers with kubelet and tells it the devices
+// nri-gpu's device plugin tells (served at RelaySocket), and their
+// changes; when nri-gpu's process goes away, kubelet's stream stays open,
+// the devices stay as last told, Allocate answers as nri-gpu's would and
+// a preferred allocation is kubelet's own order; once nri-gpu is back,
+// its changes and its preferences reach kubelet again.
+func TestRelay(t *testing.T) {
+	relayDir, kubeletDir := testutil.ShortDir(t), testutil.ShortDir(t)
+	path := RelaySocket(relayDir, gpu.Name)
+	if filepath.Base(path) != "nvidia.com-gpu.sock" {
+		t.Errorf("relay socket %s", path)
+	}
+	src := &source{devs: []Device{{ID: "0", Healthy: true}, {ID: "1", Healthy: true}, {ID: "2", Healthy: true}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	// nri-gpu's side.
+	serveNRIGPU := func() (stop func()) {
+		np := New(gpu, relayDir, config.CDIAnnotations, src, quiet())
+		np.poll = 20 * time.Millisecond
+		nctx, ncancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- np.ServeAt(nctx, path) }()
+		return func() {
+			ncancel()
+			if err := <-done; err != nil {
+				t.Errorf("ServeAt: %v", err)
+			}
+		}
+	}
+	// The relay's side, registering with kubelet once nri-gpu has told
+	// its devices, as nri-gpu relay does: not before.
+	up := NewUpstream(path, quiet())
+	up.retry = 20 * time.Millisecond
+	relay := New(gpu, kubeletDir, config.CDIAnnotations, up, quiet())
+	relay.poll = 20 * time.Millisecond
+	regs := make(chan *api.RegisterRequest, 4)
+	startKubelet(t, kubeletDir, regs)
+	go up.Run(ctx, relay.Notify)
+	go func() {
+		<-up.Answered()
+		_ = relay.Run(ctx)
+	}()
+	select {
+	case <-regs:
+		t.Fatal("the relay registered before nri-gpu told its devices")
+	case <-time.After(200 * time.Millisecond):
+	}
+	stopNRIGPU := serveNRIGPU()
+	r := registration(t, regs)
+	conn, err := grpc.NewClient("unix://"+filepath.Join(kubeletDir, r.GetEndpoint()), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	kubelet := api.NewDevicePluginClient(conn)
+	stream, err := kubelet.ListAndWatch(ctx, &api.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	health := func(devs []*api.Device) []string {
+		var out []string
+		for _, d := range devs {
+			out = append(out, d.GetID()+" "+d.GetHealth())
+		}
+		return out
+	}
+	want := []string{"0 Healthy", "1 Healthy", "2 Healthy"}
+	if got := health(received(t, stream)); !slices.Equal(got, want) {
+		t.Errorf("kubelet told first %v, want nri-gpu's %v", got, want)
+	}
+	src.set(Device{ID: "0", Healthy: true}, Device{ID: "1", Healthy: false}, Device{ID: "2", Healthy: true})
+	if got := health(received(t, stream)); !slices.Equal(got, []string{"0 Healthy", "1 Unhealthy", "2 Healthy"}) {
+		t.Errorf("after a change, kubelet told %v", got)
+	}
+	prefer := func() []string {
+		resp, err := kubelet.GetPreferredAllocation(ctx, &api.PreferredAllocationRequest{ContainerRequests: []*api.ContainerPreferredAllocationRequest{
+			{AvailableDeviceIDs: []string{"0", "2"}, AllocationSize: 1},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetContainerResponses()[0].GetDeviceIDs()
+	}
+	if got := prefer(); !slices.Equal(got, []string{"2"}) {
+		t.Errorf("preferred %v, want nri-gpu's choice [2]", got)
+	}
+
+	// nri-gpu goes away.
+	stopNRIGPU()
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("nri-gpu's socket left behind: %v", err)
+	}
+	recvd := make(chan []*api.Device, 8)
+	streamErr := make(chan error, 1)
+	go func() {
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				streamErr <- err
+				return
+			}
+			recvd <- resp.GetDevices()
+		}
+	}()
+	time.Sleep(20 * relay.poll)
+	select {
+	case err := <-streamErr:
+		t.Fatalf("kubelet's stream ended with nri-gpu away: %v", err)
+	case devs := <-recvd:
+		t.Errorf("kubelet told %v with nri-gpu away", health(devs))
+	default:
+	}
+	resp, err := kubelet.Allocate(ctx, &api.AllocateRequest{ContainerRequests: []*api.ContainerAllocateRequest{{DevicesIds: []string{"2"}}}})
+	if err != nil {
+		t.Fatalf("Allocate with nri-gpu away: %v", err)
+	}
+	if got := resp.GetContainerResponses()[0].GetAnnotations(); got["cdi.k8s.io/nri-gpu_nvidia.com_gpu"] != "nvidia.com/gpu=2" {
+		t.Errorf("Allocate with nri-gpu away: %v", got)
+	}
+	if got := prefer(); !slices.Equal(got, []string{"0"}) {
+		t.Errorf("preferred with nri-gpu away %v, want kubelet's order [0]", got)
+	}
+
+	// nri-gpu is back, with a change.
+	src.set(Device{ID: "0", Healthy: true}, Device{ID: "1", Healthy: true}, Device{ID: "2", Healthy: true})
+	stopNRIGPU = serveNRIGPU()
+	defer stopNRIGPU()
+	select {
+	case devs := <-recvd:
+		if got := health(devs); !slices.Equal(got, want) {
+			t.Errorf("nri-gpu back: kubelet told %v, want %v", got, want)
+		}
+	case err := <-streamErr:
+		t.Fatal(err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("nri-gpu back: kubelet was not told its devices")
+	}
+	testutil.Within(t, 10*time.Second, "nri-gpu's preferences again", func() bool { return slices.Equal(prefer(), []string{"2"}) })
+}
