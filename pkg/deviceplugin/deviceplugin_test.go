@@ -210,6 +210,15 @@ func received(t *testing.T, stream api.DevicePlugin_ListAndWatchClient) []*api.D
 	return resp.GetDevices()
 }
 
+// health lists devices as "ID Health".
+func health(devs []*api.Device) []string {
+	var out []string
+	for _, d := range devs {
+		out = append(out, d.GetID()+" "+d.GetHealth())
+	}
+	return out
+}
+
 // socketName is how the plugin's sockets are named.
 var socketName = regexp.MustCompile(`^nri-gpu-nvidia\.com-gpu-[0-9a-z]+\.sock$`)
 
@@ -248,13 +257,6 @@ func TestRun(t *testing.T) {
 	stream, err := api.NewDevicePluginClient(conn).ListAndWatch(ctx, &api.Empty{})
 	if err != nil {
 		t.Fatal(err)
-	}
-	health := func(devs []*api.Device) []string {
-		var out []string
-		for _, d := range devs {
-			out = append(out, d.GetID()+" "+d.GetHealth())
-		}
-		return out
 	}
 	if got := health(received(t, stream)); !slices.Equal(got, []string{"0 Healthy", "1 Healthy"}) {
 		t.Errorf("first list %v", got)

@@ -78,13 +78,6 @@ func TestRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	health := func(devs []*api.Device) []string {
-		var out []string
-		for _, d := range devs {
-			out = append(out, d.GetID()+" "+d.GetHealth())
-		}
-		return out
-	}
 	want := []string{"0 Healthy", "1 Healthy", "2 Healthy"}
 	if got := health(received(t, stream)); !slices.Equal(got, want) {
 		t.Errorf("kubelet told first %v, want nri-gpu's %v", got, want)

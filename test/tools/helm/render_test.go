@@ -68,6 +68,18 @@ func renderWith(t *testing.T, valuesFile string, apiVersions ...string) rendered
 	return renderFor(t, valuesFile, caps)
 }
 
+// renderAt renders as render does, for a cluster of Kubernetes version.
+func renderAt(t *testing.T, valuesFile, version string) rendered {
+	t.Helper()
+	caps := chartutil.DefaultCapabilities.Copy()
+	v, err := chartutil.ParseKubeVersion(version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps.KubeVersion = *v
+	return renderFor(t, valuesFile, caps)
+}
+
 // renderFor renders as render does, for a cluster of those capabilities.
 func renderFor(t *testing.T, valuesFile string, caps *chartutil.Capabilities) rendered {
 	t.Helper()
@@ -660,13 +672,7 @@ func TestDRARollingUpdate(t *testing.T) {
 		{"no DRA on 1.37", "", "v1.37.2", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			caps := chartutil.DefaultCapabilities.Copy()
-			v, err := chartutil.ParseKubeVersion(tc.version)
-			if err != nil {
-				t.Fatal(err)
-			}
-			caps.KubeVersion = *v
-			env := renderFor(t, tc.values, caps).daemonSet.Spec.Template.Spec.Containers[0].Env
+			env := renderAt(t, tc.values, tc.version).daemonSet.Spec.Template.Spec.Containers[0].Env
 			got := slices.ContainsFunc(env, func(e corev1.EnvVar) bool {
 				return e.Name == "POD_UID" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.uid"
 			})
@@ -773,13 +779,7 @@ func TestRelayValues(t *testing.T) {
 		{"no device plugin", "", "v1.37.2", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			caps := chartutil.DefaultCapabilities.Copy()
-			v, err := chartutil.ParseKubeVersion(tc.version)
-			if err != nil {
-				t.Fatal(err)
-			}
-			caps.KubeVersion = *v
-			r := renderFor(t, tc.values, caps)
+			r := renderAt(t, tc.values, tc.version)
 			spec := r.daemonSet.Spec.Template.Spec
 			relayDir := parseConfig(t, r.configMap).Start.DevicePlugin.Relay
 			mounts := func(c corev1.Container) map[string]string {
