@@ -806,6 +806,9 @@ func TestRelayValues(t *testing.T) {
 			if len(spec.Containers) != 2 || spec.Containers[1].Name != "relay" {
 				t.Fatalf("containers %d: want nri-gpu and relay", len(spec.Containers))
 			}
+			if a := r.daemonSet.Spec.Template.Annotations["kubectl.kubernetes.io/default-container"]; a != "nri-gpu" {
+				t.Errorf("default container %q, want nri-gpu", a)
+			}
 			relay := spec.Containers[1]
 			if !slices.Equal(relay.Args, []string{"relay", "--config", "/etc/nri-gpu/config.yaml"}) || relay.Image != spec.Containers[0].Image {
 				t.Errorf("relay runs %s %v", relay.Image, relay.Args)
