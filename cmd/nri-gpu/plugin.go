@@ -12,7 +12,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
@@ -103,25 +102,14 @@ func runPlugin(args []string, stderr io.Writer) int {
 	// of a rolling update, registered with kubelet while the nri-gpu this
 	// one takes over from still serves.
 	var doors, early []func(context.Context)
-	// built is the plugin, once built (the probes, the relay's door).
-	var built atomic.Pointer[plugin.Plugin]
 	dp := cfg.Start.DevicePlugin
 	for _, r := range dp.Resources {
 		popts = append(popts, plugin.WithDevicePlugin(r, func(res *plugin.Resource) plugin.Door {
 			d := deviceplugin.New(r, dp.KubeletDir, dp.CDIDevices, res, log)
 			serve := func(ctx context.Context) { _ = d.Run(ctx) }
 			if dp.Relay != "" {
-				// nri-gpu relay registers with kubelet and asks it, from
-				// when nri-gpu serves the runtime: an allocation the relay
-				// answers waits for that (deviceplugin.Upstream.Await).
+				// nri-gpu relay registers with kubelet and asks it.
 				serve = func(ctx context.Context) {
-					for built.Load() == nil || built.Load().Ready() != nil {
-						select {
-						case <-ctx.Done():
-							return
-						case <-time.After(50 * time.Millisecond):
-						}
-					}
 					if err := d.ServeAt(ctx, deviceplugin.RelaySocket(dp.Relay, r.Name)); err != nil {
 						log.Errorf("serving the device plugin to nri-gpu relay: %v", err)
 					}
@@ -156,6 +144,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 	// The probes answer from the start: not ready until the plugin is
 	// built, but ready while it waits to take over, so that a rolling
 	// update with surge goes on to stop the nri-gpu it replaces.
+	var built atomic.Pointer[plugin.Plugin]
 	if m != nil {
 		ready := func() error {
 			if p := built.Load(); p != nil {

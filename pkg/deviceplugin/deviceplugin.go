@@ -314,12 +314,7 @@ func (p *Plugin) GetPreferredAllocation(_ context.Context, req *api.PreferredAll
 // kubelet chose: as the cdi.k8s.io annotation of nri-gpu's device plugin,
 // which nri-gpu's NRI side injects, or as CRI CDI devices, which the
 // runtime injects itself.
-func (p *Plugin) Allocate(ctx context.Context, req *api.AllocateRequest) (*api.AllocateResponse, error) {
-	if w, ok := p.src.(awaiter); ok {
-		if err := w.Await(ctx); err != nil {
-			p.log.Warnf("allocating without nri-gpu: %v", err)
-		}
-	}
+func (p *Plugin) Allocate(_ context.Context, req *api.AllocateRequest) (*api.AllocateResponse, error) {
 	known := map[string]bool{}
 	for _, d := range p.src.Devices() {
 		known[d.ID] = true

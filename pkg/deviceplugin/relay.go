@@ -12,7 +12,6 @@ package deviceplugin
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -63,25 +62,14 @@ func (p *Plugin) ServeAt(ctx context.Context, path string) error {
 // allocation before choosing itself.
 const preferWait = 2 * time.Second
 
-// allocateWait bounds how long an allocation waits for nri-gpu to be back
-// (kubelet's admission of the pod waits meanwhile).
-const allocateWait = 15 * time.Second
-
-// awaiter is a Source an allocation waits for.
-type awaiter interface {
-	// Await returns once the source serves, or with why it does not.
-	Await(ctx context.Context) error
-}
-
 // Upstream is the Source of the relay: the devices nri-gpu's device
 // plugin last told (kept while nri-gpu is away), and its preferred
 // allocations while it answers.
 type Upstream struct {
 	path string
 	log  logrus.FieldLogger
-	// retry is how long it waits to connect again; wait, how long an
-	// allocation waits for nri-gpu.
-	retry, wait time.Duration
+	// retry is how long it waits to connect again.
+	retry time.Duration
 
 	// answered is closed once nri-gpu has told its devices.
 	answered chan struct{}
@@ -97,7 +85,7 @@ var _ Source = (*Upstream)(nil)
 // NewUpstream returns the source that asks nri-gpu's device plugin at
 // path.
 func NewUpstream(path string, log logrus.FieldLogger) *Upstream {
-	return &Upstream{path: path, log: log, retry: 200 * time.Millisecond, wait: allocateWait, answered: make(chan struct{})}
+	return &Upstream{path: path, log: log, retry: 200 * time.Millisecond, answered: make(chan struct{})}
 }
 
 // Answered is closed once nri-gpu has told its devices: the relay
@@ -161,32 +149,6 @@ func (u *Upstream) setClient(c api.DevicePluginClient) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.client = c
-}
-
-// Await returns once nri-gpu's device plugin answers, which it does once
-// nri-gpu serves the runtime: a container kubelet creates after an
-// allocation is then created through nri-gpu, not while it is away (on
-// containerd 1.7, without its devices). It waits at most allocateWait:
-// kubelet's admission of the pod, and of the pods after it, waits
-// meanwhile; then the allocation is answered from the last list, as
-// nri-gpu would answer it, and the container is one created while nri-gpu
-// is away.
-func (u *Upstream) Await(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, u.wait)
-	defer cancel()
-	for {
-		u.mu.Lock()
-		up := u.client != nil
-		u.mu.Unlock()
-		if up {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("nri-gpu's device plugin did not answer within %s: %w", u.wait, ctx.Err())
-		case <-time.After(u.retry):
-		}
-	}
 }
 
 // Devices returns the devices nri-gpu last told.
