@@ -172,7 +172,13 @@ func gpusIn(t *testing.T, n *harness.Node, id, name string) []string {
 	if err != nil {
 		t.Fatalf("ls /dev in %s: %v: %s", name, err, out)
 	}
-	return slices.DeleteFunc(strings.Fields(out), func(d string) bool {
+	return gpuNodes(out)
+}
+
+// gpuNodes returns the GPU device nodes (nvidiaN, not nvidiactl) of a
+// listing of /dev.
+func gpuNodes(ls string) []string {
+	return slices.DeleteFunc(strings.Fields(ls), func(d string) bool {
 		return !strings.HasPrefix(d, "nvidia") || d == "nvidiactl"
 	})
 }

@@ -95,6 +95,20 @@ func TestUpgradeStream(t *testing.T) {
 // devices).
 func TestCrashStream(t *testing.T) {
 	needCluster(t)
+	// kubelet logs when a resource's last endpoint goes (and it marks all
+	// its devices unhealthy): with the relay, never through the kills.
+	const lastGone = `"Last device plugin for this resource disconnected" resource="nvidia.com/gpu"`
+	gone := map[string]int{}
+	for _, n := range []*harness.Node{env.a, env.b} {
+		gone[n.Name] = strings.Count(readFile(t, filepath.Join(n.Dir, "kubelet.log")), lastGone)
+	}
+	defer func() {
+		for _, n := range []*harness.Node{env.a, env.b} {
+			if got := strings.Count(readFile(t, filepath.Join(n.Dir, "kubelet.log")), lastGone); got != gone[n.Name] {
+				t.Errorf("%s: kubelet lost every endpoint of nvidia.com/gpu %d times through the kills", n.Name, got-gone[n.Name])
+			}
+		}
+	}()
 	streamThrough(t, "kill -9 of nri-gpu", func() error {
 		for _, n := range []*harness.Node{env.a, env.b} {
 			restarts, err := nriRestarts(n)
@@ -265,7 +279,8 @@ func streamThrough(t *testing.T, what string, disrupt func() error) {
 			t.Run("stream on "+n.Name, func(t *testing.T) {
 				t.Parallel()
 				doors := map[string]int{}
-				after := 0 // pods begun once the disruption was over
+				createdAgainCount := 0 // containers created while nri-gpu was away, stopped by it
+				after := 0             // pods begun once the disruption was over
 				for i := 0; after < 3; i++ {
 					select {
 					case <-done:
@@ -275,28 +290,34 @@ func streamThrough(t *testing.T, what string, disrupt func() error) {
 					name := fmt.Sprintf("stream-%s-%d", n.Name, i)
 					var door string
 					var seen []string
+					var again bool
 					switch i % 3 {
 					case 0:
 						door = "annotation"
 						createPod(t, scheduledOn(n, gpuPod("default", name, 0, map[string]string{"gpu-count.nri-gpu.io": "1"}, "")))
-						seen = gpusSeen(t, waitRunning(t, "default", name))
+						p := waitRunning(t, "default", name)
+						seen, again = servedGPUs(t, n, p, p.Spec.Containers[0].Name)
 					case 1:
 						door = "device plugin"
 						createPod(t, scheduledOn(n, gpuPod("default", name, 1, nil, "")))
-						seen = gpusSeen(t, waitRunning(t, "default", name))
+						p := waitRunning(t, "default", name)
+						seen, again = servedGPUs(t, n, p, p.Spec.Containers[0].Name)
 					case 2:
 						door = "DRA"
 						createPod(t, claimPod("default", name, n, "stream-gpu", ""))
-						seen = seenBy(t, waitAllRunning(t, "default", name), "gpu")
+						seen, again = servedGPUs(t, n, waitAllRunning(t, "default", name), "gpu")
 					}
 					if len(seen) != 1 {
 						t.Errorf("%s (%s): Running with %v, want one GPU", name, door, seen)
+					}
+					if again {
+						createdAgainCount++
 					}
 					doors[door]++
 					deletePod(t, "default", name)
 				}
 				mu.Lock()
-				report = append(report, fmt.Sprintf("%s: %v pods, each Running with its GPU", n.Name, doors))
+				report = append(report, fmt.Sprintf("%s: %v pods, each Running with its GPU; %d of them first run GPU-less while nri-gpu was away, stopped by it and created again", n.Name, doors, createdAgainCount))
 				mu.Unlock()
 			})
 		}
@@ -311,6 +332,30 @@ func streamThrough(t *testing.T, what string, disrupt func() error) {
 		noGPUTwice(t, n)
 	}
 	waitAllReleased(t, nodes)
+}
+
+// servedGPUs returns the GPU device nodes container ctr of pod p on node
+// n sees once nri-gpu has served it, and whether it was created again for
+// that. On node-a, whose containerd 1.7 creates containers while nri-gpu
+// is away (nothing can require it there: docs/operations.md), a container
+// found without its GPU, or already stopped, must be one nri-gpu stopped
+// once back (the pod's StoppedByNRIGPU event) and kubelet created again
+// with it. On node-b (containerd 2.3.7, nri-gpu required for these pods)
+// the first container must have its GPU.
+func servedGPUs(t *testing.T, n *harness.Node, p *corev1.Pod, ctr string) ([]string, bool) {
+	t.Helper()
+	out, err := n.Ctd.Exec(containerID(t, p, ctr), "ls", "/dev")
+	gpus := gpuNodes(out)
+	if err == nil && len(gpus) > 0 {
+		return gpus, false
+	}
+	if n != env.a {
+		t.Fatalf("pod %s on %s: its first container sees GPUs %v (%v), and nri-gpu is required there", p.Name, n.Name, gpus, err)
+	}
+	t.Logf("pod %s: its first container sees GPUs %v (%v): created while nri-gpu was away", p.Name, gpus, err)
+	stoppedEvents(t, n, p)
+	again := createdAgain(t, p, ctr)
+	return gpusIn(t, n, containerID(t, again, ctr), p.Name), true
 }
 
 // scheduledOn has the scheduler place pod p on node n (a node selector),
