@@ -6,9 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	logtest "github.com/sirupsen/logrus/hooks/test"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -150,4 +152,81 @@ func TestRelay(t *testing.T) {
 		t.Fatal("nri-gpu back: kubelet was not told its devices")
 	}
 	testutil.Within(t, 10*time.Second, "nri-gpu's preferences again", func() bool { return slices.Equal(prefer(), []string{"2"}) })
+}
+
+// TestUpstreamAcrossOutages: nri-gpu served at a path whose directory
+// does not exist yet (made private), then where a stale file is left; the
+// relay says once per outage that nri-gpu does not answer, with why
+// (also before nri-gpu first answers), and once per connection that it
+// answers, however many lists follow.
+func TestUpstreamAcrossOutages(t *testing.T) {
+	dir := filepath.Join(testutil.ShortDir(t), "relay")
+	path := RelaySocket(dir, gpu.Name)
+	log, hook := logtest.NewNullLogger()
+	up := NewUpstream(path, log)
+	up.retry = 10 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go up.Run(ctx, func() {})
+	said := func(prefix string) int { return logged(hook, prefix) }
+	// saidOnce waits until the relay has said it does not answer n times,
+	// and checks it says no more over many tries.
+	saidOnce := func(when string, n int) {
+		t.Helper()
+		testutil.Within(t, 10*time.Second, when+": said nri-gpu does not answer", func() bool { return said("nri-gpu's device plugin does not answer") >= n })
+		time.Sleep(20 * up.retry)
+		if got := said("nri-gpu's device plugin does not answer"); got != n {
+			t.Errorf("%s: said %d times that nri-gpu does not answer, want %d", when, got, n)
+		}
+	}
+	saidOnce("before nri-gpu answered", 1)
+	for _, e := range hook.AllEntries() {
+		if strings.Contains(e.Message, "<nil>") || !strings.Contains(e.Message, "Unavailable") {
+			t.Errorf("said %q: want why (gRPC's Unavailable)", e.Message)
+		}
+	}
+
+	src := &source{devs: []Device{{ID: "0", Healthy: true}}}
+	serve := func() func() {
+		np := New(gpu, dir, config.CDIAnnotations, src, quiet())
+		np.poll = 10 * time.Millisecond
+		nctx, ncancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- np.ServeAt(nctx, path) }()
+		return func() {
+			ncancel()
+			if err := <-done; err != nil {
+				t.Errorf("ServeAt: %v", err)
+			}
+		}
+	}
+	// Its directory is not there yet.
+	stop := serve()
+	select {
+	case <-up.Answered():
+	case <-time.After(10 * time.Second):
+		t.Fatal("nri-gpu served in a directory not there before: the relay was not answered")
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("the relay directory made: %v %v, want mode 0700", fi, err)
+	}
+	for _, h := range []bool{false, true, false} {
+		src.set(Device{ID: "0", Healthy: h})
+		testutil.Within(t, 10*time.Second, "the list passed on", func() bool { return slices.Equal(up.Devices(), []Device{{ID: "0", Healthy: h}}) })
+	}
+	if n := said("nri-gpu's device plugin answers"); n != 1 {
+		t.Errorf("said %d times that nri-gpu answers, over one connection", n)
+	}
+	stop()
+	saidOnce("the first outage", 2)
+
+	// A second outage, after nri-gpu answered again over a stale file
+	// left at the path.
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stop = serve()
+	testutil.Within(t, 10*time.Second, "nri-gpu answers again", func() bool { return said("nri-gpu's device plugin answers") == 2 })
+	stop()
+	saidOnce("the second outage", 3)
 }
