@@ -20,6 +20,23 @@ import (
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
+// serveAt serves nri-gpu's device plugin of src's devices at path, as
+// nri-gpu does for the relay, until the returned stop is called.
+func serveAt(ctx context.Context, t *testing.T, path string, src Source) (stop func()) {
+	t.Helper()
+	np := New(gpu, filepath.Dir(path), config.CDIAnnotations, src, quiet())
+	np.poll = 20 * time.Millisecond
+	nctx, ncancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- np.ServeAt(nctx, path) }()
+	return func() {
+		ncancel()
+		if err := <-done; err != nil {
+			t.Errorf("ServeAt: %v", err)
+		}
+	}
+}
+
 // TestRelay: the relay registers with kubelet and tells it the devices
 // nri-gpu's device plugin tells (served at RelaySocket), and their
 // changes; when nri-gpu's process goes away, kubelet's stream stays open,
@@ -37,19 +54,7 @@ func TestRelay(t *testing.T) {
 	defer cancel()
 
 	// nri-gpu's side.
-	serveNRIGPU := func() (stop func()) {
-		np := New(gpu, relayDir, config.CDIAnnotations, src, quiet())
-		np.poll = 20 * time.Millisecond
-		nctx, ncancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- np.ServeAt(nctx, path) }()
-		return func() {
-			ncancel()
-			if err := <-done; err != nil {
-				t.Errorf("ServeAt: %v", err)
-			}
-		}
-	}
+	serveNRIGPU := func() (stop func()) { return serveAt(ctx, t, path, src) }
 	// The relay's side, registering with kubelet once nri-gpu has told
 	// its devices, as nri-gpu relay does: not before.
 	up := NewUpstream(path, quiet())
@@ -187,19 +192,7 @@ func TestUpstreamAcrossOutages(t *testing.T) {
 	}
 
 	src := &source{devs: []Device{{ID: "0", Healthy: true}}}
-	serve := func() func() {
-		np := New(gpu, dir, config.CDIAnnotations, src, quiet())
-		np.poll = 10 * time.Millisecond
-		nctx, ncancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- np.ServeAt(nctx, path) }()
-		return func() {
-			ncancel()
-			if err := <-done; err != nil {
-				t.Errorf("ServeAt: %v", err)
-			}
-		}
-	}
+	serve := func() func() { return serveAt(ctx, t, path, src) }
 	// Its directory is not there yet.
 	stop := serve()
 	select {
