@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 )
@@ -32,15 +31,24 @@ func Host() HostState {
 	cgroups, _ := filepath.Glob(fmt.Sprintf("/sys/fs/cgroup/*/nri-gpu-e2e-%d-*", os.Getpid()))
 	v2, _ := filepath.Glob(fmt.Sprintf("/sys/fs/cgroup/nri-gpu-e2e-%d-*", os.Getpid()))
 	s["cgroups"] = strings.Join(append(cgroups, v2...), " ")
-	var bridges []string
+	s["bridges"] = strings.Join(nodeBridges(), " ")
+	return s
+}
+
+// bridgePrefix starts the name of each cluster node's pod bridge.
+const bridgePrefix = "nrigpu"
+
+// nodeBridges returns the names of the cluster nodes' bridges on the
+// machine.
+func nodeBridges() []string {
+	var out []string
 	ifaces, _ := net.Interfaces()
 	for _, i := range ifaces {
-		if strings.HasPrefix(i.Name, "nrigpu") {
-			bridges = append(bridges, i.Name)
+		if strings.HasPrefix(i.Name, bridgePrefix) {
+			out = append(out, i.Name)
 		}
 	}
-	s["bridges"] = strings.Join(bridges, " ")
-	return s
+	return out
 }
 
 func errString(err error) string {
@@ -68,10 +76,9 @@ func (s HostState) Changes(before HostState) []string {
 // not an empty directory is left alone. It says what it removed.
 func SweepKilledRun() []string {
 	var removed []string
-	ifaces, _ := net.Interfaces()
-	for _, i := range ifaces {
-		if strings.HasPrefix(i.Name, "nrigpu") && exec.Command("ip", "link", "del", i.Name).Run() == nil {
-			removed = append(removed, "bridge "+i.Name)
+	for _, b := range nodeBridges() {
+		if deleteBridge(b) == nil {
+			removed = append(removed, "bridge "+b)
 		}
 	}
 	if os.Remove(NodeDevDir) == nil {

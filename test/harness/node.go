@@ -113,7 +113,7 @@ func (c *Cluster) AddNode(opts NodeOptions) (n *Node, err error) {
 		index:      index,
 		cp:         c.ControlPlane,
 		cgroupRoot: fmt.Sprintf("/nri-gpu-e2e-%d-%d", os.Getpid(), kubelets.Add(1)),
-		bridge:     fmt.Sprintf("nrigpu%d", index),
+		bridge:     fmt.Sprintf("%s%d", bridgePrefix, index),
 	}
 	defer func() {
 		if err != nil {
@@ -290,9 +290,12 @@ func (n *Node) Stop() error {
 }
 
 // deleteBridge deletes the node's pod bridge, if there is one.
-func (n *Node) deleteBridge() error {
-	if out, err := exec.Command("ip", "link", "del", n.bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
-		return fmt.Errorf("deleting bridge %s: %w: %s", n.bridge, err, out)
+func (n *Node) deleteBridge() error { return deleteBridge(n.bridge) }
+
+// deleteBridge deletes the bridge name, if there is one.
+func deleteBridge(name string) error {
+	if out, err := exec.Command("ip", "link", "del", name).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
+		return fmt.Errorf("deleting bridge %s: %w: %s", name, err, out)
 	}
 	return nil
 }
