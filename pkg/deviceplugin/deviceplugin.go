@@ -213,12 +213,18 @@ func (p *Plugin) sleep(ctx context.Context, d time.Duration) bool {
 // runs. A new name each time is never refused.
 func (p *Plugin) serve() (*grpc.Server, error) {
 	if p.socket != "" {
-		if err := os.Remove(p.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := removeStale(p.socket); err != nil {
 			return nil, err
 		}
 	}
 	p.socket = filepath.Join(p.dir, fmt.Sprintf("nri-gpu-%s-%s.sock", strings.ReplaceAll(p.resource, "/", "-"), strconv.FormatInt(time.Now().UnixNano(), 36)))
-	l, err := net.Listen("unix", p.socket)
+	return p.serveOn(p.socket)
+}
+
+// serveOn serves the device-plugin API on a unix socket at path, in the
+// background, until the server returned is stopped.
+func (p *Plugin) serveOn(path string) (*grpc.Server, error) {
+	l, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, err
 	}
@@ -226,6 +232,14 @@ func (p *Plugin) serve() (*grpc.Server, error) {
 	api.RegisterDevicePluginServer(srv, p)
 	go func() { _ = srv.Serve(l) }()
 	return srv, nil
+}
+
+// removeStale removes the socket at path, if there is one.
+func removeStale(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // register tells kubelet about the resource and the plugin's socket.

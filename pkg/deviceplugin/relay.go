@@ -11,8 +11,6 @@ package deviceplugin
 
 import (
 	"context"
-	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -39,21 +37,16 @@ func (p *Plugin) ServeAt(ctx context.Context, path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := removeStale(path); err != nil {
 		return err
 	}
-	l, err := net.Listen("unix", path)
+	srv, err := p.serveOn(path)
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer()
-	api.RegisterDevicePluginServer(srv, p)
-	go func() {
-		<-ctx.Done()
-		srv.Stop()
-	}()
 	p.log.Infof("serving the device-plugin API to nri-gpu relay at %s", path)
-	_ = srv.Serve(l)
+	<-ctx.Done()
+	srv.Stop()
 	_ = os.Remove(path)
 	return nil
 }
