@@ -17,7 +17,6 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
 
-	"github.com/nri-gpu/nri-gpu/internal/logflags"
 	"github.com/nri-gpu/nri-gpu/pkg/access"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
@@ -32,12 +31,11 @@ func runPlugin(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nri-gpu", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	flags := addConfigFlags(fs)
+	logs := addLogFlags(fs)
 	var (
 		socketPath = fs.String("socket-path", api.DefaultSocketPath, "NRI socket to connect to")
 		idx        = fs.String("idx", "10", "plugin index, which orders plugins in the runtime")
 		name       = fs.String("name", "nri-gpu", "plugin name")
-		logLevel   = fs.String("log-level", "info", "log level: debug, info, warn or error")
-		logFormat  = fs.String("log-format", "text", "log format: text or json")
 		generate   = fs.Bool("generate-specs", false, "generate the CDI spec of the node's NVIDIA GPUs with NVML (config generate.enabled)")
 		hookPath   = fs.String("hook-path", "", "the CDI hook the specs nri-gpu generates name, as the host has it (default: this executable; nri-gpu install puts one there)")
 		metricsAt  = fs.String("metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, and the probes /healthz and /readyz (off when empty)")
@@ -54,7 +52,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 	}
 	log := logrus.StandardLogger()
 	log.SetOutput(stderr)
-	if err := logflags.Apply(log, *logLevel, *logFormat); err != nil {
+	if err := logs.apply(log); err != nil {
 		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
 		return exitUsage
 	}
@@ -120,7 +118,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 		}))
 	}
 	if cfg.Start.DRA.Enabled {
-		opts := link.Options{DRA: cfg.Start.DRA, LogLevel: *logLevel, LogFormat: *logFormat, RollingUpdate: os.Getenv(podUIDEnv)}
+		opts := link.Options{DRA: cfg.Start.DRA, LogLevel: *logs.level, LogFormat: *logs.format, RollingUpdate: os.Getenv(podUIDEnv)}
 		opt, run, err := draDriver(opts, stderr, log, fail)
 		if err != nil {
 			fmt.Fprintf(stderr, "nri-gpu: %v\n", err)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/nri-gpu/nri-gpu/internal/logflags"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 )
 
@@ -23,14 +22,13 @@ func runRelay(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nri-gpu relay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	flags := addConfigFlags(fs)
-	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	logFormat := fs.String("log-format", "text", "log format: text or json")
+	logs := addLogFlags(fs)
 	if code, done := parseFlags(fs, args); done {
 		return code
 	}
 	log := logrus.New()
 	log.SetOutput(stderr)
-	if err := logflags.Apply(log, *logLevel, *logFormat); err != nil {
+	if err := logs.apply(log); err != nil {
 		fmt.Fprintf(stderr, "nri-gpu relay: %v\n", err)
 		return exitUsage
 	}
