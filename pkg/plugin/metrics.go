@@ -151,7 +151,10 @@ func (inv *inventory) dcgmEntity(info link.Info) (uuid, instance string) {
 	if info.Type != link.TypeMIG || info.ParentUUID == "" {
 		return info.UUID, ""
 	}
-	_, index, _ := strings.Cut(info.Name, ":") // nvidia-ctk's "GPU:MIG"
+	index := "" // the MIG index of nvidia-ctk's "GPU:MIG" name
+	if m := migName.FindStringSubmatch(info.Name); m != nil {
+		index = m[2]
+	}
 	for _, m := range inv.gpus()[info.Minor].MIGs {
 		if m.UUID == info.UUID || (info.UUID == "" && index == strconv.Itoa(m.Index)) {
 			return info.ParentUUID, strconv.Itoa(m.GI)
