@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
@@ -326,6 +327,78 @@ func TestDriverReplacedUnderNVML(t *testing.T) {
 				if len(entries(hook, logrus.ErrorLevel, "generating the CDI spec of the GPUs")) != 1 {
 					t.Error("the mismatch of an NVML that never answered is not logged, once")
 				}
+			}
+		})
+	}
+}
+
+// TestHealthAfterDriverReload: without spec generation, the health
+// monitor is what asks NVML after start. When the driver's kernel module
+// is reloaded under it (NVML answers LIB_RM_VERSION_MISMATCH for the
+// GPUs it had), it opens NVML again and says so; where this process
+// still gets the old NVML (the mismatch again), Serve ends with
+// ErrDriverChanged, so that nri-gpu starts again with the new driver's,
+// as generation does.
+func TestHealthAfterDriverReload(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// reloads says opening NVML again loads the new driver's.
+		reloads bool
+	}{
+		{name: "NVML loaded anew", reloads: true},
+		{name: "the old NVML stays loaded", reloads: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var replaced atomic.Bool
+			lib := testutil.NVML(1)
+			lib.InitFunc = func() nvml.Return {
+				if replaced.Load() {
+					if !tc.reloads {
+						return nvml.ERROR_LIB_RM_VERSION_MISMATCH
+					}
+					replaced.Store(false)
+				}
+				return nvml.SUCCESS
+			}
+			lib.ShutdownFunc = func() nvml.Return { return nvml.SUCCESS }
+			dev := lib.Devices[0].(*dgxa100.Device)
+			uuid := dev.GetUUIDFunc
+			dev.GetUUIDFunc = func() (string, nvml.Return) {
+				if replaced.Load() {
+					return "", nvml.ERROR_LIB_RM_VERSION_MISMATCH
+				}
+				return uuid()
+			}
+			p, hook := logged(t, "version: v1\nstart:\n  health: {interval: 20ms}\n",
+				plugin.WithSpecDirs([]string{t.TempDir()}), plugin.WithNVML(lib))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			served := make(chan error, 1)
+			go func() {
+				served <- p.Serve(ctx, stub.WithSocketPath(filepath.Join(testutil.ShortDir(t), "none.sock")), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
+			}()
+			testutil.Within(t, 5*time.Second, "the GPUs' health watched", func() bool {
+				return len(entries(hook, logrus.InfoLevel, "watching the health of NVIDIA GPUs")) == 1
+			})
+			replaced.Store(true)
+			if tc.reloads {
+				testutil.Within(t, 5*time.Second, "told NVML was opened again", func() bool {
+					return len(entries(hook, logrus.InfoLevel, "opened it again, watching the GPUs' health again")) == 1
+				})
+				select {
+				case err := <-served:
+					t.Fatalf("Serve ended (%v), though NVML answers again", err)
+				default:
+				}
+				return
+			}
+			select {
+			case err := <-served:
+				if !errors.Is(err, plugin.ErrDriverChanged) || !errors.Is(err, nvml.ERROR_LIB_RM_VERSION_MISMATCH) {
+					t.Errorf("Serve ended with %v, want ErrDriverChanged and NVML's mismatch", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("Serve goes on with a health monitor that watches nothing")
 			}
 		})
 	}

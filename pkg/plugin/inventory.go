@@ -8,6 +8,8 @@ package plugin
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"regexp"
 	"strconv"
@@ -81,7 +83,12 @@ func (p *Plugin) CheckHealth() {
 // watchHealth watches the NVIDIA GPUs' health through NVML as h says
 // until ctx is done, calling changed with how many are unhealthy after
 // each change; without NVML it says that it takes every GPU as healthy.
-func (inv *inventory) watchHealth(ctx context.Context, h config.Health, changed func(unhealthy int)) {
+// When NVML stops answering for the driver loaded (its kernel module
+// reloaded) it is opened again; where this process cannot load the new
+// driver's NVML (still the old one: a version mismatch), stop ends
+// serving with ErrDriverChanged, so that nri-gpu starts again with it,
+// as spec generation does.
+func (inv *inventory) watchHealth(ctx context.Context, h config.Health, changed func(unhealthy int), stop context.CancelCauseFunc) {
 	m, err := nvidia.NewMonitor(inv.lib())
 	if err != nil {
 		inv.log.Infof("GPU health not watched (%v): every device is taken as healthy", err)
@@ -96,6 +103,17 @@ func (inv *inventory) watchHealth(ctx context.Context, h config.Health, changed 
 			inv.log.WithField("gpu", node).Info("GPU healthy again")
 		}
 		changed(len(m.Unhealthies()))
+	}
+	m.OnReopen = func(cause, err error) {
+		switch {
+		case errors.Is(err, nvml.ERROR_LIB_RM_VERSION_MISMATCH):
+			inv.log.Warnf("the NVIDIA driver changed under this process's NVML (GPU health: %v): starting again to load the new driver's", err)
+			stop(fmt.Errorf("%w: %w", ErrDriverChanged, err))
+		case err != nil:
+			inv.log.Warnf("GPU health not watched until NVML opens again (it answered %v; tried at each check): %v", cause, err)
+		default:
+			inv.log.Infof("NVML answered %v for the GPUs it had (the NVIDIA driver reloaded): opened it again, watching the GPUs' health again", cause)
+		}
 	}
 	inv.health.Store(m)
 	defer inv.health.Store(nil)

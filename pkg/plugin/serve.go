@@ -36,7 +36,7 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 	go p.hw.watchHealth(ctx, p.start.Health, func(unhealthy int) {
 		p.metrics.UnhealthyGPUs(unhealthy)
 		p.notifyDoors()
-	})
+	}, cancel)
 	go p.mps.keepRunning(ctx)
 	delay := MinBackoff
 	for attempt := 1; ; attempt++ {

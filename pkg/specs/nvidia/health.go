@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,7 +38,17 @@ type Monitor struct {
 	// OnChange, when set, is called after a GPU's health changed, with
 	// its node and why it is unhealthy ("" when it is healthy again).
 	OnChange func(node, reason string)
+	// OnReopen, when set, is called after a check found NVML answering
+	// cause for the GPUs it had (the driver's kernel module reloaded, an
+	// upgrade: NVML_ERROR_LIB_RM_VERSION_MISMATCH) and the monitor opened
+	// NVML again: err is nil once it watches again, else why it cannot
+	// (it then tries again at each check, and watches nothing meanwhile;
+	// told again only when the reason changes).
+	OnReopen func(cause, err error)
 	now      func() time.Time
+	// blind is why NVML could not be opened again, nil while it is open;
+	// staleBy is the answer that had it opened again.
+	blind, staleBy error
 
 	mu  sync.Mutex
 	bad map[string]problem // by GPU node
@@ -53,16 +64,26 @@ type problem struct {
 // NewMonitor opens NVML (kept open until Close), finds the GPUs and
 // registers for their critical Xid events where NVML supports that.
 func NewMonitor(lib nvml.Interface) (*Monitor, error) {
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("%w: %w", ErrNVML, ret)
-	}
 	m := &Monitor{lib: lib, now: time.Now, bad: map[string]problem{}}
-	var err error
-	if m.gpus, err = gpuHandles(lib); err != nil {
-		m.Close()
+	if err := m.open(); err != nil {
 		return nil, err
 	}
-	if set, ret := lib.EventSetCreate(); ret == nvml.SUCCESS {
+	return m, nil
+}
+
+// open opens NVML, finds the GPUs and registers for their events; it
+// leaves NVML closed when it fails.
+func (m *Monitor) open() error {
+	if ret := m.lib.Init(); ret != nvml.SUCCESS {
+		return fmt.Errorf("%w: %w", ErrNVML, ret)
+	}
+	gpus, err := gpuHandles(m.lib)
+	if err != nil {
+		_ = m.lib.Shutdown()
+		return err
+	}
+	m.gpus = gpus
+	if set, ret := m.lib.EventSetCreate(); ret == nvml.SUCCESS {
 		m.set = set
 		for _, g := range m.gpus {
 			// Each on its own: a driver that knows no GPU-unavailable
@@ -71,15 +92,47 @@ func NewMonitor(lib nvml.Interface) (*Monitor, error) {
 			_ = g.dev.RegisterEvents(nvml.EventTypeGpuUnavailableError, set)
 		}
 	}
-	return m, nil
+	return nil
 }
 
 // Close frees the event set and closes NVML.
 func (m *Monitor) Close() {
+	if m.blind == nil {
+		m.close()
+	}
+}
+
+func (m *Monitor) close() {
 	if m.set != nil {
 		_ = m.set.Free()
 	}
 	_ = m.lib.Shutdown()
+}
+
+// stale reports whether NVML's answer says the library open is no longer
+// the loaded driver's: its kernel module was reloaded (an upgrade), or
+// NVML was shut down under it.
+func stale(ret nvml.Return) bool {
+	return ret == nvml.ERROR_LIB_RM_VERSION_MISMATCH || ret == nvml.ERROR_UNINITIALIZED || ret == nvml.ERROR_DRIVER_NOT_LOADED
+}
+
+// reopen closes NVML and opens it again (the library is loaded anew
+// once no one holds it), telling OnReopen how it went: each time it
+// succeeds, and when it first fails or fails otherwise.
+func (m *Monitor) reopen() {
+	was := m.blind
+	if was == nil {
+		m.close()
+		m.set = nil
+	}
+	err := m.open()
+	if err != nil {
+		err = fmt.Errorf("opening NVML again: %w", err)
+	}
+	m.blind = err
+	if m.OnReopen != nil && (err == nil || was == nil || was.Error() != err.Error()) {
+		m.OnReopen(m.staleBy, err)
+	}
 }
 
 // Run waits for events and checks every GPU every interval, until ctx
@@ -91,7 +144,7 @@ func (m *Monitor) Run(ctx context.Context, interval time.Duration) {
 			m.check()
 			last = m.now()
 		}
-		if m.set == nil {
+		if m.set == nil || m.blind != nil {
 			select {
 			case <-ctx.Done():
 			case <-time.After(interval):
@@ -127,15 +180,29 @@ func (m *Monitor) event(e nvml.EventData) {
 // interval (for a one-time look: nri-gpu devices).
 func (m *Monitor) Check() { m.check() }
 
-// check asks every GPU whether it still answers.
+// check asks every GPU whether it still answers. An NVML that answers
+// for another driver than the one loaded is opened again first (and,
+// until that succeeds, at each check).
 func (m *Monitor) check() {
-	for _, g := range m.gpus {
-		_, ret := g.dev.GetUUID()
+	if m.blind != nil {
+		if m.reopen(); m.blind != nil {
+			return
+		}
+	}
+	answers := m.ask()
+	if i := slices.IndexFunc(answers, stale); i >= 0 {
+		m.staleBy = answers[i]
+		if m.reopen(); m.blind != nil {
+			return
+		}
+		answers = m.ask()
+	}
+	for i, g := range m.gpus {
 		m.mu.Lock()
 		p, bad := m.bad[g.node]
 		m.mu.Unlock()
 		switch {
-		case ret == nvml.ERROR_GPU_IS_LOST:
+		case answers[i] == nvml.ERROR_GPU_IS_LOST:
 			if !bad || !p.lost {
 				m.mark(g.node, problem{reason: "the GPU is lost (fallen off the bus)", since: m.now(), lost: true})
 			}
@@ -144,6 +211,15 @@ func (m *Monitor) check() {
 			m.clear(g.node)
 		}
 	}
+}
+
+// ask returns each GPU's answer to a question (its UUID).
+func (m *Monitor) ask() []nvml.Return {
+	out := make([]nvml.Return, len(m.gpus))
+	for i, g := range m.gpus {
+		_, out[i] = g.dev.GetUUID()
+	}
+	return out
 }
 
 func (m *Monitor) mark(node string, p problem) {

@@ -158,3 +158,86 @@ func losable(s *dgxa100.Server, i int) *atomic.Bool {
 	}
 	return &lost
 }
+
+// TestMonitorDriverReloaded: once the driver's kernel module is reloaded
+// (an upgrade), NVML answers LIB_RM_VERSION_MISMATCH for the GPUs it
+// had: the monitor opens NVML again and watches the GPUs it then finds
+// (one lost since is unhealthy), saying so; while it cannot open NVML
+// again it says why, once, and tries again at each check.
+func TestMonitorDriverReloaded(t *testing.T) {
+	s := server(2)
+	var (
+		reloaded, initFails atomic.Bool
+		inits               atomic.Int32
+	)
+	s.InitFunc = func() nvml.Return {
+		inits.Add(1)
+		if initFails.Load() {
+			return nvml.ERROR_LIB_RM_VERSION_MISMATCH
+		}
+		reloaded.Store(false) // the library loaded anew is the driver's
+		return nvml.SUCCESS
+	}
+	s.ShutdownFunc = func() nvml.Return { return nvml.SUCCESS }
+	lost := losable(s, 1)
+	for _, d := range s.Devices[:2] {
+		dev := d.(*dgxa100.Device)
+		uuid := dev.GetUUIDFunc
+		dev.GetUUIDFunc = func() (string, nvml.Return) {
+			if reloaded.Load() {
+				return "", nvml.ERROR_LIB_RM_VERSION_MISMATCH
+			}
+			return uuid()
+		}
+	}
+	m, err := nvidia.NewMonitor(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reopened := make(chan error, 16)
+	m.OnReopen = func(cause, err error) {
+		if !errors.Is(cause, nvml.ERROR_LIB_RM_VERSION_MISMATCH) {
+			t.Errorf("told the cause %v, want NVML's version mismatch", cause)
+		}
+		reopened <- err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { m.Run(ctx, 10*time.Millisecond); close(done) }()
+	defer func() { cancel(); <-done; m.Close() }()
+	gpu1 := specs.Device{Nodes: []string{gpu(1)}}
+
+	// The module reloaded, the library in the process still the old one.
+	initFails.Store(true)
+	lost.Store(true)
+	reloaded.Store(true)
+	select {
+	case err := <-reopened:
+		testutil.ErrorSays(t, err, "opening NVML again")
+		if !errors.Is(err, nvml.ERROR_LIB_RM_VERSION_MISMATCH) {
+			t.Errorf("told %v, want NVML's version mismatch", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("not told that NVML could not be opened again")
+	}
+	from := inits.Load()
+	testutil.Within(t, 2*time.Second, "NVML tried again at the next checks", func() bool { return inits.Load() >= from+2 })
+	if len(reopened) > 0 {
+		t.Errorf("told again of the same failure: %v", <-reopened)
+	}
+
+	// NVML opens again: GPU 1, lost meanwhile, is found unhealthy.
+	initFails.Store(false)
+	select {
+	case err := <-reopened:
+		if err != nil {
+			t.Fatalf("told %v, want NVML opened again", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("not told that NVML was opened again")
+	}
+	testutil.Within(t, 2*time.Second, "GPU 1 unhealthy once NVML answers again", func() bool {
+		err := m.Unhealthy(gpu1)
+		return err != nil && strings.Contains(err.Error(), "lost")
+	})
+}
