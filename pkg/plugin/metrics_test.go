@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/containerd/nri/pkg/api"
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
@@ -37,23 +38,30 @@ func holderSeries(t *testing.T, m *metrics.Metrics) []string {
 
 // TestHolderMetrics: every door's holding is one nri_gpu_device_holder
 // series of its GPU, by UUID and index, naming the door and the holder
-// (a pod by name, by count, by kubelet's allocation; a claim and the pod
-// it was prepared for); a pod removed leaves no series, and its GPU's
-// shares are free again.
+// (a pod by name, by count, by kubelet's allocation: nri-gpu's device
+// plugin's, or a CDI device of the CRI request, which kubelet fills from
+// device plugins; a claim and the pod it was prepared for); a pod
+// removed leaves no series, and its GPU's shares are free again.
 func TestHolderMetrics(t *testing.T) {
 	m := metrics.New()
-	p, _ := logged(t, "", plugin.WithSpecDirs([]string{namedGPUSpecDir(t, 4, func(i int) []string { return []string{fmt.Sprint(i), fmt.Sprintf("GPU-uuid-%d", i)} })}), plugin.WithMetrics(m))
+	p, _ := logged(t, "", plugin.WithSpecDirs([]string{namedGPUSpecDir(t, 5, func(i int) []string { return []string{fmt.Sprint(i), fmt.Sprintf("GPU-uuid-%d", i)} })}), plugin.WithMetrics(m))
 	for _, c := range []struct {
 		pod    string
 		podAnn map[string]string
 		ctrAnn map[string]string
+		cdi    string // a CDI device of the CRI request
 	}{
 		{pod: "named", podAnn: map[string]string{"gpus.nri-gpu.io": "GPU-uuid-0"}},
 		{pod: "counted", podAnn: map[string]string{"gpu-count.nri-gpu.io": "1"}},
 		{pod: "kubelet", ctrAnn: map[string]string{"cdi.k8s.io/nri-gpu_main": "nvidia.com/gpu=2"}},
+		{pod: "runtime", cdi: "nvidia.com/gpu=4"},
 	} {
 		pod := gpuPod(c.pod, c.podAnn)
-		if _, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, c.ctrAnn)); err != nil {
+		ctr := ctrOf(pod, c.ctrAnn)
+		if c.cdi != "" {
+			ctr.CDIDevices = []*api.CDIDevice{{Name: c.cdi}}
+		}
+		if _, _, err := p.CreateContainer(context.Background(), pod, ctr); err != nil {
 			t.Fatalf("%s: %v", c.pod, err)
 		}
 	}
@@ -70,6 +78,7 @@ func TestHolderMetrics(t *testing.T) {
 		series("1", "count", "counted", ""),
 		series("2", "device-plugin", "kubelet", ""),
 		series("3", "dra", "claimed", "gpu"),
+		series("4", "device-plugin", "runtime", ""),
 	}
 	if diff := cmp.Diff(want, holderSeries(t, m)); diff != "" {
 		t.Errorf("holders (-want +got):\n%s", diff)
