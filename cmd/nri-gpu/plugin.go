@@ -18,7 +18,6 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nri-gpu/nri-gpu/pkg/access"
-	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
@@ -61,9 +60,6 @@ func runPlugin(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
 		return exitUsage
 	}
-	if *generate {
-		cfg.Generate.Enabled = true
-	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -72,6 +68,9 @@ func runPlugin(args []string, stderr io.Writer) int {
 	var popts []plugin.Option
 	if *flags.specDirs != "" {
 		popts = append(popts, plugin.WithSpecDirs(cfg.CDISpecDirs))
+	}
+	if *generate {
+		popts = append(popts, plugin.WithGenerate())
 	}
 	if *stateFile != "" {
 		popts = append(popts, plugin.WithStateFile(*stateFile))
@@ -190,14 +189,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		defer signal.Stop(hup)
-		load := func() (*config.Config, error) {
-			cfg, err := flags.load()
-			if err == nil && *generate {
-				cfg.Generate.Enabled = true
-			}
-			return cfg, err
-		}
-		go watchConfig(ctx, *flags.file, d, load, p, hup, configReloadInterval, log, m.ConfigLoaded)
+		go watchConfig(ctx, *flags.file, d, flags.load, p, hup, configReloadInterval, log, m.ConfigLoaded)
 	}
 	// The doors beside the runtime's requests, run once the plugin is
 	// built and until ctx is done.

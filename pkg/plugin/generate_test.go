@@ -403,3 +403,29 @@ func TestHealthAfterDriverReload(t *testing.T) {
 		})
 	}
 }
+
+// TestGenerateFlagOverEveryConfiguration: --generate-specs (WithGenerate)
+// turns generation on whatever the configuration in force says, the
+// one the runtime hands over at Configure included, as --cdi-spec-dirs
+// does.
+func TestGenerateFlagOverEveryConfiguration(t *testing.T) {
+	root, err := filepath.Abs("../specs/nvidia/testdata/minimal-root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	specDir := t.TempDir()
+	yaml := "version: v1\nstart:\n  driverRoot: " + root + "\ngenerate: {interval: 20ms}\n"
+	p, _ := logged(t, yaml, plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(testutil.NVML(1)), plugin.WithGenerate())
+	if _, err := p.Configure(context.Background(), yaml, "containerd", "v1.7.35"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		_ = p.Serve(ctx, stub.WithSocketPath(filepath.Join(testutil.ShortDir(t), "none.sock")), stub.WithPluginName("nri-gpu"), stub.WithPluginIdx("10"))
+	}()
+	testutil.Within(t, 5*time.Second, "the spec generated under the runtime's configuration", func() bool {
+		_, err := os.Stat(filepath.Join(specDir, plugin.GeneratedSpecName))
+		return err == nil
+	})
+}

@@ -58,8 +58,8 @@ var (
 // problems logged) have locks of their own.
 type Plugin struct {
 	log logrus.FieldLogger
-	// specDirs, when set, overrides cdiSpecDirs of every configuration.
-	specDirs []string
+	// flags override what every configuration says (the command line's).
+	flags overrides
 	// start is the configuration's start block as nri-gpu started with
 	// it: what every part reads of it, which no reload and no
 	// configuration from the runtime changes.
@@ -197,13 +197,9 @@ func (p *Plugin) lockRecord() error {
 }
 
 func (p *Plugin) newState(cfg *config.Config) (*state, error) {
-	if len(p.specDirs) > 0 {
-		c := *cfg
-		c.CDISpecDirs = slices.Clone(p.specDirs)
-		if err := c.Validate(); err != nil {
-			return nil, fmt.Errorf("--cdi-spec-dirs: %w", err)
-		}
-		cfg = &c
+	cfg, err := p.flags.apply(cfg)
+	if err != nil {
+		return nil, err
 	}
 	for _, dir := range cfg.CDISpecDirs {
 		// One that does not exist yet is watched for; one that is
@@ -238,6 +234,31 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 		return nil, err
 	}
 	return &state{cfg: cfg, parser: parser, policy: pol, specs: reg}, nil
+}
+
+// overrides are what the command line sets over every configuration,
+// the file's, a reload's and the runtime's alike.
+type overrides struct {
+	// specDirs, when set, replaces cdiSpecDirs (--cdi-spec-dirs).
+	specDirs []string
+	// generate turns generate.enabled on (--generate-specs).
+	generate bool
+}
+
+// apply returns cfg with the overrides, validated again.
+func (o overrides) apply(cfg *config.Config) (*config.Config, error) {
+	if len(o.specDirs) == 0 && (!o.generate || cfg.Generate.Enabled) {
+		return cfg, nil
+	}
+	c := *cfg
+	if len(o.specDirs) > 0 {
+		c.CDISpecDirs = slices.Clone(o.specDirs)
+		if err := c.Validate(); err != nil {
+			return nil, fmt.Errorf("--cdi-spec-dirs: %w", err)
+		}
+	}
+	c.Generate.Enabled = c.Generate.Enabled || o.generate
+	return &c, nil
 }
 
 // logProblems logs each spec problem once, when it appears, and when it
@@ -352,12 +373,8 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 		p.conn.configured(err)
 		return 0, err
 	}
-	p.mu.Lock()
-	old := p.st
-	p.st = st
-	p.mu.Unlock()
+	p.putInForce(st)
 	p.conn.configured(nil)
-	old.specs.Close()
 	log.Info("connected to runtime, using the configuration it passed")
 	return ev, nil
 }
@@ -373,6 +390,14 @@ func (p *Plugin) Reload(cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
+	p.putInForce(st)
+	return nil
+}
+
+// putInForce makes st the state of the next request, however its
+// configuration came (a reload, the runtime's Configure), and logs what
+// pods hold that it would not give them: they keep it until removed.
+func (p *Plugin) putInForce(st *state) {
 	p.mu.Lock()
 	old := p.st
 	p.st = st
@@ -381,7 +406,6 @@ func (p *Plugin) Reload(cfg *config.Config) error {
 	if err := p.alloc.Check(st.policy); err != nil {
 		p.log.Warnf("the new configuration would not give some pods what they hold: %v", err)
 	}
-	return nil
 }
 
 // reloaded returns the state of a configuration that replaces the one

@@ -54,55 +54,74 @@ func TestReloadChecked(t *testing.T) {
 	}
 }
 
-// TestReloadKeepsWhatPodsHold: after a reload whose policy.devices gives
-// neither GPU, pod a (GPU 0 by name) and pod b (GPU 1 for a count) both
-// keep theirs for their new containers, one way whatever the door; the
-// reload says so once per holding; a new pod is refused either GPU.
+// TestReloadKeepsWhatPodsHold: after a new configuration whose
+// policy.devices gives neither GPU, put in force by a reload or handed
+// over by the runtime at Configure (the same checks either way), pod a
+// (GPU 0 by name) and pod b (GPU 1 for a count) both keep theirs for
+// their new containers, one way whatever the door; the change says so
+// once per holding; a new pod is refused either GPU.
 func TestReloadKeepsWhatPodsHold(t *testing.T) {
-	p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}))
-	a := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
-	b := gpuPod("b", map[string]string{"gpu-count.nri-gpu.io": "1"})
-	create := func(pod *api.PodSandbox, id string) ([]string, error) {
-		c := ctrOf(pod, nil)
-		c.Id = id
-		adj, _, err := p.CreateContainer(context.Background(), pod, c)
-		return devicePaths(adj), err
-	}
-	for _, pod := range []*api.PodSandbox{a, b} {
-		if _, err := create(pod, pod.Name+"1"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	narrower, err := config.Parse([]byte("policy: {devices: [\"example.com/*\"]}"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Reload(narrower); err != nil {
-		t.Fatal(err)
-	}
-	said := entries(hook, logrus.WarnLevel, "would not give some pods what they hold")
-	if len(said) != 1 {
-		t.Fatalf("the reload said %d times that pods keep what it would not give, want once", len(said))
-	}
-	for _, held := range []string{`pod tenant/a holds "nvidia.com/gpu=0"`, `pod tenant/b holds "nvidia.com/gpu=1"`} {
-		if !strings.Contains(said[0].Message, held) {
-			t.Errorf("the reload's warning does not say %q:\n%s", held, said[0].Message)
-		}
-	}
+	const narrower = "policy: {devices: [\"example.com/*\"]}"
 	for _, tc := range []struct {
-		pod  *api.PodSandbox
-		want string
-	}{{a, "/dev/nvidia0"}, {b, "/dev/nvidia1"}} {
-		if got, err := create(tc.pod, tc.pod.Name+"2"); err != nil || !slices.Equal(got, []string{tc.want}) {
-			t.Errorf("pod %s's new container: %v, %v; want %s, kept", tc.pod.Name, got, err, tc.want)
-		}
-	}
-	for _, ann := range []map[string]string{{"gpus.nri-gpu.io": "0"}, {"gpus.nri-gpu.io": "1"}} {
-		_, err := create(gpuPod("c", ann), "c")
-		testutil.ErrorSays(t, err, "matches none of policy.devices")
-	}
-	if len(entries(hook, logrus.WarnLevel, "would not give some pods what they hold")) != 1 {
-		t.Error("the kept holdings were said again at a request")
+		name string
+		put  func(p *plugin.Plugin, specDir string) error
+	}{
+		{name: "reload", put: func(p *plugin.Plugin, specDir string) error {
+			cfg, err := config.Parse([]byte(narrower + "\ncdiSpecDirs: [" + specDir + "]\n"))
+			if err != nil {
+				return err
+			}
+			return p.Reload(cfg)
+		}},
+		{name: "configuration from the runtime", put: func(p *plugin.Plugin, specDir string) error {
+			_, err := p.Configure(context.Background(), narrower+"\ncdiSpecDirs: ["+specDir+"]\n", "containerd", "v1.7.35")
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			specDir := gpuSpecDir(t, 2)
+			p, hook := logged(t, "cdiSpecDirs: ["+specDir+"]\n")
+			a := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+			b := gpuPod("b", map[string]string{"gpu-count.nri-gpu.io": "1"})
+			create := func(pod *api.PodSandbox, id string) ([]string, error) {
+				c := ctrOf(pod, nil)
+				c.Id = id
+				adj, _, err := p.CreateContainer(context.Background(), pod, c)
+				return devicePaths(adj), err
+			}
+			for _, pod := range []*api.PodSandbox{a, b} {
+				if _, err := create(pod, pod.Name+"1"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := tc.put(p, specDir); err != nil {
+				t.Fatal(err)
+			}
+			said := entries(hook, logrus.WarnLevel, "would not give some pods what they hold")
+			if len(said) != 1 {
+				t.Fatalf("the change said %d times that pods keep what it would not give, want once", len(said))
+			}
+			for _, held := range []string{`pod tenant/a holds "nvidia.com/gpu=0"`, `pod tenant/b holds "nvidia.com/gpu=1"`} {
+				if !strings.Contains(said[0].Message, held) {
+					t.Errorf("the change's warning does not say %q:\n%s", held, said[0].Message)
+				}
+			}
+			for _, tc := range []struct {
+				pod  *api.PodSandbox
+				want string
+			}{{a, "/dev/nvidia0"}, {b, "/dev/nvidia1"}} {
+				if got, err := create(tc.pod, tc.pod.Name+"2"); err != nil || !slices.Equal(got, []string{tc.want}) {
+					t.Errorf("pod %s's new container: %v, %v; want %s, kept", tc.pod.Name, got, err, tc.want)
+				}
+			}
+			for _, ann := range []map[string]string{{"gpus.nri-gpu.io": "0"}, {"gpus.nri-gpu.io": "1"}} {
+				_, err := create(gpuPod("c", ann), "c")
+				testutil.ErrorSays(t, err, "matches none of policy.devices")
+			}
+			if len(entries(hook, logrus.WarnLevel, "would not give some pods what they hold")) != 1 {
+				t.Error("the kept holdings were said again at a request")
+			}
+		})
 	}
 }
 
