@@ -342,3 +342,47 @@ func TestGenerateHookFree(t *testing.T) {
 		}
 	}
 }
+
+// TestHelp: nri-gpu help and nri-gpu --help list every command with a
+// line, and the plugin's flags; nri-gpu help COMMAND and COMMAND --help
+// show that command's flags and exit 0; an unknown command says where
+// the list is.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"help"}, {"--help"}, {"-h"}} {
+		var stdout, stderr bytes.Buffer
+		if code := run(args, &stdout, &stderr); code != exitOK {
+			t.Errorf("nri-gpu %s: exit %d, want 0; %s", strings.Join(args, " "), code, stderr.String())
+		}
+		for _, c := range subcommands() {
+			if !slices.ContainsFunc(strings.Split(stdout.String(), "\n"), func(l string) bool {
+				return strings.HasPrefix(strings.TrimSpace(l), c.name+" ") && strings.Contains(l, c.summary)
+			}) {
+				t.Errorf("nri-gpu %s does not list %s with its line:\n%s", strings.Join(args, " "), c.name, stdout.String())
+			}
+		}
+		for _, flag := range []string{"-config", "-socket-path", "-state-file", "-access-dir", "-take-over", "-metrics-address", "-generate-specs"} {
+			if !strings.Contains(stdout.String(), flag+" ") && !strings.Contains(stdout.String(), flag+"\n") {
+				t.Errorf("nri-gpu %s does not list the plugin's flag %s", strings.Join(args, " "), flag)
+			}
+		}
+	}
+	// Each command's flags, one of them named.
+	for _, tc := range []struct{ command, flag string }{
+		{"generate", "-output"}, {"devices", "-config"}, {"explain", "-config"}, {"access", "-pod"},
+		{"check", "-containerd-config"}, {"validate", "FILE"}, {"relay", "-config"}, {"hook", "create-symlinks"},
+		{"install", ""}, {"version", ""}, {"mps-shm", "--root"},
+	} {
+		for _, args := range [][]string{{tc.command, "--help"}, {"help", tc.command}} {
+			var stdout, stderr bytes.Buffer
+			code := run(args, &stdout, &stderr)
+			out := stdout.String() + stderr.String()
+			if code != exitOK || !strings.Contains(strings.ToLower(out), "usage") || !strings.Contains(out, tc.flag) {
+				t.Errorf("nri-gpu %s: exit %d, want 0 and its usage naming %q:\n%s", strings.Join(args, " "), code, tc.flag, out)
+			}
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"bogus"}, &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "nri-gpu help lists") {
+		t.Errorf("nri-gpu bogus: exit %d, %q; want 2 and where the commands are listed", code, stderr.String())
+	}
+}

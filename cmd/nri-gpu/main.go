@@ -65,32 +65,52 @@ func restart(stderr io.Writer) int {
 	return exitError
 }
 
+// command is one of nri-gpu's subcommands: its name, what it does in a
+// line (nri-gpu help), and what runs it with its arguments.
+type command struct {
+	name, summary string
+	run           func(args []string, stdout, stderr io.Writer) int
+}
+
+// subcommands returns nri-gpu's subcommands, in the order nri-gpu help
+// lists them.
+func subcommands() []command {
+	return []command{
+		{"generate", "write the CDI spec of this node's NVIDIA GPUs (NVML)", func(args []string, stdout, stderr io.Writer) int {
+			return runGenerate(args, stdout, stderr, nvidia.Library)
+		}},
+		{"devices", "list the devices nri-gpu can inject, and the GPUs", runDevices},
+		{"explain", "show what nri-gpu would do for a pod, or why it refuses", runExplain},
+		{"access", "what a pod's containers were given, or devices would give (a CDI spec)", runAccess},
+		{"check", "check a node: NRI, containerd config, specs, hooks, DRA driver", runCheck},
+		{"validate", "check configuration files", runValidate},
+		{"hook", "the CDI hooks of the specs nri-gpu generates (nvidia-cdi-hook's)", runHook},
+		{"install", "copy nri-gpu into a host directory, for those hooks", runInstall},
+		{"relay", "keep kubelet's device-plugin endpoint while nri-gpu is away (the chart's relay container)", func(args []string, _, stderr io.Writer) int {
+			return runRelay(args, stderr)
+		}},
+		{"version", "nri-gpu's version, commit, Go, NRI and CDI library versions", runVersion},
+		{"help", "this list; nri-gpu help COMMAND: that command's flags", runHelp},
+		{plugin.MPSShmCommand, "(nri-gpu's own) run an MPS control daemon with a /dev/shm its clients share", func(args []string, _, stderr io.Writer) int {
+			return runMPSShm(args, stderr)
+		}},
+	}
+}
+
 // run runs a subcommand, or the plugin when there is none.
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
+		for _, c := range subcommands() {
+			if c.name == args[0] {
+				return c.run(args[1:], stdout, stderr)
+			}
+		}
 		switch args[0] {
-		case "generate":
-			return runGenerate(args[1:], stdout, stderr, nvidia.Library)
-		case "devices":
-			return runDevices(args[1:], stdout, stderr)
-		case "validate":
-			return runValidate(args[1:], stdout, stderr)
-		case "explain":
-			return runExplain(args[1:], stdout, stderr)
-		case "access":
-			return runAccess(args[1:], stdout, stderr)
-		case "check":
-			return runCheck(args[1:], stdout, stderr)
-		case "hook":
-			return runHook(args[1:], stdout, stderr)
-		case "install":
-			return runInstall(args[1:], stdout, stderr)
-		case "relay":
-			return runRelay(args[1:], stderr)
-		case plugin.MPSShmCommand:
-			return runMPSShm(args[1:], stderr)
-		case "version", "--version", "-version":
-			return runVersion(stdout)
+		case "--version", "-version":
+			return runVersion(nil, stdout, stderr)
+		case "--help", "-help", "-h":
+			usage(stdout)
+			return exitOK
 		}
 		// The hooks of the specs nri-gpu generates run it as
 		// nvidia-cdi-hook is run: "nri-gpu create-symlinks ...".
@@ -99,4 +119,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return runPlugin(args, stderr)
+}
+
+// usage writes how nri-gpu is run: the plugin with its flags, and each
+// subcommand with a line.
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "Usage:\n  nri-gpu [FLAGS]             run the NRI plugin (how containerd starts a pre-registered one)\n  nri-gpu COMMAND [FLAGS]     run a command\n\nCommands:\n")
+	for _, c := range subcommands() {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nEach command's flags: nri-gpu COMMAND --help. Every flag can also be set from the environment\n(--state-file from NRI_GPU_STATE_FILE).\n\nThe plugin's flags:\n")
+	pluginFlags(w).fs.PrintDefaults()
+}
+
+// runHelp lists the commands, or, given one, has it say its flags.
+func runHelp(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stdout)
+		return exitOK
+	}
+	for _, c := range subcommands() {
+		if c.name == args[0] && c.name != "help" {
+			return c.run([]string{"--help"}, stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "nri-gpu help: unknown command %q; nri-gpu help lists them\n", args[0])
+	return exitUsage
 }

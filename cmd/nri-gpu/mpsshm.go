@@ -20,6 +20,10 @@ import (
 // in a mount namespace of its own; it refuses to run in its parent's, so
 // that it never covers the /dev/shm of anything else.
 func runMPSShm(args []string, stderr io.Writer) int {
+	if len(args) == 1 && (args[0] == "--help" || args[0] == "-h") {
+		fmt.Fprintf(stderr, "usage: nri-gpu %s [--root ROOT] DIR PROGRAM [ARG...] (nri-gpu runs it itself, in a mount namespace of its own)\n", plugin.MPSShmCommand)
+		return exitOK
+	}
 	root := ""
 	if len(args) > 1 && args[0] == "--root" {
 		root, args = args[1], args[2:]

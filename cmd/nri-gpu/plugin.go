@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nri-gpu/nri-gpu/pkg/access"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
@@ -25,151 +26,204 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/record"
 )
 
-// runPlugin runs the plugin with the given command-line arguments.
-func runPlugin(args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("nri-gpu", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	flags := addConfigFlags(fs)
-	logs := addLogFlags(fs)
-	var (
-		socketPath = fs.String("socket-path", api.DefaultSocketPath, "NRI socket to connect to")
-		idx        = fs.String("idx", "10", "plugin index, which orders plugins in the runtime")
-		name       = fs.String("name", "nri-gpu", "plugin name")
-		generate   = fs.Bool("generate-specs", false, "generate the CDI spec of the node's NVIDIA GPUs with NVML (config generate.enabled)")
-		hookPath   = fs.String("hook-path", "", "the CDI hook the specs nri-gpu generates name, as the host has it (default: this executable; nri-gpu install puts one there)")
-		metricsAt  = fs.String("metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, and the probes /healthz and /readyz (off when empty)")
-		stateFile  = fs.String("state-file", record.DefaultPath, "file in which the plugin keeps which pod holds which devices, for a restart (none when empty)")
-		accessDir  = fs.String("access-dir", access.DefaultDir, "directory in which the plugin keeps, for each container it gives devices, the record of what it was given, mounted read-only at "+access.Path+" (none when empty)")
-		takeOver   = fs.Bool("take-over", false, "when another nri-gpu holds the state file, wait for it to stop and serve then, ready meanwhile (a rolling update with surge), instead of exiting")
-	)
-	if code, done := parseFlags(fs, args); done {
-		return code
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "nri-gpu: unknown command %q\n", fs.Arg(0))
-		return exitUsage
-	}
-	log := logrus.StandardLogger()
-	log.SetOutput(stderr)
-	if err := logs.apply(log); err != nil {
-		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
-		return exitUsage
-	}
-	cfg, err := flags.load()
-	if err != nil {
-		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
-		return exitUsage
-	}
+// pluginFlagSet is the plugin's command line.
+type pluginFlagSet struct {
+	fs     *flag.FlagSet
+	config configFlags
+	logs   logFlags
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	ctx, fail := context.WithCancelCause(ctx)
-	defer fail(nil)
+	socketPath, idx, name                     *string
+	hookPath, metricsAt, stateFile, accessDir *string
+	generate, takeOver                        *bool
+}
+
+// pluginFlags defines the plugin's flags, saying what goes wrong on w.
+func pluginFlags(w io.Writer) *pluginFlagSet {
+	fs := flag.NewFlagSet("nri-gpu", flag.ContinueOnError)
+	fs.SetOutput(w)
+	f := &pluginFlagSet{fs: fs, config: addConfigFlags(fs), logs: addLogFlags(fs)}
+	f.socketPath = fs.String("socket-path", api.DefaultSocketPath, "NRI socket to connect to")
+	f.idx = fs.String("idx", "10", "plugin index, which orders plugins in the runtime")
+	f.name = fs.String("name", "nri-gpu", "plugin name")
+	f.generate = fs.Bool("generate-specs", false, "generate the CDI spec of the node's NVIDIA GPUs with NVML (config generate.enabled)")
+	f.hookPath = fs.String("hook-path", "", "the CDI hook the specs nri-gpu generates name, as the host has it (default: this executable; nri-gpu install puts one there)")
+	f.metricsAt = fs.String("metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, and the probes /healthz and /readyz (off when empty)")
+	f.stateFile = fs.String("state-file", record.DefaultPath, "file in which the plugin keeps which pod holds which devices, for a restart (none when empty)")
+	f.accessDir = fs.String("access-dir", access.DefaultDir, "directory in which the plugin keeps, for each container it gives devices, the record of what it was given, mounted read-only at "+access.Path+" (none when empty)")
+	f.takeOver = fs.Bool("take-over", false, "when another nri-gpu holds the state file, wait for it to stop and serve then, ready meanwhile (a rolling update with surge), instead of exiting")
+	fs.Usage = func() { usage(w) }
+	return f
+}
+
+// options are the plugin's options the flags set.
+func (f *pluginFlagSet) options(ctx context.Context, cfg *config.Config) ([]plugin.Option, error) {
 	var popts []plugin.Option
-	if *flags.specDirs != "" {
+	if *f.config.specDirs != "" {
 		popts = append(popts, plugin.WithSpecDirs(cfg.CDISpecDirs))
 	}
-	if *generate {
+	if *f.generate {
 		popts = append(popts, plugin.WithGenerate())
 	}
-	if *stateFile != "" {
-		popts = append(popts, plugin.WithStateFile(*stateFile))
+	if *f.stateFile != "" {
+		popts = append(popts, plugin.WithStateFile(*f.stateFile))
 	}
-	if *accessDir != "" {
-		popts = append(popts, plugin.WithAccessDir(*accessDir))
+	if *f.accessDir != "" {
+		popts = append(popts, plugin.WithAccessDir(*f.accessDir))
 	}
-	if *takeOver {
+	if *f.takeOver {
 		popts = append(popts, plugin.WithTakeOver(ctx))
 	}
-	if *hookPath != "" {
-		if !filepath.IsAbs(*hookPath) {
-			fmt.Fprintf(stderr, "nri-gpu: --hook-path %q is not absolute\n", *hookPath)
-			return exitUsage
+	if *f.hookPath != "" {
+		if !filepath.IsAbs(*f.hookPath) {
+			return nil, fmt.Errorf("--hook-path %q is not absolute", *f.hookPath)
 		}
-		popts = append(popts, plugin.WithHookPath(*hookPath))
+		popts = append(popts, plugin.WithHookPath(*f.hookPath))
 	}
-	var m *metrics.Metrics
-	if *metricsAt != "" {
-		m = metrics.New()
-		popts = append(popts, plugin.WithMetrics(m))
-	}
-	// Device-plugin mode: each resource served to kubelet beside the NRI
-	// side, over the same specs and pool.
-	// early are the doors run before the plugin is built: the DRA driver
-	// of a rolling update, registered with kubelet while the nri-gpu this
-	// one takes over from still serves.
-	var doors, early []func(context.Context)
+	return popts, nil
+}
+
+// doors are what serve the pool beside the runtime's requests, each run
+// until its context is done: early ones before the plugin is built (the
+// DRA driver of a rolling update, registered with kubelet while the
+// nri-gpu this one takes over from still serves), the others once it is
+// (the plugin's options add them as it is built).
+type doors struct {
+	opts         []plugin.Option
+	early, later []func(context.Context)
+}
+
+// openDoors returns the device plugins, the DRA driver and the pods'
+// events that cfg's start block turns on.
+func (f *pluginFlagSet) openDoors(cfg *config.Config, stderr io.Writer, log *logrus.Logger, fail context.CancelCauseFunc) (*doors, error) {
+	d := &doors{}
 	dp := cfg.Start.DevicePlugin
 	for _, r := range dp.Resources {
-		popts = append(popts, plugin.WithDevicePlugin(r, func(res *plugin.Resource) plugin.Door {
-			d := deviceplugin.New(r, dp.KubeletDir, dp.CDIDevices, res, log)
-			serve := func(ctx context.Context) { _ = d.Run(ctx) }
+		d.opts = append(d.opts, plugin.WithDevicePlugin(r, func(res *plugin.Resource) plugin.Door {
+			door := deviceplugin.New(r, dp.KubeletDir, dp.CDIDevices, res, log)
+			serve := func(ctx context.Context) { _ = door.Run(ctx) }
 			if dp.Relay != "" {
 				// nri-gpu relay registers with kubelet and asks it.
 				serve = func(ctx context.Context) {
-					if err := d.ServeAt(ctx, deviceplugin.RelaySocket(dp.Relay, r.Name)); err != nil {
+					if err := door.ServeAt(ctx, deviceplugin.RelaySocket(dp.Relay, r.Name)); err != nil {
 						log.Errorf("serving the device plugin to nri-gpu relay: %v", err)
 					}
 				}
 			}
-			doors = append(doors, serve)
-			return d
+			d.later = append(d.later, serve)
+			return door
 		}))
 	}
 	if cfg.Start.DRA.Enabled {
-		opts := link.Options{DRA: cfg.Start.DRA, LogLevel: *logs.level, LogFormat: *logs.format, RollingUpdate: os.Getenv(podUIDEnv)}
+		opts := link.Options{DRA: cfg.Start.DRA, LogLevel: *f.logs.level, LogFormat: *f.logs.format, RollingUpdate: os.Getenv(podUIDEnv)}
 		opt, run, err := draDriver(opts, stderr, log, fail)
 		if err != nil {
-			fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
-			return exitUsage
+			return nil, err
 		}
-		popts = append(popts, opt)
+		d.opts = append(d.opts, opt)
 		if opts.RollingUpdate != "" {
-			early = append(early, run)
+			d.early = append(d.early, run)
 		} else {
-			doors = append(doors, run)
+			d.later = append(d.later, run)
 		}
 	}
 	if cfg.Start.Events.Enabled {
 		tell, run, err := podEvents(cfg.Start.Events, cfg.Start.DRA.NodeName, stderr, log)
 		if err != nil {
-			fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
-			return exitUsage
+			return nil, err
 		}
-		popts, doors = append(popts, plugin.WithEvents(tell)), append(doors, run)
+		d.opts, d.later = append(d.opts, plugin.WithEvents(tell)), append(d.later, run)
 	}
-	// The probes answer from the start: not ready until the plugin is
-	// built, but ready while it waits to take over, so that a rolling
-	// update with surge goes on to stop the nri-gpu it replaces.
+	return d, nil
+}
+
+// serveMetrics serves the metrics and probes at the flag's address when
+// it is set, and returns them (nil when off). The probes answer from the
+// start: not ready until the plugin is built, but ready while it waits
+// to take over, so that a rolling update with surge goes on to stop the
+// nri-gpu it replaces.
+func (f *pluginFlagSet) serveMetrics(built *atomic.Pointer[plugin.Plugin], log *logrus.Logger, fail context.CancelCauseFunc) (*metrics.Metrics, error) {
+	if *f.metricsAt == "" {
+		return nil, nil
+	}
+	m := metrics.New()
+	ready := func() error {
+		if p := built.Load(); p != nil {
+			return p.Ready()
+		}
+		if *f.takeOver {
+			return nil
+		}
+		return fmt.Errorf("%w: starting", plugin.ErrNotReady)
+	}
+	addr, serveErr, err := m.Serve(*f.metricsAt, ready)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-address: %w", err)
+	}
+	log.Infof("serving metrics at http://%s/metrics, probes at /healthz and /readyz", addr)
+	go func() { fail(fmt.Errorf("metrics server at %s: %w", addr, <-serveErr)) }()
+	return m, nil
+}
+
+// runPlugin runs the plugin with the given command-line arguments.
+func runPlugin(args []string, stderr io.Writer) int {
+	f := pluginFlags(stderr)
+	if code, done := parseFlags(f.fs, args); done {
+		return code
+	}
+	if f.fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "nri-gpu: unknown command %q; nri-gpu help lists the commands\n", f.fs.Arg(0))
+		return exitUsage
+	}
+	log := logrus.StandardLogger()
+	log.SetOutput(stderr)
+	if err := f.logs.apply(log); err != nil {
+		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
+		return exitUsage
+	}
+	cfg, err := f.config.load()
+	if err != nil {
+		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
+		return exitUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	popts, err := f.options(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
+		return exitUsage
+	}
+	d, err := f.openDoors(cfg, stderr, log, fail)
+	if err != nil {
+		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
+		return exitUsage
+	}
 	var built atomic.Pointer[plugin.Plugin]
-	if m != nil {
-		ready := func() error {
-			if p := built.Load(); p != nil {
-				return p.Ready()
-			}
-			if *takeOver {
-				return nil
-			}
-			return fmt.Errorf("%w: starting", plugin.ErrNotReady)
-		}
-		addr, serveErr, err := m.Serve(*metricsAt, ready)
-		if err != nil {
-			fmt.Fprintf(stderr, "nri-gpu: --metrics-address: %v\n", err)
-			return exitError
-		}
-		log.Infof("serving metrics at http://%s/metrics, probes at /healthz and /readyz", addr)
-		go func() { fail(fmt.Errorf("metrics server at %s: %w", addr, <-serveErr)) }()
+	m, err := f.serveMetrics(&built, log, fail)
+	if err != nil {
+		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
+		return exitError
 	}
-	// The doors are waited for before the plugin lets its record go
-	// (Close, deferred first): an nri-gpu taking over starts its own
-	// plugin only then.
+	if m != nil {
+		popts = append(popts, plugin.WithMetrics(m))
+	}
+	return f.serve(ctx, fail, cfg, append(popts, d.opts...), d, &built, m, log, stderr)
+}
+
+// serve builds the plugin and serves the runtime and the doors until
+// ctx is done, and returns the exit code. The doors are waited for before
+// the plugin lets its record go (Close, deferred first): an nri-gpu
+// taking over starts its own plugin only then.
+func (f *pluginFlagSet) serve(ctx context.Context, fail context.CancelCauseFunc, cfg *config.Config, popts []plugin.Option, d *doors,
+	built *atomic.Pointer[plugin.Plugin], m *metrics.Metrics, log *logrus.Logger, stderr io.Writer) int {
 	var running sync.WaitGroup
-	for _, run := range early {
+	for _, run := range d.early {
 		running.Go(func() { run(ctx) })
 	}
 	p, err := plugin.New(cfg, log, popts...)
 	if err != nil {
-		stopped := *takeOver && ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled)
+		stopped := *f.takeOver && ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled)
 		fail(nil)
 		running.Wait()
 		if stopped {
@@ -181,25 +235,33 @@ func runPlugin(args []string, stderr io.Writer) int {
 	}
 	built.Store(p)
 	defer p.Close()
-	// The configuration file, reloaded on SIGHUP and when it changes.
-	if *flags.file != "" {
-		d := digest(*flags.file)
-		log.Infof("configuration %s: %s in force", *flags.file, d)
-		m.ConfigLoaded(d)
-		hup := make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
-		defer signal.Stop(hup)
-		go watchConfig(ctx, *flags.file, d, flags.load, p, hup, configReloadInterval, log, m.ConfigLoaded)
+	if *f.config.file != "" {
+		stopWatching := f.watchConfig(ctx, p, m, log)
+		defer stopWatching()
 	}
-	// The doors beside the runtime's requests, run once the plugin is
-	// built and until ctx is done.
 	defer running.Wait()
-	for _, run := range doors {
+	for _, run := range d.later {
 		running.Go(func() { run(ctx) })
 	}
 	defer fail(nil)
+	return exitCode(ctx, p.Serve(ctx, stubOptions(f.fs, *f.name, *f.idx, *f.socketPath)...), log)
+}
 
-	if err := p.Serve(ctx, stubOptions(fs, *name, *idx, *socketPath)...); err != nil {
+// watchConfig reloads the configuration file on SIGHUP and when it
+// changes, until ctx is done; it returns what stops listening for SIGHUP.
+func (f *pluginFlagSet) watchConfig(ctx context.Context, p *plugin.Plugin, m *metrics.Metrics, log *logrus.Logger) func() {
+	d := digest(*f.config.file)
+	log.Infof("configuration %s: %s in force", *f.config.file, d)
+	m.ConfigLoaded(d)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go watchConfig(ctx, *f.config.file, d, f.config.load, p, hup, configReloadInterval, log, m.ConfigLoaded)
+	return func() { signal.Stop(hup) }
+}
+
+// exitCode is nri-gpu's exit code once Serve returned err, ctx done.
+func exitCode(ctx context.Context, err error, log *logrus.Logger) int {
+	if err != nil {
 		// A pre-registered plugin's connection was handed to it by the
 		// runtime and cannot be opened again: it exits.
 		if errors.Is(err, plugin.ErrDriverChanged) && !plugin.PreRegistered() {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"runtime/debug"
@@ -54,7 +55,12 @@ func buildInfo() string {
 }
 
 // runVersion prints the build information.
-func runVersion(stdout io.Writer) int {
+func runVersion(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("nri-gpu version", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if code, done := parseFlags(fs, args); done {
+		return code
+	}
 	fmt.Fprint(stdout, buildInfo())
 	return exitOK
 }
