@@ -168,8 +168,12 @@ func (p *Plugin) Run(ctx context.Context) error {
 	}
 }
 
-// waitFor waits until path exists and returns what it is.
+// waitFor waits until path exists and returns what it is; it says when
+// it has to wait.
 func (p *Plugin) waitFor(ctx context.Context, path string) (os.FileInfo, error) {
+	if _, err := os.Stat(path); err != nil {
+		p.log.Infof("waiting for kubelet's registration socket %s (start.devicePlugin.kubeletDir)", path)
+	}
 	for {
 		if fi, err := os.Stat(path); err == nil {
 			return fi, nil

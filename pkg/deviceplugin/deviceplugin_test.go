@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,13 +31,31 @@ import (
 type source struct {
 	mu   sync.Mutex
 	devs []Device
+	// looks counts the calls of Devices.
+	looks int
 }
 
 func (s *source) Devices() []Device {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.looks++
 	return slices.Clone(s.devs)
 }
+
+// looked returns how often Devices was called.
+func (s *source) looked() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.looks
+}
+
+// counting is a Source whose looks are counted.
+type counting struct {
+	Source
+	looks atomic.Int32
+}
+
+func (c *counting) Devices() []Device { c.looks.Add(1); return c.Source.Devices() }
 
 func (s *source) set(devs ...Device) {
 	s.mu.Lock()
@@ -235,8 +254,8 @@ func TestRun(t *testing.T) {
 	done := make(chan error)
 	go func() { done <- p.Run(ctx) }()
 
-	// Nothing is registered before kubelet's socket exists.
-	time.Sleep(100 * time.Millisecond)
+	// kubelet's socket appears once the plugin waits for it.
+	testutil.Within(t, 10*time.Second, "waiting for kubelet", func() bool { return logged(hook, "waiting for kubelet's registration socket") == 1 })
 	regs := make(chan *api.RegisterRequest, 4)
 	startKubelet(t, dir, regs)
 	r := registration(t, regs)
@@ -263,7 +282,8 @@ func TestRun(t *testing.T) {
 	}
 	// Unchanged over several polls: not sent again; the next list kubelet
 	// gets is the changed one.
-	time.Sleep(10 * p.poll)
+	from := src.looked()
+	testutil.Within(t, 10*time.Second, "ten polls", func() bool { return src.looked() >= from+10 })
 	src.set(Device{ID: "0", Healthy: false}, Device{ID: "1", Healthy: true})
 	p.Notify()
 	if got := health(received(t, stream)); !slices.Equal(got, []string{"0 Unhealthy", "1 Healthy"}) {
@@ -322,11 +342,21 @@ func TestRunRegistrationRefused(t *testing.T) {
 	if r.GetResourceName() != "nvidia.com/gpu" {
 		t.Errorf("registered as %q", r.GetResourceName())
 	}
+	const refused = "registering with kubelet: rpc error: code = Unknown desc = kubelet is not ready; trying again"
 	testutil.Within(t, 10*time.Second, "the registration logged", func() bool { return logged(hook, "registered with kubelet") > 0 })
-	time.Sleep(200 * time.Millisecond) // a registration taken for done before it was would be logged twice by now
+	// A registration taken for done before kubelet answered would be
+	// logged before the refusal it then met.
+	for _, e := range hook.AllEntries() {
+		if strings.HasPrefix(e.Message, refused) {
+			break
+		}
+		if strings.HasPrefix(e.Message, "registered with kubelet") {
+			t.Errorf("logged %q before the refusal", e.Message)
+		}
+	}
 	cancel()
-	<-done
-	warned, registered := logged(hook, "registering with kubelet: rpc error: code = Unknown desc = kubelet is not ready; trying again"), logged(hook, "registered with kubelet")
+	<-done // all it logs, logged
+	warned, registered := logged(hook, refused), logged(hook, "registered with kubelet")
 	if warned != 1 || registered != 1 {
 		t.Errorf("logged the refusal %d times and a registration %d times, want once each", warned, registered)
 	}

@@ -100,6 +100,7 @@ func (u *Upstream) Run(ctx context.Context, changed func()) {
 			u.log.Warnf("nri-gpu's device plugin does not answer (%v): kubelet keeps the devices it last told until it does", err)
 			away = true
 		}
+		u.log.Debugf("trying nri-gpu's device plugin again in %s (%v)", u.retry, err)
 		select {
 		case <-ctx.Done():
 		case <-time.After(u.retry):

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -59,7 +60,8 @@ func TestRelay(t *testing.T) {
 	// its devices, as nri-gpu relay does: not before.
 	up := NewUpstream(path, quiet())
 	up.retry = 20 * time.Millisecond
-	relay := New(gpu, kubeletDir, config.CDIAnnotations, up, quiet())
+	counted := &counting{Source: up}
+	relay := New(gpu, kubeletDir, config.CDIAnnotations, counted, quiet())
 	relay.poll = 20 * time.Millisecond
 	regs := make(chan *api.RegisterRequest, 4)
 	startKubelet(t, kubeletDir, regs)
@@ -123,7 +125,8 @@ func TestRelay(t *testing.T) {
 			recvd <- resp.GetDevices()
 		}
 	}()
-	time.Sleep(20 * relay.poll)
+	from := counted.looks.Load()
+	testutil.Within(t, 10*time.Second, "twenty polls of the relay", func() bool { return counted.looks.Load() >= from+20 })
 	select {
 	case err := <-streamErr:
 		t.Fatalf("kubelet's stream ended with nri-gpu away: %v", err)
@@ -168,6 +171,7 @@ func TestUpstreamAcrossOutages(t *testing.T) {
 	dir := filepath.Join(testutil.ShortDir(t), "relay")
 	path := RelaySocket(dir, gpu.Name)
 	log, hook := logtest.NewNullLogger()
+	log.SetLevel(logrus.DebugLevel)
 	up := NewUpstream(path, log)
 	up.retry = 10 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
@@ -179,7 +183,8 @@ func TestUpstreamAcrossOutages(t *testing.T) {
 	saidOnce := func(when string, n int) {
 		t.Helper()
 		testutil.Within(t, 10*time.Second, when+": said nri-gpu does not answer", func() bool { return said("nri-gpu's device plugin does not answer") >= n })
-		time.Sleep(20 * up.retry)
+		from := said("trying nri-gpu's device plugin again")
+		testutil.Within(t, 10*time.Second, when+": twenty tries more", func() bool { return said("trying nri-gpu's device plugin again") >= from+20 })
 		if got := said("nri-gpu's device plugin does not answer"); got != n {
 			t.Errorf("%s: said %d times that nri-gpu does not answer, want %d", when, got, n)
 		}

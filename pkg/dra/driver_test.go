@@ -52,8 +52,8 @@ type source struct {
 	unprepared []string
 	// unrecorded, when set, is Unprepare's error.
 	unrecorded error
-	// looks counts the calls of Devices.
-	looks int
+	// looks counts the calls of Devices, sweeps those of Prepared.
+	looks, sweeps int
 	// down, when set, is the error of Devices and Prepared: nri-gpu
 	// cannot be asked (the link is down).
 	down error
@@ -132,6 +132,7 @@ func (s *source) Release(ctx context.Context, uid string) error {
 func (s *source) Prepared(context.Context) ([]policy.Claim, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.sweeps++
 	if s.down != nil {
 		return nil, s.down
 	}
@@ -254,26 +255,21 @@ func TestPublish(t *testing.T) {
 	s := start(t, newSource("gpu-0", "gpu-1"))
 	waitFor(t, "slice of gpu-0 and gpu-1", func() bool { return slices.Equal(s.published(t), []string{"gpu-0", "gpu-1"}) })
 	s.logged(t, "gpu-0,gpu-1")
-	// Unchanged devices are looked at now and then, not all the time.
-	s.src.mu.Lock()
-	before := s.src.looks
-	s.src.mu.Unlock()
-	time.Sleep(300 * time.Millisecond)
-	s.src.mu.Lock()
-	looks := s.src.looks - before
-	s.src.mu.Unlock()
-	if looks > 2 {
-		t.Errorf("the devices were looked at %d times in 300ms with nothing changed", looks)
-	}
 	// Told of changes that changed nothing: looked at, not published
-	// again.
+	// again; and looked at only then, or at a poll (every 2 s), not all
+	// the time.
+	looks := func() int {
+		s.src.mu.Lock()
+		defer s.src.mu.Unlock()
+		return s.src.looks
+	}
+	before, since := looks(), time.Now()
 	for i := range 3 {
 		s.driver.Notify()
-		waitFor(t, "a look on Notify", func() bool {
-			s.src.mu.Lock()
-			defer s.src.mu.Unlock()
-			return s.src.looks > before+looks+i
-		})
+		waitFor(t, "a look on Notify", func() bool { return looks() > before+i })
+	}
+	if n, polls := looks()-before, int(time.Since(since)/(2*time.Second)); n > 3+polls+1 {
+		t.Errorf("the devices were looked at %d times for 3 changes told and %d polls", n, polls)
 	}
 	if n := s.publishedLogs(); n != 1 {
 		t.Errorf("the unchanged slice was published %d times", n)
@@ -806,7 +802,7 @@ func TestSweep(t *testing.T) {
 	cfg := config.Default().Start.DRA
 	cfg.SweepInterval = 100 * time.Millisecond
 	s := startWith(t, cfg, src, kept, deleted, moved)
-	time.Sleep(3 * cfg.SweepInterval)
+	s.sweeps(t, 3)
 	if got := s.unprepared(); len(got) > 0 {
 		t.Fatalf("released %v while the API server allocates each here", got)
 	}
@@ -819,10 +815,23 @@ func TestSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the deleted and moved claims released", func() bool { return len(s.unprepared()) == 2 })
-	time.Sleep(3 * cfg.SweepInterval)
+	s.sweeps(t, 3)
 	if diff := cmp.Diff([]string{"uid-deleted", "uid-moved"}, s.unprepared()); diff != "" {
 		t.Errorf("released (-want +got):\n%s", diff)
 	}
+}
+
+// sweeps waits until the driver has swept n more times (each sweep asks
+// the source which claims are prepared).
+func (s *started) sweeps(t *testing.T, n int) {
+	t.Helper()
+	swept := func() int {
+		s.src.mu.Lock()
+		defer s.src.mu.Unlock()
+		return s.src.sweeps
+	}
+	from := swept()
+	waitFor(t, fmt.Sprintf("%d sweeps", n), func() bool { return swept() >= from+n })
 }
 
 func (s *started) unprepared() []string {

@@ -83,12 +83,18 @@ func TestSpecProblemsLoggedOnce(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("cdiVersion: \"0.6.0\"\nkind: bad\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, hook := logged(t, "", plugin.WithSpecDirs([]string{specDir}))
-	for i := 0; i < 3; i++ { // changes beside it: the specs are loaded again
-		if err := os.WriteFile(filepath.Join(specDir, "other.yaml"), []byte("cdiVersion: \"0.6.0\"\nkind: example.com/x\ndevices: [{name: \"0\", containerEdits: {env: [A=1]}}]\n"), 0o644); err != nil {
+	p, hook := logged(t, "policy: {devices: [\"*/*\"]}", plugin.WithSpecDirs([]string{specDir}))
+	for i := range 3 { // changes beside it: the specs are loaded again
+		env := fmt.Sprintf("A=%d", i)
+		if err := os.WriteFile(filepath.Join(specDir, "other.yaml"), []byte("cdiVersion: \"0.6.0\"\nkind: example.com/x\ndevices: [{name: \"0\", containerEdits: {env: ["+env+"]}}]\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(150 * time.Millisecond)
+		pod := gpuPod("x", map[string]string{"gpus.nri-gpu.io": "example.com/x=0"})
+		testutil.Within(t, 5*time.Second, "the specs loaded again ("+env+")", func() bool {
+			adj, _, err := p.CreateContainer(context.Background(), pod, ctrOf(pod, nil))
+			_ = p.StopPodSandbox(context.Background(), pod)
+			return err == nil && slices.ContainsFunc(adj.GetEnv(), func(kv *api.KeyValue) bool { return kv.Key+"="+kv.Value == env })
+		})
 	}
 	if n := len(entries(hook, logrus.WarnLevel, "CDI spec not used")); n != 1 {
 		t.Errorf("the broken spec was logged %d times, want once", n)

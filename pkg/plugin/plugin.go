@@ -339,9 +339,11 @@ func (p *Plugin) state() *state {
 }
 
 // Close stops watching the spec directories and lets the state file's
-// lock go.
+// lock go, once nothing of it can write the record any more (the
+// watches of pods' sandboxes ended).
 func (p *Plugin) Close() {
 	p.closeAfter()
+	p.recovered.wait()
 	p.state().specs.Close()
 	if p.rec.file != nil {
 		p.rec.file.Unlock()

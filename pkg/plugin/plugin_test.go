@@ -1116,7 +1116,11 @@ func TestRecoveredPodsWithNoContainer(t *testing.T) {
 				t.Cleanup(func() { _ = proc.Process.Kill(); _ = proc.Wait() })
 				pid = proc.Process.Pid
 			}
-			isSandbox := func(p int, podID string) bool { return tc.sandbox != "another ends" && p == pid && podID == "id-one" }
+			var asked atomic.Int32 // whether a process is the sandbox
+			isSandbox := func(p int, podID string) bool {
+				asked.Add(1)
+				return tc.sandbox != "another ends" && p == pid && podID == "id-one"
+			}
 			r := runtimeSetUp(t, "v1.7.35", cfg, func() []plugin.Option { return []plugin.Option{plugin.WithSandboxCheck(isSandbox)} })
 			one := &api.PodSandbox{Id: "id-one", Name: "one", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}}
 			if _, err := r.create(one, &api.Container{Id: "one-main", PodSandboxId: one.Id, Name: "main", Linux: &api.LinuxContainer{}}); err != nil {
@@ -1131,7 +1135,8 @@ func TestRecoveredPodsWithNoContainer(t *testing.T) {
 			r.restart(t, cfg) // the runtime restarted: no StopPodSandbox will come
 			if tc.sandbox == "ends once stopped" {
 				// Its record is another nri-gpu's once it stopped: the
-				// sandbox's end, watched by the stopped one, changes nothing.
+				// stopped one's watch of the sandbox ended with it, and
+				// the sandbox's end changes nothing.
 				r.stopPlugin()
 				before, err := os.ReadFile(r.stateFile)
 				if err != nil || !strings.Contains(string(before), "id-one") {
@@ -1140,7 +1145,6 @@ func TestRecoveredPodsWithNoContainer(t *testing.T) {
 				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 					t.Fatal(err)
 				}
-				time.Sleep(2 * time.Second) // two looks of the watch
 				if after, err := os.ReadFile(r.stateFile); err != nil || string(after) != string(before) {
 					t.Errorf("the record changed after nri-gpu stopped (%v):\n%s\nwas\n%s", err, after, before)
 				}
@@ -1181,7 +1185,10 @@ func TestRecoveredPodsWithNoContainer(t *testing.T) {
 					testutil.Within(t, 5*time.Second, "GPU 0 released once the sandbox ended", func() bool { return ask() == nil })
 					return
 				}
-				time.Sleep(2 * time.Second) // two looks of the watch, were there one
+				// Not its sandbox: no watch began, and the pod keeps it.
+				if asked.Load() == 0 {
+					t.Error("not asked whether the process is the pod's sandbox")
+				}
 				heldBy("one")
 				return
 			}

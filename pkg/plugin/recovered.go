@@ -37,7 +37,13 @@ type recovered struct {
 	// isSandbox tells whether process pid is pod podID's sandbox
 	// (sandboxProcess; the package's tests replace it).
 	isSandbox func(pid int, podID string) bool
+	// watches are the watches running, which end once done is closed.
+	watches sync.WaitGroup
 }
+
+// wait returns once every watch has ended (done is closed: none
+// releases anything after).
+func (r *recovered) wait() { r.watches.Wait() }
 
 // reset tracks the pods, with those of the containers that are theirs,
 // and no other pod.
@@ -85,8 +91,9 @@ func (r *recovered) forget(podID string) {
 	delete(r.pods, podID)
 }
 
-// watchPoll is how often a watch looks whether it is still needed.
-const watchPoll = 1000 // ms
+// watchPoll is how often a watch looks whether it is still needed (and
+// so how long Close may wait for it to end).
+const watchPoll = 100 // ms
 
 // errNotSandbox says a process is not the sandbox a pod was reported with.
 var errNotSandbox = errors.New("not the pod's sandbox process")
@@ -116,7 +123,9 @@ func (r *recovered) watch(podID string, pid int, release func()) error {
 	r.mu.Lock()
 	resets := r.resets
 	r.mu.Unlock()
+	r.watches.Add(1)
 	go func() {
+		defer r.watches.Done()
 		defer func() { _ = unix.Close(fd) }()
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		for {

@@ -177,12 +177,15 @@ func (p *Plugin) stopClaimless(check []stopping) {
 		why, err := p.claimUnserved(s, deadline)
 		switch {
 		case p.closed.Err() != nil:
-			return // the plugin let its record go: another nri-gpu serves
+			p.log.Info("stopped checking the claims of containers created while nri-gpu was away: another nri-gpu holds the record")
+			return
 		case err != nil:
 			s.logTo(p.log).Warnf("could not tell whether a container created while nri-gpu was away uses DRA claims; it runs on: %v", err)
 		case why != "":
 			s.why = why
 			p.stopUnserved(s)
+		default:
+			s.logTo(p.log).Info("a container created while nri-gpu was away has the devices of the DRA claims it uses: it runs on")
 		}
 	}
 }

@@ -239,12 +239,15 @@ func TestUnservedClaims(t *testing.T) {
 			logs := func() []*logrus.Entry {
 				return entries(hook, logrus.WarnLevel, "stopped the container, to be created again through nri-gpu")
 			}
-			if tc.stopped != "" {
+			switch {
+			case tc.stopped != "":
 				testutil.Within(t, 10*time.Second, "the container stopped", func() bool { return len(logs()) > 0 })
 				got := logs()
 				testutil.ErrorSays(t, errors.New(got[0].Message), tc.stopped)
-			} else {
-				time.Sleep(100 * time.Millisecond) // what the check would do, it has done
+			case tc.asks:
+				testutil.Within(t, 10*time.Second, "the container checked and left running", func() bool {
+					return len(entries(hook, logrus.InfoLevel, "has the devices of the DRA claims it uses: it runs on")) == 1
+				})
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -281,7 +284,9 @@ func TestUnservedClaimsAfterClose(t *testing.T) {
 	testutil.Within(t, 10*time.Second, "the driver asked", func() bool { return driver.count() > 0 })
 	p.Close()
 	closed := driver.count()
-	time.Sleep(2500 * time.Millisecond) // two retries' worth
+	testutil.Within(t, 10*time.Second, "the check stopped", func() bool {
+		return len(entries(hook, logrus.InfoLevel, "stopped checking the claims of containers created while nri-gpu was away")) == 1
+	})
 	if n := driver.count(); n > closed+1 {
 		t.Errorf("the driver was asked %d more times after Close", n-closed)
 	}

@@ -124,8 +124,8 @@ func TestPlacedWhereGPUsFit(t *testing.T) {
 		p, err := env.client.CoreV1().Pods("default").Get(context.Background(), "five-gpus", metav1.GetOptions{})
 		return err == nil && unschedulable(*p, "Insufficient nvidia.com/gpu")
 	})
-	// Still Pending a while later: nothing else takes it.
-	time.Sleep(2 * time.Second)
+	// The scheduler binds a pod only after an attempt it fits, and its
+	// attempt said it fits nowhere: Pending, on no node.
 	if p, err := env.client.CoreV1().Pods("default").Get(context.Background(), "five-gpus", metav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending || p.Spec.NodeName != "" {
 		t.Errorf("the 5-GPU pod: %v, phase %s on %q; want Pending on no node", err, p.Status.Phase, p.Spec.NodeName)
 	}

@@ -186,7 +186,16 @@ func TestDRAOn134(t *testing.T) {
 	if err != nil || !slices.Contains(strings.Fields(out), "nvidia0") || slices.Contains(strings.Fields(out), "nvidia1") {
 		t.Errorf("pod %s (claim on 1.34, containerd 1.7.35 with CDI off): /dev %v, %q; want nvidia0 only", first, err, out)
 	}
-	time.Sleep(5 * time.Second)
+	// The scheduler has looked at the other: it cannot allocate its
+	// claim (GPU 0 is the first's).
+	testutil.Within(t, wait, "pod "+second+" unschedulable", func() bool {
+		for _, c := range pod(second).Status.Conditions {
+			if c.Type == corev1.PodScheduled {
+				return c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable
+			}
+		}
+		return false
+	})
 	if running(second) {
 		t.Errorf("pod %s runs beside %s: 1.34 allocated GPU 0 to two claims", second, first)
 	}

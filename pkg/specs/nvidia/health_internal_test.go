@@ -18,10 +18,14 @@ import (
 // every turn.
 func TestRunChecksOnTime(t *testing.T) {
 	s := testutil.NVML(1)
-	var lost atomic.Bool
+	var (
+		lost   atomic.Bool
+		checks atomic.Int32
+	)
 	d := s.Devices[0].(*dgxa100.Device)
 	uuid := d.GetUUIDFunc
 	d.GetUUIDFunc = func() (string, nvml.Return) {
+		checks.Add(1)
 		if lost.Load() {
 			return "", nvml.ERROR_GPU_IS_LOST
 		}
@@ -37,7 +41,7 @@ func TestRunChecksOnTime(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { m.Run(ctx, 0); close(done) }()
-	time.Sleep(20 * time.Millisecond)
+	testutil.Within(t, 2*time.Second, "a few turns with the GPU there", func() bool { return checks.Load() >= 3 })
 	lost.Store(true)
 	testutil.Within(t, 2*time.Second, "the lost GPU found", func() bool {
 		return m.Unhealthy(specs.Device{Nodes: []string{GPUNode(0)}}) != nil
