@@ -486,6 +486,42 @@ func TestStartChanged(t *testing.T) {
 	}
 }
 
+// TestReloadWithDoorsOn: hookFree and defaultKind reload, but with the
+// device plugin or DRA on, the defaults of their start blocks follow
+// them (the doors' cdiDevices, DRA's kinds): changing them then changes
+// what only a start reads, and is refused naming it, unless those keys
+// are set (docs/hook-free.md, the README's configuration).
+func TestReloadWithDoorsOn(t *testing.T) {
+	parse := func(yaml string) *config.Config {
+		t.Helper()
+		c, err := config.Parse([]byte("version: v1\n" + yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	const (
+		doors    = "start: {devicePlugin: {resources: [{name: nvidia.com/gpu}]}, dra: {enabled: true, nodeName: n}}\n"
+		doorsSet = "start: {devicePlugin: {cdiDevices: nri-gpu, resources: [{name: nvidia.com/gpu}]}, dra: {enabled: true, nodeName: n, cdiDevices: nri-gpu, kinds: [nvidia.com/gpu]}}\n"
+	)
+	for _, tc := range []struct {
+		name, inForce, next string
+		want                []string
+	}{
+		{"hookFree, doors off", "", "hookFree: true\n", nil},
+		{"hookFree, doors on", doors, "hookFree: true\n" + doors, []string{"start.devicePlugin", "start.dra"}},
+		{"hookFree, doors' cdiDevices set", doorsSet, "hookFree: true\n" + doorsSet, nil},
+		{"defaultKind, DRA on", doors, "defaultKind: example.com/gpu\n" + doors, []string{"start.dra"}},
+		{"defaultKind, DRA's kinds set", doorsSet, "defaultKind: example.com/gpu\n" + doorsSet, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := parse(tc.inForce).Start.Changed(parse(tc.next).Start); !slices.Equal(got, tc.want) {
+				t.Errorf("start keys changed %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 // TestSharingAmounts: what a policy.sharing entry's memory keys come to
 // in bytes, the amounts a shared GPU's capacity is counted in: the step
 // 1Mi unless set; 1Mi itself, equal bounds and bounds with one between
