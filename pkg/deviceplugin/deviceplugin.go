@@ -38,10 +38,6 @@ var _ api.DevicePluginServer = (*Plugin)(nil)
 // resource does not offer.
 var ErrUnknownDevice = errors.New("unknown device")
 
-// ErrSameDeviceTwice is wrapped by Allocate's error for a container given
-// two replicas of one shared device.
-var ErrSameDeviceTwice = errors.New("one shared device twice")
-
 // Device is a device a resource offers kubelet.
 type Device struct {
 	// ID is kubelet's name for it: its CDI device name within the kind
@@ -347,7 +343,8 @@ func (p *Plugin) Allocate(_ context.Context, req *api.AllocateRequest) (*api.All
 			}
 			name := parser.QualifiedName(vendor, class, DeviceOf(id))
 			if slices.Contains(names, name) {
-				return nil, fmt.Errorf("%w: kubelet chose two replicas of %s (%s) for one container, which gets a shared device once: ask for fewer %s than there are devices, or for one replica per container", ErrSameDeviceTwice, name, strings.Join(r.GetDevicesIds(), ", "), p.resource)
+				// The pool's rule, in its words (policy.ErrSameDeviceTwice).
+				return nil, fmt.Errorf("kubelet chose %s for one container: %w", strings.Join(r.GetDevicesIds(), ", "), policy.SameDeviceTwice(name))
 			}
 			names = append(names, name)
 		}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
@@ -126,7 +127,7 @@ func TestAllocate(t *testing.T) {
 				{CdiDevices: []*api.CDIDevice{{Name: "nvidia.com/gpu=2"}}},
 			}},
 		},
-		{name: "two replicas of one device for one container", mode: config.CDIAnnotations, ids: [][]string{{"2::0", "2::1"}}, wantErr: ErrSameDeviceTwice},
+		{name: "two replicas of one device for one container", mode: config.CDIAnnotations, ids: [][]string{{"2::0", "2::1"}}, wantErr: policy.ErrSameDeviceTwice},
 		{name: "a replica the resource does not offer", mode: config.CDIAnnotations, ids: [][]string{{"3::1"}}, wantErr: ErrUnknownDevice},
 	}
 	for _, tc := range tests {

@@ -44,13 +44,18 @@ func (p *Plugin) Resource(r config.Resource) *Resource { return &Resource{p: p, 
 func (r *Resource) Devices() []deviceplugin.Device {
 	st := r.p.state()
 	snap := st.specs.Snapshot()
+	pol := r.p.hw.policyIn(st, snap)
+	// What the admission would give, asked on no one's behalf: healthy,
+	// hooks allowed, room beside what holders kubelet does not account
+	// for hold.
+	ch := policy.Choice{Unhealthy: r.p.hw.unhealthy(snap), Hooks: snap.Hooks}
 	offered := st.hardware(snap, r.cfg.Kind, r.cfg.Devices, nil)
 	healthy := map[string]bool{}
 	var ids []string
 	for _, c := range offered {
 		_, _, id := parser.ParseDevice(c.Name)
-		room := r.p.healthyRoom(st, snap, c, policy.DevicePlugin)
-		share := st.policy.Sharing(c)
+		room := r.p.alloc.Room(pol, c, policy.DevicePlugin, ch)
+		share := pol.Sharing(c)
 		if share == nil {
 			healthy[id] = room > 0
 			ids = append(ids, id)

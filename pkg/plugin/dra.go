@@ -82,6 +82,10 @@ type DRAView struct {
 func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
+	pol := c.p.hw.policyIn(st, snap)
+	// An unhealthy one stays, tainted: kube-scheduler places no new
+	// claim on it, and its claims' pods see why.
+	ch := policy.Choice{Hooks: snap.Hooks}
 	var (
 		out     []link.Device
 		offered []specs.Device
@@ -93,14 +97,12 @@ func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
 		for _, cand := range hw {
 			// Free, or shared with a replica no pod uses (a claim is one
 			// user, whichever pods use it; claims are the scheduler's).
-			// An unhealthy one stays, tainted: kube-scheduler places no
-			// new claim on it, and its claims' pods see why.
-			if c.p.alloc.Room(st.policy, cand, policy.DRA) == 0 {
+			if c.p.alloc.Room(pol, cand, policy.DRA, ch) == 0 {
 				continue
 			}
 			info := c.p.deviceInfo(snap, kind, cand)
 			info.Unhealthy = c.p.hw.sickness(snap, cand)
-			if offer, ok := c.p.alloc.Offer(st.policy, cand, policy.DRA); ok {
+			if offer, ok := c.p.alloc.Offer(pol, cand, policy.DRA); ok {
 				info.Offer = &offer
 			}
 			name := info.DeviceName()
@@ -114,43 +116,27 @@ func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
 	return out, nil
 }
 
-// Prepare holds a claim's devices in the pool, under the policy: each
-// must resolve in the trusted specs with its hooks allowed, and be free
-// of every other holding. A GPU policy.sharing leaves unshared whose
-// claim asks for MPS has its daemon started before the claim is
-// recorded, or the claim is not prepared.
+// Prepare holds a claim's devices in the pool, under the policy (the
+// admission's every step: each must resolve in the trusted specs with
+// its hooks allowed, be healthy and free of every other holding). A GPU
+// policy.sharing leaves unshared whose claim asks for MPS has its daemon
+// started before the claim is recorded, or the claim is not prepared.
 func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []link.Allocated) error {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
-	var (
-		devs []policy.ClaimDevice
-		errs []error
-		// own are the daemons of the GPUs the claim has MPS run on for
-		// itself.
-		own []*mpsGPU
-	)
+	pol := c.p.hw.policyIn(st, snap)
+	asked := make([]policy.Asked, 0, len(allocated))
 	for _, a := range allocated {
-		e, err := st.resolve(snap, a.CDI)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", claim, err))
-			continue
+		d := policy.Asked{Device: specs.Device{Name: a.CDI}}
+		if e, err := snap.Lookup(a.CDI); err != nil {
+			d.Unresolved = err
+		} else {
+			d.Device, d.Hooks = e.Footprint, e.Hooks
 		}
-
-		d := policy.ClaimDevice{Device: e.Footprint, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, GpuConfig: a.GpuConfig}
-		if ownMPS(st, d) {
-			g, err := c.p.mps.claim(st, snap, d)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", claim, err))
-				continue
-			}
-			own = append(own, g)
-		}
-		devs = append(devs, d)
+		d.Claim = &policy.ClaimDevice{Device: d.Device, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, GpuConfig: a.GpuConfig}
+		asked = append(asked, d)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	admitted, err := c.p.alloc.AdmitClaim(st.policy, claim, devs, c.p.hw.unhealthy())
+	admitted, err := c.p.alloc.AdmitClaim(pol, claim, asked, policy.Choice{Unhealthy: c.p.hw.unhealthy(snap)})
 	if err != nil || admitted == nil {
 		return err // refused, or kubelet asked again: nothing new to record
 	}
@@ -160,6 +146,27 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 	undo := func() {
 		admitted()
 		c.p.mps.keep(ctx)
+	}
+	// own are the daemons of the GPUs the claim has MPS run on for
+	// itself.
+	var (
+		own  []*mpsGPU
+		errs []error
+	)
+	for _, d := range asked {
+		if !ownMPS(pol, *d.Claim) {
+			continue
+		}
+		g, err := c.p.mps.claim(pol, snap, *d.Claim)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", claim, err))
+			continue
+		}
+		own = append(own, g)
+	}
+	if err := errors.Join(errs...); err != nil {
+		undo()
+		return err
 	}
 	if err := c.p.mps.startForClaim(ctx, own); err != nil {
 		undo()
@@ -192,6 +199,7 @@ func (c *DRAView) Release(ctx context.Context, uid string) error {
 // the devices it held, and records it.
 func (c *DRAView) release(ctx context.Context, uid string, forget func() ([]string, error)) error {
 	st := c.p.state()
+	pol := c.p.hw.policyIn(st, st.specs.Snapshot())
 	_, devs, _ := c.p.alloc.Claim(uid, nil)
 	released, err := forget()
 	if err != nil {
@@ -200,7 +208,7 @@ func (c *DRAView) release(ctx context.Context, uid string, forget func() ([]stri
 	if len(released) > 0 {
 		c.p.log.WithFields(logrus.Fields{"claim": uid, "devices": strings.Join(released, ",")}).Info("released devices of DRA claim")
 	}
-	if slices.ContainsFunc(devs, func(d policy.ClaimDevice) bool { return ownMPS(st, d) }) {
+	if slices.ContainsFunc(devs, func(d policy.ClaimDevice) bool { return ownMPS(pol, d) }) {
 		c.p.mps.keep(ctx) // its daemon stops, its GPU back in its compute mode
 	}
 	if err := c.p.saveAndNotify(); err != nil {
@@ -221,8 +229,8 @@ func (c *DRAView) Prepared(context.Context) ([]policy.Claim, error) {
 // ownMPS reports whether claim device d asks for MPS on a GPU
 // policy.sharing leaves unshared: one the claim has MPS run on for
 // itself.
-func ownMPS(st *state, d policy.ClaimDevice) bool {
-	return d.GpuConfig.Strategy == config.StrategyMPS && st.policy.Sharing(d.Device) == nil
+func ownMPS(pol *policy.Policy, d policy.ClaimDevice) bool {
+	return d.GpuConfig.Strategy == config.StrategyMPS && pol.Sharing(d.Device) == nil
 }
 
 // startForClaim has the daemons of the GPUs a claim asked to share with

@@ -49,14 +49,34 @@ type inventory struct {
 	health atomic.Pointer[nvidia.Monitor]
 }
 
-// unhealthy says why a device's GPU is unhealthy, or returns nil where
-// nri-gpu watches no GPU (no NVML): every device is then healthy.
-func (inv *inventory) unhealthy() func(specs.Device) error {
-	if m := inv.health.Load(); m != nil {
-		return m.Unhealthy
-	}
-	return nil
+// policyIn returns st's policy as snap shows the hardware: the names
+// each device goes by there, and each GPU's memory (NVML): what a
+// decision reads, from that snapshot alone.
+func (inv *inventory) policyIn(st *state, snap *specs.Snapshot) *policy.Policy {
+	return st.policy.WithAliases(snap.Aliases).WithMemory(func(d specs.Device) int64 { return inv.memoryOf(snap, d) })
 }
+
+// unhealthy says why a device of snap is unhealthy (its device nodes
+// gone from the host, NVML's verdict on its GPU), or nil: the one
+// account of health, which the admission reads for every door (a
+// request by name, a claim, a count's candidates, the device plugin's
+// offers) and DRA's taints read too (sickness). A device snap does not
+// have (the runtime's own) is healthy as far as nri-gpu knows.
+func (inv *inventory) unhealthy(snap *specs.Snapshot) func(specs.Device) error {
+	m := inv.health.Load()
+	return func(d specs.Device) error {
+		if nodesGone(snap, d.Name) {
+			return errNodesGone
+		}
+		if m != nil {
+			return m.Unhealthy(d)
+		}
+		return nil
+	}
+}
+
+// errNodesGone says a device's nodes are not on the host.
+var errNodesGone = errors.New("its device nodes are not on the host")
 
 // lib returns the NVML spec generation, health, topology and compute
 // modes ask: the one given (tests), else the driver's under driverRoot.
@@ -274,23 +294,12 @@ func (st *state) hardware(snap *specs.Snapshot, kind string, globs []string, see
 	return out
 }
 
-// healthyRoom returns how many more users device d may take through door now:
-// the pool's answer (0 or 1 for a device that is not shared, the
-// replicas left for one that is), or 0 when its device nodes are not on
-// the host or its GPU is unhealthy (NVML).
-func (p *Plugin) healthyRoom(st *state, snap *specs.Snapshot, d specs.Device, door policy.Door) int {
-	if sick := p.hw.unhealthy(); !nodesExist(snap, d.Name) || (sick != nil && sick(d) != nil) {
-		return 0
-	}
-	return p.alloc.Room(st.policy, d, door)
-}
-
-// sickness returns why device d is unhealthy, or nil: its device nodes
-// are not on the host, or NVML found its GPU lost or with a critical Xid
-// error.
+// sickness returns why device d is unhealthy, or nil, as unhealthy
+// says it, for DRA's taints: its device nodes are not on the host, or
+// NVML found its GPU lost or with a critical Xid error.
 func (inv *inventory) sickness(snap *specs.Snapshot, d specs.Device) *link.Health {
-	if !nodesExist(snap, d.Name) {
-		return &link.Health{Problem: link.ProblemGone, Reason: "its device nodes are not on the host"}
+	if nodesGone(snap, d.Name) {
+		return &link.Health{Problem: link.ProblemGone, Reason: errNodesGone.Error()}
 	}
 	m := inv.health.Load()
 	if m == nil {
@@ -306,17 +315,17 @@ func (inv *inventory) sickness(snap *specs.Snapshot, d specs.Device) *link.Healt
 	return &link.Health{Problem: link.ProblemXid, Value: strconv.FormatUint(h.Xid, 10), Reason: h.Reason}
 }
 
-// nodesExist reports whether every device node of the named device is on
-// the host now.
-func nodesExist(snap *specs.Snapshot, name string) bool {
+// nodesGone reports whether the named device is in snap and one of its
+// device nodes is not on the host now.
+func nodesGone(snap *specs.Snapshot, name string) bool {
 	e, err := snap.Lookup(name)
 	if err != nil {
 		return false
 	}
 	for _, n := range e.Device.ContainerEdits.DeviceNodes {
 		if _, err := os.Stat(specs.HostPath(n)); err != nil {
-			return false
+			return true
 		}
 	}
-	return true
+	return false
 }

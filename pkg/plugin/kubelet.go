@@ -26,7 +26,7 @@ const kubeletPatience = time.Second
 // the pool still refuses a device to a second pod, the kubelet pod's
 // container then.
 func (p *Plugin) allocatedByKubelet(ctx context.Context, r *request, w policy.Want, log logrus.FieldLogger) []policy.KubeletAllocation {
-	if len(p.kubelet) == 0 || (w.Count == 0 && len(w.Named) == len(w.FromKubelet)) {
+	if len(p.kubelet) == 0 || (w.Count == 0 && !slices.ContainsFunc(w.Named, func(d policy.Asked) bool { return d.Request == nil || !d.Request.FromKubelet() })) {
 		return nil
 	}
 	kinds := map[string]string{}

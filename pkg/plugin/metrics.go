@@ -38,6 +38,7 @@ func (p *Plugin) metricsNode() metrics.Node {
 	ctx, cancel := context.WithTimeout(context.Background(), mpsWait)
 	defer cancel()
 	snap := st.specs.Snapshot()
+	pol := p.hw.policyIn(st, snap)
 	var (
 		out  metrics.Node
 		seen []specs.Device
@@ -48,7 +49,7 @@ func (p *Plugin) metricsNode() metrics.Node {
 		for _, d := range hw {
 			pieces := append([]specs.Device{d}, st.migsOf(snap, kind, d)...)
 			for _, x := range pieces {
-				out.Devices = append(out.Devices, p.metricsDevice(ctx, st, snap, kind, x, pieces))
+				out.Devices = append(out.Devices, p.metricsDevice(ctx, pol, snap, kind, x, pieces))
 			}
 		}
 	}
@@ -58,9 +59,9 @@ func (p *Plugin) metricsNode() metrics.Node {
 // metricsDevice returns what the metrics tell of device x, one of pieces
 // (a piece of hardware and its MIG devices): what it offers, and its
 // holders that hold it rather than another of pieces.
-func (p *Plugin) metricsDevice(ctx context.Context, st *state, snap *specs.Snapshot, kind string, x specs.Device, pieces []specs.Device) metrics.Device {
+func (p *Plugin) metricsDevice(ctx context.Context, pol *policy.Policy, snap *specs.Snapshot, kind string, x specs.Device, pieces []specs.Device) metrics.Device {
 	info := p.deviceInfo(snap, kind, x)
-	u := p.alloc.Usage(st.policy, x)
+	u := p.alloc.Usage(pol, x)
 	dev := metrics.Device{
 		Name:   x.Name,
 		Shares: u.Capacity.Shares, SharesUsed: u.Used.Shares, Memory: u.Capacity.Memory, MemoryUsed: u.Used.Memory,
@@ -69,13 +70,13 @@ func (p *Plugin) metricsDevice(ctx context.Context, st *state, snap *specs.Snaps
 	if info.Index >= 0 {
 		dev.Index = strconv.Itoa(info.Index)
 	}
-	g, _ := p.mps.of(st, snap, x) // one nri-gpu cannot bound has no daemon to tell of
+	g, _ := p.mps.of(pol, snap, x) // one nri-gpu cannot bound has no daemon to tell of
 	if g != nil {
 		dev.MPS = &metrics.MPS{Ready: p.mps.serves(ctx, g) == nil}
 	}
 	for _, user := range u.Users {
 		if heldAs(user.Device, pieces).Name == x.Name {
-			dev.Holders = append(dev.Holders, p.holdersOf(st, x, g, user)...)
+			dev.Holders = append(dev.Holders, p.holdersOf(pol, x, g, user)...)
 		}
 	}
 	return dev
@@ -112,14 +113,14 @@ func heldAs(held specs.Device, pieces []specs.Device) specs.Device {
 // holdersOf returns a user of device d as the metrics name its holders:
 // a pod, or a claim with each pod it was prepared for (none yet: no pod),
 // what it takes of d and, where MPS shares d (g), its clients' bounds.
-func (p *Plugin) holdersOf(st *state, d specs.Device, g *mpsGPU, u policy.User) []metrics.Holder {
+func (p *Plugin) holdersOf(pol *policy.Policy, d specs.Device, g *mpsGPU, u policy.User) []metrics.Holder {
 	h := metrics.Holder{Door: door(u), Namespace: u.Pod.Namespace, Pod: u.Pod.Name, Shares: u.Use.Shares, Memory: u.Use.Memory}
 	if g != nil {
 		limits := g.limits
 		if u.Claim != nil {
 			if _, devs, err := p.alloc.Claim(u.Claim.UID, nil); err == nil {
 				if i := slices.IndexFunc(devs, func(c policy.ClaimDevice) bool { return c.Overlaps(d) }); i >= 0 {
-					limits = g.limitsOf(st.policy, devs[i])
+					limits = g.limitsOf(pol, devs[i])
 				}
 			}
 		}

@@ -67,11 +67,11 @@ type mpsGPU struct {
 // bound: a MIG device, a GPU whose memory is not known when no
 // pinnedMemoryLimit is set, or a claim's GPU where nri-gpu does not run
 // the daemons.
-func (m *mpsSharing) of(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGPU, error) {
-	share := st.policy.Sharing(d)
+func (m *mpsSharing) of(pol *policy.Policy, snap *specs.Snapshot, d specs.Device) (*mpsGPU, error) {
+	share := pol.Sharing(d)
 	if share == nil {
-		if c, ok := m.claimAsking(st, d); ok {
-			return m.claim(st, snap, c)
+		if c, ok := m.claimAsking(pol, d); ok {
+			return m.claim(pol, snap, c)
 		}
 		return nil, nil
 	}
@@ -82,7 +82,7 @@ func (m *mpsSharing) of(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGP
 	if err != nil {
 		return nil, err
 	}
-	capacity := st.policy.Capacity(share, d)
+	capacity := pol.Capacity(share, d)
 	if capacity.Default == 0 {
 		return nil, fmt.Errorf("%w: device %q: %s bounds each MPS client to an equal share of the GPU's memory, which NVML does not tell here; set its pinnedMemoryLimit or memory",
 			ErrMPS, d.Name, share)
@@ -97,7 +97,7 @@ func (m *mpsSharing) of(st *state, snap *specs.Snapshot, d specs.Device) (*mpsGP
 // claim's containers: nri-gpu runs it (start.mps.daemon: managed) while
 // the claim is prepared, its clients bound to what the claim asked, else
 // the whole GPU.
-func (m *mpsSharing) claim(st *state, snap *specs.Snapshot, c policy.ClaimDevice) (*mpsGPU, error) {
+func (m *mpsSharing) claim(pol *policy.Policy, snap *specs.Snapshot, c policy.ClaimDevice) (*mpsGPU, error) {
 	by := "the GpuConfig of the claim that holds it"
 	if m.cfg.Daemon != config.MPSManaged {
 		return nil, fmt.Errorf("%w: device %q: %s asks for MPS, and nri-gpu runs an MPS daemon for a claim's GPU only with start.mps.daemon: managed",
@@ -107,17 +107,17 @@ func (m *mpsSharing) claim(st *state, snap *specs.Snapshot, c policy.ClaimDevice
 	if err != nil {
 		return nil, err
 	}
-	threads, memory := st.policy.MPSBounds(nil, c.Device, c.Use)
+	threads, memory := pol.MPSBounds(nil, c.Device, c.Use)
 	g.limits = mps.Limits{ActiveThreadPercentage: cmp.Or(c.GpuConfig.ActiveThreadPercentage, threads), PinnedMemoryMiB: cmp.Or(c.GpuConfig.PinnedMemory, memory) >> 20}
 	return g, nil
 }
 
 // claimAsking returns the device of a prepared claim that is d and
 // that the claim has MPS run on for itself (ownMPS).
-func (m *mpsSharing) claimAsking(st *state, d specs.Device) (policy.ClaimDevice, bool) {
+func (m *mpsSharing) claimAsking(pol *policy.Policy, d specs.Device) (policy.ClaimDevice, bool) {
 	for _, h := range m.alloc.Claims() {
 		for _, c := range h.Devices {
-			if c.Same(d) && ownMPS(st, c) {
+			if c.Same(d) && ownMPS(pol, c) {
 				return c, true
 			}
 		}
@@ -167,7 +167,7 @@ func (g *mpsGPU) limitsOf(pol *policy.Policy, c policy.ClaimDevice) mps.Limits {
 // daemon's directories and the client's limits, once the daemon answers.
 // A container of an MPS-shared GPU whose daemon does not run is refused:
 // never given the GPU unbounded.
-func (m *mpsSharing) edits(ctx context.Context, st *state, snap *specs.Snapshot, devices []specs.Device, uses map[string]policy.ClaimDevice) ([]adjust.Extra, error) {
+func (m *mpsSharing) edits(ctx context.Context, pol *policy.Policy, snap *specs.Snapshot, devices []specs.Device, uses map[string]policy.ClaimDevice) ([]adjust.Extra, error) {
 	var (
 		gpus []*mpsGPU
 		errs []error
@@ -176,7 +176,7 @@ func (m *mpsSharing) edits(ctx context.Context, st *state, snap *specs.Snapshot,
 		use policy.ClaimDevice
 	)
 	for _, d := range devices {
-		g, err := m.of(st, snap, d)
+		g, err := m.of(pol, snap, d)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -212,7 +212,7 @@ func (m *mpsSharing) edits(ctx context.Context, st *state, snap *specs.Snapshot,
 		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, but %v; nri-gpu does not give an MPS-shared GPU unbounded: %s",
 			ErrMPS, g.device, g.by, err, how)
 	}
-	return []adjust.Extra{{Name: fmt.Sprintf("MPS of %s", g.device), Edits: g.daemon.ClientEdits(g.limitsOf(st.policy, use))}}, nil
+	return []adjust.Extra{{Name: fmt.Sprintf("MPS of %s", g.device), Edits: g.daemon.ClientEdits(g.limitsOf(pol, use))}}, nil
 }
 
 // serves returns nil when g's daemon answers on its control socket, and
@@ -229,10 +229,11 @@ func (m *mpsSharing) serves(ctx context.Context, g *mpsGPU) error {
 // MPS, by directory, and the problems of those it cannot bound.
 func (m *mpsSharing) daemons(st *state) (map[string]*mpsGPU, []error) {
 	snap := st.specs.Snapshot()
+	pol := m.hw.policyIn(st, snap)
 	out := map[string]*mpsGPU{}
 	var errs []error
 	for _, d := range st.hardware(snap, st.cfg.DefaultKind, []string{"*"}, nil) {
-		g, err := m.of(st, snap, d)
+		g, err := m.of(pol, snap, d)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
@@ -377,18 +378,19 @@ type Shared struct {
 func (p *Plugin) SharedDevices() []Shared {
 	st := p.state()
 	snap := st.specs.Snapshot()
+	pol := p.hw.policyIn(st, snap)
 	var out []Shared
 	for _, d := range st.hardware(snap, st.cfg.DefaultKind, []string{"*"}, nil) {
 		sharing := ""
-		if share := st.policy.Sharing(d); share != nil {
+		if share := pol.Sharing(d); share != nil {
 			sharing = share.String()
-		} else if _, ok := p.mps.claimAsking(st, d); ok {
+		} else if _, ok := p.mps.claimAsking(pol, d); ok {
 			sharing = "mps, for the claim that holds it (its GpuConfig)"
 		} else {
 			continue
 		}
 		s := Shared{Device: d.Name, Sharing: sharing, Users: p.alloc.Users(d)}
-		if g, err := p.mps.of(st, snap, d); err != nil {
+		if g, err := p.mps.of(pol, snap, d); err != nil {
 			s.Limits = err.Error()
 		} else if g != nil {
 			s.Limits = fmt.Sprintf("each client %d%% of compute, %d MiB of pinned memory; daemon in %s", g.limits.ActiveThreadPercentage, g.limits.PinnedMemoryMiB, g.daemon.Dir)

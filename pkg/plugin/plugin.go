@@ -159,7 +159,7 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 			p.log.Infof("the record of what pods and claims held was kept before the node last booted (boot %s): it holds nothing now, and kubelet prepares the claims of the pods it starts again", kept.EarlierBoot)
 		}
 		pods, claims := kept.Pods, kept.Claims
-		if err := p.alloc.RestoreClaims(st.policy, claims); err != nil {
+		if err := p.alloc.RestoreClaims(p.hw.policyIn(st, st.specs.Snapshot()), claims); err != nil {
 			p.log.Warn(err)
 		}
 		for _, c := range claims {
@@ -224,16 +224,14 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 		rules.HookPaths = append(slices.Clone(rules.HookPaths), p.hookPath)
 	}
 	// Whether a device is shared follows its hardware: the names it
-	// goes by in the specs in force.
-	// A shared GPU's memory is counted, and bounds the MPS clients of a
-	// claim's own (NVML asked once, when first needed).
-	pol := policy.New(rules).WithAliases(func(d specs.Device) []string { return reg.Snapshot().Aliases(d) }).
-		WithMemory(func(d specs.Device) int64 { return p.hw.memoryOf(reg.Snapshot(), d) })
-	if err := pol.CheckSharing(reg.Snapshot().Trusted()); err != nil {
+	// goes by in a snapshot of the specs (policyIn binds a decision's).
+	st := &state{cfg: cfg, parser: parser, policy: policy.New(rules), specs: reg}
+	snap := reg.Snapshot()
+	if err := p.hw.policyIn(st, snap).CheckSharing(snap.Trusted()); err != nil {
 		reg.Close()
 		return nil, err
 	}
-	return &state{cfg: cfg, parser: parser, policy: pol, specs: reg}, nil
+	return st, nil
 }
 
 // overrides are what the command line sets over every configuration,
@@ -289,7 +287,7 @@ func (p *Plugin) logSharing(s *specs.Snapshot) {
 	p.mu.RUnlock()
 	current := map[string]string{}
 	if st != nil {
-		if err, ok := st.policy.CheckSharing(s.Trusted()).(interface{ Unwrap() []error }); ok {
+		if err, ok := p.hw.policyIn(st, s).CheckSharing(s.Trusted()).(interface{ Unwrap() []error }); ok {
 			for _, e := range err.Unwrap() {
 				current[e.Error()] = e.Error()
 			}
@@ -405,7 +403,7 @@ func (p *Plugin) putInForce(st *state) {
 	p.st = st
 	p.mu.Unlock()
 	old.specs.Close()
-	if err := p.alloc.Check(st.policy); err != nil {
+	if err := p.alloc.Check(p.hw.policyIn(st, st.specs.Snapshot())); err != nil {
 		p.log.Warnf("the new configuration would not give some pods what they hold: %v", err)
 	}
 }

@@ -47,6 +47,7 @@ func (p *Plugin) Create(ctx context.Context, pod *api.PodSandbox, ctr *api.Conta
 	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
 	req := &request{st: p.state(), rt: p.conn.runtime(), pod: pod, ctr: ctr, resolved: map[string]resolved{}}
 	req.snap = req.st.specs.Snapshot() // one snapshot for the whole request
+	req.pol = p.hw.policyIn(req.st, req.snap)
 	ctx, cancel := context.WithTimeout(ctx, p.waitBound(ctx))
 	defer cancel()
 	adj, grant, err := p.serve(ctx, req, log)
@@ -104,8 +105,10 @@ func (p *Plugin) waitBound(ctx context.Context) time.Duration {
 // configuration and runtime it is served under, and the one snapshot of
 // the specs in which each device is resolved once.
 type request struct {
-	st       *state
-	snap     *specs.Snapshot
+	st   *state
+	snap *specs.Snapshot
+	// pol is the policy as snap shows the hardware.
+	pol      *policy.Policy
 	rt       adjust.Runtime
 	pod      *api.PodSandbox
 	ctr      *api.Container
@@ -121,20 +124,29 @@ type resolved struct {
 	built  bool
 }
 
-// resolve looks a device up in the request's snapshot and checks its
-// hooks, once per request.
+// resolve looks a device up in the request's snapshot, once per
+// request.
 func (r *request) resolve(name string) (*specs.Entry, error) {
 	if got, ok := r.resolved[name]; ok {
 		return got.entry, got.err
 	}
-	e, err := r.st.resolve(r.snap, name)
+	e, err := r.snap.Lookup(name)
 	r.resolved[name] = resolved{entry: e, err: err}
 	return e, err
 }
 
-// usable says why the container cannot have device d (it does not
-// resolve, has a hook outside policy.hookPaths, edits the runtime cannot
-// apply), or nil: what a count request passes over.
+// asked returns a device asked for by name as the admission judges it:
+// its footprint and hooks, or why it does not resolve.
+func (r *request) asked(name string, q *policy.Request) (policy.Asked, *specs.Entry) {
+	e, err := r.resolve(name)
+	if err != nil {
+		return policy.Asked{Device: specs.Device{Name: name}, Request: q, Unresolved: err}, nil
+	}
+	return policy.Asked{Device: e.Footprint, Request: q, Hooks: e.Hooks}, e
+}
+
+// usable says why the container cannot have device d: edits the runtime
+// cannot apply; nil if it can. What a count request passes over.
 func (r *request) usable(d specs.Device) error {
 	e, err := r.resolve(d.Name)
 	if err != nil {
@@ -246,16 +258,10 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 		return scrub(r.ctr), policy.Grant{}, nil
 	}
 	pod := podOf(r.pod)
-	if err := r.st.policy.Check(pod, unheld(p.alloc, pod, ask)); err != nil {
-		return nil, policy.Grant{}, err
-	}
-	a, err := r.decide(ask, claimed, log)
-	if err != nil {
-		return nil, policy.Grant{}, err
-	}
+	a := r.decide(ask, held, log)
 	a.uses = claimUses(held)
 	a.want.Pod, a.want.Claims = pod, claims
-	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Unhealthy: p.hw.unhealthy()}
+	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Hooks: r.snap.Hooks, Unhealthy: p.hw.unhealthy(r.snap)}
 	if ask.Count > 1 {
 		a.want.Choice.Links = p.hw.links()
 	}
@@ -264,7 +270,7 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 		// Planned even when it holds nothing new (only claims): the
 		// pod's claims and holdings are checked against
 		// policy.maxDevicesPerPod.
-		plan, err := p.alloc.Plan(r.st.policy, a.want)
+		plan, err := p.alloc.Plan(r.pol, a.want)
 		if err != nil {
 			return nil, policy.Grant{}, err
 		}
@@ -277,7 +283,7 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 		}
 		grant := policy.Grant{Pod: pod}
 		if a.holds() {
-			grant, err = p.commit(r.st, plan)
+			grant, err = p.commit(r.pol, plan)
 		}
 		if err != nil {
 			p.forgetAccess(r.pod, r.ctr)
@@ -293,19 +299,18 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 	}
 }
 
-// decide resolves what a container asks for by name, each device once:
-// the devices of the claims it uses (injected unless the runtime did;
-// not held again), its requests (held by the pod; injected unless the
-// runtime's own CDI did, or injects them from its own spec dirs).
-func (r *request) decide(ask policy.Ask, claimed []specs.Device, log logrus.FieldLogger) (resolvedAsk, error) {
-	var (
-		a    = resolvedAsk{claimed: claimed, want: policy.Want{Count: ask.Count}}
-		errs []error
-	)
-	for _, d := range claimed {
-		e, err := r.resolve(d.Name)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("DRA claim device %q: %w", d.Name, err))
+// decide resolves what a container asks for by name, each device once,
+// for the admission to judge: the devices of the claims it uses (to be
+// injected unless the runtime did; not held again), its requests (held
+// by the pod; injected unless the runtime's own CDI did, or injects
+// them from its own spec dirs).
+func (r *request) decide(ask policy.Ask, held []policy.ClaimDevice, log logrus.FieldLogger) resolvedAsk {
+	a := resolvedAsk{claimed: policy.Footprints(held), want: policy.Want{Count: ask.Count}}
+	for i := range held {
+		d, e := r.asked(held[i].Name, nil)
+		d.Claim = &held[i]
+		a.want.Used = append(a.want.Used, d)
+		if e == nil {
 			continue
 		}
 		a.inject = append(a.inject, e)
@@ -313,35 +318,31 @@ func (r *request) decide(ask policy.Ask, claimed []specs.Device, log logrus.Fiel
 			a.injected = append(a.injected, e.Device)
 		}
 	}
-	for _, q := range ask.Requests {
-		if q.Origin == policy.OriginRuntime && slices.ContainsFunc(claimed, func(d specs.Device) bool { return d.Name == q.Device }) {
+	for i := range ask.Requests {
+		q := &ask.Requests[i]
+		if q.Origin == policy.OriginRuntime && slices.ContainsFunc(a.claimed, func(d specs.Device) bool { return d.Name == q.Device }) {
 			continue // a claim's, above
-		}
-		if q.FromKubelet() {
-			a.want.FromKubelet = append(a.want.FromKubelet, q.Device)
 		}
 		if q.Origin == policy.OriginRuntime {
 			// The runtime injects it from its own spec dirs: it is held
 			// by the pod, and its spec's edits are not applied again.
-			a.want.Named = append(a.want.Named, r.snap.Footprints([]string{q.Device})...)
+			a.want.Named = append(a.want.Named, policy.Asked{Device: r.snap.Footprints([]string{q.Device})[0], Request: q})
 			if e, err := r.snap.Lookup(q.Device); err == nil {
 				a.injected = append(a.injected, e.Device)
 			}
 			continue
 		}
-		e, err := r.resolve(q.Device)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", q, err))
-			continue
-		}
-		a.inject = append(a.inject, e)
-		a.want.Named = append(a.want.Named, e.Footprint)
-		if q.Origin == policy.OriginCDI && injectedByRuntime(e, r.ctr) {
-			a.injected = append(a.injected, e.Device)
-			log.WithField("device", q.Device).Info("device already injected by the runtime's own CDI support; not injected again")
+		d, e := r.asked(q.Device, q)
+		a.want.Named = append(a.want.Named, d)
+		if e != nil {
+			a.inject = append(a.inject, e)
+			if q.Origin == policy.OriginCDI && injectedByRuntime(e, r.ctr) {
+				a.injected = append(a.injected, e.Device)
+				log.WithField("device", q.Device).Info("device already injected by the runtime's own CDI support; not injected again")
+			}
 		}
 	}
-	return a, errors.Join(errs...)
+	return a
 }
 
 // build builds the adjustment of what the plan grants: every device of
@@ -369,7 +370,7 @@ func (p *Plugin) build(ctx context.Context, r *request, a resolvedAsk, plan poli
 		return nil, nil, err
 	}
 	given := append(plan.Devices(), a.claimed...)
-	extra, err := p.mps.edits(ctx, r.st, r.snap, given, a.uses)
+	extra, err := p.mps.edits(ctx, r.pol, r.snap, given, a.uses)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -434,8 +435,8 @@ func (p *Plugin) forgetAccess(pod *api.PodSandbox, ctr *api.Container) {
 // one undo: a grant that adds to what pods hold is written before the
 // container gets it, and taken back when the record cannot keep it (a
 // holding only memory knows would be handed out again after a restart).
-func (p *Plugin) commit(st *state, plan policy.Plan) (policy.Grant, error) {
-	grant, err := p.alloc.Commit(st.policy, plan)
+func (p *Plugin) commit(pol *policy.Policy, plan policy.Plan) (policy.Grant, error) {
+	grant, err := p.alloc.Commit(pol, plan)
 	if err != nil || !grant.Added() {
 		return grant, err
 	}
@@ -443,22 +444,6 @@ func (p *Plugin) commit(st *state, plan policy.Plan) (policy.Grant, error) {
 		return policy.Grant{}, fmt.Errorf("devices not given, since their grant %w", err)
 	}
 	return grant, nil
-}
-
-// unheld returns ask without what the pod holds already: a device it holds
-// by name, its count grant. What a pod holds is kept until it is removed
-// whatever door it came through, under the configuration it was given
-// by (a reload logged what the new one would not give): a pod's new
-// container gets it as the pod's others did. The rest is judged by the
-// policy in force.
-func unheld(alloc *policy.Allocations, pod policy.Pod, ask policy.Ask) policy.Ask {
-	holds, counted := alloc.Holds(pod.ID)
-	out := ask
-	out.Requests = slices.DeleteFunc(slices.Clone(ask.Requests), func(r policy.Request) bool { return holds(r.Device) })
-	if counted {
-		out.Count = 0
-	}
-	return out
 }
 
 // scrub returns the adjustment that removes the annotations nri-gpu
@@ -474,18 +459,6 @@ func scrub(ctr *api.Container) *api.ContainerAdjustment {
 		}
 	}
 	return adj
-}
-
-// resolve looks a device up in the trusted specs and checks its hooks.
-func (st *state) resolve(snap *specs.Snapshot, name string) (*specs.Entry, error) {
-	e, err := snap.Lookup(name)
-	if err != nil {
-		return nil, err
-	}
-	if err := st.policy.CheckHooks(name, e.Hooks); err != nil {
-		return nil, err
-	}
-	return e, nil
 }
 
 // cdiDeviceNames returns the CDI devices the runtime reports it injects

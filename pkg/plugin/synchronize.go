@@ -137,7 +137,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 				Warn("devices found in a running container that no record has: held by its pod alone until the pod is removed")
 		}
 	}
-	if err := p.alloc.Restore(st.policy, holdings); err != nil {
+	if err := p.alloc.Restore(p.hw.policyIn(st, snap), holdings); err != nil {
 		p.log.Warn(err)
 	}
 	p.recovered.reset(slices.Collect(maps.Keys(live)), containers)
@@ -274,7 +274,8 @@ func (p *Plugin) takeRestored() []policy.Holding {
 // policy in force would not give, which the pods keep until removed (a
 // *policy.ConflictError), or nil.
 func (p *Plugin) HoldRecorded() error {
-	return p.alloc.Restore(p.state().policy, p.takeRestored())
+	st := p.state()
+	return p.alloc.Restore(p.hw.policyIn(st, st.specs.Snapshot()), p.takeRestored())
 }
 
 // record returns what the state file keeps: the pods' holdings (those

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"errors"
-	"fmt"
 	"slices"
 
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -12,19 +11,26 @@ import (
 type Want struct {
 	// Pod is the container's pod.
 	Pod Pod
-	// Named are the devices asked for by name.
-	Named []specs.Device
+	// Named are the devices asked for by name, resolved in the
+	// request's snapshot.
+	Named []Asked
 	// Count asks for that many devices chosen as Choice says (0: none).
 	Count int
-	// Choice is what a count request chooses among, and how.
+	// Choice is what a count request chooses among, and how, and what
+	// the node says of its devices (health, kubelet's allocations).
 	Choice Choice
-	// FromKubelet names those of Named that kubelet allocated the pod
-	// (through a device plugin), which kubelet accounts for itself.
-	FromKubelet []string
 	// Claims are the UIDs of the prepared DRA claims the container uses:
 	// the devices they hold are the pod's to use, and stay the claims'
-	// holdings (they are not among Named).
+	// holdings (they are not among Named); Used are those devices,
+	// resolved, which the container is to be given.
 	Claims []string
+	Used   []Asked
+}
+
+// question returns the admission of what w asks, under a.mu.
+func (a *Allocations) question(p *Policy, w Want) *question {
+	return &question{p: p, a: a, pod: w.Pod, own: a.pods[w.Pod.ID], door: NRI, uses: w.Claims,
+		named: w.Named, used: w.Used, count: w.Count, choice: w.Choice, exclusive: p.exclusive}
 }
 
 // A Plan is what a container would be granted, decided on the pool as it
@@ -41,7 +47,9 @@ type Plan struct {
 }
 
 // Devices are the named devices and then the counted ones.
-func (pl Plan) Devices() []specs.Device { return slices.Concat(pl.want.Named, pl.counted) }
+func (pl Plan) Devices() []specs.Device {
+	return slices.Concat(footprintsOf(pl.want.Named), pl.counted)
+}
 
 // Counted are the devices for the pod's count request.
 func (pl Plan) Counted() []specs.Device { return pl.counted }
@@ -74,76 +82,52 @@ type Grant struct {
 // request took a device it chose): plan again.
 var ErrStale = errors.New("the pool changed since the plan")
 
-// Plan decides, under p's rules, whether a container of w.Pod may have
-// the named devices and, for a count request, chooses w.Count devices as
-// w.Choice says: free ones the container can have, the most closely
-// connected set where the topology is known, else the first in spec
-// order. It holds nothing. Containers of one pod share its devices: a
-// pod's count request is answered with the same devices every time.
+// Plan decides, under p's rules (the admission's every step), whether a
+// container of w.Pod may have the named devices and, for a count
+// request, chooses w.Count devices as w.Choice says: free ones the
+// container can have, the most closely connected set where the topology
+// is known, else the first in spec order. It holds nothing. Containers
+// of one pod share its devices: a pod's count request is answered with
+// the same devices every time.
 func (a *Allocations) Plan(p *Policy, w Want) (Plan, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	own := a.pods[w.Pod.ID]
-	if own == nil {
-		own = &holding{pod: w.Pod}
-	}
-	if err := a.judgeNamed(p, own, w, true); err != nil {
+	q := a.question(p, w)
+	if err := q.decide(ofRequests, ofPool); err != nil {
 		return Plan{}, err
 	}
-	pl := Plan{want: w, counted: own.counted}
-	if w.Count > 0 && own.counted == nil {
-		mine := slices.Concat(own.named, w.Named, a.claimDevices(w.Claims))
-		var err error
-		if pl.counted, pl.score, pl.considered, err = a.choose(p, w.Pod.ID, w.Count, w.Choice, w.Claims, mine); err != nil {
-			return Plan{}, err
-		}
-		pl.fresh = true
-	}
-	return pl, a.checkMax(p, own, w, pl.counted)
+	q.plan.want = w
+	return q.plan, nil
 }
 
 // Commit holds what the plan grants, if it still holds on the pool as
-// it is now: the named devices are judged again (another pod may have
-// taken one meanwhile: denied as Plan would), and a fresh choice for a
-// count request must still be free (else ErrStale: plan again). What it
-// returns is undone by Revert.
+// it is now: the admission's steps that read what others hold are taken
+// again (another pod may have taken a named device meanwhile: denied as
+// Plan would), and a fresh choice for a count request must still be
+// free (else ErrStale: plan again). What it returns is undone by
+// Revert.
 func (a *Allocations) Commit(p *Policy, pl Plan) (Grant, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	w := pl.want
-	own := a.pods[w.Pod.ID]
+	q := a.question(p, w)
+	q.committing, q.plan = true, pl
+	if err := q.decide(ofPool, ofPool); err != nil {
+		return Grant{}, err
+	}
+	own := q.own
 	if own == nil {
 		own = &holding{pod: w.Pod}
 	}
-	if err := a.judgeNamed(p, own, w, false); err != nil {
-		return Grant{}, err
-	}
-	if pl.fresh {
-		if own.counted != nil {
-			return Grant{}, fmt.Errorf("%w: pod %s was given devices for its count request meanwhile", ErrStale, w.Pod)
-		}
-		mine := slices.Concat(own.named, w.Named, a.claimDevices(w.Claims))
-		for _, c := range pl.counted {
-			if p.usedTwice(c, mine) || a.judge(p, who{pod: w.Pod.ID, claims: w.Claims, exclusive: true}, c).usersLeft() == 0 {
-				return Grant{}, fmt.Errorf("%w: device %q, chosen for pod %s, was taken meanwhile", ErrStale, c.Name, w.Pod)
-			}
-		}
-	} else if !slices.EqualFunc(pl.counted, own.counted, func(x, y specs.Device) bool { return x.Name == y.Name }) {
-		return Grant{}, fmt.Errorf("%w: pod %s's devices for its count request changed meanwhile", ErrStale, w.Pod)
-	}
-	if err := a.checkMax(p, own, w, pl.counted); err != nil {
-		return Grant{}, err
-	}
-
 	// The pod's counted devices are replaced whole, never modified in
 	// place, so the grant may share them.
 	g := Grant{Pod: w.Pod, Devices: pl.Devices(), Counted: pl.counted, Score: pl.score, Considered: pl.considered}
 	for _, d := range w.Named {
 		if !slices.ContainsFunc(own.named, func(h specs.Device) bool { return h.Name == d.Name }) {
-			own.named = append(own.named, d)
+			own.named = append(own.named, d.Device)
 			g.added = append(g.added, d.Name)
 		}
-		if slices.Contains(w.FromKubelet, d.Name) && !slices.Contains(own.kubelet, d.Name) {
+		if d.fromKubelet() && !slices.Contains(own.kubelet, d.Name) {
 			own.kubelet = append(own.kubelet, d.Name)
 			g.addedKubelet = append(g.addedKubelet, d.Name)
 		}
@@ -158,42 +142,6 @@ func (a *Allocations) Commit(p *Policy, pl Plan) (Grant, error) {
 	own.counted = pl.counted
 	a.pods[w.Pod.ID] = own
 	return g, nil
-}
-
-// judgeNamed judges the named devices of w that the pod does not hold
-// yet (those it holds are kept, as a reload or restore left them): each
-// must be free of other holders as p says and, when health is asked
-// (Plan), healthy unless policy.allowUnhealthy.
-func (a *Allocations) judgeNamed(p *Policy, own *holding, w Want, health bool) error {
-	var errs []error
-	for _, d := range w.Named {
-		if health {
-			if err := p.checkHealth(d, w.Choice.Unhealthy); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-		}
-		if slices.ContainsFunc(own.named, func(h specs.Device) bool { return h.Name == d.Name }) {
-			continue
-		}
-		if err := a.judge(p, who{pod: w.Pod.ID, claims: w.Claims, exclusive: p.exclusive}, d).err(d, p.exclusive); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if pod := w.Choice.allocatedBy(d); pod != "" && p.exclusive && !slices.Contains(w.FromKubelet, d.Name) {
-			errs = append(errs, deny(RuleExclusive, fmt.Errorf("%w: device %q is %s; it is free again when that pod is removed", ErrDenied, d.Name, kubeletWhy(pod))))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// checkMax refuses a grant after which the pod would hold more devices
-// than policy.maxDevicesPerPod, through every door: what it holds by
-// name and for a count, what it asks, and the devices of every claim it
-// uses, its other containers used, or that is reserved for it.
-func (a *Allocations) checkMax(p *Policy, own *holding, w Want, counted []specs.Device) error {
-	all := slices.Concat(a.podHolds(w.Pod.String(), []*holding{own}, w.Claims), w.Named, counted)
-	return p.checkMax("pod "+w.Pod.String(), all, w.Choice.Candidates)
 }
 
 // Added reports whether the grant added to what its pod holds (a device

@@ -19,7 +19,7 @@ import (
 // the pod's own other container took a count grant is stale too.
 func TestPlanThenCommit(t *testing.T) {
 	candidates, byName := gpus()
-	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 	count := func(name string) policy.Want {
 		return policy.Want{Pod: pod(name), Count: 1, Choice: policy.Choice{Candidates: candidates}}
@@ -55,7 +55,7 @@ func TestPlanThenCommit(t *testing.T) {
 		t.Errorf("planned again: %v, %v; want GPU 1", specs.Names(g.Counted), err)
 	}
 
-	byName2 := policy.Want{Pod: pod("c"), Named: []specs.Device{byName["2"]}}
+	byName2 := policy.Want{Pod: pod("c"), Named: asked(byName["2"])}
 	planned, err := a.Plan(p, byName2)
 	if err != nil {
 		t.Fatal(err)

@@ -54,7 +54,7 @@ func TestAdmit(t *testing.T) {
 	}{
 		{
 			name:   "exclusive: another pod is denied, naming the holder, until it is removed",
-			policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true},
+			policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true},
 			steps: []step{
 				{pod: "a", named: []string{"0"}, want: []string{"0"}},
 				{pod: "a", named: []string{"0"}, want: []string{"0"}},
@@ -66,7 +66,7 @@ func TestAdmit(t *testing.T) {
 		},
 		{
 			name:   "exclusive: all overlaps every GPU",
-			policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true, AllowAll: true},
+			policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true, AllowAll: true},
 			steps: []step{
 				{pod: "a", named: []string{"all"}, want: []string{"all"}},
 				{pod: "b", named: []string{"3"}, rule: policy.RuleExclusive, wantErr: []string{"held by pod ns/a"}},
@@ -74,7 +74,7 @@ func TestAdmit(t *testing.T) {
 		},
 		{
 			name:   "not exclusive: named devices are shared",
-			policy: config.Policy{Devices: config.DefaultDevices},
+			policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices},
 			steps: []step{
 				{pod: "a", named: []string{"0"}, want: []string{"0"}},
 				{pod: "b", named: []string{"0"}, want: []string{"0"}},
@@ -82,7 +82,7 @@ func TestAdmit(t *testing.T) {
 		},
 		{
 			name:   "count: distinct devices, the same ones for the pod, exhaustion, release",
-			policy: config.Policy{Devices: config.DefaultDevices},
+			policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices},
 			steps: []step{
 				{pod: "a", count: 2, want: []string{"0", "1"}},
 				{pod: "b", count: 2, want: []string{"2", "3"}},
@@ -95,7 +95,7 @@ func TestAdmit(t *testing.T) {
 		},
 		{
 			name:   "count skips devices held by name, and counted devices are never shared",
-			policy: config.Policy{Devices: config.DefaultDevices},
+			policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices},
 			steps: []step{
 				{pod: "a", named: []string{"GPU-0"}, want: []string{"GPU-0"}},
 				{pod: "b", count: 1, want: []string{"1"}},
@@ -104,7 +104,7 @@ func TestAdmit(t *testing.T) {
 		},
 		{
 			name:   "count only gives devices policy.devices allows",
-			policy: config.Policy{Devices: []string{"nvidia.com/gpu=2", "nvidia.com/gpu=3"}},
+			policy: config.Policy{Namespaces: []string{"*"}, Devices: []string{"nvidia.com/gpu=2", "nvidia.com/gpu=3"}},
 			steps: []step{
 				{pod: "a", count: 2, want: []string{"2", "3"}},
 				{pod: "b", count: 1, rule: policy.RuleCount, wantErr: []string{"0 are free and 2 held by other pods (of 2 allowed by policy.devices)"}},
@@ -112,7 +112,7 @@ func TestAdmit(t *testing.T) {
 		},
 		{
 			name:   "maxDevicesPerPod counts devices, not names",
-			policy: config.Policy{Devices: config.DefaultDevices, MaxDevicesPerPod: 2, AllowAll: true},
+			policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 2, AllowAll: true},
 			steps: []step{
 				{pod: "a", named: []string{"0", "GPU-0", "1"}, want: []string{"0", "GPU-0", "1"}},
 				{pod: "a", named: []string{"2"}, rule: policy.RuleMax, wantErr: []string{"pod ns/a would hold 3 devices, more than policy.maxDevicesPerPod (2)"}},
@@ -166,7 +166,7 @@ func runSteps(t *testing.T, p *policy.Policy, a *policy.Allocations, steps []ste
 
 func TestRevertAndRestore(t *testing.T) {
 	candidates, byName := gpus()
-	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 
 	g, err := admit(a, p, pod("a"), []specs.Device{byName["0"]}, 1, policy.Choice{Candidates: candidates}, nil)
@@ -242,14 +242,14 @@ func TestRestoreChecks(t *testing.T) {
 		reports   int      // how many "both hold" lines, when not 0
 	}{{
 		name:   "shared by name, not exclusive",
-		policy: config.Policy{Devices: config.DefaultDevices},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
 			{Pod: pod("b"), Named: []specs.Device{byName["GPU-0"]}},
 		},
 	}, {
 		name:   "shared by name, exclusive",
-		policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
 			{Pod: pod("b"), Named: []specs.Device{byName["GPU-0"]}},
@@ -257,7 +257,7 @@ func TestRestoreChecks(t *testing.T) {
 		wantError: []string{`pod ns/a ("nvidia.com/gpu=0") and pod ns/b ("nvidia.com/gpu=GPU-0") both hold /dev/nvidia0`},
 	}, {
 		name:   "counted by one, named by another",
-		policy: config.Policy{Devices: config.DefaultDevices},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Counted: []specs.Device{byName["1"]}},
 			{Pod: pod("b"), Named: []specs.Device{byName["all"]}},
@@ -265,27 +265,27 @@ func TestRestoreChecks(t *testing.T) {
 		wantError: []string{"pod ns/a", "ns/b", "both hold /dev/nvidia1"},
 	}, {
 		name:   "one pod, by name and by count",
-		policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Named: []specs.Device{byName["1"]}, Counted: []specs.Device{byName["GPU-1"]}},
 		},
 	}, {
 		name:   "two MIG devices of one GPU, counted by two pods",
-		policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Counted: []specs.Device{mig0(1)}},
 			{Pod: pod("b"), Counted: []specs.Device{mig0(2)}},
 		},
 	}, {
 		name:   "accelerators listing one node in common (Gaudi's InfiniBand node), counted by two pods",
-		policy: config.Policy{Devices: []string{"intel.com/gaudi=*"}, Exclusive: true},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: []string{"intel.com/gaudi=*"}, Exclusive: true},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Counted: []specs.Device{{Name: "intel.com/gaudi=device1", Nodes: []string{"path /dev/accel/accel1", "path /dev/accel/accel_controlD1", "path /dev/infiniband/uverbs0"}}}},
 			{Pod: pod("b"), Counted: []specs.Device{{Name: "intel.com/gaudi=device2", Nodes: []string{"path /dev/accel/accel2", "path /dev/accel/accel_controlD2", "path /dev/infiniband/uverbs0"}}}},
 		},
 	}, {
 		name:   "all without the MIG device's capability nodes, beside a counted MIG device of its GPU",
-		policy: config.Policy{Devices: config.DefaultDevices},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Counted: []specs.Device{mig0(1)}},
 			{Pod: pod("b"), Named: []specs.Device{byName["all"]}},
@@ -293,7 +293,7 @@ func TestRestoreChecks(t *testing.T) {
 		wantError: []string{`pod ns/a ("nvidia.com/gpu=0:1") and pod ns/b ("nvidia.com/gpu=all") both hold /dev/nvidia0`},
 	}, {
 		name:   "all beside a shared GPU's user, not exclusive",
-		policy: config.Policy{Devices: config.DefaultDevices, Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=GPU-0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=GPU-0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
 			{Pod: pod("b"), Named: []specs.Device{byName["all"]}},
@@ -301,14 +301,14 @@ func TestRestoreChecks(t *testing.T) {
 		wantError: []string{`pod ns/a ("nvidia.com/gpu=0") and pod ns/b ("nvidia.com/gpu=all") both hold /dev/nvidia0`},
 	}, {
 		name:   "a GPU shared by its UUID, its users by index and by UUID, exclusive",
-		policy: config.Policy{Devices: config.DefaultDevices, Exclusive: true, Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=GPU-0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true, Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=GPU-0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
 			{Pod: pod("b"), Counted: []specs.Device{byName["GPU-0"]}},
 		},
 	}, {
 		name:   "all held by two pods: one report, not one per node",
-		policy: config.Policy{Devices: config.DefaultDevices},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Named: []specs.Device{byName["all"]}},
 			{Pod: pod("b"), Counted: []specs.Device{byName["all"]}},
@@ -321,7 +321,7 @@ func TestRestoreChecks(t *testing.T) {
 		// pod comes first (it once did: a sole holder visited first was
 		// not reported beside a sharer).
 		name:   "a shared GPU found held alone, visited before a user sharing it",
-		policy: config.Policy{Devices: config.DefaultDevices, Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Named: []specs.Device{byName["0"]}, Sole: []string{"nvidia.com/gpu=0"}},
 			{Pod: pod("b"), Named: []specs.Device{byName["GPU-0"]}},
@@ -330,7 +330,7 @@ func TestRestoreChecks(t *testing.T) {
 		reports:   1,
 	}, {
 		name:   "a shared GPU found held alone, visited after a user sharing it",
-		policy: config.Policy{Devices: config.DefaultDevices, Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Named: []specs.Device{byName["GPU-0"]}},
 			{Pod: pod("b"), Named: []specs.Device{byName["0"]}, Sole: []string{"nvidia.com/gpu=0"}},
@@ -339,7 +339,7 @@ func TestRestoreChecks(t *testing.T) {
 		reports:   1,
 	}, {
 		name:   "three users of a GPU, one counted: each pair it breaks reported",
-		policy: config.Policy{Devices: config.DefaultDevices},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Named: []specs.Device{byName["0"]}},
 			{Pod: pod("b"), Named: []specs.Device{byName["GPU-0"]}},
@@ -349,7 +349,7 @@ func TestRestoreChecks(t *testing.T) {
 		reports:   2,
 	}, {
 		name:   "no longer allowed",
-		policy: config.Policy{Devices: []string{"nvidia.com/gpu=0"}},
+		policy: config.Policy{Namespaces: []string{"*"}, Devices: []string{"nvidia.com/gpu=0"}},
 		holdings: []policy.Holding{
 			{Pod: pod("a"), Named: []specs.Device{byName["0"], byName["2"]}},
 		},
@@ -378,7 +378,7 @@ func TestRestoreChecks(t *testing.T) {
 			}
 			// Whatever the problem, the restored devices stay held: a
 			// pod asking for all four GPUs finds some taken.
-			if g, err := admit(a, policy.New(config.Policy{Devices: config.DefaultDevices}), pod("new"), nil, 4, policy.Choice{Candidates: candidates}, nil); err == nil {
+			if g, err := admit(a, policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}), pod("new"), nil, 4, policy.Choice{Candidates: candidates}, nil); err == nil {
 				t.Errorf("after a conflicting restore, all GPUs were free: %v", g.Counted)
 			}
 		})
@@ -389,7 +389,7 @@ func TestRestoreChecks(t *testing.T) {
 // container cannot have, and says so when too few are left.
 func TestCountSkipsUnusable(t *testing.T) {
 	candidates, byName := gpus()
-	p := policy.New(config.Policy{Devices: config.DefaultDevices})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices})
 	errHook := errors.New("its spec injects the hook /bin/evil")
 	var asked []string
 	usable := func(d specs.Device) error {
@@ -419,7 +419,7 @@ func TestCountSkipsUnusable(t *testing.T) {
 // given to two of them.
 func TestConcurrentAdmissions(t *testing.T) {
 	candidates, byName := gpus()
-	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 	var (
 		wg    sync.WaitGroup
@@ -466,11 +466,11 @@ func TestConcurrentAdmissions(t *testing.T) {
 // as a restart finds them) stays kubelet's to account for.
 func TestWithheld(t *testing.T) {
 	candidates, byName := gpus()
-	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true, AllowAll: true})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true, AllowAll: true})
 	withheld := func(a *policy.Allocations) []string {
 		var out []string
 		for _, c := range candidates {
-			if _, n, _ := strings.Cut(c.Name, "="); !strings.HasPrefix(n, "GPU-") && a.Room(p, c, policy.DevicePlugin) == 0 {
+			if _, n, _ := strings.Cut(c.Name, "="); !strings.HasPrefix(n, "GPU-") && a.Room(p, c, policy.DevicePlugin, policy.Choice{}) == 0 {
 				out = append(out, n)
 			}
 		}
@@ -594,7 +594,7 @@ func TestCountChoosesClosest(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			candidates := gpusN(tc.gpus)
-			p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+			p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
 			a := policy.NewAllocations()
 			for _, h := range tc.held {
 				if _, err := admit(a, p, pod(fmt.Sprint("holder", h)), []specs.Device{candidates[h]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
@@ -629,7 +629,7 @@ func TestUnhealthyDevices(t *testing.T) {
 		return nil
 	}
 	ch := policy.Choice{Candidates: candidates, Unhealthy: unhealthy}
-	strict := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	strict := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
 
 	a := policy.NewAllocations()
 	g, err := admit(a, strict, pod("a"), nil, 2, ch, nil)
@@ -653,7 +653,7 @@ func TestUnhealthyDevices(t *testing.T) {
 			t.Errorf("denial %v, want rule %s", err, policy.RuleUnhealthy)
 		}
 	}
-	lenient := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true, AllowUnhealthy: true})
+	lenient := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true, AllowUnhealthy: true})
 	if _, err := admit(a, lenient, pod("c"), []specs.Device{byName["1"]}, 0, ch, nil); err != nil {
 		t.Errorf("with policy.allowUnhealthy, a named request for the unhealthy GPU: %v", err)
 	}
@@ -679,7 +679,7 @@ func byIndex(n int) []specs.Device {
 func TestCountPacksMIGDevices(t *testing.T) {
 	gpu := nvidia.GPUNode
 	candidates := []specs.Device{mig(0, 1), mig(0, 2), mig(1, 1), mig(1, 2)}
-	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 	if _, err := admit(a, p, pod("holder"), []specs.Device{candidates[0]}, 0, policy.Choice{Candidates: candidates}, nil); err != nil {
 		t.Fatal(err)
@@ -708,7 +708,7 @@ func TestConcurrentCountRequests(t *testing.T) {
 			topo[[2]string{candidates[i].Nodes[0], candidates[j].Nodes[0]}] = score
 		}
 	}
-	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 	var wg sync.WaitGroup
 	grants := make([]policy.Grant, 4)
@@ -743,7 +743,7 @@ func TestConcurrentCountRequests(t *testing.T) {
 // one device.
 func TestOwnHoldings(t *testing.T) {
 	candidates, byName := gpus()
-	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 	g, err := admit(a, p, pod("a"), nil, 1, policy.Choice{Candidates: candidates}, nil)
 	if err != nil || len(g.Counted) != 1 || g.Counted[0].Name != "nvidia.com/gpu=0" {
@@ -767,7 +767,7 @@ func TestOwnHoldings(t *testing.T) {
 // count as two.
 func TestMaxWithAll(t *testing.T) {
 	_, byName := gpus()
-	p := policy.New(config.Policy{Devices: config.DefaultDevices, AllowAll: true, MaxDevicesPerPod: 1})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, AllowAll: true, MaxDevicesPerPod: 1})
 	_, err := admit(policy.NewAllocations(), p, pod("a"), []specs.Device{byName["all"], byName["1"]}, 0, policy.Choice{}, nil)
 	wantDenied(t, err, policy.RuleMax)
 	// Two MIG devices of one GPU are two devices.
@@ -785,8 +785,8 @@ func TestKubeletAllocated(t *testing.T) {
 	// kubelet gave pod k GPU 0 (by index); its container is not created.
 	kubelet := []policy.KubeletAllocation{{Device: byName["0"], Pod: "default/k"}}
 	ch := policy.Choice{Candidates: candidates, Kubelet: kubelet}
-	strict := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
-	lax := policy.New(config.Policy{Devices: config.DefaultDevices})
+	strict := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
+	lax := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices})
 	for _, tc := range []struct {
 		name        string
 		pol         *policy.Policy

@@ -70,7 +70,7 @@ func TestCapacity(t *testing.T) {
 			if tc.entry.Strategy == "" {
 				tc.entry.Strategy = config.StrategyTimeSlicing
 			}
-			cfg := config.Policy{Devices: config.DefaultDevices, Sharing: []config.Sharing{tc.entry}}
+			cfg := config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Sharing: []config.Sharing{tc.entry}}
 			p := policy.New(cfg).WithMemory(func(specs.Device) int64 { return tc.memory })
 			d := specs.Device{Name: "nvidia.com/gpu=0", Nodes: []string{"/dev/nvidia0"}}
 			if got := p.Capacity(p.Sharing(d), d); got != tc.want {
@@ -100,10 +100,10 @@ func TestConsumableCapacity(t *testing.T) {
 	a := policy.NewAllocations()
 	claim := func(name string, use policy.Use) error {
 		_, err := a.AdmitClaim(p, policy.Claim{UID: "uid-" + name, Namespace: "ns", Name: name, Pods: []string{"ns/" + name}},
-			[]policy.ClaimDevice{{Device: gpu0, Requests: []string{"gpu"}, Use: use}}, nil)
+			claimAsked([]policy.ClaimDevice{{Device: gpu0, Requests: []string{"gpu"}, Use: use}}), policy.Choice{})
 		return err
 	}
-	room := func(door policy.Door) int { return a.Room(p, gpu0, door) }
+	room := func(door policy.Door) int { return a.Room(p, gpu0, door, policy.Choice{}) }
 
 	// A claim of 50Gi and one share: 30Gi left, one default user (20Gi).
 	if err := claim("big", policy.Use{Shares: 1, Memory: 50 * gi}); err != nil {
@@ -213,7 +213,7 @@ func TestAsked(t *testing.T) {
 			p := gpuPolicy(cfg).WithMemory(func(specs.Device) int64 { return 80 * gi })
 			a := policy.NewAllocations()
 			_, err := a.AdmitClaim(p, policy.Claim{UID: "u", Namespace: "ns", Name: "c"},
-				[]policy.ClaimDevice{{Device: byName[tc.device], Use: tc.use, GpuConfig: tc.asked}}, nil)
+				claimAsked([]policy.ClaimDevice{{Device: byName[tc.device], Use: tc.use, GpuConfig: tc.asked}}), policy.Choice{})
 			if tc.wantErr == nil {
 				if err != nil {
 					t.Fatal(err)

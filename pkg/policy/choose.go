@@ -14,9 +14,13 @@ type Choice struct {
 	// Candidates are the individual devices of the default kind, in spec
 	// order.
 	Candidates []specs.Device
-	// Usable says why the container cannot have a device, or nil if it
-	// can; a nil Usable takes any.
+	// Usable says why the container cannot have a device (edits the
+	// runtime cannot apply), or nil if it can; a nil Usable takes any.
 	Usable func(specs.Device) error
+	// Hooks returns the hook executables a device's spec injects, for
+	// the hookPaths rule of the devices no request names (a count's
+	// candidates, a door's offers); nil: none known.
+	Hooks func(specs.Device) []string
 	// Unhealthy says why a device's hardware is unhealthy, or nil; a nil
 	// Unhealthy takes every device as healthy. A count request never gets
 	// an unhealthy device; a request by name is denied one unless
@@ -53,6 +57,21 @@ func (ch Choice) allocatedBy(d specs.Device) string {
 	return ""
 }
 
+// usable says why a candidate cannot be given to the container: a hook
+// outside policy.hookPaths (the admission's rule), edits the runtime
+// cannot apply; nil if it can.
+func (ch Choice) usable(p *Policy, d specs.Device) error {
+	if ch.Hooks != nil {
+		if err := p.CheckHooks(d.Name, ch.Hooks(d)); err != nil {
+			return err
+		}
+	}
+	if ch.Usable != nil {
+		return ch.Usable(d)
+	}
+	return nil
+}
+
 // kubeletWhy is why a device kubelet allocated pod is not free.
 func kubeletWhy(pod string) string {
 	return "allocated by kubelet to pod " + pod + " (through the device plugin), which holds it for as long as it lives"
@@ -83,7 +102,7 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses
 			continue
 		}
 		seen = append(seen, c)
-		if p.usedTwice(c, mine) {
+		if p.sharedTwice(c, mine) != nil {
 			continue
 		}
 		// A device held by another pod in any way is not free, unless
@@ -110,8 +129,8 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses
 				continue
 			}
 		}
-		if len(free) < enough && ch.Usable != nil {
-			if err := ch.Usable(c); err != nil {
+		if len(free) < enough {
+			if err := ch.usable(p, c); err != nil {
 				unusable = append(unusable, err)
 				passed = append(passed, Passed{c.Name, err.Error()})
 				continue

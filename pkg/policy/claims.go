@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
@@ -88,24 +87,33 @@ func footprints(devs []ClaimDevice) []specs.Device {
 // prepared on the node.
 var ErrNotPrepared = errors.New("claim not prepared on this node")
 
-// AdmitClaim decides, under p's rules, whether a claim may hold the
-// devices it was allocated, and records them as the claim's: its
-// namespace must match policy.namespaces, each device policy.devices, the
-// devices must be healthy (unless policy.allowUnhealthy) and held by no
-// pod and no other claim, and there must be no more of them than
-// policy.maxDevicesPerPod. Preparing a claim again with the same devices
-// (kubelet does, after a restart) keeps what it holds; prepared again
-// with others (its allocation changed hands), they are judged anew, as
-// if it held nothing, and replace what it held, or it keeps those.
+// AdmitClaim decides, under p's rules (the admission's every step),
+// whether a claim may hold the devices it was allocated, resolved in
+// the request's snapshot (each Asked's Claim says what the allocation
+// gave it), and records them as the claim's. ch says what the node says
+// of the devices (health, kubelet's allocations). Preparing a claim
+// again with the same devices (kubelet does, after a restart) keeps
+// what it holds; prepared again with others (its allocation changed
+// hands), they are judged anew, as if it held nothing, and replace what
+// it held, or it keeps those.
 //
 // It returns what undoes the change (nil when nothing changed): a claim
 // whose preparation cannot be recorded is not prepared.
-func (a *Allocations) AdmitClaim(p *Policy, c Claim, devices []ClaimDevice, unhealthy func(specs.Device) error) (undo func(), err error) {
+func (a *Allocations) AdmitClaim(p *Policy, c Claim, devices []Asked, ch Choice) (undo func(), err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	held := make([]ClaimDevice, 0, len(devices))
+	for _, d := range devices {
+		cd := ClaimDevice{Device: d.Device}
+		if d.Claim != nil {
+			cd = *d.Claim
+			cd.Device = d.Device
+		}
+		held = append(held, cd)
+	}
 	old, again := a.claims[c.UID]
 	if again {
-		if slices.EqualFunc(old.devices, devices, func(x, y ClaimDevice) bool { return x.Name == y.Name }) {
+		if slices.EqualFunc(old.devices, held, func(x, y ClaimDevice) bool { return x.Name == y.Name }) {
 			return nil, nil
 		}
 		delete(a.claims, c.UID) // judged as if it held nothing
@@ -115,9 +123,18 @@ func (a *Allocations) AdmitClaim(p *Policy, c Claim, devices []ClaimDevice, unhe
 			}
 		}()
 	}
-	if err := a.admitClaim(p, c, devices, unhealthy); err != nil {
+	q := &question{p: p, a: a, claim: &c, door: DRA, named: slices.Clone(devices), choice: ch, exclusive: true}
+	for i := range q.named {
+		if q.named[i].Claim == nil {
+			q.named[i].Claim = &held[i]
+		}
+	}
+	// Whatever exclusive says: a claim's devices are its own, but for a
+	// shared device's replicas.
+	if err := q.decide(ofRequests, ofPool); err != nil {
 		return nil, err
 	}
+	a.claims[c.UID] = &claimHolding{claim: c, devices: held}
 	return func() {
 		a.mu.Lock()
 		defer a.mu.Unlock()
@@ -126,53 +143,6 @@ func (a *Allocations) AdmitClaim(p *Policy, c Claim, devices []ClaimDevice, unhe
 			a.claims[c.UID] = old
 		}
 	}, nil
-}
-
-// admitClaim is AdmitClaim for a claim that holds nothing, under a.mu:
-// the rules every door's admission applies (rules.go), in the order a
-// pod's container meets them, then what the claim asked of its devices'
-// sharing.
-func (a *Allocations) admitClaim(p *Policy, c Claim, devices []ClaimDevice, unhealthy func(specs.Device) error) error {
-	if err := p.checkNamespace(c.String(), "claims", c.Namespace, "be prepared"); err != nil {
-		return err
-	}
-	var errs []error
-	var devs []specs.Device
-	for _, d := range devices {
-		devs = append(devs, d.Device)
-		if err := p.checkDevice(c.String(), d.Name); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if err := p.checkHealth(d.Device, unhealthy); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", c, err))
-			continue
-		}
-		// Time-slicing cannot bound memory: an amount asked for is a
-		// scheduling quota only where the operator says so.
-		if s := p.Sharing(d.Device); d.MemoryAsked && s != nil && s.Strategy == config.StrategyTimeSlicing && !s.MemoryQuota {
-			errs = append(errs, deny(RuleSharing, fmt.Errorf("%s: %w: device %q: the claim asks for an amount of memory, which %s cannot bound; ask for none, or set its memoryQuota: true to allocate memory as a scheduling quota only",
-				c, ErrDenied, d.Name, s)))
-			continue
-		}
-		if err := p.checkAsked(c, d); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		// Whatever exclusive says: a claim's devices are its own, but
-		// for a shared device's replicas.
-		if err := a.judge(p, who{exclusive: true, use: d.Use}, d.Device).err(d.Device, p.exclusive); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", c, err))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	if err := a.checkClaimMax(p, c, devs); err != nil {
-		return fmt.Errorf("%s: %w", c, err)
-	}
-	a.claims[c.UID] = &claimHolding{claim: c, devices: slices.Clone(devices)}
-	return nil
 }
 
 // checkClaimMax refuses a claim after whose preparation a pod it is

@@ -52,15 +52,19 @@ func TestAdmitClaim(t *testing.T) {
 		{name: "a device another claim holds", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"GPU-2"},
 			rule: policy.RuleExclusive, wantErr: []string{`"nvidia.com/gpu=GPU-2" is held by claim ns/old of pod ns/p (as "nvidia.com/gpu=2")`, "unprepares the claim"}},
 		{name: "a namespace policy.namespaces does not match", policy: config.Policy{Namespaces: []string{"tenant-*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"3"},
-			rule: policy.RuleNamespaces, wantErr: []string{`claims of namespace "ns" may not be prepared`, "policy.namespaces [tenant-*]"}},
+			rule: policy.RuleNamespaces, wantErr: []string{`claim ns/c of pod ns/p: denied by policy: pods of namespace "ns" may not request devices through annotations or DRA claims`, "policy.namespaces [tenant-*]"}},
 		{name: "a device policy.devices does not allow", policy: config.Policy{Namespaces: []string{"*"}, Devices: []string{"nvidia.com/gpu=0"}}, claim: "c", gpus: []string{"3"},
 			rule: policy.RuleDevices, wantErr: []string{`device "nvidia.com/gpu=3" matches none of policy.devices`}},
 		{name: "an unhealthy GPU", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"GPU-3"},
 			rule: policy.RuleUnhealthy, wantErr: []string{`device "nvidia.com/gpu=GPU-3": Xid 79`, "policy.allowUnhealthy"}},
 		{name: "every device refused is named: two policy.devices does not allow", policy: config.Policy{Namespaces: []string{"*"}, Devices: []string{"nvidia.com/gpu=0"}}, claim: "c", gpus: []string{"3", "GPU-3"},
 			rule: policy.RuleDevices, wantErr: []string{`device "nvidia.com/gpu=3" matches none`, `device "nvidia.com/gpu=GPU-3" matches none`}},
-		{name: "every device refused is named: unhealthy, then held", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"GPU-3", "1"},
-			rule: policy.RuleUnhealthy, wantErr: []string{`device "nvidia.com/gpu=GPU-3": Xid 79`, `device "nvidia.com/gpu=1" is held by pod ns/b`}},
+		// The first rule in the admission's order decides: health before
+		// who holds what.
+		{name: "unhealthy and held: refused for its health", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"1", "GPU-3"},
+			rule: policy.RuleUnhealthy, wantErr: []string{`device "nvidia.com/gpu=GPU-3": Xid 79`}},
+		{name: "every device refused is named: two held", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, claim: "c", gpus: []string{"0", "1"},
+			rule: policy.RuleExclusive, wantErr: []string{`device "nvidia.com/gpu=0" is held by pod ns/a`, `device "nvidia.com/gpu=1" is held by pod ns/b`}},
 		{name: "an unhealthy GPU where policy.allowUnhealthy", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, AllowUnhealthy: true}, claim: "c", gpus: []string{"GPU-3"}},
 		{name: "more than policy.maxDevicesPerPod", policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MaxDevicesPerPod: 1}, claim: "c", gpus: []string{"0", "1"}, fresh: true,
 			rule: policy.RuleMax, wantErr: []string{"pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1)"}},
@@ -80,7 +84,7 @@ func TestAdmitClaim(t *testing.T) {
 			if tc.unreserved {
 				c.Pods = nil
 			}
-			_, err := a.AdmitClaim(p, c, devs, sick)
+			_, err := a.AdmitClaim(p, c, claimAsked(devs), policy.Choice{Unhealthy: sick})
 			if tc.rule == "" {
 				if err != nil {
 					t.Fatal(err)
@@ -115,7 +119,7 @@ func TestClaimInThePool(t *testing.T) {
 	a := policy.NewAllocations()
 	c, devs := claimOf("c", byName, "0", "1")
 	devs[1].Requests = []string{"other"}
-	if _, err := a.AdmitClaim(p, c, devs, nil); err != nil {
+	if _, err := a.AdmitClaim(p, c, claimAsked(devs), policy.Choice{}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -139,7 +143,7 @@ func TestClaimInThePool(t *testing.T) {
 	// A pod using another claim is refused them all the same.
 	other, otherDevs := claimOf("another", byName, "3")
 	other.Pods = []string{"ns/y"}
-	if _, err := a.AdmitClaim(p, other, otherDevs, nil); err != nil {
+	if _, err := a.AdmitClaim(p, other, claimAsked(otherDevs), policy.Choice{}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = admit(a, p, pod("y"), []specs.Device{byName["0"]}, 0, policy.Choice{}, nil, other.UID)
@@ -166,10 +170,10 @@ func TestClaimInThePool(t *testing.T) {
 	var withheld, offered []string
 	for _, n := range []string{"0", "1", "2", "3"} {
 		d := byName[n]
-		if a.Room(p, d, policy.DevicePlugin) == 0 {
+		if a.Room(p, d, policy.DevicePlugin, policy.Choice{}) == 0 {
 			withheld = append(withheld, d.Name)
 		}
-		if a.Room(p, d, policy.DRA) == 1 {
+		if a.Room(p, d, policy.DRA, policy.Choice{}) == 1 {
 			offered = append(offered, d.Name)
 		}
 	}
@@ -241,7 +245,7 @@ func holdBefore(t *testing.T, a *policy.Allocations, byName map[string]specs.Dev
 		t.Fatal(err)
 	}
 	old := policy.Claim{UID: "uid-old", Namespace: "ns", Name: "old", Pods: []string{"ns/p"}}
-	if _, err := a.AdmitClaim(any, old, []policy.ClaimDevice{{Device: byName["2"]}}, nil); err != nil {
+	if _, err := a.AdmitClaim(any, old, claimAsked([]policy.ClaimDevice{{Device: byName["2"]}}), policy.Choice{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -260,18 +264,18 @@ func TestMaxDevicesAcrossClaimsAndDoors(t *testing.T) {
 
 	a := policy.NewAllocations()
 	first, firstDevs := claimOf("first", byName, "0")
-	if _, err := a.AdmitClaim(one, first, firstDevs, nil); err != nil {
+	if _, err := a.AdmitClaim(one, first, claimAsked(firstDevs), policy.Choice{}); err != nil {
 		t.Fatal(err)
 	}
 	second, secondDevs := claimOf("second", byName, "1")
-	_, err := a.AdmitClaim(one, second, secondDevs, nil)
+	_, err := a.AdmitClaim(one, second, claimAsked(secondDevs), policy.Choice{})
 	testutil.ErrorSays(t, err, "claim ns/second of pod ns/p", "pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1)")
 	if _, _, err := a.Claim(second.UID, nil); !errors.Is(err, policy.ErrNotPrepared) {
 		t.Errorf("a refused claim is held: %v", err)
 	}
 	// Under a limit of two it is prepared; lowered to one, a container
 	// using just the first claim is refused: the pod holds two.
-	if _, err := a.AdmitClaim(two, second, secondDevs, nil); err != nil {
+	if _, err := a.AdmitClaim(two, second, claimAsked(secondDevs), policy.Choice{}); err != nil {
 		t.Fatal(err)
 	}
 	// Planned only: a container that holds nothing new is not committed.
@@ -284,7 +288,7 @@ func TestMaxDevicesAcrossClaimsAndDoors(t *testing.T) {
 	if _, err := admit(b, one, pod("p"), []specs.Device{byName["2"]}, 0, policy.Choice{}, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, err = b.AdmitClaim(one, first, firstDevs, nil)
+	_, err = b.AdmitClaim(one, first, claimAsked(firstDevs), policy.Choice{})
 	testutil.ErrorSays(t, err, "pod ns/p would hold 2 devices, more than policy.maxDevicesPerPod (1)")
 }
 
@@ -307,7 +311,7 @@ func TestClaimPreparedAgain(t *testing.T) {
 		}
 	}
 	_, devs := claimOf("old", byName, "0")
-	undo, err := a.AdmitClaim(any, old, devs, nil)
+	undo, err := a.AdmitClaim(any, old, claimAsked(devs), policy.Choice{})
 	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=0" is held by pod ns/a`)
 	if undo != nil {
 		t.Error("a refusal returned an undo")
@@ -315,7 +319,7 @@ func TestClaimPreparedAgain(t *testing.T) {
 	holds("nvidia.com/gpu=2")
 
 	_, devs = claimOf("old", byName, "3")
-	undo, err = a.AdmitClaim(any, old, devs, nil)
+	undo, err = a.AdmitClaim(any, old, claimAsked(devs), policy.Choice{})
 	if err != nil || undo == nil {
 		t.Fatalf("prepared again on a free GPU: %v (undo %v)", err, undo != nil)
 	}
@@ -326,7 +330,7 @@ func TestClaimPreparedAgain(t *testing.T) {
 	a.Release("id-x")
 	undo()
 	holds("nvidia.com/gpu=2")
-	if undo, err := a.AdmitClaim(any, old, []policy.ClaimDevice{{Device: byName["2"]}}, nil); err != nil || undo != nil {
+	if undo, err := a.AdmitClaim(any, old, claimAsked([]policy.ClaimDevice{{Device: byName["2"]}}), policy.Choice{}); err != nil || undo != nil {
 		t.Errorf("prepared again as it is: %v, undo %v; want nothing to record", err, undo != nil)
 	}
 }
@@ -378,7 +382,7 @@ func TestClaimDenials(t *testing.T) {
 				t.Fatal(err)
 			}
 			c, devs := claimOf("c", byName, tc.gpu)
-			_, err := a.AdmitClaim(p, c, devs, sick)
+			_, err := a.AdmitClaim(p, c, claimAsked(devs), policy.Choice{Unhealthy: sick})
 			wantDenied(t, err, tc.rule, tc.want)
 			if strings.Contains(err.Error(), tc.not) {
 				t.Errorf("%v says %q", err, tc.not)
@@ -401,11 +405,11 @@ func TestRestoreClaimsJudged(t *testing.T) {
 		claims []policy.ClaimHolding
 		want   string // "" for no conflict
 	}{
-		{"a pod names the claim's GPU, not exclusive", config.Policy{Devices: config.DefaultDevices}, []policy.ClaimHolding{{Claim: c, Devices: devs}},
+		{"a pod names the claim's GPU, not exclusive", config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, []policy.ClaimHolding{{Claim: c, Devices: devs}},
 			`claim ns/c of pod ns/p ("nvidia.com/gpu=0") and pod ns/a ("nvidia.com/gpu=GPU-0") both hold /dev/nvidia0`},
 		{"a GPU shared two ways, a claim and a pod", shared(2, "nvidia.com/gpu=0"), []policy.ClaimHolding{{Claim: c, Devices: devs}}, ""},
 		{"a GPU shared three ways, two claims and a pod", shared(3, "nvidia.com/gpu=0"), []policy.ClaimHolding{{Claim: c, Devices: devs}, {Claim: d, Devices: devsD}}, ""},
-		{"two claims of one GPU, not shared", config.Policy{Devices: config.DefaultDevices}, []policy.ClaimHolding{{Claim: c, Devices: devs}, {Claim: d, Devices: devsD}},
+		{"two claims of one GPU, not shared", config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}, []policy.ClaimHolding{{Claim: c, Devices: devs}, {Claim: d, Devices: devsD}},
 			`claim ns/c of pod ns/p ("nvidia.com/gpu=0") and claim ns/d of pod ns/p ("nvidia.com/gpu=GPU-0") both hold /dev/nvidia0`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -476,7 +480,7 @@ func TestReleaseUnused(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			a := policy.NewAllocations()
 			c, devs := claimOf("c", byName, "0", "1")
-			if _, err := a.AdmitClaim(p, c, devs, nil); err != nil {
+			if _, err := a.AdmitClaim(p, c, claimAsked(devs), policy.Choice{}); err != nil {
 				t.Fatal(err)
 			}
 			tt.use(t, a, c.UID)

@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
@@ -9,10 +10,19 @@ import (
 )
 
 // admit plans and commits, as nri-gpu's request path does with nothing
-// to build between the two: planning again while the plan is stale.
+// to build between the two: planning again while the plan is stale. The
+// devices of fromKubelet are asked as kubelet's (the CRI request's).
 func admit(a *policy.Allocations, p *policy.Policy, pod policy.Pod, named []specs.Device, count int, ch policy.Choice, fromKubelet []string, claims ...string) (policy.Grant, error) {
+	asked := make([]policy.Asked, 0, len(named))
+	for _, d := range named {
+		a := policy.Asked{Device: d}
+		if slices.Contains(fromKubelet, d.Name) {
+			a.Request = &policy.Request{Device: d.Name, Item: d.Name, Origin: policy.OriginRuntime}
+		}
+		asked = append(asked, a)
+	}
 	for {
-		pl, err := a.Plan(p, policy.Want{Pod: pod, Named: named, Count: count, Choice: ch, FromKubelet: fromKubelet, Claims: claims})
+		pl, err := a.Plan(p, policy.Want{Pod: pod, Named: asked, Count: count, Choice: ch, Claims: claims})
 		if err != nil {
 			return policy.Grant{}, err
 		}
@@ -21,6 +31,24 @@ func admit(a *policy.Allocations, p *policy.Policy, pod policy.Pod, named []spec
 			return g, err
 		}
 	}
+}
+
+// asked returns devs asked for by name, through no request.
+func asked(devs ...specs.Device) []policy.Asked {
+	out := make([]policy.Asked, 0, len(devs))
+	for _, d := range devs {
+		out = append(out, policy.Asked{Device: d})
+	}
+	return out
+}
+
+// claimAsked returns a claim's devices as its admission is asked them.
+func claimAsked(devs []policy.ClaimDevice) []policy.Asked {
+	out := make([]policy.Asked, 0, len(devs))
+	for i := range devs {
+		out = append(out, policy.Asked{Device: devs[i].Device, Claim: &devs[i]})
+	}
+	return out
 }
 
 // knowing is p knowing the names each of devs goes by, as nri-gpu's

@@ -32,7 +32,7 @@ func TestNamedUnhealthyEach(t *testing.T) {
 		}
 		return nil
 	}
-	p := policy.New(config.Policy{Devices: config.DefaultDevices})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices})
 	_, err := admit(policy.NewAllocations(), p, pod("a"), []specs.Device{gpus[1], gpus[2]}, 0, policy.Choice{Candidates: gpus, Unhealthy: sick}, nil)
 	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=1"`, `device "nvidia.com/gpu=2"`)
 }
@@ -42,7 +42,7 @@ func TestNamedUnhealthyEach(t *testing.T) {
 // failed later), takes nothing of it back.
 func TestRevertLeavesTheCount(t *testing.T) {
 	gpus := numbered(3)
-	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 	ch := policy.Choice{Candidates: gpus}
 	first, err := admit(a, p, pod("a"), nil, 1, ch, nil)
@@ -67,7 +67,7 @@ func TestRevertLeavesTheCount(t *testing.T) {
 // many pods hold GPUs and in whatever order they are looked at.
 func TestHeldByAnyOtherPod(t *testing.T) {
 	gpus := numbered(12)
-	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 	ch := policy.Choice{Candidates: gpus}
 	for i := range gpus[:11] {
@@ -124,7 +124,7 @@ func TestCountChecksWhatItMayChoose(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+			p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
 			g, err := admit(policy.NewAllocations(), p, pod("a"), nil, tc.count, policy.Choice{Candidates: gpus, Usable: usable(tc.unusable), Links: tc.links}, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -144,7 +144,7 @@ func TestCountChecksWhatItMayChoose(t *testing.T) {
 // many are free and held, and mentions unhealthy devices only when there
 // are some; with no candidates at all, it still answers.
 func TestCountShortfallSays(t *testing.T) {
-	p := policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
 	a := policy.NewAllocations()
 	_, err := admit(a, p, pod("a"), nil, 3, policy.Choice{Candidates: numbered(2)}, nil)
 	testutil.ErrorSays(t, err, "asks for 3 nvidia.com/gpu devices, but 2 are free and 0 held")
@@ -180,7 +180,7 @@ func TestGreedyWithoutLinks(t *testing.T) {
 // pod that held nothing.
 func TestRelease(t *testing.T) {
 	gpus := numbered(2)
-	p := policy.New(config.Policy{Devices: config.DefaultDevices})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices})
 	a := policy.NewAllocations()
 	if _, err := admit(a, p, pod("a"), []specs.Device{gpus[1]}, 0, policy.Choice{Candidates: gpus}, nil); err != nil {
 		t.Fatal(err)
@@ -198,7 +198,7 @@ func TestRelease(t *testing.T) {
 // count holding, so the pod's next count request chooses anew.
 func TestRestoreCounts(t *testing.T) {
 	gpus := numbered(3)
-	p := policy.New(config.Policy{Devices: config.DefaultDevices})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices})
 	a := policy.NewAllocations()
 	ch := policy.Choice{Candidates: gpus}
 	if err := a.Restore(p, []policy.Holding{
@@ -221,7 +221,7 @@ func TestRestoreCounts(t *testing.T) {
 // TestRestoreProblemsCapped: Restore reports up to 16 problems one by
 // one, and says how many more there are beyond.
 func TestRestoreProblemsCapped(t *testing.T) {
-	p := policy.New(config.Policy{Devices: config.DefaultDevices})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices})
 	holdings := func(n int) []policy.Holding {
 		var out []policy.Holding
 		for i := 0; i < n; i++ {
@@ -243,7 +243,7 @@ func TestMaxDevicesCountsAll(t *testing.T) {
 	gpus := numbered(4)
 	all := specs.Device{Name: "nvidia.com/gpu=all", Nodes: []string{"c 195:0", "c 195:1", "c 195:2", "c 195:3"}}
 	nic := specs.Device{Name: "example.com/nic=0", Nodes: []string{"c 240:0"}}
-	open := config.Policy{Devices: []string{"*"}, AllowAll: true}
+	open := config.Policy{Namespaces: []string{"*"}, Devices: []string{"*/*"}, AllowAll: true}
 	for _, tc := range []struct {
 		max     int
 		allowed bool
@@ -272,7 +272,7 @@ func TestRuntimeRequestsDoNotHideOthers(t *testing.T) {
 // grant considered nothing for one, and what it holds records none.
 func TestNamedOnlyHasNoCount(t *testing.T) {
 	gpus := numbered(2)
-	p := policy.New(config.Policy{Devices: config.DefaultDevices})
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices})
 	a := policy.NewAllocations()
 	g, err := admit(a, p, pod("a"), []specs.Device{gpus[0]}, 0, policy.Choice{Candidates: gpus}, nil)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"path"
 	"slices"
-	"strings"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -208,72 +207,18 @@ func shares(entries []config.Sharing) []Share {
 	return out
 }
 
-// Check applies the rules that need no state to what a container of pod
-// asks for: policy.namespaces and policy.allowAll to every request made
-// through an annotation (cdi.k8s.io ones too, unless
-// policy.exemptCDIAnnotations), and policy.devices to all but the CDI
-// devices of the CRI request, which node components chose. It returns
-// nil, or an error wrapping ErrDenied for each denied request, naming the
-// rule, the request and the key that would allow it.
+// Check applies the admission's steps that read only what was asked
+// (policy.namespaces, policy.devices, policy.allowAll) to what a
+// container of pod asks for, before its devices are looked up: for a
+// container found running that nri-gpu did not create. It returns nil,
+// or an error wrapping ErrDenied for each request the first of those
+// steps to refuse refuses.
 func (p *Policy) Check(pod Pod, ask Ask) error {
-	if what := p.annotationRequest(ask); what != "" {
-		if err := p.checkNamespace(what, "pods", pod.Namespace, "request devices through annotations"); err != nil {
-			return err
-		}
+	q := &question{p: p, pod: pod, count: ask.Count, exclusive: p.exclusive}
+	for i := range ask.Requests {
+		q.named = append(q.named, Asked{Device: specs.Device{Name: ask.Requests[i].Device}, Request: &ask.Requests[i]})
 	}
-	var errs []error
-	for _, r := range ask.Requests {
-		if r.Origin == OriginRuntime {
-			continue // node components chose it; it is held, not checked
-		}
-		if err := p.checkRequest(r); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// tenantWritten reports whether r came from an annotation the rules for
-// tenants (namespaces, allowAll) apply to.
-func (p *Policy) tenantWritten(r Request) bool {
-	return r.Origin == OriginPod || (r.Origin == OriginCDI && !p.exemptCDI)
-}
-
-// annotationRequest describes the first request of ask subject to
-// policy.namespaces, or returns "" when there is none.
-func (p *Policy) annotationRequest(ask Ask) string {
-	if ask.Count > 0 {
-		return fmt.Sprintf("pod annotation %q request for %d devices", CountAnnotationKey, ask.Count)
-	}
-	if i := slices.IndexFunc(ask.Requests, p.tenantWritten); i >= 0 {
-		return ask.Requests[i].String()
-	}
-	return ""
-}
-
-func (p *Policy) checkRequest(r Request) error {
-	if err := p.checkDevice(r.String(), r.Device); err != nil {
-		return err
-	}
-	// A qualified name's device part follows its only "=".
-	if strings.HasSuffix(r.Device, "="+AllDevice) && p.tenantWritten(r) && !p.allowAll {
-		return deny(RuleAllowAll, fmt.Errorf("%s: %w: device %q gives every device of its kind; set policy.allowAll: true to allow it",
-			r, ErrDenied, r.Device))
-	}
-	return nil
-}
-
-// CheckHooks denies a device whose edits (its own, or its spec's) would
-// inject a hook executable not listed in policy.hookPaths.
-func (p *Policy) CheckHooks(device string, hookPaths []string) error {
-	var errs []error
-	for _, h := range hookPaths {
-		if !slices.Contains(p.hookPaths, h) {
-			errs = append(errs, deny(RuleHookPaths, fmt.Errorf("device %q: %w: its spec injects the hook %q, which is not in policy.hookPaths [%s]; add it to policy.hookPaths if it is trusted",
-				device, ErrDenied, h, strings.Join(p.hookPaths, ", "))))
-		}
-	}
-	return errors.Join(errs...)
+	return q.decide(ofRequests, ofRequests)
 }
 
 // Allowed reports whether policy.devices lets a device be given at all.

@@ -303,14 +303,20 @@ func (a *Allocations) judge(p *Policy, w who, d specs.Device) verdict {
 
 // Room returns how many more users device d may take through door, on
 // the pool as it is and under p: 0 or 1 for a device policy.sharing does
-// not share, the replicas left for one it shares. Holders the door's own
-// scheduler accounts for are left out (kubelet's allocations for the
-// device plugin, claims for DRA); every other holder counts, whichever
-// door it came through.
-func (a *Allocations) Room(p *Policy, d specs.Device, door Door) int {
+// not share, the replicas left for one it shares; 0 for one the
+// admission would not give anyone (policy.devices, health as ch says
+// it, devices kubelet allocated in ch). It is the admission's read-only
+// question of a door's offer: holders the door's own scheduler accounts
+// for are left out (kubelet's allocations for the device plugin, claims
+// for DRA); every other holder counts, whichever door it came through.
+func (a *Allocations) Room(p *Policy, d specs.Device, door Door, ch Choice) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.judge(p, who{door: door, exclusive: true}, d).usersLeft()
+	q := &question{p: p, a: a, door: door, offer: true, named: []Asked{{Device: d}}, choice: ch, exclusive: true}
+	if q.decide(ofRequests, ofPool) != nil {
+		return 0
+	}
+	return a.judge(p, q.who(q.named[0]), d).usersLeft()
 }
 
 // Offer returns what shared device d offers the users door's scheduler
@@ -334,8 +340,10 @@ func (a *Allocations) Offer(p *Policy, d specs.Device, door Door) (Capacity, boo
 	return c, true
 }
 
-// err is the denial of a device the verdict does not free, or nil.
-func (v verdict) err(d specs.Device, exclusive bool) error {
+// coexistence is the denial of a device another holder keeps from the
+// asker (held strictly or exclusively, apart from a shared device, or
+// matched by two policy.sharing entries), or nil.
+func (v verdict) coexistence(d specs.Device, exclusive bool) error {
 	switch {
 	case v.twice != nil:
 		return deny(RuleSharing, fmt.Errorf("%w: device %q: %w", ErrDenied, d.Name, v.twice))
@@ -345,15 +353,22 @@ func (v verdict) err(d specs.Device, exclusive bool) error {
 	case v.by != nil:
 		return deny(RuleExclusive, fmt.Errorf("%w: device %q is held by %s (as %q)%s",
 			ErrDenied, d.Name, v.by.holder, v.by.dev.Name, v.by.hint(exclusive)))
-	case !v.fits():
-		room := "it is free for one more when one of them is removed, or raise replicas"
-		if v.capacity.Memory > 0 || !v.asking.IsZero() {
-			room = fmt.Sprintf("it has %s left, and %s is needed; there is room again when one of them is removed", v.capacity.Left(v.used), v.capacity.use(v.asking))
-		}
-		return deny(RuleSharing, fmt.Errorf("%w: device %q is shared by %s and used by %d already: %s; %s",
-			ErrDenied, d.Name, v.share, len(v.sharers), describeUsers(v.sharers), room))
 	}
 	return nil
+}
+
+// capacityErr is the denial of a shared device with no room for what
+// the asker would consume beside its sharers, or nil.
+func (v verdict) capacityErr(d specs.Device) error {
+	if v.share == nil || v.by != nil || v.twice != nil || v.fits() {
+		return nil
+	}
+	room := "it is free for one more when one of them is removed, or raise replicas"
+	if v.capacity.Memory > 0 || !v.asking.IsZero() {
+		room = fmt.Sprintf("it has %s left, and %s is needed; there is room again when one of them is removed", v.capacity.Left(v.used), v.capacity.use(v.asking))
+	}
+	return deny(RuleSharing, fmt.Errorf("%w: device %q is shared by %s and used by %d already: %s; %s",
+		ErrDenied, d.Name, v.share, len(v.sharers), describeUsers(v.sharers), room))
 }
 
 func describeUsers(us []user) string { return strings.Join(describe(us), ", ") }

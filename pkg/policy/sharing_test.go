@@ -16,7 +16,7 @@ import (
 // shared is a policy under which globs are shared replicas ways with
 // time-slicing, and every other device is exclusive.
 func shared(replicas int, globs ...string) config.Policy {
-	return config.Policy{Devices: config.DefaultDevices, Exclusive: true, Sharing: []config.Sharing{
+	return config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true, Sharing: []config.Sharing{
 		{Devices: globs, Replicas: replicas, Strategy: config.StrategyTimeSlicing},
 	}}
 }
@@ -91,7 +91,7 @@ func TestSharing(t *testing.T) {
 		},
 		{
 			name: "what overlaps a shared GPU without being it is never had beside it, exclusive or not; unshared devices overlap as exclusive says",
-			policy: config.Policy{Devices: config.DefaultDevices, AllowAll: true, Sharing: []config.Sharing{
+			policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, AllowAll: true, Sharing: []config.Sharing{
 				{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}},
 			steps: []step{
 				{pod: "a", named: []string{"0"}, want: []string{"0"}},
@@ -108,7 +108,7 @@ func TestSharing(t *testing.T) {
 		},
 		{
 			name: "two entries that match one GPU by two names: refused, naming both",
-			policy: config.Policy{Devices: config.DefaultDevices, Sharing: []config.Sharing{
+			policy: config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Sharing: []config.Sharing{
 				{Devices: []string{"nvidia.com/gpu=GPU-*"}, Replicas: 2, Strategy: config.StrategyMPS},
 				{Devices: []string{"nvidia.com/gpu=1"}, Replicas: 4, Strategy: config.StrategyTimeSlicing}}},
 			steps: []step{
@@ -197,7 +197,7 @@ func TestCheckSharing(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := knowing(policy.New(config.Policy{Sharing: tc.entries}), devs).CheckSharing(devs)
+			err := knowing(policy.New(config.Policy{Namespaces: []string{"*"}, Sharing: tc.entries}), devs).CheckSharing(devs)
 			if tc.want == nil {
 				if err != nil {
 					t.Fatal(err)
@@ -255,7 +255,7 @@ func TestSharingLowered(t *testing.T) {
 		t.Errorf("users of GPU 0 by index and by UUID, shared by index: %v", err)
 	}
 	// Unshared again: GPU 0's two users are reported, as exclusive says.
-	testutil.ErrorSays(t, a.Check(policy.New(config.Policy{Devices: config.DefaultDevices, Exclusive: true})), `pod ns/e ("nvidia.com/gpu=0") and pod ns/f ("nvidia.com/gpu=0") both hold /dev/nvidia0`)
+	testutil.ErrorSays(t, a.Check(policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})), `pod ns/e ("nvidia.com/gpu=0") and pod ns/f ("nvidia.com/gpu=0") both hold /dev/nvidia0`)
 }
 
 // TestSharingMIG: MIG devices are shared as GPUs are; two MIG devices of
@@ -341,7 +341,7 @@ func TestSharingLeastUsedWithTopology(t *testing.T) {
 // TestShareOf: how policy.sharing entries are read: MPS limits default to
 // an equal share of compute, time-slicing has none.
 func TestShareOf(t *testing.T) {
-	p := policy.New(config.Policy{Sharing: []config.Sharing{
+	p := policy.New(config.Policy{Namespaces: []string{"*"}, Sharing: []config.Sharing{
 		{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 4, Strategy: config.StrategyTimeSlicing},
 		{Devices: []string{"nvidia.com/gpu=1"}, Replicas: 3, Strategy: config.StrategyMPS, PinnedMemoryLimit: "1Gi"},
 		{Devices: []string{"nvidia.com/gpu=2"}, Replicas: 2, Strategy: config.StrategyMPS, ActiveThreadPercentage: 70},

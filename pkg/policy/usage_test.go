@@ -25,7 +25,7 @@ func TestUsage(t *testing.T) {
 	claimOf := func(name string, d specs.Device, use policy.Use) func(*policy.Allocations, *policy.Policy) error {
 		return func(a *policy.Allocations, p *policy.Policy) error {
 			_, err := a.AdmitClaim(p, policy.Claim{UID: "uid-" + name, Namespace: "ns", Name: name, Pods: []string{"ns/" + name}},
-				[]policy.ClaimDevice{{Device: d, Requests: []string{"gpu"}, Use: use}}, nil)
+				claimAsked([]policy.ClaimDevice{{Device: d, Requests: []string{"gpu"}, Use: use}}), policy.Choice{})
 			return err
 		}
 	}

@@ -159,6 +159,15 @@ func (s *Snapshot) Lookup(name string) (*Entry, error) {
 	return e, nil
 }
 
+// Hooks returns the hook executables the named device's edits (its
+// own, or its spec's) inject, none where no trusted spec defines it.
+func (s *Snapshot) Hooks(d Device) []string {
+	if e, err := s.Lookup(d.Name); err == nil {
+		return e.Hooks
+	}
+	return nil
+}
+
 // Footprints returns the footprints of devices by name, whether or not
 // their specs are trusted; a name no spec defines has an empty footprint.
 // It serves to rebuild what pods held, not to inject.
