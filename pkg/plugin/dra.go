@@ -79,13 +79,14 @@ type DRAView struct {
 // plugin), each with why it is unhealthy (its GPU's NVML health, its
 // device nodes gone) where it is. Devices held by claims stay: the
 // scheduler knows them allocated.
-func (c *DRAView) Devices(context.Context) ([]link.Device, error) {
+func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
 	pol := c.p.hw.policyIn(st, snap)
 	// An unhealthy one stays, tainted: kube-scheduler places no new
-	// claim on it, and its claims' pods see why.
-	ch := policy.Choice{Hooks: snap.Hooks}
+	// claim on it, and its claims' pods see why. One kubelet allocated a
+	// device-plugin pod is not offered.
+	ch := policy.Choice{Hooks: snap.Hooks, Kubelet: c.p.kubeletAllocations(ctx, snap, "", c.p.log)}
 	var (
 		out     []link.Device
 		offered []specs.Device
@@ -136,7 +137,8 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 		d.Claim = &policy.ClaimDevice{Device: d.Device, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, GpuConfig: a.GpuConfig}
 		asked = append(asked, d)
 	}
-	admitted, err := c.p.alloc.AdmitClaim(pol, claim, asked, policy.Choice{Unhealthy: c.p.hw.unhealthy(snap)})
+	ch := policy.Choice{Unhealthy: c.p.hw.unhealthy(snap), Kubelet: c.p.kubeletAllocations(ctx, snap, "", c.log(claim))}
+	admitted, err := c.p.alloc.AdmitClaim(pol, claim, asked, ch)
 	if err != nil || admitted == nil {
 		return err // refused, or kubelet asked again: nothing new to record
 	}
@@ -177,6 +179,11 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 		return fmt.Errorf("%s: %w", claim, err)
 	}
 	return nil
+}
+
+// log returns the plugin's log with the claim's namespace and name.
+func (c *DRAView) log(claim policy.Claim) logrus.FieldLogger {
+	return c.p.log.WithFields(logrus.Fields{"namespace": claim.Namespace, "claim": claim.Name})
 }
 
 // Unprepare releases what a claim holds, and records it. When the record

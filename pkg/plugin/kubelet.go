@@ -10,6 +10,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // kubeletPatience bounds the wait for kubelet to say what it allocated.
@@ -21,12 +22,21 @@ const kubeletPatience = time.Second
 // a pod, before its containers are created and so before the pool knows
 // them, and keeps them for the pod: a count request that took one would
 // leave that pod's container refused until the count request's pod ends.
-// A shared device's replicas are left out (kubelet counts them itself).
-// When kubelet does not answer, that is logged and nothing is returned:
-// the pool still refuses a device to a second pod, the kubelet pod's
-// container then.
 func (p *Plugin) allocatedByKubelet(ctx context.Context, r *request, w policy.Want, log logrus.FieldLogger) []policy.KubeletAllocation {
-	if len(p.kubelet) == 0 || (w.Count == 0 && !slices.ContainsFunc(w.Named, func(d policy.Asked) bool { return d.Request == nil || !d.Request.FromKubelet() })) {
+	if w.Count == 0 && !slices.ContainsFunc(w.Named, func(d policy.Asked) bool { return d.Request == nil || !d.Request.FromKubelet() }) {
+		return nil
+	}
+	return p.kubeletAllocations(ctx, r.snap, r.pod.GetNamespace()+"/"+r.pod.GetName(), log)
+}
+
+// kubeletAllocations returns the devices kubelet allocated pods (but
+// pod, namespace/name; "" for none) through nri-gpu's device plugins, by
+// their names in snap; none without a device plugin. A shared device's
+// replicas are left out (kubelet counts them itself). When kubelet does
+// not answer, that is logged and nothing is returned: the pool still
+// refuses a device to a second holder, the kubelet pod's container then.
+func (p *Plugin) kubeletAllocations(ctx context.Context, snap *specs.Snapshot, pod string, log logrus.FieldLogger) []policy.KubeletAllocation {
+	if len(p.kubelet) == 0 {
 		return nil
 	}
 	kinds := map[string]string{}
@@ -39,19 +49,19 @@ func (p *Plugin) allocatedByKubelet(ctx context.Context, r *request, w policy.Wa
 	defer cancel()
 	got, err := deviceplugin.Allocated(ctx, p.start.DevicePlugin.PodResources, names)
 	if err != nil {
-		log.Warnf("not told which devices kubelet allocated (a count request may take one kubelet gave a pod whose container is not created yet): %v", err)
+		log.Warnf("not told which devices kubelet allocated (a count request or a claim may take one kubelet gave a pod whose container is not created yet): %v", err)
 		return nil
 	}
 	var out []policy.KubeletAllocation
 	for _, a := range got {
-		if a.Namespace == r.pod.GetNamespace() && a.Pod == r.pod.GetName() || deviceplugin.DeviceOf(a.ID) != a.ID {
+		holder := a.Namespace + "/" + a.Pod
+		if holder == pod || deviceplugin.DeviceOf(a.ID) != a.ID {
 			continue
 		}
 		vendor, class := parser.ParseQualifier(kinds[a.Resource])
-		dev := r.snap.Footprints([]string{parser.QualifiedName(vendor, class, a.ID)})[0]
-		pod := a.Namespace + "/" + a.Pod
-		if !slices.ContainsFunc(out, func(k policy.KubeletAllocation) bool { return k.Device.Name == dev.Name && k.Pod == pod }) {
-			out = append(out, policy.KubeletAllocation{Device: dev, Pod: pod})
+		dev := snap.Footprints([]string{parser.QualifiedName(vendor, class, a.ID)})[0]
+		if !slices.ContainsFunc(out, func(k policy.KubeletAllocation) bool { return k.Device.Name == dev.Name && k.Pod == holder }) {
+			out = append(out, policy.KubeletAllocation{Device: dev, Pod: holder})
 		}
 	}
 	return out

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
@@ -80,5 +82,38 @@ func TestKubeletAllocations(t *testing.T) {
 				t.Errorf("given %q, want GPU %s", got, tc.wantGPU)
 			}
 		})
+	}
+}
+
+// TestKubeletAllocationsForClaims: the DRA door meets kubelet's
+// allocations too: a GPU kubelet allocated a device-plugin pod, whose
+// container is not created yet, is not offered in the ResourceSlice and
+// a claim allocated it is refused naming that pod; the others are
+// offered and prepared.
+func TestKubeletAllocationsForClaims(t *testing.T) {
+	socket := filepath.Join(testutil.ShortDir(t), "pod-resources", "kubelet.sock")
+	testutil.ServePodResources(t, socket, testutil.AllocatedPod("default", "k", "nvidia.com/gpu", "0"))
+	cfg, err := config.Parse(fmt.Appendf(nil, "version: v1\npolicy: {namespaces: [tenant]}\nstart:\n  devicePlugin:\n    podResources: %s\n    resources: [{name: nvidia.com/gpu}]\n", socket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}),
+		plugin.WithDevicePlugin(cfg.Start.DevicePlugin.Resources[0], func(*plugin.Resource) plugin.Door { return noDoor{} }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	view := p.DRAView(config.Default().Start.DRA)
+	var names []string
+	for _, d := range offer(t, view, nil) {
+		names = append(names, d.CDI)
+	}
+	if !slices.Equal(names, []string{"nvidia.com/gpu=1"}) {
+		t.Errorf("offered %v, want GPU 1 only (kubelet allocated GPU 0)", names)
+	}
+	err = view.Prepare(context.Background(), claimC, []link.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpus"}}})
+	testutil.ErrorSays(t, err, `claim tenant/c of pod tenant/a: denied by policy: device "nvidia.com/gpu=0" is allocated by kubelet to pod default/k`)
+	if err := view.Prepare(context.Background(), claimC, []link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpus"}}}); err != nil {
+		t.Errorf("GPU 1: %v", err)
 	}
 }

@@ -339,7 +339,7 @@ func (q *question) parameters() []error {
 func (q *question) kubeletFree() []error {
 	return q.each(unheld, func(d Asked) error {
 		if pod := q.choice.allocatedBy(d.Device); pod != "" && q.exclusive && !d.fromKubelet() {
-			return deny(RuleExclusive, fmt.Errorf("%w: device %q is %s; it is free again when that pod is removed", ErrDenied, d.Name, kubeletWhy(pod)))
+			return q.claimed(deny(RuleExclusive, fmt.Errorf("%w: device %q is %s; it is free again when that pod is removed", ErrDenied, d.Name, kubeletWhy(pod))))
 		}
 		return nil
 	})

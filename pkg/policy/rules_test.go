@@ -211,9 +211,9 @@ func TestFirstRuleEveryDoor(t *testing.T) {
 	// says so.
 	all := config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, HookPaths: []string{"/usr/bin/nvidia-cdi-hook"}}
 	for _, tc := range []struct {
-		name        string
-		policy      func(*config.Policy)
-		sick, hooks bool
+		name                 string
+		policy               func(*config.Policy)
+		sick, hooks, kubelet bool
 		// before fills the pool: pod b holds GPU 1 for a count, or with
 		// sharing, pods b and c share it.
 		heldBy  string
@@ -231,6 +231,8 @@ func TestFirstRuleEveryDoor(t *testing.T) {
 			rule: policy.RuleHookPaths, want: `its spec injects the hook "/bin/evil", which is not in policy.hookPaths`},
 		{name: "health, then who holds it", sick: true, heldBy: "count",
 			rule: policy.RuleUnhealthy, want: `device "nvidia.com/gpu=1": Xid 79; set policy.allowUnhealthy: true to allow it`},
+		{name: "kubelet's allocation, then who holds it", policy: func(c *config.Policy) { c.Exclusive = true }, kubelet: true, heldBy: "count",
+			rule: policy.RuleExclusive, want: `device "nvidia.com/gpu=1" is allocated by kubelet to pod ns/k (through the device plugin)`},
 		{name: "who holds it, then maxDevicesPerPod", policy: func(c *config.Policy) { c.MaxDevicesPerPod = 1 }, heldBy: "count",
 			rule: policy.RuleExclusive, want: `device "nvidia.com/gpu=1" is held by pod ns/b (as "nvidia.com/gpu=1"), which got it for a count request`},
 		{name: "capacity, then maxDevicesPerPod", policy: func(c *config.Policy) {
@@ -261,6 +263,9 @@ func TestFirstRuleEveryDoor(t *testing.T) {
 				return nil
 			}
 			ch.Hooks = hooks
+			if tc.kubelet {
+				ch.Kubelet = []policy.KubeletAllocation{{Device: byName["GPU-1"], Pod: "ns/k"}}
+			}
 			fill := func(a *policy.Allocations) {
 				open := knowing(policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Sharing: cfg.Sharing}), append(cands, byName["all"]))
 				switch tc.heldBy {
