@@ -5,17 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Want is a daemon a Manager is told to keep running.
@@ -30,11 +23,12 @@ type Want struct {
 
 // Event is something a Manager did, for the caller to log.
 type Event struct {
-	// What is one of Started, LimitsSet, Stopped, Exclusive and
-	// Restored.
+	// What is one of Started, LimitsSet, Stopped, Exclusive, Restored
+	// and RolledBack.
 	What string
 	Want
-	// Was is the compute mode the GPU was in (Exclusive).
+	// Was is the compute mode the GPU was in (Exclusive), or is put back
+	// in (Restored).
 	Was string
 }
 
@@ -44,346 +38,429 @@ const (
 	LimitsSet = "limits set"
 	Stopped   = "stopped"
 	// Exclusive: the GPU put in Exclusive_Process compute mode before
-	// its daemon is kept, from the mode Was.
+	// its daemon is started, from the mode Was.
 	Exclusive = "exclusive"
-	// Restored: the GPU of a daemon stopped put back in Default.
+	// Restored: the GPU of a daemon stopped put back in the mode Was.
 	Restored = "restored"
+	// RolledBack: a start that did not finish (it failed, or the nri-gpu
+	// making it died) undone: its daemon stopped, its GPU's mode back.
+	RolledBack = "rolled back"
 )
 
 // Start runs a daemon's "nvidia-cuda-mps-control -d" command with shm
 // as its /dev/shm, and returns once that command has exited.
 type Start func(shm string, cmd *exec.Cmd) error
 
+// Entry is what a Manager keeps in its Journal of a daemon it starts,
+// runs or stops, written before it acts: so that whatever process reads
+// the journal next (this one after a failure, another after a crash)
+// finds every daemon and compute mode nri-gpu set, and undoes what is
+// not wanted.
+type Entry struct {
+	// Device names the GPU, for messages.
+	Device string `json:"device"`
+	// Control, Dir, GPU and Root are its Daemon's.
+	Control string `json:"control"`
+	Dir     string `json:"dir"`
+	GPU     string `json:"gpu"`
+	Root    string `json:"root,omitempty"`
+	// Was is the GPU's compute mode before the manager set
+	// Exclusive_Process, which it puts back ("" where it could not
+	// tell: it is left as it is).
+	Was string `json:"was,omitempty"`
+	// State is Starting, Running or Stopping.
+	State string `json:"state"`
+}
+
+// The states of an Entry.
+const (
+	// Starting: the GPU's mode may be set and the daemon started, not
+	// yet seen answering: a start found so is rolled back.
+	Starting = "starting"
+	// Running: started and answering.
+	Running = "running"
+	// Stopping: no longer wanted; quit, and the mode put back, once it
+	// succeeds (retried until then).
+	Stopping = "stopping"
+)
+
+// daemon returns the entry's daemon.
+func (e Entry) daemon() Daemon {
+	return Daemon{Control: e.Control, Dir: e.Dir, GPU: e.GPU, Root: e.Root}
+}
+
+// Journal keeps a Manager's entries where they outlive the process
+// (nri-gpu's record).
+type Journal interface {
+	// Entries returns the entries last kept, by this process or one
+	// before it.
+	Entries() []Entry
+	// Keep keeps entries, the whole list, before the manager acts on
+	// what they say: it returns an error, and the manager does not act,
+	// when they cannot be kept.
+	Keep(entries []Entry) error
+}
+
+// undoWait bounds each step of an undo (a daemon's quit, a compute mode
+// put back), whatever is left of the caller's context: an undo is never
+// cut short because the request that asked for the start gave up.
+const undoWait = 10 * time.Second
+
 // Manager keeps the MPS control daemons it is told are wanted running
-// (mps.daemon: managed): it starts one that does not answer, sets the
-// limits again on one whose limits changed or that it finds running,
-// and stops those it kept that are no longer wanted. It reaps the
-// daemons it knows that have quit: nri-gpu in its container is PID 1
-// there, and a daemon started through "-d" is reparented to it.
+// (mps.daemon: managed): it starts one that does not answer, its GPU put
+// in Exclusive_Process first, sets the limits again on one whose limits
+// changed or that it finds running, and stops those it kept that are no
+// longer wanted, their GPUs back in the mode they were in. Each step is
+// kept in its Journal before it is taken, so that a start that did not
+// finish is rolled back by whoever reads the journal next, and a stop
+// that failed is tried again. It reaps the daemons it knows that have
+// quit: nri-gpu in its container is PID 1 there, and a daemon started
+// through "-d" is reparented to it.
+//
+// A Manager made with no Start (mps.daemon: external) starts nothing:
+// it only says whether the operator's daemons are ready.
 type Manager struct {
-	start Start
-	// modes sets the GPUs' compute modes.
-	modes Modes
+	start   Start
+	modes   Modes
+	journal Journal
 
 	mu sync.Mutex
-	// kept are the daemons started or found answering, by directory.
-	kept map[string]*kept
-	// exclusive are the GPUs the manager put in Exclusive_Process
-	// compute mode, by UUID, with the daemon they were put in it for.
-	exclusive map[string]Want
+	// entries are the daemons started, running or stopping, by
+	// directory; loaded says the journal's were read.
+	entries map[string]*entry
+	loaded  bool
 }
 
-// kept is a daemon a Manager keeps: what it was told, and its process.
-type kept struct {
-	Want
-	proc proc
+// entry is a daemon a Manager keeps: its journal entry, what it was
+// told, and its process.
+type entry struct {
+	Entry
+	limits Limits
+	proc   proc
 }
 
-// Modes sets a GPU's compute mode (nri-gpu's, through NVML).
-type Modes interface {
-	// Exclusive puts the GPU of uuid in Exclusive_Process compute mode,
-	// and returns the mode it was in ("" when it was in it already).
-	Exclusive(uuid string) (was string, err error)
-	// Default puts the GPU of uuid in the Default compute mode.
-	Default(uuid string) error
-}
-
-// ErrNoModes is wrapped by the error of a Modes that cannot set any
-// GPU's mode here (NVML cannot be loaded): a daemon is kept all the
-// same, since where NVML cannot be loaded neither can the daemon's own
-// driver libraries on a real node.
-var ErrNoModes = errors.New("compute modes cannot be set here")
-
-// NewManager returns a manager that starts daemons through start and
-// sets their GPUs' compute mode through modes.
-func NewManager(start Start, modes Modes) *Manager {
-	return &Manager{start: start, modes: modes, kept: map[string]*kept{}, exclusive: map[string]Want{}}
+// NewManager returns a manager that starts daemons through start, sets
+// their GPUs' compute mode through modes and keeps its entries in
+// journal (nil: nowhere but in memory).
+func NewManager(start Start, modes Modes, journal Journal) *Manager {
+	return &Manager{start: start, modes: modes, journal: journal, entries: map[string]*entry{}}
 }
 
 // Sync makes the daemons running those of want, as above, and returns
-// what it did and what it could not (one error per daemon). Before a
-// daemon is kept its GPU is put in Exclusive_Process compute mode (once
-// while the manager runs; the mode stays across restarts of nri-gpu),
-// so that a client that leaves MPS cannot have a context of its own
-// beside the server, unbounded: a GPU modes does not put in it gets no
-// daemon. Where no mode can be set here (ErrNoModes) the daemon is kept
-// all the same, and the error says to set the mode. A GPU no daemon is wanted for any
-// more (stopped, or never started) is put back in Default.
+// what it did and what it could not (one error per daemon). A GPU modes
+// does not put in Exclusive_Process gets no daemon, so that a client
+// cannot leave MPS for a context of its own beside the server,
+// unbounded; where no mode can be read or set here (ErrNoModes) the
+// daemon is started all the same, and the error says to set the mode.
+// What ctx no longer allows is undone on deadlines of its own.
 func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var (
-		events []Event
-		errs   []error
-	)
+	var r report
+	m.load(&r)
 	wanted := map[string]bool{}
 	for _, w := range want {
 		wanted[w.Daemon.Dir] = true
-		if e, err := m.exclusiveMode(w); err != nil {
-			errs = append(errs, err)
-			if !errors.Is(err, ErrNoModes) {
-				continue
-			}
-		} else if e != nil {
-			events = append(events, *e)
-		}
-		had, known := m.kept[w.Daemon.Dir]
-		// Whoever answers must be the daemon before it is sent limits: a
-		// process of nri-gpu's pid namespace (no client container's), and
-		// the one kept if one is.
-		p, err := w.Daemon.peer(ctx)
-		if !errors.Is(err, ErrNotRunning) {
-			if err == nil && known && had.proc.pid != 0 && p != had.proc {
-				err = fmt.Errorf("%w: %s is served by pid %d, not by the daemon nri-gpu started (pid %d)", ErrNotTheDaemon, w.Daemon.socket(), p.pid, had.proc.pid)
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("MPS daemon of %s: %w", w.Device, err))
-				continue
-			}
-			// Found answering (started by an nri-gpu before this one),
-			// or with other limits since a reload: its defaults are set
-			// again, for its next server (MPS applies them to a server
-			// it starts, not to one running).
-			if !known || had.Limits != w.Limits {
-				if err := w.Daemon.SetLimits(ctx, w.Limits); err != nil {
-					errs = append(errs, fmt.Errorf("MPS daemon of %s: %w", w.Device, err))
-					continue
-				}
-				events = append(events, Event{What: LimitsSet, Want: w})
-			}
-			m.kept[w.Daemon.Dir] = &kept{Want: w, proc: p}
-			continue
-		}
-		if known {
-			had.proc.reap() // it died: not left a zombie
-			delete(m.kept, w.Daemon.Dir)
-		}
-		if w.Daemon.GPU == "" {
-			errs = append(errs, fmt.Errorf("MPS daemon of %s not started: its UUID is not known (name the GPU by UUID in its spec, or give nri-gpu NVML)", w.Device))
-			continue
-		}
-		if err := w.Daemon.Start(ctx, w.Limits, m.start); err != nil {
-			errs = append(errs, fmt.Errorf("MPS daemon of %s not started: %w", w.Device, err))
-			continue
-		}
-		p, _ = w.Daemon.peer(ctx) // zero when it cannot be told: the next Sync keeps whoever answers then
-		m.kept[w.Daemon.Dir] = &kept{Want: w, proc: p}
-		events = append(events, Event{What: Started, Want: w})
+		m.keepRunning(ctx, w, &r)
 	}
-	for _, dir := range slices.Sorted(maps.Keys(m.kept)) {
-		if wanted[dir] {
-			continue
+	for _, dir := range slices.Sorted(maps.Keys(m.entries)) {
+		if !wanted[dir] {
+			m.stop(m.entries[dir], &r)
 		}
-		k := m.kept[dir]
-		if err := k.Daemon.Stop(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("stopping the MPS daemon of %s, no longer shared with MPS: %w", dir, err))
-		} else {
-			k.proc.awaitAndReap(ctx)
-			events = append(events, Event{What: Stopped, Want: k.Want})
-		}
-		delete(m.kept, dir)
 	}
-	// The GPUs of daemons no longer wanted (stopped, or never started)
-	// go back to Default.
-	gpus := map[string]bool{}
-	for _, w := range want {
-		gpus[w.Daemon.GPU] = true
-	}
-	for _, uuid := range slices.Sorted(maps.Keys(m.exclusive)) {
-		if gpus[uuid] {
-			continue
-		}
-		w := m.exclusive[uuid]
-		delete(m.exclusive, uuid)
-		if err := m.modes.Default(uuid); err != nil {
-			errs = append(errs, fmt.Errorf("GPU %s of %s, no longer shared with MPS, left in Exclusive_Process compute mode: %w", uuid, w.Device, err))
-			continue
-		}
-		events = append(events, Event{What: Restored, Want: w})
-	}
-	return events, errs
+	return r.events, r.errs
 }
 
-// exclusiveMode puts w's GPU in Exclusive_Process compute mode, unless
-// the manager did already, and returns the event of the change (nil
-// when there was none to make). An error wrapping ErrNoModes says no
-// mode can be set here: the mode is left as it is.
-func (m *Manager) exclusiveMode(w Want) (*Event, error) {
-	uuid := w.Daemon.GPU
-	if _, done := m.exclusive[uuid]; uuid == "" || done {
-		return nil, nil // without a UUID no daemon is started, and Sync says why
-	}
-	was, err := m.modes.Exclusive(uuid)
-	if errors.Is(err, ErrNoModes) {
-		return nil, fmt.Errorf("device %q: its GPU's compute mode is left as it is (%w): put it in Exclusive_Process (nvidia-smi -i %s -c EXCLUSIVE_PROCESS), which keeps a client from leaving MPS", w.Device, err, uuid)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("MPS daemon of %s not started: its GPU is not put in Exclusive_Process compute mode, which keeps a client from leaving MPS: %w", w.Device, err)
-	}
-	m.exclusive[uuid] = w
-	if was == "" {
-		return nil, nil
-	}
-	return &Event{What: Exclusive, Want: w, Was: was}, nil
+// report is what a Sync did and could not do.
+type report struct {
+	events []Event
+	errs   []error
 }
 
-// proc is a process known by its pid and its start time (so that a pid
-// used again by another process is not taken for it); zero when unknown.
-type proc struct {
-	pid   int
-	start uint64
+func (r *report) did(what string, e *entry, was string) {
+	r.events = append(r.events, Event{What: what, Want: e.want(), Was: was})
 }
 
-// Serves returns nil when the process listening on d's control socket
-// is the daemon the manager keeps for d (the one it started, or found
-// answering), and an error wrapping ErrNotRunning or ErrNotTheDaemon
-// otherwise: clients are not handed to a socket a client container's
-// process took the place of.
-func (m *Manager) Serves(ctx context.Context, d Daemon) error {
+func (r *report) failed(err error) { r.errs = append(r.errs, err) }
+
+// want is what the entry's daemon was told.
+func (e *entry) want() Want { return Want{Device: e.Device, Daemon: e.daemon(), Limits: e.limits} }
+
+// load reads the journal's entries, once: those of a process before
+// this one. A start that did not finish is rolled back.
+func (m *Manager) load(r *report) {
+	if m.loaded || m.journal == nil {
+		m.loaded = true
+		return
+	}
+	m.loaded = true
+	for _, e := range m.journal.Entries() {
+		m.entries[e.Dir] = &entry{Entry: e}
+	}
+	for _, dir := range slices.Sorted(maps.Keys(m.entries)) {
+		if e := m.entries[dir]; e.State == Starting {
+			m.rollBack(e, r)
+		}
+	}
+}
+
+// keepRunning keeps w's daemon running with w's limits, starting it
+// where it does not answer.
+func (m *Manager) keepRunning(ctx context.Context, w Want, r *report) {
+	e := m.entries[w.Daemon.Dir]
+	if e != nil && e.State == Stopping {
+		// Wanted again before its stop went through: stopped first, so
+		// that it starts from what the journal says.
+		if !m.stop(e, r) {
+			return
+		}
+		e = nil
+	}
+	// Whoever answers must be the daemon before it is sent limits: a
+	// process of nri-gpu's pid namespace (no client container's), and
+	// the one kept if one is.
+	p, err := w.Daemon.peer(ctx)
+	if !errors.Is(err, ErrNotRunning) {
+		if err == nil && e != nil && e.proc.pid != 0 && p != e.proc {
+			err = fmt.Errorf("%w: %s is served by pid %d, not by the daemon nri-gpu started (pid %d)", ErrNotTheDaemon, w.Daemon.socket(), p.pid, e.proc.pid)
+		}
+		if err != nil {
+			r.failed(fmt.Errorf("MPS daemon of %s: %w", w.Device, err))
+			return
+		}
+		m.adopt(ctx, w, e, p, r)
+		return
+	}
+	if e != nil {
+		e.proc.reap() // it died: not left a zombie
+		e.proc = proc{}
+	}
+	m.launch(ctx, w, e, r)
+}
+
+// adopt keeps a daemon found answering: started by this manager, or by
+// an nri-gpu before it (whose journal said so, or which kept none: its
+// GPU is then put in Exclusive_Process as for a start, or the daemon
+// stopped where it cannot be), with other limits since a reload: its
+// defaults are set again, for its next server (MPS applies them to a
+// server it starts, not to one running).
+func (m *Manager) adopt(ctx context.Context, w Want, e *entry, p proc, r *report) {
+	if e == nil {
+		e = m.claimGPU(w, Running, r)
+		if e == nil {
+			m.undo(&entry{Entry: entryOf(w, "", Stopping)}, r)
+			return
+		}
+	}
+	known := e.proc.pid != 0 || e.limits != (Limits{})
+	e.proc = p
+	if known && e.limits == w.Limits {
+		return
+	}
+	if err := w.Daemon.SetLimits(ctx, w.Limits); err != nil {
+		r.failed(fmt.Errorf("MPS daemon of %s: %w", w.Device, err))
+		return
+	}
+	e.limits = w.Limits
+	r.did(LimitsSet, e, "")
+}
+
+// claimGPU keeps w's daemon as state, with the mode its GPU is in, and
+// then puts the GPU in Exclusive_Process; it returns the entry, or nil
+// (said in r) where the mode cannot be read or set, the GPU left as it
+// was and nothing kept. Where no mode can be read or set here
+// (ErrNoModes) the GPU is left as it is, and r says to set it.
+func (m *Manager) claimGPU(w Want, state string, r *report) *entry {
+	was, err := m.modes.Mode(w.Daemon.GPU)
+	switch {
+	case errors.Is(err, ErrNoModes):
+		r.failed(fmt.Errorf("device %q: its GPU's compute mode is left as it is (%w): put it in Exclusive_Process (nvidia-smi -i %s -c EXCLUSIVE_PROCESS), which keeps a client from leaving MPS", w.Device, err, w.Daemon.GPU))
+		was = ""
+	case err != nil:
+		r.failed(fmt.Errorf("MPS daemon of %s not started: its GPU's compute mode cannot be read: %w", w.Device, err))
+		return nil
+	}
+	e := &entry{Entry: entryOf(w, was, state)}
+	if err := m.keep(e); err != nil {
+		delete(m.entries, e.Dir)
+		r.failed(fmt.Errorf("MPS daemon of %s not started: %w", w.Device, err))
+		return nil
+	}
+	if was == "" || was == ModeExclusive {
+		return e
+	}
+	if err := m.modes.Set(w.Daemon.GPU, ModeExclusive); err != nil {
+		r.failed(fmt.Errorf("MPS daemon of %s not started: its GPU is not put in Exclusive_Process compute mode, which keeps a client from leaving MPS: %w", w.Device, err))
+		// Nothing changed: nothing to undo.
+		delete(m.entries, e.Dir)
+		if err := m.keepAll(); err != nil {
+			r.failed(fmt.Errorf("MPS daemon of %s: %w", w.Device, err))
+		}
+		return nil
+	}
+	r.did(Exclusive, e, was)
+	return e
+}
+
+// entryOf is the journal entry of w's daemon.
+func entryOf(w Want, was, state string) Entry {
+	d := w.Daemon
+	return Entry{Device: w.Device, Control: d.Control, Dir: d.Dir, GPU: d.GPU, Root: d.Root, Was: was, State: state}
+}
+
+// launch starts w's daemon, kept as Starting first: its GPU put in
+// Exclusive_Process (from the mode it was in, kept too), the daemon
+// started, then kept as Running. A step that fails rolls back those
+// before it.
+func (m *Manager) launch(ctx context.Context, w Want, e *entry, r *report) {
+	if w.Daemon.GPU == "" {
+		r.failed(fmt.Errorf("MPS daemon of %s not started: its UUID is not known (name the GPU by UUID in its spec, or give nri-gpu NVML)", w.Device))
+		return
+	}
+	if e == nil {
+		if e = m.claimGPU(w, Starting, r); e == nil {
+			return
+		}
+	}
+	if err := w.Daemon.Start(ctx, w.Limits, m.start); err != nil {
+		r.failed(fmt.Errorf("MPS daemon of %s not started: %w", w.Device, err))
+		if e.State == Starting {
+			m.rollBack(e, r)
+		}
+		return
+	}
+	e.proc, _ = w.Daemon.peer(ctx) // zero when it cannot be told: the next Sync keeps whoever answers then
+	e.limits, e.State = w.Limits, Running
+	if err := m.keep(e); err != nil {
+		r.failed(fmt.Errorf("MPS daemon of %s started, but %w", w.Device, err))
+		e.State = Starting
+		m.rollBack(e, r)
+		return
+	}
+	r.did(Started, e, "")
+}
+
+// rollBack undoes a start that did not finish: the daemon, if one of
+// nri-gpu's pid namespace answers, is stopped, and the GPU put back in
+// the mode it was in; the entry goes once both are done, else it stays,
+// Stopping, to be tried again.
+func (m *Manager) rollBack(e *entry, r *report) {
+	if m.undo(e, r) {
+		r.did(RolledBack, e, e.Was)
+	}
+}
+
+// stop stops a daemon no longer wanted, and puts its GPU back in the
+// mode it was in; it reports whether it is gone.
+func (m *Manager) stop(e *entry, r *report) bool {
+	return m.undo(e, r)
+}
+
+// undo stops e's daemon and puts its GPU back, each step on its own
+// deadline, the entry kept Stopping until both are done (a step that
+// fails is an error, tried again at the next Sync); it reports whether
+// the entry is gone.
+func (m *Manager) undo(e *entry, r *report) bool {
+	starting := e.State == Starting
+	if e.State != Stopping {
+		e.State = Stopping
+		if err := m.keep(e); err != nil {
+			r.failed(fmt.Errorf("stopping the MPS daemon of %s: %w", e.Device, err))
+			return false
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), undoWait)
+	defer cancel()
+	d := e.daemon()
+	if p, err := d.peer(ctx); err == nil {
+		if err := d.Stop(ctx); err != nil {
+			r.failed(fmt.Errorf("stopping the MPS daemon of %s, no longer wanted: %w (tried again)", e.Device, err))
+			return false
+		}
+		p.awaitAndReap(ctx)
+		if !starting {
+			r.did(Stopped, e, "")
+		}
+	}
+	e.proc.reap()
+	if e.Was != "" && e.Was != ModeExclusive {
+		if err := m.modes.Set(e.GPU, e.Was); err != nil {
+			r.failed(fmt.Errorf("GPU %s of %s, no longer shared with MPS, left in Exclusive_Process compute mode: %w (tried again)", e.GPU, e.Device, err))
+			return false
+		}
+		if !starting {
+			r.did(Restored, e, e.Was)
+		}
+	}
+	delete(m.entries, e.Dir)
+	if err := m.keepAll(); err != nil {
+		r.failed(fmt.Errorf("MPS daemon of %s stopped, but %w", e.Device, err))
+	}
+	return true
+}
+
+// keep puts e among the entries and keeps them all in the journal.
+func (m *Manager) keep(e *entry) error {
+	m.entries[e.Dir] = e
+	return m.keepAll()
+}
+
+// keepAll keeps every entry in the journal.
+func (m *Manager) keepAll() error {
+	if m.journal == nil {
+		return nil
+	}
+	out := make([]Entry, 0, len(m.entries))
+	for _, dir := range slices.Sorted(maps.Keys(m.entries)) {
+		out = append(out, m.entries[dir].Entry)
+	}
+	if err := m.journal.Keep(out); err != nil {
+		return fmt.Errorf("its start or stop could not be recorded: %w", err)
+	}
+	return nil
+}
+
+// Ready returns nil when d's daemon is ready for clients, and why not
+// otherwise (wrapping ErrNotRunning or ErrNotTheDaemon): the process
+// listening on its control socket is the daemon the manager started or
+// found answering, so that clients are not handed to a socket a client
+// container's process took the place of. A manager that starts nothing
+// (mps.daemon: external) asks the daemon alone (Daemon.Ready).
+func (m *Manager) Ready(ctx context.Context, d Daemon) error {
+	if m.start == nil {
+		return d.Ready(ctx)
+	}
 	m.mu.Lock()
-	k := m.kept[d.Dir]
+	e := m.entries[d.Dir]
 	m.mu.Unlock()
 	p, err := d.peer(ctx)
 	switch {
 	case err != nil:
 		return err
-	case k == nil || k.proc.pid == 0:
+	case e == nil || e.proc.pid == 0 || e.State != Running:
 		return fmt.Errorf("%w: nri-gpu has not started %s's daemon yet (it looks every start.mps.checkInterval)", ErrNotRunning, d.Dir)
-	case p != k.proc:
-		return fmt.Errorf("%w: %s is served by pid %d, not by the daemon nri-gpu started (pid %d)", ErrNotTheDaemon, d.socket(), p.pid, k.proc.pid)
+	case p != e.proc:
+		return fmt.Errorf("%w: %s is served by pid %d, not by the daemon nri-gpu started (pid %d)", ErrNotTheDaemon, d.socket(), p.pid, e.proc.pid)
 	}
 	return nil
 }
 
-// ErrNotTheDaemon is wrapped by the error for a control socket served
-// by a process nri-gpu may not hand MPS clients to: one outside its pid
-// namespace (a container's), or, for a daemon nri-gpu started, another
-// process than that daemon.
-var ErrNotTheDaemon = errors.New("MPS control socket not served by the daemon")
-
-// Serving returns nil when a process of this process's pid namespace
-// (the node's daemons, none of a client container's) answers on the
-// daemon's control socket, and an error wrapping ErrNotRunning or
-// ErrNotTheDaemon otherwise.
-func (d Daemon) Serving(ctx context.Context) error {
-	_, err := d.peer(ctx)
-	return err
-}
-
-// peer returns the process listening on the daemon's control socket,
-// checking that it is of this process's pid namespace: the kernel tells
-// a listener of another pid namespace nri-gpu cannot see as pid 0 (a
-// sibling container's), and one it can see has its own namespace (a
-// container's, seen from the host's).
-func (d Daemon) peer(ctx context.Context) (proc, error) {
-	pid, err := d.listener(ctx)
-	if err != nil {
-		return proc{}, fmt.Errorf("%w (pipe directory %s): %w", ErrNotRunning, d.PipeDir(), err)
-	}
-	if pid == 0 || !samePidNamespace(pid) {
-		return proc{}, fmt.Errorf("%w: %s is served by a process outside nri-gpu's pid namespace (a container's)", ErrNotTheDaemon, d.socket())
-	}
-	_, start, err := stat(pid)
-	if err != nil {
-		return proc{}, fmt.Errorf("%w (pipe directory %s): %w", ErrNotRunning, d.PipeDir(), err)
-	}
-	return proc{pid: pid, start: start}, nil
-}
-
-// samePidNamespace reports whether process pid is in this process's pid
-// namespace.
-func samePidNamespace(pid int) bool {
-	own, err := os.Readlink("/proc/self/ns/pid")
-	if err != nil {
-		return false
-	}
-	its, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid))
-	return err == nil && its == own
-}
-
-// socket is the daemon's control socket.
-func (d Daemon) socket() string { return filepath.Join(d.PipeDir(), ControlSocket) }
-
-// listener returns the pid of the process listening on the daemon's
-// control socket, as the kernel tells a client (SO_PEERCRED).
-func (d Daemon) listener(ctx context.Context) (int, error) {
-	var dialer net.Dialer
-	conn, err := dialer.DialContext(ctx, "unix", d.socket())
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
-	raw, err := conn.(*net.UnixConn).SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var (
-		cred *unix.Ucred
-		cerr error
-	)
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return 0, err
-	}
-	if cerr != nil {
-		return 0, cerr
-	}
-	return int(cred.Pid), nil
-}
-
-// stat returns a process's state and start time (fields 3 and 22 of
-// /proc/PID/stat).
-func stat(pid int) (byte, uint64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	// The command, field 2, is in parentheses and may hold anything.
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 {
-		return 0, 0, errors.New("no command in stat")
-	}
-	fields := strings.Fields(string(data[i+1:]))
-	if len(fields) < 20 {
-		return 0, 0, fmt.Errorf("%d fields in stat", len(fields)+2)
-	}
-	start, err := strconv.ParseUint(fields[19], 10, 64)
-	if err != nil {
-		return 0, 0, err
-	}
-	return fields[0][0], start, nil
-}
-
-// reap collects p's exit status when p is a child of this process that
-// has quit (a zombie), so that it does not stay one; any other process
-// is left alone.
-func (p proc) reap() bool {
-	if p.pid <= 0 {
-		return false
-	}
-	state, start, err := stat(p.pid)
-	if err != nil || start != p.start || state != 'Z' {
-		return false
-	}
-	got, _ := unix.Wait4(p.pid, nil, unix.WNOHANG, nil) // -1 on an error
-	return got == p.pid
-}
-
-// reapWait bounds how long a stopped daemon is waited for.
-const reapWait = 2 * time.Second
-
-// awaitAndReap waits, up to reapWait, for p to quit and reaps it.
-func (p proc) awaitAndReap(ctx context.Context) {
-	if p.pid <= 0 {
+// Run syncs the daemons wanted returns (with the problems of those it
+// could not say), at once and then every interval, until ctx is done,
+// telling report what each sync did and could not; a manager that
+// starts nothing does nothing.
+func (m *Manager) Run(ctx context.Context, every time.Duration, wanted func() ([]Want, []error), report func([]Event, []error)) {
+	if m.start == nil {
 		return
 	}
-	for deadline := time.Now().Add(reapWait); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
-		if p.reap() {
+	for {
+		want, problems := wanted()
+		events, errs := m.Sync(ctx, want)
+		report(events, append(problems, errs...))
+		select {
+		case <-ctx.Done():
 			return
-		}
-		if _, start, err := stat(p.pid); err != nil || start != p.start {
-			return // gone, reaped by its own parent
+		case <-time.After(every):
 		}
 	}
 }

@@ -54,37 +54,40 @@ func modesDone(events []mps.Event) []string {
 }
 
 // modes is a fake mps.Modes: each GPU's compute mode by UUID (none
-// set: Default), and the error Exclusive returns where err is set (for
-// the GPU of UUID only, where it is set too).
+// set: Default), and the error Set returns where err is set (for the GPU
+// of UUID only, where it is set too); with noModes, no mode can be read
+// or set (ErrNoModes).
 type modes struct {
-	mu   sync.Mutex
-	mode map[string]string
-	err  error
-	only string
+	mu      sync.Mutex
+	mode    map[string]string
+	err     error
+	only    string
+	noModes bool
 }
 
 var _ mps.Modes = (*modes)(nil)
 
 func newModes() *modes { return &modes{mode: map[string]string{}} }
 
-func (m *modes) Exclusive(uuid string) (string, error) {
+func (m *modes) Mode(uuid string) (string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.err != nil && (m.only == "" || m.only == uuid) {
-		return "", m.err
+	if m.noModes {
+		return "", fmt.Errorf("%w: NVML: ERROR_LIBRARY_NOT_FOUND", mps.ErrNoModes)
 	}
-	was := m.of(uuid)
-	m.mode[uuid] = "Exclusive_Process"
-	if was == "Exclusive_Process" {
-		return "", nil
-	}
-	return was, nil
+	return m.of(uuid), nil
 }
 
-func (m *modes) Default(uuid string) error {
+func (m *modes) Set(uuid, mode string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.mode[uuid] = "Default"
+	if m.noModes {
+		return fmt.Errorf("%w: NVML: ERROR_LIBRARY_NOT_FOUND", mps.ErrNoModes)
+	}
+	if m.err != nil && (m.only == "" || m.only == uuid) {
+		return m.err
+	}
+	m.mode[uuid] = mode
 	return nil
 }
 
@@ -124,7 +127,7 @@ func managed(t *testing.T) (mps.Daemon, mps.Want, *mps.Manager) {
 	d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu"), GPU: "GPU-1234"}
 	t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
 	want := mps.Want{Device: "nvidia.com/gpu=0", Daemon: d, Limits: mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1024}}
-	return d, want, mps.NewManager(inShm, newModes())
+	return d, want, mps.NewManager(inShm, newModes(), nil)
 }
 
 // TestManager: told a daemon is wanted, the manager starts it with its
@@ -155,7 +158,7 @@ func TestManager(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Within(t, 5*time.Second, "the killed daemon a zombie of this process, its socket closed", func() bool {
-		return mpsstandin.Zombie(first) && d.Running(ctx) != nil
+		return mpsstandin.Zombie(first) && d.Ready(ctx) != nil
 	})
 	events, errs = m.Sync(ctx, []mps.Want{want})
 	if len(errs) > 0 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=0"}) {
@@ -182,23 +185,25 @@ func TestManager(t *testing.T) {
 	if len(errs) > 0 || !slices.Equal(whats(events), []string{"stopped nvidia.com/gpu=0"}) {
 		t.Fatalf("no longer wanted: %v, %v; want stopped", whats(events), errs)
 	}
-	if got := modesDone(events); !slices.Equal(got, []string{"restored nvidia.com/gpu=0 "}) {
+	if got := modesDone(events); !slices.Equal(got, []string{"restored nvidia.com/gpu=0 Default"}) {
 		t.Errorf("stopped: compute modes %v, want the GPU back in Default", got)
 	}
 	if !gone(second) {
 		t.Errorf("the stopped daemon (pid %d) was not reaped", second)
 	}
-	if err := d.Running(ctx); err == nil {
+	if err := d.Ready(ctx); err == nil {
 		t.Error("the stopped daemon still answers")
 	}
 }
 
 // TestManagerCannotStart: a daemon whose GPU has no UUID, or that fails
-// to start, is an error naming its device, and nothing is kept (there is
-// nothing to stop once it is no longer wanted).
+// to start, is an error naming its device; a start that failed is
+// rolled back at once (its GPU, put in Exclusive_Process for it, back in
+// Default), and nothing is kept.
 func TestManagerCannotStart(t *testing.T) {
 	ctx := context.Background()
-	m := mps.NewManager(inShm, newModes())
+	gpus := newModes()
+	m := mps.NewManager(inShm, gpus, nil)
 	noUUID := mps.Want{Device: "nvidia.com/gpu=1", Daemon: mps.Daemon{Control: "/nonexistent", Dir: filepath.Join(t.TempDir(), "x")}}
 	events, errs := m.Sync(ctx, []mps.Want{noUUID})
 	if len(events) > 0 || len(errs) != 1 {
@@ -207,18 +212,16 @@ func TestManagerCannotStart(t *testing.T) {
 	testutil.ErrorSays(t, errs[0], "MPS daemon of nvidia.com/gpu=1 not started", "its UUID is not known")
 	noUUID.Daemon.GPU = "GPU-1"
 	events, errs = m.Sync(ctx, []mps.Want{noUUID})
-	if len(whats(events)) > 0 || len(errs) != 1 {
-		t.Fatalf("%v, %v; want one error", whats(events), errs)
+	if !slices.Equal(whats(events), []string{"rolled back nvidia.com/gpu=1"}) || len(errs) != 1 {
+		t.Fatalf("%v, %v; want one error, and the start rolled back", whats(events), errs)
 	}
 	testutil.ErrorSays(t, errs[0], "MPS daemon of nvidia.com/gpu=1 not started", "/nonexistent")
-	// Kept, it would be stopped now that it is no longer wanted; its GPU,
-	// put in Exclusive_Process for it, goes back to Default.
-	events, errs = m.Sync(ctx, nil)
-	if len(whats(events)) > 0 || len(errs) > 0 {
-		t.Errorf("a daemon that did not start is kept: %v, %v", whats(events), errs)
+	if got := gpus.modeOf("GPU-1"); got != "Default" {
+		t.Errorf("after the failed start, its GPU in %s, want Default", got)
 	}
-	if got := modesDone(events); !slices.Equal(got, []string{"restored nvidia.com/gpu=1 "}) {
-		t.Errorf("no longer wanted: compute modes %v, want its GPU back in Default", got)
+	events, errs = m.Sync(ctx, nil)
+	if len(events) > 0 || len(errs) > 0 {
+		t.Errorf("a daemon that did not start is kept: %v, %v", whats(events), errs)
 	}
 }
 
@@ -242,10 +245,10 @@ func TestManagerManyDaemons(t *testing.T) {
 	noUUID := mps.Want{Device: "nvidia.com/gpu=b", Daemon: mps.Daemon{Control: ctl, Dir: filepath.Join(root, "b")}}
 	cannotStart := mps.Want{Device: "nvidia.com/gpu=e", Daemon: mps.Daemon{Control: "/nonexistent", Dir: filepath.Join(root, "e"), GPU: "GPU-e"}}
 	gpus := newModes()
-	m := mps.NewManager(inShm, gpus)
+	m := mps.NewManager(inShm, gpus, nil)
 	events, errs := m.Sync(ctx, []mps.Want{noUUID, cannotStart, a})
-	if len(errs) != 2 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=a"}) {
-		t.Fatalf("no UUID, cannot start, then a: %v, %v; want two errors and a started", whats(events), errs)
+	if len(errs) != 2 || !slices.Equal(whats(events), []string{"rolled back nvidia.com/gpu=e", "started nvidia.com/gpu=a"}) {
+		t.Fatalf("no UUID, cannot start, then a: %v, %v; want two errors, e's start rolled back and a started", whats(events), errs)
 	}
 	// a runs and is kept as it is; d after it is started.
 	events, errs = m.Sync(ctx, []mps.Want{a, d})
@@ -261,7 +264,7 @@ func TestManagerManyDaemons(t *testing.T) {
 	// control program is gone); c after it is started.
 	broken := a
 	broken.Daemon.Control = "/nonexistent"
-	events, errs = mps.NewManager(inShm, gpus).Sync(ctx, []mps.Want{broken, c})
+	events, errs = mps.NewManager(inShm, gpus, nil).Sync(ctx, []mps.Want{broken, c})
 	if len(errs) != 1 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=c"}) {
 		t.Errorf("a's limits not set, then c: %v, %v; want one error and c started", whats(events), errs)
 	}
@@ -273,7 +276,7 @@ func TestManagerManyDaemons(t *testing.T) {
 	f, g := daemon("f"), daemon("g")
 	refusing := newModes()
 	refusing.err, refusing.only = errors.New("NVML: ERROR_NO_PERMISSION"), "GPU-f"
-	events, errs = mps.NewManager(inShm, refusing).Sync(ctx, []mps.Want{f, g})
+	events, errs = mps.NewManager(inShm, refusing, nil).Sync(ctx, []mps.Want{f, g})
 	if len(errs) != 1 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=g"}) {
 		t.Errorf("f's mode refused, then g: %v, %v; want one error and g started", whats(events), errs)
 	}
@@ -288,7 +291,7 @@ func TestManagerComputeMode(t *testing.T) {
 	ctx := context.Background()
 	d, want, _ := managed(t)
 	gpus := newModes()
-	m := mps.NewManager(inShm, gpus)
+	m := mps.NewManager(inShm, gpus, nil)
 	if _, errs := m.Sync(ctx, []mps.Want{want}); len(errs) > 0 {
 		t.Fatal(errs)
 	}
@@ -305,19 +308,19 @@ func TestManagerComputeMode(t *testing.T) {
 	// The mode refused: no daemon.
 	refusing := newModes()
 	refusing.err = errors.New("NVML: ERROR_NO_PERMISSION")
-	events, errs := mps.NewManager(inShm, refusing).Sync(ctx, []mps.Want{want})
+	events, errs := mps.NewManager(inShm, refusing, nil).Sync(ctx, []mps.Want{want})
 	if len(events) > 0 || len(errs) != 1 {
 		t.Fatalf("mode refused: %v, %v; want one error and nothing done", whats(events), errs)
 	}
 	testutil.ErrorSays(t, errs[0], "MPS daemon of nvidia.com/gpu=0 not started", "Exclusive_Process", "ERROR_NO_PERMISSION")
-	if d.Running(ctx) == nil {
+	if d.Ready(ctx) == nil {
 		t.Error("a daemon runs on a GPU not in Exclusive_Process")
 	}
 
-	// No mode can be set here: started, and told.
+	// No mode can be read or set here: started, and told.
 	absent := newModes()
-	absent.err = fmt.Errorf("%w: NVML: ERROR_LIBRARY_NOT_FOUND", mps.ErrNoModes)
-	m = mps.NewManager(inShm, absent)
+	absent.noModes = true
+	m = mps.NewManager(inShm, absent, nil)
 	events, errs = m.Sync(ctx, []mps.Want{want})
 	if len(errs) != 1 || !slices.Equal(whats(events), []string{"started nvidia.com/gpu=0"}) {
 		t.Fatalf("without NVML: %v, %v; want started and one error", whats(events), errs)

@@ -1,11 +1,15 @@
 // Package mps runs and asks NVIDIA's Multi-Process Service control
 // daemons: one per GPU shared with MPS, each with its own directories
-// (Layout), through the driver's nvidia-cuda-mps-control. A Manager
-// keeps the daemons it is told are wanted running, their GPUs in
-// Exclusive_Process compute mode (NVML) while they run and back in
-// Default when they stop; a Daemon says whether it answers, gives a
-// client container's edits (mounts and environment) for the Limits that
-// bound it, and stops.
+// (Layout), through the driver's nvidia-cuda-mps-control, started by a
+// launcher (InShm: nri-gpu's mps-shm command, chrooted into the host's
+// root where nri-gpu runs in a container). A Manager keeps the daemons
+// it is told are wanted running, their GPUs in Exclusive_Process compute
+// mode (Modes: NVMLModes) while they run and back in the mode they were
+// in when they stop, every step kept in a Journal before it is taken
+// (nri-gpu's record), so that a start a crash cut short is rolled back
+// by the next nri-gpu; it says whether a daemon is ready for clients
+// (Ready). A Daemon gives a client container's edits (mounts and
+// environment) for the Limits that bound it.
 //
 // The layout under a root directory, per GPU:
 //
@@ -21,7 +25,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,7 +35,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
-// ErrNotRunning is wrapped by Running's error for a daemon that does not
+// ErrNotRunning is wrapped by Ready's error for a daemon that does not
 // answer.
 var ErrNotRunning = errors.New("MPS control daemon not running")
 
@@ -182,21 +185,6 @@ func (l Layout) Daemon(uuid, name string) (Daemon, error) {
 		return Daemon{}, fmt.Errorf("%w: its MPS daemon's directory would be named %q, which is not one path element under %s", ErrDaemonDir, dir, l.Root)
 	}
 	return Daemon{Control: l.Control, Dir: filepath.Join(l.Root, dir), GPU: uuid, Root: l.HostRoot}, nil
-}
-
-// Running returns nil when the daemon answers on its control socket
-// (PipeDir/control, where CUDA's clients reach it), and an error wrapping
-// ErrNotRunning saying why not otherwise. It needs no control program:
-// it works where the driver's cannot run (nri-gpu's image).
-func (d Daemon) Running(ctx context.Context) error {
-	var dialer net.Dialer
-	ctx, cancel := context.WithTimeout(ctx, askTimeout)
-	defer cancel()
-	conn, err := dialer.DialContext(ctx, "unix", filepath.Join(d.PipeDir(), ControlSocket))
-	if err != nil {
-		return fmt.Errorf("%w (pipe directory %s): %w", ErrNotRunning, d.PipeDir(), err)
-	}
-	return conn.Close()
 }
 
 // ControlSocket is the socket, in its pipe directory, that a control

@@ -115,7 +115,7 @@ func TestDaemon(t *testing.T) {
 		d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu"), GPU: gpu, Root: tc.root}
 		// Whatever the test finds, no daemon outlives it.
 		t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
-		err := d.Running(ctx)
+		err := d.Ready(ctx)
 		if !errors.Is(err, mps.ErrNotRunning) {
 			t.Fatalf("before it starts: %v, want ErrNotRunning", err)
 		}
@@ -123,7 +123,7 @@ func TestDaemon(t *testing.T) {
 		if err := d.Start(ctx, mps.Limits{ActiveThreadPercentage: 33, PinnedMemoryMiB: 1024}, inShm); err != nil {
 			t.Fatal(err)
 		}
-		if err := d.Running(ctx); err != nil {
+		if err := d.Ready(ctx); err != nil {
 			t.Errorf("started: %v", err)
 		}
 		if got, err := d.Ask(ctx, "get_default_active_thread_percentage"); err != nil || got != "33" {
@@ -150,7 +150,7 @@ func TestDaemon(t *testing.T) {
 		if err := d.Stop(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if err := d.Running(ctx); !errors.Is(err, mps.ErrNotRunning) {
+		if err := d.Ready(ctx); !errors.Is(err, mps.ErrNotRunning) {
 			t.Errorf("stopped: %v, want ErrNotRunning", err)
 		}
 		_, err = d.Ask(ctx, "quit")

@@ -21,6 +21,9 @@ import (
 const listenEnv = "MPS_TEST_LISTEN"
 
 func TestMain(m *testing.M) {
+	if os.Getenv(childStep) != "" {
+		runChild() // TestKilledBetweenSteps
+	}
 	if path := os.Getenv(listenEnv); path != "" {
 		l, err := net.Listen("unix", path)
 		if err != nil {
@@ -58,7 +61,13 @@ func squat(t *testing.T, d mps.Daemon, newPidNS bool) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	testutil.Within(t, 5*time.Second, "the listener on "+socket, func() bool { return d.Running(context.Background()) == nil })
+	testutil.Within(t, 5*time.Second, "the listener on "+socket, func() bool {
+		c, err := net.Dial("unix", socket)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
 }
 
 // TestServing: a control socket is a daemon's only when a process of
@@ -69,7 +78,7 @@ func TestServing(t *testing.T) {
 	ctx := context.Background()
 	container := mps.Daemon{Dir: filepath.Join(testutil.ShortDir(t), "gpu")}
 	squat(t, container, true)
-	err := container.Serving(ctx)
+	err := container.Ready(ctx)
 	if !errors.Is(err, mps.ErrNotTheDaemon) {
 		t.Errorf("a listener in a pid namespace of its own: %v, want ErrNotTheDaemon", err)
 	}
@@ -77,11 +86,11 @@ func TestServing(t *testing.T) {
 
 	node := mps.Daemon{Dir: filepath.Join(testutil.ShortDir(t), "gpu")}
 	squat(t, node, false)
-	if err := node.Serving(ctx); err != nil {
+	if err := node.Ready(ctx); err != nil {
 		t.Errorf("a listener of this pid namespace: %v", err)
 	}
 	none := mps.Daemon{Dir: filepath.Join(testutil.ShortDir(t), "gpu")}
-	if err := none.Serving(ctx); !errors.Is(err, mps.ErrNotRunning) {
+	if err := none.Ready(ctx); !errors.Is(err, mps.ErrNotRunning) {
 		t.Errorf("no listener: %v, want ErrNotRunning", err)
 	}
 }
@@ -96,10 +105,10 @@ func TestManagedDaemonReplaced(t *testing.T) {
 	if _, errs := m.Sync(ctx, []mps.Want{want}); len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	if err := m.Serves(ctx, d); err != nil {
+	if err := m.Ready(ctx, d); err != nil {
 		t.Fatalf("the daemon it started: %v", err)
 	}
-	if err := m.Serves(ctx, mps.Daemon{Dir: filepath.Join(testutil.ShortDir(t), "other")}); !errors.Is(err, mps.ErrNotRunning) {
+	if err := m.Ready(ctx, mps.Daemon{Dir: filepath.Join(testutil.ShortDir(t), "other")}); !errors.Is(err, mps.ErrNotRunning) {
 		t.Errorf("a daemon it does not keep: %v, want ErrNotRunning", err)
 	}
 	pid, err := mpsstandin.Pid(d.PipeDir())
@@ -109,13 +118,13 @@ func TestManagedDaemonReplaced(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Within(t, 5*time.Second, "the daemon gone", func() bool { return d.Running(ctx) != nil })
+	testutil.Within(t, 5*time.Second, "the daemon gone", func() bool { return d.Ready(ctx) != nil })
 	if err := os.Remove(filepath.Join(d.PipeDir(), mps.ControlSocket)); err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
 	squat(t, d, false)
 
-	err = m.Serves(ctx, d)
+	err = m.Ready(ctx, d)
 	if !errors.Is(err, mps.ErrNotTheDaemon) {
 		t.Errorf("another process on its socket: %v, want ErrNotTheDaemon", err)
 	}

@@ -246,12 +246,17 @@ func (m *mpsSharing) startForClaim(ctx context.Context, gpus []*mpsGPU) error {
 	if len(gpus) == 0 {
 		return nil
 	}
-	m.keep(ctx)
+	synced := m.keep(ctx)
 	var errs []error
 	for _, g := range gpus {
-		if err := m.mgr.Serves(ctx, g.daemon); err != nil {
+		if err := m.mgr.Ready(ctx, g.daemon); err != nil {
 			errs = append(errs, fmt.Errorf("%w: device %q: the MPS daemon its claim asked for does not run: %w", ErrMPS, g.device, err))
 		}
+	}
+	if len(errs) > 0 {
+		// Why, where the manager could tell (a start not recorded, a
+		// daemon that did not start).
+		errs = append(errs, synced...)
 	}
 	return errors.Join(errs...)
 }

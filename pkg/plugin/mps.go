@@ -6,14 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
-	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/sirupsen/logrus"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
@@ -22,20 +18,24 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
-	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 // mpsSharing is how nri-gpu shares GPUs with MPS: which GPU's daemon
 // serves a container or a claim, within which bounds, and the managed
 // daemons kept (start.mps.daemon: managed) through pkg/mps's Manager.
 type mpsSharing struct {
-	cfg   config.MPS
-	mgr   *mps.Manager
+	cfg config.MPS
+	mgr *mps.Manager
+	// start is how the managed daemons are started.
+	start mps.Start
 	alloc *policy.Allocations
 	hw    *inventory
 	log   logrus.FieldLogger
 	// state returns the plugin's state in force.
 	state func() *state
+
+	// journal keeps mgr's entries in the record.
+	journal daemonJournal
 
 	// mu is held by keep, which the checker's loop and preparing and
 	// releasing a claim that runs MPS call.
@@ -215,14 +215,10 @@ func (m *mpsSharing) edits(ctx context.Context, pol *policy.Policy, snap *specs.
 	return []adjust.Extra{{Name: fmt.Sprintf("MPS of %s", g.device), Edits: g.daemon.ClientEdits(g.limitsOf(pol, use))}}, nil
 }
 
-// serves returns nil when g's daemon answers on its control socket, and
-// is, with mps.daemon: managed, the one nri-gpu keeps; an error says why
-// not.
+// serves returns nil when g's daemon is ready for clients (with
+// mps.daemon: managed, the one nri-gpu keeps), and why not otherwise.
 func (m *mpsSharing) serves(ctx context.Context, g *mpsGPU) error {
-	if m.cfg.Daemon == config.MPSManaged {
-		return m.mgr.Serves(ctx, g.daemon)
-	}
-	return g.daemon.Serving(ctx)
+	return m.mgr.Ready(ctx, g.daemon)
 }
 
 // daemons returns the daemons of every GPU the policy shares with
@@ -244,26 +240,38 @@ func (m *mpsSharing) daemons(st *state) (map[string]*mpsGPU, []error) {
 	return out, errs
 }
 
-// keep has the MPS manager, with mps.daemon: managed, keep the
-// control daemon of each GPU the policy shares with MPS running, and
-// stop those it kept whose GPU it no longer shares so; it logs what the
-// manager did, and each problem once while it lasts. Daemons are left
-// running when nri-gpu exits, so that running clients keep their server
-// through a restart of nri-gpu; the next one finds them answering.
-func (m *mpsSharing) keep(ctx context.Context) {
+// keep has the MPS manager, with mps.daemon: managed, keep the control
+// daemon of each GPU the policy shares with MPS running, and stop those
+// it kept whose GPU it no longer shares so, and logs what it did; the
+// manager keeps each step in the record before it takes it, and undoes
+// one on a deadline of its own. Daemons are left running when nri-gpu
+// exits, so that running clients keep their server through a restart of
+// nri-gpu; the next one finds them in the record, answering. It returns
+// what the manager could not do.
+func (m *mpsSharing) keep(ctx context.Context) []error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	st := m.state()
-	if m.cfg.Daemon != config.MPSManaged {
-		return
-	}
-	daemons, errs := m.daemons(st)
+	want, problems := m.wanted()
+	events, errs := m.mgr.Sync(ctx, want)
+	m.report(events, append(problems, errs...))
+	return errs
+}
+
+// wanted returns the daemons of every GPU the policy in force shares
+// with MPS, and the problems of those it cannot bound.
+func (m *mpsSharing) wanted() ([]mps.Want, []error) {
+	daemons, errs := m.daemons(m.state())
 	want := make([]mps.Want, 0, len(daemons))
 	for _, dir := range slices.Sorted(maps.Keys(daemons)) {
 		g := daemons[dir]
 		want = append(want, mps.Want{Device: g.device, Daemon: g.daemon, Limits: g.limits})
 	}
-	events, failed := m.mgr.Sync(ctx, want)
+	return want, errs
+}
+
+// report logs what the manager did, and each problem once while it
+// lasts.
+func (m *mpsSharing) report(events []mps.Event, errs []error) {
 	for _, e := range events {
 		log := m.log.WithFields(logrus.Fields{"device": e.Device, "activeThreadPercentage": e.Limits.ActiveThreadPercentage, "pinnedMemoryMiB": e.Limits.PinnedMemoryMiB})
 		switch e.What {
@@ -277,14 +285,13 @@ func (m *mpsSharing) keep(ctx context.Context) {
 			m.log.WithFields(logrus.Fields{"device": e.Device, "uuid": e.Daemon.GPU, "was": e.Was}).
 				Info("put the GPU in Exclusive_Process compute mode while it is shared with MPS")
 		case mps.Restored:
-			m.log.WithField("uuid", e.Daemon.GPU).Info("put the GPU back in Default compute mode: it is no longer shared with MPS")
+			m.log.WithFields(logrus.Fields{"uuid": e.Daemon.GPU, "mode": e.Was}).Info("put the GPU back in its compute mode: it is no longer shared with MPS")
+		case mps.RolledBack:
+			m.log.WithFields(logrus.Fields{"dir": e.Daemon.Dir, "uuid": e.Daemon.GPU, "mode": e.Was}).Warn("rolled back the start of an MPS control daemon that did not finish: stopped, its GPU back in its compute mode")
 		}
 	}
 	current := map[string]string{}
 	for _, err := range errs {
-		current["MPS daemon not started: "+err.Error()] = ""
-	}
-	for _, err := range failed {
 		current[err.Error()] = ""
 	}
 	appeared, _ := m.problems.update(current)
@@ -293,65 +300,43 @@ func (m *mpsSharing) keep(ctx context.Context) {
 	}
 }
 
-var _ mps.Modes = nvmlModes{}
-
-// nvmlModes sets GPUs' compute modes through NVML, for the MPS manager.
-type nvmlModes struct{ lib func() nvml.Interface }
-
-// Exclusive puts the GPU in Exclusive_Process; an NVML that cannot be
-// loaded is mps.ErrNoModes.
-func (m nvmlModes) Exclusive(uuid string) (string, error) {
-	was, err := nvidia.SetComputeMode(m.lib(), uuid, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
-	switch {
-	case errors.Is(err, nvidia.ErrNVML):
-		return "", fmt.Errorf("%w: %w", mps.ErrNoModes, err)
-	case err != nil:
-		return "", err
-	case was == nvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
-		return "", nil
-	}
-	return nvidia.ModeName(was), nil
+// run keeps the daemons every start.mps.checkInterval, until ctx is
+// done.
+func (m *mpsSharing) run(ctx context.Context) {
+	m.mgr.Run(ctx, m.cfg.CheckInterval, func() ([]mps.Want, []error) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.wanted()
+	}, m.report)
 }
 
-// Default puts the GPU back in the Default compute mode.
-func (m nvmlModes) Default(uuid string) error {
-	_, err := nvidia.SetComputeMode(m.lib(), uuid, nvml.COMPUTEMODE_DEFAULT)
-	return err
+// daemonJournal keeps the MPS manager's entries in the record, with what
+// pods and claims hold.
+type daemonJournal struct {
+	mu      sync.Mutex
+	entries []mps.Entry
+	// rec writes the record.
+	rec interface{ saveAndNotify() error }
 }
 
-// keepRunning runs keep at once, then every start.mps.checkInterval,
-// until ctx is done.
-func (m *mpsSharing) keepRunning(ctx context.Context) {
-	for {
-		m.keep(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(m.cfg.CheckInterval):
-		}
-	}
+var _ mps.Journal = (*daemonJournal)(nil)
+
+// Entries returns the entries last kept (read from the record at start).
+func (j *daemonJournal) Entries() []mps.Entry {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Clone(j.entries)
 }
 
-// startInShm runs cmd (nvidia-cuda-mps-control -d) through nri-gpu's
-// "mps-shm" command in a mount namespace of its own, where shm is
-// mounted on /dev/shm (of the root cmd chroots into, which mps-shm then
-// does): the daemon, the server it starts and the clients (which get shm
-// as their /dev/shm) then share it.
-func startInShm(self string) mps.Start {
-	return func(shm string, cmd *exec.Cmd) error {
-		args := []string{self, MPSShmCommand}
-		if cmd.SysProcAttr != nil && cmd.SysProcAttr.Chroot != "" {
-			args = append(args, "--root", cmd.SysProcAttr.Chroot)
-		}
-		cmd.Args = append(append(args, shm, cmd.Path), cmd.Args[1:]...)
-		cmd.Path = self
-		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-		out, err := cmd.CombinedOutput()
-		if err != nil && len(out) > 0 {
-			return fmt.Errorf("%w: %s", err, strings.TrimSpace(string(out)))
-		}
-		return err
+// Keep keeps entries in the record, and returns why it could not.
+func (j *daemonJournal) Keep(entries []mps.Entry) error {
+	j.mu.Lock()
+	j.entries = slices.Clone(entries)
+	j.mu.Unlock()
+	if err := j.rec.saveAndNotify(); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotRecorded, err)
 	}
+	return nil
 }
 
 // MPSShmCommand is nri-gpu's command that mounts a directory on /dev/shm

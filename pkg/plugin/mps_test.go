@@ -188,7 +188,7 @@ func TestMPSManaged(t *testing.T) {
 		return []plugin.Option{plugin.WithNVML(lib), plugin.WithMPSStart(startedInDir)}
 	})
 	dirOf := func(i int) string { return filepath.Join(root, inv.GPUs[i].UUID) }
-	running := func(i int) bool { return (mps.Daemon{Dir: dirOf(i)}).Running(context.Background()) == nil }
+	running := func(i int) bool { return (mps.Daemon{Dir: dirOf(i)}).Ready(context.Background()) == nil }
 	t.Cleanup(func() { quitAll(root) })
 	// Started, with its defaults set.
 	ready := func(i int) bool {
@@ -202,7 +202,7 @@ func TestMPSManaged(t *testing.T) {
 	}
 	for i := range 2 {
 		if mode(i) != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
-			t.Errorf("GPU %d shared with MPS in compute mode %s, want Exclusive_Process", i, nvidia.ModeName(mode(i)))
+			t.Errorf("GPU %d shared with MPS in compute mode %s, want Exclusive_Process", i, mps.ModeName(mode(i)))
 		}
 	}
 	memMiB := int64(inv.GPUs[0].MemoryBytes/3) >> 20
@@ -417,7 +417,7 @@ func TestClaimOwnMPS(t *testing.T) {
 	t.Cleanup(func() { quitAll(root) })
 	view := r.plugin.DRAView(config.Default().Start.DRA)
 	dirOf := func(i int) string { return filepath.Join(root, inv.GPUs[i].UUID) }
-	running := func(i int) bool { return (mps.Daemon{Dir: dirOf(i)}).Running(context.Background()) == nil }
+	running := func(i int) bool { return (mps.Daemon{Dir: dirOf(i)}).Ready(context.Background()) == nil }
 	mode := func(i int) nvml.ComputeMode {
 		m, _ := lib.Devices[i].GetComputeMode()
 		return m
@@ -433,7 +433,7 @@ func TestClaimOwnMPS(t *testing.T) {
 		t.Errorf("prepared: GPU 1's daemon running %v, GPU 0's %v; want GPU 1's only", running(1), running(0))
 	}
 	if mode(1) != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS || mode(0) != nvml.COMPUTEMODE_DEFAULT {
-		t.Errorf("prepared: GPU 1 in %s, GPU 0 in %s; want Exclusive_Process and Default", nvidia.ModeName(mode(1)), nvidia.ModeName(mode(0)))
+		t.Errorf("prepared: GPU 1 in %s, GPU 0 in %s; want Exclusive_Process and Default", mps.ModeName(mode(1)), mps.ModeName(mode(0)))
 	}
 	if got, want := readFile(t, filepath.Join(dirOf(1), "pipe", mpsstandin.Defaults)), "set_default_active_thread_percentage 50\nset_default_device_pinned_mem_limit 0 10240M\n"; got != want {
 		t.Errorf("GPU 1's daemon defaults %q, want %q", got, want)
@@ -477,7 +477,7 @@ func TestClaimOwnMPS(t *testing.T) {
 		t.Fatal(err)
 	}
 	if running(1) || mode(1) != nvml.COMPUTEMODE_DEFAULT {
-		t.Errorf("claim c released: GPU 1's daemon running %v, GPU in %s; want it stopped and the GPU in Default", running(1), nvidia.ModeName(mode(1)))
+		t.Errorf("claim c released: GPU 1's daemon running %v, GPU in %s; want it stopped and the GPU in Default", running(1), mps.ModeName(mode(1)))
 	}
 
 	// A claim asking for MPS and no bounds: its clients have the whole GPU.
@@ -561,9 +561,9 @@ func TestClaimOwnMPSUndone(t *testing.T) {
 				t.Fatalf("preparing: %v, want %v", err, want)
 			}
 			mode, _ := lib.Devices[1].GetComputeMode()
-			if (mps.Daemon{Dir: dir}).Running(context.Background()) == nil || mode != nvml.COMPUTEMODE_DEFAULT {
+			if (mps.Daemon{Dir: dir}).Ready(context.Background()) == nil || mode != nvml.COMPUTEMODE_DEFAULT {
 				t.Errorf("after the failed preparation: daemon running %v, GPU in %s; want none, Default",
-					(mps.Daemon{Dir: dir}).Running(context.Background()) == nil, nvidia.ModeName(mode))
+					(mps.Daemon{Dir: dir}).Ready(context.Background()) == nil, mps.ModeName(mode))
 			}
 			if prepared, _ := view.Prepared(context.Background()); len(prepared) > 0 {
 				t.Errorf("claims held after the failed preparation: %v", prepared)
@@ -578,9 +578,62 @@ func TestClaimOwnMPSUndone(t *testing.T) {
 			if err := view.Prepare(context.Background(), claim, gpu); err != nil {
 				t.Fatal(err)
 			}
-			if err := (mps.Daemon{Dir: dir}).Running(context.Background()); err != nil {
+			if err := (mps.Daemon{Dir: dir}).Ready(context.Background()); err != nil {
 				t.Errorf("prepared: %v", err)
 			}
+		})
+	}
+}
+
+// TestMPSRecordRolledBack: nri-gpu died while it started or stopped a
+// claim's MPS daemon, its record saying so (the GPU put in
+// Exclusive_Process, from Default); the next nri-gpu, reading the
+// record, finds no claim that wants the daemon: it stops it and puts the
+// GPU back in Default, and its record keeps no daemon.
+func TestMPSRecordRolledBack(t *testing.T) {
+	ctl := standin(t)
+	for _, tc := range []struct {
+		name    string
+		state   string
+		running bool // the daemon runs
+	}{
+		{name: "a start, the daemon running", state: mps.Starting, running: true},
+		{name: "a start, the daemon not started", state: mps.Starting},
+		{name: "a stop, the daemon running", state: mps.Stopping, running: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := testutil.ShortDir(t)
+			lib := testutil.NVML(2)
+			uuid, _ := lib.Devices[0].GetUUID()
+			dir := filepath.Join(root, uuid)
+			d := mps.Daemon{Control: ctl, Dir: dir, GPU: uuid}
+			t.Cleanup(func() { quitAll(root) })
+			if ret := lib.Devices[0].SetComputeMode(nvml.COMPUTEMODE_EXCLUSIVE_PROCESS); ret != nvml.SUCCESS {
+				t.Fatal(ret)
+			}
+			if tc.running {
+				if err := d.Start(context.Background(), mps.Limits{ActiveThreadPercentage: 100}, startedInDir); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg := "policy: {exclusive: true, namespaces: [tenant]}\nmps: {daemon: managed, controlCommand: " + ctl + ", root: " + root + ", checkInterval: 50ms}\n"
+			r := runtimeWith(t, "v2.3.7", cfg, func(r *testRuntime) {
+				r.options = func() []plugin.Option {
+					return []plugin.Option{plugin.WithNVML(lib), plugin.WithMPSStart(startedInDir)}
+				}
+				rec := fmt.Sprintf(`{"version":1,"pods":[],"mpsDaemons":[{"device":"nvidia.com/gpu=0","control":%q,"dir":%q,"gpu":%q,"was":"Default","state":%q}]}`, ctl, dir, uuid, tc.state)
+				if err := os.MkdirAll(filepath.Dir(r.stateFile), 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(r.stateFile, []byte(rec), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			})
+			testutil.Within(t, 10*time.Second, "the daemon stopped, the GPU in Default, the record keeping none", func() bool {
+				mode, _ := lib.Devices[0].GetComputeMode()
+				data, _ := os.ReadFile(r.stateFile)
+				return d.Ready(context.Background()) != nil && mode == nvml.COMPUTEMODE_DEFAULT && !strings.Contains(string(data), "mpsDaemons")
+			})
 		})
 	}
 }

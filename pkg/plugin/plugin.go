@@ -130,14 +130,19 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	p.closed, p.closeAfter = context.WithCancel(context.Background())
 	p.recovered.done = p.closed.Done()
 	p.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.alloc, hw: &p.hw, log: log, state: p.state}
-	p.mps.mgr = mps.NewManager(nil, nvmlModes{p.hw.lib})
+	p.mps.journal.rec = p
 	if self, err := os.Executable(); err == nil {
 		p.hookPath = self
-		p.mps.mgr = mps.NewManager(startInShm(self), nvmlModes{p.hw.lib})
+		p.mps.start = mps.InShm(self, MPSShmCommand)
 	}
 	for _, o := range opts {
 		o(p)
 	}
+	var start mps.Start // mps.daemon: external: nri-gpu starts none
+	if cfg.Start.MPS.Daemon == config.MPSManaged {
+		start = p.mps.start
+	}
+	p.mps.mgr = mps.NewManager(start, mps.NVMLModes{Lib: p.hw.lib}, &p.mps.journal)
 	p.hw.log, p.hw.driverRoot = log, cfg.Start.DriverRoot
 	st, err := p.newState(cfg)
 	if err != nil {
@@ -159,6 +164,7 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 			p.log.Infof("the record of what pods and claims held was kept before the node last booted (boot %s): it holds nothing now, and kubelet prepares the claims of the pods it starts again", kept.EarlierBoot)
 		}
 		pods, claims := kept.Pods, kept.Claims
+		p.mps.journal.entries = kept.Daemons
 		if err := p.alloc.RestoreClaims(p.hw.policyIn(st, st.specs.Snapshot()), claims); err != nil {
 			p.log.Warn(err)
 		}

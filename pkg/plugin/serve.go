@@ -37,7 +37,7 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 		p.metrics.UnhealthyGPUs(unhealthy)
 		p.notifyDoors()
 	}, cancel)
-	go p.mps.keepRunning(ctx)
+	go p.mps.run(ctx)
 	delay := MinBackoff
 	for attempt := 1; ; attempt++ {
 		s, err := stub.New(p, opts...)

@@ -284,10 +284,11 @@ func (p *Plugin) record() record.Content {
 	p.mu.RLock()
 	pending, restoring := p.rec.pending, p.rec.restoring
 	p.mu.RUnlock()
+	daemons := p.mps.journal.Entries()
 	if restoring {
-		return record.Content{Pods: pending, Claims: p.alloc.Claims()}
+		return record.Content{Pods: pending, Claims: p.alloc.Claims(), Daemons: daemons}
 	}
-	return record.Content{Pods: p.alloc.Holdings(), Claims: p.alloc.Claims()}
+	return record.Content{Pods: p.alloc.Holdings(), Claims: p.alloc.Claims(), Daemons: daemons}
 }
 
 // saveAndNotify records what pods hold, in the state file and in the

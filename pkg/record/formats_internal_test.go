@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -40,17 +41,21 @@ func formats() map[string]Content {
 		return policy.ClaimHolding{Claim: policy.Claim{UID: "uid-sh", Namespace: "ns", Name: "sh", Pods: []string{"ns/q"}},
 			Devices: []policy.ClaimDevice{{Device: gpu("6"), Requests: []string{"gpu"}, Use: policy.Use{Shares: 2, Memory: 10 << 30}, GpuConfig: asked}}}
 	}
-	mps := policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 40, PinnedMemory: 8 << 30}
-	all := Content{Pods: []policy.Holding{a, b, k, s, m, p}, Claims: []policy.ClaimHolding{c, shared(mps)}}
+	asked := policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 40, PinnedMemory: 8 << 30}
+	all := Content{Pods: []policy.Holding{a, b, k, s, m, p}, Claims: []policy.ClaimHolding{c, shared(asked)}}
 	return map[string]Content{
 		"1-pods.json":       {Pods: []policy.Holding{a, b}},
 		"1-claims.json":     {Pods: []policy.Holding{a, b, k}, Claims: []policy.ClaimHolding{c}},
 		"1-sole.json":       {Pods: []policy.Holding{a, b, k, s}, Claims: []policy.ClaimHolding{c}},
 		"1-parts.json":      {Pods: []policy.Holding{a, b, k, s, m}, Claims: []policy.ClaimHolding{c}},
 		"1-amounts.json":    {Pods: []policy.Holding{a, b, k, s, m}, Claims: []policy.ClaimHolding{c, shared(policy.GpuConfig{})}},
-		"1-asked.json":      {Pods: []policy.Holding{a, b, k, s, m}, Claims: []policy.ClaimHolding{c, shared(mps)}},
+		"1-asked.json":      {Pods: []policy.Holding{a, b, k, s, m}, Claims: []policy.ClaimHolding{c, shared(asked)}},
 		"1-pod-claims.json": all,
 		"1-boot-id.json":    all,
+		"1-mps-daemons.json": {Pods: all.Pods, Claims: all.Claims, Daemons: []mps.Entry{
+			{Device: "nvidia.com/gpu=6", Control: "/usr/bin/nvidia-cuda-mps-control", Dir: "/run/nri-gpu/mps/GPU-6", GPU: "GPU-6", Was: "Default", State: mps.Running},
+			{Device: "nvidia.com/gpu=7", Control: "/usr/bin/nvidia-cuda-mps-control", Dir: "/run/nri-gpu/mps/GPU-7", GPU: "GPU-7", Root: "/host", Was: "Default", State: mps.Starting},
+		}},
 	}
 }
 
@@ -122,14 +127,14 @@ func TestFormats(t *testing.T) {
 func TestFormatWritten(t *testing.T) {
 	f := Open(filepath.Join(t.TempDir(), "allocations.json"))
 	f.boot = fixtureBoot
-	if err := f.Save(func() Content { return formats()["1-boot-id.json"] }); err != nil {
+	if err := f.Save(func() Content { return formats()["1-mps-daemons.json"] }); err != nil {
 		t.Fatal(err)
 	}
 	got, err := os.ReadFile(f.path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := os.ReadFile(filepath.Join("testdata", "formats", "1-boot-id.json"))
+	want, err := os.ReadFile(filepath.Join("testdata", "formats", "1-mps-daemons.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

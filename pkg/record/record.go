@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -106,11 +107,13 @@ func (f *File) Path() string { return f.path }
 // ReadOnly reports whether the record is only read.
 func (f *File) ReadOnly() bool { return f.readOnly }
 
-// Content is what the record keeps: the pods' holdings and the prepared
-// DRA claims.
+// Content is what the record keeps: the pods' holdings, the prepared
+// DRA claims, and the MPS daemons nri-gpu starts, runs or stops (with
+// the compute modes it set), kept before it acts.
 type Content struct {
-	Pods   []policy.Holding
-	Claims []policy.ClaimHolding
+	Pods    []policy.Holding
+	Claims  []policy.ClaimHolding
+	Daemons []mps.Entry
 	// EarlierBoot is the boot ID of the record Load read, when it was
 	// kept before the node last booted: the containers and prepared
 	// devices it listed went with that boot, and it holds nothing.
@@ -132,6 +135,9 @@ type stateRecord struct {
 	Pods []podRecord `json:"pods"`
 	// Claims are the DRA claims prepared on the node.
 	Claims []claimRecord `json:"claims,omitempty"`
+	// Daemons are the MPS daemons nri-gpu started or is starting or
+	// stopping, each with the compute mode its GPU was in.
+	Daemons []mps.Entry `json:"mpsDaemons,omitempty"`
 }
 
 type claimRecord struct {
@@ -238,6 +244,7 @@ func (f *File) Save(held func() Content) error {
 		}
 		rec.Claims = append(rec.Claims, r)
 	}
+	rec.Daemons = c.Daemons
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -531,7 +538,14 @@ func (rec *stateRecord) content() (Content, error) {
 		}
 		claims = append(claims, c)
 	}
-	return Content{Pods: out, Claims: claims}, nil
+	var daemons []mps.Entry
+	for _, d := range rec.Daemons {
+		if d.State != mps.Running && d.State != mps.Stopping {
+			d.State = mps.Starting // rolled back: what it is is not known
+		}
+		daemons = append(daemons, d)
+	}
+	return Content{Pods: out, Claims: claims, Daemons: daemons}, nil
 }
 
 func deviceRecords(devs []specs.Device) []deviceRecord {
