@@ -431,16 +431,19 @@ func (m *Manager) Ready(ctx context.Context, d Daemon) error {
 		return d.Ready(ctx)
 	}
 	m.mu.Lock()
-	e := m.entries[d.Dir]
+	var kept proc // zero: none kept running
+	if e := m.entries[d.Dir]; e != nil && e.State == Running {
+		kept = e.proc
+	}
 	m.mu.Unlock()
 	p, err := d.peer(ctx)
 	switch {
 	case err != nil:
 		return err
-	case e == nil || e.proc.pid == 0 || e.State != Running:
+	case kept.pid == 0:
 		return fmt.Errorf("%w: nri-gpu has not started %s's daemon yet (it looks every start.mps.checkInterval)", ErrNotRunning, d.Dir)
-	case p != e.proc:
-		return fmt.Errorf("%w: %s is served by pid %d, not by the daemon nri-gpu started (pid %d)", ErrNotTheDaemon, d.socket(), p.pid, e.proc.pid)
+	case p != kept:
+		return fmt.Errorf("%w: %s is served by pid %d, not by the daemon nri-gpu started (pid %d)", ErrNotTheDaemon, d.socket(), p.pid, kept.pid)
 	}
 	return nil
 }
