@@ -8,6 +8,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
+	"github.com/nri-gpu/nri-gpu/pkg/inventory"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -44,12 +45,12 @@ func (p *Plugin) Resource(r config.Resource) *Resource { return &Resource{p: p, 
 func (r *Resource) Devices() []deviceplugin.Device {
 	st := r.p.state()
 	snap := st.specs.Snapshot()
-	pol := r.p.hw.policyIn(st, snap)
+	pol := r.p.hw.PolicyIn(st.policy, snap)
 	// What the admission would give, asked on no one's behalf: healthy,
 	// hooks allowed, room beside what holders kubelet does not account
 	// for hold.
-	ch := policy.Choice{Unhealthy: r.p.hw.unhealthy(snap), Hooks: snap.Hooks}
-	offered := st.hardware(snap, r.cfg.Kind, r.cfg.Devices, nil)
+	ch := policy.Choice{Unhealthy: r.p.hw.Unhealthy(snap), Hooks: snap.Hooks}
+	offered := inventory.Hardware(snap, st.policy, r.cfg.Kind, r.cfg.Devices, nil)
 	healthy := map[string]bool{}
 	var ids []string
 	for _, c := range offered {
@@ -122,7 +123,7 @@ func (r *Resource) Preferred(available, mustInclude []string, size int) []string
 		}
 	}
 	if want := min(size-len(out), len(free)); want > 0 {
-		chosen, _ := policy.Pick(r.footprints(had), r.footprints(free), used, want, r.p.hw.links())
+		chosen, _ := policy.Pick(r.footprints(had), r.footprints(free), used, want, r.p.hw.Links())
 		for _, d := range chosen {
 			_, _, dev := parser.ParseDevice(d.Name)
 			out = append(out, replica[dev])

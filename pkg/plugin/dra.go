@@ -12,6 +12,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/inventory"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -82,7 +83,7 @@ type DRAView struct {
 func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
-	pol := c.p.hw.policyIn(st, snap)
+	pol := c.p.hw.PolicyIn(st.policy, snap)
 	// An unhealthy one stays, tainted: kube-scheduler places no new
 	// claim on it, and its claims' pods see why. One kubelet allocated a
 	// device-plugin pod is not offered.
@@ -93,7 +94,7 @@ func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
 		names   = map[string]bool{}
 	)
 	for _, kind := range c.cfg.Kinds {
-		hw := st.hardware(snap, kind, c.cfg.Devices, offered)
+		hw := inventory.Hardware(snap, st.policy, kind, c.cfg.Devices, offered)
 		offered = append(offered, hw...)
 		for _, cand := range hw {
 			// Free, or shared with a replica no pod uses (a claim is one
@@ -101,8 +102,8 @@ func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
 			if c.p.alloc.Room(pol, cand, policy.DRA, ch) == 0 {
 				continue
 			}
-			info := c.p.deviceInfo(snap, kind, cand)
-			info.Unhealthy = c.p.hw.sickness(snap, cand)
+			info := c.p.hw.Info(snap, kind, cand)
+			info.Unhealthy = c.p.hw.Sickness(snap, cand)
 			if offer, ok := c.p.alloc.Offer(pol, cand, policy.DRA); ok {
 				info.Offer = &offer
 			}
@@ -125,7 +126,7 @@ func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
 func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []link.Allocated) error {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
-	pol := c.p.hw.policyIn(st, snap)
+	pol := c.p.hw.PolicyIn(st.policy, snap)
 	asked := make([]policy.Asked, 0, len(allocated))
 	for _, a := range allocated {
 		d := policy.Asked{Device: specs.Device{Name: a.CDI}}
@@ -137,7 +138,7 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 		d.Claim = &policy.ClaimDevice{Device: d.Device, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, GpuConfig: a.GpuConfig}
 		asked = append(asked, d)
 	}
-	ch := policy.Choice{Unhealthy: c.p.hw.unhealthy(snap), Kubelet: c.p.kubeletAllocations(ctx, snap, "", c.log(claim))}
+	ch := policy.Choice{Unhealthy: c.p.hw.Unhealthy(snap), Kubelet: c.p.kubeletAllocations(ctx, snap, "", c.log(claim))}
 	admitted, err := c.p.alloc.AdmitClaim(pol, claim, asked, ch)
 	if err != nil || admitted == nil {
 		return err // refused, or kubelet asked again: nothing new to record
@@ -206,7 +207,7 @@ func (c *DRAView) Release(ctx context.Context, uid string) error {
 // the devices it held, and records it.
 func (c *DRAView) release(ctx context.Context, uid string, forget func() ([]string, error)) error {
 	st := c.p.state()
-	pol := c.p.hw.policyIn(st, st.specs.Snapshot())
+	pol := c.p.hw.PolicyIn(st.policy, st.specs.Snapshot())
 	_, devs, _ := c.p.alloc.Claim(uid, nil)
 	released, err := forget()
 	if err != nil {

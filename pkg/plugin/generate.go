@@ -42,7 +42,7 @@ func (p *Plugin) keepGenerating(ctx context.Context, stop context.CancelCauseFun
 		if st.cfg.Generate.Enabled {
 			dir := st.cfg.CDISpecDirs[len(st.cfg.CDISpecDirs)-1]
 			path := filepath.Join(dir, GeneratedSpecName)
-			what, wrote, err := p.generate(p.hw.lib(), path)
+			what, wrote, err := p.generate(p.hw.Lib(), path)
 			switch {
 			case err != nil && answered && errors.Is(err, nvml.ERROR_LIB_RM_VERSION_MISMATCH):
 				p.log.Warnf("the NVIDIA driver changed under this process's NVML (%v): starting again to load the new driver's", err)

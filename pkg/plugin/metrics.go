@@ -7,9 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"tags.cncf.io/container-device-interface/pkg/parser"
-
-	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/inventory"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -38,16 +36,16 @@ func (p *Plugin) metricsNode() metrics.Node {
 	ctx, cancel := context.WithTimeout(context.Background(), mpsWait)
 	defer cancel()
 	snap := st.specs.Snapshot()
-	pol := p.hw.policyIn(st, snap)
+	pol := p.hw.PolicyIn(st.policy, snap)
 	var (
 		out  metrics.Node
 		seen []specs.Device
 	)
-	for _, kind := range kinds(snap, st.cfg.DefaultKind) {
-		hw := st.hardware(snap, kind, []string{"*"}, seen)
+	for _, kind := range inventory.Kinds(snap, st.cfg.DefaultKind) {
+		hw := inventory.Hardware(snap, st.policy, kind, []string{"*"}, seen)
 		seen = append(seen, hw...)
 		for _, d := range hw {
-			pieces := append([]specs.Device{d}, st.migsOf(snap, kind, d)...)
+			pieces := append([]specs.Device{d}, inventory.MIGs(snap, st.policy, kind, d)...)
 			for _, x := range pieces {
 				out.Devices = append(out.Devices, p.metricsDevice(ctx, pol, snap, kind, x, pieces))
 			}
@@ -60,13 +58,13 @@ func (p *Plugin) metricsNode() metrics.Node {
 // (a piece of hardware and its MIG devices): what it offers, and its
 // holders that hold it rather than another of pieces.
 func (p *Plugin) metricsDevice(ctx context.Context, pol *policy.Policy, snap *specs.Snapshot, kind string, x specs.Device, pieces []specs.Device) metrics.Device {
-	info := p.deviceInfo(snap, kind, x)
+	info := p.hw.Info(snap, kind, x)
 	u := p.alloc.Usage(pol, x)
 	dev := metrics.Device{
 		Name:   x.Name,
 		Shares: u.Capacity.Shares, SharesUsed: u.Used.Shares, Memory: u.Capacity.Memory, MemoryUsed: u.Used.Memory,
 	}
-	dev.UUID, dev.GPUInstance = p.hw.dcgmEntity(info)
+	dev.UUID, dev.GPUInstance = p.hw.DCGMEntity(info)
 	if info.Index >= 0 {
 		dev.Index = strconv.Itoa(info.Index)
 	}
@@ -80,22 +78,6 @@ func (p *Plugin) metricsDevice(ctx context.Context, pol *policy.Policy, snap *sp
 		}
 	}
 	return dev
-}
-
-// migsOf returns the MIG devices of GPU d that the specs list and
-// policy.devices allows, one name each, in the specs' order.
-func (st *state) migsOf(snap *specs.Snapshot, kind string, d specs.Device) []specs.Device {
-	var out []specs.Device
-	for _, c := range snap.Candidates(kind) {
-		if c.Same(d) || !c.Within(d) || !st.policy.Allowed(c.Name) || specs.OverlapsAny(c, out) {
-			continue
-		}
-		_, _, name := parser.ParseDevice(c.Name)
-		if _, mig := indexOf(name, uuidOf(snap, c)); mig {
-			out = append(out, c)
-		}
-	}
-	return out
 }
 
 // heldAs returns which of pieces (a piece of hardware, then its MIG
@@ -144,26 +126,6 @@ func (p *Plugin) holdersOf(pol *policy.Policy, d specs.Device, g *mpsGPU, u poli
 	return out
 }
 
-// dcgmEntity returns the UUID and GPU instance id by which NVIDIA's DCGM
-// exporter labels a device's series: a whole GPU's UUID and no instance;
-// a MIG device's GPU's UUID and its GPU instance, as NVML tells them;
-// the MIG device's own UUID and no instance where NVML does not tell.
-func (inv *inventory) dcgmEntity(info link.Info) (uuid, instance string) {
-	if info.Type != link.TypeMIG || info.ParentUUID == "" {
-		return info.UUID, ""
-	}
-	index := "" // the MIG index of nvidia-ctk's "GPU:MIG" name
-	if m := migName.FindStringSubmatch(info.Name); m != nil {
-		index = m[2]
-	}
-	for _, m := range inv.gpus()[info.Minor].MIGs {
-		if m.UUID == info.UUID || (info.UUID == "" && index == strconv.Itoa(m.Index)) {
-			return info.ParentUUID, strconv.Itoa(m.GI)
-		}
-	}
-	return info.UUID, ""
-}
-
 // door names the door a user got its device through.
 func door(u policy.User) string {
 	switch {
@@ -177,18 +139,4 @@ func door(u policy.User) string {
 		return metrics.DoorCount
 	}
 	return metrics.DoorAnnotation
-}
-
-// kinds returns the kinds of the snapshot's trusted devices, the default
-// kind first.
-func kinds(snap *specs.Snapshot, defaultKind string) []string {
-	out := []string{defaultKind}
-	for _, d := range snap.Trusted() {
-		vendor, class, _ := parser.ParseDevice(d.Name)
-		if k := vendor + "/" + class; !slices.Contains(out, k) {
-			out = append(out, k)
-		}
-	}
-	slices.Sort(out[1:])
-	return out
 }

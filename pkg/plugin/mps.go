@@ -11,10 +11,10 @@ import (
 	"sync"
 
 	"github.com/sirupsen/logrus"
-	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/inventory"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -29,7 +29,7 @@ type mpsSharing struct {
 	// start is how the managed daemons are started.
 	start mps.Start
 	alloc *policy.Allocations
-	hw    *inventory
+	hw    *inventory.Inventory
 	log   logrus.FieldLogger
 	// state returns the plugin's state in force.
 	state func() *state
@@ -128,17 +128,13 @@ func (m *mpsSharing) claimAsking(pol *policy.Policy, d specs.Device) (policy.Cla
 // daemonOf returns the daemon of device d, which by shares with MPS:
 // named by its GPU's UUID (else its name), never of a MIG device.
 func (m *mpsSharing) daemonOf(snap *specs.Snapshot, d specs.Device, by string) (*mpsGPU, error) {
-	_, _, name := parser.ParseDevice(d.Name)
-	uuid := uuidOf(snap, d)
-	if _, mig := indexOf(name, uuid); mig {
+	id := inventory.Identify(snap, d)
+	if id.MIG {
 		return nil, fmt.Errorf("%w: device %q: %s shares it with MPS, which nri-gpu does not do for MIG devices (nor does NVIDIA's device plugin); share MIG devices with strategy timeSlicing",
 			ErrMPS, d.Name, by)
 	}
-	if uuid == "" {
-		uuid = m.hw.gpus()[minorOf(snap, d.Name)].UUID // "" when NVML does not know it either
-	}
 	layout := mps.Layout{Control: m.cfg.ControlCommand, Root: m.cfg.Root, HostRoot: m.cfg.HostRoot}
-	daemon, err := layout.Daemon(uuid, name)
+	daemon, err := layout.Daemon(m.hw.UUID(snap, d), id.Name) // no UUID: NVML does not know it either
 	if err != nil {
 		return nil, fmt.Errorf("%w: device %q: %w", ErrMPS, d.Name, err)
 	}
@@ -225,10 +221,10 @@ func (m *mpsSharing) serves(ctx context.Context, g *mpsGPU) error {
 // MPS, by directory, and the problems of those it cannot bound.
 func (m *mpsSharing) daemons(st *state) (map[string]*mpsGPU, []error) {
 	snap := st.specs.Snapshot()
-	pol := m.hw.policyIn(st, snap)
+	pol := m.hw.PolicyIn(st.policy, snap)
 	out := map[string]*mpsGPU{}
 	var errs []error
-	for _, d := range st.hardware(snap, st.cfg.DefaultKind, []string{"*"}, nil) {
+	for _, d := range inventory.Hardware(snap, st.policy, st.cfg.DefaultKind, []string{"*"}, nil) {
 		g, err := m.of(pol, snap, d)
 		switch {
 		case err != nil:
@@ -363,9 +359,9 @@ type Shared struct {
 func (p *Plugin) SharedDevices() []Shared {
 	st := p.state()
 	snap := st.specs.Snapshot()
-	pol := p.hw.policyIn(st, snap)
+	pol := p.hw.PolicyIn(st.policy, snap)
 	var out []Shared
-	for _, d := range st.hardware(snap, st.cfg.DefaultKind, []string{"*"}, nil) {
+	for _, d := range inventory.Hardware(snap, st.policy, st.cfg.DefaultKind, []string{"*"}, nil) {
 		sharing := ""
 		if share := pol.Sharing(d); share != nil {
 			sharing = share.String()

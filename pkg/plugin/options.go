@@ -34,7 +34,7 @@ func WithMetrics(m *metrics.Metrics) Option { return func(p *Plugin) { p.metrics
 
 // WithNVML has the plugin use lib for spec generation instead of the
 // driver's NVML (tests use go-nvml's mock servers).
-func WithNVML(lib nvml.Interface) Option { return func(p *Plugin) { p.hw.nvml = lib } }
+func WithNVML(lib nvml.Interface) Option { return func(p *Plugin) { p.flags.nvml = lib } }
 
 // WithHookPath has the specs the plugin generates name path as their CDI
 // hook, instead of the plugin's own executable.

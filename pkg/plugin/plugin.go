@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
@@ -18,6 +19,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/inventory"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
@@ -81,8 +83,8 @@ type Plugin struct {
 	// conn is the connection to the runtime.
 	conn connection
 
-	// hw is what NVML says of the node's GPUs.
-	hw inventory
+	// hw is the node's hardware: what NVML says of its GPUs.
+	hw *inventory.Inventory
 	// hookPath is the CDI hook that the specs the plugin generates name
 	// (nri-gpu itself, by default), which the policy allows.
 	hookPath string
@@ -129,7 +131,7 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	p := &Plugin{log: log, alloc: policy.NewAllocations(), stop: func(c *api.Container) error { return killContainer("/proc", c) }}
 	p.closed, p.closeAfter = context.WithCancel(context.Background())
 	p.recovered.done = p.closed.Done()
-	p.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.alloc, hw: &p.hw, log: log, state: p.state}
+	p.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.alloc, log: log, state: p.state}
 	p.mps.journal.rec = p
 	if self, err := os.Executable(); err == nil {
 		p.hookPath = self
@@ -142,8 +144,9 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	if cfg.Start.MPS.Daemon == config.MPSManaged {
 		start = p.mps.start
 	}
-	p.mps.mgr = mps.NewManager(start, mps.NVMLModes{Lib: p.hw.lib}, &p.mps.journal)
-	p.hw.log, p.hw.driverRoot = log, cfg.Start.DriverRoot
+	p.hw = inventory.New(cfg.Start.DriverRoot, p.flags.nvml, log.Infof)
+	p.mps.hw = p.hw
+	p.mps.mgr = mps.NewManager(start, mps.NVMLModes{Lib: p.hw.Lib}, &p.mps.journal)
 	st, err := p.newState(cfg)
 	if err != nil {
 		return nil, err
@@ -165,7 +168,7 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 		}
 		pods, claims := kept.Pods, kept.Claims
 		p.mps.journal.entries = kept.Daemons
-		if err := p.alloc.RestoreClaims(p.hw.policyIn(st, st.specs.Snapshot()), claims); err != nil {
+		if err := p.alloc.RestoreClaims(p.hw.PolicyIn(st.policy, st.specs.Snapshot()), claims); err != nil {
 			p.log.Warn(err)
 		}
 		for _, c := range claims {
@@ -233,7 +236,7 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 	// goes by in a snapshot of the specs (policyIn binds a decision's).
 	st := &state{cfg: cfg, parser: parser, policy: policy.New(rules), specs: reg}
 	snap := reg.Snapshot()
-	if err := p.hw.policyIn(st, snap).CheckSharing(snap.Trusted()); err != nil {
+	if err := p.hw.PolicyIn(st.policy, snap).CheckSharing(snap.Trusted()); err != nil {
 		reg.Close()
 		return nil, err
 	}
@@ -247,6 +250,8 @@ type overrides struct {
 	specDirs []string
 	// generate turns generate.enabled on (--generate-specs).
 	generate bool
+	// nvml, when set, replaces the driver's NVML (tests).
+	nvml nvml.Interface
 }
 
 // apply returns cfg with the overrides, validated again.
@@ -293,7 +298,7 @@ func (p *Plugin) logSharing(s *specs.Snapshot) {
 	p.mu.RUnlock()
 	current := map[string]string{}
 	if st != nil {
-		if err, ok := p.hw.policyIn(st, s).CheckSharing(s.Trusted()).(interface{ Unwrap() []error }); ok {
+		if err, ok := p.hw.PolicyIn(st.policy, s).CheckSharing(s.Trusted()).(interface{ Unwrap() []error }); ok {
 			for _, e := range err.Unwrap() {
 				current[e.Error()] = e.Error()
 			}
@@ -409,7 +414,7 @@ func (p *Plugin) putInForce(st *state) {
 	p.st = st
 	p.mu.Unlock()
 	old.specs.Close()
-	if err := p.alloc.Check(p.hw.policyIn(st, st.specs.Snapshot())); err != nil {
+	if err := p.alloc.Check(p.hw.PolicyIn(st.policy, st.specs.Snapshot())); err != nil {
 		p.log.Warnf("the new configuration would not give some pods what they hold: %v", err)
 	}
 }

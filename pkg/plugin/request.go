@@ -47,7 +47,7 @@ func (p *Plugin) Create(ctx context.Context, pod *api.PodSandbox, ctr *api.Conta
 	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
 	req := &request{st: p.state(), rt: p.conn.runtime(), pod: pod, ctr: ctr, resolved: map[string]resolved{}}
 	req.snap = req.st.specs.Snapshot() // one snapshot for the whole request
-	req.pol = p.hw.policyIn(req.st, req.snap)
+	req.pol = p.hw.PolicyIn(req.st.policy, req.snap)
 	ctx, cancel := context.WithTimeout(ctx, p.waitBound(ctx))
 	defer cancel()
 	adj, grant, err := p.serve(ctx, req, log)
@@ -261,9 +261,9 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 	a := r.decide(ask, held, log)
 	a.uses = claimUses(held)
 	a.want.Pod, a.want.Claims = pod, claims
-	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Hooks: r.snap.Hooks, Unhealthy: p.hw.unhealthy(r.snap)}
+	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Hooks: r.snap.Hooks, Unhealthy: p.hw.Unhealthy(r.snap)}
 	if ask.Count > 1 {
-		a.want.Choice.Links = p.hw.links()
+		a.want.Choice.Links = p.hw.Links()
 	}
 	a.want.Choice.Kubelet = p.allocatedByKubelet(ctx, r, a.want, log)
 	for attempt := 1; ; attempt++ {

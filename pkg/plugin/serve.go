@@ -33,7 +33,7 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil) // stops the generator whenever Serve returns
 	go p.keepGenerating(ctx, cancel)
-	go p.hw.watchHealth(ctx, p.start.Health, func(unhealthy int) {
+	go p.watchHealth(ctx, p.start.Health, func(unhealthy int) {
 		p.metrics.UnhealthyGPUs(unhealthy)
 		p.notifyDoors()
 	}, cancel)

@@ -137,7 +137,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 				Warn("devices found in a running container that no record has: held by its pod alone until the pod is removed")
 		}
 	}
-	if err := p.alloc.Restore(p.hw.policyIn(st, snap), holdings); err != nil {
+	if err := p.alloc.Restore(p.hw.PolicyIn(st.policy, snap), holdings); err != nil {
 		p.log.Warn(err)
 	}
 	p.recovered.reset(slices.Collect(maps.Keys(live)), containers)
@@ -275,7 +275,7 @@ func (p *Plugin) takeRestored() []policy.Holding {
 // *policy.ConflictError), or nil.
 func (p *Plugin) HoldRecorded() error {
 	st := p.state()
-	return p.alloc.Restore(p.hw.policyIn(st, st.specs.Snapshot()), p.takeRestored())
+	return p.alloc.Restore(p.hw.PolicyIn(st.policy, st.specs.Snapshot()), p.takeRestored())
 }
 
 // record returns what the state file keeps: the pods' holdings (those
