@@ -29,7 +29,7 @@ import (
 	"os"
 	"syscall"
 
-	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
@@ -91,7 +91,7 @@ func subcommands() []command {
 		}},
 		{"version", "nri-gpu's version, commit, Go, NRI and CDI library versions", runVersion},
 		{"help", "this list; nri-gpu help COMMAND: that command's flags", runHelp},
-		{plugin.MPSShmCommand, "(nri-gpu's own) run an MPS control daemon with a /dev/shm its clients share", func(args []string, _, stderr io.Writer) int {
+		{mps.ShmCommand, "(nri-gpu's own) run an MPS control daemon with a /dev/shm its clients share", func(args []string, _, stderr io.Writer) int {
 			return runMPSShm(args, stderr)
 		}},
 	}

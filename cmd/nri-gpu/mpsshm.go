@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 )
 
 // runMPSShm mounts a directory on /dev/shm and runs a program in nri-gpu's
@@ -21,7 +21,7 @@ import (
 // that it never covers the /dev/shm of anything else.
 func runMPSShm(args []string, stderr io.Writer) int {
 	if len(args) == 1 && (args[0] == "--help" || args[0] == "-h") {
-		fmt.Fprintf(stderr, "usage: nri-gpu %s [--root ROOT] DIR PROGRAM [ARG...] (nri-gpu runs it itself, in a mount namespace of its own)\n", plugin.MPSShmCommand)
+		fmt.Fprintf(stderr, "usage: nri-gpu %s [--root ROOT] DIR PROGRAM [ARG...] (nri-gpu runs it itself, in a mount namespace of its own)\n", mps.ShmCommand)
 		return exitOK
 	}
 	root := ""
@@ -29,11 +29,11 @@ func runMPSShm(args []string, stderr io.Writer) int {
 		root, args = args[1], args[2:]
 	}
 	if len(args) < 2 {
-		fmt.Fprintf(stderr, "usage: nri-gpu %s [--root ROOT] DIR PROGRAM [ARG...]\n", plugin.MPSShmCommand)
+		fmt.Fprintf(stderr, "usage: nri-gpu %s [--root ROOT] DIR PROGRAM [ARG...]\n", mps.ShmCommand)
 		return exitUsage
 	}
 	fail := func(err error) int {
-		fmt.Fprintf(stderr, "nri-gpu %s: %v\n", plugin.MPSShmCommand, err)
+		fmt.Fprintf(stderr, "nri-gpu %s: %v\n", mps.ShmCommand, err)
 		return exitError
 	}
 	own, err := os.Readlink("/proc/self/ns/mnt")

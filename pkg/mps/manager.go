@@ -15,6 +15,8 @@ import (
 type Want struct {
 	// Device names the GPU, for the manager's events and errors.
 	Device string
+	// By says who shares the GPU with MPS, for errors.
+	By string `json:"-"`
 	// Daemon is the GPU's daemon.
 	Daemon Daemon
 	// Limits are its clients' defaults.
@@ -30,6 +32,24 @@ type Event struct {
 	// Was is the compute mode the GPU was in (Exclusive), or is put back
 	// in (Restored).
 	Was string
+}
+
+// Message says what the event was, in words for the log; Warn says it
+// is to be logged as a warning.
+func (e Event) Message() (msg string, warn bool) {
+	switch e.What {
+	case Started:
+		return "started MPS control daemon", false
+	case LimitsSet:
+		return "set the MPS control daemon's limits, for its next server", false
+	case Stopped:
+		return "stopped MPS control daemon: its GPU is no longer shared with MPS", false
+	case Exclusive:
+		return "put the GPU in Exclusive_Process compute mode (it was in " + e.Was + ") while it is shared with MPS", false
+	case Restored:
+		return "put the GPU back in " + e.Was + " compute mode: it is no longer shared with MPS", false
+	}
+	return "rolled back the start of an MPS control daemon that did not finish: stopped, its GPU back in its compute mode", true
 }
 
 // What a Manager did to a daemon, or to its GPU's compute mode.

@@ -13,6 +13,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/inventory"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -153,19 +154,19 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 	// own are the daemons of the GPUs the claim has MPS run on for
 	// itself.
 	var (
-		own  []*mpsGPU
+		own  []mps.Want
 		errs []error
 	)
 	for _, d := range asked {
-		if !ownMPS(pol, *d.Claim) {
+		if !pol.OwnMPS(*d.Claim) {
 			continue
 		}
-		g, err := c.p.mps.claim(pol, snap, *d.Claim)
+		w, _, err := c.p.mps.sharing(pol, snap).Of(d.Device)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", claim, err))
 			continue
 		}
-		own = append(own, g)
+		own = append(own, *w)
 	}
 	if err := errors.Join(errs...); err != nil {
 		undo()
@@ -216,7 +217,7 @@ func (c *DRAView) release(ctx context.Context, uid string, forget func() ([]stri
 	if len(released) > 0 {
 		c.p.log.WithFields(logrus.Fields{"claim": uid, "devices": strings.Join(released, ",")}).Info("released devices of DRA claim")
 	}
-	if slices.ContainsFunc(devs, func(d policy.ClaimDevice) bool { return ownMPS(pol, d) }) {
+	if slices.ContainsFunc(devs, pol.OwnMPS) {
 		c.p.mps.keep(ctx) // its daemon stops, its GPU back in its compute mode
 	}
 	if err := c.p.saveAndNotify(); err != nil {
@@ -232,32 +233,4 @@ func (c *DRAView) Prepared(context.Context) ([]policy.Claim, error) {
 		out = append(out, h.Claim)
 	}
 	return out, nil
-}
-
-// ownMPS reports whether claim device d asks for MPS on a GPU
-// policy.sharing leaves unshared: one the claim has MPS run on for
-// itself.
-func ownMPS(pol *policy.Policy, d policy.ClaimDevice) bool {
-	return d.GpuConfig.Strategy == config.StrategyMPS && pol.Sharing(d.Device) == nil
-}
-
-// startForClaim has the daemons of the GPUs a claim asked to share with
-// MPS itself started, and returns why one does not answer.
-func (m *mpsSharing) startForClaim(ctx context.Context, gpus []*mpsGPU) error {
-	if len(gpus) == 0 {
-		return nil
-	}
-	synced := m.keep(ctx)
-	var errs []error
-	for _, g := range gpus {
-		if err := m.mgr.Ready(ctx, g.daemon); err != nil {
-			errs = append(errs, fmt.Errorf("%w: device %q: the MPS daemon its claim asked for does not run: %w", ErrMPS, g.device, err))
-		}
-	}
-	if len(errs) > 0 {
-		// Why, where the manager could tell (a start not recorded, a
-		// daemon that did not start).
-		errs = append(errs, synced...)
-	}
-	return errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -82,8 +83,8 @@ func rule(err error) string {
 }
 
 // ErrMPS is wrapped by the error for a container whose MPS-shared GPU
-// cannot be given with its bounds.
-var ErrMPS = errors.New("MPS-shared GPU not served")
+// cannot be given with its bounds (pkg/mps's word for it).
+var ErrMPS = mps.ErrNotServed
 
 // ErrInjectedTwice is wrapped by the error that refuses a container in
 // which a device nri-gpu injects would be injected a second time, by the

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/inventory"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -68,13 +69,14 @@ func (p *Plugin) metricsDevice(ctx context.Context, pol *policy.Policy, snap *sp
 	if info.Index >= 0 {
 		dev.Index = strconv.Itoa(info.Index)
 	}
-	g, _ := p.mps.of(pol, snap, x) // one nri-gpu cannot bound has no daemon to tell of
-	if g != nil {
-		dev.MPS = &metrics.MPS{Ready: p.mps.serves(ctx, g) == nil}
+	sh := p.mps.sharing(pol, snap)
+	w, s, _ := sh.Of(x) // one nri-gpu cannot bound has no daemon to tell of
+	if w != nil {
+		dev.MPS = &metrics.MPS{Ready: p.mps.mgr.Ready(ctx, w.Daemon) == nil}
 	}
 	for _, user := range u.Users {
 		if heldAs(user.Device, pieces).Name == x.Name {
-			dev.Holders = append(dev.Holders, p.holdersOf(pol, x, g, user)...)
+			dev.Holders = append(dev.Holders, p.holdersOf(sh, x, s, user)...)
 		}
 	}
 	return dev
@@ -94,18 +96,19 @@ func heldAs(held specs.Device, pieces []specs.Device) specs.Device {
 
 // holdersOf returns a user of device d as the metrics name its holders:
 // a pod, or a claim with each pod it was prepared for (none yet: no pod),
-// what it takes of d and, where MPS shares d (g), its clients' bounds.
-func (p *Plugin) holdersOf(pol *policy.Policy, d specs.Device, g *mpsGPU, u policy.User) []metrics.Holder {
+// what it takes of d and, where MPS shares d (s), its clients' bounds.
+func (p *Plugin) holdersOf(sh mps.Sharing, d specs.Device, s *policy.MPS, u policy.User) []metrics.Holder {
 	h := metrics.Holder{Door: door(u), Namespace: u.Pod.Namespace, Pod: u.Pod.Name, Shares: u.Use.Shares, Memory: u.Use.Memory}
-	if g != nil {
-		limits := g.limits
+	if s != nil {
+		var use policy.ClaimDevice // a pod's: the daemon's defaults
 		if u.Claim != nil {
 			if _, devs, err := p.alloc.Claim(u.Claim.UID, nil); err == nil {
 				if i := slices.IndexFunc(devs, func(c policy.ClaimDevice) bool { return c.Overlaps(d) }); i >= 0 {
-					limits = g.limitsOf(pol, devs[i])
+					use = devs[i]
 				}
 			}
 		}
+		limits := sh.ClientLimits(s, d, use)
 		h.MPSCompute, h.MPSMemory = limits.ActiveThreadPercentage, limits.PinnedMemoryMiB<<20
 	}
 	if u.Claim == nil {

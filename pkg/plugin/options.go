@@ -74,7 +74,7 @@ func WithRecord(path string) Option {
 // runs the command it is given with shm as its /dev/shm (by default
 // nri-gpu's mps-shm command, in a mount namespace of its own).
 func WithMPSStart(start mps.Start) Option {
-	return func(p *Plugin) { p.mps.start = start }
+	return func(p *Plugin) { p.flags.mpsStart = start }
 }
 
 // A Door is a way to the pool beside the runtime's requests (a device

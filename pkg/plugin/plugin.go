@@ -131,18 +131,18 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	p := &Plugin{log: log, alloc: policy.NewAllocations(), stop: func(c *api.Container) error { return killContainer("/proc", c) }}
 	p.closed, p.closeAfter = context.WithCancel(context.Background())
 	p.recovered.done = p.closed.Done()
-	p.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.alloc, log: log, state: p.state}
+	p.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.alloc, log: log, current: p}
 	p.mps.journal.rec = p
 	if self, err := os.Executable(); err == nil {
 		p.hookPath = self
-		p.mps.start = mps.InShm(self, MPSShmCommand)
+		p.flags.mpsStart = mps.InShm(self, mps.ShmCommand)
 	}
 	for _, o := range opts {
 		o(p)
 	}
 	var start mps.Start // mps.daemon: external: nri-gpu starts none
 	if cfg.Start.MPS.Daemon == config.MPSManaged {
-		start = p.mps.start
+		start = p.flags.mpsStart
 	}
 	p.hw = inventory.New(cfg.Start.DriverRoot, p.flags.nvml, log.Infof)
 	p.mps.hw = p.hw
@@ -252,6 +252,8 @@ type overrides struct {
 	generate bool
 	// nvml, when set, replaces the driver's NVML (tests).
 	nvml nvml.Interface
+	// mpsStart starts managed MPS daemons (nri-gpu's mps-shm command).
+	mpsStart mps.Start
 }
 
 // apply returns cfg with the overrides, validated again.

@@ -370,12 +370,16 @@ func (p *Plugin) build(ctx context.Context, r *request, a resolvedAsk, plan poli
 		return nil, nil, err
 	}
 	given := append(plan.Devices(), a.claimed...)
-	extra, err := p.mps.edits(ctx, r.pol, r.snap, given, a.uses)
+	// MPS: the client edits of the container's one MPS-shared GPU, once
+	// its daemon is ready.
+	edits, device, err := p.mps.sharing(r.pol, r.snap).Edits(ctx, p.mps.mgr, given, a.uses)
 	if err != nil {
 		return nil, nil, err
 	}
 	opts := r.options(a.injected)
-	opts.Extra = extra
+	if edits != nil {
+		opts.Extra = []adjust.Extra{{Name: "MPS of " + device, Edits: edits}}
+	}
 	res, err := adjust.Build(devices, r.snap.HostNodes, opts)
 	if err != nil {
 		return nil, nil, err
