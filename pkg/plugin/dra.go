@@ -221,7 +221,7 @@ func (c *DRAView) release(ctx context.Context, uid string, forget func() ([]stri
 		c.p.mps.keep(ctx) // its daemon stops, its GPU back in its compute mode
 	}
 	if err := c.p.saveAndNotify(); err != nil {
-		return fmt.Errorf("claim %s released, but %w: %w", uid, ErrNotRecorded, err)
+		return fmt.Errorf("claim %s released, but %w", uid, err)
 	}
 	return nil
 }

@@ -7,12 +7,13 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/record"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // ErrNotRecorded is wrapped by the error of a request whose grant could
 // not be written to the state file: it is not given.
-var ErrNotRecorded = errors.New("could not be recorded")
+var ErrNotRecorded = record.ErrNotRecorded
 
 // ErrStartOnly is wrapped by Reload's error for a configuration that
 // changes what only a start reads.

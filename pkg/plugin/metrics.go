@@ -29,7 +29,7 @@ const mpsWait = time.Second
 // they hold.
 func (p *Plugin) metricsNode() metrics.Node {
 	p.mu.RLock()
-	st, restoring := p.st, p.rec.restoring
+	st, restoring := p.st, p.rec.Restoring()
 	p.mu.RUnlock()
 	if restoring {
 		return metrics.Node{}

@@ -24,7 +24,6 @@ type mpsSharing struct {
 	hw      *inventory.Inventory
 	log     logrus.FieldLogger
 	current interface{ state() *state }
-	journal daemonJournal
 	// mu serializes keep; problems are logged once while they last.
 	mu       sync.Mutex
 	problems lasting

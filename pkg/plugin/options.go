@@ -45,7 +45,7 @@ func WithHookPath(path string) Option { return func(p *Plugin) { p.hookPath = pa
 // Without it, a restarted plugin learns it from the device nodes of the
 // containers it gave devices only.
 func WithStateFile(path string) Option {
-	return func(p *Plugin) { p.rec.file = record.Open(path) }
+	return func(p *Plugin) { p.flags.record = record.Open(path) }
 }
 
 // WithTakeOver has the plugin, when another nri-gpu holds its state file,
@@ -53,7 +53,7 @@ func WithStateFile(path string) Option {
 // (the --take-over flag): a rolling update with surge, where the nri-gpu
 // replaced serves until it stops and lets the record go only once it no
 // longer serves, so that one nri-gpu at a time serves and keeps it.
-func WithTakeOver(ctx context.Context) Option { return func(p *Plugin) { p.rec.takeOver = ctx } }
+func WithTakeOver(ctx context.Context) Option { return func(p *Plugin) { p.flags.takeOver = ctx } }
 
 // WithAccessDir has the plugin keep in dir, and mount into each
 // container it gives devices, the record of what the container was given
@@ -67,7 +67,7 @@ func WithAccessDir(dir string) Option {
 // pods and DRA claims hold (HoldRecorded), and never write it: for
 // nri-gpu explain, beside the running plugin.
 func WithRecord(path string) Option {
-	return func(p *Plugin) { p.rec.file = record.OpenReadOnly(path) }
+	return func(p *Plugin) { p.flags.record = record.OpenReadOnly(path) }
 }
 
 // WithMPSStart has managed MPS control daemons started by start, which

@@ -23,6 +23,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/record"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
@@ -68,8 +69,9 @@ type Plugin struct {
 	start config.Start
 	// alloc outlives configurations.
 	alloc *policy.Allocations
-	// rec keeps alloc across restarts.
-	rec kept
+	// rec keeps alloc (and the MPS daemons) in the state file across
+	// restarts.
+	rec *record.Keeper
 	// access keeps the records of what containers were given; nil when
 	// they get none.
 	access *access.Dir
@@ -77,7 +79,7 @@ type Plugin struct {
 	// without DRA.
 	claims link.Finder
 
-	// mu covers st, and rec's pending and restoring.
+	// mu covers st.
 	mu sync.RWMutex
 	st *state
 	// conn is the connection to the runtime.
@@ -132,7 +134,6 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	p.closed, p.closeAfter = context.WithCancel(context.Background())
 	p.recovered.done = p.closed.Done()
 	p.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.alloc, log: log, current: p}
-	p.mps.journal.rec = p
 	if self, err := os.Executable(); err == nil {
 		p.hookPath = self
 		p.flags.mpsStart = mps.InShm(self, mps.ShmCommand)
@@ -146,36 +147,16 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	}
 	p.hw = inventory.New(cfg.Start.DriverRoot, p.flags.nvml, log.Infof)
 	p.mps.hw = p.hw
-	p.mps.mgr = mps.NewManager(start, mps.NVMLModes{Lib: p.hw.Lib}, &p.mps.journal)
+	p.rec = record.NewKeeper(p.flags.record, p.alloc)
+	p.mps.mgr = mps.NewManager(start, mps.NVMLModes{Lib: p.hw.Lib}, p.rec)
 	st, err := p.newState(cfg)
 	if err != nil {
 		return nil, err
 	}
 	p.st, p.start = st, cfg.Start
-	if p.rec.file != nil {
-		if !p.rec.file.ReadOnly() {
-			if err := p.lockRecord(); err != nil {
-				st.specs.Close()
-				return nil, err
-			}
-		}
-		kept, err := p.rec.file.Load()
-		if err != nil {
-			p.recordLost(err, len(kept.Claims))
-		}
-		if kept.EarlierBoot != "" {
-			p.log.Infof("the record of what pods and claims held was kept before the node last booted (boot %s): it holds nothing now, and kubelet prepares the claims of the pods it starts again", kept.EarlierBoot)
-		}
-		pods, claims := kept.Pods, kept.Claims
-		p.mps.journal.entries = kept.Daemons
-		if err := p.alloc.RestoreClaims(p.hw.PolicyIn(st.policy, st.specs.Snapshot()), claims); err != nil {
-			p.log.Warn(err)
-		}
-		for _, c := range claims {
-			p.log.WithFields(logrus.Fields{"namespace": c.Claim.Namespace, "claim": c.Claim.Name, "devices": strings.Join(specs.Names(c.Footprints()), ",")}).
-				Info("restored devices held by prepared DRA claim")
-		}
-		p.rec.pending, p.rec.restoring = pods, true
+	if err := p.restoreRecord(st); err != nil {
+		st.specs.Close()
+		return nil, err
 	}
 	// Only the nri-gpu that holds the record tells the node's devices: one
 	// waiting to take over tells none.
@@ -187,22 +168,42 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	return p, nil
 }
 
-// lockRecord locks the state file for this nri-gpu: at once, or, taking
-// over (WithTakeOver), once the nri-gpu holding it has stopped.
-func (p *Plugin) lockRecord() error {
-	if p.rec.takeOver == nil {
-		return p.rec.file.Lock()
+// restoreRecord locks the record for this nri-gpu (at once, or, taking
+// over, once the nri-gpu holding it has stopped) and reads it back: the
+// claims it kept are held again at once, the pods' holdings when the
+// runtime says which pods still run (Synchronize), the MPS daemons when
+// their manager first looks.
+func (p *Plugin) restoreRecord(st *state) error {
+	file := p.rec.File()
+	if file == nil {
+		return nil
 	}
-	waited := time.Now()
-	held := false
-	err := p.rec.file.TakeOver(p.rec.takeOver, func(pid string) {
+	waited, held := time.Now(), false
+	err := p.rec.Lock(p.flags.takeOver, func(pid string) {
 		held = true
-		p.log.Infof("the state file %s is held by another nri-gpu (pid %s): waiting for it to stop, to take over", p.rec.file.Path(), pid)
+		p.log.Infof("the state file %s is held by another nri-gpu (pid %s): waiting for it to stop, to take over", file.Path(), pid)
 	})
-	if err == nil && held {
-		p.log.Infof("took over the state file %s after %s", p.rec.file.Path(), time.Since(waited).Round(time.Millisecond))
+	if err != nil {
+		return err
 	}
-	return err
+	if held {
+		p.log.Infof("took over the state file %s after %s", file.Path(), time.Since(waited).Round(time.Millisecond))
+	}
+	kept, aside, err := p.rec.Load()
+	if err != nil {
+		p.recordLost(err, aside, len(kept.Claims))
+	}
+	if kept.EarlierBoot != "" {
+		p.log.Infof("the record of what pods and claims held was kept before the node last booted (boot %s): it holds nothing now, and kubelet prepares the claims of the pods it starts again", kept.EarlierBoot)
+	}
+	if err := p.alloc.RestoreClaims(p.hw.PolicyIn(st.policy, st.specs.Snapshot()), kept.Claims); err != nil {
+		p.log.Warn(err)
+	}
+	for _, c := range kept.Claims {
+		p.log.WithFields(logrus.Fields{"namespace": c.Claim.Namespace, "claim": c.Claim.Name, "devices": strings.Join(specs.Names(c.Footprints()), ",")}).
+			Info("restored devices held by prepared DRA claim")
+	}
+	return nil
 }
 
 func (p *Plugin) newState(cfg *config.Config) (*state, error) {
@@ -254,6 +255,11 @@ type overrides struct {
 	nvml nvml.Interface
 	// mpsStart starts managed MPS daemons (nri-gpu's mps-shm command).
 	mpsStart mps.Start
+	// record is the state file (--state-file), read only for explain;
+	// takeOver, when set, has New wait for another nri-gpu holding it to
+	// stop (--take-over).
+	record   *record.File
+	takeOver context.Context
 }
 
 // apply returns cfg with the overrides, validated again.
@@ -356,9 +362,7 @@ func (p *Plugin) Close() {
 	p.closeAfter()
 	p.recovered.wait()
 	p.state().specs.Close()
-	if p.rec.file != nil {
-		p.rec.file.Unlock()
-	}
+	p.rec.Unlock()
 }
 
 // Configure is called by the runtime when the plugin registers. A

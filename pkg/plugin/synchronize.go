@@ -6,49 +6,24 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync/atomic"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
 
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
-	"github.com/nri-gpu/nri-gpu/pkg/record"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
-// kept is the record of what pods and claims hold, as the plugin keeps
-// it across restarts.
-type kept struct {
-	// file is the state file; nil when there is none.
-	file *record.File
-	// lost says the state file could not be read back at start.
-	lost atomic.Bool
-	// pending are the pods' holdings read from file at start, until the
-	// first Synchronize tells which of their pods still run; restoring
-	// says they are still pending (both under the plugin's mu).
-	pending   []policy.Holding
-	restoring bool
-	// takeOver, when set, has New wait for another nri-gpu holding file
-	// to stop, until it is done (WithTakeOver).
-	takeOver context.Context
-}
-
-// recordLost handles a state file that cannot be read back: it is set
-// aside for the operator (never when read only), and every device found
-// in a running container is then held by its pod alone (Synchronize).
-// claims are those of the file still held (a newer nri-gpu's record:
-// what this one reads of it).
-func (p *Plugin) recordLost(err error, claims int) {
+// recordLost says that the state file could not be read back: it was
+// set aside for the operator (aside: where, or why not; "" when only
+// read), and every device found in a running container is then held by
+// its pod alone (Synchronize). claims are those of the file still held
+// (a newer nri-gpu's record: what this one reads of it).
+func (p *Plugin) recordLost(err error, aside string, claims int) {
 	kept := "left where it is"
-	if !p.rec.file.ReadOnly() {
-		aside, aerr := p.rec.file.SetAside()
-		if aerr != nil {
-			kept = aerr.Error()
-		} else {
-			kept = "kept as " + aside
-		}
+	if aside != "" {
+		kept = "kept as " + aside
 	}
-	p.rec.lost.Store(true)
 	if claims > 0 {
 		kept += fmt.Sprintf("; the %d prepared claims it names stay held", claims)
 	}
@@ -94,7 +69,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		others []stopping
 	)
 	recorded := map[string][]specs.Device{} // by pod ID
-	for _, h := range p.takeRestored() {
+	for _, h := range p.rec.TakeRestored() {
 		if pod, ok := live[h.Pod.ID]; ok {
 			h.Pod = pod
 			holdings = append(holdings, h)
@@ -255,19 +230,6 @@ func (p *Plugin) release(pod *api.PodSandbox) {
 	}
 }
 
-// takeRestored returns what pods hold as far as the plugin knows: what
-// the state file said at start, until the first Synchronize (which this
-// ends); then the pool's.
-func (p *Plugin) takeRestored() []policy.Holding {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.rec.restoring {
-		p.rec.restoring = false
-		return p.rec.pending
-	}
-	return p.alloc.Holdings()
-}
-
 // HoldRecorded has the pool hold what the state file said pods held at
 // start, as a Synchronize that found all of them running would, for a
 // plugin that is not served (nri-gpu explain). It returns what the
@@ -275,35 +237,20 @@ func (p *Plugin) takeRestored() []policy.Holding {
 // *policy.ConflictError), or nil.
 func (p *Plugin) HoldRecorded() error {
 	st := p.state()
-	return p.alloc.Restore(p.hw.PolicyIn(st.policy, st.specs.Snapshot()), p.takeRestored())
-}
-
-// record returns what the state file keeps: the pods' holdings (those
-// read at start, while they are pending) and the prepared claims.
-func (p *Plugin) record() record.Content {
-	p.mu.RLock()
-	pending, restoring := p.rec.pending, p.rec.restoring
-	p.mu.RUnlock()
-	daemons := p.mps.journal.Entries()
-	if restoring {
-		return record.Content{Pods: pending, Claims: p.alloc.Claims(), Daemons: daemons}
-	}
-	return record.Content{Pods: p.alloc.Holdings(), Claims: p.alloc.Claims(), Daemons: daemons}
+	return p.alloc.Restore(p.hw.PolicyIn(st.policy, st.specs.Snapshot()), p.rec.TakeRestored())
 }
 
 // saveAndNotify records what pods hold, in the state file and in the
 // devices-held and rebuilt-record metrics, and tells the doors that keep
 // a view of it (the device plugin, DRA). It returns the state file's
-// error, which it also logs.
+// error (wrapping ErrNotRecorded), which it also logs.
 func (p *Plugin) saveAndNotify() error {
-	var err error
-	if p.rec.file != nil {
-		if err = p.rec.file.Save(p.record); err != nil {
-			p.log.Errorf("what pods hold is not kept for a restart: %v", err)
-		}
+	err := p.rec.Save()
+	if err != nil {
+		p.log.Errorf("what pods hold is not kept for a restart: %v", err)
 	}
 	p.metrics.DevicesHeld(p.alloc.Count()) // nil metrics: nothing
-	p.metrics.RecordRebuilt(p.rec.lost.Load() || p.alloc.Rebuilt() > 0)
+	p.metrics.RecordRebuilt(p.rec.Lost() || p.alloc.Rebuilt() > 0)
 	p.notifyDoors()
 	return err
 }
@@ -327,5 +274,5 @@ func (p *Plugin) keepOrUndo(undo func()) error {
 	}
 	undo()
 	_ = p.saveAndNotify() // what was last written again, which needs no write
-	return fmt.Errorf("%w: %w", ErrNotRecorded, err)
+	return err
 }
