@@ -29,9 +29,6 @@ type Resource struct {
 	known []string
 }
 
-// Resource returns the devices of extended resource r.
-func (p *Plugin) Resource(r config.Resource) *Resource { return &Resource{p: p, cfg: r} }
-
 // Devices returns the resource's devices: each device of its kind whose
 // name matches its globs and that policy.devices allows, one name per
 // device (the first of a GPU's names: its index before its UUID), not

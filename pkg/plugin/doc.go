@@ -3,24 +3,30 @@
 // holdings (pkg/policy), one snapshot of trusted specs per request
 // (pkg/specs) and one adjustment (pkg/adjust).
 //
-// A container's creation (request.go) is decided, built, then committed:
-// what it asks is parsed and checked by the policy and each device
-// resolved once; the pool plans the grant without holding it; the
-// adjustment is built and an MPS-shared GPU's daemon asked; only then is
-// the grant held and recorded (pkg/record), with one undo. The files are
-// named for what they serve:
+// A container's creation (create.go) is decided, built, then committed:
+// what it asks is parsed and each device looked up once in the request's
+// snapshot (request.go); the pool plans the grant without holding it,
+// under the one admission (pkg/policy); the adjustment is built and an
+// MPS-shared GPU's daemon asked; only then is the grant held and
+// recorded (pkg/record's Keeper), with one undo. The files are named for
+// what they serve, each the methods of one type:
 //
 //	plugin.go        the Plugin, its configuration, Configure and Reload
+//	overrides.go     what the command line sets over every configuration
 //	serve.go         the connection to the runtime, reconnecting
-//	request.go       CreateContainer: decide, build, commit
+//	create.go        CreateContainer: decide, build, commit
+//	request.go       one container's creation: what it asks, resolved
 //	synchronize.go   Synchronize, the pods' end, and the record kept
+//	unserved.go      containers the runtime created while nri-gpu was away
+//	recovered.go     pods reported at Synchronize, ended by their containers
 //	validate.go      ValidateContainerAdjustment
-//	inventory.go     the node's hardware for every door: devices, NVML
-//	                 facts, health and topology, and what is free
+//	health.go        the GPUs' health watched (pkg/inventory, NVML)
 //	deviceplugin.go  the device plugin's view (pkg/deviceplugin)
-//	dra.go           the pool as the DRA driver process asks it, and a
-//	                 container's claims as it answers (pkg/dra/link)
-//	mps.go           MPS clients' edits, and the managed daemons (pkg/mps)
+//	dra.go           the pool as the DRA driver process asks it (pkg/dra/link)
+//	kubelet.go       the devices kubelet allocated (its pod-resources API)
+//	mps.go           MPS as pkg/mps runs it
+//	metrics.go       the node as the metrics tell it (pkg/metrics)
+//	explain.go       what explain and devices show
 //	generate.go      spec generation from NVML (pkg/specs/nvidia)
 //	errors.go        the package's errors, and what a denial is counted as
 //

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
@@ -17,55 +16,6 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
-
-// claimDevices returns the UIDs of the prepared claims the container
-// uses, and their devices (those of the requests it names). Without DRA,
-// and for a pod with no claims, there are none. A claim the container
-// names that is not reserved for its pod fails the creation. When the
-// API server cannot tell, the creation fails if a prepared claim may be
-// used by the pod (policy.Claim.MayBeUsedBy: the container would run
-// without its devices), and goes on without claims otherwise. It waits
-// as long as ctx lets it (the request's share of the runtime's
-// patience).
-func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]string, []policy.ClaimDevice, error) {
-	if p.claims == nil {
-		return nil, nil, nil
-	}
-	ref := link.PodRef{Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: pod.GetUid()}
-	uses, err := p.claims.Uses(ctx, ref, ctr.GetName())
-	if errors.Is(err, link.ErrNotReserved) {
-		return nil, nil, err
-	}
-	if err != nil {
-		for _, c := range p.alloc.Claims() {
-			if c.Claim.MayBeUsedBy(pod.GetNamespace()) {
-				return nil, nil, fmt.Errorf("%s was prepared, and this pod may use it: %w: %w", c.Claim, ErrClaimsUnknown, err)
-			}
-		}
-		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).
-			Warnf("no DRA claim of this pod's namespace is prepared here; created without claims: %v", err)
-		return nil, nil, nil
-	}
-	var (
-		uids []string
-		devs []policy.ClaimDevice
-	)
-	for _, u := range uses {
-		_, d, err := p.alloc.Claim(u.UID, u.Requests)
-		if err != nil {
-			return nil, nil, fmt.Errorf("claim %s/%s: %w (kubelet prepares a claim before the pod's containers are created)", u.Namespace, u.Name, err)
-		}
-		uids = append(uids, u.UID)
-		devs = append(devs, d...)
-	}
-	return uids, devs, nil
-}
-
-// DRAView returns the DRA driver's view of the devices, for a driver
-// configured by cfg.
-func (p *Plugin) DRAView(cfg config.DRA) *DRAView { return &DRAView{p: p, cfg: cfg} }
-
-var _ link.Pool = (*DRAView)(nil)
 
 // DRAView is the devices a DRA driver offers, and what preparing a claim
 // holds, in the plugin's specs and pool.

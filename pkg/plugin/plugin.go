@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
@@ -244,40 +243,6 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 	return st, nil
 }
 
-// overrides are what the command line sets over every configuration,
-// the file's, a reload's and the runtime's alike.
-type overrides struct {
-	// specDirs, when set, replaces cdiSpecDirs (--cdi-spec-dirs).
-	specDirs []string
-	// generate turns generate.enabled on (--generate-specs).
-	generate bool
-	// nvml, when set, replaces the driver's NVML (tests).
-	nvml nvml.Interface
-	// mpsStart starts managed MPS daemons (nri-gpu's mps-shm command).
-	mpsStart mps.Start
-	// record is the state file (--state-file), read only for explain;
-	// takeOver, when set, has New wait for another nri-gpu holding it to
-	// stop (--take-over).
-	record   *record.File
-	takeOver context.Context
-}
-
-// apply returns cfg with the overrides, validated again.
-func (o overrides) apply(cfg *config.Config) (*config.Config, error) {
-	if len(o.specDirs) == 0 && (!o.generate || cfg.Generate.Enabled) {
-		return cfg, nil
-	}
-	c := *cfg
-	if len(o.specDirs) > 0 {
-		c.CDISpecDirs = slices.Clone(o.specDirs)
-		if err := c.Validate(); err != nil {
-			return nil, fmt.Errorf("--cdi-spec-dirs: %w", err)
-		}
-	}
-	c.Generate.Enabled = c.Generate.Enabled || o.generate
-	return &c, nil
-}
-
 // logProblems logs each spec problem once, when it appears, and when it
 // is gone.
 func (p *Plugin) logProblems(s *specs.Snapshot) {
@@ -321,33 +286,12 @@ func (p *Plugin) logSharing(s *specs.Snapshot) {
 	}
 }
 
-// lasting are problems logged once while they last: each by a key, with
-// its message.
-type lasting struct {
-	mu   sync.Mutex
-	last map[string]string
-}
+// Resource returns the devices of extended resource r.
+func (p *Plugin) Resource(r config.Resource) *Resource { return &Resource{p: p, cfg: r} }
 
-// update makes current the problems in force, and returns the keys of
-// those that appeared (or changed message) and of those gone, sorted.
-func (l *lasting) update(current map[string]string) (appeared, gone []string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for k, msg := range current {
-		if prev, ok := l.last[k]; !ok || prev != msg {
-			appeared = append(appeared, k)
-		}
-	}
-	for k := range l.last {
-		if _, ok := current[k]; !ok {
-			gone = append(gone, k)
-		}
-	}
-	l.last = current
-	slices.Sort(appeared)
-	slices.Sort(gone)
-	return appeared, gone
-}
+// DRAView returns the DRA driver's view of the devices, for a driver
+// configured by cfg.
+func (p *Plugin) DRAView(cfg config.DRA) *DRAView { return &DRAView{p: p, cfg: cfg} }
 
 func (p *Plugin) state() *state {
 	p.mu.RLock()

@@ -1,105 +1,17 @@
 package plugin
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"slices"
-	"strings"
-	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
-	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/nri-gpu/nri-gpu/pkg/access"
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
-	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
-
-// CreateContainer injects the devices a container asks for, or fails its
-// creation saying why. A container that asks for nothing is left alone.
-// A container of a pod known from Synchronize counts among the pod's
-// containers from the start of its creation, so that the removal of the
-// pod's last other container meanwhile does not release what the new
-// one is being given.
-func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
-	p.recovered.add(pod.GetId(), ctr.GetId())
-	adj, _, err := p.Create(ctx, pod, ctr)
-	if err != nil && p.recovered.remove(pod.GetId(), ctr.GetId()) {
-		p.release(pod) // its other containers were removed meanwhile
-	}
-	return adj, nil, err
-}
-
-// Create serves one container's creation, as CreateContainer does for
-// the runtime: it decides what the container gets, builds the
-// adjustment, then holds and records the grant; it records the metrics,
-// logs the decision once and wraps a denial for the runtime. It also
-// returns what the pool granted, with the devices a count request passed
-// over and the chosen set's score, for nri-gpu explain.
-func (p *Plugin) Create(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, policy.Grant, error) {
-	start := time.Now()
-	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
-	req := &request{st: p.state(), rt: p.conn.runtime(), pod: pod, ctr: ctr, resolved: map[string]resolved{}}
-	req.snap = req.st.specs.Snapshot() // one snapshot for the whole request
-	req.pol = p.hw.PolicyIn(req.st.policy, req.snap)
-	ctx, cancel := context.WithTimeout(ctx, p.waitBound(ctx))
-	defer cancel()
-	adj, grant, err := p.serve(ctx, req, log)
-	devices, score := specs.Names(grant.Devices), grant.Score
-	result := metrics.ResultInjected
-	switch {
-	case err != nil:
-		result = metrics.ResultDenied
-	case len(devices) == 0:
-		result = metrics.ResultNone
-	}
-	p.metrics.Request(result, rule(err), time.Since(start))
-	if err != nil {
-		log.Errorf("denied: %v", err)
-		return nil, grant, bounded(fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
-			ctr.GetName(), pod.GetNamespace(), pod.GetName(), err))
-	}
-	if len(devices) == 0 {
-		if adj != nil {
-			log.Warnf("no devices requested; removed the annotations %s and %s, which only nri-gpu writes", DevicesAnnotation, CountedAnnotation)
-		} else {
-			log.Debug("no devices requested")
-		}
-		return adj, grant, nil
-	}
-	entry := log.WithField("devices", strings.Join(devices, ","))
-	if score > 0 {
-		entry = entry.WithField("topologyScore", score)
-	}
-	entry.Info("injected devices")
-	return adj, grant, nil
-}
-
-// waitShare is the share of the runtime's patience that a request's
-// waits (the DRA driver and so the API server, an MPS daemon) may take
-// together: one over waitShare. The rest is for deciding, building and
-// recording the grant, and the answer's way back: past the runtime's
-// patience, containerd creates the container without nri-gpu's answer
-// (no devices, no policy) and drops the plugin.
-const waitShare = 2
-
-// waitBound returns how long the waits of a request may take: a share
-// of what the runtime waits for the answer (ctx's deadline, which ttrpc
-// carries over from the runtime, else what the runtime said at
-// Configure).
-func (p *Plugin) waitBound(ctx context.Context) time.Duration {
-	patience := p.conn.patience()
-	if dl, ok := ctx.Deadline(); ok {
-		patience = min(patience, time.Until(dl))
-	}
-	return patience / waitShare
-}
 
 // request is one container's creation: its pod and container, the
 // configuration and runtime it is served under, and the one snapshot of
@@ -225,78 +137,11 @@ func claimUses(held []policy.ClaimDevice) map[string]policy.ClaimDevice {
 	return out
 }
 
-// holds reports whether the request asks the pool for anything: to hold
+// holdsAny reports whether the request asks the pool for anything: to hold
 // devices, or to count the claims it uses towards its pod's (their
 // devices are the claims' holdings already).
-func (a resolvedAsk) holds() bool {
+func holdsAny(a resolvedAsk) bool {
 	return len(a.want.Named) > 0 || a.want.Count > 0 || len(a.want.Claims) > 0
-}
-
-// maxPlans bounds how often a request plans again when the pool changed
-// between its plan and its commit. A stale plan means another request's
-// commit took a device this one chose, so the pool filled: a request
-// plans again at most as often as there are devices to take, and the
-// bound is only a guard.
-const maxPlans = 1024
-
-// serve runs one request: what the container asks is parsed, checked by
-// the policy and resolved once; the pool plans the grant; the adjustment
-// is built and MPS readiness checked; only then is the grant held and
-// recorded, in one step with one undo (commit). It returns the
-// adjustment (nil when nothing is asked for) and what the pool granted.
-func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) (*api.ContainerAdjustment, policy.Grant, error) {
-	ask, err := r.st.parser.Parse(containerOf(r.pod, r.ctr))
-	if err != nil {
-		return nil, policy.Grant{}, err
-	}
-	claims, held, err := p.claimDevices(ctx, r.pod, r.ctr)
-	if err != nil {
-		return nil, policy.Grant{}, err
-	}
-	claimed := policy.Footprints(held)
-	if ask.Empty() && len(claimed) == 0 {
-		return scrub(r.ctr), policy.Grant{}, nil
-	}
-	pod := podOf(r.pod)
-	a := r.decide(ask, held, log)
-	a.uses = claimUses(held)
-	a.want.Pod, a.want.Claims = pod, claims
-	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Hooks: r.snap.Hooks, Unhealthy: p.hw.Unhealthy(r.snap)}
-	if ask.Count > 1 {
-		a.want.Choice.Links = p.hw.Links()
-	}
-	a.want.Choice.Kubelet = p.allocatedByKubelet(ctx, r, a.want, log)
-	for attempt := 1; ; attempt++ {
-		// Planned even when it holds nothing new (only claims): the
-		// pod's claims and holdings are checked against
-		// policy.maxDevicesPerPod.
-		plan, err := p.alloc.Plan(r.pol, a.want)
-		if err != nil {
-			return nil, policy.Grant{}, err
-		}
-		adj, rec, err := p.build(ctx, r, a, plan, log)
-		if err != nil {
-			return nil, policy.Grant{}, err
-		}
-		if err := p.keepAccess(r, rec, adj); err != nil {
-			return nil, policy.Grant{}, err
-		}
-		grant := policy.Grant{Pod: pod}
-		if a.holds() {
-			grant, err = p.commit(r.pol, plan)
-		}
-		if err != nil {
-			p.forgetAccess(r.pod, r.ctr)
-		}
-		if errors.Is(err, policy.ErrStale) && attempt < maxPlans {
-			continue
-		}
-		if err != nil {
-			return nil, policy.Grant{}, err
-		}
-		grant.Devices = append(grant.Devices, claimed...)
-		return adj, grant, nil
-	}
 }
 
 // decide resolves what a container asks for by name, each device once,
@@ -343,111 +188,6 @@ func (r *request) decide(ask policy.Ask, held []policy.ClaimDevice, log logrus.F
 		}
 	}
 	return a
-}
-
-// build builds the adjustment of what the plan grants: every device of
-// the container but those the runtime injected itself, with what MPS
-// needs for an MPS-shared GPU (once its daemon answers), and the
-// annotations that say what the container got. It returns with it the
-// record of what the adjustment gives (nil when it gives nothing).
-func (p *Plugin) build(ctx context.Context, r *request, a resolvedAsk, plan policy.Plan, log logrus.FieldLogger) (*api.ContainerAdjustment, *cdispec.Spec, error) {
-	var devices []*cdi.Device
-	for _, e := range a.inject {
-		if !slices.Contains(a.injected, e.Device) {
-			devices = append(devices, e.Device)
-		}
-	}
-	var errs []error
-	for _, c := range plan.Counted() {
-		e, err := r.resolve(c.Name)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("pod annotation %q: %w", policy.CountAnnotationKey, err))
-			continue
-		}
-		devices = append(devices, e.Device)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, nil, err
-	}
-	given := append(plan.Devices(), a.claimed...)
-	// MPS: the client edits of the container's one MPS-shared GPU, once
-	// its daemon is ready.
-	edits, device, err := p.mps.sharing(r.pol, r.snap).Edits(ctx, p.mps.mgr, given, a.uses)
-	if err != nil {
-		return nil, nil, err
-	}
-	opts := r.options(a.injected)
-	if edits != nil {
-		opts.Extra = []adjust.Extra{{Name: "MPS of " + device, Edits: edits}}
-	}
-	res, err := adjust.Build(devices, r.snap.HostNodes, opts)
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, s := range res.Skipped {
-		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
-			Warn("skipped a CDI edit the runtime cannot apply (unsupportedEdits: warn)")
-	}
-	for _, l := range res.LeftOut {
-		log.WithFields(logrus.Fields{"device": l.Device, "hook": l.Hook}).Debugf("hookFree: left the hook out; the container lacks %s", l.Lacks)
-	}
-	for _, s := range res.Unneeded {
-		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
-			Info("left out a CDI edit the runtime cannot apply and the container does not need (its process runs as root or has the groups)")
-	}
-	res.Adjustment.AddAnnotation(DevicesAnnotation, strings.Join(specs.Names(given), ","))
-	if counted := plan.Counted(); len(counted) > 0 {
-		res.Adjustment.AddAnnotation(CountedAnnotation, strings.Join(specs.Names(counted), ","))
-	} else if _, ok := r.ctr.GetAnnotations()[CountedAnnotation]; ok {
-		res.Adjustment.RemoveAnnotation(CountedAnnotation)
-	}
-	var names []string // the record's: nri-gpu's devices, then the runtime's
-	for _, d := range slices.Concat(devices, a.injected) {
-		names = append(names, d.GetQualifiedName())
-	}
-	rec, err := access.New(access.Container{Namespace: r.pod.GetNamespace(), Pod: r.pod.GetName(), Name: r.ctr.GetName()}, names, res.Given)
-	if err != nil {
-		return nil, nil, err
-	}
-	return res.Adjustment, rec, nil
-}
-
-// keepAccess keeps rec, the record of what adj gives the request's
-// container, and adds its mount to adj; nothing without records.
-func (p *Plugin) keepAccess(r *request, rec *cdispec.Spec, adj *api.ContainerAdjustment) error {
-	if p.access == nil || rec == nil {
-		return nil
-	}
-	if err := p.access.Write(r.pod.GetId(), r.ctr.GetId(), rec, adj); err != nil {
-		return fmt.Errorf("keeping the record of what the container is given (%s): %w", access.Path, err)
-	}
-	return nil
-}
-
-// forgetAccess removes the record of what a container was given.
-func (p *Plugin) forgetAccess(pod *api.PodSandbox, ctr *api.Container) {
-	if p.access == nil {
-		return
-	}
-	if err := p.access.Remove(pod.GetId(), ctr.GetId()); err != nil {
-		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()}).
-			Warnf("removing the record of what the container was given: %v", err)
-	}
-}
-
-// commit holds what the plan grants and records it, in one step with
-// one undo: a grant that adds to what pods hold is written before the
-// container gets it, and taken back when the record cannot keep it (a
-// holding only memory knows would be handed out again after a restart).
-func (p *Plugin) commit(pol *policy.Policy, plan policy.Plan) (policy.Grant, error) {
-	grant, err := p.alloc.Commit(pol, plan)
-	if err != nil || !grant.Added() {
-		return grant, err
-	}
-	if err := p.keepOrUndo(func() { p.alloc.Revert(grant) }); err != nil {
-		return policy.Grant{}, fmt.Errorf("devices not given, since their grant %w", err)
-	}
-	return grant, nil
 }
 
 // scrub returns the adjustment that removes the annotations nri-gpu

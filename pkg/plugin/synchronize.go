@@ -39,89 +39,144 @@ func (p *Plugin) recordLost(err error, aside string, claims int) {
 // break the policy or each other are logged, and stay held.
 func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
 	st := p.state()
-	live := make(map[string]policy.Pod, len(pods))
-	sandboxes := make(map[string]*api.PodSandbox, len(pods))
-	for _, pod := range pods {
-		live[pod.GetId()] = podOf(pod)
-		sandboxes[pod.GetId()] = pod
+	reported := syncedPods(pods, containers)
+	found := p.found(st, reported, containers)
+	if err := p.alloc.Restore(p.hw.PolicyIn(st.policy, st.specs.Snapshot()), found.holdings); err != nil {
+		p.log.Warn(err)
 	}
-	withContainers, running := map[string]bool{}, map[string]bool{} // by pod ID
+	p.recovered.reset(slices.Collect(maps.Keys(reported.live)), containers)
+	p.watchSandboxes(reported)
+	if p.access != nil {
+		// The records of pods the runtime no longer has.
+		if err := p.access.Keep(func(id string) bool { return reported.sandboxes[id] != nil }); err != nil {
+			p.log.Warnf("removing the records of what containers of pods gone were given: %v", err)
+		}
+	}
+	p.saveAndNotify()
+	p.conn.setSynced()
+	for _, s := range found.stop {
+		p.stopUnserved(s)
+	}
+	if check := p.claimless(found.others); len(check) > 0 {
+		// The DRA driver answers once it runs, after this.
+		go p.stopClaimless(check)
+	}
+	for pod, devices := range p.alloc.Held() {
+		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": strings.Join(devices, ",")}).
+			Info("restored devices held by pod")
+	}
+	return nil, nil
+}
+
+// synced are the pods the runtime reported at Synchronize.
+type synced struct {
+	// live are the pods that may run containers, sandboxes every pod
+	// reported, by ID; withContainers says which reported containers.
+	live           map[string]policy.Pod
+	sandboxes      map[string]*api.PodSandbox
+	withContainers map[string]bool
+}
+
+// syncedPods sorts the pods the runtime reported: a stopped pod, not yet
+// removed (all its containers stopped, or none left and no sandbox
+// process: containerd reports a stopped sandbox with pid 0, and none of
+// its exited containers), is not live: nothing of it can run, as no
+// container can be created in a stopped sandbox.
+func syncedPods(pods []*api.PodSandbox, containers []*api.Container) synced {
+	s := synced{live: make(map[string]policy.Pod, len(pods)), sandboxes: make(map[string]*api.PodSandbox, len(pods)), withContainers: map[string]bool{}}
+	for _, pod := range pods {
+		s.live[pod.GetId()] = podOf(pod)
+		s.sandboxes[pod.GetId()] = pod
+	}
+	running := map[string]bool{} // by pod ID
 	for _, c := range containers {
-		withContainers[c.GetPodSandboxId()] = true
+		s.withContainers[c.GetPodSandboxId()] = true
 		if c.GetState() != api.ContainerState_CONTAINER_STOPPED {
 			running[c.GetPodSandboxId()] = true
 		}
 	}
-	for id, pod := range sandboxes {
-		// A stopped pod, not yet removed: all its containers stopped, or
-		// none left and no sandbox process (containerd reports a
-		// stopped sandbox with pid 0, and none of its exited
-		// containers). Nothing of it can run: no container can be
-		// created in a stopped sandbox.
-		if !running[id] && (withContainers[id] || pod.GetPid() == 0) {
-			delete(live, id)
+	for id, pod := range s.sandboxes {
+		if !running[id] && (s.withContainers[id] || pod.GetPid() == 0) {
+			delete(s.live, id)
 		}
 	}
-	var (
-		holdings []policy.Holding
-		stop     []stopping
-		// others are the running containers nri-gpu did not create.
-		others []stopping
-	)
+	return s
+}
+
+// foundPods is what Synchronize found of the pods: what they hold (the
+// record's, for the pods still live, and what is found in their running
+// containers), the containers to stop, and the running containers
+// nri-gpu did not create (others).
+type foundPods struct {
+	holdings     []policy.Holding
+	stop, others []stopping
+}
+
+// found returns what the live pods hold and which of their running
+// containers are to be stopped or checked.
+func (p *Plugin) found(st *state, reported synced, containers []*api.Container) foundPods {
+	var out foundPods
 	recorded := map[string][]specs.Device{} // by pod ID
 	for _, h := range p.rec.TakeRestored() {
-		if pod, ok := live[h.Pod.ID]; ok {
+		if pod, ok := reported.live[h.Pod.ID]; ok {
 			h.Pod = pod
-			holdings = append(holdings, h)
+			out.holdings = append(out.holdings, h)
 			recorded[pod.ID] = append(recorded[pod.ID], slices.Concat(h.Named, h.Counted)...)
 		}
 	}
 	snap := st.specs.Snapshot()
-	candidates := snap.Candidates(st.cfg.DefaultKind)
 	// A device of a prepared claim, found in a container, is the claim's.
 	claimed := p.alloc.ClaimHeld()
-	candidates = slices.DeleteFunc(candidates, func(d specs.Device) bool { return specs.OverlapsAny(d, claimed) })
+	candidates := slices.DeleteFunc(snap.Candidates(st.cfg.DefaultKind), func(d specs.Device) bool { return specs.OverlapsAny(d, claimed) })
 	for _, c := range containers {
-		pod, ok := live[c.GetPodSandboxId()]
+		pod, ok := reported.live[c.GetPodSandboxId()]
 		if !ok || c.GetState() == api.ContainerState_CONTAINER_STOPPED {
 			continue
 		}
-		why, asks := unserved(st, snap, sandboxes[c.GetPodSandboxId()], c, candidates)
+		sandbox := reported.sandboxes[c.GetPodSandboxId()]
+		why, asks := unserved(st, snap, sandbox, c, candidates)
 		if why != "" {
-			stop = append(stop, stopping{sandboxes[c.GetPodSandboxId()], c, why})
+			out.stop = append(out.stop, stopping{sandbox, c, why})
 			continue
 		}
 		if _, ours := c.GetAnnotations()[DevicesAnnotation]; !ours {
-			others = append(others, stopping{pod: sandboxes[c.GetPodSandboxId()], ctr: c})
+			out.others = append(out.others, stopping{pod: sandbox, ctr: c})
 		}
-		found := foundIn(c, asks, candidates)
-		if len(found) == 0 {
-			continue
-		}
-		// What no record has is held as strictly as it may have been
-		// given: by the pod alone.
-		var sole []string
-		for _, d := range found {
-			if !specs.OverlapsAny(d, recorded[pod.ID]) {
-				sole = append(sole, d.Name)
-			}
-		}
-		holdings = append(holdings, policy.Holding{Pod: pod, Named: found, Sole: sole})
-		if len(sole) > 0 {
-			p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "container": c.GetName(), "devices": strings.Join(sole, ",")}).
-				Warn("devices found in a running container that no record has: held by its pod alone until the pod is removed")
+		if h, ok := p.holdingFound(pod, c, foundIn(c, asks, candidates), recorded[pod.ID]); ok {
+			out.holdings = append(out.holdings, h)
 		}
 	}
-	if err := p.alloc.Restore(p.hw.PolicyIn(st.policy, snap), holdings); err != nil {
-		p.log.Warn(err)
+	return out
+}
+
+// holdingFound returns what container c of pod is found to hold: the
+// devices found in it, those no record has held as strictly as they may
+// have been given (by the pod alone); none when nothing is found.
+func (p *Plugin) holdingFound(pod policy.Pod, c *api.Container, found, recorded []specs.Device) (policy.Holding, bool) {
+	if len(found) == 0 {
+		return policy.Holding{}, false
 	}
-	p.recovered.reset(slices.Collect(maps.Keys(live)), containers)
-	for id := range live {
-		// A pod with no container, its end told only by its sandbox's.
-		if withContainers[id] {
+	var sole []string
+	for _, d := range found {
+		if !specs.OverlapsAny(d, recorded) {
+			sole = append(sole, d.Name)
+		}
+	}
+	if len(sole) > 0 {
+		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "container": c.GetName(), "devices": strings.Join(sole, ",")}).
+			Warn("devices found in a running container that no record has: held by its pod alone until the pod is removed")
+	}
+	return policy.Holding{Pod: pod, Named: found, Sole: sole}, true
+}
+
+// watchSandboxes watches the sandbox of each live pod reported with no
+// container, its end told only by its sandbox's.
+func (p *Plugin) watchSandboxes(reported synced) {
+	for id := range reported.live {
+		if reported.withContainers[id] {
 			continue
 		}
-		pod := sandboxes[id]
+		pod := reported.sandboxes[id]
 		log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()})
 		ended := func() {
 			log.Info("the pod's sandbox ended with no container: what it held is released (the runtime restarted, and tells nothing else of its end)")
@@ -131,30 +186,6 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 			log.Debugf("a pod with no container: its end is told by its next container's removal, not by its sandbox's (%v)", err)
 		}
 	}
-	if p.access != nil {
-		// The records of pods the runtime no longer has.
-		known := map[string]bool{}
-		for _, pod := range pods {
-			known[pod.GetId()] = true
-		}
-		if err := p.access.Keep(func(id string) bool { return known[id] }); err != nil {
-			p.log.Warnf("removing the records of what containers of pods gone were given: %v", err)
-		}
-	}
-	p.saveAndNotify()
-	p.conn.setSynced()
-	for _, s := range stop {
-		p.stopUnserved(s)
-	}
-	if check := p.claimless(others); len(check) > 0 {
-		// The DRA driver answers once it runs, after this.
-		go p.stopClaimless(check)
-	}
-	for pod, devices := range p.alloc.Held() {
-		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": strings.Join(devices, ",")}).
-			Info("restored devices held by pod")
-	}
-	return nil, nil
 }
 
 // maxContainerDevices caps the device nodes of one container looked at.

@@ -111,7 +111,7 @@ type stopping struct {
 }
 
 // logTo returns log with the container's namespace, pod and name.
-func (s stopping) logTo(log logrus.FieldLogger) logrus.FieldLogger {
+func logTo(log logrus.FieldLogger, s stopping) logrus.FieldLogger {
 	return log.WithFields(logrus.Fields{"namespace": s.pod.GetNamespace(), "pod": s.pod.GetName(), "container": s.ctr.GetName()})
 }
 
@@ -120,7 +120,7 @@ func (s stopping) logTo(log logrus.FieldLogger) logrus.FieldLogger {
 // nri-gpu, as its pod's restart policy says (without kubelet, it stays
 // stopped).
 func (p *Plugin) stopUnserved(s stopping) {
-	log := s.logTo(p.log)
+	log := logTo(p.log, s)
 	ev := link.Event{Namespace: s.pod.GetNamespace(), Pod: s.pod.GetName(), UID: s.pod.GetUid(), Container: s.ctr.GetName(), Action: "Stop"}
 	if err := p.stop(s.ctr); err != nil {
 		log.Errorf("a container that is not to run as it is (%s) still runs: %v", s.why, err)
@@ -180,12 +180,12 @@ func (p *Plugin) stopClaimless(check []stopping) {
 			p.log.Info("stopped checking the claims of containers created while nri-gpu was away: another nri-gpu holds the record")
 			return
 		case err != nil:
-			s.logTo(p.log).Warnf("could not tell whether a container created while nri-gpu was away uses DRA claims; it runs on: %v", err)
+			logTo(p.log, s).Warnf("could not tell whether a container created while nri-gpu was away uses DRA claims; it runs on: %v", err)
 		case why != "":
 			s.why = why
 			p.stopUnserved(s)
 		default:
-			s.logTo(p.log).Info("a container created while nri-gpu was away has the devices of the DRA claims it uses: it runs on")
+			logTo(p.log, s).Info("a container created while nri-gpu was away has the devices of the DRA claims it uses: it runs on")
 		}
 	}
 }
