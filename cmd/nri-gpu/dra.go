@@ -34,31 +34,28 @@ const driverProgram = "nri-gpu-dra"
 // again.
 const driverRestart = 5 * time.Second
 
-// draDriver returns the option that has the plugin use nri-gpu's DRA
-// driver, a process of its own (Kubernetes' client is paid for only
-// there) served the plugin's specs and pool over the link, for the claims
-// its containers use; and run, which runs the driver until ctx is done. It
+// draDriver returns nri-gpu's DRA driver, a process of its own
+// (Kubernetes' client is paid for only there) served the plugin's specs
+// and pool over the link once pool is set (the plugin's DRAView), for the
+// claims its containers use; and run, which runs the driver until ctx is
+// done. It
 // returns an error for a configuration that cannot work (no node name, no
 // driver program); a driver that quits is started again, but one whose
 // own configuration cannot work (no credentials for the API server) stops
 // nri-gpu, through fail.
-func draDriver(opts link.Options, stderr io.Writer, log logrus.FieldLogger, fail context.CancelCauseFunc) (plugin.Option, func(context.Context), error) {
+func draDriver(opts link.Options, stderr io.Writer, log logrus.FieldLogger, fail context.CancelCauseFunc) (plugin.DRADriver, *link.Later, func(context.Context), error) {
 	opts.Node = nodeName(opts.DRA.NodeName)
 	if opts.Node == "" {
-		return nil, nil, fmt.Errorf("dra: no node name: set dra.nodeName or the %s environment variable", nodeNameEnv)
+		return nil, nil, nil, fmt.Errorf("dra: no node name: set dra.nodeName or the %s environment variable", nodeNameEnv)
 	}
 	path, err := driverPath()
 	if err != nil {
-		return nil, nil, fmt.Errorf("dra: %w", err)
+		return nil, nil, nil, fmt.Errorf("dra: %w", err)
 	}
-	// The pool the driver is served is the plugin's, once it is built:
-	// a driver started before (a rolling update) waits for it.
+	// The pool the driver is served is the plugin's, once it is built
+	// (pool.Set): a driver started before (a rolling update) waits for it.
 	pool := link.NewLater()
 	proc := link.NewProcess(path, opts.Args(), stderr, pool)
-	open := func(view *plugin.DRAView) plugin.DRADriver {
-		pool.Set(view)
-		return proc
-	}
 	run := func(ctx context.Context) {
 		for {
 			err := proc.Run(ctx)
@@ -77,7 +74,7 @@ func draDriver(opts link.Options, stderr io.Writer, log logrus.FieldLogger, fail
 			}
 		}
 	}
-	return plugin.WithDRA(opts.DRA, open), run, nil
+	return proc, pool, run, nil
 }
 
 // nodeName is the node's name: configured (dra.nodeName), or else the

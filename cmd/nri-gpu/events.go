@@ -14,32 +14,42 @@ import (
 
 // Events waiting to be posted at most, and how long one post may take.
 const (
-	eventQueue = 256
-	eventPost  = 30 * time.Second
+	eventsWaiting = 256
+	eventPost     = 30 * time.Second
 )
 
-// podEvents returns tell, which queues an event for the pod's events on
-// the API server (plugin.WithEvents), and run, which posts them until
-// ctx is done: those told meanwhile together, by one nri-gpu-dra event
-// process (Kubernetes' client is paid for only there, and only then).
-// An event told while 256 wait is dropped, said in the log.
-func podEvents(cfg config.Events, node string, stderr io.Writer, log logrus.FieldLogger) (tell func(link.Event), run func(context.Context), err error) {
+// eventQueue is a plugin.EventSink that queues an event for the pod's
+// events on the API server: one told while 256 wait is dropped, said in
+// the log.
+type eventQueue struct {
+	queue chan link.Event
+	log   logrus.FieldLogger
+}
+
+// Post queues e, or drops it when the queue is full.
+func (q eventQueue) Post(e link.Event) {
+	select {
+	case q.queue <- e:
+	default:
+		q.log.Warnf("dropped an event of pod %s/%s (%s): %d wait to be posted", e.Namespace, e.Pod, e.Reason, cap(q.queue))
+	}
+}
+
+// podEvents returns the sink that queues events for the pods' events
+// (plugin.WithEvents), and run, which posts them until ctx is done:
+// those told meanwhile together, by one nri-gpu-dra event process
+// (Kubernetes' client is paid for only there, and only then).
+func podEvents(cfg config.Events, node string, stderr io.Writer, log logrus.FieldLogger) (sink eventQueue, run func(context.Context), err error) {
 	path, err := driverPath()
 	if err != nil {
-		return nil, nil, fmt.Errorf("events: %w", err)
+		return eventQueue{}, nil, fmt.Errorf("events: %w", err)
 	}
 	args := []string{"--node", nodeName(node)}
 	if cfg.Kubeconfig != "" {
 		args = append(args, "--kubeconfig", cfg.Kubeconfig)
 	}
-	queue := make(chan link.Event, eventQueue)
-	tell = func(e link.Event) {
-		select {
-		case queue <- e:
-		default:
-			log.Warnf("dropped an event of pod %s/%s (%s): %d wait to be posted", e.Namespace, e.Pod, e.Reason, eventQueue)
-		}
-	}
+	sink = eventQueue{queue: make(chan link.Event, eventsWaiting), log: log}
+	queue := sink.queue
 	run = func(ctx context.Context) {
 		for {
 			var batch []link.Event
@@ -64,5 +74,5 @@ func podEvents(cfg config.Events, node string, stderr io.Writer, log logrus.Fiel
 			cancel()
 		}
 	}
-	return tell, run, nil
+	return sink, run, nil
 }

@@ -39,15 +39,15 @@ func TestPodEvents(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			os.Remove(got)
 			log, hook := logtest.NewNullLogger()
-			tell, run, err := podEvents(config.Events{Enabled: true, Kubeconfig: tc.kubeconfig}, "", os.Stderr, log)
+			sink, run, err := podEvents(config.Events{Enabled: true, Kubeconfig: tc.kubeconfig}, "", os.Stderr, log)
 			if err != nil {
 				t.Fatal(err)
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			go run(ctx)
-			tell(link.Event{Namespace: "tenant", Pod: "a", Reason: "StoppedByNRIGPU", Note: "first"})
-			tell(link.Event{Namespace: "tenant", Pod: "b", Reason: "StoppedByNRIGPU", Note: "second"})
+			sink.Post(link.Event{Namespace: "tenant", Pod: "a", Reason: "StoppedByNRIGPU", Note: "first"})
+			sink.Post(link.Event{Namespace: "tenant", Pod: "b", Reason: "StoppedByNRIGPU", Note: "second"})
 			testutil.Within(t, 10*time.Second, "both events posted", func() bool {
 				data, _ := os.ReadFile(got)
 				return strings.Contains(string(data), `"note":"first"`) && strings.Contains(string(data), `"note":"second"`)

@@ -85,41 +85,43 @@ func (f *pluginFlagSet) options(ctx context.Context, cfg *config.Config) ([]plug
 // doors are what serve the pool beside the runtime's requests, each run
 // until its context is done: early ones before the plugin is built (the
 // DRA driver of a rolling update, registered with kubelet while the
-// nri-gpu this one takes over from still serves), the others once it is
-// (the plugin's options add them as it is built).
+// nri-gpu this one takes over from still serves), the others once it is;
+// views are what they serve, given the plugin's views once it is built.
 type doors struct {
 	opts         []plugin.Option
 	early, later []func(context.Context)
+	resources    map[*deviceplugin.Later]config.Resource
+	dra          *link.Later
+	draCfg       config.DRA
 }
 
 // openDoors returns the device plugins, the DRA driver and the pods'
 // events that cfg's start block turns on.
 func (f *pluginFlagSet) openDoors(cfg *config.Config, stderr io.Writer, log *logrus.Logger, fail context.CancelCauseFunc) (*doors, error) {
-	d := &doors{}
+	d := &doors{resources: map[*deviceplugin.Later]config.Resource{}, draCfg: cfg.Start.DRA}
 	dp := cfg.Start.DevicePlugin
 	for _, r := range dp.Resources {
-		d.opts = append(d.opts, plugin.WithDevicePlugin(r, func(res *plugin.Resource) plugin.Door {
-			door := deviceplugin.New(r, dp.KubeletDir, dp.CDIDevices, res, log)
-			serve := func(ctx context.Context) { _ = door.Run(ctx) }
-			if dp.Relay != "" {
-				// nri-gpu relay registers with kubelet and asks it.
-				serve = func(ctx context.Context) {
-					if err := door.ServeAt(ctx, deviceplugin.RelaySocket(dp.Relay, r.Name)); err != nil {
-						log.Errorf("serving the device plugin to nri-gpu relay: %v", err)
-					}
+		view := &deviceplugin.Later{}
+		d.resources[view] = r
+		door := deviceplugin.New(r, dp.KubeletDir, dp.CDIDevices, view, log)
+		serve := func(ctx context.Context) { _ = door.Run(ctx) }
+		if dp.Relay != "" {
+			// nri-gpu relay registers with kubelet and asks it.
+			serve = func(ctx context.Context) {
+				if err := door.ServeAt(ctx, deviceplugin.RelaySocket(dp.Relay, r.Name)); err != nil {
+					log.Errorf("serving the device plugin to nri-gpu relay: %v", err)
 				}
 			}
-			d.later = append(d.later, serve)
-			return door
-		}))
+		}
+		d.opts, d.later = append(d.opts, plugin.WithDevicePlugin(door)), append(d.later, serve)
 	}
 	if cfg.Start.DRA.Enabled {
 		opts := link.Options{DRA: cfg.Start.DRA, LogLevel: *f.logs.level, LogFormat: *f.logs.format, RollingUpdate: os.Getenv(podUIDEnv)}
-		opt, run, err := draDriver(opts, stderr, log, fail)
+		driver, pool, run, err := draDriver(opts, stderr, log, fail)
 		if err != nil {
 			return nil, err
 		}
-		d.opts = append(d.opts, opt)
+		d.opts, d.dra = append(d.opts, plugin.WithDRA(driver)), pool
 		if opts.RollingUpdate != "" {
 			d.early = append(d.early, run)
 		} else {
@@ -127,13 +129,23 @@ func (f *pluginFlagSet) openDoors(cfg *config.Config, stderr io.Writer, log *log
 		}
 	}
 	if cfg.Start.Events.Enabled {
-		tell, run, err := podEvents(cfg.Start.Events, cfg.Start.DRA.NodeName, stderr, log)
+		sink, run, err := podEvents(cfg.Start.Events, cfg.Start.DRA.NodeName, stderr, log)
 		if err != nil {
 			return nil, err
 		}
-		d.opts, d.later = append(d.opts, plugin.WithEvents(tell)), append(d.later, run)
+		d.opts, d.later = append(d.opts, plugin.WithEvents(sink)), append(d.later, run)
 	}
 	return d, nil
+}
+
+// serveViews gives the doors the plugin's views of what they serve.
+func (d *doors) serveViews(p *plugin.Plugin) {
+	for view, r := range d.resources {
+		view.Set(p.Resource(r))
+	}
+	if d.dra != nil {
+		d.dra.Set(p.DRAView(d.draCfg))
+	}
 }
 
 // serveMetrics serves the metrics and probes at the flag's address when
@@ -235,6 +247,7 @@ func (f *pluginFlagSet) serve(ctx context.Context, fail context.CancelCauseFunc,
 	}
 	built.Store(p)
 	defer p.Close()
+	d.serveViews(p)
 	if *f.config.file != "" {
 		stopWatching := f.watchConfig(ctx, p, m, log)
 		defer stopWatching()

@@ -168,6 +168,12 @@ func (u *Upstream) Preferred(available, mustInclude []string, size int) []string
 			return resp.GetContainerResponses()[0].GetDeviceIDs()
 		}
 	}
+	return kubeletOrder(available, mustInclude, size)
+}
+
+// kubeletOrder is the choice of size devices when nri-gpu cannot be
+// asked: mustInclude, then the first of available (kubelet's own order).
+func kubeletOrder(available, mustInclude []string, size int) []string {
 	out := slices.Clone(mustInclude)
 	for _, id := range available {
 		if len(out) >= size {

@@ -228,3 +228,25 @@ func TestUpstreamAcrossOutages(t *testing.T) {
 	stop()
 	saidOnce("the second outage", 3)
 }
+
+// TestLater: a device plugin made before the view it serves offers no
+// device and prefers in kubelet's order until the view is set, then asks
+// it; a second view set is not asked.
+func TestLater(t *testing.T) {
+	var l Later
+	if got := l.Devices(); len(got) > 0 {
+		t.Errorf("before its view: %v, want no device", got)
+	}
+	if got := l.Preferred([]string{"0", "1", "2"}, []string{"2"}, 2); !slices.Equal(got, []string{"2", "0"}) {
+		t.Errorf("preferred before its view: %v, want kubelet's order after mustInclude", got)
+	}
+	src := &source{devs: []Device{{ID: "1", Healthy: true}}}
+	l.Set(src)
+	l.Set(&source{devs: []Device{{ID: "9"}}})
+	if got := l.Devices(); !slices.Equal(got, src.devs) {
+		t.Errorf("with its view: %v, want %v", got, src.devs)
+	}
+	if got := l.Preferred([]string{"0", "1", "2"}, nil, 1); !slices.Equal(got, []string{"2"}) {
+		t.Errorf("preferred with its view: %v, want the view's choice (the last available)", got)
+	}
+}

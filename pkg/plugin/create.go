@@ -283,11 +283,11 @@ func (p *Plugin) commit(pol *policy.Policy, plan policy.Plan) (policy.Grant, err
 // as long as ctx lets it (the request's share of the runtime's
 // patience).
 func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]string, []policy.ClaimDevice, error) {
-	if p.claims == nil {
+	if p.doors.claims == nil {
 		return nil, nil, nil
 	}
 	ref := link.PodRef{Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: pod.GetUid()}
-	uses, err := p.claims.Uses(ctx, ref, ctr.GetName())
+	uses, err := p.doors.claims.Uses(ctx, ref, ctr.GetName())
 	if errors.Is(err, link.ErrNotReserved) {
 		return nil, nil, err
 	}

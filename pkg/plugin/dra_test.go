@@ -31,9 +31,7 @@ import (
 // container ("pod/container") uses, or an error for the pod.
 // claimsOf has the plugin use f as its DRA driver, for the claims its
 // containers use.
-func claimsOf(f link.Finder) plugin.Option {
-	return plugin.WithDRA(config.Default().Start.DRA, func(*plugin.DRAView) plugin.DRADriver { return notified{f} })
-}
+func claimsOf(f link.Finder) plugin.Option { return plugin.WithDRA(notified{f}) }
 
 // notified is a finder as a DRA driver that is told nothing.
 type notified struct{ link.Finder }

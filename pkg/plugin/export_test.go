@@ -4,7 +4,12 @@ import "github.com/containerd/nri/pkg/api"
 
 // StopWith has the plugin stop containers with stop, for the package's
 // tests, instead of killing their processes.
-func (p *Plugin) StopWith(stop func(*api.Container) error) { p.stop = stop }
+func (p *Plugin) StopWith(stop func(*api.Container) error) { p.stopper = stopFunc(stop) }
+
+// stopFunc is a stopper that calls itself.
+type stopFunc func(*api.Container) error
+
+func (f stopFunc) Stop(c *api.Container) error { return f(c) }
 
 // WithSandboxCheck has the plugin take a process for a pod's sandbox as
 // is tells, for the package's tests, instead of by its cgroup.

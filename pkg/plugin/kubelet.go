@@ -36,12 +36,12 @@ func (p *Plugin) allocatedByKubelet(ctx context.Context, r *request, w policy.Wa
 // not answer, that is logged and nothing is returned: the pool still
 // refuses a device to a second holder, the kubelet pod's container then.
 func (p *Plugin) kubeletAllocations(ctx context.Context, snap *specs.Snapshot, pod string, log logrus.FieldLogger) []policy.KubeletAllocation {
-	if len(p.kubelet) == 0 {
+	if len(p.doors.kubelet) == 0 {
 		return nil
 	}
 	kinds := map[string]string{}
 	var names []string
-	for _, res := range p.kubelet {
+	for _, res := range p.doors.kubelet {
 		kinds[res.Name] = res.Kind
 		names = append(names, res.Name)
 	}

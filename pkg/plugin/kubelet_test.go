@@ -63,7 +63,7 @@ func TestKubeletAllocations(t *testing.T) {
 				t.Fatal(err)
 			}
 			p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{specDir}),
-				plugin.WithDevicePlugin(cfg.Start.DevicePlugin.Resources[0], func(*plugin.Resource) plugin.Door { return noDoor{} }))
+				plugin.WithDevicePlugin(noDoor{}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -98,7 +98,7 @@ func TestKubeletAllocationsForClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}),
-		plugin.WithDevicePlugin(cfg.Start.DevicePlugin.Resources[0], func(*plugin.Resource) plugin.Door { return noDoor{} }))
+		plugin.WithDevicePlugin(noDoor{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/nri-gpu/nri-gpu/pkg/access"
-	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
@@ -89,32 +88,30 @@ type DRADriver interface {
 	link.Finder
 }
 
-// WithDevicePlugin has New open a device plugin for extended resource r
-// over the plugin it builds (open is given the resource's devices as the
-// plugin knows them), and tell it whenever what pods hold changes.
-func WithDevicePlugin(r config.Resource, open func(*Resource) Door) Option {
+// WithDevicePlugin has the plugin tell door, a device plugin serving
+// the plugin's view of a resource (Resource, given it once the plugin is
+// built, through a deviceplugin.Later), whenever what pods hold changes.
+func WithDevicePlugin(door Door) Option {
+	return func(p *Plugin) { p.doors.list = append(p.doors.list, door) }
+}
+
+// WithDRA has the plugin inject the devices of the prepared claims
+// driver says a container uses, and tell it whenever what pods hold
+// changes; driver serves the plugin's view of the devices and pool
+// (DRAView, given it once the plugin is built, through a link.Later).
+// Without it, no container gets a claim's devices.
+func WithDRA(driver DRADriver) Option {
 	return func(p *Plugin) {
-		p.kubelet = append(p.kubelet, r)
-		p.opening = append(p.opening, func() { p.doors = append(p.doors, open(p.Resource(r))) })
+		p.doors.claims = driver
+		p.doors.list = append(p.doors.list, driver)
 	}
 }
 
-// WithDRA has New open the DRA driver configured by cfg over the plugin
-// it builds (open is given the driver's view of the devices and pool),
-// inject the devices of the prepared claims the driver says a container
-// uses, and tell it whenever what pods hold changes. Without it, no
-// container gets a claim's devices.
-func WithDRA(cfg config.DRA, open func(*DRAView) DRADriver) Option {
-	return func(p *Plugin) {
-		p.opening = append(p.opening, func() {
-			d := open(p.DRAView(cfg))
-			p.claims = d
-			p.doors = append(p.doors, d)
-		})
-	}
-}
+// EventSink is told what nri-gpu does to a pod's containers that the
+// pod's users should learn of (a container created while nri-gpu was
+// away, stopped), for the pod's events; Post must not wait.
+type EventSink interface{ Post(link.Event) }
 
-// WithEvents has the plugin tell post what it does to a pod's containers
-// that the pod's users should learn of (a container created while
-// nri-gpu was away, stopped), for the pod's events. post must not wait.
-func WithEvents(post func(link.Event)) Option { return func(p *Plugin) { p.events = post } }
+// WithEvents has the plugin tell sink what the pods' users should learn
+// of.
+func WithEvents(sink EventSink) Option { return func(p *Plugin) { p.doors.events = sink } }

@@ -74,9 +74,6 @@ type Plugin struct {
 	// access keeps the records of what containers were given; nil when
 	// they get none.
 	access *access.Dir
-	// claims tells which prepared DRA claims a container uses; nil
-	// without DRA.
-	claims link.Finder
 
 	// mu covers st.
 	mu sync.RWMutex
@@ -92,23 +89,16 @@ type Plugin struct {
 	// metrics is nil when metrics are off.
 	metrics *metrics.Metrics
 
-	// doors are told whenever what pods hold changes; opening opens
-	// them, once New has built the plugin (the options' part that
-	// needs it).
-	doors   []Door
-	opening []func()
-	// kubelet are the extended resources of the device plugins.
-	kubelet []config.Resource
+	// doors are told whenever what pods hold changes.
+	doors doors
 	// recovered are the pods of the last Synchronize, whose end the
 	// runtime may tell only through their containers' removal.
 	recovered recovered
 
 	// mps shares GPUs with MPS.
 	mps *mpsSharing
-	// stop stops a running container (killContainer).
-	stop func(*api.Container) error
-	// events, when set, is told what the pods' users should learn of.
-	events func(link.Event)
+	// stopper stops a running container (killer: its process killed).
+	stopper stopper
 	// closed is done once Close let the record go: what the plugin still
 	// does in the background (the claim check after Synchronize) stops.
 	closed     context.Context
@@ -117,6 +107,20 @@ type Plugin struct {
 	// problems are the spec problems logged, by spec file;
 	// sharingProblems the devices two policy.sharing entries match.
 	problems, sharingProblems lasting
+}
+
+// doors are the ways to the pool beside the runtime's requests.
+type doors struct {
+	// list are told whenever what pods hold, or what is healthy,
+	// changes.
+	list []Door
+	// claims tells which prepared DRA claims a container uses; nil
+	// without DRA.
+	claims link.Finder
+	// events, when set, is told what the pods' users should learn of.
+	events EventSink
+	// kubelet are the extended resources of the device plugins.
+	kubelet []config.Resource
 }
 
 // state is everything a request needs, replaced whole on reconfiguration.
@@ -129,7 +133,7 @@ type state struct {
 
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
-	p := &Plugin{log: log, alloc: policy.NewAllocations(), stop: func(c *api.Container) error { return killContainer("/proc", c) }}
+	p := &Plugin{log: log, alloc: policy.NewAllocations(), stopper: killer{proc: "/proc"}}
 	p.closed, p.closeAfter = context.WithCancel(context.Background())
 	p.recovered.done = p.closed.Done()
 	p.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.alloc, log: log, current: p}
@@ -160,10 +164,7 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	// Only the nri-gpu that holds the record tells the node's devices: one
 	// waiting to take over tells none.
 	p.metrics.WatchNode(p.metricsNode)
-	for _, open := range p.opening {
-		open()
-	}
-	p.opening = nil
+	p.doors.kubelet = cfg.Start.DevicePlugin.Resources
 	return p, nil
 }
 

@@ -289,7 +289,7 @@ func (p *Plugin) saveAndNotify() error {
 // notifyDoors tells each door that what pods hold, or what is healthy,
 // changed.
 func (p *Plugin) notifyDoors() {
-	for _, d := range p.doors {
+	for _, d := range p.doors.list {
 		d.Notify()
 	}
 }

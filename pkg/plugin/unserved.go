@@ -4,16 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
-	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
@@ -70,39 +66,6 @@ func containerOf(pod *api.PodSandbox, ctr *api.Container) policy.Container {
 	}
 }
 
-// ErrNotStopped is wrapped by the error of a container that could not be
-// stopped.
-var ErrNotStopped = errors.New("container not stopped")
-
-// killContainer stops a running container as the runtime's own eviction
-// does (containerd stops it with no grace period): its process, which
-// the runtime reports, is killed. The process is first opened (a pidfd,
-// so that the signal cannot reach a process that took its pid
-// meanwhile) and checked to be the container's: its cgroup names the
-// container's ID. proc is the proc filesystem ("/proc").
-func killContainer(proc string, ctr *api.Container) error {
-	pid := int(ctr.GetPid())
-	if pid <= 0 {
-		return fmt.Errorf("%w: the runtime reports no process of it", ErrNotStopped)
-	}
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return fmt.Errorf("%w: process %d: %w", ErrNotStopped, pid, err)
-	}
-	defer unix.Close(fd)
-	cgroup, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "cgroup"))
-	if err != nil {
-		return fmt.Errorf("%w: process %d: %w", ErrNotStopped, pid, err)
-	}
-	if ctr.GetId() == "" || !strings.Contains(string(cgroup), ctr.GetId()) {
-		return fmt.Errorf("%w: process %d is not in the container's cgroup (another PID namespace, or the container is gone)", ErrNotStopped, pid)
-	}
-	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
-		return fmt.Errorf("%w: process %d: %w", ErrNotStopped, pid, err)
-	}
-	return nil
-}
-
 // stopping is a container to stop, and why.
 type stopping struct {
 	pod *api.PodSandbox
@@ -122,15 +85,15 @@ func logTo(log logrus.FieldLogger, s stopping) logrus.FieldLogger {
 func (p *Plugin) stopUnserved(s stopping) {
 	log := logTo(p.log, s)
 	ev := link.Event{Namespace: s.pod.GetNamespace(), Pod: s.pod.GetName(), UID: s.pod.GetUid(), Container: s.ctr.GetName(), Action: "Stop"}
-	if err := p.stop(s.ctr); err != nil {
+	if err := p.stopper.Stop(s.ctr); err != nil {
 		log.Errorf("a container that is not to run as it is (%s) still runs: %v", s.why, err)
 		ev.Reason, ev.Note = NotStoppedReason, fmt.Sprintf("nri-gpu could not stop container %s, which is not to run as it is (%s): %v", s.ctr.GetName(), s.why, err)
 	} else {
 		log.Warnf("stopped the container, to be created again through nri-gpu: %s", s.why)
 		ev.Reason, ev.Note = StoppedReason, fmt.Sprintf("nri-gpu stopped container %s, to be created again through nri-gpu: %s", s.ctr.GetName(), s.why)
 	}
-	if p.events != nil {
-		p.events(ev)
+	if p.doors.events != nil {
+		p.doors.events.Post(ev)
 	}
 }
 
@@ -155,7 +118,7 @@ const (
 // namespaces of the claims prepared on the node (policy.Claim.MayBeUsedBy),
 // none without DRA or with no claim prepared.
 func (p *Plugin) claimless(found []stopping) []stopping {
-	if p.claims == nil {
+	if p.doors.claims == nil {
 		return nil
 	}
 	claims := p.alloc.Claims()
@@ -197,7 +160,7 @@ func (p *Plugin) claimUnserved(s stopping, deadline time.Time) (string, error) {
 	ref := link.PodRef{Namespace: s.pod.GetNamespace(), Name: s.pod.GetName(), UID: s.pod.GetUid()}
 	for {
 		ctx, cancel := context.WithTimeout(p.closed, min(claimAskFor, time.Until(deadline)))
-		uses, err := p.claims.Uses(ctx, ref, s.ctr.GetName())
+		uses, err := p.doors.claims.Uses(ctx, ref, s.ctr.GetName())
 		cancel()
 		if errors.Is(err, link.ErrNotReserved) {
 			return fmt.Sprintf("it names a claim not reserved for its pod: %v", err), nil
