@@ -47,7 +47,7 @@ func (p *Plugin) Create(ctx context.Context, pod *api.PodSandbox, ctr *api.Conta
 	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
 	req := &request{st: p.state(), rt: p.conn.runtime(), pod: pod, ctr: ctr, resolved: map[string]resolved{}}
 	req.snap = req.st.specs.Snapshot() // one snapshot for the whole request
-	req.pol = p.hw.PolicyIn(req.st.policy, req.snap)
+	req.pol = p.node.hw.PolicyIn(req.st.policy, req.snap)
 	ctx, cancel := context.WithTimeout(ctx, p.waitBound(ctx))
 	defer cancel()
 	adj, grant, err := p.serve(ctx, req, log)
@@ -130,16 +130,16 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 	a := r.decide(ask, held, log)
 	a.uses = claimUses(held)
 	a.want.Pod, a.want.Claims = pod, claims
-	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Hooks: r.snap.Hooks, Unhealthy: p.hw.Unhealthy(r.snap)}
+	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Hooks: r.snap.Hooks, Unhealthy: p.node.hw.Unhealthy(r.snap)}
 	if ask.Count > 1 {
-		a.want.Choice.Links = p.hw.Links()
+		a.want.Choice.Links = p.node.hw.Links()
 	}
 	a.want.Choice.Kubelet = p.allocatedByKubelet(ctx, r, a.want, log)
 	for attempt := 1; ; attempt++ {
 		// Planned even when it holds nothing new (only claims): the
 		// pod's claims and holdings are checked against
 		// policy.maxDevicesPerPod.
-		plan, err := p.alloc.Plan(r.pol, a.want)
+		plan, err := p.node.alloc.Plan(r.pol, a.want)
 		if err != nil {
 			return nil, policy.Grant{}, err
 		}
@@ -195,7 +195,7 @@ func (p *Plugin) build(ctx context.Context, r *request, a resolvedAsk, plan poli
 	given := append(plan.Devices(), a.claimed...)
 	// MPS: the client edits of the container's one MPS-shared GPU, once
 	// its daemon is ready.
-	edits, device, err := p.mps.sharing(r.pol, r.snap).Edits(ctx, p.mps.mgr, given, a.uses)
+	edits, device, err := p.node.mps.sharing(r.pol, r.snap).Edits(ctx, p.node.mps.mgr, given, a.uses)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -238,10 +238,10 @@ func (p *Plugin) build(ctx context.Context, r *request, a resolvedAsk, plan poli
 // keepAccess keeps rec, the record of what adj gives the request's
 // container, and adds its mount to adj; nothing without records.
 func (p *Plugin) keepAccess(r *request, rec *cdispec.Spec, adj *api.ContainerAdjustment) error {
-	if p.access == nil || rec == nil {
+	if p.node.access == nil || rec == nil {
 		return nil
 	}
-	if err := p.access.Write(r.pod.GetId(), r.ctr.GetId(), rec, adj); err != nil {
+	if err := p.node.access.Write(r.pod.GetId(), r.ctr.GetId(), rec, adj); err != nil {
 		return fmt.Errorf("keeping the record of what the container is given (%s): %w", access.Path, err)
 	}
 	return nil
@@ -249,10 +249,10 @@ func (p *Plugin) keepAccess(r *request, rec *cdispec.Spec, adj *api.ContainerAdj
 
 // forgetAccess removes the record of what a container was given.
 func (p *Plugin) forgetAccess(pod *api.PodSandbox, ctr *api.Container) {
-	if p.access == nil {
+	if p.node.access == nil {
 		return
 	}
-	if err := p.access.Remove(pod.GetId(), ctr.GetId()); err != nil {
+	if err := p.node.access.Remove(pod.GetId(), ctr.GetId()); err != nil {
 		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()}).
 			Warnf("removing the record of what the container was given: %v", err)
 	}
@@ -263,11 +263,11 @@ func (p *Plugin) forgetAccess(pod *api.PodSandbox, ctr *api.Container) {
 // container gets it, and taken back when the record cannot keep it (a
 // holding only memory knows would be handed out again after a restart).
 func (p *Plugin) commit(pol *policy.Policy, plan policy.Plan) (policy.Grant, error) {
-	grant, err := p.alloc.Commit(pol, plan)
+	grant, err := p.node.alloc.Commit(pol, plan)
 	if err != nil || !grant.Added() {
 		return grant, err
 	}
-	if err := p.keepOrUndo(func() { p.alloc.Revert(grant) }); err != nil {
+	if err := p.keepOrUndo(func() { p.node.alloc.Revert(grant) }); err != nil {
 		return policy.Grant{}, fmt.Errorf("devices not given, since their grant %w", err)
 	}
 	return grant, nil
@@ -292,7 +292,7 @@ func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api
 		return nil, nil, err
 	}
 	if err != nil {
-		for _, c := range p.alloc.Claims() {
+		for _, c := range p.node.alloc.Claims() {
 			if c.Claim.MayBeUsedBy(pod.GetNamespace()) {
 				return nil, nil, fmt.Errorf("%s was prepared, and this pod may use it: %w: %w", c.Claim, ErrClaimsUnknown, err)
 			}
@@ -306,7 +306,7 @@ func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api
 		devs []policy.ClaimDevice
 	)
 	for _, u := range uses {
-		_, d, err := p.alloc.Claim(u.UID, u.Requests)
+		_, d, err := p.node.alloc.Claim(u.UID, u.Requests)
 		if err != nil {
 			return nil, nil, fmt.Errorf("claim %s/%s: %w (kubelet prepares a claim before the pod's containers are created)", u.Namespace, u.Name, err)
 		}

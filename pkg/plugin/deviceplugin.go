@@ -42,17 +42,17 @@ type Resource struct {
 func (r *Resource) Devices() []deviceplugin.Device {
 	st := r.p.state()
 	snap := st.specs.Snapshot()
-	pol := r.p.hw.PolicyIn(st.policy, snap)
+	pol := r.p.node.hw.PolicyIn(st.policy, snap)
 	// What the admission would give, asked on no one's behalf: healthy,
 	// hooks allowed, room beside what holders kubelet does not account
 	// for hold.
-	ch := policy.Choice{Unhealthy: r.p.hw.Unhealthy(snap), Hooks: snap.Hooks}
+	ch := policy.Choice{Unhealthy: r.p.node.hw.Unhealthy(snap), Hooks: snap.Hooks}
 	offered := inventory.Hardware(snap, st.policy, r.cfg.Kind, r.cfg.Devices, nil)
 	healthy := map[string]bool{}
 	var ids []string
 	for _, c := range offered {
 		_, _, id := parser.ParseDevice(c.Name)
-		room := r.p.alloc.Room(pol, c, policy.DevicePlugin, ch)
+		room := r.p.node.alloc.Room(pol, c, policy.DevicePlugin, ch)
 		share := pol.Sharing(c)
 		if share == nil {
 			healthy[id] = room > 0
@@ -120,7 +120,7 @@ func (r *Resource) Preferred(available, mustInclude []string, size int) []string
 		}
 	}
 	if want := min(size-len(out), len(free)); want > 0 {
-		chosen, _ := policy.Pick(r.footprints(had), r.footprints(free), used, want, r.p.hw.Links())
+		chosen, _ := policy.Pick(r.footprints(had), r.footprints(free), used, want, r.p.node.hw.Links())
 		for _, d := range chosen {
 			_, _, dev := parser.ParseDevice(d.Name)
 			out = append(out, replica[dev])

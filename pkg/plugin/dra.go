@@ -34,7 +34,7 @@ type DRAView struct {
 func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
-	pol := c.p.hw.PolicyIn(st.policy, snap)
+	pol := c.p.node.hw.PolicyIn(st.policy, snap)
 	// An unhealthy one stays, tainted: kube-scheduler places no new
 	// claim on it, and its claims' pods see why. One kubelet allocated a
 	// device-plugin pod is not offered.
@@ -50,12 +50,12 @@ func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
 		for _, cand := range hw {
 			// Free, or shared with a replica no pod uses (a claim is one
 			// user, whichever pods use it; claims are the scheduler's).
-			if c.p.alloc.Room(pol, cand, policy.DRA, ch) == 0 {
+			if c.p.node.alloc.Room(pol, cand, policy.DRA, ch) == 0 {
 				continue
 			}
-			info := c.p.hw.Info(snap, kind, cand)
-			info.Unhealthy = c.p.hw.Sickness(snap, cand)
-			if offer, ok := c.p.alloc.Offer(pol, cand, policy.DRA); ok {
+			info := c.p.node.hw.Info(snap, kind, cand)
+			info.Unhealthy = c.p.node.hw.Sickness(snap, cand)
+			if offer, ok := c.p.node.alloc.Offer(pol, cand, policy.DRA); ok {
 				info.Offer = &offer
 			}
 			name := info.DeviceName()
@@ -77,7 +77,7 @@ func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
 func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []link.Allocated) error {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
-	pol := c.p.hw.PolicyIn(st.policy, snap)
+	pol := c.p.node.hw.PolicyIn(st.policy, snap)
 	asked := make([]policy.Asked, 0, len(allocated))
 	for _, a := range allocated {
 		d := policy.Asked{Device: specs.Device{Name: a.CDI}}
@@ -89,8 +89,8 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 		d.Claim = &policy.ClaimDevice{Device: d.Device, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, GpuConfig: a.GpuConfig}
 		asked = append(asked, d)
 	}
-	ch := policy.Choice{Unhealthy: c.p.hw.Unhealthy(snap), Kubelet: c.p.kubeletAllocations(ctx, snap, "", c.log(claim))}
-	admitted, err := c.p.alloc.AdmitClaim(pol, claim, asked, ch)
+	ch := policy.Choice{Unhealthy: c.p.node.hw.Unhealthy(snap), Kubelet: c.p.kubeletAllocations(ctx, snap, "", c.log(claim))}
+	admitted, err := c.p.node.alloc.AdmitClaim(pol, claim, asked, ch)
 	if err != nil || admitted == nil {
 		return err // refused, or kubelet asked again: nothing new to record
 	}
@@ -99,7 +99,7 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 	// stops those no holder wants any more).
 	undo := func() {
 		admitted()
-		c.p.mps.keep(ctx)
+		c.p.node.mps.keep(ctx)
 	}
 	// own are the daemons of the GPUs the claim has MPS run on for
 	// itself.
@@ -111,7 +111,7 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 		if !pol.OwnMPS(*d.Claim) {
 			continue
 		}
-		w, _, err := c.p.mps.sharing(pol, snap).Of(d.Device)
+		w, _, err := c.p.node.mps.sharing(pol, snap).Of(d.Device)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", claim, err))
 			continue
@@ -122,7 +122,7 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 		undo()
 		return err
 	}
-	if err := c.p.mps.startForClaim(ctx, own); err != nil {
+	if err := c.p.node.mps.startForClaim(ctx, own); err != nil {
 		undo()
 		return fmt.Errorf("%s: %w", claim, err)
 	}
@@ -144,22 +144,22 @@ func (c *DRAView) log(claim policy.Claim) logrus.FieldLogger {
 // record (the DRA driver then releases it if the API server no longer
 // has it on this node).
 func (c *DRAView) Unprepare(ctx context.Context, uid string) error {
-	return c.release(ctx, uid, func() ([]string, error) { return c.p.alloc.ReleaseClaim(uid), nil })
+	return c.release(ctx, uid, func() ([]string, error) { return c.p.node.alloc.ReleaseClaim(uid), nil })
 }
 
 // Release releases what a claim the API server no longer has holds,
 // unless the containers of pods the pool tracks still use it (an error
 // wrapping policy.ErrClaimInUse).
 func (c *DRAView) Release(ctx context.Context, uid string) error {
-	return c.release(ctx, uid, func() ([]string, error) { return c.p.alloc.ReleaseUnused(uid) })
+	return c.release(ctx, uid, func() ([]string, error) { return c.p.node.alloc.ReleaseUnused(uid) })
 }
 
 // release releases claim uid through forget, which returns the names of
 // the devices it held, and records it.
 func (c *DRAView) release(ctx context.Context, uid string, forget func() ([]string, error)) error {
 	st := c.p.state()
-	pol := c.p.hw.PolicyIn(st.policy, st.specs.Snapshot())
-	_, devs, _ := c.p.alloc.Claim(uid, nil)
+	pol := c.p.node.hw.PolicyIn(st.policy, st.specs.Snapshot())
+	_, devs, _ := c.p.node.alloc.Claim(uid, nil)
 	released, err := forget()
 	if err != nil {
 		return err
@@ -168,7 +168,7 @@ func (c *DRAView) release(ctx context.Context, uid string, forget func() ([]stri
 		c.p.log.WithFields(logrus.Fields{"claim": uid, "devices": strings.Join(released, ",")}).Info("released devices of DRA claim")
 	}
 	if slices.ContainsFunc(devs, pol.OwnMPS) {
-		c.p.mps.keep(ctx) // its daemon stops, its GPU back in its compute mode
+		c.p.node.mps.keep(ctx) // its daemon stops, its GPU back in its compute mode
 	}
 	if err := c.p.saveAndNotify(); err != nil {
 		return fmt.Errorf("claim %s released, but %w", uid, err)
@@ -179,7 +179,7 @@ func (c *DRAView) release(ctx context.Context, uid string, forget func() ([]stri
 // Prepared returns the claims the pool holds.
 func (c *DRAView) Prepared(context.Context) ([]policy.Claim, error) {
 	var out []policy.Claim
-	for _, h := range c.p.alloc.Claims() {
+	for _, h := range c.p.node.alloc.Claims() {
 		out = append(out, h.Claim)
 	}
 	return out, nil

@@ -26,8 +26,8 @@ type Shared struct {
 func (p *Plugin) SharedDevices() []Shared {
 	st := p.state()
 	snap := st.specs.Snapshot()
-	pol := p.hw.PolicyIn(st.policy, snap)
-	sh := p.mps.sharing(pol, snap)
+	pol := p.node.hw.PolicyIn(st.policy, snap)
+	sh := p.node.mps.sharing(pol, snap)
 	var out []Shared
 	for _, d := range inventory.Hardware(snap, st.policy, st.cfg.DefaultKind, []string{"*"}, nil) {
 		s, _ := pol.MPSOf(d, sh.Claims)
@@ -40,7 +40,7 @@ func (p *Plugin) SharedDevices() []Shared {
 		default:
 			continue
 		}
-		shared := Shared{Device: d.Name, Sharing: sharing, Users: p.alloc.Users(d)}
+		shared := Shared{Device: d.Name, Sharing: sharing, Users: p.node.alloc.Users(d)}
 		if w, _, err := sh.Of(d); err != nil {
 			shared.Limits = err.Error()
 		} else if w != nil {

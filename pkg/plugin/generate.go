@@ -42,7 +42,7 @@ func (p *Plugin) keepGenerating(ctx context.Context, stop context.CancelCauseFun
 		if st.cfg.Generate.Enabled {
 			dir := st.cfg.CDISpecDirs[len(st.cfg.CDISpecDirs)-1]
 			path := filepath.Join(dir, GeneratedSpecName)
-			what, wrote, err := p.generate(p.hw.Lib(), path)
+			what, wrote, err := p.generate(p.node.hw.Lib(), path)
 			switch {
 			case err != nil && answered && errors.Is(err, nvml.ERROR_LIB_RM_VERSION_MISMATCH):
 				p.log.Warnf("the NVIDIA driver changed under this process's NVML (%v): starting again to load the new driver's", err)
@@ -76,7 +76,7 @@ func (p *Plugin) generate(lib nvml.Interface, path string) (string, bool, error)
 		return "", false, err
 	}
 	cfg := p.state().cfg
-	spec, err := nvidia.Generate(lib, nvidia.Options{DriverRoot: p.start.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.hookPath, CreateControlNodes: true})
+	spec, err := nvidia.Generate(lib, nvidia.Options{DriverRoot: p.inForce.start.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.flags.hookPath, CreateControlNodes: true})
 	if err != nil {
 		return "", false, err
 	}
@@ -85,7 +85,7 @@ func (p *Plugin) generate(lib nvml.Interface, path string) (string, bool, error)
 			return "", false, err
 		}
 	}
-	what := fmt.Sprintf("driver %s, GPUs %s, control nodes %s, %d driver files", inv.DriverVersion, gpuList(inv), controlNodes(p.start.DriverRoot), len(spec.ContainerEdits.Mounts))
+	what := fmt.Sprintf("driver %s, GPUs %s, control nodes %s, %d driver files", inv.DriverVersion, gpuList(inv), controlNodes(p.inForce.start.DriverRoot), len(spec.ContainerEdits.Mounts))
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return "", false, err
 	}

@@ -15,13 +15,13 @@ import (
 // lost), for a plugin that does not Serve (nri-gpu explain); without
 // NVML it does nothing.
 func (p *Plugin) CheckHealth() {
-	m, err := nvidia.NewMonitor(p.hw.Lib())
+	m, err := nvidia.NewMonitor(p.node.hw.Lib())
 	if err != nil {
 		return
 	}
 	m.Check()
 	m.Close() // what it found stays
-	p.hw.Watching(m)
+	p.node.hw.Watching(m)
 }
 
 // watchHealth watches the NVIDIA GPUs' health through NVML as h says
@@ -33,7 +33,7 @@ func (p *Plugin) CheckHealth() {
 // serving with ErrDriverChanged, so that nri-gpu starts again with it,
 // as spec generation does.
 func (p *Plugin) watchHealth(ctx context.Context, h config.Health, changed func(unhealthy int), stop context.CancelCauseFunc) {
-	m, err := nvidia.NewMonitor(p.hw.Lib())
+	m, err := nvidia.NewMonitor(p.node.hw.Lib())
 	if err != nil {
 		p.log.Infof("GPU health not watched (%v): every device is taken as healthy", err)
 		return
@@ -59,8 +59,8 @@ func (p *Plugin) watchHealth(ctx context.Context, h config.Health, changed func(
 			p.log.Infof("NVML answered %v for the GPUs it had (the NVIDIA driver reloaded): opened it again, watching the GPUs' health again", cause)
 		}
 	}
-	p.hw.Watching(m)
-	defer p.hw.Watching(nil)
+	p.node.hw.Watching(m)
+	defer p.node.hw.Watching(nil)
 	p.log.Infof("watching the health of NVIDIA GPUs (critical Xid events, a check every %s)", h.Interval)
 	m.Run(ctx, h.Interval)
 }

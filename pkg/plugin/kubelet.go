@@ -47,7 +47,7 @@ func (p *Plugin) kubeletAllocations(ctx context.Context, snap *specs.Snapshot, p
 	}
 	ctx, cancel := context.WithTimeout(ctx, kubeletPatience)
 	defer cancel()
-	got, err := deviceplugin.Allocated(ctx, p.start.DevicePlugin.PodResources, names)
+	got, err := deviceplugin.Allocated(ctx, p.inForce.start.DevicePlugin.PodResources, names)
 	if err != nil {
 		log.Warnf("not told which devices kubelet allocated (a count request or a claim may take one kubelet gave a pod whose container is not created yet): %v", err)
 		return nil

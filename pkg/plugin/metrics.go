@@ -28,16 +28,16 @@ const mpsWait = time.Second
 // record still run, it tells no device: the pool does not yet hold what
 // they hold.
 func (p *Plugin) metricsNode() metrics.Node {
-	p.mu.RLock()
-	st, restoring := p.st, p.rec.Restoring()
-	p.mu.RUnlock()
+	p.inForce.mu.RLock()
+	st, restoring := p.inForce.st, p.node.rec.Restoring()
+	p.inForce.mu.RUnlock()
 	if restoring {
 		return metrics.Node{}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), mpsWait)
 	defer cancel()
 	snap := st.specs.Snapshot()
-	pol := p.hw.PolicyIn(st.policy, snap)
+	pol := p.node.hw.PolicyIn(st.policy, snap)
 	var (
 		out  metrics.Node
 		seen []specs.Device
@@ -59,20 +59,20 @@ func (p *Plugin) metricsNode() metrics.Node {
 // (a piece of hardware and its MIG devices): what it offers, and its
 // holders that hold it rather than another of pieces.
 func (p *Plugin) metricsDevice(ctx context.Context, pol *policy.Policy, snap *specs.Snapshot, kind string, x specs.Device, pieces []specs.Device) metrics.Device {
-	info := p.hw.Info(snap, kind, x)
-	u := p.alloc.Usage(pol, x)
+	info := p.node.hw.Info(snap, kind, x)
+	u := p.node.alloc.Usage(pol, x)
 	dev := metrics.Device{
 		Name:   x.Name,
 		Shares: u.Capacity.Shares, SharesUsed: u.Used.Shares, Memory: u.Capacity.Memory, MemoryUsed: u.Used.Memory,
 	}
-	dev.UUID, dev.GPUInstance = p.hw.DCGMEntity(info)
+	dev.UUID, dev.GPUInstance = p.node.hw.DCGMEntity(info)
 	if info.Index >= 0 {
 		dev.Index = strconv.Itoa(info.Index)
 	}
-	sh := p.mps.sharing(pol, snap)
+	sh := p.node.mps.sharing(pol, snap)
 	w, s, _ := sh.Of(x) // one nri-gpu cannot bound has no daemon to tell of
 	if w != nil {
-		dev.MPS = &metrics.MPS{Ready: p.mps.mgr.Ready(ctx, w.Daemon) == nil}
+		dev.MPS = &metrics.MPS{Ready: p.node.mps.mgr.Ready(ctx, w.Daemon) == nil}
 	}
 	for _, user := range u.Users {
 		if heldAs(user.Device, pieces).Name == x.Name {
@@ -102,7 +102,7 @@ func (p *Plugin) holdersOf(sh mps.Sharing, d specs.Device, s *policy.MPS, u poli
 	if s != nil {
 		var use policy.ClaimDevice // a pod's: the daemon's defaults
 		if u.Claim != nil {
-			if _, devs, err := p.alloc.Claim(u.Claim.UID, nil); err == nil {
+			if _, devs, err := p.node.alloc.Claim(u.Claim.UID, nil); err == nil {
 				if i := slices.IndexFunc(devs, func(c policy.ClaimDevice) bool { return c.Overlaps(d) }); i >= 0 {
 					use = devs[i]
 				}

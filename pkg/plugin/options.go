@@ -37,7 +37,7 @@ func WithNVML(lib nvml.Interface) Option { return func(p *Plugin) { p.flags.nvml
 
 // WithHookPath has the specs the plugin generates name path as their CDI
 // hook, instead of the plugin's own executable.
-func WithHookPath(path string) Option { return func(p *Plugin) { p.hookPath = path } }
+func WithHookPath(path string) Option { return func(p *Plugin) { p.flags.hookPath = path } }
 
 // WithStateFile has the plugin keep what pods hold in the file at path
 // (the --state-file flag), from which a restarted plugin learns it again.
@@ -59,7 +59,7 @@ func WithTakeOver(ctx context.Context) Option { return func(p *Plugin) { p.flags
 // (the --access-dir flag; see package access). Without it, containers get
 // no record.
 func WithAccessDir(dir string) Option {
-	return func(p *Plugin) { p.access = access.Open(dir) }
+	return func(p *Plugin) { p.node.access = access.Open(dir) }
 }
 
 // WithRecord has the plugin start from what the state file at path says

@@ -28,6 +28,10 @@ type overrides struct {
 	// stop (--take-over).
 	record   *record.File
 	takeOver context.Context
+	// hookPath is the CDI hook that the specs the plugin generates name
+	// (nri-gpu itself, by default), which the policy allows
+	// (--hook-path).
+	hookPath string
 }
 
 // apply returns cfg with the overrides, validated again.

@@ -62,51 +62,62 @@ type Plugin struct {
 	log logrus.FieldLogger
 	// flags override what every configuration says (the command line's).
 	flags overrides
-	// start is the configuration's start block as nri-gpu started with
-	// it: what every part reads of it, which no reload and no
-	// configuration from the runtime changes.
-	start config.Start
-	// alloc outlives configurations.
-	alloc *policy.Allocations
-	// rec keeps alloc (and the MPS daemons) in the state file across
-	// restarts.
-	rec *record.Keeper
-	// access keeps the records of what containers were given; nil when
-	// they get none.
-	access *access.Dir
-
-	// mu covers st.
-	mu sync.RWMutex
-	st *state
+	// node is what outlives configurations.
+	node node
+	// inForce is the configuration in force.
+	inForce inForce
 	// conn is the connection to the runtime.
 	conn connection
-
-	// hw is the node's hardware: what NVML says of its GPUs.
-	hw *inventory.Inventory
-	// hookPath is the CDI hook that the specs the plugin generates name
-	// (nri-gpu itself, by default), which the policy allows.
-	hookPath string
 	// metrics is nil when metrics are off.
 	metrics *metrics.Metrics
-
 	// doors are told whenever what pods hold changes.
 	doors doors
 	// recovered are the pods of the last Synchronize, whose end the
 	// runtime may tell only through their containers' removal.
 	recovered recovered
-
-	// mps shares GPUs with MPS.
-	mps *mpsSharing
 	// stopper stops a running container (killer: its process killed).
 	stopper stopper
-	// closed is done once Close let the record go: what the plugin still
-	// does in the background (the claim check after Synchronize) stops.
-	closed     context.Context
-	closeAfter context.CancelFunc
+	life    life
+	// logged are the problems logged once, not at every reload.
+	logged struct {
+		// problems are the spec problems, by spec file; sharing the
+		// devices two policy.sharing entries match.
+		problems, sharing lasting
+	}
+}
 
-	// problems are the spec problems logged, by spec file;
-	// sharingProblems the devices two policy.sharing entries match.
-	problems, sharingProblems lasting
+// node is what outlives configurations: the pool, its record, the
+// hardware, the MPS daemons and the records of what containers were given.
+type node struct {
+	alloc *policy.Allocations
+	// rec keeps alloc (and the MPS daemons) in the state file across
+	// restarts.
+	rec *record.Keeper
+	// hw is the node's hardware: what NVML says of its GPUs.
+	hw *inventory.Inventory
+	// mps shares GPUs with MPS.
+	mps *mpsSharing
+	// access keeps the records of what containers were given; nil when
+	// they get none.
+	access *access.Dir
+}
+
+// inForce is the configuration in force.
+type inForce struct {
+	// mu covers st.
+	mu sync.RWMutex
+	st *state
+	// start is the configuration's start block as nri-gpu started with
+	// it: what every part reads of it, which no reload and no
+	// configuration from the runtime changes.
+	start config.Start
+}
+
+// life is done once Close let the record go: what the plugin still does
+// in the background (the claim check after Synchronize) stops.
+type life struct {
+	closed context.Context
+	cancel context.CancelFunc
 }
 
 // doors are the ways to the pool beside the runtime's requests.
@@ -133,12 +144,12 @@ type state struct {
 
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
-	p := &Plugin{log: log, alloc: policy.NewAllocations(), stopper: killer{proc: "/proc"}}
-	p.closed, p.closeAfter = context.WithCancel(context.Background())
-	p.recovered.done = p.closed.Done()
-	p.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.alloc, log: log, current: p}
+	p := &Plugin{log: log, node: node{alloc: policy.NewAllocations()}, stopper: killer{proc: "/proc"}}
+	p.life.closed, p.life.cancel = context.WithCancel(context.Background())
+	p.recovered.done = p.life.closed.Done()
+	p.node.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.node.alloc, log: log, current: p}
 	if self, err := os.Executable(); err == nil {
-		p.hookPath = self
+		p.flags.hookPath = self
 		p.flags.mpsStart = mps.InShm(self, mps.ShmCommand)
 	}
 	for _, o := range opts {
@@ -148,15 +159,15 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	if cfg.Start.MPS.Daemon == config.MPSManaged {
 		start = p.flags.mpsStart
 	}
-	p.hw = inventory.New(cfg.Start.DriverRoot, p.flags.nvml, log.Infof)
-	p.mps.hw = p.hw
-	p.rec = record.NewKeeper(p.flags.record, p.alloc)
-	p.mps.mgr = mps.NewManager(start, mps.NVMLModes{Lib: p.hw.Lib}, p.rec)
+	p.node.hw = inventory.New(cfg.Start.DriverRoot, p.flags.nvml, log.Infof)
+	p.node.mps.hw = p.node.hw
+	p.node.rec = record.NewKeeper(p.flags.record, p.node.alloc)
+	p.node.mps.mgr = mps.NewManager(start, mps.NVMLModes{Lib: p.node.hw.Lib}, p.node.rec)
 	st, err := p.newState(cfg)
 	if err != nil {
 		return nil, err
 	}
-	p.st, p.start = st, cfg.Start
+	p.inForce.st, p.inForce.start = st, cfg.Start
 	if err := p.restoreRecord(st); err != nil {
 		st.specs.Close()
 		return nil, err
@@ -174,12 +185,12 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 // runtime says which pods still run (Synchronize), the MPS daemons when
 // their manager first looks.
 func (p *Plugin) restoreRecord(st *state) error {
-	file := p.rec.File()
+	file := p.node.rec.File()
 	if file == nil {
 		return nil
 	}
 	waited, held := time.Now(), false
-	err := p.rec.Lock(p.flags.takeOver, func(pid string) {
+	err := p.node.rec.Lock(p.flags.takeOver, func(pid string) {
 		held = true
 		p.log.Infof("the state file %s is held by another nri-gpu (pid %s): waiting for it to stop, to take over", file.Path(), pid)
 	})
@@ -189,14 +200,14 @@ func (p *Plugin) restoreRecord(st *state) error {
 	if held {
 		p.log.Infof("took over the state file %s after %s", file.Path(), time.Since(waited).Round(time.Millisecond))
 	}
-	kept, aside, err := p.rec.Load()
+	kept, aside, err := p.node.rec.Load()
 	if err != nil {
 		p.recordLost(err, aside, len(kept.Claims))
 	}
 	if kept.EarlierBoot != "" {
 		p.log.Infof("the record of what pods and claims held was kept before the node last booted (boot %s): it holds nothing now, and kubelet prepares the claims of the pods it starts again", kept.EarlierBoot)
 	}
-	if err := p.alloc.RestoreClaims(p.hw.PolicyIn(st.policy, st.specs.Snapshot()), kept.Claims); err != nil {
+	if err := p.node.alloc.RestoreClaims(p.node.hw.PolicyIn(st.policy, st.specs.Snapshot()), kept.Claims); err != nil {
 		p.log.Warn(err)
 	}
 	for _, c := range kept.Claims {
@@ -230,14 +241,14 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 	// The hook of the specs nri-gpu generates, nri-gpu itself by
 	// default, is as trusted as the plugin.
 	rules := cfg.Policy
-	if p.hookPath != "" && !slices.Contains(rules.HookPaths, p.hookPath) {
-		rules.HookPaths = append(slices.Clone(rules.HookPaths), p.hookPath)
+	if p.flags.hookPath != "" && !slices.Contains(rules.HookPaths, p.flags.hookPath) {
+		rules.HookPaths = append(slices.Clone(rules.HookPaths), p.flags.hookPath)
 	}
 	// Whether a device is shared follows its hardware: the names it
 	// goes by in a snapshot of the specs (policyIn binds a decision's).
 	st := &state{cfg: cfg, parser: parser, policy: policy.New(rules), specs: reg}
 	snap := reg.Snapshot()
-	if err := p.hw.PolicyIn(st.policy, snap).CheckSharing(snap.Trusted()); err != nil {
+	if err := p.node.hw.PolicyIn(st.policy, snap).CheckSharing(snap.Trusted()); err != nil {
 		reg.Close()
 		return nil, err
 	}
@@ -251,7 +262,7 @@ func (p *Plugin) logProblems(s *specs.Snapshot) {
 	for path, errs := range s.Problems {
 		current[path] = errors.Join(errs...).Error()
 	}
-	appeared, gone := p.problems.update(current)
+	appeared, gone := p.logged.problems.update(current)
 	for _, path := range appeared {
 		p.log.WithField("spec", path).Warnf("CDI spec not used: %s", current[path])
 	}
@@ -267,18 +278,18 @@ func (p *Plugin) logProblems(s *specs.Snapshot) {
 // since the policy was checked): it is refused until one entry no longer
 // matches it.
 func (p *Plugin) logSharing(s *specs.Snapshot) {
-	p.mu.RLock()
-	st := p.st
-	p.mu.RUnlock()
+	p.inForce.mu.RLock()
+	st := p.inForce.st
+	p.inForce.mu.RUnlock()
 	current := map[string]string{}
 	if st != nil {
-		if err, ok := p.hw.PolicyIn(st.policy, s).CheckSharing(s.Trusted()).(interface{ Unwrap() []error }); ok {
+		if err, ok := p.node.hw.PolicyIn(st.policy, s).CheckSharing(s.Trusted()).(interface{ Unwrap() []error }); ok {
 			for _, e := range err.Unwrap() {
 				current[e.Error()] = e.Error()
 			}
 		}
 	}
-	appeared, gone := p.sharingProblems.update(current)
+	appeared, gone := p.logged.sharing.update(current)
 	for _, msg := range appeared {
 		p.log.Warnf("%s; until then the device is refused", msg)
 	}
@@ -295,19 +306,19 @@ func (p *Plugin) Resource(r config.Resource) *Resource { return &Resource{p: p, 
 func (p *Plugin) DRAView(cfg config.DRA) *DRAView { return &DRAView{p: p, cfg: cfg} }
 
 func (p *Plugin) state() *state {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.st
+	p.inForce.mu.RLock()
+	defer p.inForce.mu.RUnlock()
+	return p.inForce.st
 }
 
 // Close stops watching the spec directories and lets the state file's
 // lock go, once nothing of it can write the record any more (the
 // watches of pods' sandboxes ended).
 func (p *Plugin) Close() {
-	p.closeAfter()
+	p.life.cancel()
 	p.recovered.wait()
 	p.state().specs.Close()
-	p.rec.Unlock()
+	p.node.rec.Unlock()
 }
 
 // Configure is called by the runtime when the plugin registers. A
@@ -360,12 +371,12 @@ func (p *Plugin) Reload(cfg *config.Config) error {
 // configuration came (a reload, the runtime's Configure), and logs what
 // pods hold that it would not give them: they keep it until removed.
 func (p *Plugin) putInForce(st *state) {
-	p.mu.Lock()
-	old := p.st
-	p.st = st
-	p.mu.Unlock()
+	p.inForce.mu.Lock()
+	old := p.inForce.st
+	p.inForce.st = st
+	p.inForce.mu.Unlock()
 	old.specs.Close()
-	if err := p.alloc.Check(p.hw.PolicyIn(st.policy, st.specs.Snapshot())); err != nil {
+	if err := p.node.alloc.Check(p.node.hw.PolicyIn(st.policy, st.specs.Snapshot())); err != nil {
 		p.log.Warnf("the new configuration would not give some pods what they hold: %v", err)
 	}
 }
@@ -374,7 +385,7 @@ func (p *Plugin) putInForce(st *state) {
 // in force: refused (ErrStartOnly, naming the keys) when it changes the
 // start block, which nri-gpu read when it started.
 func (p *Plugin) reloaded(cfg *config.Config) (*state, error) {
-	if keys := p.start.Changed(cfg.Start); len(keys) > 0 {
+	if keys := p.inForce.start.Changed(cfg.Start); len(keys) > 0 {
 		return nil, fmt.Errorf("%w: %s is read at start: restart nri-gpu to change it (a pre-registered nri-gpu reads its start block from --config)", ErrStartOnly, strings.Join(keys, ", "))
 	}
 	return p.newState(cfg)

@@ -33,11 +33,11 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil) // stops the generator whenever Serve returns
 	go p.keepGenerating(ctx, cancel)
-	go p.watchHealth(ctx, p.start.Health, func(unhealthy int) {
+	go p.watchHealth(ctx, p.inForce.start.Health, func(unhealthy int) {
 		p.metrics.UnhealthyGPUs(unhealthy)
 		p.notifyDoors()
 	}, cancel)
-	go p.mps.run(ctx)
+	go p.node.mps.run(ctx)
 	delay := MinBackoff
 	for attempt := 1; ; attempt++ {
 		s, err := stub.New(p, opts...)

@@ -41,14 +41,14 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	st := p.state()
 	reported := syncedPods(pods, containers)
 	found := p.found(st, reported, containers)
-	if err := p.alloc.Restore(p.hw.PolicyIn(st.policy, st.specs.Snapshot()), found.holdings); err != nil {
+	if err := p.node.alloc.Restore(p.node.hw.PolicyIn(st.policy, st.specs.Snapshot()), found.holdings); err != nil {
 		p.log.Warn(err)
 	}
 	p.recovered.reset(slices.Collect(maps.Keys(reported.live)), containers)
 	p.watchSandboxes(reported)
-	if p.access != nil {
+	if p.node.access != nil {
 		// The records of pods the runtime no longer has.
-		if err := p.access.Keep(func(id string) bool { return reported.sandboxes[id] != nil }); err != nil {
+		if err := p.node.access.Keep(func(id string) bool { return reported.sandboxes[id] != nil }); err != nil {
 			p.log.Warnf("removing the records of what containers of pods gone were given: %v", err)
 		}
 	}
@@ -61,7 +61,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		// The DRA driver answers once it runs, after this.
 		go p.stopClaimless(check)
 	}
-	for pod, devices := range p.alloc.Held() {
+	for pod, devices := range p.node.alloc.Held() {
 		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": strings.Join(devices, ",")}).
 			Info("restored devices held by pod")
 	}
@@ -117,7 +117,7 @@ type foundPods struct {
 func (p *Plugin) found(st *state, reported synced, containers []*api.Container) foundPods {
 	var out foundPods
 	recorded := map[string][]specs.Device{} // by pod ID
-	for _, h := range p.rec.TakeRestored() {
+	for _, h := range p.node.rec.TakeRestored() {
 		if pod, ok := reported.live[h.Pod.ID]; ok {
 			h.Pod = pod
 			out.holdings = append(out.holdings, h)
@@ -126,7 +126,7 @@ func (p *Plugin) found(st *state, reported synced, containers []*api.Container) 
 	}
 	snap := st.specs.Snapshot()
 	// A device of a prepared claim, found in a container, is the claim's.
-	claimed := p.alloc.ClaimHeld()
+	claimed := p.node.alloc.ClaimHeld()
 	candidates := slices.DeleteFunc(snap.Candidates(st.cfg.DefaultKind), func(d specs.Device) bool { return specs.OverlapsAny(d, claimed) })
 	for _, c := range containers {
 		pod, ok := reported.live[c.GetPodSandboxId()]
@@ -233,8 +233,8 @@ func (p *Plugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
 func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
 	p.recovered.forget(pod.GetId())
 	p.release(pod)
-	if p.access != nil {
-		if err := p.access.RemovePod(pod.GetId()); err != nil {
+	if p.node.access != nil {
+		if err := p.node.access.RemovePod(pod.GetId()); err != nil {
 			p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).
 				Warnf("removing the records of what the pod's containers were given: %v", err)
 		}
@@ -254,7 +254,7 @@ func (p *Plugin) RemoveContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 }
 
 func (p *Plugin) release(pod *api.PodSandbox) {
-	if released := p.alloc.Release(pod.GetId()); len(released) > 0 {
+	if released := p.node.alloc.Release(pod.GetId()); len(released) > 0 {
 		p.saveAndNotify()
 		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "devices": strings.Join(released, ",")}).
 			Info("released devices")
@@ -268,7 +268,7 @@ func (p *Plugin) release(pod *api.PodSandbox) {
 // *policy.ConflictError), or nil.
 func (p *Plugin) HoldRecorded() error {
 	st := p.state()
-	return p.alloc.Restore(p.hw.PolicyIn(st.policy, st.specs.Snapshot()), p.rec.TakeRestored())
+	return p.node.alloc.Restore(p.node.hw.PolicyIn(st.policy, st.specs.Snapshot()), p.node.rec.TakeRestored())
 }
 
 // saveAndNotify records what pods hold, in the state file and in the
@@ -276,12 +276,12 @@ func (p *Plugin) HoldRecorded() error {
 // a view of it (the device plugin, DRA). It returns the state file's
 // error (wrapping ErrNotRecorded), which it also logs.
 func (p *Plugin) saveAndNotify() error {
-	err := p.rec.Save()
+	err := p.node.rec.Save()
 	if err != nil {
 		p.log.Errorf("what pods hold is not kept for a restart: %v", err)
 	}
-	p.metrics.DevicesHeld(p.alloc.Count()) // nil metrics: nothing
-	p.metrics.RecordRebuilt(p.rec.Lost() || p.alloc.Rebuilt() > 0)
+	p.metrics.DevicesHeld(p.node.alloc.Count()) // nil metrics: nothing
+	p.metrics.RecordRebuilt(p.node.rec.Lost() || p.node.alloc.Rebuilt() > 0)
 	p.notifyDoors()
 	return err
 }

@@ -121,7 +121,7 @@ func (p *Plugin) claimless(found []stopping) []stopping {
 	if p.doors.claims == nil {
 		return nil
 	}
-	claims := p.alloc.Claims()
+	claims := p.node.alloc.Claims()
 	return slices.DeleteFunc(found, func(s stopping) bool {
 		return !slices.ContainsFunc(claims, func(c policy.ClaimHolding) bool { return c.Claim.MayBeUsedBy(s.pod.GetNamespace()) })
 	})
@@ -139,7 +139,7 @@ func (p *Plugin) stopClaimless(check []stopping) {
 	for _, s := range check {
 		why, err := p.claimUnserved(s, deadline)
 		switch {
-		case p.closed.Err() != nil:
+		case p.life.closed.Err() != nil:
 			p.log.Info("stopped checking the claims of containers created while nri-gpu was away: another nri-gpu holds the record")
 			return
 		case err != nil:
@@ -159,7 +159,7 @@ func (p *Plugin) stopClaimless(check []stopping) {
 func (p *Plugin) claimUnserved(s stopping, deadline time.Time) (string, error) {
 	ref := link.PodRef{Namespace: s.pod.GetNamespace(), Name: s.pod.GetName(), UID: s.pod.GetUid()}
 	for {
-		ctx, cancel := context.WithTimeout(p.closed, min(claimAskFor, time.Until(deadline)))
+		ctx, cancel := context.WithTimeout(p.life.closed, min(claimAskFor, time.Until(deadline)))
 		uses, err := p.doors.claims.Uses(ctx, ref, s.ctr.GetName())
 		cancel()
 		if errors.Is(err, link.ErrNotReserved) {
@@ -172,7 +172,7 @@ func (p *Plugin) claimUnserved(s stopping, deadline time.Time) (string, error) {
 			return "", err
 		}
 		select {
-		case <-p.closed.Done():
+		case <-p.life.closed.Done():
 			return "", err
 		case <-time.After(claimRetry):
 		}
@@ -184,7 +184,7 @@ func (p *Plugin) claimUnserved(s stopping, deadline time.Time) (string, error) {
 func (p *Plugin) lacksClaimed(ctr *api.Container, uses []link.ClaimUse) string {
 	var missing []string
 	for _, u := range uses {
-		_, devs, err := p.alloc.Claim(u.UID, u.Requests)
+		_, devs, err := p.node.alloc.Claim(u.UID, u.Requests)
 		if err != nil {
 			missing = append(missing, fmt.Sprintf("claim %s/%s (%v)", u.Namespace, u.Name, err))
 			continue
