@@ -28,9 +28,9 @@ import (
 // pod's last other container meanwhile does not release what the new
 // one is being given.
 func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
-	p.recovered.add(pod.GetId(), ctr.GetId())
+	p.recovered.Add(pod.GetId(), ctr.GetId())
 	adj, _, err := p.Create(ctx, pod, ctr)
-	if err != nil && p.recovered.remove(pod.GetId(), ctr.GetId()) {
+	if err != nil && p.recovered.Remove(pod.GetId(), ctr.GetId()) {
 		p.release(pod) // its other containers were removed meanwhile
 	}
 	return adj, nil, err

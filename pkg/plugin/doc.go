@@ -18,7 +18,6 @@
 //	request.go       one container's creation: what it asks, resolved
 //	synchronize.go   Synchronize, the pods' end, and the record kept
 //	unserved.go      containers the runtime created while nri-gpu was away
-//	recovered.go     pods reported at Synchronize, ended by their containers
 //	validate.go      ValidateContainerAdjustment
 //	health.go        the GPUs' health watched (pkg/inventory, NVML)
 //	deviceplugin.go  the device plugin's view (pkg/deviceplugin)

@@ -23,6 +23,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
+	"github.com/nri-gpu/nri-gpu/pkg/recovery"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
@@ -74,7 +75,7 @@ type Plugin struct {
 	doors doors
 	// recovered are the pods of the last Synchronize, whose end the
 	// runtime may tell only through their containers' removal.
-	recovered recovered
+	recovered *recovery.Pods
 	// stopper stops a running container (killer: its process killed).
 	stopper stopper
 	life    life
@@ -146,7 +147,7 @@ type state struct {
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
 	p := &Plugin{log: log, node: node{alloc: policy.NewAllocations()}, stopper: killer{proc: "/proc"}}
 	p.life.closed, p.life.cancel = context.WithCancel(context.Background())
-	p.recovered.done = p.life.closed.Done()
+	p.recovered = recovery.New(p.life.closed.Done(), nil)
 	p.node.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.node.alloc, log: log, current: p}
 	if self, err := os.Executable(); err == nil {
 		p.flags.hookPath = self
@@ -316,7 +317,7 @@ func (p *Plugin) state() *state {
 // watches of pods' sandboxes ended).
 func (p *Plugin) Close() {
 	p.life.cancel()
-	p.recovered.wait()
+	p.recovered.Wait()
 	p.state().specs.Close()
 	p.node.rec.Unlock()
 }

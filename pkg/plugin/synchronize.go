@@ -44,7 +44,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	if err := p.node.alloc.Restore(p.node.hw.PolicyIn(st.policy, st.specs.Snapshot()), found.holdings); err != nil {
 		p.log.Warn(err)
 	}
-	p.recovered.reset(slices.Collect(maps.Keys(reported.live)), containers)
+	p.recovered.Reset(slices.Collect(maps.Keys(reported.live)), containers)
 	p.watchSandboxes(reported)
 	if p.node.access != nil {
 		// The records of pods the runtime no longer has.
@@ -182,7 +182,7 @@ func (p *Plugin) watchSandboxes(reported synced) {
 			log.Info("the pod's sandbox ended with no container: what it held is released (the runtime restarted, and tells nothing else of its end)")
 			p.release(pod)
 		}
-		if err := p.recovered.watch(id, int(pod.GetPid()), ended); err != nil {
+		if err := p.recovered.Watch(id, int(pod.GetPid()), ended); err != nil {
 			log.Debugf("a pod with no container: its end is told by its next container's removal, not by its sandbox's (%v)", err)
 		}
 	}
@@ -224,14 +224,14 @@ func withNodesOf(c *api.Container, candidates []specs.Device) []specs.Device {
 
 // StopPodSandbox releases the devices a pod held.
 func (p *Plugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
-	p.recovered.forget(pod.GetId())
+	p.recovered.Forget(pod.GetId())
 	p.release(pod)
 	return nil
 }
 
 // RemovePodSandbox releases the devices a pod held, if its stop did not.
 func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
-	p.recovered.forget(pod.GetId())
+	p.recovered.Forget(pod.GetId())
 	p.release(pod)
 	if p.node.access != nil {
 		if err := p.node.access.RemovePod(pod.GetId()); err != nil {
@@ -244,10 +244,10 @@ func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error 
 
 // RemoveContainer releases the devices of a pod the runtime reported at
 // Synchronize once its last container is removed: after the runtime
-// restarted, that is all it tells of the pod's end (see recovered).
+// restarted, that is all it tells of the pod's end (see pkg/recovery).
 func (p *Plugin) RemoveContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
 	p.forgetAccess(pod, ctr)
-	if p.recovered.remove(pod.GetId(), ctr.GetId()) {
+	if p.recovered.Remove(pod.GetId(), ctr.GetId()) {
 		p.release(pod)
 	}
 	return nil

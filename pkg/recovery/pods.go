@@ -1,4 +1,7 @@
-package plugin
+// Package recovery tracks the pods a runtime reported at NRI's
+// Synchronize until their end, which the runtime tells only through their
+// containers' removal or their sandbox process's exit.
+package recovery
 
 import (
 	"errors"
@@ -11,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// recovered tracks, by their containers, the pods the runtime reported at
+// Pods tracks, by their containers, the pods the runtime reported at
 // Synchronize. containerd (1.7 and 2.x alike) keeps the NRI state of its
 // pods in memory and, on a plugin's Synchronize, rebuilds only its
 // containers': for a pod that ran before containerd restarted it sends no
@@ -24,30 +27,43 @@ import (
 // A pod reported with no container (its containers exited: containerd
 // reports none of those) is tracked too, so that the containers it makes
 // later are, and is released when its sandbox process ends with still no
-// container (watch). Pods created on the current connection are not
-// tracked; their StopPodSandbox releases them.
-type recovered struct {
+// container (Watch). Pods created on the current connection are not
+// tracked; their StopPodSandbox releases them. The zero Pods is not
+// ready: use New.
+type Pods struct {
 	mu sync.Mutex
 	// pods holds, by pod ID, the IDs of the pod's containers.
 	pods map[string]map[string]bool
-	// resets counts reset: a watch begun before the last one ends.
+	// resets counts Reset: a watch begun before the last one ends.
 	resets int
 	// done, when closed, ends the watches: the plugin let its record go.
 	done <-chan struct{}
-	// isSandbox tells whether process pid is pod podID's sandbox
-	// (sandboxProcess; the package's tests replace it).
-	isSandbox func(pid int, podID string) bool
+	// isSandbox tells whether process pid is pod podID's sandbox.
+	isSandbox SandboxCheck
 	// watches are the watches running, which end once done is closed.
 	watches sync.WaitGroup
 }
 
-// wait returns once every watch has ended (done is closed: none
-// releases anything after).
-func (r *recovered) wait() { r.watches.Wait() }
+// SandboxCheck tells whether process pid is pod podID's sandbox.
+type SandboxCheck func(pid int, podID string) bool
 
-// reset tracks the pods, with those of the containers that are theirs,
+// New returns Pods whose watches end once done is closed, which take a
+// process for a pod's sandbox as isSandbox says (nil: by its cgroup,
+// SandboxProcess).
+func New(done <-chan struct{}, isSandbox SandboxCheck) *Pods {
+	if isSandbox == nil {
+		isSandbox = SandboxProcess
+	}
+	return &Pods{done: done, isSandbox: isSandbox}
+}
+
+// Wait returns once every watch has ended (done is closed: none
+// releases anything after).
+func (r *Pods) Wait() { r.watches.Wait() }
+
+// Reset tracks the pods, with those of the containers that are theirs,
 // and no other pod.
-func (r *recovered) reset(pods []string, containers []*api.Container) {
+func (r *Pods) Reset(pods []string, containers []*api.Container) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.resets++
@@ -62,8 +78,8 @@ func (r *recovered) reset(pods []string, containers []*api.Container) {
 	}
 }
 
-// add records a container created in a tracked pod.
-func (r *recovered) add(podID, ctrID string) {
+// Add records a container created in a tracked pod.
+func (r *Pods) Add(podID, ctrID string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ctrs, ok := r.pods[podID]; ok {
@@ -71,9 +87,9 @@ func (r *recovered) add(podID, ctrID string) {
 	}
 }
 
-// remove forgets a removed container, and reports whether it was the last
+// Remove forgets a removed container, and reports whether it was the last
 // of a tracked pod.
-func (r *recovered) remove(podID, ctrID string) bool {
+func (r *Pods) Remove(podID, ctrID string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ctrs := r.pods[podID]
@@ -84,8 +100,8 @@ func (r *recovered) remove(podID, ctrID string) bool {
 	return len(ctrs) == 0
 }
 
-// forget stops tracking a pod the runtime said is stopped or removed.
-func (r *recovered) forget(podID string) {
+// Forget stops tracking a pod the runtime said is stopped or removed.
+func (r *Pods) Forget(podID string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.pods, podID)
@@ -95,30 +111,26 @@ func (r *recovered) forget(podID string) {
 // so how long Close may wait for it to end).
 const watchPoll = 100 // ms
 
-// errNotSandbox says a process is not the sandbox a pod was reported with.
-var errNotSandbox = errors.New("not the pod's sandbox process")
+// ErrNotSandbox says a process is not the sandbox a pod was reported with.
+var ErrNotSandbox = errors.New("not the pod's sandbox process")
 
-// watch calls release once process pid, pod podID's sandbox as the
+// Watch calls release once process pid, pod podID's sandbox as the
 // runtime reported it, has ended, if the pod is then still tracked, with
-// no container, since the last reset; it returns at once. A process that
+// no container, since the last Reset; it returns at once. A process that
 // cannot be watched (it ended already, it is not in nri-gpu's pid
 // namespace, or it is not the pod's sandbox) is not, and the error says
 // why: the pod then keeps what it holds until a container it makes is
 // removed, as a pod whose sandbox runs on. A watch ends with its pod's
 // tracking (the pod stopped, removed, or given a container whose removal
-// tells its end) or at the next reset.
-func (r *recovered) watch(podID string, pid int, release func()) error {
+// tells its end) or at the next Reset.
+func (r *Pods) Watch(podID string, pid int, release func()) error {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return fmt.Errorf("sandbox process %d: %w", pid, err)
 	}
-	check := r.isSandbox
-	if check == nil {
-		check = sandboxProcess
-	}
-	if !check(pid, podID) {
+	if !r.isSandbox(pid, podID) {
 		_ = unix.Close(fd)
-		return fmt.Errorf("process %d: %w", pid, errNotSandbox)
+		return fmt.Errorf("process %d: %w", pid, ErrNotSandbox)
 	}
 	r.mu.Lock()
 	resets := r.resets
@@ -160,12 +172,12 @@ func (r *recovered) watch(podID string, pid int, release func()) error {
 	return nil
 }
 
-// sandboxProcess reports whether process pid is in pod podID's sandbox's
+// SandboxProcess reports whether process pid is in pod podID's sandbox's
 // cgroup: containerd names it after the sandbox's ID, under the cgroupfs
 // driver (".../<id>") and systemd's ("cri-containerd-<id>.scope") alike.
 // A pid read in another pid namespace than the runtime's names another
 // process, in another cgroup.
-func sandboxProcess(pid int, podID string) bool {
+func SandboxProcess(pid int, podID string) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	return err == nil && podID != "" && strings.Contains(string(b), podID)
 }
