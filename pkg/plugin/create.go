@@ -124,7 +124,7 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 	}
 	claimed := policy.Footprints(held)
 	if ask.Empty() && len(claimed) == 0 {
-		return scrub(r.ctr), policy.Grant{}, nil
+		return adjust.Scrub(r.ctr), policy.Grant{}, nil
 	}
 	pod := podOf(r.pod)
 	a := r.decide(ask, held, log)
@@ -218,12 +218,7 @@ func (p *Plugin) build(ctx context.Context, r *request, a resolvedAsk, plan poli
 		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
 			Info("left out a CDI edit the runtime cannot apply and the container does not need (its process runs as root or has the groups)")
 	}
-	res.Adjustment.AddAnnotation(DevicesAnnotation, strings.Join(specs.Names(given), ","))
-	if counted := plan.Counted(); len(counted) > 0 {
-		res.Adjustment.AddAnnotation(CountedAnnotation, strings.Join(specs.Names(counted), ","))
-	} else if _, ok := r.ctr.GetAnnotations()[CountedAnnotation]; ok {
-		res.Adjustment.RemoveAnnotation(CountedAnnotation)
-	}
+	adjust.Annotate(res.Adjustment, r.ctr, specs.Names(given), specs.Names(plan.Counted()))
 	var names []string // the record's: nri-gpu's devices, then the runtime's
 	for _, d := range slices.Concat(devices, a.injected) {
 		names = append(names, d.GetQualifiedName())

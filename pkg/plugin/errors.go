@@ -88,9 +88,8 @@ func rule(err error) string {
 var ErrMPS = mps.ErrNotServed
 
 // ErrInjectedTwice is wrapped by the error that refuses a container in
-// which a device nri-gpu injects would be injected a second time, by the
-// runtime's own CDI at another NRI plugin's request.
-var ErrInjectedTwice = errors.New("a device would be injected twice")
+// which a device nri-gpu injects would be injected a second time.
+var ErrInjectedTwice = adjust.ErrInjectedTwice
 
 // ErrConfig is wrapped by Serve's error when the runtime handed the plugin
 // a configuration it rejected.

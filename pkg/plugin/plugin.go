@@ -27,16 +27,11 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
-// Annotations nri-gpu adds to each container it gives devices, for
-// operators to read. nri-gpu writes them whole and removes them from a
-// container it gives nothing: a tenant cannot set them.
+// Annotations nri-gpu adds to each container it gives devices (pkg/adjust
+// writes them).
 const (
-	// DevicesAnnotation lists the devices the container got, qualified
-	// CDI names separated by commas: "nvidia.com/gpu=0,nvidia.com/gpu=1".
-	DevicesAnnotation = "nri-gpu.io/devices"
-	// CountedAnnotation lists those of them chosen for a count request,
-	// written the same way.
-	CountedAnnotation = "nri-gpu.io/counted"
+	DevicesAnnotation = adjust.DevicesAnnotation
+	CountedAnnotation = adjust.CountedAnnotation
 )
 
 // The NRI events the plugin handles. A method whose signature drifted

@@ -84,16 +84,10 @@ func (r *request) options(injected []*cdi.Device) adjust.Options {
 		AdditionalGIDs:  r.ctr.GetUser().GetAdditionalGids(),
 		UserUnknown:     r.ctr.GetUser() == nil,
 		Runtime:         r.rt,
-		UserNS:          userNS(r.ctr),
+		UserNS:          adjust.UserNS(r.ctr),
 		HookFree:        r.st.cfg.HookFree,
 		Sonames:         r.snap.Sonames,
 	}
-}
-
-// userNS reports whether the container has a user namespace of its own
-// (a pod with hostUsers: false, CRI's userns_options).
-func userNS(ctr *api.Container) bool {
-	return slices.ContainsFunc(ctr.GetLinux().GetNamespaces(), func(ns *api.LinuxNamespace) bool { return ns.GetType() == "user" })
 }
 
 // resolvedAsk is what a container asks for, resolved: the devices to inject
@@ -159,7 +153,7 @@ func (r *request) decide(ask policy.Ask, held []policy.ClaimDevice, log logrus.F
 			continue
 		}
 		a.inject = append(a.inject, e)
-		if injectedByRuntime(e, r.ctr) {
+		if adjust.InjectedByRuntime(e, r.ctr) {
 			a.injected = append(a.injected, e.Device)
 		}
 	}
@@ -181,66 +175,13 @@ func (r *request) decide(ask policy.Ask, held []policy.ClaimDevice, log logrus.F
 		a.want.Named = append(a.want.Named, d)
 		if e != nil {
 			a.inject = append(a.inject, e)
-			if q.Origin == policy.OriginCDI && injectedByRuntime(e, r.ctr) {
+			if q.Origin == policy.OriginCDI && adjust.InjectedByRuntime(e, r.ctr) {
 				a.injected = append(a.injected, e.Device)
 				log.WithField("device", q.Device).Info("device already injected by the runtime's own CDI support; not injected again")
 			}
 		}
 	}
 	return a
-}
-
-// scrub returns the adjustment that removes the annotations nri-gpu
-// writes from a container it gives nothing, or nil if it has none.
-func scrub(ctr *api.Container) *api.ContainerAdjustment {
-	var adj *api.ContainerAdjustment
-	for _, key := range []string{DevicesAnnotation, CountedAnnotation} {
-		if _, ok := ctr.GetAnnotations()[key]; ok {
-			if adj == nil {
-				adj = &api.ContainerAdjustment{}
-			}
-			adj.RemoveAnnotation(key)
-		}
-	}
-	return adj
-}
-
-// cdiDeviceNames returns the CDI devices the runtime reports it injects
-// into the container.
-func cdiDeviceNames(ctr *api.Container) []string {
-	var out []string
-	for _, d := range ctr.GetCDIDevices() {
-		out = append(out, d.GetName())
-	}
-	return out
-}
-
-// injectedByRuntime reports whether the runtime already injected a device
-// into the container (containerd's own CDI support, enable_cdi, acting on
-// a cdi.k8s.io annotation before NRI is called): the runtime reports it
-// among the CDI devices it injects (containerd 2.x), or every device node
-// and env entry of the device's own edits is there already. A device the
-// runtime does not report and whose edits have neither cannot be told
-// apart and counts as not injected.
-func injectedByRuntime(e *specs.Entry, ctr *api.Container) bool {
-	if slices.Contains(cdiDeviceNames(ctr), e.Footprint.Name) {
-		return true
-	}
-	edits := e.Device.ContainerEdits
-	if len(edits.DeviceNodes) == 0 && len(edits.Env) == 0 {
-		return false
-	}
-	for _, n := range edits.DeviceNodes {
-		if n != nil && !slices.ContainsFunc(ctr.GetLinux().GetDevices(), func(d *api.LinuxDevice) bool { return d.GetPath() == n.Path }) {
-			return false
-		}
-	}
-	for _, kv := range edits.Env {
-		if !slices.Contains(ctr.GetEnv(), kv) {
-			return false
-		}
-	}
-	return true
 }
 
 func podOf(pod *api.PodSandbox) policy.Pod {

@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -188,9 +189,6 @@ func (p *Plugin) watchSandboxes(reported synced) {
 	}
 }
 
-// maxContainerDevices caps the device nodes of one container looked at.
-const maxContainerDevices = 1024
-
 // foundIn returns the candidates whose device nodes are all in a
 // container nri-gpu gave devices, or that asks for devices and has them
 // (the runtime's own CDI injected them while nri-gpu was away), as the
@@ -200,26 +198,7 @@ func foundIn(c *api.Container, asks bool, candidates []specs.Device) []specs.Dev
 	if _, ok := c.GetAnnotations()[DevicesAnnotation]; !ok && !asks {
 		return nil
 	}
-	return withNodesOf(c, candidates)
-}
-
-// withNodesOf returns the candidates whose device nodes are all in the
-// container.
-func withNodesOf(c *api.Container, candidates []specs.Device) []specs.Device {
-	nodes := map[string]bool{}
-	for i, d := range c.GetLinux().GetDevices() {
-		if i == maxContainerDevices {
-			break
-		}
-		nodes[specs.NodeID(d.GetType(), d.GetMajor(), d.GetMinor())] = true
-	}
-	var found []specs.Device
-	for _, cand := range candidates {
-		if len(cand.Nodes) > 0 && !slices.ContainsFunc(cand.Nodes, func(n string) bool { return !nodes[n] }) {
-			found = append(found, cand)
-		}
-	}
-	return found
+	return adjust.WithNodesOf(c, candidates)
 }
 
 // StopPodSandbox releases the devices a pod held.

@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -41,11 +42,11 @@ func unserved(st *state, snap *specs.Snapshot, pod *api.PodSandbox, ctr *api.Con
 	}
 	var missing []string
 	for _, q := range ask.Requests {
-		if e, err := snap.Lookup(q.Device); err != nil || !injectedByRuntime(e, ctr) {
+		if e, err := snap.Lookup(q.Device); err != nil || !adjust.InjectedByRuntime(e, ctr) {
 			missing = append(missing, q.Device)
 		}
 	}
-	if found := len(withNodesOf(ctr, candidates)); found < ask.Count {
+	if found := len(adjust.WithNodesOf(ctr, candidates)); found < ask.Count {
 		missing = append(missing, fmt.Sprintf("%d of the %d devices it counts", ask.Count-found, ask.Count))
 	}
 	if len(missing) == 0 {
@@ -62,7 +63,7 @@ func containerOf(pod *api.PodSandbox, ctr *api.Container) policy.Container {
 		Name:           ctr.GetName(),
 		PodAnnotations: pod.GetAnnotations(),
 		Annotations:    ctr.GetAnnotations(),
-		CDIDevices:     cdiDeviceNames(ctr),
+		CDIDevices:     adjust.CDIDeviceNames(ctr),
 	}
 }
 
@@ -195,7 +196,7 @@ func (p *Plugin) lacksClaimed(ctr *api.Container, uses []link.ClaimUse) string {
 				want = append(want, d.Device)
 			}
 		}
-		if len(withNodesOf(ctr, want)) < len(want) {
+		if len(adjust.WithNodesOf(ctr, want)) < len(want) {
 			missing = append(missing, fmt.Sprintf("the devices of claim %s/%s", u.Namespace, u.Name))
 		}
 	}

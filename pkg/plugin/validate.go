@@ -3,15 +3,13 @@ package plugin
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 
 	"github.com/Masterminds/semver/v3"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
 
-	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 )
 
 var _ stub.ValidateContainerAdjustmentInterface = (*Plugin)(nil)
@@ -39,7 +37,7 @@ func events(nriVersion string) api.EventMask {
 // others asked for. The container is not created; its pod keeps what it
 // holds, as after any failed creation, until it is removed.
 func (p *Plugin) ValidateContainerAdjustment(_ context.Context, req *api.ValidateContainerAdjustmentRequest) error {
-	err := injectedTwice(p.state().specs.Snapshot(), req)
+	err := adjust.InjectedTwice(p.state().specs.Snapshot(), req)
 	if err != nil {
 		pod, ctr := req.GetPod(), req.GetContainer()
 		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()}).
@@ -49,43 +47,4 @@ func (p *Plugin) ValidateContainerAdjustment(_ context.Context, req *api.Validat
 			ctr.GetName(), pod.GetNamespace(), pod.GetName(), err))
 	}
 	return nil
-}
-
-// injectedTwice returns an error naming each CDI device another plugin
-// asks the runtime to inject that shares hardware with a device nri-gpu
-// injects itself (those listed in its devices annotation, less those the
-// runtime reports it injects anyway), or nil.
-func injectedTwice(snap *specs.Snapshot, req *api.ValidateContainerAdjustmentRequest) error {
-	adj, ctr := req.GetAdjust(), req.GetContainer()
-	given := adj.GetAnnotations()[DevicesAnnotation]
-	if given == "" || len(adj.GetCDIDevices()) == 0 {
-		return nil
-	}
-	byRuntime := cdiDeviceNames(ctr)
-	var own []string
-	for _, name := range strings.Split(given, ",") {
-		if !slices.Contains(byRuntime, name) {
-			own = append(own, name)
-		}
-	}
-	mine := snap.Footprints(own)
-	var twice []string
-	for _, d := range adj.GetCDIDevices() {
-		i := slices.IndexFunc(mine, snap.Footprints([]string{d.GetName()})[0].Overlaps)
-		if i < 0 {
-			continue
-		}
-		owner := "another plugin"
-		if o := req.GetOwners(); o != nil {
-			if name, ok := o.CdiDeviceOwner(ctr.GetId(), d.GetName()); ok {
-				owner = fmt.Sprintf("plugin %q", name)
-			}
-		}
-		twice = append(twice, fmt.Sprintf("%s, which nri-gpu injects as %s and %s asks the runtime to inject", d.GetName(), mine[i].Name, owner))
-	}
-	if len(twice) == 0 {
-		return nil
-	}
-	return fmt.Errorf("%w: %s; have one of them serve these devices (nri-gpu's annotationKeys, or the other plugin)",
-		ErrInjectedTwice, strings.Join(twice, "; "))
 }
