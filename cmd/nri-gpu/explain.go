@@ -54,18 +54,7 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer p.Close()
-	// What pods keep though the configuration in force would not give
-	// it (docs/policy.md), one line each.
-	var (
-		keptLines []string
-		conflict  *policy.ConflictError
-	)
-	if errors.As(p.HoldRecorded(), &conflict) {
-		keptLines = conflict.Problems
-		if conflict.More > 0 {
-			keptLines = append(keptLines, fmt.Sprintf("(and %d more)", conflict.More))
-		}
-	}
+	keptLines := keptAgainstPolicy(p)
 	p.CheckHealth()
 
 	adj, grant, err := p.Create(context.Background(),
@@ -87,24 +76,43 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	if *output == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		out := map[string]any{"adjustment": adj}
-		if len(keptLines) > 0 {
-			out["keptAgainstPolicy"] = keptLines
-		}
-		if len(shared) > 0 {
-			out["shared"] = shared
-		}
-		if len(grant.Counted) > 0 {
-			out["count"] = map[string]any{"chosen": specs.Names(grant.Counted), "topologyScore": grant.Score, "free": grant.Considered.Free, "passedOver": grant.Considered.Passed}
-		}
-		_ = enc.Encode(out)
+		printExplainJSON(stdout, adj, grant, keptLines, shared)
 		return exitOK
 	}
 	printCount(stdout, grant)
 	printAdjustment(stdout, adj)
 	return exitOK
+}
+
+// keptAgainstPolicy returns what pods keep though the configuration in
+// force would not give it (docs/policy.md), one line each.
+func keptAgainstPolicy(p *plugin.Plugin) []string {
+	var conflict *policy.ConflictError
+	if !errors.As(p.HoldRecorded(), &conflict) {
+		return nil
+	}
+	lines := conflict.Problems
+	if conflict.More > 0 {
+		lines = append(lines, fmt.Sprintf("(and %d more)", conflict.More))
+	}
+	return lines
+}
+
+// printExplainJSON prints what explain found, as JSON.
+func printExplainJSON(w io.Writer, adj *api.ContainerAdjustment, grant policy.Grant, kept []string, shared []plugin.Shared) {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	out := map[string]any{"adjustment": adj}
+	if len(kept) > 0 {
+		out["keptAgainstPolicy"] = kept
+	}
+	if len(shared) > 0 {
+		out["shared"] = shared
+	}
+	if len(grant.Counted) > 0 {
+		out["count"] = map[string]any{"chosen": specs.Names(grant.Counted), "topologyScore": grant.Score, "free": grant.Considered.Free, "passedOver": grant.Considered.Passed}
+	}
+	_ = enc.Encode(out)
 }
 
 // printShared prints, per shared device, how it is shared and by whom.
