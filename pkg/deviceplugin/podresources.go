@@ -7,6 +7,11 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
@@ -48,6 +53,36 @@ func Allocated(ctx context.Context, socket string, resources []string) ([]Alloca
 					out = append(out, Allocation{Namespace: pod.GetNamespace(), Pod: pod.GetName(), Resource: d.GetResourceName(), ID: id})
 				}
 			}
+		}
+	}
+	return out, nil
+}
+
+// KubeletAllocations asks kubelet (Allocated) which devices of resources
+// it allocated pods but except (namespace/name; "" for none), and returns
+// them by their names in snap, each once per pod. A shared device's
+// replicas are left out: kubelet counts them itself.
+func KubeletAllocations(ctx context.Context, socket string, resources []config.Resource, snap *specs.Snapshot, except string) ([]policy.KubeletAllocation, error) {
+	kinds := map[string]string{}
+	var names []string
+	for _, res := range resources {
+		kinds[res.Name] = res.Kind
+		names = append(names, res.Name)
+	}
+	got, err := Allocated(ctx, socket, names)
+	if err != nil {
+		return nil, err
+	}
+	var out []policy.KubeletAllocation
+	for _, a := range got {
+		holder := a.Namespace + "/" + a.Pod
+		if holder == except || DeviceOf(a.ID) != a.ID {
+			continue
+		}
+		vendor, class := parser.ParseQualifier(kinds[a.Resource])
+		dev := snap.Footprints([]string{parser.QualifiedName(vendor, class, a.ID)})[0]
+		if !slices.ContainsFunc(out, func(k policy.KubeletAllocation) bool { return k.Device.Name == dev.Name && k.Pod == holder }) {
+			out = append(out, policy.KubeletAllocation{Device: dev, Pod: holder})
 		}
 	}
 	return out, nil

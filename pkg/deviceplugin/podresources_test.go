@@ -2,12 +2,16 @@ package deviceplugin_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // TestAllocated: what kubelet says it allocated, of the resources asked
@@ -30,4 +34,43 @@ func TestAllocated(t *testing.T) {
 	missing := filepath.Join(filepath.Dir(socket), "none.sock")
 	_, err = deviceplugin.Allocated(context.Background(), missing, []string{"nvidia.com/gpu"})
 	testutil.ErrorSays(t, err, "kubelet's pod-resources API at "+missing)
+}
+
+// TestKubeletAllocations: kubelet's allocations of nri-gpu's resources,
+// named as the specs name them (a resource's kind, else its name), each
+// device once per pod, the pod asking left out and a shared device's
+// replicas left to kubelet.
+func TestKubeletAllocations(t *testing.T) {
+	dir := t.TempDir()
+	spec := "cdiVersion: \"0.6.0\"\nkind: example.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits:\n    deviceNodes: [{path: /dev/example0, hostPath: /dev/null}]\n"
+	if err := os.WriteFile(filepath.Join(dir, "gpu.yaml"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := specs.Open([]string{dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	socket := filepath.Join(testutil.ShortDir(t), "kubelet.sock")
+	testutil.ServePodResources(t, socket,
+		testutil.AllocatedPod("a", "one", "gpus", "0", "0"),
+		testutil.AllocatedPod("a", "two", "gpus", "0", "1"),
+		testutil.AllocatedPod("b", "asking", "gpus", "1"),
+		testutil.AllocatedPod("c", "shared", "example.com/gpu", deviceplugin.ReplicaID("0", 2)),
+		testutil.AllocatedPod("d", "other", "example.com/other", "0"))
+	resources := []config.Resource{{Name: "gpus", Kind: "example.com/gpu"}, {Name: "example.com/gpu", Kind: "example.com/gpu"}}
+	got, err := deviceplugin.KubeletAllocations(context.Background(), socket, resources, reg.Snapshot(), "b/asking")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"example.com/gpu=0 a/one [c 1:3]", "example.com/gpu=0 a/two [c 1:3]", "example.com/gpu=1 a/two []"}
+	var says []string
+	for _, a := range got {
+		says = append(says, fmt.Sprintf("%s %s %v", a.Device.Name, a.Pod, a.Device.Nodes))
+	}
+	if !slices.Equal(says, want) {
+		t.Errorf("got %q, want %q", says, want)
+	}
+	_, err = deviceplugin.KubeletAllocations(context.Background(), filepath.Join(filepath.Dir(socket), "none.sock"), resources, reg.Snapshot(), "")
+	testutil.ErrorSays(t, err, "kubelet's pod-resources API")
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
-	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
@@ -39,30 +38,11 @@ func (p *Plugin) kubeletAllocations(ctx context.Context, snap *specs.Snapshot, p
 	if len(p.doors.kubelet) == 0 {
 		return nil
 	}
-	kinds := map[string]string{}
-	var names []string
-	for _, res := range p.doors.kubelet {
-		kinds[res.Name] = res.Kind
-		names = append(names, res.Name)
-	}
 	ctx, cancel := context.WithTimeout(ctx, kubeletPatience)
 	defer cancel()
-	got, err := deviceplugin.Allocated(ctx, p.inForce.start.DevicePlugin.PodResources, names)
+	out, err := deviceplugin.KubeletAllocations(ctx, p.inForce.start.DevicePlugin.PodResources, p.doors.kubelet, snap, pod)
 	if err != nil {
 		log.Warnf("not told which devices kubelet allocated (a count request or a claim may take one kubelet gave a pod whose container is not created yet): %v", err)
-		return nil
-	}
-	var out []policy.KubeletAllocation
-	for _, a := range got {
-		holder := a.Namespace + "/" + a.Pod
-		if holder == pod || deviceplugin.DeviceOf(a.ID) != a.ID {
-			continue
-		}
-		vendor, class := parser.ParseQualifier(kinds[a.Resource])
-		dev := snap.Footprints([]string{parser.QualifiedName(vendor, class, a.ID)})[0]
-		if !slices.ContainsFunc(out, func(k policy.KubeletAllocation) bool { return k.Device.Name == dev.Name && k.Pod == holder }) {
-			out = append(out, policy.KubeletAllocation{Device: dev, Pod: holder})
-		}
 	}
 	return out
 }
