@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -85,41 +84,10 @@ func (p *Plugin) generate(lib nvml.Interface, path string) (string, bool, error)
 			return "", false, err
 		}
 	}
-	what := fmt.Sprintf("driver %s, GPUs %s, control nodes %s, %d driver files", inv.DriverVersion, gpuList(inv), controlNodes(p.inForce.start.DriverRoot), len(spec.ContainerEdits.Mounts))
+	what := nvidia.Describe(inv, spec, p.inForce.start.DriverRoot)
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return "", false, err
 	}
 	wrote, err := nvidia.Update(spec, path, "yaml")
 	return what, wrote, err
-}
-
-// gpuList describes the GPUs and MIG devices of an inventory.
-func gpuList(inv *nvidia.Inventory) string {
-	var ids []string
-	for _, g := range inv.GPUs {
-		id := g.UUID
-		for _, m := range g.MIGs {
-			id += "+" + m.UUID
-		}
-		ids = append(ids, id)
-	}
-	if len(ids) == 0 {
-		return "none"
-	}
-	return strings.Join(ids, ", ")
-}
-
-// controlNodes lists the driver's control nodes present under root (one
-// appears, nvidia-uvm, at the first CUDA call).
-func controlNodes(root string) string {
-	var present []string
-	for _, n := range nvidia.ControlNodes {
-		if _, err := os.Stat(filepath.Join(root, "dev", n)); err == nil {
-			present = append(present, n)
-		}
-	}
-	if len(present) == 0 {
-		return "none"
-	}
-	return strings.Join(present, " ")
 }

@@ -9,6 +9,7 @@ import (
 
 	nvdevice "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
 // pciAddress writes an NVML bus ID ("00000000:3b:00.0") as sysfs names
@@ -176,4 +177,44 @@ func Library(driverRoot string) nvml.Interface {
 		}
 	}
 	return nvml.New()
+}
+
+// Describe says what a spec generated from inv under root is of: the
+// driver, the GPUs with their MIG devices, the driver's control nodes
+// present (nvidia-uvm appears at the first CUDA call) and the number of
+// driver files the spec mounts.
+func Describe(inv *Inventory, spec *cdispec.Spec, root string) string {
+	return fmt.Sprintf("driver %s, GPUs %s, control nodes %s, %d driver files",
+		inv.DriverVersion, gpuList(inv), controlNodes(root), len(spec.ContainerEdits.Mounts))
+}
+
+// gpuList describes the GPUs and MIG devices of an inventory.
+func gpuList(inv *Inventory) string {
+	var ids []string
+	for _, g := range inv.GPUs {
+		id := g.UUID
+		for _, m := range g.MIGs {
+			id += "+" + m.UUID
+		}
+		ids = append(ids, id)
+	}
+	return listOrNone(ids, ", ")
+}
+
+// controlNodes lists the driver's control nodes present under root.
+func controlNodes(root string) string {
+	var present []string
+	for _, n := range ControlNodes {
+		if _, err := os.Stat(filepath.Join(root, "dev", n)); err == nil {
+			present = append(present, n)
+		}
+	}
+	return listOrNone(present, " ")
+}
+
+func listOrNone(l []string, sep string) string {
+	if len(l) == 0 {
+		return "none"
+	}
+	return strings.Join(l, sep)
 }

@@ -1,10 +1,13 @@
 package nvidia_test
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
@@ -49,5 +52,41 @@ func TestDiscoverAttributes(t *testing.T) {
 				t.Errorf("brand %q, architecture %q, compute capability %q, memory %d", g.Brand, g.Architecture, g.CUDAComputeCapability, g.MemoryBytes)
 			}
 		})
+	}
+}
+
+// TestDescribe: what a generated spec is said to be of: the driver, each
+// GPU with its MIG devices, the control nodes present under the driver
+// root, the driver files mounted; "none" where there is nothing.
+func TestDescribe(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "dev"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"nvidiactl", "nvidia-uvm"} {
+		if err := os.WriteFile(filepath.Join(root, "dev", n), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	full := &nvidia.Inventory{DriverVersion: "550.54.15", GPUs: []nvidia.GPU{
+		{UUID: "GPU-a", MIGs: []nvidia.MIG{{UUID: "MIG-b"}, {UUID: "MIG-c"}}},
+		{UUID: "GPU-d"},
+	}}
+	mounts := &cdispec.Spec{ContainerEdits: cdispec.ContainerEdits{Mounts: []*cdispec.Mount{{}, {}}}}
+	for _, tc := range []struct {
+		name string
+		inv  *nvidia.Inventory
+		spec *cdispec.Spec
+		root string
+		want string
+	}{
+		{"GPUs, MIG devices, nodes, files", full, mounts, root,
+			"driver 550.54.15, GPUs GPU-a+MIG-b+MIG-c, GPU-d, control nodes nvidiactl nvidia-uvm, 2 driver files"},
+		{"nothing", &nvidia.Inventory{DriverVersion: "1"}, &cdispec.Spec{}, t.TempDir(),
+			"driver 1, GPUs none, control nodes none, 0 driver files"},
+	} {
+		if got := nvidia.Describe(tc.inv, tc.spec, tc.root); got != tc.want {
+			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }
