@@ -128,7 +128,7 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 	}
 	pod := podOf(r.pod)
 	a := r.decide(ask, held, log)
-	a.uses = claimUses(held)
+	a.uses = policy.ClaimUses(held)
 	a.want.Pod, a.want.Claims = pod, claims
 	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Hooks: r.snap.Hooks, Unhealthy: p.node.hw.Unhealthy(r.snap)}
 	if ask.Count > 1 {

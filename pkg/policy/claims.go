@@ -291,3 +291,30 @@ func (a *Allocations) claimHeld() []specs.Device {
 	}
 	return out
 }
+
+// ClaimUses returns what claims' devices consume of shared devices and
+// asked of their sharing, by name: a device in two of the container's
+// claims, what the two consume together, within the tighter of what
+// they asked.
+func ClaimUses(held []ClaimDevice) map[string]ClaimDevice {
+	tighter := func(a, b int64) int64 {
+		if a == 0 || (b != 0 && b < a) {
+			return b
+		}
+		return a
+	}
+	out := map[string]ClaimDevice{}
+	for _, d := range held {
+		u, ok := out[d.Name]
+		if !ok {
+			out[d.Name] = d
+			continue
+		}
+		u.Use.Shares += d.Use.Shares
+		u.Use.Memory += d.Use.Memory
+		u.GpuConfig.ActiveThreadPercentage = int(tighter(int64(u.GpuConfig.ActiveThreadPercentage), int64(d.GpuConfig.ActiveThreadPercentage)))
+		u.GpuConfig.PinnedMemory = tighter(u.GpuConfig.PinnedMemory, d.GpuConfig.PinnedMemory)
+		out[d.Name] = u
+	}
+	return out
+}

@@ -1,4 +1,4 @@
-package plugin
+package policy_test
 
 import (
 	"testing"
@@ -36,8 +36,8 @@ func TestClaimUses(t *testing.T) {
 			want: map[string]policy.ClaimDevice{"nvidia.com/gpu=0": dev("nvidia.com/gpu=0", 2, 0, 20, 2<<30)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if diff := cmp.Diff(tc.want, claimUses(tc.held)); diff != "" {
-				t.Errorf("claimUses (-want +got):\n%s", diff)
+			if diff := cmp.Diff(tc.want, policy.ClaimUses(tc.held)); diff != "" {
+				t.Errorf("ClaimUses (-want +got):\n%s", diff)
 			}
 		})
 	}
