@@ -84,7 +84,7 @@ func TestSharingOf(t *testing.T) {
 	s, dev, uuids := sharing(t, entry, nil, root, "/ctl", true)
 	s.Claims = claims(dev("1"))
 	w, m, err := s.Of(dev("0"))
-	if err != nil || w == nil || m == nil || m.Share == nil {
+	if err != nil || w == nil || m == nil || m.Entry == nil {
 		t.Fatalf("GPU 0: %+v, %+v, %v; want its entry's daemon", w, m, err)
 	}
 	gpu0 := s.Hardware.Memory(s.Snapshot, dev("0"))

@@ -45,7 +45,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 func (p *Plugin) Create(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, policy.Grant, error) {
 	start := time.Now()
 	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
-	req := &request{st: p.state(), rt: p.conn.runtime(), pod: pod, ctr: ctr, resolved: map[string]resolved{}}
+	req := &creation{st: p.state(), rt: p.conn.runtime(), pod: pod, ctr: ctr, resolved: map[string]resolved{}}
 	req.snap = req.st.specs.Snapshot() // one snapshot for the whole request
 	req.pol = p.node.hw.PolicyIn(req.st.policy, req.snap)
 	ctx, cancel := context.WithTimeout(ctx, p.waitBound(ctx))
@@ -113,7 +113,7 @@ const maxPlans = 1024
 // is built and MPS readiness checked; only then is the grant held and
 // recorded, in one step with one undo (commit). It returns the
 // adjustment (nil when nothing is asked for) and what the pool granted.
-func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) (*api.ContainerAdjustment, policy.Grant, error) {
+func (p *Plugin) serve(ctx context.Context, r *creation, log logrus.FieldLogger) (*api.ContainerAdjustment, policy.Grant, error) {
 	ask, err := r.st.parser.Parse(containerOf(r.pod, r.ctr))
 	if err != nil {
 		return nil, policy.Grant{}, err
@@ -173,7 +173,7 @@ func (p *Plugin) serve(ctx context.Context, r *request, log logrus.FieldLogger) 
 // needs for an MPS-shared GPU (once its daemon answers), and the
 // annotations that say what the container got. It returns with it the
 // record of what the adjustment gives (nil when it gives nothing).
-func (p *Plugin) build(ctx context.Context, r *request, a resolvedAsk, plan policy.Plan, log logrus.FieldLogger) (*api.ContainerAdjustment, *cdispec.Spec, error) {
+func (p *Plugin) build(ctx context.Context, r *creation, a resolvedAsk, plan policy.Plan, log logrus.FieldLogger) (*api.ContainerAdjustment, *cdispec.Spec, error) {
 	var devices []*cdi.Device
 	for _, e := range a.inject {
 		if !slices.Contains(a.injected, e.Device) {
@@ -232,7 +232,7 @@ func (p *Plugin) build(ctx context.Context, r *request, a resolvedAsk, plan poli
 
 // keepAccess keeps rec, the record of what adj gives the request's
 // container, and adds its mount to adj; nothing without records.
-func (p *Plugin) keepAccess(r *request, rec *cdispec.Spec, adj *api.ContainerAdjustment) error {
+func (p *Plugin) keepAccess(r *creation, rec *cdispec.Spec, adj *api.ContainerAdjustment) error {
 	if p.node.access == nil || rec == nil {
 		return nil
 	}

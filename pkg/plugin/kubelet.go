@@ -21,7 +21,7 @@ const kubeletPatience = time.Second
 // a pod, before its containers are created and so before the pool knows
 // them, and keeps them for the pod: a count request that took one would
 // leave that pod's container refused until the count request's pod ends.
-func (p *Plugin) allocatedByKubelet(ctx context.Context, r *request, w policy.Want, log logrus.FieldLogger) []policy.KubeletAllocation {
+func (p *Plugin) allocatedByKubelet(ctx context.Context, r *creation, w policy.Want, log logrus.FieldLogger) []policy.KubeletAllocation {
 	if w.Count == 0 && !slices.ContainsFunc(w.Named, func(d policy.Asked) bool { return d.Request == nil || !d.Request.FromKubelet() }) {
 		return nil
 	}

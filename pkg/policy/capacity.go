@@ -68,7 +68,7 @@ func (p *Policy) WithMemory(memory func(specs.Device) int64) *Policy {
 // memoryRequest.default, else pinnedMemoryLimit, else the memory divided
 // by the replicas, rounded down to the step and within minimum and
 // maximum.
-func (p *Policy) Capacity(s *Share, d specs.Device) Capacity {
+func (p *Policy) Capacity(s *SharingEntry, d specs.Device) Capacity {
 	a := s.amounts
 	c := Capacity{Shares: s.Replicas, Step: a.Step}
 	c.Memory = a.Memory
@@ -145,7 +145,7 @@ type GpuConfig struct {
 // names none) and the entry's compute share for each of its shares, at
 // most the whole GPU. Where s is nil (a GPU a claim holds whole), they
 // are the whole GPU: all its compute, and its memory (0 where unknown).
-func (p *Policy) MPSBounds(s *Share, d specs.Device, u Use) (threads int, memory int64) {
+func (p *Policy) MPSBounds(s *SharingEntry, d specs.Device, u Use) (threads int, memory int64) {
 	if s == nil {
 		if p.memory != nil {
 			memory = p.memory(d)

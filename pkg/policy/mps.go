@@ -20,8 +20,8 @@ var ErrMPSUnbounded = errors.New("MPS clients cannot be bounded")
 type MPS struct {
 	// By says who shares it, for messages.
 	By string
-	// Share is the entry; nil for a claim's own.
-	Share *Share
+	// Entry is the policy.sharing entry; nil for a claim's own.
+	Entry *SharingEntry
 	// Claim is the claim's device, for a claim's own.
 	Claim *ClaimDevice
 	// Threads (percent of the GPU's compute) and Memory (bytes) bound
@@ -59,7 +59,7 @@ func (p *Policy) MPSOf(d specs.Device, claims []ClaimHolding) (*MPS, error) {
 		return nil, fmt.Errorf("%w: device %q: %s bounds each MPS client to an equal share of the GPU's memory, which NVML does not tell here; set its pinnedMemoryLimit or memory",
 			ErrMPSUnbounded, d.Name, share)
 	}
-	return &MPS{By: share.String(), Share: share, Threads: share.ActiveThreadPercentage, Memory: capacity.Default}, nil
+	return &MPS{By: share.String(), Entry: share, Threads: share.ActiveThreadPercentage, Memory: capacity.Default}, nil
 }
 
 // OwnMPS reports whether claim device d asks for MPS on a GPU
@@ -74,10 +74,10 @@ func (p *Policy) OwnMPS(d ClaimDevice) bool {
 // daemon's defaults), within what the claim asked (c.GpuConfig). The
 // clients of a claim's own daemon have its defaults.
 func (p *Policy) Client(m *MPS, d specs.Device, c ClaimDevice) (threads int, memory int64) {
-	if m.Share == nil {
+	if m.Entry == nil {
 		return m.Threads, m.Memory
 	}
-	threads, memory = p.MPSBounds(m.Share, d, c.Use)
+	threads, memory = p.MPSBounds(m.Entry, d, c.Use)
 	if a := c.GpuConfig.ActiveThreadPercentage; a > 0 {
 		threads = min(threads, a)
 	}

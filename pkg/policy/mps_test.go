@@ -69,7 +69,7 @@ func TestMPSOf(t *testing.T) {
 			if got == nil {
 				return
 			}
-			if got.By != tc.want.By || got.Threads != tc.want.Threads || got.Memory != tc.want.Memory || (got.Share != nil) != tc.share || (got.Claim != nil) != tc.claim {
+			if got.By != tc.want.By || got.Threads != tc.want.Threads || got.Memory != tc.want.Memory || (got.Entry != nil) != tc.share || (got.Claim != nil) != tc.claim {
 				t.Errorf("%+v, want %+v (entry %v, claim %v)", got, tc.want, tc.share, tc.claim)
 			}
 		})

@@ -73,7 +73,7 @@ type Policy struct {
 	// name.
 	allowUnhealthy bool
 	// sharing are the policy.sharing entries, in order.
-	sharing []Share
+	sharing []SharingEntry
 	// aliases returns the names a device's hardware goes by; nil: its
 	// own only.
 	aliases func(specs.Device) []string
@@ -82,8 +82,8 @@ type Policy struct {
 	memory func(specs.Device) int64
 }
 
-// Share is how the devices of a policy.sharing entry are shared.
-type Share struct {
+// SharingEntry is a policy.sharing entry: how its devices are shared.
+type SharingEntry struct {
 	// Index is the entry's place in policy.sharing, for messages.
 	Index int
 	// Replicas is how many pods may use one such device at once.
@@ -103,7 +103,7 @@ type Share struct {
 
 // String describes the entry for messages: "policy.sharing[0]
 // (replicas 4, timeSlicing)".
-func (s *Share) String() string {
+func (s *SharingEntry) String() string {
 	return fmt.Sprintf("policy.sharing[%d] (replicas %d, %s)", s.Index, s.Replicas, s.Strategy)
 }
 
@@ -111,14 +111,14 @@ func (s *Share) String() string {
 // entry one of whose globs matches one of the names it goes by (see
 // WithAliases), whichever name d is, or nil when it is not shared. Where
 // two entries match (CheckSharing refuses that), it is the first.
-func (p *Policy) Sharing(d specs.Device) *Share {
+func (p *Policy) Sharing(d specs.Device) *SharingEntry {
 	s, _ := p.share(d)
 	return s
 }
 
 // share returns how d's hardware is shared, and an error wrapping
 // ErrSharedTwice when more than one entry matches its names.
-func (p *Policy) share(d specs.Device) (*Share, error) {
+func (p *Policy) share(d specs.Device) (*SharingEntry, error) {
 	if len(p.sharing) == 0 {
 		return nil, nil // nothing shared: no names to look up
 	}
@@ -127,7 +127,7 @@ func (p *Policy) share(d specs.Device) (*Share, error) {
 		names = p.aliases(d)
 	}
 	var (
-		found *Share
+		found *SharingEntry
 		by    string
 	)
 	for i := range p.sharing {
@@ -191,10 +191,10 @@ func New(p config.Policy) *Policy {
 	}
 }
 
-func shares(entries []config.Sharing) []Share {
-	out := make([]Share, 0, len(entries))
+func shares(entries []config.Sharing) []SharingEntry {
+	out := make([]SharingEntry, 0, len(entries))
 	for i, e := range entries {
-		s := Share{Index: i, Replicas: e.Replicas, Strategy: e.Strategy, MemoryQuota: e.MemoryQuota, globs: slices.Clone(e.Devices), amounts: e.Amounts()}
+		s := SharingEntry{Index: i, Replicas: e.Replicas, Strategy: e.Strategy, MemoryQuota: e.MemoryQuota, globs: slices.Clone(e.Devices), amounts: e.Amounts()}
 		if e.Strategy == config.StrategyMPS {
 			s.ActiveThreadPercentage = e.ActiveThreadPercentage
 			if s.ActiveThreadPercentage == 0 {

@@ -207,7 +207,7 @@ type verdict struct {
 	// policy.sharing entry that keeps them apart (one of them is shared,
 	// the other overlaps it without being the same device).
 	by    *user
-	apart *Share
+	apart *SharingEntry
 	// blocked are every holder that keeps it, by first (by and apart
 	// are blocked[0]'s), for reporting each conflict of a restore.
 	blocked []block
@@ -215,7 +215,7 @@ type verdict struct {
 	// the holders (one entry each) it is shared with, capacity what it
 	// offers them, used what they consume and asking what the asker
 	// would.
-	share    *Share
+	share    *SharingEntry
 	sharers  []user
 	capacity Capacity
 	used     Use
@@ -251,7 +251,7 @@ func (v verdict) fits() bool {
 // policy.exclusive).
 type block struct {
 	user
-	apart *Share
+	apart *SharingEntry
 }
 
 // judge says whether w may have d beside what others hold. A device

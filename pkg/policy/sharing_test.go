@@ -349,12 +349,12 @@ func TestShareOf(t *testing.T) {
 	}})
 	for _, tc := range []struct {
 		name string
-		want *policy.Share
+		want *policy.SharingEntry
 	}{
-		{"nvidia.com/gpu=0", &policy.Share{Index: 0, Replicas: 4, Strategy: config.StrategyTimeSlicing}},
-		{"nvidia.com/gpu=1", &policy.Share{Index: 1, Replicas: 3, Strategy: config.StrategyMPS, ActiveThreadPercentage: 33, PinnedMemory: 1 << 30}},
-		{"nvidia.com/gpu=2", &policy.Share{Index: 2, Replicas: 2, Strategy: config.StrategyMPS, ActiveThreadPercentage: 70}},
-		{"nvidia.com/gpu=3", &policy.Share{Index: 3, Replicas: 64, Strategy: config.StrategyMPS, ActiveThreadPercentage: 1}}, // 100/64, at least 1
+		{"nvidia.com/gpu=0", &policy.SharingEntry{Index: 0, Replicas: 4, Strategy: config.StrategyTimeSlicing}},
+		{"nvidia.com/gpu=1", &policy.SharingEntry{Index: 1, Replicas: 3, Strategy: config.StrategyMPS, ActiveThreadPercentage: 33, PinnedMemory: 1 << 30}},
+		{"nvidia.com/gpu=2", &policy.SharingEntry{Index: 2, Replicas: 2, Strategy: config.StrategyMPS, ActiveThreadPercentage: 70}},
+		{"nvidia.com/gpu=3", &policy.SharingEntry{Index: 3, Replicas: 64, Strategy: config.StrategyMPS, ActiveThreadPercentage: 1}}, // 100/64, at least 1
 		{"example.com/x=1", nil},
 	} {
 		got := p.Sharing(specs.Device{Name: tc.name})

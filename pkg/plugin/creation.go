@@ -13,10 +13,10 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
-// request is one container's creation: its pod and container, the
+// creation is one container's creation: its pod and container, the
 // configuration and runtime it is served under, and the one snapshot of
 // the specs in which each device is resolved once.
-type request struct {
+type creation struct {
 	st   *state
 	snap *specs.Snapshot
 	// pol is the policy as snap shows the hardware.
@@ -38,7 +38,7 @@ type resolved struct {
 
 // resolve looks a device up in the request's snapshot, once per
 // request.
-func (r *request) resolve(name string) (*specs.Entry, error) {
+func (r *creation) resolve(name string) (*specs.Entry, error) {
 	if got, ok := r.resolved[name]; ok {
 		return got.entry, got.err
 	}
@@ -49,7 +49,7 @@ func (r *request) resolve(name string) (*specs.Entry, error) {
 
 // asked returns a device asked for by name as the admission judges it:
 // its footprint and hooks, or why it does not resolve.
-func (r *request) asked(name string, q *policy.Request) (policy.Asked, *specs.Entry) {
+func (r *creation) asked(name string, q *policy.Request) (policy.Asked, *specs.Entry) {
 	e, err := r.resolve(name)
 	if err != nil {
 		return policy.Asked{Device: specs.Device{Name: name}, Request: q, Unresolved: err}, nil
@@ -59,7 +59,7 @@ func (r *request) asked(name string, q *policy.Request) (policy.Asked, *specs.En
 
 // usable says why the container cannot have device d: edits the runtime
 // cannot apply; nil if it can. What a count request passes over.
-func (r *request) usable(d specs.Device) error {
+func (r *creation) usable(d specs.Device) error {
 	e, err := r.resolve(d.Name)
 	if err != nil {
 		return err
@@ -74,7 +74,7 @@ func (r *request) usable(d specs.Device) error {
 }
 
 // options are the options of adjust.Build for the request's container.
-func (r *request) options(injected []*cdi.Device) adjust.Options {
+func (r *creation) options(injected []*cdi.Device) adjust.Options {
 	return adjust.Options{
 		SpecPath:        r.snap.SpecPath,
 		SkipUnsupported: r.st.cfg.UnsupportedEdits == config.UnsupportedWarn,
@@ -116,7 +116,7 @@ func holdsAny(a resolvedAsk) bool {
 // injected unless the runtime did; not held again), its requests (held
 // by the pod; injected unless the runtime's own CDI did, or injects
 // them from its own spec dirs).
-func (r *request) decide(ask policy.Ask, held []policy.ClaimDevice, log logrus.FieldLogger) resolvedAsk {
+func (r *creation) decide(ask policy.Ask, held []policy.ClaimDevice, log logrus.FieldLogger) resolvedAsk {
 	a := resolvedAsk{claimed: policy.Footprints(held), want: policy.Want{Count: ask.Count}}
 	for i := range held {
 		d, e := r.asked(held[i].Name, nil)
