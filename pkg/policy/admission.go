@@ -334,11 +334,12 @@ func (q *question) parameters() []error {
 }
 
 // kubeletFree refuses, under policy.exclusive, a device kubelet
-// allocated another pod (through a device plugin), whose container may
-// not hold it yet.
+// allocated another pod (through a device plugin) whose container does
+// not hold it yet; one the pool holds for that pod is refused in the
+// pool's words (coexists).
 func (q *question) kubeletFree() []error {
 	return q.each(unheld, func(d Asked) error {
-		if pod := q.choice.allocatedBy(d.Device); pod != "" && q.exclusive && !d.fromKubelet() {
+		if pod := q.choice.allocatedBy(d.Device); pod != "" && q.exclusive && !d.fromKubelet() && !q.a.heldBy(pod, d.Device) {
 			return q.claimed(deny(RuleExclusive, fmt.Errorf("%w: device %q is %s; it is free again when that pod is removed", ErrDenied, d.Name, kubeletWhy(pod))))
 		}
 		return nil
@@ -515,4 +516,15 @@ func footprintsOf(asked []Asked) []specs.Device {
 		out = append(out, d.Device)
 	}
 	return out
+}
+
+// heldBy reports whether pod (namespace/name) holds a device overlapping
+// d in the pool.
+func (a *Allocations) heldBy(pod string, d specs.Device) bool {
+	for _, h := range a.pods {
+		if h.pod.String() == pod && slices.ContainsFunc(h.all(), d.Overlaps) {
+			return true
+		}
+	}
+	return false
 }

@@ -817,5 +817,16 @@ func TestKubeletAllocated(t *testing.T) {
 				t.Errorf("passed over %v, want GPU 0 as kubelet's", g.Considered.Passed)
 			}
 		})
+	} // Once pod k's container holds it, the pool's words say so: the
+	// device is held, not only allocated.
+	a := policy.NewAllocations()
+	k := policy.Pod{ID: "id-k", Namespace: "default", Name: "k"}
+	if _, err := admit(a, strict, k, []specs.Device{byName["0"]}, 0, ch, []string{byName["0"].Name}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := admit(a, strict, pod("a"), []specs.Device{byName["0"]}, 0, ch, nil)
+	wantDenied(t, err, policy.RuleExclusive, "is held by pod default/k")
+	if err != nil && strings.Contains(err.Error(), "allocated by kubelet") {
+		t.Errorf("a device pod k holds is refused as only allocated to it: %v", err)
 	}
 }
