@@ -145,3 +145,29 @@ func NVMLEvents(s *dgxa100.Server) chan<- nvml.EventData {
 	}
 	return events
 }
+
+// MIG is a MIG device of a mock GPU: its UUID and GPU instance.
+type MIG struct {
+	UUID string
+	GI   int
+}
+
+// WithMIGs turns MIG mode on for GPU i of s, with migs as its MIG
+// devices, and returns the GPU's UUID.
+func WithMIGs(s *dgxa100.Server, i int, migs ...MIG) string {
+	gpu := s.Devices[i].(*dgxa100.Device)
+	gpu.MigMode = nvml.DEVICE_MIG_ENABLE
+	gpu.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
+	gpu.GetMigDeviceHandleByIndexFunc = func(k int) (nvml.Device, nvml.Return) {
+		if k >= len(migs) {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		return &mock.Device{
+			GetUUIDFunc:              func() (string, nvml.Return) { return migs[k].UUID, nvml.SUCCESS },
+			GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return migs[k].GI, nvml.SUCCESS },
+			GetComputeInstanceIdFunc: func() (int, nvml.Return) { return 0, nvml.SUCCESS },
+		}, nvml.SUCCESS
+	}
+	uuid, _ := gpu.GetUUID()
+	return uuid
+}

@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
@@ -144,25 +143,7 @@ func TestHardware(t *testing.T) {
 // mig gives GPU 0 of s MIG devices MIG-bbb and MIG-ccc, on GPU
 // instances 3 and 5, and returns GPU 0's UUID.
 func mig(s *dgxa100.Server) string {
-	gpu := s.Devices[0].(*dgxa100.Device)
-	gpu.MigMode = nvml.DEVICE_MIG_ENABLE
-	gpu.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
-	gpu.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
-		migs := []struct {
-			uuid string
-			gi   int
-		}{{"MIG-bbb", 3}, {"MIG-ccc", 5}}
-		if i >= len(migs) {
-			return nil, nvml.ERROR_NOT_FOUND
-		}
-		return &mock.Device{
-			GetUUIDFunc:              func() (string, nvml.Return) { return migs[i].uuid, nvml.SUCCESS },
-			GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return migs[i].gi, nvml.SUCCESS },
-			GetComputeInstanceIdFunc: func() (int, nvml.Return) { return 0, nvml.SUCCESS },
-		}, nvml.SUCCESS
-	}
-	uuid, _ := gpu.GetUUID()
-	return uuid
+	return testutil.WithMIGs(s, 0, testutil.MIG{UUID: "MIG-bbb", GI: 3}, testutil.MIG{UUID: "MIG-ccc", GI: 5})
 }
 
 // TestInfo: what a device is, from its spec and NVML: a GPU's product,

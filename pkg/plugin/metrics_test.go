@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/google/go-cmp/cmp"
@@ -126,23 +124,7 @@ devices:
       deviceNodes: [{path: /dev/nvidia1, hostPath: %[1]s/nvidia1, type: c, major: 195, minor: 1}]
 `, dir)+mig("0:0", 3)+mig("MIG-aaa", 3)+mig("0:1", 5))
 	lib = testutil.NVML(2)
-	gpu := lib.Devices[0].(*dgxa100.Device)
-	gpu.MigMode = nvml.DEVICE_MIG_ENABLE
-	gpu.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
-	gpu.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
-		migs := []struct {
-			uuid string
-			gi   int
-		}{{"MIG-aaa", 3}, {"MIG-bbb", 5}}
-		if i >= len(migs) {
-			return nil, nvml.ERROR_NOT_FOUND
-		}
-		return &mock.Device{
-			GetUUIDFunc:              func() (string, nvml.Return) { return migs[i].uuid, nvml.SUCCESS },
-			GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return migs[i].gi, nvml.SUCCESS },
-			GetComputeInstanceIdFunc: func() (int, nvml.Return) { return 0, nvml.SUCCESS },
-		}, nvml.SUCCESS
-	}
+	testutil.WithMIGs(lib, 0, testutil.MIG{UUID: "MIG-aaa", GI: 3}, testutil.MIG{UUID: "MIG-bbb", GI: 5})
 	return specDir, lib
 }
 
