@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"golang.org/x/sys/unix"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -25,20 +24,8 @@ func server(n int) *dgxa100.Server { return testutil.NVML(n) }
 // GPU instances 1 and 2 (compute instance 0 each), as the mig-minors file
 // of testdata/driver-root lists them. It returns their UUIDs.
 func withMIG(s *dgxa100.Server) []string {
-	gpu := s.Devices[0].(*dgxa100.Device)
-	gpu.MigMode = nvml.DEVICE_MIG_ENABLE
 	uuids := []string{"MIG-a0a0a0a0-0000-4000-8000-000000000001", "MIG-a0a0a0a0-0000-4000-8000-000000000002"}
-	gpu.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
-	gpu.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
-		if i >= len(uuids) {
-			return nil, nvml.ERROR_NOT_FOUND
-		}
-		return &mock.Device{
-			GetUUIDFunc:              func() (string, nvml.Return) { return uuids[i], nvml.SUCCESS },
-			GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return i + 1, nvml.SUCCESS },
-			GetComputeInstanceIdFunc: func() (int, nvml.Return) { return 0, nvml.SUCCESS },
-		}, nvml.SUCCESS
-	}
+	testutil.WithMIGs(s, 0, testutil.MIG{UUID: uuids[0], GI: 1}, testutil.MIG{UUID: uuids[1], GI: 2})
 	return uuids
 }
 
