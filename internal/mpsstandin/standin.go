@@ -20,9 +20,13 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/nri-gpu/nri-gpu/pkg/mps"
 )
+
+// controlSocket is the daemon's socket in its pipe directory: pkg/mps's
+// ControlSocket (its test says so). The stand-in imports nothing of
+// nri-gpu's, so that it builds static (CGO_ENABLED=0: it runs in nri-gpu's
+// image on the cluster), which pkg/mps, over NVML, does not.
+const controlSocket = "control"
 
 // Files the stand-in keeps.
 const (
@@ -71,7 +75,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		if cmd == "" {
 			continue
 		}
-		conn, err := net.Dial("unix", filepath.Join(pipe, mps.ControlSocket))
+		conn, err := net.Dial("unix", filepath.Join(pipe, controlSocket))
 		if err != nil {
 			fmt.Fprintln(stdout, "Cannot find MPS control daemon process")
 			return 1
@@ -121,7 +125,7 @@ func (s standin) start() error {
 		return err
 	}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if conn, err := net.Dial("unix", filepath.Join(s.pipe, mps.ControlSocket)); err == nil {
+		if conn, err := net.Dial("unix", filepath.Join(s.pipe, controlSocket)); err == nil {
 			conn.Close()
 			return cmd.Process.Release()
 		}
@@ -132,7 +136,7 @@ func (s standin) start() error {
 
 // serve is the daemon: it answers each connection's command until quit.
 func (s standin) serve() error {
-	sock := filepath.Join(s.pipe, mps.ControlSocket)
+	sock := filepath.Join(s.pipe, controlSocket)
 	_ = os.Remove(sock)
 	l, err := net.Listen("unix", sock)
 	if err != nil {
