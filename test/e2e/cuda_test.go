@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
@@ -554,7 +553,9 @@ func TestHookFreeDevicePlugin(t *testing.T) {
 	testutil.Within(t, podWait, "nri-gpu telling kubelet its GPU", func() bool {
 		return strings.Contains(plugin.Log(), `devices="0 healthy"`)
 	})
-	time.Sleep(time.Second) // for kubelet to take it in
+	if err := k.WaitDevices(0, podWait, "nvidia.com/gpu", 1); err != nil { // kubelet took it in
+		t.Fatal(err)
+	}
 	addPod(t, k, harness.StaticPod{Name: "hookfree", Limits: map[string]string{"nvidia.com/gpu": "1"}})
 	id, err := k.RunningContainer("hookfree", podWait)
 	if err != nil {

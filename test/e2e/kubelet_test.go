@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -231,17 +232,16 @@ func TestDevicePlugin(t *testing.T) {
 		return err == nil && len(ids) == 0
 	})
 	// told waits until nri-gpu has told kubelet the devices as want says,
-	// after the first since bytes of its log.
-	told := func(p *harness.Plugin, since int, want string) {
+	// after the first since bytes of its log, and kubelet has taken that
+	// in, after the first kubeletSince bytes of its own.
+	told := func(p *harness.Plugin, since, kubeletSince int, want string) {
 		t.Helper()
-		deadline := time.Now().Add(podWait)
-		for !strings.Contains(p.Log()[since:], `devices="`+want+`"`) {
-			if time.Now().After(deadline) {
-				t.Fatalf("nri-gpu did not tell kubelet %q; its log:\n%s", want, p.Log())
-			}
-			time.Sleep(100 * time.Millisecond)
+		testutil.Within(t, podWait, fmt.Sprintf("nri-gpu telling kubelet %q", want), func() bool {
+			return strings.Contains(p.Log()[since:], `devices="`+want+`"`)
+		})
+		if err := k.WaitDevices(kubeletSince, podWait, "nvidia.com/gpu", strings.Count(want, " healthy")); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(time.Second) // for kubelet to take it in
 	}
 	admissionRefuses := func(since int, name, want string) {
 		t.Helper()
@@ -252,18 +252,19 @@ func TestDevicePlugin(t *testing.T) {
 			t.Fatalf("pod %s has containers %v (%v), want none", name, ids, err)
 		}
 	}
-	told(plugin, 0, "0 healthy, 1 healthy")
+	told(plugin, 0, 0, "0 healthy, 1 healthy")
 
 	since := k.LogSize()
 	addPod(t, k, harness.StaticPod{Name: "big", Limits: map[string]string{"nvidia.com/gpu": "3"}})
 	admissionRefuses(since, "big", "Requested: 3, Available: 2")
 
 	// A GPU an annotation pod holds is not offered to kubelet.
+	since = k.LogSize()
 	addPod(t, k, harness.StaticPod{Name: "ann", Annotations: map[string]string{"gpus.nri-gpu.io": "0"}})
 	if got := sees("ann"); !slices.Equal(got, []string{"nvidia0"}) {
 		t.Fatalf("annotation pod sees %v, want nvidia0", got)
 	}
-	told(plugin, 0, "0 unhealthy, 1 healthy")
+	told(plugin, 0, since, "0 unhealthy, 1 healthy")
 	addPod(t, k, harness.StaticPod{Name: "a", Limits: gpu})
 	if got := sees("a"); !slices.Equal(got, []string{"nvidia1"}) {
 		t.Errorf("pod a sees %v, want nvidia1, the one GPU not held", got)
@@ -292,11 +293,11 @@ func TestDevicePlugin(t *testing.T) {
 	admissionRefuses(since, "b", "Requested: 1, Available: 0")
 
 	// Deleting the annotation pod frees its GPU for kubelet.
-	logged := len(plugin.Log())
+	logged, since := len(plugin.Log()), k.LogSize()
 	if err := k.RemovePod("ann"); err != nil {
 		t.Fatal(err)
 	}
-	told(plugin, logged, "0 healthy, 1 healthy")
+	told(plugin, logged, since, "0 healthy, 1 healthy")
 	addPod(t, k, harness.StaticPod{Name: "c", Limits: gpu})
 	if got := sees("c"); !slices.Equal(got, []string{"nvidia0"}) {
 		t.Errorf("pod c sees %v, want nvidia0, freed by the annotation pod", got)
@@ -311,25 +312,26 @@ func TestDevicePlugin(t *testing.T) {
 	// kubelet restarted (it empties its socket directory), then nri-gpu:
 	// each time nri-gpu registers again, the running pods keep their
 	// GPUs, and a new pod finds none free.
-	registered := strings.Count(plugin.Log(), "registered with kubelet")
+	registered, since := strings.Count(plugin.Log(), "registered with kubelet"), k.LogSize()
 	if err := k.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(podWait); strings.Count(plugin.Log(), "registered with kubelet") == registered; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("nri-gpu did not register again after kubelet restarted; its log:\n%s", plugin.Log())
-		}
+	testutil.Within(t, podWait, "nri-gpu registering again after kubelet restarted", func() bool {
+		return strings.Count(plugin.Log(), "registered with kubelet") > registered
+	})
+	if err := k.WaitDevices(since, podWait, "nvidia.com/gpu", 2); err != nil {
+		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second)
 	since = k.LogSize()
 	addPod(t, k, harness.StaticPod{Name: "d", Limits: gpu})
 	admissionRefuses(since, "d", "Requested: 1, Available: 0")
 
+	since = k.LogSize()
 	plugin.Kill()
 	if plugin, err = ctd.StartPlugin("--config", config); err != nil {
 		t.Fatal(err)
 	}
-	told(plugin, 0, "0 healthy, 1 healthy")
+	told(plugin, 0, since, "0 healthy, 1 healthy")
 	since = k.LogSize()
 	addPod(t, k, harness.StaticPod{Name: "e", Limits: gpu})
 	admissionRefuses(since, "e", "Requested: 1, Available: 0")
@@ -343,7 +345,10 @@ func TestDevicePlugin(t *testing.T) {
 	if err := k.RemovePod("a"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second) // kubelet frees a's GPU once a is gone
+	testutil.Within(t, podWait, "pod a gone", func() bool { // kubelet frees a's GPU once a is gone
+		ids, err := k.Containers("a")
+		return err == nil && len(ids) == 0
+	})
 	addPod(t, k, harness.StaticPod{Name: "f", Limits: gpu})
 	if got := sees("f"); !slices.Equal(got, []string{"nvidia1"}) {
 		t.Errorf("pod f sees %v, want nvidia1, freed by pod a", got)

@@ -137,7 +137,18 @@ mps: {daemon: managed, controlCommand: %s, root: %s}
 	if out, err := ctd.Exec(holder, "sh", "-c", "/mpsclient hold 1024 40 > /tmp/hold.log 2>&1 &"); err != nil {
 		t.Fatalf("starting the holder: %v: %s", err, out)
 	}
-	time.Sleep(10 * time.Second)
+	// holdSays waits, bounded, for the holder's log to say what.
+	holdSays := func(what string, within time.Duration) string {
+		t.Helper()
+		var log string
+		for deadline := time.Now().Add(within); !strings.Contains(log, what) && !strings.Contains(log, "dead") && time.Now().Before(deadline); time.Sleep(time.Second) {
+			log, _ = ctd.Exec(holder, "cat", "/tmp/hold.log")
+		}
+		return log
+	}
+	if log := holdSays("allocated 1024 MiB", time.Minute); !strings.Contains(log, "allocated 1024 MiB") {
+		t.Fatalf("the holder did not allocate its 1 GiB: %s", log)
+	}
 	out, err := ctd.Exec(other, "/mpsclient", "alloc", "1024")
 	t.Logf("the other pod, 1 GiB under its 2 GiB limit: %s", out)
 	if err != nil || !strings.Contains(out, "allocated 1024 MiB") {
@@ -194,8 +205,7 @@ mps: {daemon: managed, controlCommand: %s, root: %s}
 		what = "got a context and was bounded"
 	}
 	t.Logf("MEASURED a client whose control socket is not the daemon's: %s:\n%s", what, out)
-	time.Sleep(40 * time.Second)
-	log, _ := ctd.Exec(holder, "cat", "/tmp/hold.log")
+	log := holdSays("alive", 90*time.Second) // it holds for 40 s, then writes
 	t.Logf("the holder: %s", log)
 	if !strings.Contains(log, "allocated 1024 MiB") || !strings.Contains(log, "alive") {
 		t.Errorf("the holder did not keep running beside the other's failed allocation")

@@ -355,6 +355,15 @@ func (k *Kubelet) WaitLog(since int, timeout time.Duration, want ...string) (str
 	}
 }
 
+// WaitDevices waits up to timeout for kubelet to have taken in, after the
+// first since bytes of its log, that resource has healthy healthy
+// devices: its device manager's "Processed device updates" line (logged
+// at -v 2), after which the pods it admits are offered them.
+func (k *Kubelet) WaitDevices(since int, timeout time.Duration, resource string, healthy int) error {
+	_, err := k.WaitLog(since, timeout, `"Processed device updates for resource"`, `resourceName="`+resource+`"`, fmt.Sprintf("healthyCount=%d", healthy))
+	return err
+}
+
 func containsAll(s string, want []string) bool {
 	for _, w := range want {
 		if !strings.Contains(s, w) {
