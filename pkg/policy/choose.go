@@ -111,8 +111,8 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses
 		if v.usersLeft() == 0 {
 			held++
 			why := "held by " + describeUsers(v.sharers)
-			if v.by != nil {
-				why = "held by " + v.by.holder.String()
+			if len(v.blocked) > 0 {
+				why = "held by " + v.blocked[0].name()
 			}
 			passed = append(passed, Passed{c.Name, why})
 			continue

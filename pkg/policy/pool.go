@@ -54,60 +54,42 @@ func NewAllocations() *Allocations {
 	return &Allocations{pods: map[string]*holding{}, claims: map[string]*claimHolding{}}
 }
 
-// holder is who holds a device: a pod, or a DRA claim.
-type holder struct {
-	pod   Pod
-	claim *Claim
-	// sole says the pod holds it alone as found without a record.
-	sole bool
+// name says who u is, for messages: a claim, or a pod.
+func (u User) name() string {
+	if u.Claim != nil {
+		return u.Claim.String()
+	}
+	return "pod " + u.Pod.String()
 }
 
-func (h holder) String() string {
-	if h.claim != nil {
-		return h.claim.String()
-	}
-	return "pod " + h.pod.String()
-}
+// strict says no one else may have the device unless it is shared: a
+// claim's device, a count grant, a device found held alone.
+func (u User) strict() bool { return u.Claim != nil || u.Counted || u.Found }
 
 // hint says when the device is free again, and why it is not shared
 // (exclusive: policy.exclusive).
-func (u user) hint(exclusive bool) string {
+func (u User) hint(exclusive bool) string {
 	switch {
-	case u.claim != nil:
+	case u.Claim != nil:
 		return "; a device allocated to a claim serves the pods that use the claim only; it is free again when kubelet unprepares the claim (its pods removed)"
-	case u.sole:
-		return fmt.Sprintf(", which nri-gpu found using it with no record of how it got it (its record of holdings was lost), so it is held by that pod alone; it is free again when pod %s is removed", u.pod)
-	case u.strict:
-		return fmt.Sprintf(", which got it for a count request; it is free again when pod %s is removed", u.pod)
+	case u.Found:
+		return fmt.Sprintf(", which nri-gpu found using it with no record of how it got it (its record of holdings was lost), so it is held by that pod alone; it is free again when pod %s is removed", u.Pod)
+	case u.Counted:
+		return fmt.Sprintf(", which got it for a count request; it is free again when pod %s is removed", u.Pod)
 	case exclusive:
-		return fmt.Sprintf(" and policy.exclusive is true; it is free again when pod %s is removed", u.pod)
+		return fmt.Sprintf(" and policy.exclusive is true; it is free again when pod %s is removed", u.Pod)
 	}
 	// Only an asker that is always exclusive (a DRA claim) is kept
 	// from a device a pod holds by name while policy.exclusive is false.
-	return fmt.Sprintf("; a claim's devices are its own, never one a pod holds; it is free again when pod %s is removed", u.pod)
+	return fmt.Sprintf("; a claim's devices are its own, never one a pod holds; it is free again when pod %s is removed", u.Pod)
 }
 
 // key tells holders apart: one pod, one claim.
-func (h holder) key() string {
-	if h.claim != nil {
-		return "claim:" + h.claim.UID
+func (u User) key() string {
+	if u.Claim != nil {
+		return "claim:" + u.Claim.UID
 	}
-	return "pod:" + h.pod.ID
-}
-
-// user is a holder of a device that overlaps the one asked for.
-type user struct {
-	holder
-	dev *specs.Device
-	// strict says no one else may have it unless it is shared: a count
-	// grant, a claim's device, a device held alone.
-	strict bool
-	// kubelet says kubelet allocated it to the pod (a device plugin's),
-	// by this name or by another name of the same hardware.
-	kubelet bool
-	// use is what it consumes of the device when it is shared (a claim's
-	// allocation; zero: one share and the default memory).
-	use Use
+	return "pod:" + u.Pod.ID
 }
 
 // who asks the pool whether it may have a device: a pod (and the claims
@@ -147,20 +129,20 @@ const (
 )
 
 // leaves reports whether door leaves u out of a device's holders.
-func (w who) leaves(u user) bool {
+func (w who) leaves(u User) bool {
 	switch w.door {
 	case DevicePlugin:
-		return u.kubelet
+		return u.Kubelet
 	case DRA:
-		return u.claim != nil
+		return u.Claim != nil
 	}
 	return false
 }
 
 // users returns the holders of devices that overlap d, but those w
 // leaves out: claims by UID, then pods by ID.
-func (a *Allocations) users(w who, d specs.Device) []user {
-	var out []user
+func (a *Allocations) users(w who, d specs.Device) []User {
+	var out []User
 	for _, uid := range slices.Sorted(maps.Keys(a.claims)) {
 		c := a.claims[uid]
 		if slices.Contains(w.claims, uid) {
@@ -168,7 +150,7 @@ func (a *Allocations) users(w who, d specs.Device) []user {
 		}
 		for i := range c.devices {
 			if c.devices[i].Overlaps(d) {
-				out = append(out, user{holder: holder{claim: &c.claim}, dev: &c.devices[i].Device, strict: true, use: c.devices[i].Use})
+				out = append(out, User{Claim: &c.claim, Device: c.devices[i].Device, Use: c.devices[i].Use})
 			}
 		}
 	}
@@ -179,13 +161,12 @@ func (a *Allocations) users(w who, d specs.Device) []user {
 		}
 		for i := range h.counted {
 			if h.counted[i].Overlaps(d) {
-				out = append(out, user{holder: holder{pod: h.pod}, dev: &h.counted[i], strict: true})
+				out = append(out, User{Pod: h.pod, Device: h.counted[i], Counted: true})
 			}
 		}
 		for i := range h.named {
 			if h.named[i].Overlaps(d) {
-				sole := slices.Contains(h.sole, h.named[i].Name)
-				out = append(out, user{holder: holder{pod: h.pod, sole: sole}, dev: &h.named[i], strict: sole, kubelet: h.fromKubelet(h.named[i])})
+				out = append(out, User{Pod: h.pod, Device: h.named[i], Found: slices.Contains(h.sole, h.named[i].Name), Kubelet: h.fromKubelet(h.named[i])})
 			}
 		}
 	}
@@ -203,20 +184,16 @@ func (h *holding) fromKubelet(d specs.Device) bool {
 
 // verdict is whether a device may be given beside what others hold.
 type verdict struct {
-	// by is a holder that keeps it, nil if none; apart, when set, is the
-	// policy.sharing entry that keeps them apart (one of them is shared,
-	// the other overlaps it without being the same device).
-	by    *user
-	apart *SharingEntry
-	// blocked are every holder that keeps it, by first (by and apart
-	// are blocked[0]'s), for reporting each conflict of a restore.
+	// blocked are every holder that keeps it (held strictly or
+	// exclusively, or kept apart by a policy.sharing entry), the first
+	// first: the one a denial names; a restore reports each.
 	blocked []block
 	// share is how the device is shared, nil if it is not; sharers are
 	// the holders (one entry each) it is shared with, capacity what it
 	// offers them, used what they consume and asking what the asker
 	// would.
 	share    *SharingEntry
-	sharers  []user
+	sharers  []User
 	capacity Capacity
 	used     Use
 	asking   Use
@@ -229,7 +206,7 @@ type verdict struct {
 // that is not shared, the replicas left for one that is.
 func (v verdict) usersLeft() int {
 	switch {
-	case v.by != nil, v.twice != nil:
+	case len(v.blocked) > 0, v.twice != nil:
 		return 0
 	case v.share == nil:
 		return 1
@@ -240,7 +217,7 @@ func (v verdict) usersLeft() int {
 // fits reports whether the asker may have the device: it is free, or
 // shared with room for what the asker would consume.
 func (v verdict) fits() bool {
-	if v.share == nil || v.by != nil || v.twice != nil {
+	if v.share == nil || len(v.blocked) > 0 || v.twice != nil {
 		return v.usersLeft() > 0
 	}
 	return v.capacity.fits(v.used, v.asking)
@@ -250,7 +227,7 @@ func (v verdict) fits() bool {
 // policy.sharing entry that keeps them apart (nil: held strictly, or
 // policy.exclusive).
 type block struct {
-	user
+	User
 	apart *SharingEntry
 }
 
@@ -279,24 +256,21 @@ func (a *Allocations) judge(p *Policy, w who, d specs.Device) verdict {
 	}
 	seen := map[string]bool{}
 	for _, u := range a.users(w, d) {
-		if v.share != nil && !u.sole && u.dev.Same(d) {
+		if v.share != nil && !u.Found && u.Device.Same(d) {
 			if !seen[u.key()] {
 				seen[u.key()] = true
 				v.sharers = append(v.sharers, u)
-				use := v.capacity.use(u.use)
+				use := v.capacity.use(u.Use)
 				v.used.Shares += use.Shares
 				v.used.Memory += use.Memory
 			}
 			continue
 		}
-		if u.strict || w.exclusive {
-			v.blocked = append(v.blocked, block{user: u})
-		} else if apart := cmp.Or(v.share, p.Sharing(*u.dev)); apart != nil {
-			v.blocked = append(v.blocked, block{user: u, apart: apart})
+		if u.strict() || w.exclusive {
+			v.blocked = append(v.blocked, block{User: u})
+		} else if apart := cmp.Or(v.share, p.Sharing(u.Device)); apart != nil {
+			v.blocked = append(v.blocked, block{User: u, apart: apart})
 		}
-	}
-	if len(v.blocked) > 0 {
-		v.by, v.apart = &v.blocked[0].user, v.blocked[0].apart
 	}
 	return v
 }
@@ -347,20 +321,23 @@ func (v verdict) coexistence(d specs.Device, exclusive bool) error {
 	switch {
 	case v.twice != nil:
 		return deny(RuleSharing, fmt.Errorf("%w: device %q: %w", ErrDenied, d.Name, v.twice))
-	case v.apart != nil:
+	case len(v.blocked) == 0:
+		return nil
+	case v.blocked[0].apart != nil:
+		by := v.blocked[0]
 		return deny(RuleSharing, fmt.Errorf("%w: device %q overlaps %q, held by %s, and %s shares one of them: a shared device is used by its sharers alone, never beside a device that overlaps it; it is free again when %s is removed",
-			ErrDenied, d.Name, v.by.dev.Name, v.by.holder, v.apart, v.by.holder))
-	case v.by != nil:
+			ErrDenied, d.Name, by.Device.Name, by.name(), by.apart, by.name()))
+	default:
+		by := v.blocked[0]
 		return deny(RuleExclusive, fmt.Errorf("%w: device %q is held by %s (as %q)%s",
-			ErrDenied, d.Name, v.by.holder, v.by.dev.Name, v.by.hint(exclusive)))
+			ErrDenied, d.Name, by.name(), by.Device.Name, by.hint(exclusive)))
 	}
-	return nil
 }
 
 // capacityErr is the denial of a shared device with no room for what
 // the asker would consume beside its sharers, or nil.
 func (v verdict) capacityErr(d specs.Device) error {
-	if v.share == nil || v.by != nil || v.twice != nil || v.fits() {
+	if v.share == nil || len(v.blocked) > 0 || v.twice != nil || v.fits() {
 		return nil
 	}
 	room := "it is free for one more when one of them is removed, or raise replicas"
@@ -371,13 +348,13 @@ func (v verdict) capacityErr(d specs.Device) error {
 		ErrDenied, d.Name, v.share, len(v.sharers), describeUsers(v.sharers), room))
 }
 
-func describeUsers(us []user) string { return strings.Join(describe(us), ", ") }
+func describeUsers(us []User) string { return strings.Join(describe(us), ", ") }
 
 // describe returns who each of us is, for messages.
-func describe(us []user) []string {
+func describe(us []User) []string {
 	parts := make([]string, 0, len(us))
 	for _, u := range us {
-		parts = append(parts, u.holder.String())
+		parts = append(parts, u.name())
 	}
 	return parts
 }
@@ -405,7 +382,7 @@ func (a *Allocations) Users(d specs.Device) []string {
 	defer a.mu.Unlock()
 	var out []string
 	for _, u := range a.users(who{}, d) {
-		if w := u.holder.String(); u.dev.Same(d) && !slices.Contains(out, w) {
+		if w := u.name(); u.Device.Same(d) && !slices.Contains(out, w) {
 			out = append(out, w)
 		}
 	}

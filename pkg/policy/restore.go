@@ -123,10 +123,10 @@ func (a *Allocations) check(p *Policy) error {
 	// hardware's first node: reported once, with every holder.
 	full := map[string]int{}
 	judged := NewAllocations()
-	judge := func(h holder, w who, d specs.Device) {
+	judge := func(h User, w who, d specs.Device) {
 		v := judged.judge(p, w, d)
 		for _, b := range v.blocked {
-			report("%s (%q) and %s (%q) both hold %s", b.holder, b.dev.Name, h, d.Name, commonNode(*b.dev, d))
+			report("%s (%q) and %s (%q) both hold %s", b.name(), b.Device.Name, h.name(), d.Name, commonNode(b.Device, d))
 		}
 		if len(v.blocked) > 0 || v.share == nil || v.fits() {
 			return
@@ -141,15 +141,15 @@ func (a *Allocations) check(p *Policy) error {
 			full[key] = n
 			problems = append(problems, "")
 		}
-		who := append(describe(v.sharers), h.String())
+		who := append(describe(v.sharers), h.name())
 		c, used := v.capacity, v.used
 		use := c.use(w.use)
 		used.Shares += use.Shares
 		used.Memory += use.Memory
 		if used.Shares > c.Shares {
-			problems[n] = fmt.Sprintf("%d hold %q, which %s lets %d use at once: %s", len(who), v.sharers[0].dev.Name, v.share, c.Shares, strings.Join(who, ", "))
+			problems[n] = fmt.Sprintf("%d hold %q, which %s lets %d use at once: %s", len(who), v.sharers[0].Device.Name, v.share, c.Shares, strings.Join(who, ", "))
 		} else {
-			problems[n] = fmt.Sprintf("%d hold %s of %q's memory, which has %s under %s: %s", len(who), Quantity(used.Memory), v.sharers[0].dev.Name, Quantity(c.Memory), v.share, strings.Join(who, ", "))
+			problems[n] = fmt.Sprintf("%d hold %s of %q's memory, which has %s under %s: %s", len(who), Quantity(used.Memory), v.sharers[0].Device.Name, Quantity(c.Memory), v.share, strings.Join(who, ", "))
 		}
 	}
 	for _, uid := range slices.Sorted(maps.Keys(a.claims)) {
@@ -158,7 +158,7 @@ func (a *Allocations) check(p *Policy) error {
 			if !p.Allowed(d.Name) {
 				report("%s holds %q, which policy.devices does not allow (any more)", c.claim, d.Name)
 			}
-			judge(holder{claim: &c.claim}, who{exclusive: true, use: d.Use}, d.Device)
+			judge(User{Claim: &c.claim}, who{exclusive: true, use: d.Use}, d.Device)
 		}
 		judged.claims[uid] = c
 	}
@@ -171,7 +171,7 @@ func (a *Allocations) check(p *Policy) error {
 		}
 		for i, d := range h.all() {
 			sole := slices.Contains(h.sole, d.Name)
-			judge(holder{pod: h.pod}, who{pod: id, exclusive: p.exclusive || i >= len(h.named) || sole, alone: sole}, d)
+			judge(User{Pod: h.pod}, who{pod: id, exclusive: p.exclusive || i >= len(h.named) || sole, alone: sole}, d)
 		}
 		judged.pods[id] = h
 	}

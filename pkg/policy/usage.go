@@ -54,18 +54,16 @@ func (a *Allocations) Usage(p *Policy, d specs.Device) Usage {
 		}
 		seen[h.key()] = true
 		use := whole
-		if v.share != nil && !h.sole && h.dev.Same(d) {
-			use = v.capacity.use(h.use)
+		if v.share != nil && !h.Found && h.Device.Same(d) {
+			use = v.capacity.use(h.Use)
 		}
-		u.Users = append(u.Users, User{
-			Pod: h.pod, Claim: h.claim, Device: *h.dev, Kubelet: h.kubelet, Found: h.sole,
-			Counted: h.claim == nil && h.strict && !h.sole, Use: use,
-		})
+		h.Use = use
+		u.Users = append(u.Users, h)
 	}
 	// Judged as an exclusive asker, every holder of a device no entry
 	// shares keeps it, and of a shared one those that take all of it.
 	switch {
-	case v.by != nil:
+	case len(v.blocked) > 0:
 		u.Used = whole
 	case v.share != nil:
 		u.Used = v.used
