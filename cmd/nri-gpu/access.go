@@ -16,7 +16,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
-// runAccess prints, as JSON, the record of what the containers of a pod
+// runAccess prints, as JSON, the access files of what the containers of a pod
 // were given (--pod), or the one a container running as root on
 // containerd 2.x would get for the devices named (qualified, or short
 // names of the default kind).

@@ -49,7 +49,7 @@ func pluginFlags(w io.Writer) *pluginFlagSet {
 	f.hookPath = fs.String("hook-path", "", "the CDI hook the specs nri-gpu generates name, as the host has it (default: this executable; nri-gpu install puts one there)")
 	f.metricsAt = fs.String("metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, and the probes /healthz and /readyz (off when empty)")
 	f.stateFile = fs.String("state-file", record.DefaultPath, "file in which the plugin keeps which pod holds which devices, for a restart (none when empty)")
-	f.accessDir = fs.String("access-dir", access.DefaultDir, "directory in which the plugin keeps, for each container it gives devices, the record of what it was given, mounted read-only at "+access.Path+" (none when empty)")
+	f.accessDir = fs.String("access-dir", access.DefaultDir, "directory in which the plugin keeps, for each container it gives devices, its access file (what it was given), mounted read-only at "+access.Path+" (none when empty)")
 	f.takeOver = fs.Bool("take-over", false, "when another nri-gpu holds the state file, wait for it to stop and serve then, ready meanwhile (a rolling update with surge), instead of exiting")
 	fs.Usage = func() { usage(w) }
 	return f

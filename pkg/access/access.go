@@ -1,11 +1,11 @@
-// Package access keeps, for each container nri-gpu gives devices, a record
+// Package access keeps, for each container nri-gpu gives devices, an access file
 // of exactly what it was given, which the container reads at a fixed path:
 // for a supervisor inside the sandbox that confines its workload (Landlock,
 // seccomp) to what its devices need, and for nri-gpu access.
 //
-// A record is a CDI spec (kind Kind, one device named Device) whose edits
+// An access file is a CDI spec (kind Kind, one device named Device) whose edits
 // are what reached the container through nri-gpu, and whose annotations
-// name the format's version, the CDI devices and the container. Records
+// name the format's version, the CDI devices and the container. Access files
 // live in a directory of the node, one file per container, under a
 // directory per pod, and are bind-mounted read-only into their container.
 package access
@@ -25,53 +25,53 @@ import (
 )
 
 const (
-	// Path is where a container finds its record.
+	// Path is where a container finds its access file.
 	Path = "/run/nri-gpu/access.json"
 	// EnvVar names Path in the container's environment.
 	EnvVar = "NRI_GPU_ACCESS"
-	// Kind is the CDI kind of a record.
+	// Kind is the CDI kind of an access file.
 	Kind = "nri-gpu.io/access"
-	// Device is the name of a record's one device, the container: a CDI
-	// registry that reads the record knows it as "nri-gpu.io/access=container".
+	// Device is the name of an access file's one device, the container: a CDI
+	// registry that reads the access file knows it as "nri-gpu.io/access=container".
 	Device = "container"
-	// FormatAnnotation holds the version of the record's format, Format.
+	// FormatAnnotation holds the version of the access file's format, Format.
 	FormatAnnotation = "nri-gpu.io/access-format"
 	// Format is the version of the format: "v1".
 	Format = "v1"
-	// DevicesAnnotation lists the CDI devices whose edits the record
+	// DevicesAnnotation lists the CDI devices whose edits the access file
 	// holds, qualified names separated by commas.
 	DevicesAnnotation = "nri-gpu.io/devices"
 	// PodAnnotation is the container's pod, "namespace/name";
 	// ContainerAnnotation its name.
 	PodAnnotation       = "nri-gpu.io/pod"
 	ContainerAnnotation = "nri-gpu.io/container"
-	// DefaultDir is where nri-gpu keeps the records (its --access-dir).
+	// DefaultDir is where nri-gpu keeps the access files (its --access-dir).
 	DefaultDir = "/run/nri-gpu/access"
-	// MaxSize bounds a record, in bytes.
+	// MaxSize bounds an access file, in bytes.
 	MaxSize = 256 << 10
 )
 
 // Errors a caller may test for with errors.Is.
 var (
-	// ErrTooLarge is wrapped by the error for a record over MaxSize.
-	ErrTooLarge = errors.New("record of what the container is given is too large")
+	// ErrTooLarge is wrapped by the error for an access file over MaxSize.
+	ErrTooLarge = errors.New("access file of what the container is given is too large")
 	// ErrName is wrapped by the error for a pod or container ID that is
 	// not a plain file name.
 	ErrName = errors.New("not a plain file name")
 )
 
-// mountOptions mount a record: read-only, and nothing in it runs or is a
+// mountOptions mount an access file: read-only, and nothing in it runs or is a
 // device.
 var mountOptions = []string{"bind", "ro", "nosuid", "nodev", "noexec"}
 
-// Container is the container a record is for.
+// Container is the container an access file is for.
 type Container struct {
 	Namespace, Pod, Name string
 }
 
-// New returns the record of what edits give c, holding the edits of
+// New returns the access file of what edits give c, holding the edits of
 // devices (qualified names), or nil when the edits give nothing. A
-// record for no container (the zero Container) names none.
+// access file for no container (the zero Container) names none.
 func New(c Container, devices []string, edits *cdispec.ContainerEdits) (*cdispec.Spec, error) {
 	if empty(edits) {
 		return nil, nil
@@ -106,15 +106,15 @@ func empty(e *cdispec.ContainerEdits) bool {
 	return true
 }
 
-// Dir is the directory of the records.
+// Dir is the directory of the access files.
 type Dir struct {
 	path string
 }
 
-// Open returns the records kept in dir.
+// Open returns the access files kept in dir.
 func Open(dir string) *Dir { return &Dir{path: dir} }
 
-// file returns the path of a container's record.
+// file returns the path of a container's access file.
 func (d *Dir) file(podID, ctrID string) (string, error) {
 	for _, id := range []string{podID, ctrID} {
 		if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\x00") || strings.HasPrefix(id, ".") {
@@ -124,9 +124,9 @@ func (d *Dir) file(podID, ctrID string) (string, error) {
 	return filepath.Join(d.path, podID, ctrID+".json"), nil
 }
 
-// Write keeps spec as the record of container ctrID of pod podID and
+// Write keeps spec as the access file of container ctrID of pod podID and
 // adds to adj its read-only mount at Path and EnvVar. The file is
-// written whole or not at all; a record over MaxSize is refused.
+// written whole or not at all; an access file over MaxSize is refused.
 func (d *Dir) Write(podID, ctrID string, spec *cdispec.Spec, adj *api.ContainerAdjustment) error {
 	path, err := d.file(podID, ctrID)
 	if err != nil {
@@ -162,7 +162,7 @@ func (d *Dir) Write(podID, ctrID string, spec *cdispec.Spec, adj *api.ContainerA
 	return nil
 }
 
-// Remove removes the record of container ctrID of pod podID, if any.
+// Remove removes the access file of container ctrID of pod podID, if any.
 func (d *Dir) Remove(podID, ctrID string) error {
 	path, err := d.file(podID, ctrID)
 	if err != nil {
@@ -174,7 +174,7 @@ func (d *Dir) Remove(podID, ctrID string) error {
 	return nil
 }
 
-// RemovePod removes the records of the containers of pod podID.
+// RemovePod removes the access files of the containers of pod podID.
 func (d *Dir) RemovePod(podID string) error {
 	path, err := d.file(podID, "x")
 	if err != nil {
@@ -183,7 +183,7 @@ func (d *Dir) RemovePod(podID string) error {
 	return os.RemoveAll(filepath.Dir(path))
 }
 
-// Keep removes the records of every pod but those live says are.
+// Keep removes the access files of every pod but those live says are.
 func (d *Dir) Keep(live func(podID string) bool) error {
 	entries, err := os.ReadDir(d.path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -201,7 +201,7 @@ func (d *Dir) Keep(live func(podID string) bool) error {
 	return errors.Join(errs...)
 }
 
-// Pod returns the records of the containers of pod namespace/name, each
+// Pod returns the access files of the containers of pod namespace/name, each
 // read as a CDI spec, in the order of their files' names.
 func (d *Dir) Pod(namespace, name string) ([]*cdi.Spec, error) {
 	files, err := filepath.Glob(filepath.Join(d.path, "*", "*.json"))
@@ -225,8 +225,8 @@ func (d *Dir) Pod(namespace, name string) ([]*cdi.Spec, error) {
 	return out, errors.Join(errs...)
 }
 
-// Read reads the record at path, as CDI reads a spec (and validates it),
-// refusing one that is not a record of this format.
+// Read reads the access file at path, as CDI reads a spec (and validates it),
+// refusing one that is not an access file of this format.
 func Read(path string) (*cdi.Spec, error) {
 	info, err := os.Stat(path)
 	if err != nil {
@@ -240,7 +240,7 @@ func Read(path string) (*cdi.Spec, error) {
 		return nil, err
 	}
 	if spec.Kind != Kind || spec.Annotations[FormatAnnotation] != Format {
-		return nil, fmt.Errorf("%s: not a record of nri-gpu's access format %s (kind %q, %s %q)",
+		return nil, fmt.Errorf("%s: not an access file of nri-gpu's format %s (kind %q, %s %q)",
 			path, Format, spec.Kind, FormatAnnotation, spec.Annotations[FormatAnnotation])
 	}
 	return spec, nil

@@ -24,12 +24,12 @@ var gpu0 = &cdispec.ContainerEdits{
 
 var ctr = access.Container{Namespace: "tenant", Pod: "a", Name: "c"}
 
-// TestRecord: a record is a CDI spec that CDI's own registry reads from
+// TestAccessFile: an access file is a CDI spec that CDI's own registry reads from
 // the directory it is in, as the device nri-gpu.io/access=container,
 // whose edits, applied by CDI, are what the container was given; its
 // annotations name the format, the devices and the container. Edits that
-// give nothing make no record.
-func TestRecord(t *testing.T) {
+// give nothing make no access file.
+func TestAccessFile(t *testing.T) {
 	rec, err := access.New(ctr, []string{"nvidia.com/gpu=0"}, gpu0)
 	if err != nil {
 		t.Fatal(err)
@@ -40,21 +40,21 @@ func TestRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(adj.GetMounts()) != 1 || adj.GetMounts()[0].Destination != access.Path {
-		t.Fatalf("mounts %v, want the record's at %s", adj.GetMounts(), access.Path)
+		t.Fatalf("mounts %v, want the access file's at %s", adj.GetMounts(), access.Path)
 	}
 	file := adj.GetMounts()[0].Source
 
-	// As a supervisor would: a CDI cache over the record's directory.
+	// As a supervisor would: a CDI cache over the access file's directory.
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Dir(file)), cdi.WithAutoRefresh(false))
 	if err != nil {
 		t.Fatal(err)
 	}
 	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
 	if _, err := cache.InjectDevices(spec, access.Kind+"="+access.Device); err != nil {
-		t.Fatalf("CDI injecting the record's device: %v (errors: %v)", err, cache.GetErrors())
+		t.Fatalf("CDI injecting the access file's device: %v (errors: %v)", err, cache.GetErrors())
 	}
 	if !slices.Contains(spec.Process.Env, "NVIDIA_VISIBLE_DEVICES=void") || len(spec.Mounts) != 1 || len(spec.Linux.Devices) != 1 || spec.Linux.Devices[0].Major != 195 {
-		t.Errorf("CDI applied the record as %+v, %+v, %+v; want what the container was given", spec.Process.Env, spec.Mounts, spec.Linux.Devices)
+		t.Errorf("CDI applied the access file as %+v, %+v, %+v; want what the container was given", spec.Process.Env, spec.Mounts, spec.Linux.Devices)
 	}
 	got, err := access.Read(file)
 	if err != nil {
@@ -67,15 +67,15 @@ func TestRecord(t *testing.T) {
 		}
 	}
 	if got.Version != "0.6.0" { // annotations came with 0.6.0
-		t.Errorf("cdiVersion %q, want the least that expresses the record, 0.6.0", got.Version)
+		t.Errorf("cdiVersion %q, want the least that expresses the access file, 0.6.0", got.Version)
 	}
 
 	if rec, err := access.New(ctr, nil, &cdispec.ContainerEdits{}); rec != nil || err != nil {
-		t.Errorf("edits that give nothing: %v, %v; want no record", rec, err)
+		t.Errorf("edits that give nothing: %v, %v; want no access file", rec, err)
 	}
 }
 
-// TestWriteRefuses: a record over MaxSize, or a pod or container ID that
+// TestWriteRefuses: an access file over MaxSize, or a pod or container ID that
 // is not a plain file name, is refused and nothing is written or mounted.
 func TestWriteRefuses(t *testing.T) {
 	big := &cdispec.ContainerEdits{Env: []string{"X=" + strings.Repeat("x", access.MaxSize)}}
@@ -104,14 +104,14 @@ func TestWriteRefuses(t *testing.T) {
 				t.Errorf("adjusted %v, %v; want nothing", adj.GetMounts(), adj.GetEnv())
 			}
 			if _, err := os.Stat(dir); !os.IsNotExist(err) {
-				t.Errorf("record directory: %v, want nothing written", err)
+				t.Errorf("access file directory: %v, want nothing written", err)
 			}
 		})
 	}
 }
 
-// TestLifecycle: records go with their container, with their pod, and
-// with pods no longer live; Pod finds a pod's records by its name.
+// TestLifecycle: access files go with their container, with their pod, and
+// with pods no longer live; Pod finds a pod's access files by its name.
 func TestLifecycle(t *testing.T) {
 	dir := t.TempDir()
 	d := access.Open(dir)
@@ -142,22 +142,22 @@ func TestLifecycle(t *testing.T) {
 	write("b", "c3", "main")
 	write("c", "c4", "main")
 	if got := names("a"); !slices.Equal(got, []string{"main", "side"}) {
-		t.Errorf("pod a's records: %v, want main and side", got)
+		t.Errorf("pod a's access files: %v, want main and side", got)
 	}
 	if err := d.Remove("id-a", "c2"); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Remove("id-a", "c2"); err != nil {
-		t.Errorf("removing a record twice: %v", err)
+		t.Errorf("removing an access file twice: %v", err)
 	}
 	if got := names("a"); !slices.Equal(got, []string{"main"}) {
-		t.Errorf("pod a's records after removing side: %v", got)
+		t.Errorf("pod a's access files after removing side: %v", got)
 	}
 	if err := d.RemovePod("id-b"); err != nil {
 		t.Fatal(err)
 	}
 	if got := names("b"); len(got) > 0 {
-		t.Errorf("pod b's records after its removal: %v", got)
+		t.Errorf("pod b's access files after its removal: %v", got)
 	}
 	if err := d.Keep(func(id string) bool { return id == "id-a" }); err != nil {
 		t.Fatal(err)
@@ -168,17 +168,17 @@ func TestLifecycle(t *testing.T) {
 	if err := access.Open(filepath.Join(t.TempDir(), "none")).Keep(func(string) bool { return false }); err != nil {
 		t.Errorf("keeping in a directory not made yet: %v", err)
 	}
-	// A file that is no record among them: Pod says so, and still
-	// returns the records it read.
+	// A file that is no access file among them: Pod says so, and still
+	// returns the access files it read.
 	if err := os.WriteFile(filepath.Join(dir, "id-a", "broken.json"), []byte("{"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if recs, err := d.Pod("ns", "a"); err == nil || len(recs) != 1 {
-		t.Errorf("pod a's records beside a broken file: %d, %v; want 1 and an error", len(recs), err)
+		t.Errorf("pod a's access files beside a broken file: %d, %v; want 1 and an error", len(recs), err)
 	}
 }
 
-// TestReadRefuses: Read refuses a file that is no record of this format
+// TestReadRefuses: Read refuses a file that is no access file of this format
 // (another CDI spec) and one over MaxSize.
 func TestReadRefuses(t *testing.T) {
 	dir := t.TempDir()
@@ -186,7 +186,7 @@ func TestReadRefuses(t *testing.T) {
 	if err := os.WriteFile(other, []byte("cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ndevices: [{name: \"0\", containerEdits: {env: [A=1]}}]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := access.Read(other); err == nil || !strings.Contains(err.Error(), "not a record of nri-gpu's access format v1") {
+	if _, err := access.Read(other); err == nil || !strings.Contains(err.Error(), "not an access file of nri-gpu's format v1") {
 		t.Errorf("reading another spec: %v", err)
 	}
 	// The right kind, another version of the format.
@@ -195,7 +195,7 @@ func TestReadRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := access.Read(v2); err == nil || !strings.Contains(err.Error(), `nri-gpu.io/access-format "v2"`) {
-		t.Errorf("reading a record of format v2: %v", err)
+		t.Errorf("reading an access file of format v2: %v", err)
 	}
 	big := filepath.Join(dir, "big.json")
 	if err := os.WriteFile(big, make([]byte, access.MaxSize+1), 0o644); err != nil {
@@ -206,7 +206,7 @@ func TestReadRefuses(t *testing.T) {
 	}
 }
 
-// TestNewGivesAnything: edits that give any one thing make a record;
+// TestNewGivesAnything: edits that give any one thing make an access file;
 // none, or nil, make none.
 func TestNewGivesAnything(t *testing.T) {
 	for _, tc := range []struct {
@@ -229,12 +229,12 @@ func TestNewGivesAnything(t *testing.T) {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		if (rec != nil) != tc.want {
-			t.Errorf("%s: record %v, want one: %v", tc.name, rec, tc.want)
+			t.Errorf("%s: access file %v, want one: %v", tc.name, rec, tc.want)
 		}
 	}
 }
 
-// TestSizeBound: a record of exactly MaxSize bytes is written, mounted
+// TestSizeBound: an access file of exactly MaxSize bytes is written, mounted
 // and read back; one byte more is refused.
 func TestSizeBound(t *testing.T) {
 	sized := func(n int) *cdispec.Spec {
@@ -257,21 +257,21 @@ func TestSizeBound(t *testing.T) {
 	d := access.Open(t.TempDir())
 	adj := &api.ContainerAdjustment{}
 	if err := d.Write("p", "exact", sized(pad), adj); err != nil {
-		t.Fatalf("a record of exactly MaxSize: %v", err)
+		t.Fatalf("an access file of exactly MaxSize: %v", err)
 	}
 	file := adj.GetMounts()[0].Source
 	if info, err := os.Stat(file); err != nil || info.Size() != access.MaxSize {
-		t.Fatalf("record file %v, %v; want %d bytes", info, err, access.MaxSize)
+		t.Fatalf("access file file %v, %v; want %d bytes", info, err, access.MaxSize)
 	}
 	if _, err := access.Read(file); err != nil {
-		t.Errorf("reading a record of exactly MaxSize: %v", err)
+		t.Errorf("reading an access file of exactly MaxSize: %v", err)
 	}
 	if err := d.Write("p", "over", sized(pad+1), &api.ContainerAdjustment{}); !errors.Is(err, access.ErrTooLarge) {
-		t.Errorf("a record one byte over MaxSize: %v, want ErrTooLarge", err)
+		t.Errorf("an access file one byte over MaxSize: %v, want ErrTooLarge", err)
 	}
 }
 
-// TestFiles: a record is read-only for all, in a directory others may
+// TestFiles: an access file is read-only for all, in a directory others may
 // pass through but not list; removing one that is not a file fails.
 func TestFiles(t *testing.T) {
 	rec, err := access.New(ctr, nil, gpu0)
@@ -288,11 +288,11 @@ func TestFiles(t *testing.T) {
 			t.Errorf("%s: %v, %v; want mode %#o", path, info, err, want)
 		}
 	}
-	// Something else at a record's path: a directory with a file in it.
+	// Something else at an access file's path: a directory with a file in it.
 	if err := os.MkdirAll(filepath.Join(dir, "p", "d.json", "x"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := access.Open(dir).Remove("p", "d"); err == nil {
-		t.Error("removing a non-empty directory at a record's path: no error")
+		t.Error("removing a non-empty directory at an access file's path: no error")
 	}
 }

@@ -172,7 +172,7 @@ func (p *Plugin) serve(ctx context.Context, r *creation, log logrus.FieldLogger)
 // the container but those the runtime injected itself, with what MPS
 // needs for an MPS-shared GPU (once its daemon answers), and the
 // annotations that say what the container got. It returns with it the
-// record of what the adjustment gives (nil when it gives nothing).
+// access file: what the adjustment gives (nil when it gives nothing).
 func (p *Plugin) build(ctx context.Context, r *creation, a resolvedAsk, plan policy.Plan, log logrus.FieldLogger) (*api.ContainerAdjustment, *cdispec.Spec, error) {
 	var devices []*cdi.Device
 	for _, e := range a.inject {
@@ -230,14 +230,14 @@ func (p *Plugin) build(ctx context.Context, r *creation, a resolvedAsk, plan pol
 	return res.Adjustment, rec, nil
 }
 
-// keepAccess keeps rec, the record of what adj gives the request's
-// container, and adds its mount to adj; nothing without records.
+// keepAccess keeps rec, the access file of what adj gives the request's
+// container, and adds its mount to adj; nothing without access files.
 func (p *Plugin) keepAccess(r *creation, rec *cdispec.Spec, adj *api.ContainerAdjustment) error {
 	if p.node.access == nil || rec == nil {
 		return nil
 	}
 	if err := p.node.access.Write(r.pod.GetId(), r.ctr.GetId(), rec, adj); err != nil {
-		return fmt.Errorf("keeping the record of what the container is given (%s): %w", access.Path, err)
+		return fmt.Errorf("keeping the container's access file (%s): %w", access.Path, err)
 	}
 	return nil
 }
@@ -249,7 +249,7 @@ func (p *Plugin) forgetAccess(pod *api.PodSandbox, ctr *api.Container) {
 	}
 	if err := p.node.access.Remove(pod.GetId(), ctr.GetId()); err != nil {
 		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()}).
-			Warnf("removing the record of what the container was given: %v", err)
+			Warnf("removing the container's access file: %v", err)
 	}
 }
 

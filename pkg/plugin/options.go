@@ -55,9 +55,9 @@ func WithStateFile(path string) Option {
 func WithTakeOver(ctx context.Context) Option { return func(p *Plugin) { p.flags.takeOver = ctx } }
 
 // WithAccessDir has the plugin keep in dir, and mount into each
-// container it gives devices, the record of what the container was given
-// (the --access-dir flag; see package access). Without it, containers get
-// no record.
+// container it gives devices, its access file: what the container was
+// given (the --access-dir flag; see package access). Without it,
+// containers get none.
 func WithAccessDir(dir string) Option {
 	return func(p *Plugin) { p.node.access = access.Open(dir) }
 }

@@ -83,7 +83,7 @@ type Plugin struct {
 }
 
 // node is what outlives configurations: the pool, its record, the
-// hardware, the MPS daemons and the records of what containers were given.
+// hardware, the MPS daemons and the containers' access files.
 type node struct {
 	alloc *policy.Allocations
 	// rec keeps alloc (and the MPS daemons) in the state file across
@@ -93,7 +93,7 @@ type node struct {
 	hw *inventory.Inventory
 	// mps shares GPUs with MPS.
 	mps *mpsSharing
-	// access keeps the records of what containers were given; nil when
+	// access keeps the containers' access files (what each was given); nil when
 	// they get none.
 	access *access.Dir
 }

@@ -50,7 +50,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	if p.node.access != nil {
 		// The records of pods the runtime no longer has.
 		if err := p.node.access.Keep(func(id string) bool { return reported.sandboxes[id] != nil }); err != nil {
-			p.log.Warnf("removing the records of what containers of pods gone were given: %v", err)
+			p.log.Warnf("removing the access files of containers of pods gone: %v", err)
 		}
 	}
 	p.saveAndNotify()

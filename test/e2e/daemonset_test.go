@@ -118,8 +118,8 @@ func TestDaemonSet(t *testing.T) {
 	// The fake GPUs' nodes are under the test's dir, where the spec says.
 	spec0 := pod["spec"].(map[string]any)
 	// The state directory stands in for /run/nri-gpu, at its own path in
-	// the pod as /run/nri-gpu is on a node: the records of what containers
-	// were given are mounted into them from their path there.
+	// the pod as /run/nri-gpu is on a node: the containers' access files
+	// (what each was given) are mounted into them from their path there.
 	ctr0 := spec0["containers"].([]any)[0].(map[string]any)
 	for _, m := range ctr0["volumeMounts"].([]any) {
 		if vm := m.(map[string]any); vm["mountPath"] == "/run/nri-gpu" {

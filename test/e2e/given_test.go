@@ -18,20 +18,20 @@ import (
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
-// forged is what a tenant puts where the record goes.
+// forged is what a tenant puts where the access file goes.
 const forged = `{"cdiVersion": "0.6.0", "kind": "nri-gpu.io/access", "devices": [{"name": "container", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}}]}`
 
-// readRecord parses a record printed by the container or by nri-gpu access.
-func readRecord(t *testing.T, text string) cdispec.Spec {
+// readAccessFile parses an access file printed by the container or by nri-gpu access.
+func readAccessFile(t *testing.T, text string) cdispec.Spec {
 	t.Helper()
 	var spec cdispec.Spec
 	if err := json.Unmarshal([]byte(text), &spec); err != nil {
-		t.Fatalf("not a record: %v\n%s", err, text)
+		t.Fatalf("not an access file: %v\n%s", err, text)
 	}
 	return spec
 }
 
-// nodePaths are the device node paths of a record.
+// nodePaths are the device node paths of an access file.
 func nodePaths(spec cdispec.Spec) []string {
 	var out []string
 	for _, d := range spec.Devices {
@@ -42,14 +42,14 @@ func nodePaths(spec cdispec.Spec) []string {
 	return out
 }
 
-// TestAccessRecordInContainer: a container given GPU 0 reads, at
-// /run/nri-gpu/access.json (named by NRI_GPU_ACCESS), the record of what
+// TestAccessFileInContainer: a container given GPU 0 reads, at
+// /run/nri-gpu/access.json (named by NRI_GPU_ACCESS), the access file of what
 // it was given: nvidia.com/gpu=0 with its node and the spec's control
 // nodes, never GPU 1's; nri-gpu access --pod prints the same; the
 // container cannot write it. A tenant's volume at /run/nri-gpu, or at the
-// record's own path, with a forged record in it, does not replace it.
-// The record goes with its container.
-func TestAccessRecordInContainer(t *testing.T) {
+// access file's own path, with a forged access file in it, does not replace it.
+// The access file goes with its container.
+func TestAccessFileInContainer(t *testing.T) {
 	needEnv(t)
 	shared := t.TempDir()
 	if err := os.Chmod(shared, 0o755); err != nil {
@@ -66,7 +66,7 @@ func TestAccessRecordInContainer(t *testing.T) {
 	}{
 		{name: "plain"},
 		{name: "tenant volume at /run/nri-gpu", mounts: []harness.Mount{{HostPath: shared, ContainerPath: "/run/nri-gpu"}}},
-		{name: "tenant file at the record's path", mounts: []harness.Mount{{HostPath: filepath.Join(shared, "access.json"), ContainerPath: access.Path}}},
+		{name: "tenant file at the access file's path", mounts: []harness.Mount{{HostPath: filepath.Join(shared, "access.json"), ContainerPath: access.Path}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			podID, pod := newPod(t, env.ctd, map[string]string{"gpus.nri-gpu.io": "0"})
@@ -76,18 +76,18 @@ func TestAccessRecordInContainer(t *testing.T) {
 			if where != access.Path {
 				t.Errorf("NRI_GPU_ACCESS=%q, want %s", where, access.Path)
 			}
-			rec := readRecord(t, text)
+			rec := readAccessFile(t, text)
 			if rec.Kind != access.Kind || rec.Annotations[access.DevicesAnnotation] != "nvidia.com/gpu=0" {
-				t.Errorf("record of kind %q naming devices %q, want %s naming nvidia.com/gpu=0", rec.Kind, rec.Annotations[access.DevicesAnnotation], access.Kind)
+				t.Errorf("access file of kind %q naming devices %q, want %s naming nvidia.com/gpu=0", rec.Kind, rec.Annotations[access.DevicesAnnotation], access.Kind)
 			}
 			nodes := nodePaths(rec)
 			for _, want := range []string{"/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"} {
 				if !slices.Contains(nodes, want) {
-					t.Errorf("record lists nodes %v, want %s among them", nodes, want)
+					t.Errorf("access file lists nodes %v, want %s among them", nodes, want)
 				}
 			}
 			if slices.Contains(nodes, "/dev/nvidia1") {
-				t.Errorf("record lists GPU 1, which the container was not given: %v", nodes)
+				t.Errorf("access file lists GPU 1, which the container was not given: %v", nodes)
 			}
 
 			cmd := exec.Command(env.tools.Path("nri-gpu"), "access", "--pod", "e2e/"+pod.Name, "--access-dir", harness.AccessDir(env.ctd.Dir, "nri-gpu"))
@@ -95,8 +95,8 @@ func TestAccessRecordInContainer(t *testing.T) {
 			if err != nil {
 				t.Fatalf("nri-gpu access --pod: %v", err)
 			}
-			if diff := cmp.Diff(rec, readRecord(t, string(out))); diff != "" {
-				t.Errorf("nri-gpu access --pod differs from the container's record (-container +access):\n%s", diff)
+			if diff := cmp.Diff(rec, readAccessFile(t, string(out))); diff != "" {
+				t.Errorf("nri-gpu access --pod differs from the container's access file (-container +access):\n%s", diff)
 			}
 
 			write, err := env.ctd.Exec(id, "sh", "-c", "echo '{}' > "+access.Path)
@@ -114,13 +114,13 @@ func TestAccessRecordInContainer(t *testing.T) {
 				}
 			}
 			if _, err := os.Stat(source); err != nil {
-				t.Fatalf("record on the host at %q: %v", source, err)
+				t.Fatalf("access file on the host at %q: %v", source, err)
 			}
 			if out, err := env.ctd.Crictl("rm", "--force", id); err != nil {
 				t.Fatalf("crictl rm: %v: %s", err, out)
 			}
 			if _, err := os.Stat(source); !os.IsNotExist(err) {
-				t.Errorf("record after its container's removal: %v, want it gone", err)
+				t.Errorf("access file after its container's removal: %v, want it gone", err)
 			}
 		})
 	}
@@ -135,13 +135,13 @@ func errorOf(out string, err error) error {
 }
 
 // TestSupervisorLandlock: a supervisor-like program (test/supervisor) in
-// a container given GPU 0 reads the record with CDI's library, confines
+// a container given GPU 0 reads the access file with CDI's library, confines
 // itself with Landlock to exactly the paths it lists, and still opens
 // its device node (ENXIO: allowed, no driver behind the fake node) and
 // reads its driver library, while a host file containerd bound in
 // (/etc/hostname), the image's own files and a device node it was not
-// given stay closed (EACCES). The image has a forged record at the
-// record's path, which the real one covers. On containerd 2.x the same
+// given stay closed (EACCES). The image has a forged access file at the
+// access file's path, which the real one covers. On containerd 2.x the same
 // holds in a pod with a user namespace of its own.
 func TestSupervisorLandlock(t *testing.T) {
 	needEnv(t)
@@ -197,12 +197,12 @@ func TestSupervisorLandlock(t *testing.T) {
 	}
 }
 
-// TestAccessRecordImageDirectory: an image with a directory where the
-// record goes cannot have the record mounted over it: the runtime refuses
+// TestAccessFileImageDirectory: an image with a directory where the
+// access file goes cannot have the access file mounted over it: the runtime refuses
 // to start the container (a file cannot be bound on a directory), the
-// container never runs half-equipped, its record goes with its pod, and
+// container never runs half-equipped, its access file goes with its pod, and
 // nri-gpu keeps serving.
-func TestAccessRecordImageDirectory(t *testing.T) {
+func TestAccessFileImageDirectory(t *testing.T) {
 	needEnv(t)
 	image := filepath.Join(env.dir, "access-directory.tar")
 	if err := harness.BuildImage(env.tools.Busybox, image, harness.File{Name: strings.TrimPrefix(access.Path, "/") + "/forged", Data: []byte(forged), Mode: 0o644}); err != nil {
@@ -220,7 +220,7 @@ func TestAccessRecordImageDirectory(t *testing.T) {
 		err = ctd.StartContainer(id)
 	}
 	if err == nil {
-		t.Fatal("a container whose image has a directory at the record's path started")
+		t.Fatal("a container whose image has a directory at the access file's path started")
 	}
 	t.Logf("refused: %s", harness.LastLine(err.Error()))
 	testutil.ErrorSays(t, err, "not a directory")
@@ -228,7 +228,7 @@ func TestAccessRecordImageDirectory(t *testing.T) {
 		t.Fatalf("crictl rmp: %v: %s", err, out)
 	}
 	if left, _ := filepath.Glob(filepath.Join(harness.AccessDir(ctd.Dir, "nri-gpu"), "*", "*")); len(left) > 0 {
-		t.Errorf("records left after the pod's removal: %v", left)
+		t.Errorf("access files left after the pod's removal: %v", left)
 	}
 	plain := harness.Pod{Name: "plain", Namespace: "e2e"}
 	podID, err = ctd.RunPod(plain)

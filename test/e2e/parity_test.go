@@ -33,11 +33,11 @@ func TestParityWithContainerdCDI(t *testing.T) {
 	if diff := gocmp.Diff(effective(want.Linux.Devices), effective(got.Linux.Devices)); diff != "" {
 		t.Errorf("device nodes (-containerd CDI +nri-gpu):\n%s", diff)
 	}
-	// nri-gpu adds the record of what the container was given (its
+	// nri-gpu adds the access file of what the container was given (its
 	// variable and read-only mount): the one addition of its own.
 	gotEnv := slices.DeleteFunc(slices.Clone(got.Process.Env), func(kv string) bool { return kv == access.EnvVar+"="+access.Path })
 	if len(gotEnv) == len(got.Process.Env) || !slices.ContainsFunc(got.Mounts, func(m oci.Mount) bool { return m.Destination == access.Path }) {
-		t.Errorf("nri-gpu's container has no record of what it was given: env %v", got.Process.Env)
+		t.Errorf("nri-gpu's container has no access file of what it was given: env %v", got.Process.Env)
 	}
 	if diff := gocmp.Diff(want.Process.Env, gotEnv); diff != "" {
 		t.Errorf("env (-containerd CDI +nri-gpu):\n%s", diff)
