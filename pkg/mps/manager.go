@@ -181,7 +181,7 @@ func (m *Manager) Sync(ctx context.Context, want []Want) ([]Event, []error) {
 	wanted := map[string]bool{}
 	for _, w := range want {
 		wanted[w.Daemon.Dir] = true
-		m.keepRunning(ctx, w, &r)
+		m.ensureRunning(ctx, w, &r)
 	}
 	for _, dir := range slices.Sorted(maps.Keys(m.entries)) {
 		if !wanted[dir] {
@@ -224,9 +224,9 @@ func (m *Manager) load(r *report) {
 	}
 }
 
-// keepRunning keeps w's daemon running with w's limits, starting it
+// ensureRunning keeps w's daemon running with w's limits, starting it
 // where it does not answer.
-func (m *Manager) keepRunning(ctx context.Context, w Want, r *report) {
+func (m *Manager) ensureRunning(ctx context.Context, w Want, r *report) {
 	e := m.entries[w.Daemon.Dir]
 	if e != nil && e.State == Stopping {
 		// Wanted again before its stop went through: stopped first, so

@@ -147,7 +147,7 @@ func (p *Plugin) serve(ctx context.Context, r *creation, log logrus.FieldLogger)
 		if err != nil {
 			return nil, policy.Grant{}, err
 		}
-		if err := p.keepAccess(r, rec, adj); err != nil {
+		if err := p.writeAccess(r, rec, adj); err != nil {
 			return nil, policy.Grant{}, err
 		}
 		grant := policy.Grant{Pod: pod}
@@ -230,9 +230,9 @@ func (p *Plugin) build(ctx context.Context, r *creation, a resolvedAsk, plan pol
 	return res.Adjustment, rec, nil
 }
 
-// keepAccess keeps rec, the access file of what adj gives the request's
+// writeAccess writes rec, the access file of what adj gives the request's
 // container, and adds its mount to adj; nothing without access files.
-func (p *Plugin) keepAccess(r *creation, rec *cdispec.Spec, adj *api.ContainerAdjustment) error {
+func (p *Plugin) writeAccess(r *creation, rec *cdispec.Spec, adj *api.ContainerAdjustment) error {
 	if p.node.access == nil || rec == nil {
 		return nil
 	}
@@ -262,7 +262,7 @@ func (p *Plugin) commit(pol *policy.Policy, plan policy.Plan) (policy.Grant, err
 	if err != nil || !grant.Added() {
 		return grant, err
 	}
-	if err := p.keepOrUndo(func() { p.node.alloc.Revert(grant) }); err != nil {
+	if err := p.saveOrUndo(func() { p.node.alloc.Revert(grant) }); err != nil {
 		return policy.Grant{}, fmt.Errorf("devices not given, since their grant %w", err)
 	}
 	return grant, nil

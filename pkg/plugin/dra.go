@@ -99,7 +99,7 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 	// stops those no holder wants any more).
 	undo := func() {
 		admitted()
-		c.p.node.mps.keep(ctx)
+		c.p.node.mps.sync(ctx)
 	}
 	// own are the daemons of the GPUs the claim has MPS run on for
 	// itself.
@@ -127,7 +127,7 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 		return fmt.Errorf("%s: %w", claim, err)
 	}
 	// Not recorded, not prepared: kubelet tries again.
-	if err := c.p.keepOrUndo(undo); err != nil {
+	if err := c.p.saveOrUndo(undo); err != nil {
 		return fmt.Errorf("%s: %w", claim, err)
 	}
 	return nil
@@ -168,7 +168,7 @@ func (c *DRAView) release(ctx context.Context, uid string, forget func() ([]stri
 		c.p.log.WithFields(logrus.Fields{"claim": uid, "devices": strings.Join(released, ",")}).Info("released devices of DRA claim")
 	}
 	if slices.ContainsFunc(devs, pol.OwnMPS) {
-		c.p.node.mps.keep(ctx) // its daemon stops, its GPU back in its compute mode
+		c.p.node.mps.sync(ctx) // its daemon stops, its GPU back in its compute mode
 	}
 	if err := c.p.saveAndNotify(); err != nil {
 		return fmt.Errorf("claim %s released, but %w", uid, err)

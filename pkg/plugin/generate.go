@@ -18,7 +18,7 @@ import (
 // GeneratedSpecName is the file generateSpecs writes in the last spec dir.
 const GeneratedSpecName = "nvidia.com-gpu.yaml"
 
-// keepGenerating, while generateSpecs is on, generates the spec of the
+// generateEvery, while generateSpecs is on, generates the spec of the
 // node's GPUs now and again (every generateInterval) and writes it
 // whenever it differs from the file: a GPU appearing, a control node
 // made, the driver upgraded (its version, or only its files under the
@@ -33,7 +33,7 @@ const GeneratedSpecName = "nvidia.com-gpu.yaml"
 // starts again with the new one. An NVML that never answered (a library
 // newer than the loaded module, until the node reboots) does not: it is
 // logged, as any other error.
-func (p *Plugin) keepGenerating(ctx context.Context, stop context.CancelCauseFunc) {
+func (p *Plugin) generateEvery(ctx context.Context, stop context.CancelCauseFunc) {
 	var lastErr string
 	answered := false
 	for {

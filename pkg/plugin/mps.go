@@ -46,9 +46,9 @@ func (m *mpsSharing) wanted() ([]mps.Want, []error) {
 	return m.sharing(m.hw.PolicyIn(st.policy, snap), snap).Wanted(st.cfg.DefaultKind)
 }
 
-// keep syncs the daemons once (after a claim's preparation or release),
+// sync brings the daemons in line once (after a claim's preparation or release),
 // logs what was done and returns what could not be.
-func (m *mpsSharing) keep(ctx context.Context) []error {
+func (m *mpsSharing) sync(ctx context.Context) []error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	want, problems := m.wanted()
@@ -95,5 +95,5 @@ func (m *mpsSharing) startForClaim(ctx context.Context, gpus []mps.Want) error {
 	if len(gpus) == 0 {
 		return nil
 	}
-	return m.mgr.Started(ctx, gpus, m.keep(ctx))
+	return m.mgr.Started(ctx, gpus, m.sync(ctx))
 }

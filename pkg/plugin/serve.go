@@ -32,7 +32,7 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 	preRegistered := PreRegistered()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil) // stops the generator whenever Serve returns
-	go p.keepGenerating(ctx, cancel)
+	go p.generateEvery(ctx, cancel)
 	go p.watchHealth(ctx, p.inForce.start.Health, func(unhealthy int) {
 		p.metrics.UnhealthyGPUs(unhealthy)
 		p.notifyDoors()

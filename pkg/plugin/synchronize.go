@@ -273,11 +273,11 @@ func (p *Plugin) notifyDoors() {
 	}
 }
 
-// keepOrUndo records a change that added to what is held (a pod's grant, a
+// saveOrUndo records a change that added to what is held (a pod's grant, a
 // prepared claim), or has undo take it back when the state file cannot
 // keep it: a holding only memory knows would be handed out again after a
 // restart.
-func (p *Plugin) keepOrUndo(undo func()) error {
+func (p *Plugin) saveOrUndo(undo func()) error {
 	err := p.saveAndNotify()
 	if err == nil {
 		return nil
