@@ -76,23 +76,23 @@ func WithMPSStart(start mps.Start) Option {
 	return func(p *Plugin) { p.flags.mpsStart = start }
 }
 
-// A Door is a way to the pool beside the runtime's requests (a device
-// plugin, the DRA driver), told whenever what pods hold changes (a
-// device plugin then tells kubelet which devices it may hand out).
-type Door interface{ Notify() }
+// A Listener is told whenever what pods hold changes: a door beside the
+// runtime's requests (a device plugin, which then tells kubelet which
+// devices it may hand out; the DRA driver).
+type Listener interface{ Notify() }
 
 // A DRADriver is the DRA driver as the plugin uses it: a door that also
 // says which prepared claims a container uses.
 type DRADriver interface {
-	Door
+	Listener
 	link.Finder
 }
 
 // WithDevicePlugin has the plugin tell door, a device plugin serving
 // the plugin's view of a resource (Resource, given it once the plugin is
 // built, through a deviceplugin.Later), whenever what pods hold changes.
-func WithDevicePlugin(door Door) Option {
-	return func(p *Plugin) { p.doors.list = append(p.doors.list, door) }
+func WithDevicePlugin(door Listener) Option {
+	return func(p *Plugin) { p.doors.told = append(p.doors.told, door) }
 }
 
 // WithDRA has the plugin inject the devices of the prepared claims
@@ -103,7 +103,7 @@ func WithDevicePlugin(door Door) Option {
 func WithDRA(driver DRADriver) Option {
 	return func(p *Plugin) {
 		p.doors.claims = driver
-		p.doors.list = append(p.doors.list, driver)
+		p.doors.told = append(p.doors.told, driver)
 	}
 }
 

@@ -118,9 +118,9 @@ type life struct {
 
 // doors are the ways to the pool beside the runtime's requests.
 type doors struct {
-	// list are told whenever what pods hold, or what is healthy,
+	// told are told whenever what pods hold, or what is healthy,
 	// changes.
-	list []Door
+	told []Listener
 	// claims tells which prepared DRA claims a container uses; nil
 	// without DRA.
 	claims link.Finder

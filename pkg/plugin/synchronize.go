@@ -268,7 +268,7 @@ func (p *Plugin) saveAndNotify() error {
 // notifyDoors tells each door that what pods hold, or what is healthy,
 // changed.
 func (p *Plugin) notifyDoors() {
-	for _, d := range p.doors.list {
+	for _, d := range p.doors.told {
 		d.Notify()
 	}
 }
