@@ -59,10 +59,10 @@ func Allocated(ctx context.Context, socket string, resources []string) ([]Alloca
 }
 
 // KubeletAllocations asks kubelet (Allocated) which devices of resources
-// it allocated pods but except (namespace/name; "" for none), and returns
+// it allocated pods but except (the zero PodName for none), and returns
 // them by their names in snap, each once per pod. A shared device's
 // replicas are left out: kubelet counts them itself.
-func KubeletAllocations(ctx context.Context, socket string, resources []config.Resource, snap *specs.Snapshot, except string) ([]policy.KubeletAllocation, error) {
+func KubeletAllocations(ctx context.Context, socket string, resources []config.Resource, snap *specs.Snapshot, except policy.PodName) ([]policy.KubeletAllocation, error) {
 	kinds := map[string]string{}
 	var names []string
 	for _, res := range resources {
@@ -75,7 +75,7 @@ func KubeletAllocations(ctx context.Context, socket string, resources []config.R
 	}
 	var out []policy.KubeletAllocation
 	for _, a := range got {
-		holder := a.Namespace + "/" + a.Pod
+		holder := policy.PodName{Namespace: a.Namespace, Name: a.Pod}
 		if holder == except || DeviceOf(a.ID) != a.ID {
 			continue
 		}

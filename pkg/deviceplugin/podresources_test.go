@@ -11,6 +11,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
@@ -59,7 +60,7 @@ func TestKubeletAllocations(t *testing.T) {
 		testutil.AllocatedPod("c", "shared", "example.com/gpu", deviceplugin.ReplicaID("0", 2)),
 		testutil.AllocatedPod("d", "other", "example.com/other", "0"))
 	resources := []config.Resource{{Name: "gpus", Kind: "example.com/gpu"}, {Name: "example.com/gpu", Kind: "example.com/gpu"}}
-	got, err := deviceplugin.KubeletAllocations(context.Background(), socket, resources, reg.Snapshot(), "b/asking")
+	got, err := deviceplugin.KubeletAllocations(context.Background(), socket, resources, reg.Snapshot(), policy.PodName{Namespace: "b", Name: "asking"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,6 +72,6 @@ func TestKubeletAllocations(t *testing.T) {
 	if !slices.Equal(says, want) {
 		t.Errorf("got %q, want %q", says, want)
 	}
-	_, err = deviceplugin.KubeletAllocations(context.Background(), filepath.Join(filepath.Dir(socket), "none.sock"), resources, reg.Snapshot(), "")
+	_, err = deviceplugin.KubeletAllocations(context.Background(), filepath.Join(filepath.Dir(socket), "none.sock"), resources, reg.Snapshot(), policy.PodName{})
 	testutil.ErrorSays(t, err, "kubelet's pod-resources API")
 }

@@ -297,7 +297,7 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) (kub
 	}
 	for _, r := range c.Status.ReservedFor {
 		if r.Resource == "pods" {
-			claim.Pods = append(claim.Pods, c.Namespace+"/"+r.Name)
+			claim.Pods = append(claim.Pods, policy.PodName{Namespace: c.Namespace, Name: r.Name})
 		}
 	}
 	var (

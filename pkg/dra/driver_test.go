@@ -540,7 +540,7 @@ func TestPrepare(t *testing.T) {
 	if diff := cmp.Diff(wantHeld, src.prepared["uid-two"]); diff != "" {
 		t.Errorf("held (-want +got):\n%s", diff)
 	}
-	if c := src.claims["uid-two"]; c.Namespace != "ns" || c.Name != "two" || !slices.Equal(c.Pods, []string{"ns/p"}) {
+	if c := src.claims["uid-two"]; c.Namespace != "ns" || c.Name != "two" || !slices.Equal(c.Pods, []policy.PodName{{Namespace: "ns", Name: "p"}}) {
 		t.Errorf("held for %+v, want claim ns/two of pod ns/p", c)
 	}
 
@@ -922,7 +922,7 @@ func TestPrepareHeld(t *testing.T) {
 	if diff := cmp.Diff(want, src.prepared); diff != "" {
 		t.Errorf("prepared (-want +got):\n%s", diff)
 	}
-	if c := src.claims["uid-in-use"]; !slices.Equal(c.Pods, []string{"ns/p"}) {
+	if c := src.claims["uid-in-use"]; !slices.Equal(c.Pods, []policy.PodName{{Namespace: "ns", Name: "p"}}) {
 		t.Errorf("the claim prepared again is reserved for %v, want ns/p", c.Pods)
 	}
 	var logged []string

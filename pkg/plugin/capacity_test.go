@@ -158,7 +158,7 @@ func TestMPSClaimLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := r.plugin.DRAView(config.Default().Start.DRA).Prepare(context.Background(),
-		policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a"}},
+		policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []policy.PodName{{Namespace: "tenant", Name: "a"}}},
 		[]link.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpu"}, Use: policy.Use{Shares: 2, Memory: 10 << 30}, MemoryAsked: true}}); err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +207,7 @@ func TestMPSClaimLimits(t *testing.T) {
 	f.uses["e/gpu"] = []link.ClaimUse{{UID: "uid-e", Namespace: "tenant", Name: "e"}}
 	f.mu.Unlock()
 	if err := r.plugin.DRAView(config.Default().Start.DRA).Prepare(context.Background(),
-		policy.Claim{UID: "uid-e", Namespace: "tenant", Name: "e", Pods: []string{"tenant/e"}},
+		policy.Claim{UID: "uid-e", Namespace: "tenant", Name: "e", Pods: []policy.PodName{{Namespace: "tenant", Name: "e"}}},
 		[]link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, Use: policy.Use{Shares: 1, Memory: 8 << 30},
 			GpuConfig: policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 20, PinnedMemory: 1 << 30}}}); err != nil {
 		t.Fatal(err)

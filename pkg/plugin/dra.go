@@ -38,7 +38,7 @@ func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
 	// An unhealthy one stays, tainted: kube-scheduler places no new
 	// claim on it, and its claims' pods see why. One kubelet allocated a
 	// device-plugin pod is not offered.
-	ch := policy.Choice{Hooks: snap.Hooks, Kubelet: c.p.kubeletAllocations(ctx, snap, "", c.p.log)}
+	ch := policy.Choice{Hooks: snap.Hooks, Kubelet: c.p.kubeletAllocations(ctx, snap, policy.PodName{}, c.p.log)}
 	var (
 		out     []link.Device
 		offered []specs.Device
@@ -89,7 +89,7 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 		d.Claim = &policy.ClaimDevice{Device: d.Device, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, GpuConfig: a.GpuConfig}
 		asked = append(asked, d)
 	}
-	ch := policy.Choice{Unhealthy: c.p.node.hw.Unhealthy(snap), Kubelet: c.p.kubeletAllocations(ctx, snap, "", c.log(claim))}
+	ch := policy.Choice{Unhealthy: c.p.node.hw.Unhealthy(snap), Kubelet: c.p.kubeletAllocations(ctx, snap, policy.PodName{}, c.log(claim))}
 	admitted, err := c.p.node.alloc.AdmitClaim(pol, claim, asked, ch)
 	if err != nil || admitted == nil {
 		return err // refused, or kubelet asked again: nothing new to record

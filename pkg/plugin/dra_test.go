@@ -88,7 +88,7 @@ func offer(t *testing.T, view *plugin.DRAView, sysfs fs.ReadLinkFS) []offered {
 	return out
 }
 
-var claimC = policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a"}}
+var claimC = policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []policy.PodName{{Namespace: "tenant", Name: "a"}}}
 
 // claimRuntime is a runtime of containerdVersion whose nri-gpu (policy
 // exclusive, a state file) finds claims with f and has claim c prepared
@@ -409,7 +409,7 @@ func TestSharedClaimDevices(t *testing.T) {
 	if got := offered(); !slices.Equal(got, []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}) {
 		t.Errorf("GPU 0 used once of 2: offered %v, want both GPUs", got)
 	}
-	if err := view.Prepare(context.Background(), policy.Claim{UID: "u", Namespace: "tenant", Name: "c", Pods: []string{"tenant/p"}}, []link.Allocated{{CDI: "nvidia.com/gpu=0"}}); err != nil {
+	if err := view.Prepare(context.Background(), policy.Claim{UID: "u", Namespace: "tenant", Name: "c", Pods: []policy.PodName{{Namespace: "tenant", Name: "p"}}}, []link.Allocated{{CDI: "nvidia.com/gpu=0"}}); err != nil {
 		t.Fatalf("a claim on GPU 0's second replica: %v", err)
 	}
 	testutil.ErrorSays(t, ask("b", "0"), "used by 2 already: claim tenant/c of pod tenant/p, pod tenant/a")

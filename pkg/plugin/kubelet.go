@@ -25,16 +25,16 @@ func (p *Plugin) allocatedByKubelet(ctx context.Context, r *creation, w policy.W
 	if w.Count == 0 && !slices.ContainsFunc(w.Named, func(d policy.Asked) bool { return d.Request == nil || !d.Request.FromKubelet() }) {
 		return nil
 	}
-	return p.kubeletAllocations(ctx, r.snap, r.pod.GetNamespace()+"/"+r.pod.GetName(), log)
+	return p.kubeletAllocations(ctx, r.snap, podOf(r.pod).Named(), log)
 }
 
 // kubeletAllocations returns the devices kubelet allocated pods (but
-// pod, namespace/name; "" for none) through nri-gpu's device plugins, by
+// pod; the zero PodName for none) through nri-gpu's device plugins, by
 // their names in snap; none without a device plugin. A shared device's
 // replicas are left out (kubelet counts them itself). When kubelet does
 // not answer, that is logged and nothing is returned: the pool still
 // refuses a device to a second holder, the kubelet pod's container then.
-func (p *Plugin) kubeletAllocations(ctx context.Context, snap *specs.Snapshot, pod string, log logrus.FieldLogger) []policy.KubeletAllocation {
+func (p *Plugin) kubeletAllocations(ctx context.Context, snap *specs.Snapshot, pod policy.PodName, log logrus.FieldLogger) []policy.KubeletAllocation {
 	if len(p.doors.kubelet) == 0 {
 		return nil
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nri-gpu/nri-gpu/pkg/inventory"
@@ -120,10 +119,7 @@ func (p *Plugin) holdersOf(sh mps.Sharing, d specs.Device, s *policy.MPS, u poli
 	}
 	out := make([]metrics.Holder, 0, len(u.Claim.Pods))
 	for _, pod := range u.Claim.Pods {
-		h.Pod = pod
-		if ns, name, ok := strings.Cut(pod, "/"); ok {
-			h.Namespace, h.Pod = ns, name
-		}
+		h.Namespace, h.Pod = pod.Namespace, pod.Name
 		out = append(out, h)
 	}
 	return out

@@ -64,7 +64,7 @@ func TestHolderMetrics(t *testing.T) {
 		}
 	}
 	if err := p.DRAView(config.Default().Start.DRA).Prepare(context.Background(),
-		policy.Claim{UID: "uid-gpu", Namespace: "tenant", Name: "gpu", Pods: []string{"tenant/claimed"}},
+		policy.Claim{UID: "uid-gpu", Namespace: "tenant", Name: "gpu", Pods: []policy.PodName{{Namespace: "tenant", Name: "claimed"}}},
 		[]link.Allocated{{CDI: "nvidia.com/gpu=GPU-uuid-3", Requests: []string{"gpu"}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestMIGHolderMetrics(t *testing.T) {
 				}
 			}
 			if err := p.DRAView(config.Default().Start.DRA).Prepare(context.Background(),
-				policy.Claim{UID: "uid-mig", Namespace: "tenant", Name: "mig", Pods: []string{"tenant/claimed"}},
+				policy.Claim{UID: "uid-mig", Namespace: "tenant", Name: "mig", Pods: []policy.PodName{{Namespace: "tenant", Name: "claimed"}}},
 				[]link.Allocated{{CDI: "nvidia.com/gpu=MIG-aaa", Requests: []string{"gpu"}}}); err != nil {
 				t.Fatal(err)
 			}

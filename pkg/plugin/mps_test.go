@@ -423,7 +423,7 @@ func TestClaimOwnMPS(t *testing.T) {
 		return m
 	}
 	mpsAsked := policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 50, PinnedMemory: 10 << 30}
-	if err := view.Prepare(context.Background(), policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a"}}, []link.Allocated{
+	if err := view.Prepare(context.Background(), policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []policy.PodName{{Namespace: "tenant", Name: "a"}}}, []link.Allocated{
 		{CDI: "nvidia.com/gpu=0", Requests: []string{"ts-gpu"}, GpuConfig: policy.GpuConfig{Strategy: config.StrategyTimeSlicing}},
 		{CDI: "nvidia.com/gpu=1", Requests: []string{"mps-gpu"}, GpuConfig: mpsAsked},
 	}); err != nil {
@@ -481,7 +481,7 @@ func TestClaimOwnMPS(t *testing.T) {
 	}
 
 	// A claim asking for MPS and no bounds: its clients have the whole GPU.
-	if err := view.Prepare(context.Background(), policy.Claim{UID: "uid-w", Namespace: "tenant", Name: "w", Pods: []string{"tenant/w"}}, []link.Allocated{
+	if err := view.Prepare(context.Background(), policy.Claim{UID: "uid-w", Namespace: "tenant", Name: "w", Pods: []policy.PodName{{Namespace: "tenant", Name: "w"}}}, []link.Allocated{
 		{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, GpuConfig: policy.GpuConfig{Strategy: config.StrategyMPS}},
 	}); err != nil {
 		t.Fatal(err)
@@ -542,7 +542,7 @@ func TestClaimOwnMPSUndone(t *testing.T) {
 			t.Cleanup(func() { quitAll(root) })
 			view := r.plugin.DRAView(config.Default().Start.DRA)
 			dir := filepath.Join(root, inv.GPUs[1].UUID)
-			claim := policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a"}}
+			claim := policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []policy.PodName{{Namespace: "tenant", Name: "a"}}}
 			gpu := []link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, GpuConfig: policy.GpuConfig{Strategy: config.StrategyMPS}}}
 
 			state := filepath.Dir(r.stateFile)

@@ -339,7 +339,7 @@ func (q *question) parameters() []error {
 // pool's words (coexists).
 func (q *question) kubeletFree() []error {
 	return q.each(unheld, func(d Asked) error {
-		if pod := q.choice.allocatedBy(d.Device); pod != "" && q.exclusive && !d.fromKubelet() && !q.a.heldBy(pod, d.Device) {
+		if pod, ok := q.choice.allocatedBy(d.Device); ok && q.exclusive && !d.fromKubelet() && !q.a.heldBy(pod, d.Device) {
 			return q.claimed(deny(RuleExclusive, fmt.Errorf("%w: device %q is %s; it is free again when that pod is removed", ErrDenied, d.Name, kubeletWhy(pod))))
 		}
 		return nil
@@ -455,7 +455,7 @@ func (q *question) withinMax() []error {
 	if own == nil {
 		own = &holding{pod: q.pod}
 	}
-	all := slices.Concat(q.a.podHolds(q.pod.String(), []*holding{own}, q.uses), footprintsOf(q.named), q.plan.counted)
+	all := slices.Concat(q.a.podHolds(q.pod.Named(), []*holding{own}, q.uses), footprintsOf(q.named), q.plan.counted)
 	return errs(q.p.checkMax("pod "+q.pod.String(), all, q.choice.Candidates))
 }
 
@@ -476,8 +476,8 @@ func (p *Policy) checkMax(who string, all, candidates []specs.Device) error {
 // podHolds returns every device the pod holds through every door: what
 // its holdings hold by name and for a count, and the devices of every
 // claim it uses (uses, and those its containers used) or that is
-// reserved for it (pod: namespace/name).
-func (a *Allocations) podHolds(pod string, holdings []*holding, uses []string) []specs.Device {
+// reserved for it.
+func (a *Allocations) podHolds(pod PodName, holdings []*holding, uses []string) []specs.Device {
 	var all []specs.Device
 	claims := slices.Clone(uses)
 	for _, h := range holdings {
@@ -518,11 +518,10 @@ func footprintsOf(asked []Asked) []specs.Device {
 	return out
 }
 
-// heldBy reports whether pod (namespace/name) holds a device overlapping
-// d in the pool.
-func (a *Allocations) heldBy(pod string, d specs.Device) bool {
+// heldBy reports whether pod holds a device overlapping d in the pool.
+func (a *Allocations) heldBy(pod PodName, d specs.Device) bool {
 	for _, h := range a.pods {
-		if h.pod.String() == pod && slices.ContainsFunc(h.all(), d.Overlaps) {
+		if h.pod.Named() == pod && slices.ContainsFunc(h.all(), d.Overlaps) {
 			return true
 		}
 	}

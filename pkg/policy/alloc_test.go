@@ -783,7 +783,7 @@ func TestMaxWithAll(t *testing.T) {
 func TestKubeletAllocated(t *testing.T) {
 	candidates, byName := gpus()
 	// kubelet gave pod k GPU 0 (by index); its container is not created.
-	kubelet := []policy.KubeletAllocation{{Device: byName["0"], Pod: "default/k"}}
+	kubelet := []policy.KubeletAllocation{{Device: byName["0"], Pod: policy.PodName{Namespace: "default", Name: "k"}}}
 	ch := policy.Choice{Candidates: candidates, Kubelet: kubelet}
 	strict := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true})
 	lax := policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices})

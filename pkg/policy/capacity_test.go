@@ -99,7 +99,7 @@ func TestConsumableCapacity(t *testing.T) {
 	})
 	a := policy.NewAllocations()
 	claim := func(name string, use policy.Use) error {
-		_, err := a.AdmitClaim(p, policy.Claim{UID: "uid-" + name, Namespace: "ns", Name: name, Pods: []string{"ns/" + name}},
+		_, err := a.AdmitClaim(p, policy.Claim{UID: "uid-" + name, Namespace: "ns", Name: name, Pods: []policy.PodName{{Namespace: "ns", Name: name}}},
 			claimAsked([]policy.ClaimDevice{{Device: gpu0, Requests: []string{"gpu"}, Use: use}}), policy.Choice{})
 		return err
 	}

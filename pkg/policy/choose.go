@@ -42,19 +42,19 @@ type Choice struct {
 // KubeletAllocation is a device kubelet allocated a pod.
 type KubeletAllocation struct {
 	Device specs.Device
-	// Pod is the pod's namespace/name.
-	Pod string
+	// Pod is the pod kubelet allocated it.
+	Pod PodName
 }
 
 // allocatedBy returns the pod kubelet allocated a device overlapping d,
-// or "".
-func (ch Choice) allocatedBy(d specs.Device) string {
+// and whether there is one.
+func (ch Choice) allocatedBy(d specs.Device) (PodName, bool) {
 	for _, k := range ch.Kubelet {
 		if k.Device.Overlaps(d) {
-			return k.Pod
+			return k.Pod, true
 		}
 	}
-	return ""
+	return PodName{}, false
 }
 
 // usable says why a candidate cannot be given to the container: a hook
@@ -73,8 +73,8 @@ func (ch Choice) usable(p *Policy, d specs.Device) error {
 }
 
 // kubeletWhy is why a device kubelet allocated pod is not free.
-func kubeletWhy(pod string) string {
-	return "allocated by kubelet to pod " + pod + " (through the device plugin), which holds it for as long as it lives"
+func kubeletWhy(pod PodName) string {
+	return "allocated by kubelet to pod " + pod.String() + " (through the device plugin), which holds it for as long as it lives"
 }
 
 // choose picks count free candidates that ch.Usable accepts, one name
@@ -117,7 +117,7 @@ func (a *Allocations) choose(p *Policy, podID string, count int, ch Choice, uses
 			passed = append(passed, Passed{c.Name, why})
 			continue
 		}
-		if pod := ch.allocatedBy(c); pod != "" {
+		if pod, ok := ch.allocatedBy(c); ok {
 			held++
 			passed = append(passed, Passed{c.Name, kubeletWhy(pod)})
 			continue

@@ -17,9 +17,9 @@ import (
 type Claim struct {
 	// UID, Namespace and Name are the ResourceClaim's.
 	UID, Namespace, Name string
-	// Pods are the pods (namespace/name) the claim was reserved for when
-	// it was prepared.
-	Pods []string
+	// Pods are the pods the claim was reserved for when it was
+	// prepared.
+	Pods []PodName
 }
 
 // MayBeUsedBy reports whether a pod of namespace may use the claim, as
@@ -36,9 +36,9 @@ func (c Claim) String() string {
 	case 0:
 		return s
 	case 1:
-		return s + " of pod " + c.Pods[0]
+		return s + " of pod " + c.Pods[0].String()
 	}
-	return s + " of pods " + strings.Join(c.Pods, ", ")
+	return s + " of pods " + strings.Join(podNames(c.Pods), ", ")
 }
 
 // ClaimDevice is a device allocated to a claim.
@@ -156,20 +156,20 @@ func (a *Allocations) checkClaimMax(p *Policy, c Claim, devs []specs.Device) err
 	for _, pod := range c.Pods {
 		var holdings []*holding
 		for _, id := range slices.Sorted(maps.Keys(a.pods)) {
-			if h := a.pods[id]; h.pod.String() == pod {
+			if h := a.pods[id]; h.pod.Named() == pod {
 				holdings = append(holdings, h)
 			}
 		}
-		if err := p.checkMax("pod "+pod, slices.Concat(devs, a.podHolds(pod, holdings, nil)), nil); err != nil {
+		if err := p.checkMax("pod "+pod.String(), slices.Concat(devs, a.podHolds(pod, holdings, nil)), nil); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// podClaims returns the UIDs of the claims of pod (namespace/name): those
-// it uses (uses) and those reserved for it, each once.
-func (a *Allocations) podClaims(pod string, uses []string) []string {
+// podClaims returns the UIDs of the claims of pod: those it uses (uses)
+// and those reserved for it, each once.
+func (a *Allocations) podClaims(pod PodName, uses []string) []string {
 	out := slices.Clone(uses)
 	for uid, c := range a.claims {
 		if slices.Contains(c.claim.Pods, pod) && !slices.Contains(out, uid) {
@@ -198,7 +198,7 @@ func (a *Allocations) ReleaseUnused(uid string) ([]string, error) {
 	}
 	var users []string
 	for _, h := range a.pods {
-		if slices.Contains(h.claims, uid) || slices.Contains(c.claim.Pods, h.pod.String()) {
+		if slices.Contains(h.claims, uid) || slices.Contains(c.claim.Pods, h.pod.Named()) {
 			users = append(users, h.pod.String())
 		}
 	}

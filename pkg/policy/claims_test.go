@@ -1,7 +1,9 @@
 package policy_test
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -15,7 +17,7 @@ import (
 // claimOf is claim ns/name (UID uid-name) of pod ns/p holding the GPUs
 // by index, each for request "gpus".
 func claimOf(name string, byName map[string]specs.Device, gpus ...string) (policy.Claim, []policy.ClaimDevice) {
-	c := policy.Claim{UID: "uid-" + name, Namespace: "ns", Name: name, Pods: []string{"ns/p"}}
+	c := policy.Claim{UID: "uid-" + name, Namespace: "ns", Name: name, Pods: []policy.PodName{{Namespace: "ns", Name: "p"}}}
 	var devs []policy.ClaimDevice
 	for _, g := range gpus {
 		devs = append(devs, policy.ClaimDevice{Device: byName[g], Requests: []string{"gpus"}})
@@ -142,7 +144,7 @@ func TestClaimInThePool(t *testing.T) {
 
 	// A pod using another claim is refused them all the same.
 	other, otherDevs := claimOf("another", byName, "3")
-	other.Pods = []string{"ns/y"}
+	other.Pods = []policy.PodName{{Namespace: "ns", Name: "y"}}
 	if _, err := a.AdmitClaim(p, other, claimAsked(otherDevs), policy.Choice{}); err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +227,7 @@ func TestRestoreClaims(t *testing.T) {
 	if s := c.String(); s != "claim ns/c of pod ns/p" {
 		t.Errorf("String %q", s)
 	}
-	if s := (policy.Claim{Namespace: "ns", Name: "c", Pods: []string{"ns/a", "ns/b"}}).String(); s != "claim ns/c of pods ns/a, ns/b" {
+	if s := (policy.Claim{Namespace: "ns", Name: "c", Pods: []policy.PodName{{Namespace: "ns", Name: "a"}, {Namespace: "ns", Name: "b"}}}).String(); s != "claim ns/c of pods ns/a, ns/b" {
 		t.Errorf("String %q", s)
 	}
 	if s := (policy.Claim{Namespace: "ns", Name: "c"}).String(); !strings.HasSuffix(s, "ns/c") {
@@ -244,7 +246,7 @@ func holdBefore(t *testing.T, a *policy.Allocations, byName map[string]specs.Dev
 	if _, err := admit(a, any, pod("b"), nil, 1, policy.Choice{Candidates: []specs.Device{byName["1"]}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	old := policy.Claim{UID: "uid-old", Namespace: "ns", Name: "old", Pods: []string{"ns/p"}}
+	old := policy.Claim{UID: "uid-old", Namespace: "ns", Name: "old", Pods: []policy.PodName{{Namespace: "ns", Name: "p"}}}
 	if _, err := a.AdmitClaim(any, old, claimAsked([]policy.ClaimDevice{{Device: byName["2"]}}), policy.Choice{}); err != nil {
 		t.Fatal(err)
 	}
@@ -339,7 +341,7 @@ func TestClaimPreparedAgain(t *testing.T) {
 // any pod of its namespace (reserved for it since), never by a pod of
 // another namespace.
 func TestClaimMayBeUsedBy(t *testing.T) {
-	c := policy.Claim{UID: "u", Namespace: "ns", Name: "c", Pods: []string{"ns/p"}}
+	c := policy.Claim{UID: "u", Namespace: "ns", Name: "c", Pods: []policy.PodName{{Namespace: "ns", Name: "p"}}}
 	for ns, want := range map[string]bool{"ns": true, "other": false, "nsx": false} {
 		if got := c.MayBeUsedBy(ns); got != want {
 			t.Errorf("a pod of %s: %v, want %v", ns, got, want)
@@ -500,5 +502,41 @@ func TestReleaseUnused(t *testing.T) {
 	}
 	if released, err := policy.NewAllocations().ReleaseUnused("uid-none"); released != nil || err != nil {
 		t.Errorf("a claim not prepared: released %v, %v", released, err)
+	}
+}
+
+// TestPodNameText: a pod's name reads and writes as namespace/name (a
+// claim's pods in the record and across the DRA link); what is not that
+// is refused, naming it.
+func TestPodNameText(t *testing.T) {
+	for _, tc := range []struct {
+		text string
+		want policy.PodName
+		err  bool
+	}{
+		{text: "ns/p", want: policy.PodName{Namespace: "ns", Name: "p"}},
+		{text: "p", err: true},
+		{text: "/p", err: true},
+		{text: "ns/", err: true},
+		{text: "", err: true},
+	} {
+		var got policy.PodName
+		err := got.UnmarshalText([]byte(tc.text))
+		if tc.err {
+			if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", tc.text)) {
+				t.Errorf("%q: got %v, %v; want an error naming it", tc.text, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%q: got %v, %v; want %v", tc.text, got, err, tc.want)
+		}
+		if b, _ := got.MarshalText(); string(b) != tc.text {
+			t.Errorf("%v written as %q, want %q", got, b, tc.text)
+		}
+	}
+	var c policy.Claim
+	if err := json.Unmarshal([]byte(`{"UID":"u","Pods":["ns/a","ns/b"]}`), &c); err != nil || len(c.Pods) != 2 || c.Pods[1] != (policy.PodName{Namespace: "ns", Name: "b"}) {
+		t.Errorf("a claim's pods from JSON: %+v, %v", c, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path"
 	"slices"
+	"strings"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -46,7 +47,7 @@ func (d *Denial) Unwrap() error { return d.err }
 
 func deny(rule string, err error) error { return &Denial{Rule: rule, err: err} }
 
-// Pod identifies a pod sandbox.
+// Pod identifies a pod sandbox: the runtime's ID for it, and its name.
 type Pod struct {
 	// ID is the sandbox ID the runtime gave the pod.
 	ID string
@@ -55,7 +56,42 @@ type Pod struct {
 }
 
 // String returns namespace/name.
-func (p Pod) String() string { return p.Namespace + "/" + p.Name }
+func (p Pod) String() string { return p.Named().String() }
+
+// Named returns the pod's name as Kubernetes' API says it.
+func (p Pod) Named() PodName { return PodName{Namespace: p.Namespace, Name: p.Name} }
+
+// PodName is a pod as Kubernetes' API names it, by namespace and name:
+// how kubelet's allocations and a claim's reservations name the pods
+// they are for. Its text (and so its JSON) is namespace/name.
+type PodName struct {
+	Namespace, Name string
+}
+
+// String returns namespace/name.
+func (n PodName) String() string { return n.Namespace + "/" + n.Name }
+
+// MarshalText returns namespace/name.
+func (n PodName) MarshalText() ([]byte, error) { return []byte(n.String()), nil }
+
+// UnmarshalText reads namespace/name.
+func (n *PodName) UnmarshalText(b []byte) error {
+	ns, name, ok := strings.Cut(string(b), "/")
+	if !ok || ns == "" || name == "" {
+		return fmt.Errorf("pod %q: not namespace/name", b)
+	}
+	*n = PodName{Namespace: ns, Name: name}
+	return nil
+}
+
+// podNames returns the names as text, for messages.
+func podNames(ns []PodName) []string {
+	out := make([]string, len(ns))
+	for i, n := range ns {
+		out[i] = n.String()
+	}
+	return out
+}
 
 // Policy holds the rules of a configuration's policy block. It has no
 // state: what pods hold lives in Allocations, which outlives a change of

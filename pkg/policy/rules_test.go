@@ -32,7 +32,7 @@ func TestOneRuleEveryDoor(t *testing.T) {
 		return c
 	}
 	claim := func(name, pod string, gpu string) (policy.Claim, []policy.ClaimDevice) {
-		return policy.Claim{UID: "uid-" + name, Namespace: "ns", Name: name, Pods: []string{pod}}, []policy.ClaimDevice{{Device: byName[gpu]}}
+		return policy.Claim{UID: "uid-" + name, Namespace: "ns", Name: name, Pods: []policy.PodName{{Namespace: "ns", Name: pod}}}, []policy.ClaimDevice{{Device: byName[gpu]}}
 	}
 	// usedClaim fills the pool with claim first (GPU 0), prepared for
 	// pod x and used by a container of pod p, and claim second (GPU 1),
@@ -40,12 +40,12 @@ func TestOneRuleEveryDoor(t *testing.T) {
 	// what the pool keeps for its record, as after a restart.
 	usedClaim := func(restart bool) func(t *testing.T, a *policy.Allocations, p *policy.Policy) {
 		return func(t *testing.T, a *policy.Allocations, p *policy.Policy) {
-			first, devs := claim("first", "ns/x", "0")
+			first, devs := claim("first", "x", "0")
 			if _, err := a.AdmitClaim(p, first, claimAsked(devs), policy.Choice{}); err != nil {
 				t.Fatal(err)
 			}
 			mustAdmit(t)(admit(a, p, pod("p"), nil, 0, policy.Choice{}, nil, first.UID))
-			second, devs := claim("second", "ns/y", "1")
+			second, devs := claim("second", "y", "1")
 			if _, err := a.AdmitClaim(p, second, claimAsked(devs), policy.Choice{}); err != nil {
 				t.Fatal(err)
 			}
@@ -157,7 +157,7 @@ func TestOneRuleEveryDoor(t *testing.T) {
 					return err
 				},
 				"DRA": func(a *policy.Allocations) error {
-					c, devs := claim("c", "ns/p", tc.gpu)
+					c, devs := claim("c", "p", tc.gpu)
 					_, err := a.AdmitClaim(p, c, claimAsked(devs), policy.Choice{Unhealthy: sick})
 					return err
 				},
@@ -264,7 +264,7 @@ func TestFirstRuleEveryDoor(t *testing.T) {
 			}
 			ch.Hooks = hooks
 			if tc.kubelet {
-				ch.Kubelet = []policy.KubeletAllocation{{Device: byName["GPU-1"], Pod: "ns/k"}}
+				ch.Kubelet = []policy.KubeletAllocation{{Device: byName["GPU-1"], Pod: policy.PodName{Namespace: "ns", Name: "k"}}}
 			}
 			fill := func(a *policy.Allocations) {
 				open := knowing(policy.New(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Sharing: cfg.Sharing}), append(cands, byName["all"]))
@@ -287,7 +287,7 @@ func TestFirstRuleEveryDoor(t *testing.T) {
 					return err
 				},
 				"DRA": func(a *policy.Allocations) error {
-					c := policy.Claim{UID: "uid-c", Namespace: "ns", Name: "c", Pods: []string{"ns/p"}}
+					c := policy.Claim{UID: "uid-c", Namespace: "ns", Name: "c", Pods: []policy.PodName{{Namespace: "ns", Name: "p"}}}
 					named := claimAsked([]policy.ClaimDevice{{Device: ask[0]}, {Device: ask[1]}})
 					for i := range named {
 						named[i].Hooks = hooks(named[i].Device)

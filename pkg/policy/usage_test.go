@@ -24,7 +24,7 @@ func TestUsage(t *testing.T) {
 	plain := config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices}
 	claimOf := func(name string, d specs.Device, use policy.Use) func(*policy.Allocations, *policy.Policy) error {
 		return func(a *policy.Allocations, p *policy.Policy) error {
-			_, err := a.AdmitClaim(p, policy.Claim{UID: "uid-" + name, Namespace: "ns", Name: name, Pods: []string{"ns/" + name}},
+			_, err := a.AdmitClaim(p, policy.Claim{UID: "uid-" + name, Namespace: "ns", Name: name, Pods: []policy.PodName{{Namespace: "ns", Name: name}}},
 				claimAsked([]policy.ClaimDevice{{Device: d, Requests: []string{"gpu"}, Use: use}}), policy.Choice{})
 			return err
 		}
@@ -45,7 +45,7 @@ func TestUsage(t *testing.T) {
 			return err
 		}
 	}
-	claim := policy.Claim{UID: "uid-c", Namespace: "ns", Name: "c", Pods: []string{"ns/c"}}
+	claim := policy.Claim{UID: "uid-c", Namespace: "ns", Name: "c", Pods: []policy.PodName{{Namespace: "ns", Name: "c"}}}
 	tests := []struct {
 		name   string
 		cfg    config.Policy

@@ -35,10 +35,10 @@ func formats() map[string]Content {
 	m := policy.Holding{Pod: pod("m"), Counted: []specs.Device{{Name: "nvidia.com/gpu=5:0",
 		Nodes: []string{"c 195:5", "c 508:21", "c 508:22"}, Parts: []string{"c 508:21", "c 508:22"}}}}
 	p := policy.Holding{Pod: pod("p"), Claims: []string{"uid-c"}}
-	c := policy.ClaimHolding{Claim: policy.Claim{UID: "uid-c", Namespace: "ns", Name: "c", Pods: []string{"ns/p"}},
+	c := policy.ClaimHolding{Claim: policy.Claim{UID: "uid-c", Namespace: "ns", Name: "c", Pods: []policy.PodName{{Namespace: "ns", Name: "p"}}},
 		Devices: []policy.ClaimDevice{{Device: gpu("3"), Requests: []string{"gpu"}}}}
 	shared := func(asked policy.GpuConfig) policy.ClaimHolding {
-		return policy.ClaimHolding{Claim: policy.Claim{UID: "uid-sh", Namespace: "ns", Name: "sh", Pods: []string{"ns/q"}},
+		return policy.ClaimHolding{Claim: policy.Claim{UID: "uid-sh", Namespace: "ns", Name: "sh", Pods: []policy.PodName{{Namespace: "ns", Name: "q"}}},
 			Devices: []policy.ClaimDevice{{Device: gpu("6"), Requests: []string{"gpu"}, Use: policy.Use{Shares: 2, Memory: 10 << 30}, GpuConfig: asked}}}
 	}
 	asked := policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 40, PinnedMemory: 8 << 30}

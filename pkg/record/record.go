@@ -144,7 +144,7 @@ type claimRecord struct {
 	UID       string              `json:"uid"`
 	Namespace string              `json:"namespace"`
 	Name      string              `json:"name"`
-	Pods      []string            `json:"pods,omitempty"`
+	Pods      []policy.PodName    `json:"pods,omitempty"`
 	Devices   []claimDeviceRecord `json:"devices"`
 }
 

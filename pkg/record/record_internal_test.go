@@ -33,7 +33,7 @@ func TestStateFileRoundTrip(t *testing.T) {
 		{Pod: policy.Pod{ID: "id-c", Namespace: "ns", Name: "c"}, Claims: []string{"uid-1"}},
 	}
 	claims := []policy.ClaimHolding{{
-		Claim: policy.Claim{UID: "uid-1", Namespace: "ns", Name: "c", Pods: []string{"ns/a", "ns/b"}},
+		Claim: policy.Claim{UID: "uid-1", Namespace: "ns", Name: "c", Pods: []policy.PodName{{Namespace: "ns", Name: "a"}, {Namespace: "ns", Name: "b"}}},
 		Devices: []policy.ClaimDevice{
 			{Device: specs.Device{Name: "nvidia.com/gpu=3", Nodes: []string{"c 195:3"}}, Requests: []string{"gpu"}},
 			{Device: specs.Device{Name: "nvidia.com/gpu=1", Nodes: []string{"c 195:1"}}, Requests: []string{"shared"}, Use: policy.Use{Shares: 2, Memory: 10 << 30},

@@ -109,7 +109,7 @@ func TestPoolOverTheLink(t *testing.T) {
 		Profile: "1g.10gb", ProductName: "NVIDIA H200", Brand: "Nvidia", Architecture: "Hopper", DriverVersion: "570.86.15",
 		CUDAComputeCapability: "9.0", PCIBusID: "0000:3b:00.0", MemoryBytes: 141 << 30,
 		Offer: &policy.Capacity{Shares: 3, Memory: 100 << 30, Default: 20 << 30, Minimum: 1 << 30, Maximum: 80 << 30, Step: 1 << 30}}
-	claim := policy.Claim{UID: "uid-1", Namespace: "tenant", Name: "c", Pods: []string{"tenant/a", "tenant/b"}}
+	claim := policy.Claim{UID: "uid-1", Namespace: "tenant", Name: "c", Pods: []policy.PodName{{Namespace: "tenant", Name: "a"}, {Namespace: "tenant", Name: "b"}}}
 	pool := &fakePool{devices: []Device{{CDI: "nvidia.com/gpu=0:1", Info: info}}, prepared: []policy.Claim{claim}}
 	c, _ := linked(t, pool)
 	ctx := context.Background()
