@@ -12,7 +12,9 @@
 // what they serve, each the methods of one type:
 //
 //	plugin.go        the Plugin, its configuration, Configure and Reload
+//	options.go       the options New takes, and the doors' interfaces
 //	overrides.go     what the command line sets over every configuration
+//	connection.go    what the plugin knows of its connection to the runtime
 //	serve.go         the connection to the runtime, reconnecting
 //	create.go        CreateContainer: decide, build, commit
 //	creation.go      one container's creation: what it asks, resolved
@@ -28,6 +30,7 @@
 //	explain.go       what explain and devices show
 //	generate.go      spec generation from NVML (pkg/specs/nvidia)
 //	errors.go        the package's errors, and what a denial is counted as
+//	lasting.go       problems logged once while they last
 //
 // The glue logs each decision once; the packages below it never log.
 package plugin

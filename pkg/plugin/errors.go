@@ -8,6 +8,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
+	"github.com/nri-gpu/nri-gpu/pkg/recovery"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
@@ -90,6 +91,10 @@ var ErrMPS = mps.ErrNotServed
 // ErrInjectedTwice is wrapped by the error that refuses a container in
 // which a device nri-gpu injects would be injected a second time.
 var ErrInjectedTwice = adjust.ErrInjectedTwice
+
+// ErrNotStopped is wrapped by the error of a container that could not be
+// stopped.
+var ErrNotStopped = recovery.ErrNotStopped
 
 // ErrConfig is wrapped by Serve's error when the runtime handed the plugin
 // a configuration it rejected.

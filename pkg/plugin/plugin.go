@@ -140,7 +140,7 @@ type state struct {
 
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
-	p := &Plugin{log: log, node: node{alloc: policy.NewAllocations()}, stopper: killer{proc: "/proc"}}
+	p := &Plugin{log: log, node: node{alloc: policy.NewAllocations()}, stopper: recovery.Killer{Proc: "/proc"}}
 	p.life.closed, p.life.cancel = context.WithCancel(context.Background())
 	p.recovered = recovery.New(p.life.closed.Done(), nil)
 	p.node.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.node.alloc, log: log, current: p}

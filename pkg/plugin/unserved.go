@@ -17,6 +17,10 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
+// stopper stops a running container (recovery.Killer: its process
+// killed).
+type stopper interface{ Stop(*api.Container) error }
+
 // unserved says why a running container that nri-gpu did not create (it
 // bears none of nri-gpu's annotations: the runtime created it while
 // nri-gpu was away) is to be stopped, so that it is created again

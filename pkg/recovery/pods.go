@@ -1,6 +1,8 @@
-// Package recovery tracks the pods a runtime reported at NRI's
+// Package recovery is what nri-gpu does with what it finds on the node
+// when it connects: it tracks the pods a runtime reported at NRI's
 // Synchronize until their end, which the runtime tells only through their
-// containers' removal or their sandbox process's exit.
+// containers' removal or their sandbox process's exit (Pods), and stops a
+// container it must not let run (Killer).
 package recovery
 
 import (

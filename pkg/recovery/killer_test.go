@@ -1,4 +1,4 @@
-package plugin
+package recovery_test
 
 import (
 	"errors"
@@ -9,16 +9,17 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/containerd/nri/pkg/api"
+
+	"github.com/nri-gpu/nri-gpu/pkg/recovery"
 )
 
-// TestKillContainer: a container's process is killed only when its cgroup
+// TestKiller: a container's process is killed only when its cgroup
 // names the container; a process elsewhere (another container's, or one
 // that took a dead container's pid), and a container without a process,
 // are not signalled, and the error says why.
-func TestKillContainer(t *testing.T) {
+func TestKiller(t *testing.T) {
 	const id = "0123456789abcdef"
 	for _, tc := range []struct {
 		name, cgroup string
@@ -57,24 +58,22 @@ func TestKillContainer(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(tc.cgroup), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			err := killContainer(proc, &api.Container{Id: id, Pid: pid})
-			if tc.err != "" && (!errors.Is(err, ErrNotStopped) || !strings.Contains(err.Error(), tc.err)) {
-				t.Errorf("killContainer: %v, want it not stopped because %s", err, tc.err)
+			err := recovery.Killer{Proc: proc}.Stop(&api.Container{Id: id, Pid: pid})
+			if tc.err != "" && (!errors.Is(err, recovery.ErrNotStopped) || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("Stop: %v, want it not stopped because %s", err, tc.err)
 			}
 			if tc.killed && err != nil {
 				t.Fatal(err)
 			}
-			select {
-			case err := <-exited:
-				exited = nil // waited for
-				st, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
-				if !tc.killed || st.Signal() != syscall.SIGKILL {
-					t.Errorf("the process ended (%v), killed: %v; want it killed: %v", err, st.Signal(), tc.killed)
-				}
-			case <-time.After(500 * time.Millisecond):
-				if tc.killed {
-					t.Error("the container's process still runs")
-				}
+			if !tc.killed {
+				// Had Stop signalled it, SIGKILL came first and wins.
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+			}
+			err = <-exited
+			exited = nil // waited for
+			want := map[bool]syscall.Signal{true: syscall.SIGKILL, false: syscall.SIGTERM}[tc.killed]
+			if st, _ := cmd.ProcessState.Sys().(syscall.WaitStatus); st.Signal() != want {
+				t.Errorf("the process ended (%v) by %v; want %v (killed by Stop: %v)", err, st.Signal(), want, tc.killed)
 			}
 		})
 	}

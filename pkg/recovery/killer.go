@@ -1,0 +1,49 @@
+package recovery
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/nri/pkg/api"
+	"golang.org/x/sys/unix"
+)
+
+// Killer stops a running container as the runtime's own eviction does
+// (containerd stops it with no grace period): its process, which the
+// runtime reports, is killed. Proc is the proc filesystem ("/proc").
+type Killer struct{ Proc string }
+
+// Stop kills the container's process. The process is first opened (a
+// pidfd, so that the signal cannot reach a process that took its pid
+// meanwhile) and checked to be the container's: its cgroup names the
+// container's ID.
+func (k Killer) Stop(ctr *api.Container) error {
+	pid := int(ctr.GetPid())
+	if pid <= 0 {
+		return fmt.Errorf("%w: the runtime reports no process of it", ErrNotStopped)
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return fmt.Errorf("%w: process %d: %w", ErrNotStopped, pid, err)
+	}
+	defer unix.Close(fd)
+	cgroup, err := os.ReadFile(filepath.Join(k.Proc, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return fmt.Errorf("%w: process %d: %w", ErrNotStopped, pid, err)
+	}
+	if ctr.GetId() == "" || !strings.Contains(string(cgroup), ctr.GetId()) {
+		return fmt.Errorf("%w: process %d is not in the container's cgroup (another PID namespace, or the container is gone)", ErrNotStopped, pid)
+	}
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
+		return fmt.Errorf("%w: process %d: %w", ErrNotStopped, pid, err)
+	}
+	return nil
+}
+
+// ErrNotStopped is wrapped by the error of a container that could not be
+// stopped.
+var ErrNotStopped = errors.New("container not stopped")
