@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
@@ -199,7 +200,9 @@ func noGPUTwice(t *testing.T, n *harness.Node) {
 func replaceNRIPod(t *testing.T, n *harness.Node) {
 	t.Helper()
 	old := nriPods(t)[n.Name]
-	if err := env.client.CoreV1().Pods(nriNamespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
+	// Gone already is as good: a helm upgrade that changed the pod's
+	// template has the DaemonSet replace it meanwhile.
+	if err := env.client.CoreV1().Pods(nriNamespace).Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
 	testutil.Within(t, podWait, n.Name+": a new nri-gpu pod", func() bool {
