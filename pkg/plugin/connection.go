@@ -23,21 +23,25 @@ type connection struct {
 	configErr error
 	// rt is what the connected runtime applies, decided at Configure.
 	rt adjust.Runtime
-	// nriVersion returns the connected runtime's NRI version, as the
-	// stub of the current connection learnt it; nil outside Serve.
-	nriVersion func() string
-	// requestTimeout returns how long the runtime waits for an answer to
-	// a request, as it said at Configure (0 when it did not); nil
+	// side tells of the runtime the current connection is to; nil
 	// outside Serve.
-	requestTimeout func() time.Duration
+	side runtimeSide
+}
+
+// runtimeSide is what the stub of a connection learnt of the runtime
+// (NRI's stub.Stub): its NRI version, and how long it waits for an
+// answer to a request, as it said at Configure (0 when it did not).
+type runtimeSide interface {
+	RuntimeNRIVersion() string
+	RequestTimeout() time.Duration
 }
 
 // opening starts a connection through a stub that tells the runtime's
 // NRI version and request timeout.
-func (c *connection) opening(nriVersion func() string, requestTimeout func() time.Duration) {
+func (c *connection) opening(side runtimeSide) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.nriVersion, c.requestTimeout = nriVersion, requestTimeout
+	c.side = side
 	c.configuredOK, c.configErr = false, nil
 }
 
@@ -47,10 +51,10 @@ func (c *connection) configuring(rt adjust.Runtime) (nriVersion string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.rt = rt
-	if c.nriVersion == nil {
+	if c.side == nil {
 		return "unknown"
 	}
-	return c.nriVersion()
+	return c.side.RuntimeNRIVersion()
 }
 
 // configured says the connection's Configure succeeded, or keeps the
@@ -98,10 +102,10 @@ func (c *connection) runtime() adjust.Runtime {
 // (containerd's: 2 s).
 func (c *connection) patience() time.Duration {
 	c.mu.Lock()
-	timeout := c.requestTimeout
+	side := c.side
 	c.mu.Unlock()
-	if timeout != nil {
-		if t := timeout(); t > 0 {
+	if side != nil {
+		if t := side.RequestTimeout(); t > 0 {
 			return t
 		}
 	}

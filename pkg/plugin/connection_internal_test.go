@@ -30,13 +30,13 @@ func TestConnectionEnd(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var c connection
 			if tc.before != nil {
-				c.opening(nil, nil)
+				c.opening(nil)
 				for _, err := range tc.before {
 					c.configured(err)
 				}
 				c.closed()
 			}
-			c.opening(nil, nil)
+			c.opening(nil)
 			for _, err := range tc.steps {
 				c.configured(err)
 			}

@@ -16,20 +16,20 @@ import (
 func TestRuntimePatience(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		reported func() time.Duration
+		reported runtimeSide
 		deadline time.Duration // 0: the request has none
 		want     time.Duration
 	}{
 		{"not connected", nil, 0, api.DefaultPluginRequestTimeout / 2},
-		{"the runtime says 6 s", func() time.Duration { return 6 * time.Second }, 0, 3 * time.Second},
-		{"the runtime says 600 ms", func() time.Duration { return 600 * time.Millisecond }, 0, 300 * time.Millisecond},
-		{"the runtime says 0", func() time.Duration { return 0 }, 0, api.DefaultPluginRequestTimeout / 2},
-		{"the runtime says less than 0", func() time.Duration { return -time.Second }, 0, api.DefaultPluginRequestTimeout / 2},
-		{"a sooner deadline", func() time.Duration { return 6 * time.Second }, time.Second, 500 * time.Millisecond},
+		{"the runtime says 6 s", said{6 * time.Second}, 0, 3 * time.Second},
+		{"the runtime says 600 ms", said{600 * time.Millisecond}, 0, 300 * time.Millisecond},
+		{"the runtime says 0", said{0}, 0, api.DefaultPluginRequestTimeout / 2},
+		{"the runtime says less than 0", said{-time.Second}, 0, api.DefaultPluginRequestTimeout / 2},
+		{"a sooner deadline", said{6 * time.Second}, time.Second, 500 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &Plugin{}
-			p.conn.requestTimeout = tc.reported
+			p.conn.side = tc.reported
 			ctx := context.Background()
 			if tc.deadline > 0 {
 				var cancel context.CancelFunc
@@ -43,3 +43,9 @@ func TestRuntimePatience(t *testing.T) {
 		})
 	}
 }
+
+// said is a runtime that said it waits timeout.
+type said struct{ timeout time.Duration }
+
+func (s said) RuntimeNRIVersion() string     { return "v0.12.0" }
+func (s said) RequestTimeout() time.Duration { return s.timeout }

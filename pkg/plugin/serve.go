@@ -44,7 +44,7 @@ func (p *Plugin) Serve(ctx context.Context, opts ...stub.Option) error {
 		if err != nil {
 			return fmt.Errorf("creating the NRI stub: %w", err)
 		}
-		p.conn.opening(s.RuntimeNRIVersion, s.RequestTimeout)
+		p.conn.opening(s)
 		err = s.Run(ctx)
 		wasConfigured, cfgErr := p.conn.closed()
 		if ctx.Err() != nil {
