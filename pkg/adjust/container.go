@@ -8,6 +8,7 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
@@ -22,6 +23,25 @@ const (
 	// written the same way.
 	CountedAnnotation = "nri-gpu.io/counted"
 )
+
+// PodOf is a pod as the pool knows it.
+func PodOf(pod *api.PodSandbox) policy.Pod {
+	return policy.Pod{ID: pod.GetId(), Namespace: pod.GetNamespace(), Name: pod.GetName()}
+}
+
+// ContainerOf is what the policy's parser reads of a container: where
+// it runs, its pod's and its own annotations, and the CDI devices the
+// runtime was asked for.
+func ContainerOf(pod *api.PodSandbox, ctr *api.Container) policy.Container {
+	return policy.Container{
+		Namespace:      pod.GetNamespace(),
+		Pod:            pod.GetName(),
+		Name:           ctr.GetName(),
+		PodAnnotations: pod.GetAnnotations(),
+		Annotations:    ctr.GetAnnotations(),
+		CDIDevices:     CDIDeviceNames(ctr),
+	}
+}
 
 // ErrInjectedTwice is wrapped by the error that refuses a container in
 // which a device nri-gpu injects would be injected a second time, by the

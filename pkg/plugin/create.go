@@ -114,7 +114,7 @@ const maxPlans = 1024
 // recorded, in one step with one undo (commit). It returns the
 // adjustment (nil when nothing is asked for) and what the pool granted.
 func (p *Plugin) serve(ctx context.Context, r *creation, log logrus.FieldLogger) (*api.ContainerAdjustment, policy.Grant, error) {
-	ask, err := r.st.parser.Parse(containerOf(r.pod, r.ctr))
+	ask, err := r.st.parser.Parse(adjust.ContainerOf(r.pod, r.ctr))
 	if err != nil {
 		return nil, policy.Grant{}, err
 	}
@@ -126,7 +126,7 @@ func (p *Plugin) serve(ctx context.Context, r *creation, log logrus.FieldLogger)
 	if ask.Empty() && len(claimed) == 0 {
 		return adjust.Scrub(r.ctr), policy.Grant{}, nil
 	}
-	pod := podOf(r.pod)
+	pod := adjust.PodOf(r.pod)
 	a := r.decide(ask, held, log)
 	a.uses = policy.ClaimUses(held)
 	a.want.Pod, a.want.Claims = pod, claims

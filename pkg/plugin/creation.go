@@ -156,7 +156,3 @@ func (r *creation) decide(ask policy.Ask, held []policy.ClaimDevice, log logrus.
 	}
 	return a
 }
-
-func podOf(pod *api.PodSandbox) policy.Pod {
-	return policy.Pod{ID: pod.GetId(), Namespace: pod.GetNamespace(), Name: pod.GetName()}
-}

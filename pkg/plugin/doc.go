@@ -19,7 +19,7 @@
 //	create.go        CreateContainer: decide, build, commit
 //	creation.go      one container's creation: what it asks, resolved
 //	synchronize.go   Synchronize, the pods' end, and the record kept
-//	unserved.go      containers the runtime created while nri-gpu was away
+//	unserved.go      containers the runtime created while nri-gpu was away, stopped
 //	validate.go      ValidateContainerAdjustment
 //	health.go        the GPUs' health watched (pkg/inventory, NVML)
 //	deviceplugin.go  the device plugin's view (pkg/deviceplugin)

@@ -10,9 +10,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
 
-	"github.com/nri-gpu/nri-gpu/pkg/adjust"
-	"github.com/nri-gpu/nri-gpu/pkg/policy"
-	"github.com/nri-gpu/nri-gpu/pkg/specs"
+	"github.com/nri-gpu/nri-gpu/pkg/recovery"
 )
 
 // recordLost says that the state file could not be read back: it was
@@ -40,25 +38,31 @@ func (p *Plugin) recordLost(err error, aside string, claims int) {
 // break the policy or each other are logged, and stay held.
 func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
 	st := p.state()
-	reported := syncedPods(pods, containers)
-	found := p.found(st, reported, containers)
-	if err := p.node.alloc.Restore(p.node.hw.PolicyIn(st.policy, st.specs.Snapshot()), found.holdings); err != nil {
+	reported := recovery.Sort(pods, containers)
+	snap := st.specs.Snapshot()
+	judge := recovery.Judge{Parser: st.parser, Policy: st.policy, Snap: snap, Kind: st.cfg.DefaultKind}
+	found := judge.Find(reported, containers, p.node.rec.TakeRestored(), p.node.alloc.ClaimHeld())
+	for _, u := range found.Unrecorded {
+		p.log.WithFields(logrus.Fields{"namespace": u.Pod.Namespace, "pod": u.Pod.Name, "container": u.Container, "devices": strings.Join(u.Devices, ",")}).
+			Warn("devices found in a running container that no record has: held by its pod alone until the pod is removed")
+	}
+	if err := p.node.alloc.Restore(p.node.hw.PolicyIn(st.policy, snap), found.Holdings); err != nil {
 		p.log.Warn(err)
 	}
-	p.recovered.Reset(slices.Collect(maps.Keys(reported.live)), containers)
+	p.recovered.Reset(slices.Collect(maps.Keys(reported.Live)), containers)
 	p.watchSandboxes(reported)
 	if p.node.access != nil {
 		// The records of pods the runtime no longer has.
-		if err := p.node.access.Keep(func(id string) bool { return reported.sandboxes[id] != nil }); err != nil {
+		if err := p.node.access.Keep(func(id string) bool { return reported.Sandboxes[id] != nil }); err != nil {
 			p.log.Warnf("removing the access files of containers of pods gone: %v", err)
 		}
 	}
 	p.saveAndNotify()
 	p.conn.setSynced()
-	for _, s := range found.stop {
+	for _, s := range found.Stop {
 		p.stopUnserved(s)
 	}
-	if check := p.claimless(found.others); len(check) > 0 {
+	if check := p.claimless(found.Others); len(check) > 0 {
 		// The DRA driver answers once it runs, after this.
 		go p.stopClaimless(check)
 	}
@@ -69,115 +73,14 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	return nil, nil
 }
 
-// synced are the pods the runtime reported at Synchronize.
-type synced struct {
-	// live are the pods that may run containers, sandboxes every pod
-	// reported, by ID; withContainers says which reported containers.
-	live           map[string]policy.Pod
-	sandboxes      map[string]*api.PodSandbox
-	withContainers map[string]bool
-}
-
-// syncedPods sorts the pods the runtime reported: a stopped pod, not yet
-// removed (all its containers stopped, or none left and no sandbox
-// process: containerd reports a stopped sandbox with pid 0, and none of
-// its exited containers), is not live: nothing of it can run, as no
-// container can be created in a stopped sandbox.
-func syncedPods(pods []*api.PodSandbox, containers []*api.Container) synced {
-	s := synced{live: make(map[string]policy.Pod, len(pods)), sandboxes: make(map[string]*api.PodSandbox, len(pods)), withContainers: map[string]bool{}}
-	for _, pod := range pods {
-		s.live[pod.GetId()] = podOf(pod)
-		s.sandboxes[pod.GetId()] = pod
-	}
-	running := map[string]bool{} // by pod ID
-	for _, c := range containers {
-		s.withContainers[c.GetPodSandboxId()] = true
-		if c.GetState() != api.ContainerState_CONTAINER_STOPPED {
-			running[c.GetPodSandboxId()] = true
-		}
-	}
-	for id, pod := range s.sandboxes {
-		if !running[id] && (s.withContainers[id] || pod.GetPid() == 0) {
-			delete(s.live, id)
-		}
-	}
-	return s
-}
-
-// foundPods is what Synchronize found of the pods: what they hold (the
-// record's, for the pods still live, and what is found in their running
-// containers), the containers to stop, and the running containers
-// nri-gpu did not create (others).
-type foundPods struct {
-	holdings     []policy.Holding
-	stop, others []stopping
-}
-
-// found returns what the live pods hold and which of their running
-// containers are to be stopped or checked.
-func (p *Plugin) found(st *state, reported synced, containers []*api.Container) foundPods {
-	var out foundPods
-	recorded := map[string][]specs.Device{} // by pod ID
-	for _, h := range p.node.rec.TakeRestored() {
-		if pod, ok := reported.live[h.Pod.ID]; ok {
-			h.Pod = pod
-			out.holdings = append(out.holdings, h)
-			recorded[pod.ID] = append(recorded[pod.ID], slices.Concat(h.Named, h.Counted)...)
-		}
-	}
-	snap := st.specs.Snapshot()
-	// A device of a prepared claim, found in a container, is the claim's.
-	claimed := p.node.alloc.ClaimHeld()
-	candidates := slices.DeleteFunc(snap.Candidates(st.cfg.DefaultKind), func(d specs.Device) bool { return specs.OverlapsAny(d, claimed) })
-	for _, c := range containers {
-		pod, ok := reported.live[c.GetPodSandboxId()]
-		if !ok || c.GetState() == api.ContainerState_CONTAINER_STOPPED {
-			continue
-		}
-		sandbox := reported.sandboxes[c.GetPodSandboxId()]
-		why, asks := unserved(st, snap, sandbox, c, candidates)
-		if why != "" {
-			out.stop = append(out.stop, stopping{sandbox, c, why})
-			continue
-		}
-		if _, ours := c.GetAnnotations()[DevicesAnnotation]; !ours {
-			out.others = append(out.others, stopping{pod: sandbox, ctr: c})
-		}
-		if h, ok := p.holdingFound(pod, c, foundIn(c, asks, candidates), recorded[pod.ID]); ok {
-			out.holdings = append(out.holdings, h)
-		}
-	}
-	return out
-}
-
-// holdingFound returns what container c of pod is found to hold: the
-// devices found in it, those no record has held as strictly as they may
-// have been given (by the pod alone); none when nothing is found.
-func (p *Plugin) holdingFound(pod policy.Pod, c *api.Container, found, recorded []specs.Device) (policy.Holding, bool) {
-	if len(found) == 0 {
-		return policy.Holding{}, false
-	}
-	var sole []string
-	for _, d := range found {
-		if !specs.OverlapsAny(d, recorded) {
-			sole = append(sole, d.Name)
-		}
-	}
-	if len(sole) > 0 {
-		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "container": c.GetName(), "devices": strings.Join(sole, ",")}).
-			Warn("devices found in a running container that no record has: held by its pod alone until the pod is removed")
-	}
-	return policy.Holding{Pod: pod, Named: found, Sole: sole}, true
-}
-
 // watchSandboxes watches the sandbox of each live pod reported with no
 // container, its end told only by its sandbox's.
-func (p *Plugin) watchSandboxes(reported synced) {
-	for id := range reported.live {
-		if reported.withContainers[id] {
+func (p *Plugin) watchSandboxes(reported recovery.Reported) {
+	for id := range reported.Live {
+		if reported.WithContainers[id] {
 			continue
 		}
-		pod := reported.sandboxes[id]
+		pod := reported.Sandboxes[id]
 		log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()})
 		ended := func() {
 			log.Info("the pod's sandbox ended with no container: what it held is released (the runtime restarted, and tells nothing else of its end)")
@@ -187,18 +90,6 @@ func (p *Plugin) watchSandboxes(reported synced) {
 			log.Debugf("a pod with no container: its end is told by its next container's removal, not by its sandbox's (%v)", err)
 		}
 	}
-}
-
-// foundIn returns the candidates whose device nodes are all in a
-// container nri-gpu gave devices, or that asks for devices and has them
-// (the runtime's own CDI injected them while nri-gpu was away), as the
-// runtime reports them (its spec). Another container (a privileged one,
-// say) holds nothing.
-func foundIn(c *api.Container, asks bool, candidates []specs.Device) []specs.Device {
-	if _, ok := c.GetAnnotations()[DevicesAnnotation]; !ok && !asks {
-		return nil
-	}
-	return adjust.WithNodesOf(c, candidates)
 }
 
 // StopPodSandbox releases the devices a pod held.

@@ -1,8 +1,12 @@
 // Package recovery is what nri-gpu does with what it finds on the node
-// when it connects: it tracks the pods a runtime reported at NRI's
-// Synchronize until their end, which the runtime tells only through their
+// when it connects: it sorts and judges what a runtime reported at NRI's
+// Synchronize (Sort, Judge: what the live pods hold, which containers
+// the runtime created while nri-gpu was away are to be stopped; and
+// ClaimCheck, for those that may use DRA claims), tracks the reported
+// pods until their end, which the runtime tells only through their
 // containers' removal or their sandbox process's exit (Pods), and stops a
-// container it must not let run (Killer).
+// container it must not let run (Killer). It logs nothing: it returns
+// what it found, for nri-gpu to log and act on.
 package recovery
 
 import (

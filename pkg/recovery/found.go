@@ -1,0 +1,183 @@
+package recovery
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/containerd/nri/pkg/api"
+
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// Reported is what the runtime reported at Synchronize, sorted.
+type Reported struct {
+	// Live are the pods that may run containers, Sandboxes every pod
+	// reported, by ID; WithContainers says which pods were reported with
+	// containers.
+	Live           map[string]policy.Pod
+	Sandboxes      map[string]*api.PodSandbox
+	WithContainers map[string]bool
+}
+
+// Sort sorts the pods the runtime reported: a stopped pod, not yet
+// removed (all its containers stopped, or none left and no sandbox
+// process: containerd reports a stopped sandbox with pid 0, and none of
+// its exited containers), is not live: nothing of it can run, as no
+// container can be created in a stopped sandbox.
+func Sort(pods []*api.PodSandbox, containers []*api.Container) Reported {
+	s := Reported{Live: make(map[string]policy.Pod, len(pods)), Sandboxes: make(map[string]*api.PodSandbox, len(pods)), WithContainers: map[string]bool{}}
+	for _, pod := range pods {
+		s.Live[pod.GetId()] = adjust.PodOf(pod)
+		s.Sandboxes[pod.GetId()] = pod
+	}
+	running := map[string]bool{} // by pod ID
+	for _, c := range containers {
+		s.WithContainers[c.GetPodSandboxId()] = true
+		if c.GetState() != api.ContainerState_CONTAINER_STOPPED {
+			running[c.GetPodSandboxId()] = true
+		}
+	}
+	for id, pod := range s.Sandboxes {
+		if !running[id] && (s.WithContainers[id] || pod.GetPid() == 0) {
+			delete(s.Live, id)
+		}
+	}
+	return s
+}
+
+// Stopping is a running container to stop, and why.
+type Stopping struct {
+	Pod *api.PodSandbox
+	Ctr *api.Container
+	Why string
+}
+
+// Found is what a Judge found of the live pods: what they hold (the
+// record's, for the pods still live, and what is found in their running
+// containers), the containers to stop, and the running containers
+// nri-gpu did not create (Others).
+type Found struct {
+	Holdings     []policy.Holding
+	Stop, Others []Stopping
+	// Unrecorded are the containers found with devices no record has
+	// held, by the container: they are held by its pod alone.
+	Unrecorded []Unrecorded
+}
+
+// Unrecorded is a container found with devices no record has held.
+type Unrecorded struct {
+	Pod       policy.Pod
+	Container string
+	Devices   []string
+}
+
+// Judge judges the containers a runtime reports running under one
+// configuration and one snapshot of the specs.
+type Judge struct {
+	Parser *policy.Parser
+	Policy *policy.Policy
+	Snap   *specs.Snapshot
+	// Kind is the configuration's default kind: that of the devices a
+	// container may be found with.
+	Kind string
+}
+
+// Find returns what the live pods hold, given what the record says they
+// held (recorded) and the devices prepared claims hold (claimed: one
+// found in a container is the claim's), and which of their running
+// containers are to be stopped or checked.
+func (j Judge) Find(reported Reported, containers []*api.Container, recorded []policy.Holding, claimed []specs.Device) Found {
+	var out Found
+	byPod := map[string][]specs.Device{}
+	for _, h := range recorded {
+		if pod, ok := reported.Live[h.Pod.ID]; ok {
+			h.Pod = pod
+			out.Holdings = append(out.Holdings, h)
+			byPod[pod.ID] = append(byPod[pod.ID], slices.Concat(h.Named, h.Counted)...)
+		}
+	}
+	candidates := slices.DeleteFunc(j.Snap.Candidates(j.Kind), func(d specs.Device) bool { return specs.OverlapsAny(d, claimed) })
+	for _, c := range containers {
+		pod, ok := reported.Live[c.GetPodSandboxId()]
+		if !ok || c.GetState() == api.ContainerState_CONTAINER_STOPPED {
+			continue
+		}
+		sandbox := reported.Sandboxes[c.GetPodSandboxId()]
+		why, asks := j.unserved(sandbox, c, candidates)
+		if why != "" {
+			out.Stop = append(out.Stop, Stopping{sandbox, c, why})
+			continue
+		}
+		if _, ours := c.GetAnnotations()[adjust.DevicesAnnotation]; !ours {
+			out.Others = append(out.Others, Stopping{Pod: sandbox, Ctr: c})
+		}
+		found := foundIn(c, asks, candidates)
+		if len(found) == 0 {
+			continue
+		}
+		var sole []string
+		for _, d := range found {
+			if !specs.OverlapsAny(d, byPod[pod.ID]) {
+				sole = append(sole, d.Name)
+			}
+		}
+		if len(sole) > 0 {
+			out.Unrecorded = append(out.Unrecorded, Unrecorded{Pod: pod, Container: c.GetName(), Devices: sole})
+		}
+		out.Holdings = append(out.Holdings, policy.Holding{Pod: pod, Named: found, Sole: sole})
+	}
+	return out
+}
+
+// unserved says why a running container that nri-gpu did not create (it
+// bears none of nri-gpu's annotations: the runtime created it while
+// nri-gpu was away) is to be stopped, so that it is created again
+// through nri-gpu: what it asks for cannot be read, the policy refuses
+// it, or the container lacks a device it asks for. It returns "" for a
+// container nri-gpu created, one that asks for nothing, and one that has
+// everything it asks for (the runtime's own CDI injected it), which is
+// then held as found in it; asks says whether the container asks for
+// devices.
+func (j Judge) unserved(pod *api.PodSandbox, ctr *api.Container, candidates []specs.Device) (why string, asks bool) {
+	if _, ok := ctr.GetAnnotations()[adjust.DevicesAnnotation]; ok {
+		return "", false
+	}
+	ask, err := j.Parser.Parse(adjust.ContainerOf(pod, ctr))
+	if err != nil {
+		return fmt.Sprintf("what it asks for is refused: %v", err), true
+	}
+	if ask.Empty() {
+		return "", false
+	}
+	if err := j.Policy.Check(adjust.PodOf(pod), ask); err != nil {
+		return fmt.Sprintf("the policy refuses what it asks for: %v", err), true
+	}
+	var missing []string
+	for _, q := range ask.Requests {
+		if e, err := j.Snap.Lookup(q.Device); err != nil || !adjust.InjectedByRuntime(e, ctr) {
+			missing = append(missing, q.Device)
+		}
+	}
+	if found := len(adjust.WithNodesOf(ctr, candidates)); found < ask.Count {
+		missing = append(missing, fmt.Sprintf("%d of the %d devices it counts", ask.Count-found, ask.Count))
+	}
+	if len(missing) == 0 {
+		return "", true
+	}
+	return "it was created while nri-gpu was not serving, without " + strings.Join(missing, ", "), true
+}
+
+// foundIn returns the candidates whose device nodes are all in a
+// container nri-gpu gave devices, or that asks for devices and has them
+// (the runtime's own CDI injected them while nri-gpu was away), as the
+// runtime reports them (its spec). Another container (a privileged one,
+// say) holds nothing.
+func foundIn(c *api.Container, asks bool, candidates []specs.Device) []specs.Device {
+	if _, ok := c.GetAnnotations()[adjust.DevicesAnnotation]; !ok && !asks {
+		return nil
+	}
+	return adjust.WithNodesOf(c, candidates)
+}
