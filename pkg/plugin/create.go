@@ -10,11 +10,11 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
-	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/nri-gpu/nri-gpu/pkg/access"
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
@@ -45,9 +45,12 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 func (p *Plugin) Create(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, policy.Grant, error) {
 	start := time.Now()
 	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
-	req := &creation{st: p.state(), rt: p.conn.runtime(), pod: pod, ctr: ctr, resolved: map[string]resolved{}}
-	req.snap = req.st.specs.Snapshot() // one snapshot for the whole request
-	req.pol = p.node.hw.PolicyIn(req.st.policy, req.snap)
+	st := p.state()
+	snap := st.specs.Snapshot() // one snapshot for the whole request
+	req := &creation{
+		Creation: &adjust.Creation{Snap: snap, Ctr: ctr, Runtime: p.conn.runtime(), SkipUnsupported: st.cfg.UnsupportedEdits == config.UnsupportedWarn, HookFree: st.cfg.HookFree},
+		st:       st, pol: p.node.hw.PolicyIn(st.policy, snap), pod: pod,
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.waitBound(ctx))
 	defer cancel()
 	adj, grant, err := p.serve(ctx, req, log)
@@ -101,6 +104,17 @@ func (p *Plugin) waitBound(ctx context.Context) time.Duration {
 	return patience / waitShare
 }
 
+// creation is one container's creation: its pod, the configuration it
+// is served under and the policy as the creation's snapshot shows the
+// hardware, beside what the adjustment is built of (adjust.Creation:
+// the container, the runtime, each device resolved once).
+type creation struct {
+	*adjust.Creation
+	st  *state
+	pol *policy.Policy
+	pod *api.PodSandbox
+}
+
 // maxPlans bounds how often a request plans again when the pool changed
 // between its plan and its commit. A stale plan means another request's
 // commit took a device this one chose, so the pool filled: a request
@@ -114,32 +128,33 @@ const maxPlans = 1024
 // recorded, in one step with one undo (commit). It returns the
 // adjustment (nil when nothing is asked for) and what the pool granted.
 func (p *Plugin) serve(ctx context.Context, r *creation, log logrus.FieldLogger) (*api.ContainerAdjustment, policy.Grant, error) {
-	ask, err := r.st.parser.Parse(adjust.ContainerOf(r.pod, r.ctr))
+	ask, err := r.st.parser.Parse(adjust.ContainerOf(r.pod, r.Ctr))
 	if err != nil {
 		return nil, policy.Grant{}, err
 	}
-	claims, held, err := p.claimDevices(ctx, r.pod, r.ctr)
+	claims, held, err := p.claimDevices(ctx, r.pod, r.Ctr)
 	if err != nil {
 		return nil, policy.Grant{}, err
 	}
-	claimed := policy.Footprints(held)
-	if ask.Empty() && len(claimed) == 0 {
-		return adjust.Scrub(r.ctr), policy.Grant{}, nil
+	if ask.Empty() && len(held) == 0 {
+		return adjust.Scrub(r.Ctr), policy.Grant{}, nil
 	}
 	pod := adjust.PodOf(r.pod)
-	a := r.decide(ask, held, log)
-	a.uses = policy.ClaimUses(held)
-	a.want.Pod, a.want.Claims = pod, claims
-	a.want.Choice = policy.Choice{Candidates: r.snap.Candidates(r.st.cfg.DefaultKind), Usable: r.usable, Hooks: r.snap.Hooks, Unhealthy: p.node.hw.Unhealthy(r.snap)}
-	if ask.Count > 1 {
-		a.want.Choice.Links = p.node.hw.Links()
+	a := r.Decide(ask, held)
+	for _, d := range a.ByRuntimeCDI {
+		log.WithField("device", d).Info("device already injected by the runtime's own CDI support; not injected again")
 	}
-	a.want.Choice.Kubelet = p.allocatedByKubelet(ctx, r, a.want, log)
+	a.Want.Pod, a.Want.Claims = pod, claims
+	a.Want.Choice = policy.Choice{Candidates: r.Snap.Candidates(r.st.cfg.DefaultKind), Usable: r.Usable, Hooks: r.Snap.Hooks, Unhealthy: p.node.hw.Unhealthy(r.Snap)}
+	if ask.Count > 1 {
+		a.Want.Choice.Links = p.node.hw.Links()
+	}
+	a.Want.Choice.Kubelet = p.allocatedByKubelet(ctx, r, a.Want, log)
 	for attempt := 1; ; attempt++ {
 		// Planned even when it holds nothing new (only claims): the
 		// pod's claims and holdings are checked against
 		// policy.maxDevicesPerPod.
-		plan, err := p.node.alloc.Plan(r.pol, a.want)
+		plan, err := p.node.alloc.Plan(r.pol, a.Want)
 		if err != nil {
 			return nil, policy.Grant{}, err
 		}
@@ -151,11 +166,11 @@ func (p *Plugin) serve(ctx context.Context, r *creation, log logrus.FieldLogger)
 			return nil, policy.Grant{}, err
 		}
 		grant := policy.Grant{Pod: pod}
-		if holdsAny(a) {
+		if a.HoldsAny() {
 			grant, err = p.commit(r.pol, plan)
 		}
 		if err != nil {
-			p.forgetAccess(r.pod, r.ctr)
+			p.forgetAccess(r.pod, r.Ctr)
 		}
 		if errors.Is(err, policy.ErrStale) && attempt < maxPlans {
 			continue
@@ -163,7 +178,7 @@ func (p *Plugin) serve(ctx context.Context, r *creation, log logrus.FieldLogger)
 		if err != nil {
 			return nil, policy.Grant{}, err
 		}
-		grant.Devices = append(grant.Devices, claimed...)
+		grant.Devices = append(grant.Devices, a.Claimed...)
 		return adj, grant, nil
 	}
 }
@@ -173,37 +188,23 @@ func (p *Plugin) serve(ctx context.Context, r *creation, log logrus.FieldLogger)
 // needs for an MPS-shared GPU (once its daemon answers), and the
 // annotations that say what the container got. It returns with it the
 // access file: what the adjustment gives (nil when it gives nothing).
-func (p *Plugin) build(ctx context.Context, r *creation, a resolvedAsk, plan policy.Plan, log logrus.FieldLogger) (*api.ContainerAdjustment, *cdispec.Spec, error) {
-	var devices []*cdi.Device
-	for _, e := range a.inject {
-		if !slices.Contains(a.injected, e.Device) {
-			devices = append(devices, e.Device)
-		}
-	}
-	var errs []error
-	for _, c := range plan.Counted() {
-		e, err := r.resolve(c.Name)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("pod annotation %q: %w", policy.CountAnnotationKey, err))
-			continue
-		}
-		devices = append(devices, e.Device)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, nil, err
-	}
-	given := append(plan.Devices(), a.claimed...)
-	// MPS: the client edits of the container's one MPS-shared GPU, once
-	// its daemon is ready.
-	edits, device, err := p.node.mps.sharing(r.pol, r.snap).Edits(ctx, p.node.mps.mgr, given, a.uses)
+func (p *Plugin) build(ctx context.Context, r *creation, a adjust.Resolved, plan policy.Plan, log logrus.FieldLogger) (*api.ContainerAdjustment, *cdispec.Spec, error) {
+	devices, err := r.Devices(a, plan.Counted())
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := r.options(a.injected)
+	given := append(plan.Devices(), a.Claimed...)
+	// MPS: the client edits of the container's one MPS-shared GPU, once
+	// its daemon is ready.
+	edits, device, err := p.node.mps.sharing(r.pol, r.Snap).Edits(ctx, p.node.mps.mgr, given, a.Uses)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := r.Options(a.Injected)
 	if edits != nil {
 		opts.Extra = []adjust.Extra{{Name: "MPS of " + device, Edits: edits}}
 	}
-	res, err := adjust.Build(devices, r.snap.HostNodes, opts)
+	res, err := adjust.Build(devices, r.Snap.HostNodes, opts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -218,12 +219,12 @@ func (p *Plugin) build(ctx context.Context, r *creation, a resolvedAsk, plan pol
 		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
 			Info("left out a CDI edit the runtime cannot apply and the container does not need (its process runs as root or has the groups)")
 	}
-	adjust.Annotate(res.Adjustment, r.ctr, specs.Names(given), specs.Names(plan.Counted()))
+	adjust.Annotate(res.Adjustment, r.Ctr, specs.Names(given), specs.Names(plan.Counted()))
 	var names []string // the record's: nri-gpu's devices, then the runtime's
-	for _, d := range slices.Concat(devices, a.injected) {
+	for _, d := range slices.Concat(devices, a.Injected) {
 		names = append(names, d.GetQualifiedName())
 	}
-	rec, err := access.New(access.Container{Namespace: r.pod.GetNamespace(), Pod: r.pod.GetName(), Name: r.ctr.GetName()}, names, res.Given)
+	rec, err := access.New(access.Container{Namespace: r.pod.GetNamespace(), Pod: r.pod.GetName(), Name: r.Ctr.GetName()}, names, res.Given)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -236,7 +237,7 @@ func (p *Plugin) writeAccess(r *creation, rec *cdispec.Spec, adj *api.ContainerA
 	if p.node.access == nil || rec == nil {
 		return nil
 	}
-	if err := p.node.access.Write(r.pod.GetId(), r.ctr.GetId(), rec, adj); err != nil {
+	if err := p.node.access.Write(r.pod.GetId(), r.Ctr.GetId(), rec, adj); err != nil {
 		return fmt.Errorf("keeping the container's access file (%s): %w", access.Path, err)
 	}
 	return nil

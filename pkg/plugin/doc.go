@@ -5,7 +5,7 @@
 //
 // A container's creation (create.go) is decided, built, then committed:
 // what it asks is parsed and each device looked up once in the request's
-// snapshot (creation.go); the pool plans the grant without holding it,
+// snapshot (adjust.Creation); the pool plans the grant without holding it,
 // under the one admission (pkg/policy); the adjustment is built and an
 // MPS-shared GPU's daemon asked; only then is the grant held and
 // recorded (pkg/record's Keeper), with one undo. The files are named for
@@ -17,7 +17,6 @@
 //	connection.go    what the plugin knows of its connection to the runtime
 //	serve.go         the connection to the runtime, reconnecting
 //	create.go        CreateContainer: decide, build, commit
-//	creation.go      one container's creation: what it asks, resolved
 //	synchronize.go   Synchronize, the pods' end, and the record kept
 //	unserved.go      containers the runtime created while nri-gpu was away, stopped
 //	validate.go      ValidateContainerAdjustment

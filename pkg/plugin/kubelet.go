@@ -26,7 +26,7 @@ func (p *Plugin) allocatedByKubelet(ctx context.Context, r *creation, w policy.W
 	if w.Count == 0 && !slices.ContainsFunc(w.Named, func(d policy.Asked) bool { return d.Request == nil || !d.Request.FromKubelet() }) {
 		return nil
 	}
-	return p.kubeletAllocations(ctx, r.snap, adjust.PodOf(r.pod).Named(), log)
+	return p.kubeletAllocations(ctx, r.Snap, adjust.PodOf(r.pod).Named(), log)
 }
 
 // kubeletAllocations returns the devices kubelet allocated pods (but
