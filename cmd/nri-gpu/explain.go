@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -99,7 +100,7 @@ func keptAgainstPolicy(p *plugin.Plugin) []string {
 }
 
 // printExplainJSON prints what explain found, as JSON.
-func printExplainJSON(w io.Writer, adj *api.ContainerAdjustment, grant policy.Grant, kept []string, shared []plugin.Shared) {
+func printExplainJSON(w io.Writer, adj *api.ContainerAdjustment, grant policy.Grant, kept []string, shared []mps.Shared) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	out := map[string]any{"adjustment": adj}
@@ -116,7 +117,7 @@ func printExplainJSON(w io.Writer, adj *api.ContainerAdjustment, grant policy.Gr
 }
 
 // printShared prints, per shared device, how it is shared and by whom.
-func printShared(w io.Writer, shared []plugin.Shared) {
+func printShared(w io.Writer, shared []mps.Shared) {
 	for _, s := range shared {
 		users := "no one"
 		if len(s.Users) > 0 {

@@ -120,3 +120,44 @@ func (s Sharing) Edits(ctx context.Context, m *Manager, devices []specs.Device, 
 	}
 	return edits, gpus[0].Device, nil
 }
+
+// Shared is a device that is shared, as explain and devices show it.
+type Shared struct {
+	// Device is its name (the first of its names).
+	Device string `json:"device"`
+	// Sharing is the policy.sharing entry that shares it.
+	Sharing string `json:"sharing"`
+	// Users are the pods and claims that use it now.
+	Users []string `json:"users"`
+	// Limits are each MPS client's bounds ("" for time-slicing), or why
+	// it cannot be bounded.
+	Limits string `json:"limits,omitempty"`
+}
+
+// Shared returns the devices of kind that the policy shares, or a claim
+// that holds one whole shares with MPS among its containers, who uses
+// each (as users says: the pool's users of the device) and, for MPS,
+// each client's bounds.
+func (s Sharing) Shared(kind string, users func(specs.Device) []string) []Shared {
+	var out []Shared
+	for _, d := range inventory.Hardware(s.Snapshot, s.Policy, kind, []string{"*"}, nil) {
+		m, _ := s.Policy.MPSOf(d, s.Claims)
+		sharing := ""
+		switch share := s.Policy.Sharing(d); {
+		case share != nil:
+			sharing = share.String()
+		case m != nil:
+			sharing = "mps, for the claim that holds it (its GpuConfig)"
+		default:
+			continue
+		}
+		shared := Shared{Device: d.Name, Sharing: sharing, Users: users(d)}
+		if w, _, err := s.Of(d); err != nil {
+			shared.Limits = err.Error()
+		} else if w != nil {
+			shared.Limits = fmt.Sprintf("each client %d%% of compute, %d MiB of pinned memory; daemon in %s", w.Limits.ActiveThreadPercentage, w.Limits.PinnedMemoryMiB, w.Daemon.Dir)
+		}
+		out = append(out, shared)
+	}
+	return out
+}

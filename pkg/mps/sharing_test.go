@@ -3,6 +3,7 @@ package mps_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -197,5 +198,45 @@ func TestSharingEdits(t *testing.T) {
 	testutil.ErrorSays(t, err, `device "nvidia.com/gpu=1": the MPS daemon its claim asked for does not run`)
 	if !errors.Is(err, synced) || strings.Contains(err.Error(), `"nvidia.com/gpu=0"`) {
 		t.Errorf("%v; want GPU 1 alone, and why the sync could not start it", err)
+	}
+}
+
+// TestShared: what explain and devices show of the shared GPUs: each
+// GPU a sharing entry or a claim's MPS shares, by which, its users, and
+// for MPS its clients' bounds, or why it cannot have them; a GPU no one
+// shares is not shown.
+func TestShared(t *testing.T) {
+	root := t.TempDir()
+	entries := []config.Sharing{
+		{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 2, Strategy: config.StrategyMPS},
+		{Devices: []string{"nvidia.com/gpu=2"}, Replicas: 3, Strategy: config.StrategyTimeSlicing},
+	}
+	s, dev, uuids := sharing(t, entries, nil, root, "/ctl", false)
+	s.Claims = []policy.ClaimHolding{{Claim: policy.Claim{UID: "u", Namespace: "ns", Name: "c"},
+		Devices: []policy.ClaimDevice{{Device: dev("1"), GpuConfig: policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 40}}}}}
+	users := func(d specs.Device) []string { return []string{"users of " + d.Name} }
+	got := s.Shared("nvidia.com/gpu", users)
+	mem := s.Hardware.Memory(s.Snapshot, dev("0")) / 2 >> 20
+	want := []mps.Shared{
+		{Device: "nvidia.com/gpu=0", Sharing: "policy.sharing[0] (replicas 2, mps)", Users: []string{"users of nvidia.com/gpu=0"},
+			Limits: fmt.Sprintf("each client 50%% of compute, %d MiB of pinned memory; daemon in %s", mem, filepath.Join(root, uuids[0]))},
+		{Device: "nvidia.com/gpu=1", Sharing: "mps, for the claim that holds it (its GpuConfig)", Users: []string{"users of nvidia.com/gpu=1"}},
+		{Device: "nvidia.com/gpu=2", Sharing: "policy.sharing[1] (replicas 3, timeSlicing)", Users: []string{"users of nvidia.com/gpu=2"}},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("shared %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if i == 1 {
+			// A claim's GPU where nri-gpu runs no daemon: why it has no
+			// bounds.
+			if !strings.Contains(got[i].Limits, "start.mps.daemon: managed") {
+				t.Errorf("GPU 1's limits %q: want why it has none", got[i].Limits)
+			}
+			got[i].Limits = ""
+		}
+		if got[i].Device != want[i].Device || got[i].Sharing != want[i].Sharing || !slices.Equal(got[i].Users, want[i].Users) || got[i].Limits != want[i].Limits {
+			t.Errorf("shared %+v, want %+v", got[i], want[i])
+		}
 	}
 }
