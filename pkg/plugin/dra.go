@@ -11,7 +11,6 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
-	"github.com/nri-gpu/nri-gpu/pkg/inventory"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -24,49 +23,19 @@ type DRAView struct {
 	cfg config.DRA
 }
 
-// Devices returns the devices to offer: of the configured kinds, matching
-// the configured globs and allowed by policy.devices, one name per piece
-// of hardware (a GPU by index, not again by UUID; never "all"), which no
-// pod holds through another door (an annotation, a count, the device
-// plugin), each with why it is unhealthy (its GPU's NVML health, its
-// device nodes gone) where it is. Devices held by claims stay: the
-// scheduler knows them allocated.
+// Devices returns the devices to offer (inventory.Offers): of the
+// configured kinds, matching the configured globs and allowed by
+// policy.devices, which no pod holds through another door (an
+// annotation, a count, the device plugin), each with why it is unhealthy
+// where it is. Devices held by claims stay: the scheduler knows them
+// allocated.
 func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
 	st := c.p.state()
 	snap := st.specs.Snapshot()
 	pol := c.p.node.hw.PolicyIn(st.policy, snap)
-	// An unhealthy one stays, tainted: kube-scheduler places no new
-	// claim on it, and its claims' pods see why. One kubelet allocated a
-	// device-plugin pod is not offered.
+	// One kubelet allocated a device-plugin pod is not offered.
 	ch := policy.Choice{Hooks: snap.Hooks, Kubelet: c.p.kubeletAllocations(ctx, snap, policy.PodName{}, c.p.log)}
-	var (
-		out     []link.Device
-		offered []specs.Device
-		names   = map[string]bool{}
-	)
-	for _, kind := range c.cfg.Kinds {
-		hw := inventory.Hardware(snap, st.policy, kind, c.cfg.Devices, offered)
-		offered = append(offered, hw...)
-		for _, cand := range hw {
-			// Free, or shared with a replica no pod uses (a claim is one
-			// user, whichever pods use it; claims are the scheduler's).
-			if c.p.node.alloc.Room(pol, cand, policy.DRA, ch) == 0 {
-				continue
-			}
-			info := c.p.node.hw.Info(snap, kind, cand)
-			info.Unhealthy = c.p.node.hw.Sickness(snap, cand)
-			if offer, ok := c.p.node.alloc.Offer(pol, cand, policy.DRA); ok {
-				info.Offer = &offer
-			}
-			name := info.DeviceName()
-			if names[name] {
-				continue // two CDI names that make one DNS label: the first wins
-			}
-			names[name] = true
-			out = append(out, link.Device{CDI: cand.Name, Info: info})
-		}
-	}
-	return out, nil
+	return c.p.node.hw.Offers(snap, pol, c.p.node.alloc, c.cfg.Kinds, c.cfg.Devices, ch), nil
 }
 
 // Prepare holds a claim's devices in the pool, under the policy (the

@@ -37,28 +37,20 @@ func (p *Plugin) metricsNode() metrics.Node {
 	defer cancel()
 	snap := st.specs.Snapshot()
 	pol := p.node.hw.PolicyIn(st.policy, snap)
-	var (
-		out  metrics.Node
-		seen []specs.Device
-	)
-	for _, kind := range inventory.Kinds(snap, st.cfg.DefaultKind) {
-		hw := inventory.Hardware(snap, st.policy, kind, []string{"*"}, seen)
-		seen = append(seen, hw...)
-		for _, d := range hw {
-			pieces := append([]specs.Device{d}, inventory.MIGs(snap, st.policy, kind, d)...)
-			for _, x := range pieces {
-				out.Devices = append(out.Devices, p.metricsDevice(ctx, pol, snap, kind, x, pieces))
-			}
+	var out metrics.Node
+	for _, piece := range inventory.Pieces(snap, st.policy, st.cfg.DefaultKind) {
+		for _, x := range piece.Devices {
+			out.Devices = append(out.Devices, p.metricsDevice(ctx, pol, snap, piece, x))
 		}
 	}
 	return out
 }
 
-// metricsDevice returns what the metrics tell of device x, one of pieces
+// metricsDevice returns what the metrics tell of device x, one of piece's
 // (a piece of hardware and its MIG devices): what it offers, and its
-// holders that hold it rather than another of pieces.
-func (p *Plugin) metricsDevice(ctx context.Context, pol *policy.Policy, snap *specs.Snapshot, kind string, x specs.Device, pieces []specs.Device) metrics.Device {
-	info := p.node.hw.Info(snap, kind, x)
+// holders that hold it rather than another of piece's.
+func (p *Plugin) metricsDevice(ctx context.Context, pol *policy.Policy, snap *specs.Snapshot, piece inventory.Piece, x specs.Device) metrics.Device {
+	info := p.node.hw.Info(snap, piece.Kind, x)
 	u := p.node.alloc.Usage(pol, x)
 	dev := metrics.Device{
 		Name:   x.Name,
@@ -74,23 +66,11 @@ func (p *Plugin) metricsDevice(ctx context.Context, pol *policy.Policy, snap *sp
 		dev.MPS = &metrics.MPS{Ready: p.node.mps.mgr.Ready(ctx, w.Daemon) == nil}
 	}
 	for _, user := range u.Users {
-		if heldAs(user.Device, pieces).Name == x.Name {
+		if piece.HeldAs(user.Device).Name == x.Name {
 			dev.Holders = append(dev.Holders, p.holdersOf(sh, x, s, user)...)
 		}
 	}
 	return dev
-}
-
-// heldAs returns which of pieces (a piece of hardware, then its MIG
-// devices) a holding of device held is told under: the MIG device it is,
-// else the piece of hardware.
-func heldAs(held specs.Device, pieces []specs.Device) specs.Device {
-	for _, m := range pieces[1:] {
-		if m.Same(held) {
-			return m
-		}
-	}
-	return pieces[0]
 }
 
 // holdersOf returns a user of device d as the metrics name its holders:

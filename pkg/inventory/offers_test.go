@@ -1,0 +1,91 @@
+package inventory_test
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/inventory"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
+)
+
+// TestOffers: the DRA driver is offered one name per piece of hardware
+// of the kinds asked, matching the globs, that a pod does not hold
+// through another door; one whose nodes are gone stays, tainted; a
+// shared one says what it offers.
+func TestOffers(t *testing.T) {
+	snap := node(t, "nic0")
+	inv := inventory.New("/", testutil.NVML(2), func(string, ...any) {})
+	pol := inv.PolicyIn(policy.New(config.Policy{Devices: []string{"*/*"}, Namespaces: []string{"*"},
+		Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=1"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}}), snap)
+	kinds := []string{"nvidia.com/gpu", "example.com/nic"}
+	offered := func(pool *policy.Allocations, globs ...string) map[string]link.Device {
+		out := map[string]link.Device{}
+		for _, d := range inv.Offers(snap, pol, pool, kinds, globs, policy.Choice{Hooks: snap.Hooks}) {
+			out[d.CDI] = d
+		}
+		return out
+	}
+	got := offered(policy.NewAllocations(), "*")
+	var names []string
+	for name := range got {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	if want := []string{"example.com/nic=0", "nvidia.com/gpu=0", "nvidia.com/gpu=1"}; !slices.Equal(names, want) {
+		t.Errorf("offered %v, want %v", names, want)
+	}
+	if h := got["example.com/nic=0"].Info.Unhealthy; h == nil || h.Problem != link.ProblemGone {
+		t.Errorf("the NIC, its node gone: %+v; want it tainted", h)
+	}
+	if got["nvidia.com/gpu=0"].Info.Unhealthy != nil || got["nvidia.com/gpu=0"].Info.Offer != nil {
+		t.Errorf("GPU 0: %+v; want it healthy, whole", got["nvidia.com/gpu=0"].Info)
+	}
+	if got["nvidia.com/gpu=1"].Info.Offer == nil {
+		t.Error("GPU 1, shared: no offer said")
+	}
+	if got := offered(policy.NewAllocations(), "1"); len(got) != 1 || got["nvidia.com/gpu=1"].CDI == "" {
+		t.Errorf("matching 1: %v; want GPU 1 alone", got)
+	}
+	pool := policy.NewAllocations()
+	held := []policy.Holding{{Pod: policy.Pod{ID: "p", Namespace: "ns", Name: "p"}, Named: []specs.Device{dev(t, snap, "nvidia.com/gpu=0")}}}
+	if err := pool.Restore(pol, held); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := offered(pool, "*")["nvidia.com/gpu=0"]; ok {
+		t.Error("GPU 0, held by a pod's annotation: offered")
+	}
+}
+
+// TestPieces: the metrics tell each piece of hardware once, with its MIG
+// devices beside it, over every kind, the default first; a holding of a
+// MIG device is told under it, one of the GPU under the GPU.
+func TestPieces(t *testing.T) {
+	snap := node(t)
+	pol := policy.New(config.Policy{Devices: []string{"*/*"}})
+	var got [][]string
+	for _, p := range inventory.Pieces(snap, pol, "nvidia.com/gpu") {
+		got = append(got, append([]string{p.Kind}, specs.Names(p.Devices)...))
+	}
+	want := [][]string{
+		{"nvidia.com/gpu", "nvidia.com/gpu=0", "nvidia.com/gpu=0:0", "nvidia.com/gpu=0:1"},
+		{"nvidia.com/gpu", "nvidia.com/gpu=1"},
+		{"example.com/nic", "example.com/nic=0"},
+	}
+	if !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("pieces %v, want %v", got, want)
+	}
+	gpu0 := inventory.Pieces(snap, pol, "nvidia.com/gpu")[0]
+	for held, as := range map[string]string{
+		"nvidia.com/gpu=MIG-bbb": "nvidia.com/gpu=0:0",
+		"nvidia.com/gpu=0:1":     "nvidia.com/gpu=0:1",
+		"nvidia.com/gpu=GPU-aaa": "nvidia.com/gpu=0",
+	} {
+		if got := gpu0.HeldAs(dev(t, snap, held)).Name; got != as {
+			t.Errorf("a holding of %s told under %s, want %s", held, got, as)
+		}
+	}
+}
