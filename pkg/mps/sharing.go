@@ -66,6 +66,28 @@ func limitsOf(threads int, memory int64) Limits {
 	return Limits{ActiveThreadPercentage: threads, PinnedMemoryMiB: memory >> 20}
 }
 
+// Own returns the daemons of the GPUs a claim, one of s.Claims, asks
+// MPS of for itself (policy.OwnMPS: the policy leaves them unshared), of
+// asked, its devices; and why one cannot be had, naming the claim.
+func (s Sharing) Own(claim policy.Claim, asked []policy.Asked) ([]Want, error) {
+	var (
+		own  []Want
+		errs []error
+	)
+	for _, d := range asked {
+		if d.Claim == nil || !s.Policy.OwnMPS(*d.Claim) {
+			continue
+		}
+		switch w, _, err := s.Of(d.Device); {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%s: %w", claim, err))
+		case w != nil: // nil: the claim is not among s.Claims
+			own = append(own, *w)
+		}
+	}
+	return own, errors.Join(errs...)
+}
+
 // ClientLimits returns the bounds of a client of m's daemon on device d
 // that consumes c of it (a claim's device; zero for a pod's: the
 // daemon's defaults), as the policy gives them.

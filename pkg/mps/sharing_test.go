@@ -240,3 +240,32 @@ func TestShared(t *testing.T) {
 		}
 	}
 }
+
+// TestOwn: a claim has daemons of its own only for the GPUs it asks MPS
+// of that the policy leaves unshared; where nri-gpu runs no daemon it is
+// told why, naming the claim.
+func TestOwn(t *testing.T) {
+	root := t.TempDir()
+	entries := []config.Sharing{{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 2, Strategy: config.StrategyMPS}}
+	claim := policy.Claim{UID: "u", Namespace: "ns", Name: "c"}
+	mpsOf := policy.GpuConfig{Strategy: config.StrategyMPS}
+	for _, managed := range []bool{true, false} {
+		s, dev, uuids := sharing(t, entries, nil, root, "/ctl", managed)
+		s.Claims = []policy.ClaimHolding{{Claim: claim, Devices: []policy.ClaimDevice{{Device: dev("1"), GpuConfig: mpsOf}}}}
+		asked := []policy.Asked{
+			{Device: dev("0"), Claim: &policy.ClaimDevice{Device: dev("0"), GpuConfig: mpsOf}}, // the policy's daemon
+			{Device: dev("1"), Claim: &policy.ClaimDevice{Device: dev("1"), GpuConfig: mpsOf}}, // its own
+			{Device: dev("2"), Claim: &policy.ClaimDevice{Device: dev("2")}},                   // no MPS asked
+		}
+		own, err := s.Own(claim, asked)
+		if managed {
+			if err != nil || len(own) != 1 || own[0].Device != "nvidia.com/gpu=1" || own[0].Daemon.Dir != filepath.Join(root, uuids[1]) {
+				t.Errorf("managed: own %+v, %v; want GPU 1's daemon", own, err)
+			}
+			continue
+		}
+		if len(own) != 0 || !errors.Is(err, mps.ErrNotServed) || !strings.Contains(err.Error(), claim.String()) {
+			t.Errorf("external daemons: own %+v, %v; want none, why, naming the claim", own, err)
+		}
+	}
+}

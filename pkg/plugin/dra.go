@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,9 +10,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
-	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
-	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // DRAView is the devices a DRA driver offers, and what preparing a claim
@@ -47,47 +44,22 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 	st := c.p.state()
 	snap := st.specs.Snapshot()
 	pol := c.p.node.hw.PolicyIn(st.policy, snap)
-	asked := make([]policy.Asked, 0, len(allocated))
-	for _, a := range allocated {
-		d := policy.Asked{Device: specs.Device{Name: a.CDI}}
-		if e, err := snap.Lookup(a.CDI); err != nil {
-			d.Unresolved = err
-		} else {
-			d.Device, d.Hooks = e.Footprint, e.Hooks
-		}
-		d.Claim = &policy.ClaimDevice{Device: d.Device, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, GpuConfig: a.GpuConfig}
-		asked = append(asked, d)
-	}
+	asked := link.Asked(snap, allocated)
 	ch := policy.Choice{Unhealthy: c.p.node.hw.Unhealthy(snap), Kubelet: c.p.kubeletAllocations(ctx, snap, policy.PodName{}, c.log(claim))}
 	admitted, err := c.p.node.alloc.AdmitClaim(pol, claim, asked, ch)
 	if err != nil || admitted == nil {
 		return err // refused, or kubelet asked again: nothing new to record
 	}
 	// One undo, whichever step fails: the claim is let go and the
-	// daemons started for it stop, their GPUs back in Default (keep
+	// daemons started for it stop, their GPUs back in Default (sync
 	// stops those no holder wants any more).
 	undo := func() {
 		admitted()
 		c.p.node.mps.sync(ctx)
 	}
-	// own are the daemons of the GPUs the claim has MPS run on for
-	// itself.
-	var (
-		own  []mps.Want
-		errs []error
-	)
-	for _, d := range asked {
-		if !pol.OwnMPS(*d.Claim) {
-			continue
-		}
-		w, _, err := c.p.node.mps.sharing(pol, snap).Of(d.Device)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", claim, err))
-			continue
-		}
-		own = append(own, *w)
-	}
-	if err := errors.Join(errs...); err != nil {
+	// The daemons of the GPUs the claim has MPS run on for itself.
+	own, err := c.p.node.mps.sharing(pol, snap).Own(claim, asked)
+	if err != nil {
 		undo()
 		return err
 	}

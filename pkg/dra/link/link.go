@@ -21,6 +21,7 @@ import (
 	"strings"
 
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // ErrNotReserved is wrapped by the error for a claim a container names
@@ -126,6 +127,24 @@ type Allocated struct {
 	MemoryAsked bool
 	// GpuConfig is what the claim's GpuConfig asked of the device's sharing.
 	GpuConfig policy.GpuConfig
+}
+
+// Asked returns the devices allocated as the admission judges them,
+// each looked up in snap: its footprint and hooks, or why it does not
+// resolve, with what the claim asked of it.
+func Asked(snap *specs.Snapshot, allocated []Allocated) []policy.Asked {
+	out := make([]policy.Asked, 0, len(allocated))
+	for _, a := range allocated {
+		d := policy.Asked{Device: specs.Device{Name: a.CDI}}
+		if e, err := snap.Lookup(a.CDI); err != nil {
+			d.Unresolved = err
+		} else {
+			d.Device, d.Hooks = e.Footprint, e.Hooks
+		}
+		d.Claim = &policy.ClaimDevice{Device: d.Device, Requests: a.Requests, Use: a.Use, MemoryAsked: a.MemoryAsked, GpuConfig: a.GpuConfig}
+		out = append(out, d)
+	}
+	return out
 }
 
 // PodRef is the pod of a container being created, as the runtime knows

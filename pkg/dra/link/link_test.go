@@ -1,6 +1,10 @@
 package link_test
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -9,6 +13,8 @@ import (
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // TestDeviceName: a device's name in the ResourceSlice is a DNS label:
@@ -82,5 +88,44 @@ func TestOptions(t *testing.T) {
 			_, err := link.ParseOptions(tc.args, &strings.Builder{})
 			testutil.ErrorSays(t, err, tc.want)
 		})
+	}
+}
+
+// TestAsked: a claim's allocated devices reach the admission as they
+// resolve in the snapshot (footprint and hooks), or with why they do not,
+// each with what the claim asked of it.
+func TestAsked(t *testing.T) {
+	dir := t.TempDir()
+	spec := `cdiVersion: "0.7.0"
+kind: nvidia.com/gpu
+devices:
+  - name: "0"
+    containerEdits: {deviceNodes: [{path: /dev/null, type: c, major: 1, minor: 3}]}
+containerEdits:
+  hooks: [{hookName: createContainer, path: /usr/bin/nvidia-cdi-hook}]
+`
+	if err := os.WriteFile(filepath.Join(dir, "gpu.yaml"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := specs.Open([]string{dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	cfg := policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 30}
+	got := link.Asked(reg.Snapshot(), []link.Allocated{
+		{CDI: "nvidia.com/gpu=0", Requests: []string{"r"}, Use: policy.Use{Shares: 1}, MemoryAsked: true, GpuConfig: cfg},
+		{CDI: "nvidia.com/gpu=9", Requests: []string{"s"}},
+	})
+	if len(got) != 2 {
+		t.Fatalf("asked %+v, want two devices", got)
+	}
+	zero, nine := got[0], got[1]
+	if zero.Unresolved != nil || len(zero.Device.Nodes) != 1 || len(zero.Hooks) != 1 || zero.Claim == nil ||
+		zero.Claim.Name != "nvidia.com/gpu=0" || !slices.Equal(zero.Claim.Requests, []string{"r"}) || zero.Claim.Use.Shares != 1 || !zero.Claim.MemoryAsked || zero.Claim.GpuConfig != cfg {
+		t.Errorf("GPU 0 asked as %+v (claim %+v); want its footprint, hook and what the claim asked", zero, zero.Claim)
+	}
+	if !errors.Is(nine.Unresolved, specs.ErrUnresolvable) || nine.Device.Name != "nvidia.com/gpu=9" || nine.Claim == nil || !slices.Equal(nine.Claim.Requests, []string{"s"}) {
+		t.Errorf("GPU 9 asked as %+v; want it unresolvable, with its request", nine)
 	}
 }
