@@ -95,6 +95,22 @@ func (s Sharing) ClientLimits(m *policy.MPS, d specs.Device, c policy.ClaimDevic
 	return limitsOf(s.Policy.Client(m, d, c))
 }
 
+// UserLimits returns the bounds of a client of m's daemon on device d
+// that is user u's: a claim's (one of s.Claims) by what it consumes of
+// d, a pod's the daemon's defaults.
+func (s Sharing) UserLimits(m *policy.MPS, d specs.Device, u policy.User) Limits {
+	var use policy.ClaimDevice // a pod's: the daemon's defaults
+	for _, c := range s.Claims {
+		if u.Claim == nil || c.Claim.UID != u.Claim.UID {
+			continue
+		}
+		if i := slices.IndexFunc(c.Devices, func(c policy.ClaimDevice) bool { return c.Overlaps(d) }); i >= 0 {
+			use = c.Devices[i]
+		}
+	}
+	return s.ClientLimits(m, d, use)
+}
+
 // Wanted returns the daemon of every GPU of kind that MPS shares, one
 // per daemon, by directory, and the problems of those it cannot bound.
 func (s Sharing) Wanted(kind string) ([]Want, []error) {

@@ -269,3 +269,24 @@ func TestOwn(t *testing.T) {
 		}
 	}
 }
+
+// TestUserLimits: a pod's client of an MPS daemon has its defaults; a
+// claim's is bound by what it asked of the device.
+func TestUserLimits(t *testing.T) {
+	entry := []config.Sharing{{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 4, Strategy: config.StrategyMPS}}
+	s, dev, _ := sharing(t, entry, nil, t.TempDir(), "/ctl", true)
+	claim := policy.Claim{UID: "u", Namespace: "ns", Name: "c"}
+	s.Claims = []policy.ClaimHolding{{Claim: claim, Devices: []policy.ClaimDevice{{Device: dev("0"), GpuConfig: policy.GpuConfig{ActiveThreadPercentage: 10}}}}}
+	_, m, err := s.Of(dev("0"))
+	if err != nil || m == nil {
+		t.Fatalf("GPU 0: %v", err)
+	}
+	pod := s.UserLimits(m, dev("0"), policy.User{Pod: policy.Pod{ID: "p"}})
+	if want := s.ClientLimits(m, dev("0"), policy.ClaimDevice{}); pod != want {
+		t.Errorf("a pod's client: %+v, want the defaults %+v", pod, want)
+	}
+	claimed := s.UserLimits(m, dev("0"), policy.User{Claim: &claim})
+	if want := s.ClientLimits(m, dev("0"), s.Claims[0].Devices[0]); claimed != want || claimed == pod {
+		t.Errorf("the claim's client: %+v, want %+v, not the defaults %+v", claimed, want, pod)
+	}
+}

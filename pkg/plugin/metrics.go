@@ -2,13 +2,11 @@ package plugin
 
 import (
 	"context"
-	"slices"
 	"strconv"
 	"time"
 
 	"github.com/nri-gpu/nri-gpu/pkg/inventory"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
-	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -67,55 +65,15 @@ func (p *Plugin) metricsDevice(ctx context.Context, pol *policy.Policy, snap *sp
 	}
 	for _, user := range u.Users {
 		if piece.HeldAs(user.Device).Name == x.Name {
-			dev.Holders = append(dev.Holders, p.holdersOf(sh, x, s, user)...)
+			holders := metrics.HoldersOf(user)
+			if s != nil {
+				limits := sh.UserLimits(s, x, user)
+				for i := range holders {
+					holders[i].MPSCompute, holders[i].MPSMemory = limits.ActiveThreadPercentage, limits.PinnedMemoryMiB<<20
+				}
+			}
+			dev.Holders = append(dev.Holders, holders...)
 		}
 	}
 	return dev
-}
-
-// holdersOf returns a user of device d as the metrics name its holders:
-// a pod, or a claim with each pod it was prepared for (none yet: no pod),
-// what it takes of d and, where MPS shares d (s), its clients' bounds.
-func (p *Plugin) holdersOf(sh mps.Sharing, d specs.Device, s *policy.MPS, u policy.User) []metrics.Holder {
-	h := metrics.Holder{Door: door(u), Namespace: u.Pod.Namespace, Pod: u.Pod.Name, Shares: u.Use.Shares, Memory: u.Use.Memory}
-	if s != nil {
-		var use policy.ClaimDevice // a pod's: the daemon's defaults
-		if u.Claim != nil {
-			if _, devs, err := p.node.alloc.Claim(u.Claim.UID, nil); err == nil {
-				if i := slices.IndexFunc(devs, func(c policy.ClaimDevice) bool { return c.Overlaps(d) }); i >= 0 {
-					use = devs[i]
-				}
-			}
-		}
-		limits := sh.ClientLimits(s, d, use)
-		h.MPSCompute, h.MPSMemory = limits.ActiveThreadPercentage, limits.PinnedMemoryMiB<<20
-	}
-	if u.Claim == nil {
-		return []metrics.Holder{h}
-	}
-	h.Namespace, h.Claim = u.Claim.Namespace, u.Claim.Name
-	if len(u.Claim.Pods) == 0 {
-		return []metrics.Holder{h}
-	}
-	out := make([]metrics.Holder, 0, len(u.Claim.Pods))
-	for _, pod := range u.Claim.Pods {
-		h.Namespace, h.Pod = pod.Namespace, pod.Name
-		out = append(out, h)
-	}
-	return out
-}
-
-// door names the door a user got its device through.
-func door(u policy.User) string {
-	switch {
-	case u.Claim != nil:
-		return metrics.DoorDRA
-	case u.Found:
-		return metrics.DoorFound
-	case u.Kubelet:
-		return metrics.DoorDevicePlugin
-	case u.Counted:
-		return metrics.DoorCount
-	}
-	return metrics.DoorAnnotation
 }
