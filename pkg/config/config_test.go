@@ -573,3 +573,39 @@ func TestSharingAmounts(t *testing.T) {
 	c.Policy.Sharing = []config.Sharing{{Devices: []string{"*"}, Replicas: 2, Strategy: config.StrategyTimeSlicing, MemoryRequest: config.MemoryRequest{Minimum: "lots"}}}
 	testutil.ErrorSays(t, c.Validate(), `invalid config: policy.sharing[0].memoryRequest.minimum: "lots" is not a quantity`)
 }
+
+// TestOverrides: the command line's flags replace the spec dirs and turn
+// generation on over any configuration, validated again; with none set
+// the configuration is used as it is.
+func TestOverrides(t *testing.T) {
+	base := config.Default()
+	for _, tc := range []struct {
+		name     string
+		o        config.Overrides
+		dirs     []string
+		generate bool
+		err      string
+	}{
+		{name: "none", dirs: base.CDISpecDirs},
+		{name: "spec dirs", o: config.Overrides{SpecDirs: []string{"/opt/cdi"}}, dirs: []string{"/opt/cdi"}},
+		{name: "generate", o: config.Overrides{Generate: true}, dirs: base.CDISpecDirs, generate: true},
+		{name: "a relative spec dir", o: config.Overrides{SpecDirs: []string{"cdi"}}, err: "--cdi-spec-dirs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := config.Default()
+			got, err := tc.o.Apply(c)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one naming %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got.CDISpecDirs, tc.dirs) || got.Generate.Enabled != tc.generate {
+				t.Fatalf("spec dirs %v, generate %t, %v; want %v, %t", got.CDISpecDirs, got.Generate.Enabled, err, tc.dirs, tc.generate)
+			}
+			if !slices.Equal(c.CDISpecDirs, base.CDISpecDirs) || c.Generate.Enabled {
+				t.Errorf("the configuration overridden changed: %v, %t", c.CDISpecDirs, c.Generate.Enabled)
+			}
+		})
+	}
+}

@@ -430,3 +430,29 @@ func (s Start) Changed(next Start) []string {
 	}
 	return keys
 }
+
+// Overrides are what the command line sets over every configuration,
+// the file's, a reload's and the runtime's alike.
+type Overrides struct {
+	// SpecDirs, when set, replaces cdiSpecDirs (--cdi-spec-dirs).
+	SpecDirs []string
+	// Generate turns generate.enabled on (--generate-specs).
+	Generate bool
+}
+
+// Apply returns c with the overrides, validated again; c itself when
+// they change nothing.
+func (o Overrides) Apply(c *Config) (*Config, error) {
+	if len(o.SpecDirs) == 0 && (!o.Generate || c.Generate.Enabled) {
+		return c, nil
+	}
+	out := *c
+	if len(o.SpecDirs) > 0 {
+		out.CDISpecDirs = slices.Clone(o.SpecDirs)
+		if err := out.Validate(); err != nil {
+			return nil, fmt.Errorf("--cdi-spec-dirs: %w", err)
+		}
+	}
+	out.Generate.Enabled = out.Generate.Enabled || o.Generate
+	return &out, nil
+}

@@ -8,13 +8,8 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
-	"github.com/nri-gpu/nri-gpu/pkg/recovery"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
-
-// ErrNotRecorded is wrapped by the error of a request whose grant could
-// not be written to the state file: it is not given.
-var ErrNotRecorded = record.ErrNotRecorded
 
 // ErrStartOnly is wrapped by Reload's error for a configuration that
 // changes what only a start reads.
@@ -72,29 +67,17 @@ func rule(err error) string {
 		return "unresolvable"
 	case errors.Is(err, adjust.ErrUnsupportedEdit):
 		return "unsupportedEdits"
-	case errors.Is(err, ErrInjectedTwice):
+	case errors.Is(err, adjust.ErrInjectedTwice):
 		return "injectedTwice"
-	case errors.Is(err, ErrNotRecorded):
+	case errors.Is(err, record.ErrNotRecorded):
 		return "notRecorded"
-	case errors.Is(err, ErrMPS):
+	case errors.Is(err, mps.ErrNotServed):
 		return "mps"
 	case errors.Is(err, ErrClaimsUnknown):
 		return "claimsUnknown"
 	}
 	return "other"
 }
-
-// ErrMPS is wrapped by the error for a container whose MPS-shared GPU
-// cannot be given with its bounds (pkg/mps's word for it).
-var ErrMPS = mps.ErrNotServed
-
-// ErrInjectedTwice is wrapped by the error that refuses a container in
-// which a device nri-gpu injects would be injected a second time.
-var ErrInjectedTwice = adjust.ErrInjectedTwice
-
-// ErrNotStopped is wrapped by the error of a container that could not be
-// stopped.
-var ErrNotStopped = recovery.ErrNotStopped
 
 // ErrConfig is wrapped by Serve's error when the runtime handed the plugin
 // a configuration it rejected.

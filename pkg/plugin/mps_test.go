@@ -26,6 +26,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
+	"github.com/nri-gpu/nri-gpu/pkg/record"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
@@ -546,7 +547,7 @@ func TestClaimOwnMPSUndone(t *testing.T) {
 			gpu := []link.Allocated{{CDI: "nvidia.com/gpu=1", Requests: []string{"gpu"}, GpuConfig: policy.GpuConfig{Strategy: config.StrategyMPS}}}
 
 			state := filepath.Dir(r.stateFile)
-			want := plugin.ErrMPS
+			want := mps.ErrNotServed
 			if step == "the daemon does not start" {
 				refuse.Store(true)
 			} else {
@@ -554,7 +555,7 @@ func TestClaimOwnMPSUndone(t *testing.T) {
 					t.Fatal(err)
 				}
 				writeFile(t, state, nil) // every save fails
-				want = plugin.ErrNotRecorded
+				want = record.ErrNotRecorded
 			}
 			err = view.Prepare(context.Background(), claim, gpu)
 			if !errors.Is(err, want) {
@@ -570,7 +571,7 @@ func TestClaimOwnMPSUndone(t *testing.T) {
 			}
 
 			refuse.Store(false)
-			if want == plugin.ErrNotRecorded {
+			if want == record.ErrNotRecorded {
 				if err := os.Remove(state); err != nil {
 					t.Fatal(err)
 				}

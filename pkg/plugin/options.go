@@ -20,13 +20,13 @@ type Option func(*Plugin)
 // cdiSpecDirs its configuration, or a later one from the runtime, says
 // (the --cdi-spec-dirs flag).
 func WithSpecDirs(dirs []string) Option {
-	return func(p *Plugin) { p.flags.specDirs = slices.Clone(dirs) }
+	return func(p *Plugin) { p.flags.config.SpecDirs = slices.Clone(dirs) }
 }
 
 // WithGenerate has the plugin generate the spec of the node's NVIDIA
 // GPUs whatever generate.enabled its configuration, or a later one from
 // a reload or the runtime, says (the --generate-specs flag).
-func WithGenerate() Option { return func(p *Plugin) { p.flags.generate = true } }
+func WithGenerate() Option { return func(p *Plugin) { p.flags.config.Generate = true } }
 
 // WithMetrics has the plugin record its metrics in m.
 func WithMetrics(m *metrics.Metrics) Option { return func(p *Plugin) { p.metrics = m } }

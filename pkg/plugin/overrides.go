@@ -2,8 +2,6 @@ package plugin
 
 import (
 	"context"
-	"fmt"
-	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -15,10 +13,9 @@ import (
 // overrides are what the command line sets over every configuration,
 // the file's, a reload's and the runtime's alike.
 type overrides struct {
-	// specDirs, when set, replaces cdiSpecDirs (--cdi-spec-dirs).
-	specDirs []string
-	// generate turns generate.enabled on (--generate-specs).
-	generate bool
+	// config are the flags that override keys of the configuration
+	// (--cdi-spec-dirs, --generate-specs).
+	config config.Overrides
 	// nvml, when set, replaces the driver's NVML (tests).
 	nvml nvml.Interface
 	// mpsStart starts managed MPS daemons (nri-gpu's mps-shm command).
@@ -32,20 +29,4 @@ type overrides struct {
 	// (nri-gpu itself, by default), which the policy allows
 	// (--hook-path).
 	hookPath string
-}
-
-// apply returns cfg with the overrides, validated again.
-func (o overrides) apply(cfg *config.Config) (*config.Config, error) {
-	if len(o.specDirs) == 0 && (!o.generate || cfg.Generate.Enabled) {
-		return cfg, nil
-	}
-	c := *cfg
-	if len(o.specDirs) > 0 {
-		c.CDISpecDirs = slices.Clone(o.specDirs)
-		if err := c.Validate(); err != nil {
-			return nil, fmt.Errorf("--cdi-spec-dirs: %w", err)
-		}
-	}
-	c.Generate.Enabled = c.Generate.Enabled || o.generate
-	return &c, nil
 }

@@ -214,7 +214,7 @@ func (p *Plugin) restoreRecord(st *state) error {
 }
 
 func (p *Plugin) newState(cfg *config.Config) (*state, error) {
-	cfg, err := p.flags.apply(cfg)
+	cfg, err := p.flags.config.Apply(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -329,7 +329,7 @@ func TestClaimNotRecorded(t *testing.T) {
 	writeFile(t, dir, nil)
 	err := view.Prepare(context.Background(), policy.Claim{UID: "u", Namespace: "tenant", Name: "c"}, gpu)
 	testutil.ErrorSays(t, err, "claim tenant/c", "could not be recorded", "not a directory")
-	if !errors.Is(err, plugin.ErrNotRecorded) {
+	if !errors.Is(err, record.ErrNotRecorded) {
 		t.Errorf("%v does not wrap ErrNotRecorded", err)
 	}
 	if err := os.Remove(dir); err != nil {
@@ -370,7 +370,7 @@ func TestUnprepareNotRecorded(t *testing.T) {
 	writeFile(t, dir, nil)
 	err := p.DRAView(config.Default().Start.DRA).Unprepare(context.Background(), old.UID)
 	testutil.ErrorSays(t, err, "claim uid-old released", "could not be recorded", "not a directory")
-	if !errors.Is(err, plugin.ErrNotRecorded) {
+	if !errors.Is(err, record.ErrNotRecorded) {
 		t.Errorf("%v does not wrap ErrNotRecorded", err)
 	}
 	p.Close() // killed: nothing saved since
@@ -424,7 +424,7 @@ func TestClaimAskedAgainWhileNotRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, dir, nil)
-	if err := view.Unprepare(context.Background(), u.UID); !errors.Is(err, plugin.ErrNotRecorded) {
+	if err := view.Unprepare(context.Background(), u.UID); !errors.Is(err, record.ErrNotRecorded) {
 		t.Fatalf("unprepare with the state file unwritable: %v", err)
 	}
 	if err := view.Prepare(context.Background(), v, []link.Allocated{{CDI: "nvidia.com/gpu=1"}}); err != nil {

@@ -25,7 +25,7 @@ func TestRule(t *testing.T) {
 		{"untrusted spec", fmt.Errorf("x: %w", specs.ErrUntrusted), "untrustedSpec"},
 		{"unknown device", fmt.Errorf("x: %w", specs.ErrUnresolvable), "unresolvable"},
 		{"edit NRI cannot express", fmt.Errorf("x: %w", adjust.ErrUnsupportedEdit), "unsupportedEdits"},
-		{"another plugin injects it too", fmt.Errorf("x: %w", ErrInjectedTwice), "injectedTwice"},
+		{"another plugin injects it too", fmt.Errorf("x: %w", adjust.ErrInjectedTwice), "injectedTwice"},
 		{"anything else", errors.New("something else"), "other"},
 	}
 	for _, tc := range tests {

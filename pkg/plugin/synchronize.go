@@ -144,7 +144,7 @@ func (p *Plugin) HoldRecorded() error {
 // saveAndNotify records what pods hold, in the state file and in the
 // devices-held and rebuilt-record metrics, and tells the doors that keep
 // a view of it (the device plugin, DRA). It returns the state file's
-// error (wrapping ErrNotRecorded), which it also logs.
+// error (wrapping record.ErrNotRecorded), which it also logs.
 func (p *Plugin) saveAndNotify() error {
 	err := p.node.rec.Save()
 	if err != nil {
