@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -66,28 +66,19 @@ func (p *Plugin) generateEvery(ctx context.Context, stop context.CancelCauseFunc
 	}
 }
 
-// generate discovers the GPUs and the driver's files and writes their
-// spec to path unless it holds exactly that already. It returns what the
-// spec is of (driver, GPUs, control nodes, files) and whether it wrote.
+// generate writes the spec of the GPUs to path unless it holds exactly
+// that already (nvidia.Refresh): with hookFree, without hooks (refused
+// where one cannot be replaced). It returns what the spec is of and
+// whether it wrote.
 func (p *Plugin) generate(lib nvml.Interface, path string) (string, bool, error) {
-	inv, err := nvidia.Discover(lib)
-	if err != nil {
-		return "", false, err
-	}
 	cfg := p.state().cfg
-	spec, err := nvidia.Generate(lib, nvidia.Options{DriverRoot: p.inForce.start.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.flags.hookPath, CreateControlNodes: true})
-	if err != nil {
-		return "", false, err
-	}
-	if cfg.HookFree {
-		if _, err := adjust.WithoutHooks(spec, specs.LibrarySonames(spec)); err != nil {
-			return "", false, err
+	edit := func(spec *cdispec.Spec) error {
+		if !cfg.HookFree {
+			return nil
 		}
+		_, err := adjust.WithoutHooks(spec, specs.LibrarySonames(spec))
+		return err
 	}
-	what := nvidia.Describe(inv, spec, p.inForce.start.DriverRoot)
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return "", false, err
-	}
-	wrote, err := nvidia.Update(spec, path, "yaml")
-	return what, wrote, err
+	opts := nvidia.Options{DriverRoot: p.inForce.start.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.flags.hookPath, CreateControlNodes: true}
+	return nvidia.Refresh(lib, path, opts, edit)
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"sigs.k8s.io/yaml"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -77,4 +78,32 @@ func Write(spec *cdispec.Spec, path, format string, w io.Writer) error {
 		return fmt.Errorf("writing the spec: %w", err)
 	}
 	return nil
+}
+
+// Refresh discovers the GPUs and the driver's files through lib and
+// writes their spec (Generate, with opts) to path as YAML, making its
+// directory, unless the file holds exactly it already; edit, when set,
+// rewrites the spec, or refuses it, before it is written. It returns
+// what the spec is of (Describe: driver, GPUs, control nodes, files) and
+// whether it wrote.
+func Refresh(lib nvml.Interface, path string, opts Options, edit func(*cdispec.Spec) error) (string, bool, error) {
+	inv, err := Discover(lib)
+	if err != nil {
+		return "", false, err
+	}
+	spec, err := Generate(lib, opts)
+	if err != nil {
+		return "", false, err
+	}
+	if edit != nil {
+		if err := edit(spec); err != nil {
+			return "", false, err
+		}
+	}
+	what := Describe(inv, spec, opts.DriverRoot)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return "", false, err
+	}
+	wrote, err := Update(spec, path, "yaml")
+	return what, wrote, err
 }

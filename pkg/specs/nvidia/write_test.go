@@ -2,10 +2,12 @@ package nvidia_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
@@ -175,4 +177,39 @@ func gpuRoot(t *testing.T, n int) string {
 		}
 	}
 	return root
+}
+
+// TestRefresh: the spec of the GPUs is written where it is missing (its
+// directory made), not again while it holds exactly that, and not at all
+// when edit refuses it; what it is of is said.
+func TestRefresh(t *testing.T) {
+	s := server(2)
+	opts := nvidia.Options{DriverRoot: gpuRoot(t, 2), HookPath: "/usr/bin/nvidia-cdi-hook"}
+	path := filepath.Join(t.TempDir(), "cdi", "nvidia.com-gpu.yaml")
+	what, wrote, err := nvidia.Refresh(s, path, opts, nil)
+	if err != nil || !wrote || !strings.Contains(what, "driver 550.54.15") {
+		t.Fatalf("first: %q, wrote %t, %v; want the spec written, saying its driver", what, wrote, err)
+	}
+	if _, wrote, err := nvidia.Refresh(s, path, opts, nil); err != nil || wrote {
+		t.Errorf("again: wrote %t, %v; want the same spec left as it is", wrote, err)
+	}
+	edited := 0
+	edit := func(spec *cdispec.Spec) error {
+		edited++
+		spec.ContainerEdits.Env = append(spec.ContainerEdits.Env, "EDITED=1")
+		return nil
+	}
+	if _, wrote, err := nvidia.Refresh(s, path, opts, edit); err != nil || !wrote || edited != 1 {
+		t.Errorf("edited: wrote %t, %v; want the edited spec written", wrote, err)
+	}
+	if data, _ := os.ReadFile(path); !strings.Contains(string(data), "EDITED=1") {
+		t.Errorf("the spec written lacks the edit:\n%s", data)
+	}
+	refused, other := errors.New("refused"), filepath.Join(t.TempDir(), "x.yaml")
+	if _, wrote, err := nvidia.Refresh(s, other, opts, func(*cdispec.Spec) error { return refused }); !errors.Is(err, refused) || wrote {
+		t.Errorf("refused: wrote %t, %v; want nothing written, the refusal", wrote, err)
+	}
+	if _, err := os.Stat(other); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("refused, yet %s is there (%v)", other, err)
+	}
 }
