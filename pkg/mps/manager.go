@@ -67,9 +67,17 @@ const (
 	RolledBack = "rolled back"
 )
 
-// Start runs a daemon's "nvidia-cuda-mps-control -d" command with shm
-// as its /dev/shm, and returns once that command has exited.
+// A Launcher runs a daemon's "nvidia-cuda-mps-control -d" command with
+// shm as its /dev/shm, and returns once that command has exited.
+type Launcher interface {
+	Launch(shm string, cmd *exec.Cmd) error
+}
+
+// Start is a function that is a Launcher.
 type Start func(shm string, cmd *exec.Cmd) error
+
+// Launch runs cmd with shm as its /dev/shm: f(shm, cmd).
+func (f Start) Launch(shm string, cmd *exec.Cmd) error { return f(shm, cmd) }
 
 // Entry is what a Manager keeps in its Journal of a daemon it starts,
 // runs or stops, written before it acts: so that whatever process reads
@@ -140,7 +148,7 @@ const undoWait = 10 * time.Second
 // A Manager made with no Start (mps.daemon: external) starts nothing:
 // it only says whether the operator's daemons are ready.
 type Manager struct {
-	start   Start
+	start   Launcher
 	modes   Modes
 	journal Journal
 
@@ -162,7 +170,7 @@ type entry struct {
 // NewManager returns a manager that starts daemons through start, sets
 // their GPUs' compute mode through modes and keeps its entries in
 // journal (nil: nowhere but in memory).
-func NewManager(start Start, modes Modes, journal Journal) *Manager {
+func NewManager(start Launcher, modes Modes, journal Journal) *Manager {
 	return &Manager{start: start, modes: modes, journal: journal, entries: map[string]*entry{}}
 }
 

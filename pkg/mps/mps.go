@@ -215,7 +215,7 @@ func (d Daemon) Ask(ctx context.Context, command string) (string, error) {
 // (nvidia-cuda-mps-control -d) through start, which runs the command it
 // is given (chrooted into Root when its SysProcAttr says so) with ShmDir
 // as its /dev/shm, then makes the limits its clients' defaults.
-func (d Daemon) Start(ctx context.Context, l Limits, start Start) error {
+func (d Daemon) Start(ctx context.Context, l Limits, start Launcher) error {
 	for _, dir := range []string{d.PipeDir(), d.LogDir(), d.ShmDir()} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("MPS daemon of %s: %w", d.Dir, err)
@@ -225,7 +225,7 @@ func (d Daemon) Start(ctx context.Context, l Limits, start Start) error {
 		return fmt.Errorf("MPS daemon of %s: %w", d.Dir, err)
 	}
 	cmd := d.command(ctx, "-d")
-	if err := start(d.ShmDir(), cmd); err != nil {
+	if err := start.Launch(d.ShmDir(), cmd); err != nil {
 		return fmt.Errorf("starting %s -d for %s: %w", d.Control, d.Dir, err)
 	}
 	return d.SetLimits(ctx, l)

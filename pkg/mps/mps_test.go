@@ -94,10 +94,10 @@ func TestLayout(t *testing.T) {
 }
 
 // inShm runs the daemon's command with shm as the stand-in's /dev/shm.
-func inShm(shm string, cmd *exec.Cmd) error {
+var inShm = mps.Start(func(shm string, cmd *exec.Cmd) error {
 	cmd.Env = append(cmd.Env, "STANDIN_SHM="+shm)
 	return cmd.Run()
-}
+})
 
 // TestDaemon starts, asks and stops a daemon (the stand-in for
 // nvidia-cuda-mps-control): its directories, its environment, its
@@ -184,15 +184,15 @@ func TestStartFails(t *testing.T) {
 	ctx := context.Background()
 	d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu")}
 	t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
-	err = d.Start(ctx, mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1}, func(string, *exec.Cmd) error { return errors.New("no namespace") })
+	err = d.Start(ctx, mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1}, mps.Start(func(string, *exec.Cmd) error { return errors.New("no namespace") }))
 	testutil.ErrorSays(t, err, "starting "+ctl+" -d for "+d.Dir, "no namespace")
 	// Started, but gone before its limits are set.
-	err = d.Start(ctx, mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1}, func(shm string, cmd *exec.Cmd) error {
+	err = d.Start(ctx, mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 1}, mps.Start(func(shm string, cmd *exec.Cmd) error {
 		if err := inShm(shm, cmd); err != nil {
 			return err
 		}
 		return mpsstandin.Kill(d.PipeDir())
-	})
+	}))
 	testutil.ErrorSays(t, err, "MPS daemon of "+d.Dir, "set_default_active_thread_percentage 50")
 	blocked := mps.Daemon{Control: ctl, Dir: filepath.Join(t.TempDir(), "file")}
 	if err := os.WriteFile(blocked.Dir, nil, 0o644); err != nil {

@@ -65,10 +65,10 @@ func standin(t *testing.T) string {
 
 // startedInDir starts the stand-in's daemon with shm as its /dev/shm, as
 // the mps-shm command would.
-func startedInDir(shm string, cmd *exec.Cmd) error {
+var startedInDir = mps.Start(func(shm string, cmd *exec.Cmd) error {
 	cmd.Env = append(cmd.Env, "STANDIN_SHM="+shm)
 	return cmd.Run()
-}
+})
 
 func mpsConfig(ctl, root, daemon, limit string) string {
 	mem := ""

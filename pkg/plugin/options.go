@@ -73,7 +73,11 @@ func WithRecord(path string) Option {
 // runs the command it is given with shm as its /dev/shm (by default
 // nri-gpu's mps-shm command, in a mount namespace of its own).
 func WithMPSStart(start mps.Start) Option {
-	return func(p *Plugin) { p.flags.mpsStart = start }
+	return func(p *Plugin) {
+		if start != nil { // a nil function is no launcher
+			p.flags.mpsStart = start
+		}
+	}
 }
 
 // A Listener is told whenever what pods hold changes: a door beside the

@@ -19,7 +19,7 @@ type overrides struct {
 	// nvml, when set, replaces the driver's NVML (tests).
 	nvml nvml.Interface
 	// mpsStart starts managed MPS daemons (nri-gpu's mps-shm command).
-	mpsStart mps.Start
+	mpsStart mps.Launcher
 	// record is the state file (--state-file), read only for explain;
 	// takeOver, when set, has New wait for another nri-gpu holding it to
 	// stop (--take-over).

@@ -151,7 +151,7 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	for _, o := range opts {
 		o(p)
 	}
-	var start mps.Start // mps.daemon: external: nri-gpu starts none
+	var start mps.Launcher // mps.daemon: external: nri-gpu starts none
 	if cfg.Start.MPS.Daemon == config.MPSManaged {
 		start = p.flags.mpsStart
 	}
