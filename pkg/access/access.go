@@ -106,7 +106,8 @@ func empty(e *cdispec.ContainerEdits) bool {
 	return true
 }
 
-// Dir is the directory of the access files.
+// Dir is the directory of the access files. A nil Dir keeps none:
+// writing, removing and pruning do nothing.
 type Dir struct {
 	path string
 }
@@ -128,6 +129,9 @@ func (d *Dir) file(podID, ctrID string) (string, error) {
 // adds to adj its read-only mount at Path and EnvVar. The file is
 // written whole or not at all; an access file over MaxSize is refused.
 func (d *Dir) Write(podID, ctrID string, spec *cdispec.Spec, adj *api.ContainerAdjustment) error {
+	if d == nil {
+		return nil
+	}
 	path, err := d.file(podID, ctrID)
 	if err != nil {
 		return err
@@ -164,6 +168,9 @@ func (d *Dir) Write(podID, ctrID string, spec *cdispec.Spec, adj *api.ContainerA
 
 // Remove removes the access file of container ctrID of pod podID, if any.
 func (d *Dir) Remove(podID, ctrID string) error {
+	if d == nil {
+		return nil
+	}
 	path, err := d.file(podID, ctrID)
 	if err != nil {
 		return err
@@ -176,6 +183,9 @@ func (d *Dir) Remove(podID, ctrID string) error {
 
 // RemovePod removes the access files of the containers of pod podID.
 func (d *Dir) RemovePod(podID string) error {
+	if d == nil {
+		return nil
+	}
 	path, err := d.file(podID, "x")
 	if err != nil {
 		return err
@@ -183,8 +193,11 @@ func (d *Dir) RemovePod(podID string) error {
 	return os.RemoveAll(filepath.Dir(path))
 }
 
-// Keep removes the access files of every pod but those live says are.
-func (d *Dir) Keep(live func(podID string) bool) error {
+// Prune removes the access files of every pod but those live says are.
+func (d *Dir) Prune(live func(podID string) bool) error {
+	if d == nil {
+		return nil
+	}
 	entries, err := os.ReadDir(d.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil

@@ -159,13 +159,13 @@ func TestLifecycle(t *testing.T) {
 	if got := names("b"); len(got) > 0 {
 		t.Errorf("pod b's access files after its removal: %v", got)
 	}
-	if err := d.Keep(func(id string) bool { return id == "id-a" }); err != nil {
+	if err := d.Prune(func(id string) bool { return id == "id-a" }); err != nil {
 		t.Fatal(err)
 	}
 	if a, c := names("a"), names("c"); len(a) != 1 || len(c) > 0 {
 		t.Errorf("after keeping pod a alone: a %v, c %v", a, c)
 	}
-	if err := access.Open(filepath.Join(t.TempDir(), "none")).Keep(func(string) bool { return false }); err != nil {
+	if err := access.Open(filepath.Join(t.TempDir(), "none")).Prune(func(string) bool { return false }); err != nil {
 		t.Errorf("keeping in a directory not made yet: %v", err)
 	}
 	// A file that is no access file among them: Pod says so, and still
@@ -294,5 +294,18 @@ func TestFiles(t *testing.T) {
 	}
 	if err := access.Open(dir).Remove("p", "d"); err == nil {
 		t.Error("removing a non-empty directory at an access file's path: no error")
+	}
+}
+
+// TestNoDir: where containers get no access file (no Dir), writing,
+// removing and pruning do nothing and give the container nothing.
+func TestNoDir(t *testing.T) {
+	var d *access.Dir
+	adj := &api.ContainerAdjustment{}
+	if err := d.Write("pod", "ctr", &cdispec.Spec{}, adj); err != nil || len(adj.GetMounts()) > 0 || len(adj.GetEnv()) > 0 {
+		t.Errorf("write: %v, mounts %v, env %v; want nothing", err, adj.GetMounts(), adj.GetEnv())
+	}
+	if err := errors.Join(d.Remove("pod", "ctr"), d.RemovePod("pod"), d.Prune(func(string) bool { return false })); err != nil {
+		t.Errorf("remove, remove the pod's, prune: %v; want nothing done", err)
 	}
 }

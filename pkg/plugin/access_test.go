@@ -124,7 +124,7 @@ func TestAccessFileUnwritable(t *testing.T) {
 	r := runtimeWith(t, "v2.3.7", cfg, func(r *testRuntime) { r.accessDir = dir })
 	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
 	_, err := r.create(pod, ctrOf(pod, nil))
-	testutil.ErrorSays(t, err, "keeping the container's access file ("+access.Path+")")
+	testutil.ErrorSays(t, err, "writing the container's access file ("+access.Path+")")
 	if err := os.Remove(r.accessDir); err != nil {
 		t.Fatal(err)
 	}

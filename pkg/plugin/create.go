@@ -45,11 +45,10 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 func (p *Plugin) Create(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, policy.Grant, error) {
 	start := time.Now()
 	log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()})
-	st := p.state()
-	snap := st.specs.Snapshot() // one snapshot for the whole request
+	st, snap, pol := p.decision() // one snapshot for the whole request
 	req := &creation{
 		Creation: &adjust.Creation{Snap: snap, Ctr: ctr, Runtime: p.conn.runtime(), SkipUnsupported: st.cfg.UnsupportedEdits == config.UnsupportedWarn, HookFree: st.cfg.HookFree},
-		st:       st, pol: p.node.hw.PolicyIn(st.policy, snap), pod: pod,
+		st:       st, pol: pol, pod: pod,
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.waitBound(ctx))
 	defer cancel()
@@ -234,20 +233,17 @@ func (p *Plugin) build(ctx context.Context, r *creation, a adjust.Resolved, plan
 // writeAccess writes rec, the access file of what adj gives the request's
 // container, and adds its mount to adj; nothing without access files.
 func (p *Plugin) writeAccess(r *creation, rec *cdispec.Spec, adj *api.ContainerAdjustment) error {
-	if p.node.access == nil || rec == nil {
+	if rec == nil {
 		return nil
 	}
 	if err := p.node.access.Write(r.pod.GetId(), r.Ctr.GetId(), rec, adj); err != nil {
-		return fmt.Errorf("keeping the container's access file (%s): %w", access.Path, err)
+		return fmt.Errorf("writing the container's access file (%s): %w", access.Path, err)
 	}
 	return nil
 }
 
-// forgetAccess removes the record of what a container was given.
+// forgetAccess removes the access file of what a container was given.
 func (p *Plugin) forgetAccess(pod *api.PodSandbox, ctr *api.Container) {
-	if p.node.access == nil {
-		return
-	}
 	if err := p.node.access.Remove(pod.GetId(), ctr.GetId()); err != nil {
 		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "container": ctr.GetName()}).
 			Warnf("removing the container's access file: %v", err)

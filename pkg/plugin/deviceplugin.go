@@ -31,9 +31,7 @@ type Resource struct {
 // such a pod holds; of a shared device, as many replicas as such pods
 // and claims use are unhealthy, the last ones (deviceplugin.Offered).
 func (r *Resource) Devices() []deviceplugin.Device {
-	st := r.p.state()
-	snap := st.specs.Snapshot()
-	pol := r.p.node.hw.PolicyIn(st.policy, snap)
+	st, snap, pol := r.p.decision()
 	// What the admission would give, asked on no one's behalf: healthy,
 	// hooks allowed, room beside what holders kubelet does not account
 	// for hold.

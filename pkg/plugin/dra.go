@@ -27,9 +27,7 @@ type DRAView struct {
 // where it is. Devices held by claims stay: the scheduler knows them
 // allocated.
 func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
-	st := c.p.state()
-	snap := st.specs.Snapshot()
-	pol := c.p.node.hw.PolicyIn(st.policy, snap)
+	_, snap, pol := c.p.decision()
 	// One kubelet allocated a device-plugin pod is not offered.
 	ch := policy.Choice{Hooks: snap.Hooks, Kubelet: c.p.kubeletAllocations(ctx, snap, policy.PodName{}, c.p.log)}
 	return c.p.node.hw.Offers(snap, pol, c.p.node.alloc, c.cfg.Kinds, c.cfg.Devices, ch), nil
@@ -41,9 +39,7 @@ func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
 // policy.sharing leaves unshared whose claim asks for MPS has its daemon
 // started before the claim is recorded, or the claim is not prepared.
 func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []link.Allocated) error {
-	st := c.p.state()
-	snap := st.specs.Snapshot()
-	pol := c.p.node.hw.PolicyIn(st.policy, snap)
+	_, snap, pol := c.p.decision()
 	asked := link.Asked(snap, allocated)
 	ch := policy.Choice{Unhealthy: c.p.node.hw.Unhealthy(snap), Kubelet: c.p.kubeletAllocations(ctx, snap, policy.PodName{}, c.log(claim))}
 	admitted, err := c.p.node.alloc.AdmitClaim(pol, claim, asked, ch)
@@ -98,8 +94,7 @@ func (c *DRAView) Release(ctx context.Context, uid string) error {
 // release releases claim uid through forget, which returns the names of
 // the devices it held, and records it.
 func (c *DRAView) release(ctx context.Context, uid string, forget func() ([]string, error)) error {
-	st := c.p.state()
-	pol := c.p.node.hw.PolicyIn(st.policy, st.specs.Snapshot())
+	_, _, pol := c.p.decision()
 	_, devs, _ := c.p.node.alloc.Claim(uid, nil)
 	released, err := forget()
 	if err != nil {

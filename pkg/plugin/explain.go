@@ -7,7 +7,6 @@ import "github.com/nri-gpu/nri-gpu/pkg/mps"
 // its containers, who uses each and, for MPS, each client's bounds
 // (mps.Sharing.Shared), for explain and devices.
 func (p *Plugin) SharedDevices() []mps.Shared {
-	st := p.state()
-	snap := st.specs.Snapshot()
-	return p.node.mps.sharing(p.node.hw.PolicyIn(st.policy, snap), snap).Shared(st.cfg.DefaultKind, p.node.alloc.Users)
+	st, snap, pol := p.decision()
+	return p.node.mps.sharing(pol, snap).Shared(st.cfg.DefaultKind, p.node.alloc.Users)
 }

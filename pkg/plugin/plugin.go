@@ -307,6 +307,14 @@ func (p *Plugin) state() *state {
 	return p.inForce.st
 }
 
+// decision returns what one decision reads: the state in force, one
+// snapshot of its specs, and its policy bound to that snapshot.
+func (p *Plugin) decision() (*state, *specs.Snapshot, *policy.Policy) {
+	st := p.state()
+	snap := st.specs.Snapshot()
+	return st, snap, p.node.hw.PolicyIn(st.policy, snap)
+}
+
 // Close stops watching the spec directories and lets the state file's
 // lock go, once nothing of it can write the record any more (the
 // watches of pods' sandboxes ended).

@@ -37,25 +37,22 @@ func (p *Plugin) recordLost(err error, aside string, claims int) {
 // left and their sandbox stopped), hold nothing any more. Holdings that
 // break the policy or each other are logged, and stay held.
 func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
-	st := p.state()
+	st, snap, pol := p.decision()
 	reported := recovery.Sort(pods, containers)
-	snap := st.specs.Snapshot()
 	judge := recovery.Judge{Parser: st.parser, Policy: st.policy, Snap: snap, Kind: st.cfg.DefaultKind}
 	found := judge.Find(reported, containers, p.node.rec.TakeRestored(), p.node.alloc.ClaimHeld())
 	for _, u := range found.Unrecorded {
 		p.log.WithFields(logrus.Fields{"namespace": u.Pod.Namespace, "pod": u.Pod.Name, "container": u.Container, "devices": strings.Join(u.Devices, ",")}).
 			Warn("devices found in a running container that no record has: held by its pod alone until the pod is removed")
 	}
-	if err := p.node.alloc.Restore(p.node.hw.PolicyIn(st.policy, snap), found.Holdings); err != nil {
+	if err := p.node.alloc.Restore(pol, found.Holdings); err != nil {
 		p.log.Warn(err)
 	}
 	p.recovered.Reset(slices.Collect(maps.Keys(reported.Live)), containers)
 	p.watchSandboxes(reported)
-	if p.node.access != nil {
-		// The records of pods the runtime no longer has.
-		if err := p.node.access.Keep(func(id string) bool { return reported.Sandboxes[id] != nil }); err != nil {
-			p.log.Warnf("removing the access files of containers of pods gone: %v", err)
-		}
+	// The access files of pods the runtime no longer has.
+	if err := p.node.access.Prune(func(id string) bool { return reported.Sandboxes[id] != nil }); err != nil {
+		p.log.Warnf("removing the access files of containers of pods gone: %v", err)
 	}
 	p.saveAndNotify()
 	p.conn.setSynced()
@@ -103,11 +100,9 @@ func (p *Plugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
 func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
 	p.recovered.Forget(pod.GetId())
 	p.release(pod)
-	if p.node.access != nil {
-		if err := p.node.access.RemovePod(pod.GetId()); err != nil {
-			p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).
-				Warnf("removing the records of what the pod's containers were given: %v", err)
-		}
+	if err := p.node.access.RemovePod(pod.GetId()); err != nil {
+		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).
+			Warnf("removing the access files of the pod's containers: %v", err)
 	}
 	return nil
 }
@@ -137,8 +132,8 @@ func (p *Plugin) release(pod *api.PodSandbox) {
 // policy in force would not give, which the pods keep until removed (a
 // *policy.ConflictError), or nil.
 func (p *Plugin) HoldRecorded() error {
-	st := p.state()
-	return p.node.alloc.Restore(p.node.hw.PolicyIn(st.policy, st.specs.Snapshot()), p.node.rec.TakeRestored())
+	_, _, pol := p.decision()
+	return p.node.alloc.Restore(pol, p.node.rec.TakeRestored())
 }
 
 // saveAndNotify records what pods hold, in the state file and in the
