@@ -2,7 +2,9 @@
 package testutil
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +14,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // ShortDir returns a new directory under /tmp, removed when the test
@@ -170,4 +174,38 @@ func WithMIGs(s *dgxa100.Server, i int, migs ...MIG) string {
 	}
 	uuid, _ := gpu.GetUUID()
 	return uuid
+}
+
+// Snapshot writes each of yamls as a spec file of a directory of its
+// own and returns the snapshot of the specs loaded from it, failing t
+// where one is not used.
+func Snapshot(t testing.TB, yamls ...string) *specs.Snapshot {
+	t.Helper()
+	dir := t.TempDir()
+	for i, y := range yamls {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("spec-%d.yaml", i)), []byte(y), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg, err := specs.Open([]string{dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reg.Close)
+	snap := reg.Snapshot()
+	if len(snap.Problems) > 0 {
+		t.Fatalf("spec problems: %v", snap.Problems)
+	}
+	return snap
+}
+
+// GPUSpec returns a CDI spec of kind nvidia.com/gpu of GPUs 0 to n-1,
+// each of device node /dev/nvidia<i> (195:<i>), as nvidia-ctk names them.
+func GPUSpec(n int) string {
+	var b strings.Builder
+	b.WriteString("cdiVersion: \"0.7.0\"\nkind: nvidia.com/gpu\ndevices:\n")
+	for i := range n {
+		fmt.Fprintf(&b, "  - name: \"%d\"\n    containerEdits: {deviceNodes: [{path: /dev/nvidia%d, type: c, major: 195, minor: %d}]}\n", i, i, i)
+	}
+	return b.String()
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
@@ -20,31 +19,6 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/recovery"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
-
-// gpuSpec is a spec of GPUs 0 and 1.
-const gpuSpec = `cdiVersion: "0.6.0"
-kind: nvidia.com/gpu
-devices:
-  - name: "0"
-    containerEdits: {deviceNodes: [{path: /dev/nvidia0, type: c, major: 195, minor: 0}]}
-  - name: "1"
-    containerEdits: {deviceNodes: [{path: /dev/nvidia1, type: c, major: 195, minor: 1}]}
-`
-
-// snapshot returns a snapshot of gpuSpec.
-func snapshot(t *testing.T) *specs.Snapshot {
-	t.Helper()
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "gpu.yaml"), []byte(gpuSpec), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	reg, err := specs.Open([]string{dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(reg.Close)
-	return reg.Snapshot()
-}
 
 // reported is a pod reported at Synchronize, its sandbox process pid.
 func reported(id string, pid uint32) *api.PodSandbox {
@@ -159,7 +133,7 @@ func TestFind(t *testing.T) {
 		stop:       map[string]string{"p/c": "the policy refuses what it asks for"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			snap := snapshot(t)
+			snap := testutil.Snapshot(t, testutil.GPUSpec(2))
 			parser, err := policy.NewParser("nvidia.com/gpu", true)
 			if err != nil {
 				t.Fatal(err)
@@ -236,7 +210,7 @@ func (f *finder) Uses(context.Context, link.PodRef, string) ([]link.ClaimUse, er
 }
 
 func TestClaimCheck(t *testing.T) {
-	snap := snapshot(t)
+	snap := testutil.Snapshot(t, testutil.GPUSpec(2))
 	pol := policy.New(config.Policy{Devices: config.DefaultDevices})
 	pool := policy.NewAllocations()
 	dev := snap.Footprints([]string{"nvidia.com/gpu=1"})[0]

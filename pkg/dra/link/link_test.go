@@ -2,8 +2,6 @@ package link_test
 
 import (
 	"errors"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -95,25 +93,16 @@ func TestOptions(t *testing.T) {
 // resolve in the snapshot (footprint and hooks), or with why they do not,
 // each with what the claim asked of it.
 func TestAsked(t *testing.T) {
-	dir := t.TempDir()
-	spec := `cdiVersion: "0.7.0"
+	snap := testutil.Snapshot(t, `cdiVersion: "0.7.0"
 kind: nvidia.com/gpu
 devices:
   - name: "0"
     containerEdits: {deviceNodes: [{path: /dev/null, type: c, major: 1, minor: 3}]}
 containerEdits:
   hooks: [{hookName: createContainer, path: /usr/bin/nvidia-cdi-hook}]
-`
-	if err := os.WriteFile(filepath.Join(dir, "gpu.yaml"), []byte(spec), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	reg, err := specs.Open([]string{dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close()
+`)
 	cfg := policy.GpuConfig{Strategy: config.StrategyMPS, ActiveThreadPercentage: 30}
-	got := link.Asked(reg.Snapshot(), []link.Allocated{
+	got := link.Asked(snap, []link.Allocated{
 		{CDI: "nvidia.com/gpu=0", Requests: []string{"r"}, Use: policy.Use{Shares: 1}, MemoryAsked: true, GpuConfig: cfg},
 		{CDI: "nvidia.com/gpu=9", Requests: []string{"s"}},
 	})
