@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -44,7 +45,16 @@ type Inventory struct {
 	topology nvidia.Topology
 	// health watches the NVIDIA GPUs; nil where NVML cannot be had.
 	health atomic.Pointer[nvidia.Monitor]
+	// present are the host device nodes found there, by path, and
+	// when (nodesGone).
+	present sync.Map
 }
+
+// presentFor is how long a host device node found there is taken to be
+// there without looking again: health is asked at every request, of
+// each device it names, and a node goes only with its GPU or driver; a
+// node found gone is looked for at every question.
+const presentFor = time.Second
 
 // New returns the inventory of the GPUs under driverRoot, asked through
 // lib where it is set (tests) and else the driver's NVML; say is told
@@ -129,17 +139,30 @@ func (inv *Inventory) PolicyIn(pol *policy.Policy, snap *specs.Snapshot) *policy
 // account of health, which the admission reads for every door (a
 // request by name, a claim, a count's candidates, the device plugin's
 // offers) and DRA's taints read too (Sickness). A device snap does not
-// have (the runtime's own) is healthy as far as nri-gpu knows.
+// have (the runtime's own) is healthy as far as nri-gpu knows. The
+// function returned answers once per device: one question (a request
+// planned, then committed) reads one view of health.
 func (inv *Inventory) Unhealthy(snap *specs.Snapshot) func(specs.Device) error {
 	m := inv.health.Load()
+	var (
+		mu   sync.Mutex
+		told = map[string]error{}
+	)
 	return func(d specs.Device) error {
-		if nodesGone(snap, d.Name) {
-			return ErrNodesGone
+		mu.Lock()
+		defer mu.Unlock()
+		if err, ok := told[d.Name]; ok {
+			return err
 		}
-		if m != nil {
-			return m.Unhealthy(d)
+		var err error
+		switch {
+		case inv.nodesGone(snap, d.Name):
+			err = ErrNodesGone
+		case m != nil:
+			err = m.Unhealthy(d)
 		}
-		return nil
+		told[d.Name] = err
+		return err
 	}
 }
 
@@ -150,7 +173,7 @@ var ErrNodesGone = errors.New("its device nodes are not on the host")
 // it, for DRA's taints: its device nodes are not on the host, or NVML
 // found its GPU lost or with a critical Xid error.
 func (inv *Inventory) Sickness(snap *specs.Snapshot, d specs.Device) *link.Health {
-	if nodesGone(snap, d.Name) {
+	if inv.nodesGone(snap, d.Name) {
 		return &link.Health{Problem: link.ProblemGone, Reason: ErrNodesGone.Error()}
 	}
 	m := inv.health.Load()
@@ -168,16 +191,23 @@ func (inv *Inventory) Sickness(snap *specs.Snapshot, d specs.Device) *link.Healt
 }
 
 // nodesGone reports whether the named device is in snap and one of its
-// device nodes is not on the host now.
-func nodesGone(snap *specs.Snapshot, name string) bool {
+// device nodes is not on the host now (or, found there, presentFor ago).
+func (inv *Inventory) nodesGone(snap *specs.Snapshot, name string) bool {
 	e, err := snap.Lookup(name)
 	if err != nil {
 		return false
 	}
+	now := time.Now()
 	for _, n := range e.Device.ContainerEdits.DeviceNodes {
-		if _, err := os.Stat(specs.HostPath(n)); err != nil {
+		path := specs.HostPath(n)
+		if at, ok := inv.present.Load(path); ok && now.Sub(at.(time.Time)) < presentFor {
+			continue
+		}
+		if _, err := os.Stat(path); err != nil {
+			inv.present.Delete(path)
 			return true
 		}
+		inv.present.Store(path, now)
 	}
 	return false
 }

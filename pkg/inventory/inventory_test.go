@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
@@ -279,5 +280,34 @@ func TestPolicyIn(t *testing.T) {
 	gpu0 := inv.Info(snap, config.DefaultKind, dev(t, snap, "nvidia.com/gpu=0"))
 	if c := bound.Capacity(s, dev(t, snap, "nvidia.com/gpu=0")); c.Memory != int64(gpu0.MemoryBytes)-int64(gpu0.MemoryBytes)%c.Step || c.Memory == 0 {
 		t.Errorf("GPU 0's capacity %+v, want NVML's memory %d", c, gpu0.MemoryBytes)
+	}
+}
+
+// TestNodesLookedForAgain: a device node that goes is seen gone within a
+// second or so (one found there is not looked for at every question),
+// and one that comes back is seen at once.
+func TestNodesLookedForAgain(t *testing.T) {
+	snap := node(t)
+	inv := inventory.New("/", testutil.NVML(2), func(string, ...any) {})
+	gpu1 := dev(t, snap, "nvidia.com/gpu=1")
+	if err := inv.Unhealthy(snap)(gpu1); err != nil {
+		t.Fatalf("GPU 1: %v, want healthy", err)
+	}
+	e, err := snap.Lookup(gpu1.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := specs.HostPath(e.Device.ContainerEdits.DeviceNodes[0])
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 5*time.Second, "GPU 1's node seen gone", func() bool {
+		return errors.Is(inv.Unhealthy(snap)(gpu1), inventory.ErrNodesGone)
+	})
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := inv.Unhealthy(snap)(gpu1); err != nil {
+		t.Errorf("GPU 1, its node back: %v, want healthy at once", err)
 	}
 }

@@ -94,7 +94,10 @@ func TestResourceDevices(t *testing.T) {
 	if err := os.Remove(node); err != nil {
 		t.Fatal(err)
 	}
-	want("GPU 2's node gone", "0 healthy, 1 healthy, 2 unhealthy")
+	// A node found there is looked for again within a second.
+	testutil.Within(t, 5*time.Second, "GPU 2 unhealthy, its node gone", func() bool {
+		return deviceplugin.Describe(res.Devices()) == "0 healthy, 1 healthy, 2 unhealthy"
+	})
 
 	// GPU 1 leaves the spec: it stays listed, unhealthy.
 	text := strings.Replace(fmt.Sprintf(resourceSpec, node), `  - name: "1"

@@ -134,6 +134,8 @@ type question struct {
 	// count is checked, not made.
 	committing bool
 	plan       Plan
+	// held names what own holds by name, once asked (holds).
+	held map[string]bool
 }
 
 // decide runs the admission's steps in order, those that read at least
@@ -188,7 +190,16 @@ func (q *question) each(which int, judge func(Asked) error) []error {
 
 // holds reports whether the asking pod holds d by name already.
 func (q *question) holds(d Asked) bool {
-	return q.own != nil && slices.ContainsFunc(q.own.named, func(h specs.Device) bool { return h.Name == d.Name })
+	if q.own == nil {
+		return false
+	}
+	if q.held == nil {
+		q.held = make(map[string]bool, len(q.own.named))
+		for _, h := range q.own.named {
+			q.held[h.Name] = true
+		}
+	}
+	return q.held[d.Name]
 }
 
 // tenantWritten reports whether r came from an annotation the rules for
@@ -442,6 +453,9 @@ func errs(err error) []error {
 // pod it is reserved for would then hold (itself, where it is reserved
 // for none).
 func (q *question) withinMax() []error {
+	if q.p.max == 0 {
+		return nil // no bound: nothing to count
+	}
 	if q.claim != nil {
 		if err := q.a.checkClaimMax(q.p, *q.claim, footprintsOf(q.named)); err != nil {
 			return []error{fmt.Errorf("%s: %w", q.claim, err)}
