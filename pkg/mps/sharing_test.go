@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -38,19 +37,7 @@ devices:
 // root run by control.
 func sharing(t *testing.T, entries []config.Sharing, claims []policy.ClaimHolding, root, control string, managed bool) (mps.Sharing, func(string) specs.Device, []string) {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "cdi")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "gpu.yaml"), []byte(gpuSpec), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	reg, err := specs.Open([]string{dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(reg.Close)
-	snap := reg.Snapshot()
+	snap := testutil.Snapshot(t, gpuSpec)
 	lib := testutil.NVML(3)
 	var uuids []string
 	for _, d := range lib.Devices[:3] {
