@@ -216,7 +216,15 @@ func TestGenerateDriverChange(t *testing.T) {
 			var version atomic.Value
 			version.Store(old)
 			lib := testutil.NVML(1)
-			lib.SystemGetDriverVersionFunc = func() (string, nvml.Return) { return version.Load().(string), nvml.SUCCESS }
+			// told counts the times NVML told the version after the change.
+			var told atomic.Int32
+			lib.SystemGetDriverVersionFunc = func() (string, nvml.Return) {
+				v := version.Load().(string)
+				if v == tc.version {
+					told.Add(1)
+				}
+				return v, nvml.SUCCESS
+			}
 			specDir := filepath.Join(t.TempDir(), "cdi")
 			p, hook := logged(t, "generateSpecs: true\ngenerateInterval: 20ms\ndriverRoot: "+root+"\npolicy:\n  devices: [\"*/*\"]\n",
 				plugin.WithSpecDirs([]string{specDir}), plugin.WithNVML(lib))
@@ -244,17 +252,25 @@ func TestGenerateDriverChange(t *testing.T) {
 			}
 			testutil.Within(t, 5*time.Second, "a container given the driver's files", func() bool { return slices.Contains(mounts(), "/usr/lib64/libcuda.so."+old) })
 
+			// The old files go, the module changes, the new files come. The
+			// spec holds files, not the version (the log line says it, read
+			// before the files): the new files are added once the generator
+			// has asked NVML the new version a few times, so that the spec
+			// of the new files is written by a look that began after the
+			// version changed.
 			for _, f := range tc.remove {
 				if err := os.Remove(filepath.Join(root, f)); err != nil {
 					t.Fatal(err)
 				}
 			}
+			told.Store(0)
+			version.Store(tc.version)
+			testutil.Within(t, 5*time.Second, "NVML asked the new version", func() bool { return told.Load() >= 5 })
 			for _, f := range tc.add {
 				if err := os.WriteFile(filepath.Join(root, f), []byte("\x7fELF"), 0o755); err != nil {
 					t.Fatal(err)
 				}
 			}
-			version.Store(tc.version)
 			var got []string
 			testutil.Within(t, 5*time.Second, "a container given "+tc.want, func() bool {
 				got = mounts()
@@ -263,10 +279,10 @@ func TestGenerateDriverChange(t *testing.T) {
 			if tc.gone != "" && slices.Contains(got, tc.gone) {
 				t.Errorf("a container created after the change is given %s, which is gone: %v", tc.gone, got)
 			}
-			// The change is not one step (files go, files come, the version
-			// changes): a spec may be written in between, and a container
-			// given the new files by it; the last written is of the new
-			// driver.
+			// The change is not one step: a spec may be written in between
+			// (without the old files, before the new ones); the last is of
+			// the new driver (logged once written: the container may have
+			// its files first).
 			testutil.Within(t, 5*time.Second, "the last spec written of driver "+tc.version, func() bool {
 				g := entries(hook, logrus.InfoLevel, "generated the CDI spec of the GPUs")
 				return len(g) >= 2 && strings.Contains(g[len(g)-1].Message, "driver "+tc.version)
