@@ -151,9 +151,11 @@ func TestDaemonSet(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	if out := k.PodLog("nri-gpu", "nri-gpu", "nri-gpu"); !strings.Contains(out, "connected to runtime") {
-		t.Errorf("nri-gpu's log does not say it connected:\n%s", out)
-	}
+	// The runtime writes the container's log as it comes: the line may
+	// reach the file after /readyz answers.
+	testutil.Within(t, podWait, "nri-gpu's log saying it connected", func() bool {
+		return strings.Contains(k.PodLog("nri-gpu", "nri-gpu", "nri-gpu"), "connected to runtime")
+	})
 
 	addPod(t, k, harness.StaticPod{Name: "gpu", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}})
 	gpu, err := k.RunningContainer("gpu", podWait)
