@@ -73,11 +73,12 @@ func TestFind(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		containers []*api.Container
-		// asks is what pod p asks for, by its annotation.
-		asks     string
-		recorded []policy.Holding
-		claimed  []int
-		policy   config.Policy
+		// asks is what pod p asks for, by its annotation; count how many
+		// it counts.
+		asks, count string
+		recorded    []policy.Holding
+		claimed     []int
+		policy      config.Policy
 		// held are the devices held, by pod, as "pod:device"; sole those
 		// held alone; stop the containers to stop, with words of why;
 		// others the running containers nri-gpu did not create.
@@ -131,6 +132,26 @@ func TestFind(t *testing.T) {
 		asks:       gpu(1),
 		policy:     config.Policy{Namespaces: []string{"other"}},
 		stop:       map[string]string{"p/c": "the policy refuses what it asks for"},
+	}, {
+		name:       "a container stopped, the next one judged",
+		containers: []*api.Container{container("p", "c", running, nil, 0), container("p", "d", running, ours, 1)},
+		asks:       gpu(1),
+		held:       []string{"p:" + gpu(1)},
+		sole:       []string{"p/d:" + gpu(1)},
+		stop:       map[string]string{"p/c": "without " + gpu(1)},
+	}, {
+		name:       "a container with no device, the next one judged",
+		containers: []*api.Container{container("p", "c", running, nil), container("p", "d", running, ours, 1)},
+		held:       []string{"p:" + gpu(1)},
+		sole:       []string{"p/d:" + gpu(1)},
+		others:     []string{"p/c"},
+	}, {
+		name:       "not ours, a count it has",
+		containers: []*api.Container{container("p", "c", running, nil, 1)},
+		count:      "1",
+		held:       []string{"p:" + gpu(1)},
+		sole:       []string{"p/c:" + gpu(1)},
+		others:     []string{"p/c"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			snap := testutil.Snapshot(t, testutil.GPUSpec(2))
@@ -148,8 +169,12 @@ func TestFind(t *testing.T) {
 				claimed = append(claimed, snap.Footprints([]string{gpu(g)})...)
 			}
 			pod := reported("p", 1)
+			pod.Annotations = map[string]string{}
 			if tc.asks != "" {
-				pod.Annotations = map[string]string{policy.AnnotationKey: tc.asks}
+				pod.Annotations[policy.AnnotationKey] = tc.asks
+			}
+			if tc.count != "" {
+				pod.Annotations[policy.CountAnnotationKey] = tc.count
 			}
 			reported := recovery.Sort([]*api.PodSandbox{pod}, tc.containers)
 			found := judge.Find(reported, tc.containers, tc.recorded, claimed)
@@ -159,7 +184,15 @@ func TestFind(t *testing.T) {
 					held = append(held, h.Pod.ID+":"+d.Name)
 				}
 			}
+			for _, h := range found.Holdings {
+				if len(h.Named)+len(h.Counted) == 0 {
+					t.Errorf("a holding of nothing: %+v", h)
+				}
+			}
 			for _, u := range found.Unrecorded {
+				if len(u.Devices) == 0 {
+					t.Errorf("a container told found with no device no record has: %+v", u)
+				}
 				for _, d := range u.Devices {
 					sole = append(sole, u.Pod.ID+"/"+u.Container+":"+d)
 				}
@@ -215,7 +248,11 @@ func TestClaimCheck(t *testing.T) {
 	pool := policy.NewAllocations()
 	dev := snap.Footprints([]string{"nvidia.com/gpu=1"})[0]
 	claim := policy.Claim{UID: "u1", Namespace: "team", Name: "gpu"}
-	if err := pool.RestoreClaims(pol, []policy.ClaimHolding{{Claim: claim, Devices: []policy.ClaimDevice{{Device: dev, Requests: []string{"r"}}}}}); err != nil {
+	// A claim's device of no node is not seen in a container, and not
+	// looked for.
+	nodeless := policy.ClaimHolding{Claim: policy.Claim{UID: "u3", Namespace: "team", Name: "nodeless"},
+		Devices: []policy.ClaimDevice{{Device: snap.Footprints([]string{"nvidia.com/gpu=0"})[0]}, {Device: specs.Device{Name: "nvidia.com/gpu=none"}}}}
+	if err := pool.RestoreClaims(pol, []policy.ClaimHolding{{Claim: claim, Devices: []policy.ClaimDevice{{Device: dev, Requests: []string{"r"}}}}, nodeless}); err != nil {
 		t.Fatal(err)
 	}
 	uses := []link.ClaimUse{{UID: "u1", Namespace: "team", Name: "gpu"}}
@@ -228,13 +265,16 @@ func TestClaimCheck(t *testing.T) {
 		// why has words of why the container is to be stopped ("" when
 		// it runs on); err the error; asked how often the finder is
 		// asked (within a deadline shorter than one retry: once).
-		why   string
-		err   error
-		asked int
+		why, also string
+		err       error
+		asked     int
 	}{
 		{name: "has the claim's devices", finder: &finder{uses: uses}, gpus: []int{1}, asked: 1},
 		{name: "lacks them", finder: &finder{uses: uses}, gpus: []int{0}, why: "without the devices of claim team/gpu", asked: 1},
 		{name: "a claim not prepared here", finder: &finder{uses: unknown}, gpus: []int{1}, why: "claim team/elsewhere", asked: 1},
+		{name: "a claim not prepared here, and one lacked", finder: &finder{uses: append(slices.Clone(unknown), uses...)}, gpus: []int{0},
+			why: "claim team/elsewhere", also: "the devices of claim team/gpu", asked: 1},
+		{name: "a claim with a device of no node", finder: &finder{uses: []link.ClaimUse{{UID: "u3", Namespace: "team", Name: "nodeless"}}}, gpus: []int{0}, asked: 1},
 		{name: "uses none", finder: &finder{}, asked: 1},
 		{name: "names a claim not reserved for its pod", finder: &finder{err: fmt.Errorf("claim x: %w", link.ErrNotReserved)}, why: "not reserved for its pod", asked: 1},
 		{name: "cannot tell", finder: &finder{err: down}, err: down, asked: 1},
@@ -243,7 +283,7 @@ func TestClaimCheck(t *testing.T) {
 			s := recovery.Stopping{Pod: reported("p", 1), Ctr: container("p", "c", running, nil, tc.gpus...)}
 			check := recovery.ClaimCheck{Finder: tc.finder, Pool: pool}
 			why, err := check.Unserved(context.Background(), s, time.Now().Add(time.Millisecond))
-			if !errors.Is(err, tc.err) || (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) || tc.finder.asked != tc.asked {
+			if !errors.Is(err, tc.err) || (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) || !strings.Contains(why, tc.also) || tc.finder.asked != tc.asked {
 				t.Errorf("why %q, error %v, asked %d times; want %q, %v, %d", why, err, tc.finder.asked, tc.why, tc.err, tc.asked)
 			}
 		})
