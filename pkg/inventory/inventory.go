@@ -139,30 +139,17 @@ func (inv *Inventory) PolicyIn(pol *policy.Policy, snap *specs.Snapshot) *policy
 // account of health, which the admission reads for every door (a
 // request by name, a claim, a count's candidates, the device plugin's
 // offers) and DRA's taints read too (Sickness). A device snap does not
-// have (the runtime's own) is healthy as far as nri-gpu knows. The
-// function returned answers once per device: one question (a request
-// planned, then committed) reads one view of health.
+// have (the runtime's own) is healthy as far as nri-gpu knows.
 func (inv *Inventory) Unhealthy(snap *specs.Snapshot) func(specs.Device) error {
 	m := inv.health.Load()
-	var (
-		mu   sync.Mutex
-		told = map[string]error{}
-	)
 	return func(d specs.Device) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if err, ok := told[d.Name]; ok {
-			return err
+		if inv.nodesGone(snap, d.Name) {
+			return ErrNodesGone
 		}
-		var err error
-		switch {
-		case inv.nodesGone(snap, d.Name):
-			err = ErrNodesGone
-		case m != nil:
-			err = m.Unhealthy(d)
+		if m != nil {
+			return m.Unhealthy(d)
 		}
-		told[d.Name] = err
-		return err
+		return nil
 	}
 }
 

@@ -134,8 +134,6 @@ type question struct {
 	// count is checked, not made.
 	committing bool
 	plan       Plan
-	// held names what own holds by name, once asked (holds).
-	held map[string]bool
 }
 
 // decide runs the admission's steps in order, those that read at least
@@ -190,16 +188,7 @@ func (q *question) each(which int, judge func(Asked) error) []error {
 
 // holds reports whether the asking pod holds d by name already.
 func (q *question) holds(d Asked) bool {
-	if q.own == nil {
-		return false
-	}
-	if q.held == nil {
-		q.held = make(map[string]bool, len(q.own.named))
-		for _, h := range q.own.named {
-			q.held[h.Name] = true
-		}
-	}
-	return q.held[d.Name]
+	return q.own != nil && slices.ContainsFunc(q.own.named, func(h specs.Device) bool { return h.Name == d.Name })
 }
 
 // tenantWritten reports whether r came from an annotation the rules for
