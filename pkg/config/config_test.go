@@ -584,9 +584,12 @@ func TestOverrides(t *testing.T) {
 		o        config.Overrides
 		dirs     []string
 		generate bool
+		hooks    []string
 		err      string
 	}{
 		{name: "none", dirs: base.CDISpecDirs},
+		{name: "hook path", o: config.Overrides{HookPath: "/opt/nri-gpu"}, dirs: base.CDISpecDirs, hooks: append(slices.Clone(base.Policy.HookPaths), "/opt/nri-gpu")},
+		{name: "hook path allowed already", o: config.Overrides{HookPath: base.Policy.HookPaths[0]}, dirs: base.CDISpecDirs, hooks: base.Policy.HookPaths},
 		{name: "spec dirs", o: config.Overrides{SpecDirs: []string{"/opt/cdi"}}, dirs: []string{"/opt/cdi"}},
 		{name: "generate", o: config.Overrides{Generate: true}, dirs: base.CDISpecDirs, generate: true},
 		{name: "a relative spec dir", o: config.Overrides{SpecDirs: []string{"cdi"}}, err: "--cdi-spec-dirs"},
@@ -603,8 +606,14 @@ func TestOverrides(t *testing.T) {
 			if err != nil || !slices.Equal(got.CDISpecDirs, tc.dirs) || got.Generate.Enabled != tc.generate {
 				t.Fatalf("spec dirs %v, generate %t, %v; want %v, %t", got.CDISpecDirs, got.Generate.Enabled, err, tc.dirs, tc.generate)
 			}
-			if !slices.Equal(c.CDISpecDirs, base.CDISpecDirs) || c.Generate.Enabled {
-				t.Errorf("the configuration overridden changed: %v, %t", c.CDISpecDirs, c.Generate.Enabled)
+			if tc.hooks == nil {
+				tc.hooks = base.Policy.HookPaths
+			}
+			if !slices.Equal(got.Policy.HookPaths, tc.hooks) {
+				t.Errorf("hook paths %v, want %v", got.Policy.HookPaths, tc.hooks)
+			}
+			if !slices.Equal(c.CDISpecDirs, base.CDISpecDirs) || c.Generate.Enabled || !slices.Equal(c.Policy.HookPaths, base.Policy.HookPaths) {
+				t.Errorf("the configuration overridden changed: %v, %t, %v", c.CDISpecDirs, c.Generate.Enabled, c.Policy.HookPaths)
 			}
 		})
 	}

@@ -438,12 +438,17 @@ type Overrides struct {
 	SpecDirs []string
 	// Generate turns generate.enabled on (--generate-specs).
 	Generate bool
+	// HookPath is the CDI hook the specs nri-gpu generates name
+	// (--hook-path; nri-gpu itself by default): as trusted as nri-gpu,
+	// it is added to policy.hookPaths.
+	HookPath string
 }
 
 // Apply returns c with the overrides, validated again; c itself when
 // they change nothing.
 func (o Overrides) Apply(c *Config) (*Config, error) {
-	if len(o.SpecDirs) == 0 && (!o.Generate || c.Generate.Enabled) {
+	hook := o.HookPath != "" && !slices.Contains(c.Policy.HookPaths, o.HookPath)
+	if len(o.SpecDirs) == 0 && (!o.Generate || c.Generate.Enabled) && !hook {
 		return c, nil
 	}
 	out := *c
@@ -454,5 +459,8 @@ func (o Overrides) Apply(c *Config) (*Config, error) {
 		}
 	}
 	out.Generate.Enabled = out.Generate.Enabled || o.Generate
+	if hook {
+		out.Policy.HookPaths = append(slices.Clone(out.Policy.HookPaths), o.HookPath)
+	}
 	return &out, nil
 }

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
@@ -12,13 +13,13 @@ import (
 // connection is what the plugin knows of its connection to the runtime,
 // under its own lock.
 type connection struct {
-	mu sync.Mutex
+	// synced says the plugin is registered with the runtime: it has had
+	// Synchronize on its current connection.
+	synced atomic.Bool
+	mu     sync.Mutex
 	// configuredOK says a Configure succeeded on the current
 	// connection.
 	configuredOK bool
-	// synced says the plugin is registered with the runtime: it has had
-	// Synchronize on its current connection.
-	synced bool
 	// configErr is the last rejected configuration from the runtime.
 	configErr error
 	// rt is what the connected runtime applies, decided at Configure.
@@ -74,20 +75,8 @@ func (c *connection) configured(err error) {
 func (c *connection) closed() (wasConfigured bool, refused error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.synced = false
+	c.synced.Store(false)
 	return c.configuredOK, c.configErr
-}
-
-func (c *connection) setSynced() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.synced = true
-}
-
-func (c *connection) isSynced() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.synced
 }
 
 // runtime returns what the connected runtime applies.

@@ -40,12 +40,12 @@ func TestConnectionEnd(t *testing.T) {
 			for _, err := range tc.steps {
 				c.configured(err)
 			}
-			c.setSynced()
+			c.synced.Store(true)
 			configured, err := c.closed()
 			if configured != tc.wantConfigured || !errors.Is(err, tc.wantRefused) || (err == nil) != (tc.wantRefused == nil) {
 				t.Errorf("closed() = %v, %v; want %v, %v", configured, err, tc.wantConfigured, tc.wantRefused)
 			}
-			if c.isSynced() {
+			if c.synced.Load() {
 				t.Error("a closed connection is still taken as synchronized")
 			}
 		})

@@ -266,44 +266,19 @@ func (p *Plugin) commit(pol *policy.Policy, plan policy.Plan) (policy.Grant, err
 }
 
 // claimDevices returns the UIDs of the prepared claims the container
-// uses, and their devices (those of the requests it names). Without DRA,
-// and for a pod with no claims, there are none. A claim the container
-// names that is not reserved for its pod fails the creation. When the
-// API server cannot tell, the creation fails if a prepared claim may be
-// used by the pod (policy.Claim.MayBeUsedBy: the container would run
-// without its devices), and goes on without claims otherwise. It waits
-// as long as ctx lets it (the request's share of the runtime's
-// patience).
+// uses, and their devices (link.Used); none without DRA. When the DRA
+// driver cannot tell and no prepared claim may be the pod's, it goes on
+// without claims, said in the log. It waits as long as ctx lets it (the
+// request's share of the runtime's patience).
 func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]string, []policy.ClaimDevice, error) {
 	if p.doors.claims == nil {
 		return nil, nil, nil
 	}
 	ref := link.PodRef{Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: pod.GetUid()}
-	uses, err := p.doors.claims.Uses(ctx, ref, ctr.GetName())
-	if errors.Is(err, link.ErrNotReserved) {
-		return nil, nil, err
-	}
-	if err != nil {
-		for _, c := range p.node.alloc.Claims() {
-			if c.Claim.MayBeUsedBy(pod.GetNamespace()) {
-				return nil, nil, fmt.Errorf("%s was prepared, and this pod may use it: %w: %w", c.Claim, ErrClaimsUnknown, err)
-			}
-		}
-		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).
-			Warnf("no DRA claim of this pod's namespace is prepared here; created without claims: %v", err)
+	uids, devs, err := link.Used(ctx, p.doors.claims, p.node.alloc, ref, ctr.GetName())
+	if errors.Is(err, link.ErrNoClaimMay) {
+		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()}).Warn(err)
 		return nil, nil, nil
 	}
-	var (
-		uids []string
-		devs []policy.ClaimDevice
-	)
-	for _, u := range uses {
-		_, d, err := p.node.alloc.Claim(u.UID, u.Requests)
-		if err != nil {
-			return nil, nil, fmt.Errorf("claim %s/%s: %w (kubelet prepares a claim before the pod's containers are created)", u.Namespace, u.Name, err)
-		}
-		uids = append(uids, u.UID)
-		devs = append(devs, d...)
-	}
-	return uids, devs, nil
+	return uids, devs, err
 }

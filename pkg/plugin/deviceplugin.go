@@ -5,8 +5,6 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
-	"github.com/nri-gpu/nri-gpu/pkg/inventory"
-	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
@@ -31,21 +29,8 @@ type Resource struct {
 // such a pod holds; of a shared device, as many replicas as such pods
 // and claims use are unhealthy, the last ones (deviceplugin.Offered).
 func (r *Resource) Devices() []deviceplugin.Device {
-	st, snap, pol := r.p.decision()
-	// What the admission would give, asked on no one's behalf: healthy,
-	// hooks allowed, room beside what holders kubelet does not account
-	// for hold.
-	ch := policy.Choice{Unhealthy: r.p.node.hw.Unhealthy(snap), Hooks: snap.Hooks}
-	var offers []deviceplugin.Offer
-	for _, c := range inventory.Hardware(snap, st.policy, r.cfg.Kind, r.cfg.Devices, nil) {
-		_, _, id := parser.ParseDevice(c.Name)
-		off := deviceplugin.Offer{ID: id, Room: r.p.node.alloc.Room(pol, c, policy.DevicePlugin, ch)}
-		if share := pol.Sharing(c); share != nil {
-			off.Replicas = share.Replicas
-		}
-		offers = append(offers, off)
-	}
-	return r.offered.Devices(offers)
+	_, snap, pol := r.p.decision()
+	return r.offered.Devices(r.p.node.hw.KubeletOffers(snap, pol, r.p.node.alloc, r.cfg.Kind, r.cfg.Devices))
 }
 
 // Preferred chooses size devices among available, mustInclude first, as

@@ -29,7 +29,6 @@
 //	explain.go       what explain and devices show
 //	generate.go      spec generation from NVML (pkg/specs/nvidia)
 //	errors.go        the package's errors, and what a denial is counted as
-//	lasting.go       problems logged once while they last
 //
 // The glue logs each decision once; the packages below it never log.
 package plugin

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
@@ -73,7 +74,7 @@ func rule(err error) string {
 		return "notRecorded"
 	case errors.Is(err, mps.ErrNotServed):
 		return "mps"
-	case errors.Is(err, ErrClaimsUnknown):
+	case errors.Is(err, link.ErrClaimsUnknown):
 		return "claimsUnknown"
 	}
 	return "other"
@@ -82,9 +83,3 @@ func rule(err error) string {
 // ErrConfig is wrapped by Serve's error when the runtime handed the plugin
 // a configuration it rejected.
 var ErrConfig = errors.New("invalid configuration")
-
-// ErrClaimsUnknown is wrapped by the error for a container of a pod that
-// may use a prepared DRA claim (one of the claim's namespace), when the
-// DRA driver cannot tell in time which claims the container uses (the
-// API server is down or slow): it would run without its devices.
-var ErrClaimsUnknown = errors.New("which DRA claims the container uses cannot be told")

@@ -79,6 +79,6 @@ func (p *Plugin) generate(lib nvml.Interface, path string) (string, bool, error)
 		_, err := adjust.WithoutHooks(spec, specs.LibrarySonames(spec))
 		return err
 	}
-	opts := nvidia.Options{DriverRoot: p.inForce.start.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.flags.hookPath, CreateControlNodes: true}
+	opts := nvidia.Options{DriverRoot: p.inForce.start.DriverRoot, Kind: cfg.DefaultKind, HookPath: p.flags.config.HookPath, CreateControlNodes: true}
 	return nvidia.Refresh(lib, path, opts, edit)
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/nri-gpu/nri-gpu/internal/lasting"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/inventory"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
@@ -26,7 +27,7 @@ type mpsSharing struct {
 	current interface{ state() *state }
 	// mu serializes keep; problems are logged once while they last.
 	mu       sync.Mutex
-	problems lasting
+	problems lasting.Problems
 }
 
 // sharing returns MPS on the node as snap shows it, under pol (bound to
@@ -83,7 +84,7 @@ func (m *mpsSharing) report(events []mps.Event, errs []error) {
 	for _, err := range errs {
 		current[err.Error()] = ""
 	}
-	appeared, _ := m.problems.update(current)
+	appeared, _ := m.problems.Update(current)
 	for _, msg := range appeared {
 		m.log.Warn(msg)
 	}

@@ -37,7 +37,7 @@ func WithNVML(lib nvml.Interface) Option { return func(p *Plugin) { p.flags.nvml
 
 // WithHookPath has the specs the plugin generates name path as their CDI
 // hook, instead of the plugin's own executable.
-func WithHookPath(path string) Option { return func(p *Plugin) { p.flags.hookPath = path } }
+func WithHookPath(path string) Option { return func(p *Plugin) { p.flags.config.HookPath = path } }
 
 // WithStateFile has the plugin keep what pods hold in the file at path
 // (the --state-file flag), from which a restarted plugin learns it again.

@@ -14,7 +14,7 @@ import (
 // the file's, a reload's and the runtime's alike.
 type overrides struct {
 	// config are the flags that override keys of the configuration
-	// (--cdi-spec-dirs, --generate-specs).
+	// (--cdi-spec-dirs, --generate-specs, --hook-path).
 	config config.Overrides
 	// nvml, when set, replaces the driver's NVML (tests).
 	nvml nvml.Interface
@@ -25,8 +25,4 @@ type overrides struct {
 	// stop (--take-over).
 	record   *record.File
 	takeOver context.Context
-	// hookPath is the CDI hook that the specs the plugin generates name
-	// (nri-gpu itself, by default), which the policy allows
-	// (--hook-path).
-	hookPath string
 }

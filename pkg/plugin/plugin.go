@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nri-gpu/nri-gpu/internal/lasting"
 	"github.com/nri-gpu/nri-gpu/pkg/access"
 	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
@@ -78,7 +78,7 @@ type Plugin struct {
 	logged struct {
 		// problems are the spec problems, by spec file; sharing the
 		// devices two policy.sharing entries match.
-		problems, sharing lasting
+		problems, sharing lasting.Problems
 	}
 }
 
@@ -145,7 +145,7 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	p.recovered = recovery.New(p.life.closed.Done(), nil)
 	p.node.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.node.alloc, log: log, current: p}
 	if self, err := os.Executable(); err == nil {
-		p.flags.hookPath = self
+		p.flags.config.HookPath = self
 		p.flags.mpsStart = mps.InShm(self, mps.ShmCommand)
 	}
 	for _, o := range opts {
@@ -234,15 +234,9 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 		return nil, err
 	}
 	p.logProblems(reg.Snapshot())
-	// The hook of the specs nri-gpu generates, nri-gpu itself by
-	// default, is as trusted as the plugin.
-	rules := cfg.Policy
-	if p.flags.hookPath != "" && !slices.Contains(rules.HookPaths, p.flags.hookPath) {
-		rules.HookPaths = append(slices.Clone(rules.HookPaths), p.flags.hookPath)
-	}
 	// Whether a device is shared follows its hardware: the names it
 	// goes by in a snapshot of the specs (policyIn binds a decision's).
-	st := &state{cfg: cfg, parser: parser, policy: policy.New(rules), specs: reg}
+	st := &state{cfg: cfg, parser: parser, policy: policy.New(cfg.Policy), specs: reg}
 	snap := reg.Snapshot()
 	if err := p.node.hw.PolicyIn(st.policy, snap).CheckSharing(snap.Trusted()); err != nil {
 		reg.Close()
@@ -258,7 +252,7 @@ func (p *Plugin) logProblems(s *specs.Snapshot) {
 	for path, errs := range s.Problems {
 		current[path] = errors.Join(errs...).Error()
 	}
-	appeared, gone := p.logged.problems.update(current)
+	appeared, gone := p.logged.problems.Update(current)
 	for _, path := range appeared {
 		p.log.WithField("spec", path).Warnf("CDI spec not used: %s", current[path])
 	}
@@ -285,7 +279,7 @@ func (p *Plugin) logSharing(s *specs.Snapshot) {
 			}
 		}
 	}
-	appeared, gone := p.logged.sharing.update(current)
+	appeared, gone := p.logged.sharing.Update(current)
 	for _, msg := range appeared {
 		p.log.Warnf("%s; until then the device is refused", msg)
 	}
@@ -413,7 +407,7 @@ func (p *Plugin) parseRuntimeConfig(cfg string) (*state, error) {
 // connection, and while it reconnects after losing one.
 func (p *Plugin) Ready() error {
 	switch {
-	case !p.conn.isSynced():
+	case !p.conn.synced.Load():
 		return fmt.Errorf("%w: not registered with the runtime (connecting)", ErrNotReady)
 	case p.state().specs.Snapshot() == nil:
 		return fmt.Errorf("%w: no snapshot of the CDI specs yet", ErrNotReady)

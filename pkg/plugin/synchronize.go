@@ -55,7 +55,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		p.log.Warnf("removing the access files of containers of pods gone: %v", err)
 	}
 	p.saveAndNotify()
-	p.conn.setSynced()
+	p.conn.synced.Store(true)
 	for _, s := range found.Stop {
 		p.stopUnserved(s)
 	}
