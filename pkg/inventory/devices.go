@@ -92,11 +92,21 @@ func (inv *Inventory) Info(snap *specs.Snapshot, kind string, d specs.Device) li
 	return info
 }
 
-// DCGMEntity returns the UUID and GPU instance id by which NVIDIA's DCGM
-// exporter labels a device's series: a whole GPU's UUID and no instance;
-// a MIG device's GPU's UUID and its GPU instance, as NVML tells them;
-// the MIG device's own UUID and no instance where NVML does not tell.
-func (inv *Inventory) DCGMEntity(info link.Info) (uuid, instance string) {
+// DCGMEntity returns the UUID, GPU index and GPU instance id by which
+// NVIDIA's DCGM exporter labels a device's series: a whole GPU's UUID and
+// index, no instance; a MIG device's GPU's UUID and index and its GPU
+// instance, as NVML tells them; the MIG device's own UUID and no
+// instance where NVML does not tell; "" for what is not known.
+func (inv *Inventory) DCGMEntity(info link.Info) (uuid, index, instance string) {
+	if info.Index >= 0 {
+		index = strconv.Itoa(info.Index)
+	}
+	uuid, instance = inv.dcgmInstance(info)
+	return uuid, index, instance
+}
+
+// dcgmInstance returns DCGMEntity's UUID and GPU instance.
+func (inv *Inventory) dcgmInstance(info link.Info) (uuid, instance string) {
 	if info.Type != link.TypeMIG || info.ParentUUID == "" {
 		return info.UUID, ""
 	}

@@ -168,15 +168,21 @@ func TestInfo(t *testing.T) {
 	if m.Type != link.TypeMIG || m.ParentUUID != parent || m.MemoryBytes != 0 || m.Index != 0 {
 		t.Errorf("MIG device 0:1: %+v; want its GPU's UUID as parent, no memory of its own", m)
 	}
-	if uuid, gi := inv.DCGMEntity(m); uuid != parent || gi != "5" {
-		t.Errorf("MIG device 0:1 for DCGM: %s %s, want its GPU's UUID and GPU instance 5", uuid, gi)
+	if uuid, index, gi := inv.DCGMEntity(m); uuid != parent || index != "0" || gi != "5" {
+		t.Errorf("MIG device 0:1 for DCGM: %s %q %s, want its GPU's UUID and index 0, GPU instance 5", uuid, index, gi)
 	}
 	named := inv.Info(snap, config.DefaultKind, dev(t, snap, "nvidia.com/gpu=MIG-bbb"))
-	if uuid, gi := inv.DCGMEntity(named); uuid != parent || gi != "3" {
+	if uuid, _, gi := inv.DCGMEntity(named); uuid != parent || gi != "3" {
 		t.Errorf("MIG device MIG-bbb for DCGM: %s %s, want its GPU's UUID and GPU instance 3", uuid, gi)
 	}
-	if uuid, gi := inv.DCGMEntity(gpu1); uuid != uuid1 || gi != "" {
-		t.Errorf("GPU 1 for DCGM: %s %q, want its UUID alone", uuid, gi)
+	if uuid, index, gi := inv.DCGMEntity(gpu1); uuid != uuid1 || index != "1" || gi != "" {
+		t.Errorf("GPU 1 for DCGM: %s %q %q, want its UUID and index 1 alone", uuid, index, gi)
+	}
+	// A MIG device NVML has no parent of: labelled as itself.
+	orphan := m
+	orphan.ParentUUID = ""
+	if uuid, _, gi := inv.DCGMEntity(orphan); uuid != m.UUID || gi != "" {
+		t.Errorf("a MIG device of no known GPU for DCGM: %s %q, want its own UUID, no instance", uuid, gi)
 	}
 	if got := inv.Memory(snap, dev(t, snap, "nvidia.com/gpu=1")); got != int64(gpu1.MemoryBytes) {
 		t.Errorf("GPU 1's memory %d, want %d", got, gpu1.MemoryBytes)
@@ -188,8 +194,11 @@ func TestInfo(t *testing.T) {
 		t.Errorf("GPU 1's UUID %q, want NVML's %s", got, uuid1)
 	}
 	nic := inv.Info(snap, "example.com/nic", dev(t, snap, "example.com/nic=0"))
-	if nic.Type != "" || nic.UUID != "" || nic.Name != "0" {
+	if nic.Type != "" || nic.UUID != "" || nic.Name != "0" || nic.Index != -1 || nic.Minor != -1 {
 		t.Errorf("a NIC: %+v, want its name only", nic)
+	}
+	if uuid, index, gi := inv.DCGMEntity(nic); uuid+index+gi != "" {
+		t.Errorf("a NIC for DCGM: %q %q %q, want no label", uuid, index, gi)
 	}
 	if len(said) > 0 {
 		t.Errorf("said %q with NVML answering", said)

@@ -23,6 +23,18 @@ const (
 	ResultNone     = "none" // the container asked for nothing
 )
 
+// ResultOf is the result of a request that was denied, or gave
+// devices devices.
+func ResultOf(denied bool, devices int) string {
+	switch {
+	case denied:
+		return ResultDenied
+	case devices == 0:
+		return ResultNone
+	}
+	return ResultInjected
+}
+
 // Metrics records nri-gpu's metrics in a registry of its own.
 type Metrics struct {
 	registry  *prometheus.Registry

@@ -106,3 +106,23 @@ func scrapeAll(t *testing.T, m *metrics.Metrics) string {
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	return rec.Body.String()
 }
+
+// TestResultOf: a request is counted denied whatever it would have
+// given, none when it gave no device, injected otherwise.
+func TestResultOf(t *testing.T) {
+	for _, tc := range []struct {
+		denied  bool
+		devices int
+		want    string
+	}{
+		{denied: true, devices: 1, want: metrics.ResultDenied},
+		{denied: true, want: metrics.ResultDenied},
+		{want: metrics.ResultNone},
+		{devices: 1, want: metrics.ResultInjected},
+		{devices: 8, want: metrics.ResultInjected},
+	} {
+		if got := metrics.ResultOf(tc.denied, tc.devices); got != tc.want {
+			t.Errorf("denied %t, %d devices: %q, want %q", tc.denied, tc.devices, got, tc.want)
+		}
+	}
+}

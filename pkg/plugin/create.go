@@ -54,14 +54,7 @@ func (p *Plugin) Create(ctx context.Context, pod *api.PodSandbox, ctr *api.Conta
 	defer cancel()
 	adj, grant, err := p.serve(ctx, req, log)
 	devices, score := specs.Names(grant.Devices), grant.Score
-	result := metrics.ResultInjected
-	switch {
-	case err != nil:
-		result = metrics.ResultDenied
-	case len(devices) == 0:
-		result = metrics.ResultNone
-	}
-	p.metrics.Request(result, rule(err), time.Since(start))
+	p.metrics.Request(metrics.ResultOf(err != nil, len(devices)), rule(err), time.Since(start))
 	if err != nil {
 		log.Errorf("denied: %v", err)
 		return nil, grant, bounded(fmt.Errorf("nri-gpu: container %q of pod %s/%s: %w",
@@ -271,9 +264,6 @@ func (p *Plugin) commit(pol *policy.Policy, plan policy.Plan) (policy.Grant, err
 // without claims, said in the log. It waits as long as ctx lets it (the
 // request's share of the runtime's patience).
 func (p *Plugin) claimDevices(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]string, []policy.ClaimDevice, error) {
-	if p.doors.claims == nil {
-		return nil, nil, nil
-	}
 	ref := link.PodRef{Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: pod.GetUid()}
 	uids, devs, err := link.Used(ctx, p.doors.claims, p.node.alloc, ref, ctr.GetName())
 	if errors.Is(err, link.ErrNoClaimMay) {

@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"strconv"
 	"time"
 
 	"github.com/nri-gpu/nri-gpu/pkg/inventory"
@@ -54,10 +53,7 @@ func (p *Plugin) metricsDevice(ctx context.Context, pol *policy.Policy, snap *sp
 		Name:   x.Name,
 		Shares: u.Capacity.Shares, SharesUsed: u.Used.Shares, Memory: u.Capacity.Memory, MemoryUsed: u.Used.Memory,
 	}
-	dev.UUID, dev.GPUInstance = p.node.hw.DCGMEntity(info)
-	if info.Index >= 0 {
-		dev.Index = strconv.Itoa(info.Index)
-	}
+	dev.UUID, dev.Index, dev.GPUInstance = p.node.hw.DCGMEntity(info)
 	sh := p.node.mps.sharing(pol, snap)
 	w, s, _ := sh.Of(x) // one nri-gpu cannot bound has no daemon to tell of
 	if w != nil {

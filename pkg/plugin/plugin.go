@@ -339,8 +339,13 @@ func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api
 		log.Info("connected to runtime")
 		return ev, nil
 	}
-	st, err := p.parseRuntimeConfig(cfg)
+	c, err := config.Parse([]byte(cfg))
+	var st *state
+	if err == nil {
+		st, err = p.reloaded(c)
+	}
 	if err != nil {
+		err = fmt.Errorf("configuration from runtime: %w", err)
 		p.conn.configured(err)
 		return 0, err
 	}
@@ -387,18 +392,6 @@ func (p *Plugin) reloaded(cfg *config.Config) (*state, error) {
 		return nil, fmt.Errorf("%w: %s is read at start: restart nri-gpu to change it (a pre-registered nri-gpu reads its start block from --config)", ErrStartOnly, strings.Join(keys, ", "))
 	}
 	return p.newState(cfg)
-}
-
-func (p *Plugin) parseRuntimeConfig(cfg string) (*state, error) {
-	c, err := config.Parse([]byte(cfg))
-	if err != nil {
-		return nil, fmt.Errorf("configuration from runtime: %w", err)
-	}
-	st, err := p.reloaded(c)
-	if err != nil {
-		return nil, fmt.Errorf("configuration from runtime: %w", err)
-	}
-	return st, nil
 }
 
 // Ready returns nil when the plugin is registered with the runtime (it

@@ -59,7 +59,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	for _, s := range found.Stop {
 		p.stopUnserved(s)
 	}
-	if check := p.claimless(found.Others); len(check) > 0 {
+	if check := recovery.MayUseClaims(found.Others, p.node.alloc.Claims()); p.doors.claims != nil && len(check) > 0 {
 		// The DRA driver answers once it runs, after this.
 		go p.stopClaimless(check)
 	}

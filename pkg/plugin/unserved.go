@@ -46,15 +46,6 @@ const (
 	NotStoppedReason = "NotStoppedByNRIGPU"
 )
 
-// claimless returns the running containers of found that may use a
-// prepared claim nri-gpu did not give them, none without DRA.
-func (p *Plugin) claimless(found []recovery.Stopping) []recovery.Stopping {
-	if p.doors.claims == nil {
-		return nil
-	}
-	return recovery.MayUseClaims(found, p.node.alloc.Claims())
-}
-
 // stopClaimless asks, for each container of check (running, created
 // while nri-gpu was away, in a pod that may use a prepared claim), which
 // prepared claims it uses, and stops it, with the reason, when it lacks

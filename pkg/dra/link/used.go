@@ -25,8 +25,12 @@ var ErrNoClaimMay = errors.New("no DRA claim of this pod's namespace is prepared
 // (ErrNotReserved), as is one pool has not prepared. When f cannot tell,
 // the error wraps ErrClaimsUnknown if a prepared claim may be used by the
 // pod (policy.Claim.MayBeUsedBy), ErrNoClaimMay otherwise. It waits as
-// long as ctx lets it.
+// long as ctx lets it. Without a driver (f nil: DRA is off) a container
+// uses no claim.
 func Used(ctx context.Context, f Finder, pool *policy.Allocations, pod PodRef, container string) ([]string, []policy.ClaimDevice, error) {
+	if f == nil {
+		return nil, nil, nil
+	}
 	uses, err := f.Uses(ctx, pod, container)
 	if errors.Is(err, ErrNotReserved) {
 		return nil, nil, err

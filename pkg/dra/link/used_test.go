@@ -51,6 +51,7 @@ func TestUsed(t *testing.T) {
 		{name: "one request", namespace: "team", f: answers([]link.ClaimUse{{UID: "u1", Namespace: "team", Name: "gpus", Requests: []string{"b"}}}, nil),
 			uids: []string{"u1"}, devices: []string{"nvidia.com/gpu=1"}},
 		{name: "none", namespace: "team", f: answers(nil, nil)},
+		{name: "no DRA driver", namespace: "team"},
 		{name: "not prepared", namespace: "team", f: answers([]link.ClaimUse{{UID: "u2", Namespace: "team", Name: "other"}}, nil),
 			err: policy.ErrNotPrepared, words: "claim team/other"},
 		{name: "not reserved", namespace: "team", f: answers(nil, fmt.Errorf("claim x: %w", link.ErrNotReserved)), err: link.ErrNotReserved},
