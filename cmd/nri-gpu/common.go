@@ -10,7 +10,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/nri-gpu/nri-gpu/internal/logflags"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 )
 
@@ -28,23 +27,6 @@ func addConfigFlags(fs *flag.FlagSet) configFlags {
 			strings.Join(config.DefaultCDISpecDirs, ",")+")"),
 	}
 }
-
-// logFlags are the flags of the commands that run until stopped and log
-// as they go (the plugin, the relay).
-type logFlags struct {
-	level, format *string
-}
-
-// addLogFlags defines --log-level and --log-format on fs.
-func addLogFlags(fs *flag.FlagSet) logFlags {
-	return logFlags{
-		level:  fs.String("log-level", "info", "log level: debug, info, warn or error"),
-		format: fs.String("log-format", "text", "log format: text or json"),
-	}
-}
-
-// apply sets log's level and format as the flags say.
-func (f logFlags) apply(log *logrus.Logger) error { return logflags.Apply(log, *f.level, *f.format) }
 
 // load loads the configuration the flags name.
 func (f configFlags) load() (*config.Config, error) { return loadConfig(*f.file, *f.specDirs) }
@@ -73,20 +55,6 @@ func quietLogger() *logrus.Logger {
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	return log
-}
-
-// keyValues is a repeatable KEY=VALUE flag.
-type keyValues map[string]string
-
-func (kv keyValues) String() string { return fmt.Sprint(map[string]string(kv)) }
-
-func (kv keyValues) Set(s string) error {
-	k, v, ok := strings.Cut(s, "=")
-	if !ok || k == "" {
-		return fmt.Errorf("%q is not KEY=VALUE", s)
-	}
-	kv[k] = v
-	return nil
 }
 
 // EnvPrefix starts the environment variable of every flag: --state-file

@@ -82,19 +82,6 @@ func (f *pluginFlagSet) options(ctx context.Context, cfg *config.Config) ([]plug
 	return popts, nil
 }
 
-// doors are what serve the pool beside the runtime's requests, each run
-// until its context is done: early ones before the plugin is built (the
-// DRA driver of a rolling update, registered with kubelet while the
-// nri-gpu this one takes over from still serves), the others once it is;
-// views are what they serve, given the plugin's views once it is built.
-type doors struct {
-	opts         []plugin.Option
-	early, later []func(context.Context)
-	resources    map[*deviceplugin.Later]config.Resource
-	dra          *link.Later
-	draCfg       config.DRA
-}
-
 // openDoors returns the device plugins, the DRA driver and the pods'
 // events that cfg's start block turns on.
 func (f *pluginFlagSet) openDoors(cfg *config.Config, stderr io.Writer, log *logrus.Logger, fail context.CancelCauseFunc) (*doors, error) {
@@ -136,16 +123,6 @@ func (f *pluginFlagSet) openDoors(cfg *config.Config, stderr io.Writer, log *log
 		d.opts, d.later = append(d.opts, plugin.WithEvents(sink)), append(d.later, run)
 	}
 	return d, nil
-}
-
-// serveViews gives the doors the plugin's views of what they serve.
-func (d *doors) serveViews(p *plugin.Plugin) {
-	for view, r := range d.resources {
-		view.Set(p.Resource(r))
-	}
-	if d.dra != nil {
-		d.dra.Set(p.DRAView(d.draCfg))
-	}
 }
 
 // serveMetrics serves the metrics and probes at the flag's address when
