@@ -4,6 +4,8 @@ import (
 	"slices"
 	"sync"
 
+	"tags.cncf.io/container-device-interface/pkg/parser"
+
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -19,6 +21,25 @@ type Offer struct {
 	// device plugin: of an unshared device 0 or 1, of a shared one the
 	// replicas left.
 	Room int
+}
+
+// Offers returns what a device plugin offers kubelet of hardware, each
+// device by its name within its kind, with how many more holders pool
+// has room for through the device plugin as pol judges it with ch (the
+// admission asked on no one's behalf: healthy, hooks allowed, beside
+// what holders kubelet does not account for hold), and a shared device's
+// replicas.
+func Offers(hardware []specs.Device, pol *policy.Policy, pool *policy.Allocations, ch policy.Choice) []Offer {
+	offers := make([]Offer, 0, len(hardware))
+	for _, c := range hardware {
+		_, _, id := parser.ParseDevice(c.Name)
+		off := Offer{ID: id, Room: pool.Room(pol, c, policy.DevicePlugin, ch)}
+		if share := pol.Sharing(c); share != nil {
+			off.Replicas = share.Replicas
+		}
+		offers = append(offers, off)
+	}
+	return offers
 }
 
 // Offered is what one resource has offered kubelet so far. The zero

@@ -1,11 +1,15 @@
 package deviceplugin_test
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
@@ -90,6 +94,57 @@ func TestPrefer(t *testing.T) {
 			got := deviceplugin.Prefer(tc.devs, tc.available, tc.mustInclude, tc.size, footprint, tc.links)
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestOffers: a device plugin offers each device by its name within its
+// kind, with room for one holder while no pod holds it through another
+// door and it is healthy, a shared one its replicas with the room they
+// have left.
+func TestOffers(t *testing.T) {
+	snap := testutil.Snapshot(t, testutil.GPUSpec(3))
+	pol := policy.New(config.Policy{Devices: config.DefaultDevices, Namespaces: []string{"*"},
+		Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=1"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}})
+	gpus := snap.Candidates(config.DefaultKind)
+	held := policy.NewAllocations()
+	if err := held.Restore(pol, []policy.Holding{
+		{Pod: policy.Pod{ID: "a", Namespace: "ns", Name: "a"}, Named: gpus[0:1]},
+		{Pod: policy.Pod{ID: "b", Namespace: "ns", Name: "b"}, Named: gpus[1:2]},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sick := errors.New("lost")
+	for _, tc := range []struct {
+		name     string
+		hardware []specs.Device
+		pool     *policy.Allocations
+		ch       policy.Choice
+		want     []deviceplugin.Offer
+	}{
+		{name: "free", hardware: gpus, pool: policy.NewAllocations(),
+			want: []deviceplugin.Offer{{ID: "0", Room: 1}, {ID: "1", Replicas: 2, Room: 2}, {ID: "2", Room: 1}}},
+		{name: "one of them", hardware: gpus[1:2], pool: policy.NewAllocations(),
+			want: []deviceplugin.Offer{{ID: "1", Replicas: 2, Room: 2}}},
+		{name: "held by annotations", hardware: gpus, pool: held,
+			want: []deviceplugin.Offer{{ID: "0", Room: 0}, {ID: "1", Replicas: 2, Room: 1}, {ID: "2", Room: 1}}},
+		{name: "unhealthy", hardware: gpus, pool: policy.NewAllocations(),
+			ch: policy.Choice{Unhealthy: func(d specs.Device) error {
+				if d.Name == "nvidia.com/gpu=2" {
+					return sick
+				}
+				return nil
+			}},
+			want: []deviceplugin.Offer{{ID: "0", Room: 1}, {ID: "1", Replicas: 2, Room: 2}, {ID: "2", Room: 0}}},
+		{name: "none"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.ch.Hooks == nil {
+				tc.ch.Hooks = snap.Hooks
+			}
+			if got := deviceplugin.Offers(tc.hardware, pol, tc.pool, tc.ch); !slices.Equal(got, tc.want) {
+				t.Errorf("offers %+v, want %+v", got, tc.want)
 			}
 		})
 	}

@@ -1,9 +1,6 @@
 package inventory
 
 import (
-	"tags.cncf.io/container-device-interface/pkg/parser"
-
-	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -45,26 +42,6 @@ func (inv *Inventory) Offers(snap *specs.Snapshot, pol *policy.Policy, pool *pol
 		}
 	}
 	return out
-}
-
-// KubeletOffers returns what a device plugin of kind offers kubelet
-// (deviceplugin.Offered lists them): each device of kind matching globs
-// and allowed by policy.devices, one name per piece of hardware, never
-// "all", with how many more holders the pool has room for through the
-// device plugin, as pol judges them: healthy, hooks allowed, beside what
-// holders kubelet does not account for hold; a shared device's replicas.
-func (inv *Inventory) KubeletOffers(snap *specs.Snapshot, pol *policy.Policy, pool *policy.Allocations, kind string, globs []string) []deviceplugin.Offer {
-	ch := policy.Choice{Unhealthy: inv.Unhealthy(snap), Hooks: snap.Hooks}
-	var offers []deviceplugin.Offer
-	for _, c := range Hardware(snap, pol, kind, globs, nil) {
-		_, _, id := parser.ParseDevice(c.Name)
-		off := deviceplugin.Offer{ID: id, Room: pool.Room(pol, c, policy.DevicePlugin, ch)}
-		if share := pol.Sharing(c); share != nil {
-			off.Replicas = share.Replicas
-		}
-		offers = append(offers, off)
-	}
-	return offers
 }
 
 // Pieces returns the pieces of hardware the trusted specs of snap list,

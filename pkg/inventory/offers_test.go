@@ -6,7 +6,6 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
-	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/inventory"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
@@ -58,51 +57,6 @@ func TestOffers(t *testing.T) {
 	}
 	if _, ok := offered(pool, "*")["nvidia.com/gpu=0"]; ok {
 		t.Error("GPU 0, held by a pod's annotation: offered")
-	}
-}
-
-// TestKubeletOffers: a device plugin offers kubelet each device of its
-// kind its globs match, by its name within the kind, with room for one
-// holder while no pod holds it through another door, a shared one's
-// replicas with the room they have left; a device whose nodes are gone
-// has no room.
-func TestKubeletOffers(t *testing.T) {
-	snap := node(t, "nic0")
-	inv := inventory.New("/", testutil.NVML(2), func(string, ...any) {})
-	pol := inv.PolicyIn(policy.New(config.Policy{Devices: []string{"*/*"}, Namespaces: []string{"*"},
-		Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=1"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}}), snap)
-	pool := policy.NewAllocations()
-	held := []policy.Holding{
-		{Pod: policy.Pod{ID: "a", Namespace: "ns", Name: "a"}, Named: []specs.Device{dev(t, snap, "nvidia.com/gpu=0")}},
-		{Pod: policy.Pod{ID: "b", Namespace: "ns", Name: "b"}, Named: []specs.Device{dev(t, snap, "nvidia.com/gpu=1")}},
-	}
-	if err := pool.Restore(pol, held); err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		name  string
-		pool  *policy.Allocations
-		kind  string
-		globs []string
-		want  []deviceplugin.Offer
-	}{
-		{name: "free", pool: policy.NewAllocations(), kind: "nvidia.com/gpu", globs: []string{"*"},
-			want: []deviceplugin.Offer{{ID: "0", Room: 1}, {ID: "1", Replicas: 2, Room: 2}}},
-		{name: "one glob", pool: policy.NewAllocations(), kind: "nvidia.com/gpu", globs: []string{"1"},
-			want: []deviceplugin.Offer{{ID: "1", Replicas: 2, Room: 2}}},
-		{name: "held by annotations", pool: pool, kind: "nvidia.com/gpu", globs: []string{"*"},
-			want: []deviceplugin.Offer{{ID: "0", Room: 0}, {ID: "1", Replicas: 2, Room: 1}}},
-		{name: "nodes gone", pool: policy.NewAllocations(), kind: "example.com/nic", globs: []string{"*"},
-			want: []deviceplugin.Offer{{ID: "0", Room: 0}}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := inv.KubeletOffers(snap, pol, tc.pool, tc.kind, tc.globs); !slices.Equal(got, tc.want) {
-				t.Errorf("offers %+v, want %+v", got, tc.want)
-			}
-		})
-	}
-	if err := pool.Restore(pol, held); err != nil {
-		t.Fatal(err)
 	}
 }
 

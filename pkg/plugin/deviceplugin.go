@@ -5,6 +5,8 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/deviceplugin"
+	"github.com/nri-gpu/nri-gpu/pkg/inventory"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
@@ -30,7 +32,9 @@ type Resource struct {
 // and claims use are unhealthy, the last ones (deviceplugin.Offered).
 func (r *Resource) Devices() []deviceplugin.Device {
 	_, snap, pol := r.p.decision()
-	return r.offered.Devices(r.p.node.hw.KubeletOffers(snap, pol, r.p.node.alloc, r.cfg.Kind, r.cfg.Devices))
+	hardware := inventory.Hardware(snap, pol, r.cfg.Kind, r.cfg.Devices, nil)
+	ch := policy.Choice{Unhealthy: r.p.node.hw.Unhealthy(snap), Hooks: snap.Hooks}
+	return r.offered.Devices(deviceplugin.Offers(hardware, pol, r.p.node.alloc, ch))
 }
 
 // Preferred chooses size devices among available, mustInclude first, as

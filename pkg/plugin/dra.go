@@ -41,7 +41,8 @@ func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
 func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []link.Allocated) error {
 	_, snap, pol := c.p.decision()
 	asked := link.Asked(snap, allocated)
-	ch := policy.Choice{Unhealthy: c.p.node.hw.Unhealthy(snap), Kubelet: c.p.kubeletAllocations(ctx, snap, policy.PodName{}, c.log(claim))}
+	log := c.p.log.WithFields(logrus.Fields{"namespace": claim.Namespace, "claim": claim.Name})
+	ch := policy.Choice{Unhealthy: c.p.node.hw.Unhealthy(snap), Kubelet: c.p.kubeletAllocations(ctx, snap, policy.PodName{}, log)}
 	admitted, err := c.p.node.alloc.AdmitClaim(pol, claim, asked, ch)
 	if err != nil || admitted == nil {
 		return err // refused, or kubelet asked again: nothing new to record
@@ -68,11 +69,6 @@ func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []l
 		return fmt.Errorf("%s: %w", claim, err)
 	}
 	return nil
-}
-
-// log returns the plugin's log with the claim's namespace and name.
-func (c *DRAView) log(claim policy.Claim) logrus.FieldLogger {
-	return c.p.log.WithFields(logrus.Fields{"namespace": claim.Namespace, "claim": claim.Name})
 }
 
 // Unprepare releases what a claim holds, and records it. When the record

@@ -143,7 +143,6 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	p := &Plugin{log: log, node: node{alloc: policy.NewAllocations()}, stopper: recovery.Killer{Proc: "/proc"}}
 	p.life.closed, p.life.cancel = context.WithCancel(context.Background())
 	p.recovered = recovery.New(p.life.closed.Done(), nil)
-	p.node.mps = &mpsSharing{cfg: cfg.Start.MPS, alloc: p.node.alloc, log: log, current: p}
 	if self, err := os.Executable(); err == nil {
 		p.flags.config.HookPath = self
 		p.flags.mpsStart = mps.InShm(self, mps.ShmCommand)
@@ -156,9 +155,9 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 		start = p.flags.mpsStart
 	}
 	p.node.hw = inventory.New(cfg.Start.DriverRoot, p.flags.nvml, log.Infof)
-	p.node.mps.hw = p.node.hw
 	p.node.rec = record.NewKeeper(p.flags.record, p.node.alloc)
-	p.node.mps.mgr = mps.NewManager(start, mps.NVMLModes{Lib: p.node.hw.Lib}, p.node.rec)
+	mgr := mps.NewManager(start, mps.NVMLModes{Lib: p.node.hw.Lib}, p.node.rec)
+	p.node.mps = &mpsSharing{cfg: cfg.Start.MPS, mgr: mgr, alloc: p.node.alloc, hw: p.node.hw, log: log, current: p}
 	st, err := p.newState(cfg)
 	if err != nil {
 		return nil, err

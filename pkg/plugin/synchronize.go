@@ -73,17 +73,13 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 // watchSandboxes watches the sandbox of each live pod reported with no
 // container, its end told only by its sandbox's.
 func (p *Plugin) watchSandboxes(reported recovery.Reported) {
-	for id := range reported.Live {
-		if reported.WithContainers[id] {
-			continue
-		}
-		pod := reported.Sandboxes[id]
+	for _, pod := range reported.Alone() {
 		log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()})
 		ended := func() {
 			log.Info("the pod's sandbox ended with no container: what it held is released (the runtime restarted, and tells nothing else of its end)")
 			p.release(pod)
 		}
-		if err := p.recovered.Watch(id, int(pod.GetPid()), ended); err != nil {
+		if err := p.recovered.Watch(pod.GetId(), int(pod.GetPid()), ended); err != nil {
 			log.Debugf("a pod with no container: its end is told by its next container's removal, not by its sandbox's (%v)", err)
 		}
 	}

@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -46,6 +47,18 @@ func Sort(pods []*api.PodSandbox, containers []*api.Container) Reported {
 		}
 	}
 	return s
+}
+
+// Alone returns the live pods reported with no container, by ID: their
+// end is told only by their sandbox's.
+func (r Reported) Alone() []*api.PodSandbox {
+	var out []*api.PodSandbox
+	for _, id := range slices.Sorted(maps.Keys(r.Live)) {
+		if !r.WithContainers[id] {
+			out = append(out, r.Sandboxes[id])
+		}
+	}
+	return out
 }
 
 // Stopping is a running container to stop, and why.

@@ -65,6 +65,13 @@ func TestSort(t *testing.T) {
 	if !got.WithContainers["runs"] || !got.WithContainers["stopped"] || got.WithContainers["empty"] {
 		t.Errorf("with containers %v, want runs and stopped", got.WithContainers)
 	}
+	var alone []string
+	for _, pod := range got.Alone() {
+		alone = append(alone, pod.GetId())
+	}
+	if want := []string{"empty"}; !slices.Equal(alone, want) {
+		t.Errorf("live pods alone %v, want %v", alone, want)
+	}
 }
 
 func TestFind(t *testing.T) {
