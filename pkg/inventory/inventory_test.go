@@ -141,6 +141,34 @@ func TestHardware(t *testing.T) {
 	}
 }
 
+// TestKinds: the default kind first, then the others in order of their
+// names, whatever the order of their devices' names ("nic-b=0" sorts
+// before "nic=0", kind nic before kind nic-b).
+func TestKinds(t *testing.T) {
+	spec := func(kind string) string {
+		return fmt.Sprintf("cdiVersion: \"0.6.0\"\nkind: %s\ndevices:\n  - name: \"0\"\n    containerEdits: {deviceNodes: [{path: /dev/x, type: c, major: 240, minor: %d}]}\n", kind, len(kind))
+	}
+	snap := testutil.Snapshot(t, spec("example.com/nic-b"), spec("example.com/nic"), testutil.GPUSpec(1))
+	want := []string{"nvidia.com/gpu", "example.com/nic", "example.com/nic-b"}
+	if got := inventory.Kinds(snap, "nvidia.com/gpu"); !slices.Equal(got, want) {
+		t.Errorf("kinds %v, want %v", got, want)
+	}
+}
+
+// TestUUIDOfItsKind: a GPU's UUID is a name of its hardware in its own
+// kind: a device of another kind on the same nodes, named like a UUID,
+// does not name it.
+func TestUUIDOfItsKind(t *testing.T) {
+	other := "cdiVersion: \"0.6.0\"\nkind: other.com/gpu\ndevices:\n  - name: GPU-zzz\n    containerEdits: {deviceNodes: [{path: /dev/nvidia1, type: c, major: 195, minor: 1}]}\n"
+	snap := testutil.Snapshot(t, testutil.GPUSpec(2), other)
+	if id := inventory.Identify(snap, dev(t, snap, "nvidia.com/gpu=1")); id.UUID != "" || id.Index != 1 {
+		t.Errorf("GPU 1: %+v, want index 1 and no UUID", id)
+	}
+	if id := inventory.Identify(snap, dev(t, snap, "other.com/gpu=GPU-zzz")); id.UUID != "GPU-zzz" {
+		t.Errorf("other.com/gpu=GPU-zzz: %+v, want its own name as UUID", id)
+	}
+}
+
 // mig gives GPU 0 of s MIG devices MIG-bbb and MIG-ccc, on GPU
 // instances 3 and 5, and returns GPU 0's UUID.
 func mig(s *dgxa100.Server) string {
@@ -319,4 +347,27 @@ func TestNodesLookedForAgain(t *testing.T) {
 	if err := inv.Unhealthy(snap)(gpu1); err != nil {
 		t.Errorf("GPU 1, its node back: %v, want healthy at once", err)
 	}
+}
+
+// TestNodesLookedForAfterAWhile: a node found present some time ago (more
+// than the second nri-gpu trusts a look at a node for) and removed since
+// is seen gone.
+func TestNodesLookedForAfterAWhile(t *testing.T) {
+	snap := node(t)
+	inv := inventory.New("/", testutil.NVML(2), func(string, ...any) {})
+	gpu1 := dev(t, snap, "nvidia.com/gpu=1")
+	if err := inv.Unhealthy(snap)(gpu1); err != nil {
+		t.Fatalf("GPU 1: %v, want healthy", err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the look above is older than a second
+	e, err := snap.Lookup(gpu1.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(specs.HostPath(e.Device.ContainerEdits.DeviceNodes[0])); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 5*time.Second, "GPU 1's node seen gone", func() bool {
+		return errors.Is(inv.Unhealthy(snap)(gpu1), inventory.ErrNodesGone)
+	})
 }

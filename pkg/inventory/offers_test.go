@@ -55,8 +55,23 @@ func TestOffers(t *testing.T) {
 	if err := pool.Restore(pol, held); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := offered(pool, "*")["nvidia.com/gpu=0"]; ok {
-		t.Error("GPU 0, held by a pod's annotation: offered")
+	if got := offered(pool, "*"); got["nvidia.com/gpu=0"].CDI != "" || got["nvidia.com/gpu=1"].CDI == "" {
+		t.Errorf("GPU 0 held by a pod's annotation: offered %v; want GPU 1 alone of the GPUs", got)
+	}
+}
+
+// TestOffersOneName: of two devices whose names make one DNS label
+// ("a.b", "a_b": nic-a-b), the first is offered.
+func TestOffersOneName(t *testing.T) {
+	nics := "cdiVersion: \"0.6.0\"\nkind: example.com/nic\ndevices:\n" +
+		"  - name: a.b\n    containerEdits: {deviceNodes: [{path: /dev/nica, type: c, major: 240, minor: 1}]}\n" +
+		"  - name: a_b\n    containerEdits: {deviceNodes: [{path: /dev/nicb, type: c, major: 240, minor: 2}]}\n"
+	snap := testutil.Snapshot(t, nics)
+	inv := inventory.New("/", testutil.NVML(0), func(string, ...any) {})
+	pol := inv.PolicyIn(policy.New(config.Policy{Devices: []string{"*/*"}, Namespaces: []string{"*"}}), snap)
+	got := inv.Offers(snap, pol, policy.NewAllocations(), []string{"example.com/nic"}, []string{"*"}, policy.Choice{Hooks: snap.Hooks})
+	if len(got) != 1 || got[0].CDI != "example.com/nic=a.b" || got[0].Info.DeviceName() != "nic-a-b" {
+		t.Errorf("offered %+v, want example.com/nic=a.b alone, as nic-a-b", got)
 	}
 }
 
