@@ -322,52 +322,42 @@ func TestPolicyIn(t *testing.T) {
 
 // TestNodesLookedForAgain: a device node that goes is seen gone within a
 // second or so (one found there is not looked for at every question),
-// and one that comes back is seen at once.
+// whether its last look was just now or longer ago than the second a
+// look is trusted for; one that comes back is seen at once.
 func TestNodesLookedForAgain(t *testing.T) {
-	snap := node(t)
-	inv := inventory.New("/", testutil.NVML(2), func(string, ...any) {})
-	gpu1 := dev(t, snap, "nvidia.com/gpu=1")
-	if err := inv.Unhealthy(snap)(gpu1); err != nil {
-		t.Fatalf("GPU 1: %v, want healthy", err)
+	for _, tc := range []struct {
+		name string
+		// aged is how long after the last look the node goes.
+		aged time.Duration
+	}{
+		{name: "just looked at"},
+		{name: "looked at over a second ago", aged: 1500 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			snap := node(t)
+			inv := inventory.New("/", testutil.NVML(2), func(string, ...any) {})
+			gpu1 := dev(t, snap, "nvidia.com/gpu=1")
+			if err := inv.Unhealthy(snap)(gpu1); err != nil {
+				t.Fatalf("GPU 1: %v, want healthy", err)
+			}
+			time.Sleep(tc.aged) // the look above ages
+			e, err := snap.Lookup(gpu1.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := specs.HostPath(e.Device.ContainerEdits.DeviceNodes[0])
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			testutil.Within(t, 5*time.Second, "GPU 1's node seen gone", func() bool {
+				return errors.Is(inv.Unhealthy(snap)(gpu1), inventory.ErrNodesGone)
+			})
+			if err := os.WriteFile(path, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := inv.Unhealthy(snap)(gpu1); err != nil {
+				t.Errorf("GPU 1, its node back: %v, want healthy at once", err)
+			}
+		})
 	}
-	e, err := snap.Lookup(gpu1.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := specs.HostPath(e.Device.ContainerEdits.DeviceNodes[0])
-	if err := os.Remove(path); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Within(t, 5*time.Second, "GPU 1's node seen gone", func() bool {
-		return errors.Is(inv.Unhealthy(snap)(gpu1), inventory.ErrNodesGone)
-	})
-	if err := os.WriteFile(path, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := inv.Unhealthy(snap)(gpu1); err != nil {
-		t.Errorf("GPU 1, its node back: %v, want healthy at once", err)
-	}
-}
-
-// TestNodesLookedForAfterAWhile: a node found present some time ago (more
-// than the second nri-gpu trusts a look at a node for) and removed since
-// is seen gone.
-func TestNodesLookedForAfterAWhile(t *testing.T) {
-	snap := node(t)
-	inv := inventory.New("/", testutil.NVML(2), func(string, ...any) {})
-	gpu1 := dev(t, snap, "nvidia.com/gpu=1")
-	if err := inv.Unhealthy(snap)(gpu1); err != nil {
-		t.Fatalf("GPU 1: %v, want healthy", err)
-	}
-	time.Sleep(1500 * time.Millisecond) // the look above is older than a second
-	e, err := snap.Lookup(gpu1.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Remove(specs.HostPath(e.Device.ContainerEdits.DeviceNodes[0])); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Within(t, 5*time.Second, "GPU 1's node seen gone", func() bool {
-		return errors.Is(inv.Unhealthy(snap)(gpu1), inventory.ErrNodesGone)
-	})
 }
