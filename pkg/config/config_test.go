@@ -585,11 +585,14 @@ func TestOverrides(t *testing.T) {
 		dirs     []string
 		generate bool
 		hooks    []string
-		err      string
+		// same: nothing changes, and the configuration itself is
+		// returned.
+		same bool
+		err  string
 	}{
-		{name: "none", dirs: base.CDISpecDirs},
+		{name: "none", dirs: base.CDISpecDirs, same: true},
 		{name: "hook path", o: config.Overrides{HookPath: "/opt/nri-gpu"}, dirs: base.CDISpecDirs, hooks: append(slices.Clone(base.Policy.HookPaths), "/opt/nri-gpu")},
-		{name: "hook path allowed already", o: config.Overrides{HookPath: base.Policy.HookPaths[0]}, dirs: base.CDISpecDirs, hooks: base.Policy.HookPaths},
+		{name: "hook path allowed already", o: config.Overrides{HookPath: base.Policy.HookPaths[0]}, dirs: base.CDISpecDirs, hooks: base.Policy.HookPaths, same: true},
 		{name: "spec dirs", o: config.Overrides{SpecDirs: []string{"/opt/cdi"}}, dirs: []string{"/opt/cdi"}},
 		{name: "generate", o: config.Overrides{Generate: true}, dirs: base.CDISpecDirs, generate: true},
 		{name: "a relative spec dir", o: config.Overrides{SpecDirs: []string{"cdi"}}, err: "--cdi-spec-dirs"},
@@ -608,6 +611,9 @@ func TestOverrides(t *testing.T) {
 			}
 			if tc.hooks == nil {
 				tc.hooks = base.Policy.HookPaths
+			}
+			if (got == c) != tc.same {
+				t.Errorf("the configuration itself returned: %t, want %t", got == c, tc.same)
 			}
 			if !slices.Equal(got.Policy.HookPaths, tc.hooks) {
 				t.Errorf("hook paths %v, want %v", got.Policy.HookPaths, tc.hooks)
