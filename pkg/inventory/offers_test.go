@@ -61,17 +61,19 @@ func TestOffers(t *testing.T) {
 }
 
 // TestOffersOneName: of two devices whose names make one DNS label
-// ("a.b", "a_b": nic-a-b), the first is offered.
+// ("a.b", "a_b": nic-a-b), the first is offered, and the devices after
+// them too.
 func TestOffersOneName(t *testing.T) {
 	nics := "cdiVersion: \"0.6.0\"\nkind: example.com/nic\ndevices:\n" +
 		"  - name: a.b\n    containerEdits: {deviceNodes: [{path: /dev/nica, type: c, major: 240, minor: 1}]}\n" +
-		"  - name: a_b\n    containerEdits: {deviceNodes: [{path: /dev/nicb, type: c, major: 240, minor: 2}]}\n"
+		"  - name: a_b\n    containerEdits: {deviceNodes: [{path: /dev/nicb, type: c, major: 240, minor: 2}]}\n" +
+		"  - name: c\n    containerEdits: {deviceNodes: [{path: /dev/nicc, type: c, major: 240, minor: 3}]}\n"
 	snap := testutil.Snapshot(t, nics)
 	inv := inventory.New("/", testutil.NVML(0), func(string, ...any) {})
 	pol := inv.PolicyIn(policy.New(config.Policy{Devices: []string{"*/*"}, Namespaces: []string{"*"}}), snap)
 	got := inv.Offers(snap, pol, policy.NewAllocations(), []string{"example.com/nic"}, []string{"*"}, policy.Choice{Hooks: snap.Hooks})
-	if len(got) != 1 || got[0].CDI != "example.com/nic=a.b" || got[0].Info.DeviceName() != "nic-a-b" {
-		t.Errorf("offered %+v, want example.com/nic=a.b alone, as nic-a-b", got)
+	if len(got) != 2 || got[0].CDI != "example.com/nic=a.b" || got[0].Info.DeviceName() != "nic-a-b" || got[1].CDI != "example.com/nic=c" {
+		t.Errorf("offered %+v, want example.com/nic=a.b, as nic-a-b, and example.com/nic=c", got)
 	}
 }
 
