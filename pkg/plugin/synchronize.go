@@ -59,9 +59,11 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	for _, s := range found.Stop {
 		p.stopUnserved(s)
 	}
-	if check := recovery.MayUseClaims(found.Others, p.node.alloc.Claims()); p.doors.claims != nil && len(check) > 0 {
-		// The DRA driver answers once it runs, after this.
-		go p.stopClaimless(check)
+	if p.doors.claims != nil {
+		if check := recovery.MayUseClaims(found.Others, p.node.alloc.Claims()); len(check) > 0 {
+			// The DRA driver answers once it runs, after this.
+			go p.stopClaimless(check)
+		}
 	}
 	for pod, devices := range p.node.alloc.Held() {
 		p.log.WithFields(logrus.Fields{"namespace": pod.Namespace, "pod": pod.Name, "devices": strings.Join(devices, ",")}).
