@@ -129,17 +129,19 @@ type Journal interface {
 	Keep(entries []Entry) error
 }
 
-// undoWait bounds each step of an undo (a daemon's quit, a compute mode
-// put back), whatever is left of the caller's context: an undo is never
+// undoWait bounds an undo (a daemon's quit, its compute mode put back),
+// whatever is left of the caller's context: an undo is never
 // cut short because the request that asked for the start gave up.
 const undoWait = 10 * time.Second
 
 // Manager keeps the MPS control daemons it is told are wanted running
-// (mps.daemon: managed): it starts one that does not answer, its GPU put
-// in Exclusive_Process first, sets the limits again on one whose limits
-// changed or that it finds running, and stops those it kept that are no
-// longer wanted, their GPUs back in the mode they were in. Each step is
-// kept in its Journal before it is taken, so that a start that did not
+// (mps.daemon: managed): it starts one that does not answer
+// (Daemon.Start, which puts its GPU in Exclusive_Process first), sets
+// the limits again on one whose limits changed or that it finds running,
+// and stops those it kept that are no longer wanted (Daemon.Stop, which
+// puts their GPUs back in the mode they were in). It gives each daemon
+// its Modes. Each step is kept in its Journal before it is taken (the
+// mode a GPU was in before its daemon's start sets another among them), so that a start that did not
 // finish is rolled back by whoever reads the journal next, and a stop
 // that failed is tried again. It reaps the daemons it knows that have
 // quit: nri-gpu in its container is PID 1 there, and a daemon started
@@ -267,18 +269,14 @@ func (m *Manager) ensureRunning(ctx context.Context, w Want, r *report) {
 }
 
 // adopt keeps a daemon found answering: started by this manager, or by
-// an nri-gpu before it (whose journal said so, or which kept none: its
-// GPU is then put in Exclusive_Process as for a start, or the daemon
-// stopped where it cannot be), with other limits since a reload: its
-// defaults are set again, for its next server (MPS applies them to a
-// server it starts, not to one running).
+// an nri-gpu before it (whose journal said so, or which kept none: see
+// adoptUnknown), with other limits since a reload: its defaults are set
+// again, for its next server (MPS applies them to a server it starts,
+// not to one running).
 func (m *Manager) adopt(ctx context.Context, w Want, e *entry, p proc, r *report) {
 	if e == nil {
-		e = m.claimGPU(w, Running, r)
-		if e == nil {
-			m.undo(&entry{Entry: entryOf(w, "", Stopping)}, r)
-			return
-		}
+		m.adoptUnknown(ctx, w, p, r)
+		return
 	}
 	known := e.proc.pid != 0 || e.limits != (Limits{})
 	e.proc = p
@@ -293,12 +291,35 @@ func (m *Manager) adopt(ctx context.Context, w Want, e *entry, p proc, r *report
 	r.did(LimitsSet, e, "")
 }
 
-// claimGPU keeps w's daemon as state, with the mode its GPU is in, and
-// then puts the GPU in Exclusive_Process; it returns the entry, or nil
-// (said in r) where the mode cannot be read or set, the GPU left as it
-// was and nothing kept. Where no mode can be read or set here
-// (ErrNoModes) the GPU is left as it is, and r says to set it.
-func (m *Manager) claimGPU(w Want, state string, r *report) *entry {
+// adoptUnknown keeps a daemon found answering that no entry tells of,
+// kept as Running with the mode its GPU is in: Start keeps it as it
+// runs, its GPU put in Exclusive_Process and its limits set, as for a
+// start; where the GPU cannot be put in that mode, it is stopped.
+func (m *Manager) adoptUnknown(ctx context.Context, w Want, p proc, r *report) {
+	e := m.claim(w, Running, r)
+	if e == nil {
+		m.undo(&entry{Entry: entryOf(w, "", Stopping)}, r)
+		return
+	}
+	if err := m.daemon(e).Start(ctx, w.Limits, m.start); err != nil {
+		r.failed(fmt.Errorf("MPS daemon of %s: %w", w.Device, err))
+		if errors.Is(err, ErrNotExclusive) {
+			e.Was = "" // not changed: nothing to put back
+			m.undo(e, r)
+		}
+		return
+	}
+	m.exclusive(e, r)
+	e.proc, e.limits = p, w.Limits
+	r.did(LimitsSet, e, "")
+}
+
+// claim keeps w's daemon as state, with the compute mode its GPU is in
+// (put back when it stops), before its start puts the GPU in
+// Exclusive_Process; it returns the entry, or nil (said in r) where the
+// mode cannot be read or the entry kept. Where no mode can be read or
+// set here (ErrNoModes) the GPU is left as it is, and r says to set it.
+func (m *Manager) claim(w Want, state string, r *report) *entry {
 	was, err := m.modes.Mode(w.Daemon.GPU)
 	switch {
 	case errors.Is(err, ErrNoModes):
@@ -314,20 +335,22 @@ func (m *Manager) claimGPU(w Want, state string, r *report) *entry {
 		r.failed(fmt.Errorf("MPS daemon of %s not started: %w", w.Device, err))
 		return nil
 	}
-	if was == "" || was == ModeExclusive {
-		return e
-	}
-	if err := m.modes.Set(w.Daemon.GPU, ModeExclusive); err != nil {
-		r.failed(fmt.Errorf("MPS daemon of %s not started: its GPU is not put in Exclusive_Process compute mode, which keeps a client from leaving MPS: %w", w.Device, err))
-		// Nothing changed: nothing to undo.
-		delete(m.entries, e.Dir)
-		if err := m.keepAll(); err != nil {
-			r.failed(fmt.Errorf("MPS daemon of %s: %w", w.Device, err))
-		}
-		return nil
-	}
-	r.did(Exclusive, e, was)
 	return e
+}
+
+// exclusive reports that e's GPU, claimed, was put in Exclusive_Process
+// from another mode.
+func (m *Manager) exclusive(e *entry, r *report) {
+	if e.Was != "" && e.Was != ModeExclusive {
+		r.did(Exclusive, e, e.Was)
+	}
+}
+
+// daemon is e's daemon, its GPU's mode set through the manager's Modes.
+func (m *Manager) daemon(e *entry) Daemon {
+	d := e.daemon()
+	d.Modes = m.modes
+	return d
 }
 
 // entryOf is the journal entry of w's daemon.
@@ -336,28 +359,37 @@ func entryOf(w Want, was, state string) Entry {
 	return Entry{Device: w.Device, Control: d.Control, Dir: d.Dir, GPU: d.GPU, Root: d.Root, Was: was, State: state}
 }
 
-// launch starts w's daemon, kept as Starting first: its GPU put in
-// Exclusive_Process (from the mode it was in, kept too), the daemon
-// started, then kept as Running. A step that fails rolls back those
-// before it.
+// launch starts w's daemon, kept as Starting first (with the mode its
+// GPU was in), then started (Daemon.Start: its GPU in Exclusive_Process
+// first), then kept as Running. A start that fails is rolled back; one
+// whose GPU's mode was refused changed nothing, and is forgotten.
 func (m *Manager) launch(ctx context.Context, w Want, e *entry, r *report) {
 	if w.Daemon.GPU == "" {
 		r.failed(fmt.Errorf("MPS daemon of %s not started: its UUID is not known (name the GPU by UUID in its spec, or give nri-gpu NVML)", w.Device))
 		return
 	}
-	if e == nil {
-		if e = m.claimGPU(w, Starting, r); e == nil {
+	claimed := e == nil
+	if claimed {
+		if e = m.claim(w, Starting, r); e == nil {
 			return
 		}
 	}
-	if err := w.Daemon.Start(ctx, w.Limits, m.start); err != nil {
+	d := m.daemon(e)
+	if err := d.Start(ctx, w.Limits, m.start); err != nil {
 		r.failed(fmt.Errorf("MPS daemon of %s not started: %w", w.Device, err))
-		if e.State == Starting {
+		switch {
+		case e.State != Starting:
+		case errors.Is(err, ErrNotExclusive):
+			m.forget(e, r)
+		default:
 			m.rollBack(e, r)
 		}
 		return
 	}
-	e.proc, _ = w.Daemon.peer(ctx) // zero when it cannot be told: the next Sync keeps whoever answers then
+	if claimed {
+		m.exclusive(e, r)
+	}
+	e.proc, _ = d.peer(ctx) // zero when it cannot be told: the next Sync keeps whoever answers then
 	e.limits, e.State = w.Limits, Running
 	if err := m.keep(e); err != nil {
 		r.failed(fmt.Errorf("MPS daemon of %s started, but %w", w.Device, err))
@@ -384,10 +416,10 @@ func (m *Manager) stop(e *entry, r *report) bool {
 	return m.undo(e, r)
 }
 
-// undo stops e's daemon and puts its GPU back, each step on its own
-// deadline, the entry kept Stopping until both are done (a step that
-// fails is an error, tried again at the next Sync); it reports whether
-// the entry is gone.
+// undo stops e's daemon and puts its GPU back (Daemon.Stop), on a
+// deadline of its own, the entry kept Stopping until both are done (a
+// step that fails is an error, tried again at the next Sync); it
+// reports whether the entry is gone.
 func (m *Manager) undo(e *entry, r *report) bool {
 	starting := e.State == Starting
 	if e.State != Stopping {
@@ -399,32 +431,30 @@ func (m *Manager) undo(e *entry, r *report) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), undoWait)
 	defer cancel()
-	d := e.daemon()
-	if p, err := d.peer(ctx); err == nil {
-		if err := d.Stop(ctx); err != nil {
-			r.failed(fmt.Errorf("stopping the MPS daemon of %s, no longer wanted: %w (tried again)", e.Device, err))
-			return false
-		}
-		p.awaitAndReap(ctx)
-		if !starting {
-			r.did(Stopped, e, "")
-		}
+	d := m.daemon(e)
+	_, err := d.peer(ctx)
+	answered := err == nil
+	if err := d.Stop(ctx, e.Was); err != nil {
+		r.failed(fmt.Errorf("stopping the MPS daemon of %s, no longer wanted: %w (tried again)", e.Device, err))
+		return false
 	}
 	e.proc.reap()
-	if e.Was != "" && e.Was != ModeExclusive {
-		if err := m.modes.Set(e.GPU, e.Was); err != nil {
-			r.failed(fmt.Errorf("GPU %s of %s, no longer shared with MPS, left in Exclusive_Process compute mode: %w (tried again)", e.GPU, e.Device, err))
-			return false
-		}
-		if !starting {
-			r.did(Restored, e, e.Was)
-		}
+	if !starting && answered {
+		r.did(Stopped, e, "")
 	}
+	if !starting && e.Was != "" && e.Was != ModeExclusive {
+		r.did(Restored, e, e.Was)
+	}
+	m.forget(e, r)
+	return true
+}
+
+// forget drops e, and keeps the entries left.
+func (m *Manager) forget(e *entry, r *report) {
 	delete(m.entries, e.Dir)
 	if err := m.keepAll(); err != nil {
-		r.failed(fmt.Errorf("MPS daemon of %s stopped, but %w", e.Device, err))
+		r.failed(fmt.Errorf("MPS daemon of %s no longer kept, but %w", e.Device, err))
 	}
-	return true
 }
 
 // keep puts e among the entries and keeps them all in the journal.

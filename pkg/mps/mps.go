@@ -2,14 +2,14 @@
 // daemons: one per GPU shared with MPS, each with its own directories
 // (Layout), through the driver's nvidia-cuda-mps-control, started by a
 // launcher (InShm: nri-gpu's mps-shm command, chrooted into the host's
-// root where nri-gpu runs in a container). A Manager keeps the daemons
-// it is told are wanted running, their GPUs in Exclusive_Process compute
-// mode (Modes: NVMLModes) while they run and back in the mode they were
-// in when they stop, every step kept in a Journal before it is taken
-// (nri-gpu's record), so that a start a crash cut short is rolled back
-// by the next nri-gpu; it says whether a daemon is ready for clients
-// (Ready). A Daemon gives a client container's edits (mounts and
-// environment) for the Limits that bound it.
+// root where nri-gpu runs in a container). A Daemon puts its GPU in
+// Exclusive_Process compute mode when it starts and back in the mode it
+// was in when it stops (Modes: NVMLModes), and gives a client
+// container's edits (mounts and environment) for the Limits that bound
+// it. A Manager keeps the daemons it is told are wanted running, every
+// step kept in a Journal before it is taken (nri-gpu's record), so that
+// a start a crash cut short is rolled back by the next nri-gpu; it says
+// whether a daemon is ready for clients (Ready).
 //
 // The layout under a root directory, per GPU:
 //
@@ -65,6 +65,11 @@ type Daemon struct {
 	// finds the host's libraries), and Dir is then the same path on the
 	// host and here.
 	Root string
+	// Modes puts the GPU in Exclusive_Process compute mode when the
+	// daemon starts, and back when it stops (NVMLModes: through NVML);
+	// nil leaves it as it is. A Manager gives each daemon it keeps its
+	// own.
+	Modes Modes
 }
 
 // command returns Control run with args in the daemon's environment,
@@ -211,11 +216,36 @@ func (d Daemon) Ask(ctx context.Context, command string) (string, error) {
 	return strings.TrimSpace(out.String()), nil
 }
 
-// Start makes the daemon's directories and starts it in the background
+// ErrNotExclusive is wrapped by Start's error where the GPU could not be
+// put in Exclusive_Process compute mode: nothing else was done.
+var ErrNotExclusive = errors.New("not put in Exclusive_Process compute mode, which keeps a client from leaving MPS")
+
+// Start puts the GPU in Exclusive_Process compute mode (through Modes;
+// where no mode can be set here, ErrNoModes, it is left as it is), makes
+// the daemon's directories and starts it in the background
 // (nvidia-cuda-mps-control -d) through start, which runs the command it
 // is given (chrooted into Root when its SysProcAttr says so) with ShmDir
-// as its /dev/shm, then makes the limits its clients' defaults.
+// as its /dev/shm, then makes the limits its clients' defaults. A daemon
+// of this process's pid namespace already answering is kept as it runs
+// (the control program starts no second one): only its limits are set.
 func (d Daemon) Start(ctx context.Context, l Limits, start Launcher) error {
+	if err := d.setMode(ModeExclusive); err != nil && !errors.Is(err, ErrNoModes) {
+		return fmt.Errorf("GPU %s %w: %w", d.GPU, ErrNotExclusive, err)
+	}
+	_, err := d.peer(ctx)
+	switch {
+	case errors.Is(err, ErrNotRunning):
+		if err := d.launch(ctx, start); err != nil {
+			return err
+		}
+	case err != nil:
+		return err
+	}
+	return d.SetLimits(ctx, l)
+}
+
+// launch makes the daemon's directories and runs "-d" through start.
+func (d Daemon) launch(ctx context.Context, start Launcher) error {
 	for _, dir := range []string{d.PipeDir(), d.LogDir(), d.ShmDir()} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("MPS daemon of %s: %w", d.Dir, err)
@@ -224,11 +254,10 @@ func (d Daemon) Start(ctx context.Context, l Limits, start Launcher) error {
 	if err := os.Chmod(d.ShmDir(), 0o777|os.ModeSticky); err != nil {
 		return fmt.Errorf("MPS daemon of %s: %w", d.Dir, err)
 	}
-	cmd := d.command(ctx, "-d")
-	if err := start.Launch(d.ShmDir(), cmd); err != nil {
+	if err := start.Launch(d.ShmDir(), d.command(ctx, "-d")); err != nil {
 		return fmt.Errorf("starting %s -d for %s: %w", d.Control, d.Dir, err)
 	}
-	return d.SetLimits(ctx, l)
+	return nil
 }
 
 // SetLimits makes l the defaults of the clients of the daemon's next
@@ -242,8 +271,32 @@ func (d Daemon) SetLimits(ctx context.Context, l Limits) error {
 	return nil
 }
 
-// Stop has the daemon quit.
-func (d Daemon) Stop(ctx context.Context) error {
-	_, err := d.Ask(ctx, "quit")
-	return err
+// Stop has the daemon quit, where one of this process's pid namespace
+// answers, and waits (within ctx) for it to go, reaping it where it is
+// this process's child; then it puts the GPU back in compute mode was
+// ("" or Exclusive_Process: left as it is). A daemon that cannot be told
+// to quit is an error, its GPU left in Exclusive_Process.
+func (d Daemon) Stop(ctx context.Context, was string) error {
+	if p, err := d.peer(ctx); err == nil {
+		if _, err := d.Ask(ctx, "quit"); err != nil {
+			return err
+		}
+		p.awaitAndReap(ctx)
+	}
+	if was == "" || was == ModeExclusive {
+		return nil
+	}
+	if err := d.setMode(was); err != nil {
+		return fmt.Errorf("GPU %s, its daemon stopped, left in Exclusive_Process compute mode: %w", d.GPU, err)
+	}
+	return nil
+}
+
+// setMode puts the GPU in compute mode mode through Modes (none: it is
+// left as it is).
+func (d Daemon) setMode(mode string) error {
+	if d.Modes == nil {
+		return nil
+	}
+	return d.Modes.Set(d.GPU, mode)
 }

@@ -100,8 +100,11 @@ var inShm = mps.Start(func(shm string, cmd *exec.Cmd) error {
 })
 
 // TestDaemon starts, asks and stops a daemon (the stand-in for
-// nvidia-cuda-mps-control): its directories, its environment, its
-// limits as defaults, and the errors of one that does not run.
+// nvidia-cuda-mps-control): its GPU in Exclusive_Process while it runs
+// and back in the mode it was in once it is stopped, its directories,
+// its environment, its limits as defaults (set again, with no second
+// daemon, when it is started again), and the errors of one that does
+// not run, at once after its stop.
 func TestDaemon(t *testing.T) {
 	ctl, err := mpsstandin.Build(t.TempDir())
 	if err != nil {
@@ -112,7 +115,8 @@ func TestDaemon(t *testing.T) {
 		gpu := tc.gpu
 		// Root "/": run chrooted into this machine's root, as into a
 		// host's mounted in nri-gpu's container.
-		d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu"), GPU: gpu, Root: tc.root}
+		gpus := newModes()
+		d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu"), GPU: gpu, Root: tc.root, Modes: gpus}
 		// Whatever the test finds, no daemon outlives it.
 		t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
 		err := d.Ready(ctx)
@@ -126,12 +130,21 @@ func TestDaemon(t *testing.T) {
 		if err := d.Ready(ctx); err != nil {
 			t.Errorf("started: %v", err)
 		}
+		if got := gpus.modeOf(gpu); got != mps.ModeExclusive {
+			t.Errorf("started: its GPU in %s, want Exclusive_Process", got)
+		}
 		if got, err := d.Ask(ctx, "get_default_active_thread_percentage"); err != nil || got != "33" {
 			t.Errorf("its default thread percentage: %q, %v; want 33", got, err)
 		}
+		if err := d.Start(ctx, mps.Limits{ActiveThreadPercentage: 40, PinnedMemoryMiB: 1024}, inShm); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := d.Ask(ctx, "get_default_active_thread_percentage"); err != nil || got != "40" {
+			t.Errorf("started again: its default thread percentage %q, %v; want 40", got, err)
+		}
 		log, _ := os.ReadFile(filepath.Join(d.LogDir(), mpsstandin.Log))
-		if want := `run args=["-d"] CUDA_VISIBLE_DEVICES="` + gpu + `"`; !strings.Contains(string(log), want) {
-			t.Errorf("log:\n%s\nwant %s", log, want)
+		if want := `run args=["-d"] CUDA_VISIBLE_DEVICES="` + gpu + `"`; strings.Count(string(log), want) != 1 {
+			t.Errorf("log:\n%s\nwant %s once", log, want)
 		}
 		if !strings.Contains(string(log), "command set_default_device_pinned_mem_limit 0 1024M") {
 			t.Errorf("the memory limit was not set:\n%s", log)
@@ -147,11 +160,14 @@ func TestDaemon(t *testing.T) {
 				t.Errorf("%s: mode %v, %v; want 0755 (clients of any user reach it; only root writes it)", dir, fi.Mode(), err)
 			}
 		}
-		if err := d.Stop(ctx); err != nil {
+		if err := d.Stop(ctx, mps.ModeDefault); err != nil {
 			t.Fatal(err)
 		}
 		if err := d.Ready(ctx); !errors.Is(err, mps.ErrNotRunning) {
 			t.Errorf("stopped: %v, want ErrNotRunning", err)
+		}
+		if got := gpus.modeOf(gpu); got != mps.ModeDefault {
+			t.Errorf("stopped: its GPU in %s, want Default", got)
 		}
 		_, err = d.Ask(ctx, "quit")
 		testutil.ErrorSays(t, err, `"quit"`, "Cannot find MPS control daemon process")
@@ -175,7 +191,8 @@ func TestControlChrooted(t *testing.T) {
 }
 
 // TestStartFails: a daemon that cannot start, or cannot take its limits,
-// is an error naming its directory.
+// is an error naming its directory; one whose GPU is not put in
+// Exclusive_Process is not started, the error naming the GPU.
 func TestStartFails(t *testing.T) {
 	ctl, err := mpsstandin.Build(t.TempDir())
 	if err != nil {
@@ -199,4 +216,47 @@ func TestStartFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.ErrorSays(t, blocked.Start(ctx, mps.Limits{}, inShm), "MPS daemon of "+blocked.Dir)
+
+	refusing := newModes()
+	refusing.err = errors.New("NVML: ERROR_NO_PERMISSION")
+	d.GPU, d.Modes = "GPU-1234", refusing
+	err = d.Start(ctx, mps.Limits{ActiveThreadPercentage: 50}, inShm)
+	if !errors.Is(err, mps.ErrNotExclusive) {
+		t.Errorf("its GPU's mode refused: %v, want ErrNotExclusive", err)
+	}
+	testutil.ErrorSays(t, err, "GPU GPU-1234", "ERROR_NO_PERMISSION")
+	if err := d.Ready(ctx); !errors.Is(err, mps.ErrNotRunning) {
+		t.Errorf("its GPU's mode refused: the daemon %v, want none running", err)
+	}
+}
+
+// TestStopCannotQuit: a daemon that cannot be told to quit (its control
+// program gone) is an error, and its GPU stays in Exclusive_Process
+// while it runs; once it can, it is stopped and the GPU put back.
+func TestStopCannotQuit(t *testing.T) {
+	ctl, err := mpsstandin.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	gpus := newModes()
+	d := mps.Daemon{Control: ctl, Dir: filepath.Join(testutil.ShortDir(t), "gpu"), GPU: "GPU-1234", Modes: gpus}
+	t.Cleanup(func() { _ = mpsstandin.Kill(d.PipeDir()) })
+	if err := d.Start(ctx, mps.Limits{ActiveThreadPercentage: 50}, inShm); err != nil {
+		t.Fatal(err)
+	}
+	hidden := ctl + ".hidden"
+	if err := os.Rename(ctl, hidden); err != nil {
+		t.Fatal(err)
+	}
+	testutil.ErrorSays(t, d.Stop(ctx, mps.ModeDefault), `"quit"`)
+	if got := gpus.modeOf("GPU-1234"); got != mps.ModeExclusive || d.Ready(ctx) != nil {
+		t.Errorf("not stopped: GPU in %s, daemon %v; want Exclusive_Process and running", got, d.Ready(ctx))
+	}
+	if err := os.Rename(hidden, ctl); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctx, mps.ModeDefault); err != nil || gpus.modeOf("GPU-1234") != mps.ModeDefault || d.Ready(ctx) == nil {
+		t.Errorf("stopped: %v, GPU in %s, daemon %v; want Default and none", err, gpus.modeOf("GPU-1234"), d.Ready(ctx))
+	}
 }

@@ -143,17 +143,18 @@ func (p proc) reap() bool {
 // reapWait bounds how long a stopped daemon is waited for.
 const reapWait = 2 * time.Second
 
-// awaitAndReap waits, up to reapWait, for p to quit and reaps it.
+// awaitAndReap waits, up to reapWait, for p to quit, and reaps it where
+// it is this process's child: once it has quit (gone, a zombie, or its
+// pid another process's), it no longer answers.
 func (p proc) awaitAndReap(ctx context.Context) {
 	if p.pid <= 0 {
 		return
 	}
 	for deadline := time.Now().Add(reapWait); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
-		if p.reap() {
+		state, start, err := stat(p.pid)
+		if err != nil || start != p.start || state == 'Z' {
+			p.reap()
 			return
-		}
-		if _, start, err := stat(p.pid); err != nil || start != p.start {
-			return // gone, reaped by its own parent
 		}
 	}
 }

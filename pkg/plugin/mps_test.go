@@ -162,7 +162,7 @@ func TestMPSOverNRI(t *testing.T) {
 	_, err = ask("e", "0,1")
 	testutil.ErrorSays(t, err, `the container would have 2 MPS-shared GPUs ("nvidia.com/gpu=0", "nvidia.com/gpu=1"), and an MPS client reaches one GPU's daemon`)
 
-	if err := d.Stop(context.Background()); err != nil {
+	if err := d.Stop(context.Background(), ""); err != nil {
 		t.Fatal(err)
 	}
 	_, err = ask("f", "0")
@@ -294,7 +294,7 @@ func TestMPSComputeModeRefused(t *testing.T) {
 func quitAll(root string) {
 	dirs, _ := filepath.Glob(filepath.Join(root, "*"))
 	for _, d := range dirs {
-		if (mps.Daemon{Control: standinPath, Dir: d}).Stop(context.Background()) != nil {
+		if (mps.Daemon{Control: standinPath, Dir: d}).Stop(context.Background(), "") != nil {
 			_ = mpsstandin.Kill(filepath.Join(d, "pipe"))
 		}
 	}

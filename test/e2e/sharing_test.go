@@ -59,7 +59,7 @@ func TestSharingWithMPS(t *testing.T) {
 	// nri-gpu leaves its daemons running when it exits: quit them.
 	t.Cleanup(func() {
 		for i := range 4 {
-			_ = (mps.Daemon{Control: env.tools.Path("mps-control"), Dir: dir(i)}).Stop(context.Background())
+			_ = (mps.Daemon{Control: env.tools.Path("mps-control"), Dir: dir(i)}).Stop(context.Background(), "")
 		}
 	})
 	testutil.Within(t, 20*time.Second, "nri-gpu started a daemon for each GPU", func() bool {

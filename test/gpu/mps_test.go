@@ -107,7 +107,7 @@ mps: {daemon: managed, controlCommand: %s, root: %s}
 	defer func() {
 		dirs, _ := filepath.Glob(filepath.Join(root, "GPU-*"))
 		for _, d := range dirs {
-			if err := (mps.Daemon{Control: control, Dir: d}).Stop(context.Background()); err != nil {
+			if err := (mps.Daemon{Control: control, Dir: d}).Stop(context.Background(), ""); err != nil {
 				t.Logf("quitting the MPS daemon of %s: %v", d, err)
 			}
 		}
