@@ -286,7 +286,8 @@ func TestManagerManyDaemons(t *testing.T) {
 // the manager keeps it, and back in Default once it is stopped; a GPU
 // not put in Exclusive_Process gets no daemon; where no mode can be set
 // (no NVML) the daemon is started all the same, the error saying to set
-// the mode.
+// the mode. A daemon found running that no manager kept has its GPU put
+// in Exclusive_Process, or is stopped where it cannot be.
 func TestManagerComputeMode(t *testing.T) {
 	ctx := context.Background()
 	d, want, _ := managed(t)
@@ -328,5 +329,27 @@ func TestManagerComputeMode(t *testing.T) {
 	testutil.ErrorSays(t, errs[0], "compute mode is left as it is", "nvidia-smi -i GPU-1234 -c EXCLUSIVE_PROCESS")
 	if _, errs := m.Sync(ctx, nil); len(errs) > 0 || absent.modeOf("GPU-1234") != "Default" {
 		t.Errorf("stopping without NVML: %v, mode %s (the manager did not set it, and leaves it)", errs, absent.modeOf("GPU-1234"))
+	}
+
+	// Found running, kept by no manager: its GPU put in Exclusive_Process.
+	if err := d.Start(ctx, want.Limits, inShm); err != nil {
+		t.Fatal(err)
+	}
+	found := newModes()
+	events, errs = mps.NewManager(inShm, found, nil).Sync(ctx, []mps.Want{want})
+	if len(errs) > 0 || !slices.Equal(whats(events), []string{"limits set nvidia.com/gpu=0"}) || !slices.Equal(modesDone(events), []string{"exclusive nvidia.com/gpu=0 Default"}) {
+		t.Errorf("found running: %v, %v, modes %v; want its limits set and its GPU put in Exclusive_Process", whats(events), errs, modesDone(events))
+	}
+	if found.modeOf("GPU-1234") != mps.ModeExclusive || d.Ready(ctx) != nil {
+		t.Errorf("found running: GPU in %s, daemon %v; want Exclusive_Process and kept", found.modeOf("GPU-1234"), d.Ready(ctx))
+	}
+	// ... where its GPU's mode is refused: stopped.
+	events, errs = mps.NewManager(inShm, refusing, nil).Sync(ctx, []mps.Want{want})
+	if len(errs) != 1 || !slices.Equal(whats(events), []string{"stopped nvidia.com/gpu=0"}) {
+		t.Fatalf("found running, its mode refused: %v, %v; want one error and it stopped", whats(events), errs)
+	}
+	testutil.ErrorSays(t, errs[0], "MPS daemon of nvidia.com/gpu=0", "Exclusive_Process", "ERROR_NO_PERMISSION")
+	if d.Ready(ctx) == nil {
+		t.Error("a daemon found running on a GPU not put in Exclusive_Process still runs")
 	}
 }

@@ -2,6 +2,7 @@ package mps
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -60,7 +61,9 @@ func TestReap(t *testing.T) {
 
 // TestAwaitAndReap: waiting for a stopped daemon ends when it quits (and
 // it is reaped), at once when its pid is another process's (another
-// start time), and at once when the caller gives up, though it runs.
+// start time), at once when it is a zombie another parent has yet to
+// reap (it no longer answers), and at once when the caller gives up,
+// though it runs.
 func TestAwaitAndReap(t *testing.T) {
 	quit := child(t, "sh", "-c", "sleep 0.2")
 	start := time.Now()
@@ -73,6 +76,31 @@ func TestAwaitAndReap(t *testing.T) {
 	proc{pid: running.pid, start: running.start + 1}.awaitAndReap(context.Background())
 	if took := time.Since(start); took >= reapWait/2 {
 		t.Errorf("for a pid used again by another process, the wait took %s", took)
+	}
+	// A child of "sleep 60", which never reaps it.
+	parent := exec.Command("sh", "-c", "sleep 0.2 & echo $!; exec sleep 60")
+	out, err := parent.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = parent.Process.Kill(); _ = parent.Wait() })
+	var zpid int
+	if _, err := fmt.Fscan(out, &zpid); err != nil {
+		t.Fatal(err)
+	}
+	var zombie proc
+	testutil.Within(t, 5*time.Second, "another parent's child a zombie", func() bool {
+		state, start, err := stat(zpid)
+		zombie = proc{pid: zpid, start: start}
+		return err == nil && state == 'Z'
+	})
+	start = time.Now()
+	zombie.awaitAndReap(context.Background())
+	if took := time.Since(start); took >= reapWait/2 {
+		t.Errorf("for a zombie of another parent, the wait took %s", took)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
