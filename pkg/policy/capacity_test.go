@@ -54,6 +54,12 @@ func TestCapacity(t *testing.T) {
 			want:   policy.Capacity{Shares: 8, Memory: 80 * gi, Default: 16 * gi, Minimum: 16 * gi, Maximum: 80 * gi, Step: mi},
 		},
 		{
+			name:   "memory of exactly one step: counted",
+			entry:  config.Sharing{Replicas: 1, MemoryRequest: config.MemoryRequest{Step: "1Gi"}},
+			memory: gi,
+			want:   policy.Capacity{Shares: 1, Memory: gi, Default: gi, Minimum: gi, Maximum: gi, Step: gi},
+		},
+		{
 			name:  "memory unknown: shares only",
 			entry: config.Sharing{Replicas: 4},
 			want:  policy.Capacity{Shares: 4},
@@ -77,6 +83,17 @@ func TestCapacity(t *testing.T) {
 				t.Errorf("Capacity = %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestRoomMemoryUnknown: a shared device whose memory is not known offers
+// every replica, though its entry bounds each MPS client's memory.
+func TestRoomMemoryUnknown(t *testing.T) {
+	cfg := config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices,
+		Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=*"}, Replicas: 4, Strategy: config.StrategyMPS, PinnedMemoryLimit: "10Gi"}}}
+	d := specs.Device{Name: "nvidia.com/gpu=0", Nodes: []string{"/dev/nvidia0"}}
+	if got := policy.NewAllocations().Room(policy.New(cfg), d, policy.DevicePlugin, policy.Choice{}); got != 4 {
+		t.Errorf("Room = %d, want the 4 replicas", got)
 	}
 }
 

@@ -540,3 +540,38 @@ func TestPodNameText(t *testing.T) {
 		t.Errorf("a claim's pods from JSON: %+v, %v", c, err)
 	}
 }
+
+// TestClaimMemoryAsked: a claim that asks for an amount of a device's
+// memory is refused where time-slicing shares the device, which cannot
+// bound it, unless the entry makes memory a scheduling quota; where MPS
+// shares it (which bounds each client's memory) it is admitted.
+func TestClaimMemoryAsked(t *testing.T) {
+	_, byName := gpus()
+	for _, tc := range []struct {
+		name     string
+		strategy config.Strategy
+		quota    bool
+		asked    bool
+		want     string // "": admitted
+	}{
+		{name: "time-slicing", strategy: config.StrategyTimeSlicing, asked: true, want: "the claim asks for an amount of memory, which policy.sharing[0] (replicas 4, timeSlicing) cannot bound"},
+		{name: "time-slicing, memory a quota", strategy: config.StrategyTimeSlicing, quota: true, asked: true},
+		{name: "time-slicing, no memory asked", strategy: config.StrategyTimeSlicing},
+		{name: "MPS", strategy: config.StrategyMPS, asked: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := gpuPolicy(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices,
+				Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 4, Strategy: tc.strategy, Memory: "80Gi", MemoryQuota: tc.quota}}})
+			c, devs := claimOf("c", byName, "0")
+			devs[0].Use, devs[0].MemoryAsked = policy.Use{Shares: 1, Memory: 8 << 30}, tc.asked
+			_, err := policy.NewAllocations().AdmitClaim(p, c, claimAsked(devs), policy.Choice{})
+			if tc.want == "" {
+				if err != nil {
+					t.Errorf("refused: %v", err)
+				}
+				return
+			}
+			wantDenied(t, err, policy.RuleSharing, "claim ns/c", tc.want, "memoryQuota: true")
+		})
+	}
+}

@@ -204,7 +204,8 @@ func mustAdmit(t *testing.T) func(policy.Grant, error) {
 // order, in the same words after who asks: a pod's container (NRI:
 // Plan) and a DRA claim (AdmitClaim) for GPUs 0 and 1 of pod ns/p; and
 // the device plugin, asking what it may offer (Room), is offered no room
-// on the GPU where the first rule is one of the device's.
+// on the GPU where the first rule is one of the device's. A claim's
+// refusal names the claim first.
 func TestFirstRuleEveryDoor(t *testing.T) {
 	cands, byName := gpus()
 	// GPU 1 is unhealthy and its spec injects /bin/evil, where a row
@@ -303,6 +304,10 @@ func TestFirstRuleEveryDoor(t *testing.T) {
 				err := do(a)
 				wantDenied(t, err, tc.rule, tc.want)
 				said[door] = reasons(err)
+				// Who asks comes first: the claim through DRA.
+				if claim := "claim ns/c"; (door == "DRA") != strings.HasPrefix(fmt.Sprint(err), claim) {
+					t.Errorf("%s: %v; want it to begin with %q only through DRA", door, err, claim)
+				}
 				if door == "NRI" {
 					offered := a.Room(p, byName["1"], policy.DevicePlugin, ch) > 0
 					if offered != tc.offered {
