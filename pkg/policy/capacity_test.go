@@ -193,7 +193,7 @@ func TestConsumableCapacity(t *testing.T) {
 // shares the GPU, time-slicing never where MPS does, bounds no higher
 // than its allocation allows (the entry's compute share per share, its
 // memory; on a GPU policy.sharing leaves unshared, the claim's whole,
-// the GPU's memory).
+// the GPU's memory, where known).
 func TestAsked(t *testing.T) {
 	_, byName := gpus()
 	cfg := config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, Exclusive: true, Sharing: []config.Sharing{
@@ -214,6 +214,7 @@ func TestAsked(t *testing.T) {
 			[]string{`device "nvidia.com/gpu=2" is not shared, and the claim's GpuConfig asks for 81Gi of pinned memory, more than the 80Gi it is allowed`}},
 		{"MPS on a whole GPU, as published", "2", policy.Use{}, policy.GpuConfig{Strategy: mps, ActiveThreadPercentage: 50, PinnedMemory: 10 * gi}, nil},
 		{"MPS on a whole GPU, all of it", "2", policy.Use{}, policy.GpuConfig{Strategy: mps, ActiveThreadPercentage: 100, PinnedMemory: 80 * gi}, nil},
+		{"MPS on a whole GPU whose memory is not known: nothing to bound it by", "3", policy.Use{}, policy.GpuConfig{Strategy: mps, ActiveThreadPercentage: 100, PinnedMemory: 100 * gi}, nil},
 		{"time-slicing where MPS shares it", "0", policy.Use{}, policy.GpuConfig{Strategy: ts},
 			[]string{"asks for time-slicing, which would take its clients out of the MPS daemon's bounds"}},
 		{"more compute than a share", "0", policy.Use{}, policy.GpuConfig{Strategy: mps, ActiveThreadPercentage: 60},
@@ -227,7 +228,13 @@ func TestAsked(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := gpuPolicy(cfg).WithMemory(func(specs.Device) int64 { return 80 * gi })
+			// GPU 3's memory is not known.
+			p := gpuPolicy(cfg).WithMemory(func(d specs.Device) int64 {
+				if d.Nodes[0] == "/dev/nvidia3" {
+					return 0
+				}
+				return 80 * gi
+			})
 			a := policy.NewAllocations()
 			_, err := a.AdmitClaim(p, policy.Claim{UID: "u", Namespace: "ns", Name: "c"},
 				claimAsked([]policy.ClaimDevice{{Device: byName[tc.device], Use: tc.use, GpuConfig: tc.asked}}), policy.Choice{})
