@@ -308,3 +308,49 @@ func TestJournalEachStepFails(t *testing.T) {
 		}
 	})
 }
+
+// TestNextManagerKeepsRunning: a daemon the journal says is running,
+// still wanted, is kept by the next manager as it runs (not rolled back,
+// not started again), its limits set again; one that died since, no
+// longer wanted, is not said to be stopped, and its GPU is put back.
+func TestNextManagerKeepsRunning(t *testing.T) {
+	asPID1(t)
+	ctl, err := mpsstandin.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	state := t.TempDir()
+	w := wantOf(ctl, filepath.Join(testutil.ShortDir(t), "gpu"))
+	t.Cleanup(func() { _ = mpsstandin.Kill(w.Daemon.PipeDir()) })
+	j := &fileJournal{path: filepath.Join(state, "journal.json")}
+	modes := fileModes{dir: state}
+	if _, errs := mps.NewManager(inShm, modes, j).Sync(ctx, []mps.Want{w}); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	first, err := mpsstandin.Pid(w.Daemon.PipeDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	next := mps.NewManager(inShm, modes, j)
+	events, errs := next.Sync(ctx, []mps.Want{w})
+	if len(errs) > 0 || !slices.Equal(whats(events), []string{"limits set nvidia.com/gpu=0"}) {
+		t.Errorf("the next manager: %v, %v; want the daemon kept, its limits set again", whats(events), errs)
+	}
+	if pid, err := mpsstandin.Pid(w.Daemon.PipeDir()); err != nil || pid != first {
+		t.Errorf("the daemon's pid %d, %v; want %d, kept as it runs", pid, err, first)
+	}
+
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 5*time.Second, "the killed daemon's socket closed", func() bool { return w.Daemon.Ready(ctx) != nil })
+	events, errs = next.Sync(ctx, nil)
+	if len(errs) > 0 || len(whats(events)) > 0 || !slices.Equal(modesDone(events), []string{"restored nvidia.com/gpu=0 Default"}) {
+		t.Errorf("died, then no longer wanted: %v, %v, modes %v; want nothing said of the daemon, its GPU put back", whats(events), errs, modesDone(events))
+	}
+	if mode, _ := modes.Mode("GPU-1234"); mode != mps.ModeDefault || len(j.Entries()) > 0 {
+		t.Errorf("GPU in %s, kept %+v; want Default, nothing", mode, j.Entries())
+	}
+}

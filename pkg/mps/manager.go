@@ -278,10 +278,9 @@ func (m *Manager) adopt(ctx context.Context, w Want, e *entry, p proc, r *report
 		m.adoptUnknown(ctx, w, p, r)
 		return
 	}
-	known := e.proc.pid != 0 || e.limits != (Limits{})
 	e.proc = p
-	if known && e.limits == w.Limits {
-		return
+	if e.limits == w.Limits {
+		return // as set: none are known of one found in the journal
 	}
 	if err := w.Daemon.SetLimits(ctx, w.Limits); err != nil {
 		r.failed(fmt.Errorf("MPS daemon of %s: %w", w.Device, err))
