@@ -105,24 +105,44 @@ func (d Daemon) listener(ctx context.Context) (int, error) {
 // stat returns a process's state and start time (fields 3 and 22 of
 // /proc/PID/stat).
 func stat(pid int) (byte, uint64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	fields, err := statFields(pid)
 	if err != nil {
 		return 0, 0, err
-	}
-	// The command, field 2, is in parentheses and may hold anything.
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 {
-		return 0, 0, errors.New("no command in stat")
-	}
-	fields := strings.Fields(string(data[i+1:]))
-	if len(fields) < 20 {
-		return 0, 0, fmt.Errorf("%d fields in stat", len(fields)+2)
 	}
 	start, err := strconv.ParseUint(fields[19], 10, 64)
 	if err != nil {
 		return 0, 0, err
 	}
 	return fields[0][0], start, nil
+}
+
+// parent returns the pid of a process's parent (field 4 of
+// /proc/PID/stat), 0 where it cannot be told.
+func parent(pid int) int {
+	fields, err := statFields(pid)
+	if err != nil {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(fields[1])
+	return ppid
+}
+
+// statFields returns the fields of /proc/PID/stat from the third on.
+func statFields(pid int) ([]string, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
+	}
+	// The command, field 2, is in parentheses and may hold anything.
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return nil, errors.New("no command in stat")
+	}
+	fields := strings.Fields(string(data[i+1:]))
+	if len(fields) < 20 {
+		return nil, fmt.Errorf("%d fields in stat", len(fields)+2)
+	}
+	return fields, nil
 }
 
 // reap collects p's exit status when p is a child of this process that
@@ -144,16 +164,21 @@ func (p proc) reap() bool {
 const reapWait = 2 * time.Second
 
 // awaitAndReap waits, up to reapWait, for p to quit, and reaps it where
-// it is this process's child: once it has quit (gone, a zombie, or its
-// pid another process's), it no longer answers.
+// it is this process's child. It returns once p no longer answers: gone
+// (or its pid another process's), reaped, or a zombie another parent is
+// to reap. A zombie of this process's is waited for until it can be
+// reaped: a thread group's leader is one before its other threads are
+// gone.
 func (p proc) awaitAndReap(ctx context.Context) {
 	if p.pid <= 0 {
 		return
 	}
 	for deadline := time.Now().Add(reapWait); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
 		state, start, err := stat(p.pid)
-		if err != nil || start != p.start || state == 'Z' {
-			p.reap()
+		switch {
+		case err != nil || start != p.start:
+			return // gone, reaped by its own parent
+		case state == 'Z' && (p.reap() || parent(p.pid) != os.Getpid()):
 			return
 		}
 	}
