@@ -22,6 +22,8 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/internal/perm"
 )
 
 const (
@@ -146,7 +148,7 @@ func (d *Dir) Write(podID, ctrID string, spec *cdispec.Spec, adj *api.ContainerA
 	}
 	// Traversable, not listable: the runtime, and in a user namespace
 	// the container's root, reaches the file by name.
-	if err := os.MkdirAll(filepath.Dir(path), 0o711); err != nil {
+	if err := perm.MkdirAll(filepath.Dir(path), 0o711); err != nil {
 		return err
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+ctrID+".tmp-*")

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,6 +25,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
+	"github.com/nri-gpu/nri-gpu/internal/perm"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 
@@ -224,7 +224,7 @@ func (p *Plugin) serve() (*grpc.Server, error) {
 // serveOn serves the device-plugin API on a unix socket at path, in the
 // background, until the server returned is stopped.
 func (p *Plugin) serveOn(path string) (*grpc.Server, error) {
-	l, err := net.Listen("unix", path)
+	l, err := perm.ListenUnix(path)
 	if err != nil {
 		return nil, err
 	}

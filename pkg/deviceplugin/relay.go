@@ -22,6 +22,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/nri-gpu/nri-gpu/internal/perm"
+
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -34,7 +36,7 @@ func RelaySocket(dir, resource string) string {
 // ServeAt serves the device-plugin API at path (a stale socket there
 // replaced) until ctx is done, registering nowhere: the relay asks it.
 func (p *Plugin) ServeAt(ctx context.Context, path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	if err := perm.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
 	if err := removeStale(path); err != nil {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,6 +35,35 @@ func serveAt(ctx context.Context, t *testing.T, path string, src Source) (stop f
 		ncancel()
 		if err := <-done; err != nil {
 			t.Errorf("ServeAt: %v", err)
+		}
+	}
+}
+
+// TestRelaySocketUnderUmask0: under umask 0, the relay's directory is
+// nri-gpu's alone (0700) and its socket only its owner may connect to
+// (0600): no other local user learns which GPUs are held or gets
+// Allocate's answers.
+func TestRelaySocketUnderUmask0(t *testing.T) {
+	old := syscall.Umask(0)
+	defer syscall.Umask(old)
+	dir := filepath.Join(testutil.ShortDir(t), "relay")
+	path := RelaySocket(dir, gpu.Name)
+	stop := serveAt(context.Background(), t, path, &source{devs: []Device{{ID: "0", Healthy: true}}})
+	defer stop()
+	// Served: its socket listens (the kernel makes it before nri-gpu
+	// sets its mode), and answers.
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	testutil.Within(t, 5*time.Second, "the relay socket answering", func() bool {
+		_, err := api.NewDevicePluginClient(conn).GetDevicePluginOptions(context.Background(), &api.Empty{})
+		return err == nil
+	})
+	for p, want := range map[string]os.FileMode{dir: 0o700, path: 0o600} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: %v, %v; want %v", p, fi.Mode(), err, want)
 		}
 	}
 }

@@ -33,6 +33,8 @@ import (
 	"time"
 
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/nri-gpu/nri-gpu/internal/perm"
 )
 
 // ErrNotRunning is wrapped by Ready's error for a daemon that does not
@@ -247,7 +249,7 @@ func (d Daemon) Start(ctx context.Context, l Limits, start Launcher) error {
 // launch makes the daemon's directories and runs "-d" through start.
 func (d Daemon) launch(ctx context.Context, start Launcher) error {
 	for _, dir := range []string{d.PipeDir(), d.LogDir(), d.ShmDir()} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := perm.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("MPS daemon of %s: %w", d.Dir, err)
 		}
 	}

@@ -25,6 +25,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nri-gpu/nri-gpu/internal/perm"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
@@ -265,7 +266,7 @@ func (f *File) Save(held func() Content) error {
 func (f *File) writeAtomic(data []byte) error {
 	path := f.path
 	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := perm.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
 	f.mark("create")
@@ -362,7 +363,7 @@ func (f *File) TakeOver(ctx context.Context, waiting func(holder string)) error 
 // earlier process left half done.
 func (f *File) lockWith(acquire func(fd int, holder func() string) error) error {
 	dir := filepath.Dir(f.path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := perm.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("state file %s: %w", f.path, err)
 	}
 	d, err := os.Open(dir)
