@@ -1,6 +1,7 @@
 package record
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -100,26 +101,93 @@ func TestFormats(t *testing.T) {
 			}
 		})
 	}
-	t.Run("newer", func(t *testing.T) {
-		got, err := Open(fixture(t, "newer-2.json")).Load()
-		if !errors.Is(err, ErrNewer) {
-			t.Fatalf("Load: %v, want it refused as written by a newer nri-gpu", err)
-		}
-		want := "written by a newer nri-gpu: format version 2, and this nri-gpu reads version 1 and older"
-		if msg := err.Error(); !strings.Contains(msg, want) {
-			t.Errorf("Load: %q, want it to say %q", msg, want)
-		}
-		if len(got.Pods) > 0 {
-			t.Errorf("pods returned from a newer record: %v; they are found again in their containers", got.Pods)
-		}
-		var uids []string
-		for _, c := range got.Claims {
-			uids = append(uids, c.Claim.UID+" "+specs.Names(c.Footprints())[0])
-		}
-		if diff := cmp.Diff([]string{"uid-c nvidia.com/gpu=3", "uid-x nvidia.com/gpu=7"}, uids); diff != "" {
-			t.Errorf("claims kept of a newer record (-want +got):\n%s", diff)
+	for _, tc := range []struct{ name, file, boot, want string }{
+		{name: "newer", file: "newer-2.json", boot: fixtureBoot, want: "written by a newer nri-gpu: format version 2, and this nri-gpu reads version 1 and older"},
+		{name: "a field this format lacks", file: "1-claims.json", boot: fixtureBoot, want: `written by a newer nri-gpu: field "quota", which this nri-gpu cannot read`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := fixture(t, tc.file)
+			if tc.name == "a field this format lacks" {
+				addField(t, path)
+			}
+			f := Open(path)
+			f.boot = tc.boot
+			got, err := f.Load()
+			if !errors.Is(err, ErrNewer) {
+				t.Fatalf("Load: %v, want it refused as written by a newer nri-gpu", err)
+			}
+			if msg := err.Error(); !strings.Contains(msg, tc.want) {
+				t.Errorf("Load: %q, want it to say %q", msg, tc.want)
+			}
+			if len(got.Pods) > 0 {
+				t.Errorf("pods returned from a newer record: %v; they are found again in their containers", got.Pods)
+			}
+			var uids []string
+			for _, c := range got.Claims {
+				uids = append(uids, c.Claim.UID+" "+specs.Names(c.Footprints())[0])
+			}
+			if want := claimsOf(t, tc.file); !cmp.Equal(want, uids) {
+				t.Errorf("claims kept of a newer record: %v, want %v", uids, want)
+			}
+		})
+	}
+	// After a reboot and a downgrade: a newer record of another boot
+	// holds nothing, and is no error.
+	t.Run("newer, of another boot", func(t *testing.T) {
+		f := Open(fixture(t, "newer-2.json"))
+		f.boot = "a0c2e4f6-1111-4222-8333-944455556666"
+		got, err := f.Load()
+		if err != nil || len(got.Claims)+len(got.Pods) > 0 || got.EarlierBoot != fixtureBoot {
+			t.Errorf("Load: %+v, %v; want nothing held, of boot %s", got, err, fixtureBoot)
 		}
 	})
+}
+
+// addField adds a field no format of this nri-gpu has to the record at
+// path's first claim, as a newer nri-gpu might within the same version.
+func addField(t *testing.T, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec["claims"].([]any)[0].(map[string]any)["quota"] = 1
+	if data, err = json.Marshal(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// claimsOf returns, for each claim of the fixture, its UID and its
+// first device.
+func claimsOf(t *testing.T, file string) []string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("testdata", "formats", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		Claims []struct {
+			UID     string `json:"uid"`
+			Devices []struct {
+				Name string `json:"name"`
+			} `json:"devices"`
+		} `json:"claims"`
+	}
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, c := range rec.Claims {
+		out = append(out, c.UID+" "+c.Devices[0].Name)
+	}
+	return out
 }
 
 // TestFormatWritten: Save writes the newest shape of testdata/formats,

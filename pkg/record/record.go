@@ -454,10 +454,12 @@ func (f *File) SetAside() (string, error) {
 // does a record kept before the node last booted (Content.EarlierBoot
 // says so). A file nri-gpu's user does not own, that others may write,
 // that is not a regular file or is too big is not read (ErrUntrusted). A
-// record a newer nri-gpu wrote is refused (ErrNewer), except for the
-// claims it keeps as far as this format reads them, which Load returns
-// with the error: a claim's devices are found nowhere else, and are not
-// to be given away.
+// record a newer nri-gpu wrote (a newer format version, or a field this
+// one cannot read) is refused (ErrNewer), except for the claims it keeps
+// as far as this format reads them, which Load returns with the error: a
+// claim's devices are found nowhere else, and are not to be given away.
+// Its boot is looked at first: a record of another boot holds nothing,
+// whatever its format.
 func (f *File) Load() (Content, error) {
 	file, err := os.OpenFile(f.path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, os.ErrNotExist) {
@@ -485,32 +487,49 @@ func (f *File) Load() (Content, error) {
 	if err != nil {
 		return Content{}, fmt.Errorf("state file %s: %w", f.path, err)
 	}
+	// Its boot first: a record of another boot holds nothing, whatever
+	// its format.
 	var format struct {
-		Version int `json:"version"`
+		Version int    `json:"version"`
+		Boot    string `json:"bootId"`
 	}
 	if err := json.Unmarshal(data, &format); err != nil {
 		return Content{}, fmt.Errorf("state file %s: %w", f.path, err)
 	}
+	if format.Boot != "" && f.boot != "" && format.Boot != f.boot {
+		return Content{EarlierBoot: format.Boot}, nil
+	}
 	var rec stateRecord
-	err = json.Unmarshal(data, &rec)
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	err = dec.Decode(&rec)
+	unknown, isUnknown := strings.CutPrefix(fmt.Sprint(err), "json: unknown field ")
 	switch {
 	case format.Version > stateVersion:
-		// Pods are found again in their containers; claims are not, so
-		// what this nri-gpu understands of them is held.
-		c, _ := rec.content()
-		return Content{Claims: c.Claims}, fmt.Errorf("state file %s: %w: format version %d, and this nri-gpu reads version %d and older", f.path, ErrNewer, format.Version, stateVersion)
+		return f.newer(data, fmt.Sprintf("format version %d, and this nri-gpu reads version %d and older", format.Version, stateVersion))
+	case isUnknown:
+		return f.newer(data, fmt.Sprintf("field %s, which this nri-gpu cannot read", unknown))
 	case err != nil:
 		return Content{}, fmt.Errorf("state file %s: %w", f.path, err)
 	case rec.Version < 1:
 		return Content{}, fmt.Errorf("state file %s: format version %d, which no nri-gpu writes", f.path, rec.Version)
-	case rec.Boot != "" && f.boot != "" && rec.Boot != f.boot:
-		return Content{EarlierBoot: rec.Boot}, nil
 	}
 	c, err := rec.content()
 	if err != nil {
 		return Content{}, fmt.Errorf("state file %s: %w", f.path, err)
 	}
 	return c, nil
+}
+
+// newer refuses a record a newer nri-gpu wrote (ErrNewer, saying why),
+// returning the claims it keeps as far as this format reads them: pods
+// are found again in their containers, claims are not, and their
+// devices are not to be given away.
+func (f *File) newer(data []byte, why string) (Content, error) {
+	var rec stateRecord
+	_ = json.Unmarshal(data, &rec)
+	c, _ := rec.content()
+	return Content{Claims: c.Claims}, fmt.Errorf("state file %s: %w: %s", f.path, ErrNewer, why)
 }
 
 // content is what a record holds.
