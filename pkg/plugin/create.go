@@ -30,8 +30,9 @@ import (
 func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	p.recovered.Add(pod.GetId(), ctr.GetId())
 	adj, _, err := p.Create(ctx, pod, ctr)
-	if err != nil && p.recovered.Remove(pod.GetId(), ctr.GetId()) {
-		p.release(pod) // its other containers were removed meanwhile
+	if err != nil {
+		// Its other containers were removed meanwhile: the pod ends.
+		p.recovered.Remove(pod.GetId(), ctr.GetId(), func() { p.release(pod) })
 	}
 	return adj, nil, err
 }

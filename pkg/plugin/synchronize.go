@@ -110,9 +110,7 @@ func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error 
 // restarted, that is all it tells of the pod's end (see pkg/recovery).
 func (p *Plugin) RemoveContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
 	p.forgetAccess(pod, ctr)
-	if p.recovered.Remove(pod.GetId(), ctr.GetId()) {
-		p.release(pod)
-	}
+	p.recovered.Remove(pod.GetId(), ctr.GetId(), func() { p.release(pod) })
 	return nil
 }
 

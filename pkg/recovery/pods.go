@@ -93,9 +93,12 @@ func (r *Pods) Add(podID, ctrID string) {
 	}
 }
 
-// Remove forgets a removed container, and reports whether it was the last
-// of a tracked pod.
-func (r *Pods) Remove(podID, ctrID string) bool {
+// Remove forgets a removed container and, where it was the last of a
+// tracked pod, calls release and reports so. release runs in the same
+// step, under the lock Add takes: a container the pod creates meanwhile
+// is added before (and the pod has a container left) or after (and what
+// it is given is held after the release), never between.
+func (r *Pods) Remove(podID, ctrID string, release func()) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ctrs := r.pods[podID]
@@ -103,7 +106,11 @@ func (r *Pods) Remove(podID, ctrID string) bool {
 		return false
 	}
 	delete(ctrs, ctrID)
-	return len(ctrs) == 0
+	if len(ctrs) > 0 {
+		return false
+	}
+	release()
+	return true
 }
 
 // Forget stops tracking a pod the runtime said is stopped or removed.
@@ -170,8 +177,8 @@ func (r *Pods) Watch(podID string, pid int, release func()) error {
 				continue
 			}
 			delete(r.pods, podID)
+			release() // in the same step, as Remove's
 			r.mu.Unlock()
-			release()
 			return
 		}
 	}()

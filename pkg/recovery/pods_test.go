@@ -15,9 +15,9 @@ import (
 
 func ctr(pod, id string) *api.Container { return &api.Container{PodSandboxId: pod, Id: id} }
 
-// TestRemoveTellsTheLastContainer: a tracked pod ends with the removal of
-// its last container, reported at Reset or added after; an untracked or
-// forgotten pod's containers never end it.
+// TestRemoveTellsTheLastContainer: a tracked pod ends (it is released)
+// with the removal of its last container, reported at Reset or added
+// after; an untracked or forgotten pod's containers never end it.
 func TestRemoveTellsTheLastContainer(t *testing.T) {
 	type step struct {
 		op       string // add, remove, forget
@@ -45,8 +45,9 @@ func TestRemoveTellsTheLastContainer(t *testing.T) {
 				case "forget":
 					r.Forget(s.pod)
 				case "remove":
-					if got := r.Remove(s.pod, s.ctr); got != s.last {
-						t.Fatalf("step %d: Remove(%s, %s) = %v, want %v", i, s.pod, s.ctr, got, s.last)
+					released := false
+					if got := r.Remove(s.pod, s.ctr, func() { released = true }); got != s.last || released != s.last {
+						t.Fatalf("step %d: Remove(%s, %s) = %v, released %v; want %v", i, s.pod, s.ctr, got, released, s.last)
 					}
 				}
 			}
