@@ -77,8 +77,10 @@ type File struct {
 	mu   sync.Mutex
 	last []byte // what was last written, so unchanged state is not
 	// lock holds the state directory open (and locked) while the plugin
-	// runs.
-	lock *os.File
+	// runs; givenUp says it was let go, and the record is no longer
+	// this process's to write.
+	lock    *os.File
+	givenUp bool
 }
 
 // Open returns the record at path, for reading and writing.
@@ -217,7 +219,8 @@ func (r deviceRecord) device() specs.Device {
 const stateVersion = 1
 
 // Save writes what held returns, unless it is what was last written; a
-// read-only record is never written. held is called under the file's
+// read-only record is never written, nor one whose lock this process
+// let go (ErrGivenUp). held is called under the file's
 // lock, so that of two saves at once the later one writes the later
 // state.
 func (f *File) Save(held func() Content) error {
@@ -226,6 +229,9 @@ func (f *File) Save(held func() Content) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.givenUp {
+		return fmt.Errorf("state file %s: %w", f.path, ErrGivenUp)
+	}
 	rec := stateRecord{Version: stateVersion, Boot: f.boot, Pods: []podRecord{}}
 	c := held()
 	for _, h := range c.Pods {
@@ -399,7 +405,9 @@ func (f *File) lockWith(acquire func(fd int, holder func() string) error) error 
 		d.Close()
 		return fmt.Errorf("state file %s: lock: %w", f.path, err)
 	}
-	f.lock = d
+	f.mu.Lock()
+	f.lock, f.givenUp = d, false
+	f.mu.Unlock()
 	left, _ := filepath.Glob(filepath.Join(dir, tempPrefix(f.path)+"*"))
 	for _, l := range left {
 		_ = os.Remove(l)
@@ -431,11 +439,20 @@ func openPidFile(name string) (*os.File, error) {
 	return file, nil
 }
 
-// Unlock lets the lock go.
+// ErrGivenUp is wrapped by Save's error once this process has let the
+// record's lock go: another nri-gpu may hold the record now.
+var ErrGivenUp = errors.New("given up to another nri-gpu")
+
+// Unlock lets the lock go, once a save in progress is done: a save that
+// comes after is refused (ErrGivenUp), so that nothing this process
+// still has in flight writes the record of the nri-gpu that takes it.
 func (f *File) Unlock() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.lock != nil {
 		f.lock.Close()
 		f.lock = nil
+		f.givenUp = true
 	}
 }
 

@@ -343,6 +343,68 @@ func TestTakeOver(t *testing.T) {
 	third.Unlock()
 }
 
+// TestHandoverWithASaveInFlight: a save still in flight when nri-gpu
+// gives the record up (its request began before the handover) is written
+// before the lock goes, so the nri-gpu that takes the record over reads
+// it and its own saves are the last; a save that comes after the lock
+// went is refused (ErrGivenUp) and writes nothing.
+func TestHandoverWithASaveInFlight(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state", "allocations.json")
+	old := Open(path)
+	if err := old.Lock(); err != nil {
+		t.Fatal(err)
+	}
+	held := func(id string) func() Content {
+		return func() Content { return Content{Pods: []policy.Holding{{Pod: policy.Pod{ID: id}}}} }
+	}
+	if err := old.Save(held("a")); err != nil {
+		t.Fatal(err)
+	}
+	// The old nri-gpu's request is inside its save when it gives up.
+	inSave, resume := make(chan struct{}), make(chan struct{})
+	old.step = func(name string) {
+		if name == "create" {
+			close(inSave)
+			<-resume
+		}
+	}
+	saved := make(chan error, 1)
+	go func() { saved <- old.Save(held("in-flight")) }()
+	<-inSave
+	old.step = nil
+	gaveUp := make(chan struct{})
+	go func() { old.Unlock(); close(gaveUp) }()
+
+	// The new nri-gpu waits for the lock; the save in flight goes on.
+	next := Open(path)
+	waited := false
+	if err := next.TakeOver(context.Background(), func(string) { waited = true; close(resume) }); err != nil {
+		t.Fatal(err)
+	}
+	defer next.Unlock()
+	if !waited {
+		t.Error("the record was taken over while a save of the nri-gpu giving it up was in flight")
+		close(resume)
+	}
+	if err := <-saved; err != nil {
+		t.Errorf("the save in flight: %v", err)
+	}
+	<-gaveUp
+	c, err := next.Load()
+	if err != nil || len(c.Pods) != 1 || c.Pods[0].Pod.ID != "in-flight" {
+		t.Errorf("the new nri-gpu read %v, %v; want the save in flight, written before the lock went", c.Pods, err)
+	}
+	if err := next.Save(held("new")); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Save(held("late")); !errors.Is(err, ErrGivenUp) {
+		t.Errorf("a save after the record was given up: %v, want ErrGivenUp", err)
+	}
+	if c, err := next.Load(); err != nil || len(c.Pods) != 1 || c.Pods[0].Pod.ID != "new" {
+		t.Errorf("the record holds %v, %v; want the new nri-gpu's save", c.Pods, err)
+	}
+}
+
 // TestLockFileOfOneLink: a lock path that is not a regular file of one
 // link is refused, and the file it names left as it was: a hard link to
 // another file (writing the pid would truncate it), a symbolic link, a
