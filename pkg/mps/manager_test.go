@@ -219,6 +219,9 @@ func TestManagerCannotStart(t *testing.T) {
 	if got := gpus.modeOf("GPU-1"); got != "Default" {
 		t.Errorf("after the failed start, its GPU in %s, want Default", got)
 	}
+	if got := modesDone(events); len(got) > 0 {
+		t.Errorf("a start rolled back is told as %v besides: want its rollback alone", got)
+	}
 	events, errs = m.Sync(ctx, nil)
 	if len(events) > 0 || len(errs) > 0 {
 		t.Errorf("a daemon that did not start is kept: %v, %v", whats(events), errs)
@@ -327,8 +330,9 @@ func TestManagerComputeMode(t *testing.T) {
 		t.Fatalf("without NVML: %v, %v; want started and one error", whats(events), errs)
 	}
 	testutil.ErrorSays(t, errs[0], "compute mode is left as it is", "nvidia-smi -i GPU-1234 -c EXCLUSIVE_PROCESS")
-	if _, errs := m.Sync(ctx, nil); len(errs) > 0 || absent.modeOf("GPU-1234") != "Default" {
-		t.Errorf("stopping without NVML: %v, mode %s (the manager did not set it, and leaves it)", errs, absent.modeOf("GPU-1234"))
+	events, errs = m.Sync(ctx, nil)
+	if len(errs) > 0 || absent.modeOf("GPU-1234") != "Default" || len(modesDone(events)) > 0 {
+		t.Errorf("stopping without NVML: %v, mode %s, modes %v (the manager did not set it, and leaves it, saying nothing of it)", errs, absent.modeOf("GPU-1234"), modesDone(events))
 	}
 
 	// Found running, kept by no manager: its GPU put in Exclusive_Process.

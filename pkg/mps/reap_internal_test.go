@@ -110,3 +110,23 @@ func TestAwaitAndReap(t *testing.T) {
 		t.Errorf("given up by its caller, the wait took %s", took)
 	}
 }
+
+// TestParent: a process's parent is told by its stat; one that is gone
+// has none (0).
+func TestParent(t *testing.T) {
+	if got := parent(os.Getpid()); got != os.Getppid() {
+		t.Errorf("parent of this process: %d, want %d", got, os.Getppid())
+	}
+	gone := child(t, "true")
+	testutil.Within(t, 5*time.Second, "the child a zombie", func() bool {
+		state, _, err := stat(gone.pid)
+		return err == nil && state == 'Z'
+	})
+	if got := parent(gone.pid); got != os.Getpid() {
+		t.Errorf("parent of this process's zombie: %d, want %d", got, os.Getpid())
+	}
+	gone.reap()
+	if got := parent(gone.pid); got != 0 {
+		t.Errorf("parent of a reaped process: %d, want 0", got)
+	}
+}
