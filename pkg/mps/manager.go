@@ -141,11 +141,11 @@ const undoWait = 10 * time.Second
 // and stops those it kept that are no longer wanted (Daemon.Stop, which
 // puts their GPUs back in the mode they were in). It gives each daemon
 // its Modes. Each step is kept in its Journal before it is taken (the
-// mode a GPU was in before its daemon's start sets another among them), so that a start that did not
-// finish is rolled back by whoever reads the journal next, and a stop
-// that failed is tried again. It reaps the daemons it knows that have
-// quit: nri-gpu in its container is PID 1 there, and a daemon started
-// through "-d" is reparented to it.
+// mode a GPU was in before its daemon's start sets another among them),
+// so that a start that did not finish is rolled back by whoever reads
+// the journal next, and a stop that failed is tried again. It reaps the
+// daemons it knows that have quit: nri-gpu in its container is PID 1
+// there, and a daemon started through "-d" is reparented to it.
 //
 // A Manager made with no Start (mps.daemon: external) starts nothing:
 // it only says whether the operator's daemons are ready.
