@@ -67,7 +67,7 @@ func node(t *testing.T, gone ...string) *specs.Snapshot {
 			t.Fatal(err)
 		}
 	}
-	reg, err := specs.Open([]string{specDir})
+	reg, err := specs.Open([]string{specDir}, specs.WithPartMajors(func() []int64 { return []int64{511} }))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -141,7 +141,7 @@ func TestMIGHolderMetrics(t *testing.T) {
 		t.Run(fmt.Sprintf("NVML %v", withNVML), func(t *testing.T) {
 			specDir, lib := migNode(t)
 			gpu0, gpu1 := lib.Devices[0].(*dgxa100.Device).UUID, lib.Devices[1].(*dgxa100.Device).UUID
-			opts := []plugin.Option{plugin.WithSpecDirs([]string{specDir})}
+			opts := []plugin.Option{plugin.WithSpecDirs([]string{specDir}), plugin.WithPartMajors(func() []int64 { return []int64{511} })}
 			type entity struct{ uuid, gi string }
 			slice, claimed, whole, gpu0Label := entity{gpu0, "5"}, entity{gpu0, "3"}, entity{gpu1, ""}, gpu0
 			if withNVML {

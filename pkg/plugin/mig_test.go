@@ -11,6 +11,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
@@ -28,10 +29,12 @@ func TestAllBesideMIGInstance(t *testing.T) {
 		t.Skip("making device nodes needs root")
 	}
 	nodes := t.TempDir()
-	if err := os.Mkdir(filepath.Join(nodes, "nvidia-caps"), 0o755); err != nil {
+	// The capability nodes are known by their major, wherever they are.
+	if err := os.Mkdir(filepath.Join(nodes, "caps"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for path, dev := range map[string][2]uint32{"nvidia0": {195, 0}, "nvidia1": {195, 1}, "nvidia-caps/nvidia-cap12": {511, 12}, "nvidia-caps/nvidia-cap13": {511, 13}} {
+	capsMajor := plugin.WithPartMajors(func() []int64 { return []int64{511} })
+	for path, dev := range map[string][2]uint32{"nvidia0": {195, 0}, "nvidia1": {195, 1}, "caps/nvidia-cap12": {511, 12}, "caps/nvidia-cap13": {511, 13}} {
 		if err := unix.Mknod(filepath.Join(nodes, path), unix.S_IFCHR|0o666, int(unix.Mkdev(dev[0], dev[1]))); err != nil {
 			t.Fatal(err)
 		}
@@ -53,7 +56,7 @@ devices:
       deviceNodes: [{path: /dev/nvidia0, hostPath: %[1]s/nvidia0}]
   - name: "0:0"
     containerEdits:
-      deviceNodes: [{path: /dev/nvidia0, hostPath: %[1]s/nvidia0}, {path: /dev/nvidia-caps/nvidia-cap12, hostPath: %[1]s/nvidia-caps/nvidia-cap12}, {path: /dev/nvidia-caps/nvidia-cap13, hostPath: %[1]s/nvidia-caps/nvidia-cap13}]
+      deviceNodes: [{path: /dev/nvidia0, hostPath: %[1]s/nvidia0}, {path: /dev/nvidia-caps/nvidia-cap12, hostPath: %[1]s/caps/nvidia-cap12}, {path: /dev/nvidia-caps/nvidia-cap13, hostPath: %[1]s/caps/nvidia-cap13}]
   - name: all
     containerEdits:
       deviceNodes: [{path: /dev/nvidia0, hostPath: %[1]s/nvidia0}%[2]s]
@@ -66,7 +69,7 @@ devices:
 						// all is GPU 0 itself when it covers GPU 0 alone:
 						// its sharing then applies to it.
 						given := !exclusive && door == "named" && (sharing == "" || sharing == shareGPU && allGPUs == 2)
-						p := inProcess(t, fmt.Sprintf(`policy: {allowAll: true, devices: ["nvidia.com/gpu=0:0", "nvidia.com/gpu=all"], exclusive: %v%s}`, exclusive, sharing), specDir)
+						p := inProcess(t, fmt.Sprintf(`policy: {allowAll: true, devices: ["nvidia.com/gpu=0:0", "nvidia.com/gpu=all"], exclusive: %v%s}`, exclusive, sharing), specDir, capsMajor)
 						holdMIG := func() error {
 							switch door {
 							case "named", "counted":

@@ -11,6 +11,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // Option tunes a Plugin.
@@ -34,6 +35,12 @@ func WithMetrics(m *metrics.Metrics) Option { return func(p *Plugin) { p.metrics
 // WithNVML has the plugin use lib for spec generation instead of the
 // driver's NVML (tests use go-nvml's mock servers).
 func WithNVML(lib nvml.Interface) Option { return func(p *Plugin) { p.flags.nvml = lib } }
+
+// WithPartMajors has the plugin take the device nodes of these character
+// majors for the parts of a GPU (a MIG device's capability nodes) instead
+// of those of the major the host's /proc/devices lists for nvidia-caps
+// (tests make their own).
+func WithPartMajors(parts specs.PartMajors) Option { return func(p *Plugin) { p.flags.parts = parts } }
 
 // WithHookPath has the specs the plugin generates name path as their CDI
 // hook, instead of the plugin's own executable.

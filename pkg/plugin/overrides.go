@@ -8,6 +8,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
+	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
 // overrides are what the command line sets over every configuration,
@@ -18,6 +19,9 @@ type overrides struct {
 	config config.Overrides
 	// nvml, when set, replaces the driver's NVML (tests).
 	nvml nvml.Interface
+	// parts, when set, replaces the capability major the host's
+	// /proc/devices lists (tests).
+	parts specs.PartMajors
 	// mpsStart starts managed MPS daemons (nri-gpu's mps-shm command).
 	mpsStart mps.Launcher
 	// record is the state file (--state-file), read only for explain;

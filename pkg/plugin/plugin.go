@@ -228,7 +228,11 @@ func (p *Plugin) newState(cfg *config.Config) (*state, error) {
 	if err != nil {
 		return nil, err
 	}
-	reg, err := specs.Open(cfg.CDISpecDirs, specs.WithNotify(p.logProblems))
+	opts := []specs.Option{specs.WithNotify(p.logProblems)}
+	if p.flags.parts != nil {
+		opts = append(opts, specs.WithPartMajors(p.flags.parts))
+	}
+	reg, err := specs.Open(cfg.CDISpecDirs, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -737,13 +737,13 @@ func TestCountSkipsUnusableDevices(t *testing.T) {
 
 // inProcess returns a plugin of cfgYAML reading the specs in dir, to call
 // directly, closed when the test ends.
-func inProcess(t *testing.T, cfgYAML, dir string) *plugin.Plugin {
+func inProcess(t *testing.T, cfgYAML, dir string, opts ...plugin.Option) *plugin.Plugin {
 	t.Helper()
 	cfg, err := config.Parse([]byte(cfgYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{dir}))
+	p, err := plugin.New(cfg, quiet(), append([]plugin.Option{plugin.WithSpecDirs([]string{dir})}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

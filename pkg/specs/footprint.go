@@ -8,6 +8,7 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/NVIDIA/nvidia-container-toolkit/pkg/system/nvdevices"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
@@ -25,8 +26,8 @@ type Device struct {
 	// node that is neither there nor fully specified, "path /dev/x".
 	Nodes []string
 	// Parts are those of Nodes that narrow the device to a part of the
-	// hardware its other nodes name: a MIG device's capability nodes
-	// (/dev/nvidia-caps/*), beside its GPU's node. Sorted.
+	// hardware its other nodes name, known by their major (PartMajors):
+	// a MIG device's capability nodes beside its GPU's node. Sorted.
 	Parts []string
 }
 
@@ -80,40 +81,69 @@ func Names(devices []Device) []string {
 }
 
 // footprint returns the name and footprint of a resolved device, its
-// nodes identified from the host nodes stat'ed at load.
-func footprint(d *cdi.Device, hosts map[string]HostNode) Device {
-	var nodes, parts []string
+// nodes identified from the host nodes stat'ed at load, its parts those of
+// a character major in parts.
+func footprint(d *cdi.Device, hosts map[string]HostNode, parts []int64) Device {
+	var nodes, own []string
 	for _, n := range d.ContainerEdits.DeviceNodes {
 		if n == nil {
 			continue
 		}
-		id := nodeID(n, hosts[HostPath(n)])
+		host := hosts[HostPath(n)]
+		id := nodeID(n, host)
 		nodes = append(nodes, id)
-		if filepath.Base(filepath.Dir(HostPath(n))) == capsDir {
-			parts = append(parts, id)
+		if typ, major, _, ok := numbers(n, host); ok && typ == "c" && slices.Contains(parts, major) {
+			own = append(own, id)
 		}
 	}
 	slices.Sort(nodes)
-	slices.Sort(parts)
-	return Device{Name: d.GetQualifiedName(), Nodes: slices.Compact(nodes), Parts: slices.Compact(parts)}
+	slices.Sort(own)
+	return Device{Name: d.GetQualifiedName(), Nodes: slices.Compact(nodes), Parts: slices.Compact(own)}
 }
 
-// capsDir is the directory of the NVIDIA driver's capability nodes: a
-// MIG device's GPU instance and compute instance are each one
-// (/dev/nvidia-caps/nvidia-cap<minor>, their minors in
-// /proc/driver/nvidia-caps/mig-minors).
-const capsDir = "nvidia-caps"
+// PartMajors gives the majors of the character devices whose nodes narrow
+// a device to a part of the hardware its other nodes name. A load asks
+// each time: a driver may be loaded after nri-gpu starts.
+type PartMajors func() []int64
 
-// nodeID identifies a device node by what it is: its type and numbers as
-// the host has them, or as the spec gives them, else its cleaned host path.
+// NVIDIACaps is the major of the NVIDIA driver's capability nodes, as the
+// host's /proc/devices lists it ("nvidia-caps"), read through NVIDIA's
+// toolkit: a MIG device's GPU instance and compute instance are each one
+// (their minors in /proc/driver/nvidia-caps/mig-minors), wherever its
+// spec puts their nodes. None where the driver is not loaded.
+func NVIDIACaps() []int64 {
+	devs, err := nvdevices.New(nvdevices.WithDryRun(true))
+	if err != nil || devs.Devices == nil {
+		return nil
+	}
+	if major, ok := devs.Get(capsName); ok {
+		return []int64{int64(major)}
+	}
+	return nil
+}
+
+// capsName is the NVIDIA capability nodes' driver in /proc/devices.
+const capsName = "nvidia-caps"
+
+// nodeID identifies a device node by what it is: its type and numbers,
+// else its cleaned host path.
 func nodeID(n *cdispec.DeviceNode, host HostNode) string {
-	switch {
-	case host.Err == nil && host.Type != "":
-		return NodeID(host.Type, host.Major, host.Minor)
-	case n.Type != "" && n.Major != 0:
-		return NodeID(n.Type, n.Major, n.Minor)
+	if typ, major, minor, ok := numbers(n, host); ok {
+		return NodeID(typ, major, minor)
 	}
 	return "path " + filepath.Clean(HostPath(n))
+}
+
+// numbers gives a node's type and numbers as the host has them, or as the
+// spec gives them.
+func numbers(n *cdispec.DeviceNode, host HostNode) (typ string, major, minor int64, ok bool) {
+	switch {
+	case host.Err == nil && host.Type != "":
+		return host.Type, host.Major, host.Minor, true
+	case n.Type != "" && n.Major != 0:
+		return n.Type, n.Major, n.Minor, true
+	}
+	return "", 0, 0, false
 }
 
 // NodeID is how a Device's Nodes name a device node of this type and

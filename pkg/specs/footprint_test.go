@@ -1,11 +1,14 @@
 package specs_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -44,16 +47,25 @@ devices:
     containerEdits: {env: [A=1]}
 `
 
-// footprints loads the spec files of a directory and returns the
-// footprints of their trusted devices, by the device part of their names.
+// capsMajor is the capability nodes' major in migSpec, as a host's
+// /proc/devices would list it.
+const capsMajor = 508
+
+// footprints loads the spec files of a directory on a host whose
+// capability nodes have capsMajor, and returns the footprints of their
+// trusted devices, by the device part of their names.
 func footprints(t *testing.T, files map[string]string) map[string]specs.Device {
 	t.Helper()
 	dir := t.TempDir()
 	for name, content := range files {
 		write(t, dir, name, content)
 	}
+	snap, err := specs.Load([]string{dir}, specs.WithPartMajors(func() []int64 { return []int64{capsMajor} }))
+	if err != nil {
+		t.Fatal(err)
+	}
 	out := map[string]specs.Device{}
-	for _, d := range open(t, dir).Snapshot().Trusted() {
+	for _, d := range snap.Trusted() {
 		_, _, name := parser.ParseDevice(d.Name)
 		out[name] = d
 	}
@@ -153,5 +165,115 @@ devices:
 	}
 	if n := len(snap.Trusted()); n != 10 {
 		t.Errorf("%d trusted devices, want the spec's 10 (all ones too)", n)
+	}
+}
+
+// TestPartsByDeviceNumbers: a MIG device's capability nodes are its parts
+// by their major, wherever its spec puts them: real character devices of
+// the capability major in a directory not named nvidia-caps narrow it to
+// a part of its GPU, so a hand-written "all" of the GPUs' nodes overlaps
+// it; nodes in a directory named nvidia-caps of another major are not
+// parts, whatever the directory says; and no major, no parts.
+func TestPartsByDeviceNumbers(t *testing.T) {
+	nodes := t.TempDir()
+	for path, dev := range map[string][2]uint32{
+		"gpus/nvidia0": {195, 0}, "gpus/nvidia1": {195, 1},
+		"elsewhere/gi1": {capsMajor, 66}, "elsewhere/gi1-ci0": {capsMajor, 67}, "elsewhere/gi1-ci1": {capsMajor, 68},
+		"nvidia-caps/other": {240, 3},
+	} {
+		mknod(t, filepath.Join(nodes, path), dev)
+	}
+	node := func(path, host string) string {
+		return fmt.Sprintf("{path: %s, hostPath: %s}", path, filepath.Join(nodes, host))
+	}
+	gpu0 := node("/dev/nvidia0", "gpus/nvidia0")
+	spec := `cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+devices:
+  - name: "0:0"
+    containerEdits: {deviceNodes: [` + gpu0 + `, ` + node("/dev/nvidia-caps/nvidia-cap66", "elsewhere/gi1") + `, ` + node("/dev/nvidia-caps/nvidia-cap67", "elsewhere/gi1-ci0") + `]}
+  - name: "0:1"
+    containerEdits: {deviceNodes: [` + gpu0 + `, ` + node("/dev/nvidia-caps/nvidia-cap66", "elsewhere/gi1") + `, ` + node("/dev/nvidia-caps/nvidia-cap68", "elsewhere/gi1-ci1") + `]}
+  - name: with-other
+    containerEdits: {deviceNodes: [` + gpu0 + `, ` + node("/dev/nvidia-caps/other", "nvidia-caps/other") + `]}
+  - name: all
+    containerEdits: {deviceNodes: [` + gpu0 + `, ` + node("/dev/nvidia1", "gpus/nvidia1") + `]}
+`
+	dir := t.TempDir()
+	write(t, dir, "gpu.yaml", spec)
+	load := func(majors ...int64) map[string]specs.Device {
+		snap, err := specs.Load([]string{dir}, specs.WithPartMajors(func() []int64 { return majors }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]specs.Device{}
+		for _, d := range snap.Trusted() {
+			_, _, name := parser.ParseDevice(d.Name)
+			out[name] = d
+		}
+		return out
+	}
+	caps := fmt.Sprintf("c %d:", capsMajor)
+	tests := []struct {
+		name             string
+		majors           []int64
+		parts            []string // of 0:0
+		otherParts       []string // of with-other
+		migAll, otherAll bool     // 0:0 and all overlap; with-other and all
+		siblings         bool     // 0:0 and 0:1 overlap
+	}{
+		{"capability major", []int64{capsMajor}, []string{caps + "66", caps + "67"}, nil, true, false, false},
+		{"the other node's major", []int64{240}, nil, []string{"c 240:3"}, false, true, false},
+		{"no major", nil, nil, nil, false, false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			devs := load(tc.majors...)
+			if got := devs["0:0"].Parts; !slices.Equal(got, tc.parts) {
+				t.Errorf("0:0's parts %v, want %v", got, tc.parts)
+			}
+			if got := devs["with-other"].Parts; !slices.Equal(got, tc.otherParts) {
+				t.Errorf("with-other's parts %v, want %v", got, tc.otherParts)
+			}
+			if got := devs["0:0"].Overlaps(devs["all"]); got != tc.migAll {
+				t.Errorf("0:0 overlaps a hand-written all: %v, want %v", got, tc.migAll)
+			}
+			if got := devs["with-other"].Overlaps(devs["all"]); got != tc.otherAll {
+				t.Errorf("with-other overlaps a hand-written all: %v, want %v", got, tc.otherAll)
+			}
+			if got := devs["0:0"].Overlaps(devs["0:1"]); got != tc.siblings {
+				t.Errorf("two compute instances of one GPU instance overlap: %v, want %v", got, tc.siblings)
+			}
+		})
+	}
+}
+
+// TestNVIDIACaps: the capability major is the host's, as /proc/devices
+// lists it, and none where the driver has not registered it.
+func TestNVIDIACaps(t *testing.T) {
+	data, err := os.ReadFile("/proc/devices")
+	if err != nil {
+		t.Skip("no /proc/devices:", err)
+	}
+	var want []int64
+	for _, line := range strings.Split(string(data), "\n") {
+		var major int64
+		var name string
+		if n, _ := fmt.Sscanf(strings.TrimSpace(line), "%d %s", &major, &name); n == 2 && name == "nvidia-caps" {
+			want = append(want, major)
+		}
+	}
+	if got := specs.NVIDIACaps(); !slices.Equal(got, want) {
+		t.Errorf("NVIDIACaps() = %v, want %v (this host's /proc/devices)", got, want)
+	}
+}
+
+func mknod(t *testing.T, path string, dev [2]uint32) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mknod(path, unix.S_IFCHR|0o600, int(unix.Mkdev(dev[0], dev[1]))); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -60,9 +60,11 @@ type HostNode struct {
 	Err error
 }
 
-// load reads the specs of dirs and builds a snapshot of them.
-func load(dirs []string) *Snapshot {
+// load reads the specs of dirs and builds a snapshot of them, the nodes
+// of a major parts gives their devices' parts.
+func load(dirs []string, parts PartMajors) *Snapshot {
 	l := readDirs(dirs)
+	majors := parts()
 	s := &Snapshot{
 		dirs:      dirs,
 		devices:   map[string]*Entry{},
@@ -87,7 +89,7 @@ func load(dirs []string) *Snapshot {
 				}
 			}
 		}
-		s.devices[name] = &Entry{Device: d, Spec: l.paths[spec], Footprint: footprint(d, s.HostNodes), Hooks: hooks(d), Untrusted: l.untrusted[spec]}
+		s.devices[name] = &Entry{Device: d, Spec: l.paths[spec], Footprint: footprint(d, s.HostNodes, majors), Hooks: hooks(d), Untrusted: l.untrusted[spec]}
 	}
 	return s
 }

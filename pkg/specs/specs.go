@@ -50,6 +50,7 @@ type Registry struct {
 	dirs   []string
 	snap   atomic.Pointer[Snapshot]
 	notify func(*Snapshot)
+	parts  PartMajors
 	stop   chan struct{}
 	done   chan struct{}
 }
@@ -61,6 +62,10 @@ type Option func(*Registry)
 // snapshot.
 func WithNotify(fn func(*Snapshot)) Option { return func(r *Registry) { r.notify = fn } }
 
+// WithPartMajors has a device's nodes of these character majors taken for
+// its parts (Device.Parts) rather than those NVIDIACaps gives.
+func WithPartMajors(parts PartMajors) Option { return func(r *Registry) { r.parts = parts } }
+
 // Open loads the specs in dirs, a later directory winning over an earlier
 // one, and keeps loading them as they change until Close. Missing
 // directories are not an error: they are looked for.
@@ -68,28 +73,35 @@ func Open(dirs []string, opts ...Option) (*Registry, error) {
 	if len(dirs) == 0 {
 		return nil, errNoDirs
 	}
-	r := &Registry{
-		dirs: slices.Clone(dirs),
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
-	}
-	for _, o := range opts {
-		o(r)
-	}
+	r := newRegistry(dirs, opts)
 	// Watch first, so that no change after the first load is missed.
 	w := newWatcher(r.dirs)
-	r.snap.Store(load(r.dirs))
+	r.snap.Store(load(r.dirs, r.parts))
 	go r.watch(w)
 	return r, nil
 }
 
 // Load loads the specs in dirs once, without watching them: for commands
 // that read the specs and exit.
-func Load(dirs []string) (*Snapshot, error) {
+func Load(dirs []string, opts ...Option) (*Snapshot, error) {
 	if len(dirs) == 0 {
 		return nil, errNoDirs
 	}
-	return load(dirs), nil
+	r := newRegistry(dirs, opts)
+	return load(r.dirs, r.parts), nil
+}
+
+func newRegistry(dirs []string, opts []Option) *Registry {
+	r := &Registry{
+		dirs:  slices.Clone(dirs),
+		parts: NVIDIACaps,
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(r)
+	}
+	return r
 }
 
 var errNoDirs = errors.New("no CDI spec directories")
@@ -109,7 +121,7 @@ func (r *Registry) Snapshot() *Snapshot { return r.snap.Load() }
 
 // reload loads the specs again and publishes the new snapshot.
 func (r *Registry) reload() {
-	s := load(r.dirs)
+	s := load(r.dirs, r.parts)
 	r.snap.Store(s)
 	if r.notify != nil {
 		r.notify(s)
