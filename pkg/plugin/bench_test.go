@@ -27,6 +27,9 @@ func BenchmarkCreateContainer(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
+			b.Fatal(err)
+		}
 		for _, n := range []int{1, 8, 64} {
 			pod := &api.PodSandbox{Id: "p", Name: "p", Namespace: "ns", Annotations: map[string]string{"gpus.nri-gpu.io": harness.BenchRequest(n)}}
 			ctr := &api.Container{Id: "c", PodSandboxId: "p", Name: "c", Linux: &api.LinuxContainer{}}

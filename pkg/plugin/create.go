@@ -28,6 +28,9 @@ import (
 // pod's last other container meanwhile does not release what the new
 // one is being given.
 func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	if err := p.life.restore.await(ctx, p.waitBound(ctx)); err != nil {
+		return nil, nil, err
+	}
 	p.recovered.Add(pod.GetId(), ctr.GetId())
 	adj, _, err := p.Create(ctx, pod, ctr)
 	if err != nil {

@@ -34,7 +34,15 @@ func (r *Resource) Devices() []deviceplugin.Device {
 	_, snap, pol := r.p.decision()
 	hardware := inventory.Hardware(snap, pol, r.cfg.Kind, r.cfg.Devices, nil)
 	ch := policy.Choice{Unhealthy: r.p.node.hw.Unhealthy(snap), Hooks: snap.Hooks}
-	return r.offered.Devices(deviceplugin.Offers(hardware, pol, r.p.node.alloc, ch))
+	devs := r.offered.Devices(deviceplugin.Offers(hardware, pol, r.p.node.alloc, ch))
+	if !r.p.life.restore.restored() {
+		// Kubelet is told of the devices, none healthy, until the pool
+		// holds what the record and the running containers say.
+		for i := range devs {
+			devs[i].Healthy = false
+		}
+	}
+	return devs
 }
 
 // Preferred chooses size devices among available, mustInclude first, as

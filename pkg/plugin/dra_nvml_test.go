@@ -91,6 +91,7 @@ func TestClaimDevicesFromNVML(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	synchronized(t, p)
 	t.Cleanup(p.Close)
 	devs := offer(t, p.DRAView(cfg.Start.DRA), sysfs)
 	if len(devs) != 4 {

@@ -50,6 +50,7 @@ func TestGenerateSpecs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	synchronized(t, p)
 	defer p.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)

@@ -67,6 +67,7 @@ func TestKubeletAllocations(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			synchronized(t, p)
 			t.Cleanup(p.Close)
 			pod := &api.PodSandbox{Id: "id-p", Name: "p", Namespace: "tenant", Annotations: tc.podAnn}
 			ctr := &api.Container{Id: "c", PodSandboxId: pod.Id, Name: "main", Linux: &api.LinuxContainer{}}
@@ -102,6 +103,7 @@ func TestKubeletAllocationsForClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	synchronized(t, p)
 	t.Cleanup(p.Close)
 	view := p.DRAView(config.Default().Start.DRA)
 	var names []string

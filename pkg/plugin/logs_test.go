@@ -27,8 +27,26 @@ import (
 )
 
 // logged starts a plugin of cfgYAML whose log the test reads, with the
-// given options.
+// given options, and synchronizes it as a runtime running no pod would.
 func logged(t *testing.T, cfgYAML string, opts ...plugin.Option) (*plugin.Plugin, *logtest.Hook) {
+	t.Helper()
+	p, hook := loggedAtStart(t, cfgYAML, opts...)
+	synchronized(t, p)
+	return p, hook
+}
+
+// synchronized has the plugin synchronized as a runtime running no pod
+// would: its pool restored, its doors open.
+func synchronized(t *testing.T, p *plugin.Plugin) {
+	t.Helper()
+	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// loggedAtStart starts a plugin of cfgYAML whose log the test reads,
+// with the given options, not yet synchronized.
+func loggedAtStart(t *testing.T, cfgYAML string, opts ...plugin.Option) (*plugin.Plugin, *logtest.Hook) {
 	t.Helper()
 	cfg, err := config.Parse([]byte(cfgYAML))
 	if err != nil {
@@ -144,7 +162,7 @@ func TestSynchronizeRestores(t *testing.T) {
 	if err := os.WriteFile(state, []byte("{not json"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, hook := logged(t, "policy: {exclusive: true}", plugin.WithSpecDirs([]string{specDir}), plugin.WithStateFile(state))
+	p, hook := loggedAtStart(t, "policy: {exclusive: true}", plugin.WithSpecDirs([]string{specDir}), plugin.WithStateFile(state))
 	withGPU := func(pod *api.PodSandbox, gpu int64, state api.ContainerState) *api.Container {
 		c := ctrOf(pod, map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=x"})
 		c.Id = c.Id + string(rune('0'+gpu))
@@ -188,7 +206,7 @@ func TestSynchronizeRestores(t *testing.T) {
 // TestSynchronizeConflictsSaid: two live pods holding one GPU under
 // exclusive: both keep it, and the conflict is logged.
 func TestSynchronizeConflictsSaid(t *testing.T) {
-	p, hook := logged(t, "policy: {exclusive: true}", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}))
+	p, hook := loggedAtStart(t, "policy: {exclusive: true}", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}))
 	var pods []*api.PodSandbox
 	var ctrs []*api.Container
 	for _, name := range []string{"a", "b"} {
@@ -415,7 +433,7 @@ func TestClaimLogs(t *testing.T) {
 	if w := entries(hook, logrus.WarnLevel, ""); len(w) != 0 {
 		t.Errorf("a clean restore warned: %v", w[0].Message)
 	}
-	_, narrow := logged(t, `policy: {devices: ["nvidia.com/gpu=0"]}`, plugin.WithSpecDirs([]string{specDir}), plugin.WithRecord(state))
+	_, narrow := loggedAtStart(t, `policy: {devices: ["nvidia.com/gpu=0"]}`, plugin.WithSpecDirs([]string{specDir}), plugin.WithRecord(state))
 	if w := entries(narrow, logrus.WarnLevel, `claim ns/c holds "nvidia.com/gpu=1", which policy.devices does not allow`); len(w) != 1 {
 		t.Errorf("a claim the policy no longer gives: warnings %v", narrow.AllEntries())
 	}
@@ -461,7 +479,7 @@ func TestSynchronizeWithRecord(t *testing.T) {
 
 	ctr.Linux.Devices = adj.GetLinux().GetDevices()
 	ctr.Annotations = adj.GetAnnotations()
-	p, hook := logged(t, "policy: {exclusive: true}", plugin.WithSpecDirs([]string{specDir}), plugin.WithStateFile(state))
+	p, hook := loggedAtStart(t, "policy: {exclusive: true}", plugin.WithSpecDirs([]string{specDir}), plugin.WithStateFile(state))
 	if _, err := p.Synchronize(context.Background(), []*api.PodSandbox{live}, []*api.Container{ctr}); err != nil {
 		t.Fatal(err)
 	}

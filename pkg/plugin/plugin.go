@@ -114,6 +114,8 @@ type inForce struct {
 type life struct {
 	closed context.Context
 	cancel context.CancelFunc
+	// restore is done once the first Synchronize restored the pool.
+	restore *restoration
 }
 
 // doors are the ways to the pool beside the runtime's requests.
@@ -142,6 +144,7 @@ type state struct {
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
 	p := &Plugin{log: log, node: node{alloc: policy.NewAllocations()}, stopper: recovery.Killer{Proc: "/proc"}}
 	p.life.closed, p.life.cancel = context.WithCancel(context.Background())
+	p.life.restore = newRestoration()
 	p.recovered = recovery.New(p.life.closed.Done(), nil)
 	if self, err := os.Executable(); err == nil {
 		p.flags.config.HookPath = self

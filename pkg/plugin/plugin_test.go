@@ -185,16 +185,25 @@ func (r *testRuntime) restart(t *testing.T, cfgYAML string) {
 // until the runtime has synchronized it. It returns a function that stops it.
 func (r *testRuntime) connect(t *testing.T, cfgYAML string) (stop func()) {
 	t.Helper()
+	return r.serve(t, r.build(t, cfgYAML))
+}
+
+// build builds a new nri-gpu of the runtime's options, not yet connected.
+func (r *testRuntime) build(t *testing.T, cfgYAML string, more ...plugin.Option) *plugin.Plugin {
+	t.Helper()
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	return r.buildLogged(t, cfgYAML, log, more...)
+}
+
+// buildLogged builds a new nri-gpu of the runtime's options logging to
+// log, not yet connected.
+func (r *testRuntime) buildLogged(t *testing.T, cfgYAML string, log logrus.FieldLogger, more ...plugin.Option) *plugin.Plugin {
+	t.Helper()
 	cfg, err := config.Parse([]byte(cfgYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := logrus.New()
-	log.SetOutput(io.Discard)
-	// NRI registers plugins one at a time, and reports the count of the
-	// one before this plugin as late as it likes: only a count reported
-	// after this plugin was synchronized says the runtime has it.
-	synced := r.counts.syncs.Load()
 	opts := []plugin.Option{plugin.WithSpecDirs([]string{r.specDir})}
 	if r.stateFile != "" {
 		opts = append(opts, plugin.WithStateFile(r.stateFile))
@@ -205,10 +214,21 @@ func (r *testRuntime) connect(t *testing.T, cfgYAML string) (stop func()) {
 	if r.options != nil {
 		opts = append(opts, r.options()...)
 	}
-	p, err := plugin.New(cfg, log, opts...)
+	p, err := plugin.New(cfg, log, append(opts, more...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return p
+}
+
+// serve connects p to the runtime and waits until the runtime has
+// synchronized it. It returns a function that stops it.
+func (r *testRuntime) serve(t *testing.T, p *plugin.Plugin) (stop func()) {
+	t.Helper()
+	// NRI registers plugins one at a time, and reports the count of the
+	// one before this plugin as late as it likes: only a count reported
+	// after this plugin was synchronized says the runtime has it.
+	synced := r.counts.syncs.Load()
 	r.plugin = p
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -490,6 +510,7 @@ func TestConfigureFromRuntime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	synchronized(t, p)
 	defer p.Close()
 	req := createRequest(map[string]string{"gpus.nri-gpu.io": "0"}, nil)
 	create := func() (*api.ContainerAdjustment, error) {
@@ -747,6 +768,7 @@ func inProcess(t *testing.T, cfgYAML, dir string, opts ...plugin.Option) *plugin
 	if err != nil {
 		t.Fatal(err)
 	}
+	synchronized(t, p)
 	t.Cleanup(p.Close)
 	return p
 }
@@ -810,6 +832,7 @@ func TestConcurrentRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	synchronized(t, p)
 	t.Cleanup(func() { p.Close() })
 
 	var wg sync.WaitGroup
@@ -914,6 +937,7 @@ func TestErrorsStayShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	synchronized(t, p)
 	defer p.Close()
 	var items []string
 	for i := 0; i < 256; i++ {
@@ -1213,6 +1237,7 @@ func TestConcurrentCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	synchronized(t, p)
 	t.Cleanup(func() { p.Close() })
 	for round := range 20 {
 		got := make([]string, gpus)

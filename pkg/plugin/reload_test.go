@@ -129,7 +129,7 @@ func TestReloadKeepsWhatPodsHold(t *testing.T) {
 // ready before the runtime synchronized the plugin, ready once it did,
 // not ready again once its connection is gone.
 func TestReady(t *testing.T) {
-	idle, _ := logged(t, "")
+	idle, _ := loggedAtStart(t, "")
 	if err := idle.Ready(); !errors.Is(err, plugin.ErrNotReady) {
 		t.Errorf("a plugin never connected: %v, want ErrNotReady", err)
 	}

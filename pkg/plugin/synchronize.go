@@ -54,6 +54,7 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	if err := p.node.access.Prune(func(id string) bool { return reported.Sandboxes[id] != nil }); err != nil {
 		p.log.Warnf("removing the access files of containers of pods gone: %v", err)
 	}
+	p.life.restore.finish()
 	p.saveAndNotify()
 	p.conn.synced.Store(true)
 	for _, s := range found.Stop {
@@ -129,6 +130,7 @@ func (p *Plugin) release(pod *api.PodSandbox) {
 // *policy.ConflictError), or nil.
 func (p *Plugin) HoldRecorded() error {
 	_, _, pol := p.decision()
+	defer p.life.restore.finish()
 	return p.node.alloc.Restore(pol, p.node.rec.TakeRestored())
 }
 

@@ -186,6 +186,7 @@ func TestReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	synchronized(t, p)
 	t.Cleanup(p.Close)
 	create := func(name, ns, gpus string) error {
 		pod := &api.PodSandbox{Id: "id-" + name, Name: name, Namespace: ns, Annotations: map[string]string{"gpus.nri-gpu.io": gpus}}
@@ -239,6 +240,7 @@ func nvmlPlugin(t *testing.T, cfgYAML, specDir string, s nvml.Interface) *plugin
 	if err != nil {
 		t.Fatal(err)
 	}
+	synchronized(t, p)
 	t.Cleanup(p.Close)
 	return p
 }

@@ -64,7 +64,7 @@ func TestUnservedStopped(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var events []link.Event
-			p, hook := logged(t, cfg, plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}), plugin.WithEvents(eventsTo(&events)))
+			p, hook := loggedAtStart(t, cfg, plugin.WithSpecDirs([]string{gpuSpecDir(t, 2)}), plugin.WithEvents(eventsTo(&events)))
 			var stopped []string
 			p.StopWith(func(c *api.Container) error { stopped = append(stopped, c.GetId()); return nil })
 			pod := gpuPod("a", tc.pod)
@@ -119,7 +119,7 @@ func TestUnservedStopped(t *testing.T) {
 // the pod's events.
 func TestUnservedNotStopped(t *testing.T) {
 	var events []link.Event
-	p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}), plugin.WithEvents(eventsTo(&events)))
+	p, hook := loggedAtStart(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}), plugin.WithEvents(eventsTo(&events)))
 	p.StopWith(func(*api.Container) error { return errors.New("operation not permitted") })
 	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
 	if _, err := p.Synchronize(context.Background(), []*api.PodSandbox{pod}, []*api.Container{ctrOf(pod, nil)}); err != nil {

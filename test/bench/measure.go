@@ -41,6 +41,8 @@ func newPlugin(n int) (*plugin.Plugin, func()) {
 	must(harness.WriteBenchSpecs(dir, n))
 	p, err := plugin.New(config.Default(), quiet(), plugin.WithSpecDirs([]string{dir}))
 	must(err)
+	_, err = p.Synchronize(context.Background(), nil, nil)
+	must(err)
 	return p, func() { p.Close(); _ = os.RemoveAll(dir) }
 }
 

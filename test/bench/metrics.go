@@ -40,6 +40,8 @@ func (r *report) metricsCost() {
 	build := func(opts ...plugin.Option) *plugin.Plugin {
 		p, err := plugin.New(cfg, quiet(), opts...)
 		must(err)
+		_, err = p.Synchronize(context.Background(), nil, nil)
+		must(err)
 		return p
 	}
 	off := build()
