@@ -88,6 +88,13 @@ type Plugin struct {
 	changed chan struct{}
 }
 
+// Restoring is a Source whose pool is not to be told before it is
+// restored (nri-gpu's, by the runtime's first Synchronize).
+type Restoring interface {
+	// Restored is closed once the pool is restored.
+	Restored() <-chan struct{}
+}
+
 // New returns the device plugin of resource r, registering in kubelet's
 // device-plugin directory dir and handing allocations over as mode says.
 func New(r config.Resource, dir string, mode config.CDIDevices, src Source, log logrus.FieldLogger) *Plugin {
@@ -265,10 +272,20 @@ func (p *Plugin) GetDevicePluginOptions(context.Context, *api.Empty) (*api.Devic
 	return &api.DevicePluginOptions{GetPreferredAllocationAvailable: true}, nil
 }
 
-// ListAndWatch sends kubelet the devices and their health, and again
-// whenever they change: on Notify, and at least every poll interval (a
-// device node that vanished).
+// ListAndWatch sends kubelet the devices and their health, once a
+// Restoring source is restored, and again whenever they change: on
+// Notify, and at least every poll interval (a device node that vanished).
+// Until the first answer, kubelet keeps what it knew: after a restart
+// the devices it marked unhealthy when the last endpoint went, through
+// the relay the devices nri-gpu last told.
 func (p *Plugin) ListAndWatch(_ *api.Empty, stream api.DevicePlugin_ListAndWatchServer) error {
+	if r, ok := p.src.(Restoring); ok {
+		select {
+		case <-r.Restored():
+		case <-stream.Context().Done():
+			return nil
+		}
+	}
 	var last []Device
 	for sent := false; ; sent = true {
 		changed := p.changes()

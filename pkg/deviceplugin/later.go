@@ -2,7 +2,10 @@ package deviceplugin
 
 import "sync"
 
-var _ Source = (*Later)(nil)
+var (
+	_ Source    = (*Later)(nil)
+	_ Restoring = (*Later)(nil)
+)
 
 // Later is a Source that has no devices until Set gives the source it
 // asks: a device plugin made before the plugin whose view it serves
@@ -43,3 +46,19 @@ func (l *Later) Preferred(available, mustInclude []string, size int) []string {
 	}
 	return kubeletOrder(available, mustInclude, size)
 }
+
+// Restored is the source's, once it is set and when it has one; closed
+// otherwise.
+func (l *Later) Restored() <-chan struct{} {
+	if r, ok := l.source().(Restoring); ok {
+		return r.Restored()
+	}
+	return closed
+}
+
+// closed is a channel closed from the start.
+var closed = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()

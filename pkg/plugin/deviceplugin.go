@@ -10,7 +10,10 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
-var _ deviceplugin.Source = (*Resource)(nil)
+var (
+	_ deviceplugin.Source    = (*Resource)(nil)
+	_ deviceplugin.Restoring = (*Resource)(nil)
+)
 
 // Resource is an extended resource's devices as the plugin knows them,
 // for its device plugin: from the current trusted specs, and healthy
@@ -34,16 +37,12 @@ func (r *Resource) Devices() []deviceplugin.Device {
 	_, snap, pol := r.p.decision()
 	hardware := inventory.Hardware(snap, pol, r.cfg.Kind, r.cfg.Devices, nil)
 	ch := policy.Choice{Unhealthy: r.p.node.hw.Unhealthy(snap), Hooks: snap.Hooks}
-	devs := r.offered.Devices(deviceplugin.Offers(hardware, pol, r.p.node.alloc, ch))
-	if !r.p.life.restore.restored() {
-		// Kubelet is told of the devices, none healthy, until the pool
-		// holds what the record and the running containers say.
-		for i := range devs {
-			devs[i].Healthy = false
-		}
-	}
-	return devs
+	return r.offered.Devices(deviceplugin.Offers(hardware, pol, r.p.node.alloc, ch))
 }
+
+// Restored is closed once the pool holds what the record and the running
+// containers say is held: kubelet is told nothing before.
+func (r *Resource) Restored() <-chan struct{} { return r.p.life.restore.done }
 
 // Preferred chooses size devices among available, mustInclude first, as
 // a count request would (deviceplugin.Prefer), with the GPUs' topology

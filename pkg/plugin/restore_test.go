@@ -3,11 +3,15 @@ package plugin_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
+
+	"google.golang.org/grpc"
+	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
@@ -21,7 +25,7 @@ import (
 // has put in it what the record and the running containers say is held.
 // A pod holds GPU 0 exclusively through NRI's real runtime side; then,
 // between the new nri-gpu's start and its Synchronize, each door is
-// asked: the device plugin tells kubelet of no healthy device, the DRA
+// asked: the device plugin tells kubelet nothing until then, the DRA
 // slice's offers and a DRA prepare wait (bounded inside their caller's
 // deadline) and are refused as ErrRestoring, an NRI request too; a DRA
 // prepare for GPU 0 still waiting when the runtime synchronizes is
@@ -41,9 +45,14 @@ func TestNoDoorBeforeRestore(t *testing.T) {
 			}
 			next := startNext(t, r, cfg, edge)
 
-			if got := deviceplugin.Describe(next.Resource(res).Devices()); got != "0 unhealthy, 1 unhealthy" {
-				t.Errorf("the device plugin before the restore: %q, want every device unhealthy", got)
-			}
+			// Kubelet asks the device plugin (ListAndWatch): it is told
+			// nothing until the restore, then what the restore says.
+			told := make(chan string, 8)
+			asked := make(chan struct{})
+			stream := &listAndWatch{ctx: t.Context(), asked: asked, told: told}
+			door := deviceplugin.New(res, t.TempDir(), config.CDIAnnotations, next.Resource(res), quiet())
+			go func() { _ = door.ListAndWatch(&api.Empty{}, stream) }()
+			<-asked
 			short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer cancel()
 			if _, err := next.DRAView(dra).Devices(short); !errors.Is(err, plugin.ErrRestoring) {
@@ -66,6 +75,9 @@ func TestNoDoorBeforeRestore(t *testing.T) {
 			}()
 
 			r.stopPlugin = r.serve(t, next)
+			if got := <-told; got != "0 unhealthy, 1 healthy" {
+				t.Errorf("the device plugin's first answer: %q, want GPU 0 unhealthy (held), GPU 1 healthy", got)
+			}
 			select {
 			case err := <-waiting:
 				if err == nil || errors.Is(err, plugin.ErrRestoring) {
@@ -74,9 +86,6 @@ func TestNoDoorBeforeRestore(t *testing.T) {
 				testutil.ErrorSays(t, err, "tenant/a")
 			case <-time.After(15 * time.Second):
 				t.Fatal("a DRA prepare waiting for the restore did not end")
-			}
-			if got := deviceplugin.Describe(next.Resource(res).Devices()); got != "0 unhealthy, 1 healthy" {
-				t.Errorf("the device plugin once restored: %q, want GPU 0 unhealthy (held), GPU 1 healthy", got)
 			}
 			offered, err := next.DRAView(dra).Devices(context.Background())
 			if err != nil {
@@ -116,5 +125,31 @@ func startNext(t *testing.T, r *testRuntime, cfg, edge string) *plugin.Plugin {
 	case <-time.After(10 * time.Second):
 		t.Fatal("did not take over once the record was let go")
 	}
+	return nil
+}
+
+// listAndWatch is kubelet's end of a ListAndWatch stream, in process:
+// asked is closed when the device plugin first looks at the stream (it
+// has begun answering), told gets each list it sends.
+type listAndWatch struct {
+	grpc.ServerStream
+	ctx   context.Context
+	once  sync.Once
+	asked chan struct{}
+	told  chan string
+}
+
+func (s *listAndWatch) Context() context.Context {
+	s.once.Do(func() { close(s.asked) })
+	return s.ctx
+}
+
+func (s *listAndWatch) Send(r *api.ListAndWatchResponse) error {
+	s.once.Do(func() { close(s.asked) })
+	var devs []deviceplugin.Device
+	for _, d := range r.GetDevices() {
+		devs = append(devs, deviceplugin.Device{ID: d.GetID(), Healthy: d.GetHealth() == api.Healthy})
+	}
+	s.told <- deviceplugin.Describe(devs)
 	return nil
 }
