@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"os"
@@ -177,26 +178,48 @@ func TestRebuiltRecordMetric(t *testing.T) {
 	}
 }
 
-// TestRebuiltHoldingsMetric: on a good record, nri_gpu_record_rebuilt is
-// 1 while a pod holds devices no record had, 0 again once it is removed.
+// TestRebuiltHoldingsMetric: without a state file, nri_gpu_record_rebuilt
+// is 1 while a pod holds devices found in its container (nri-gpu's
+// annotation is all it has to go by), 0 again once it is removed; on a
+// good record, the same container is not nri-gpu's (the record does not
+// have its pod: the annotation is forged), holds nothing and rebuilds
+// nothing: another pod is given its GPU.
 func TestRebuiltHoldingsMetric(t *testing.T) {
-	state := filepath.Join(t.TempDir(), "allocations.json")
-	writeFile(t, state, []byte(`{"version":1,"pods":[]}`))
-	m, p := metricsPlugin(t, plugin.WithStateFile(state))
-	pod := gpuPod("a", nil)
-	c := ctrOf(pod, map[string]string{plugin.DevicesAnnotation: "x"})
-	c.Linux.Devices = []*api.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}}
-	if _, err := p.Synchronize(context.Background(), []*api.PodSandbox{pod}, []*api.Container{c}); err != nil {
-		t.Fatal(err)
-	}
-	if got := scrape(t, m); !strings.Contains(got, "\nnri_gpu_record_rebuilt 1\n") {
-		t.Errorf("a pod holding a GPU no record had: metrics\n%s", got)
-	}
-	if err := p.RemovePodSandbox(context.Background(), pod); err != nil {
-		t.Fatal(err)
-	}
-	if got := scrape(t, m); !strings.Contains(got, "\nnri_gpu_record_rebuilt 0\n") {
-		t.Errorf("the pod removed: metrics\n%s", got)
+	for _, record := range []bool{false, true} {
+		t.Run(fmt.Sprintf("record %v", record), func(t *testing.T) {
+			var opts []plugin.Option
+			if record {
+				state := filepath.Join(t.TempDir(), "allocations.json")
+				writeFile(t, state, []byte(`{"version":1,"pods":[]}`))
+				opts = append(opts, plugin.WithStateFile(state))
+			}
+			m := metrics.New()
+			p, _ := loggedAtStart(t, "policy: {exclusive: true}", append(opts, plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}), plugin.WithMetrics(m))...)
+			pod := gpuPod("a", nil)
+			c := ctrOf(pod, map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=0"})
+			c.Linux.Devices = []*api.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}}
+			if _, err := p.Synchronize(context.Background(), []*api.PodSandbox{pod}, []*api.Container{c}); err != nil {
+				t.Fatal(err)
+			}
+			want := map[bool]string{false: "1", true: "0"}[record]
+			if got := scrape(t, m); !strings.Contains(got, "\nnri_gpu_record_rebuilt "+want+"\n") {
+				t.Errorf("a pod with nri-gpu's annotation and GPU 0's nodes: metrics lack nri_gpu_record_rebuilt %s\n%s", want, got)
+			}
+			other := gpuPod("b", map[string]string{"gpus.nri-gpu.io": "0"})
+			_, _, err := p.CreateContainer(context.Background(), other, ctrOf(other, nil))
+			if record && err != nil {
+				t.Errorf("GPU 0 refused beside a forged annotation: %v", err)
+			}
+			if !record {
+				testutil.ErrorSays(t, err, "held by pod tenant/a")
+			}
+			if err := p.RemovePodSandbox(context.Background(), pod); err != nil {
+				t.Fatal(err)
+			}
+			if got := scrape(t, m); !strings.Contains(got, "\nnri_gpu_record_rebuilt 0\n") {
+				t.Errorf("the pod removed: metrics\n%s", got)
+			}
+		})
 	}
 }
 

@@ -3,15 +3,18 @@ package plugin_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"google.golang.org/grpc"
-	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	dpapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
@@ -51,7 +54,7 @@ func TestNoDoorBeforeRestore(t *testing.T) {
 			asked := make(chan struct{})
 			stream := &listAndWatch{ctx: t.Context(), asked: asked, told: told}
 			door := deviceplugin.New(res, t.TempDir(), config.CDIAnnotations, next.Resource(res), quiet())
-			go func() { _ = door.ListAndWatch(&api.Empty{}, stream) }()
+			go func() { _ = door.ListAndWatch(&dpapi.Empty{}, stream) }()
 			<-asked
 			short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer cancel()
@@ -144,12 +147,135 @@ func (s *listAndWatch) Context() context.Context {
 	return s.ctx
 }
 
-func (s *listAndWatch) Send(r *api.ListAndWatchResponse) error {
+func (s *listAndWatch) Send(r *dpapi.ListAndWatchResponse) error {
 	s.once.Do(func() { close(s.asked) })
 	var devs []deviceplugin.Device
 	for _, d := range r.GetDevices() {
-		devs = append(devs, deviceplugin.Device{ID: d.GetID(), Healthy: d.GetHealth() == api.Healthy})
+		devs = append(devs, deviceplugin.Device{ID: d.GetID(), Healthy: d.GetHealth() == dpapi.Healthy})
 	}
 	s.told <- deviceplugin.Describe(devs)
 	return nil
+}
+
+// TestFoundJudgedLikeNew: the containers a restarted nri-gpu finds
+// running (through NRI's real runtime side, its record kept) are
+// requests like any other. One the runtime created while nri-gpu was
+// away is judged by the admission against what the other pods hold: it
+// is stopped, with the reason, when it has a GPU another pod holds
+// exclusively, or is the second of its pod past policy.maxDevicesPerPod
+// (the first created is judged first). A privileged container nri-gpu
+// gave GPU 0, which sees every GPU's node, holds GPU 0 alone; a
+// container bearing nri-gpu's annotation on a pod the record does not
+// have (forged) holds nothing it names: another pod is given GPU 1.
+func TestFoundJudgedLikeNew(t *testing.T) {
+	gpuNodes := func(gpus ...int) []*api.LinuxDevice {
+		var out []*api.LinuxDevice
+		for _, g := range gpus {
+			out = append(out, &api.LinuxDevice{Path: fmt.Sprintf("/dev/nvidia%d", g), Type: "c", Major: 1, Minor: []int64{3, 5}[g]})
+		}
+		return out
+	}
+	away := func(r *testRuntime, pod *api.PodSandbox, name string, at int64, ann map[string]string, gpus ...int) *api.Container {
+		c := &api.Container{Id: pod.Name + "-" + name, PodSandboxId: pod.Id, Name: name, Annotations: ann, CreatedAt: at,
+			State: api.ContainerState_CONTAINER_RUNNING, Linux: &api.LinuxContainer{Devices: gpuNodes(gpus...)}}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.pods[pod.Id] = pod
+		r.containers = append(r.containers, c)
+		return c
+	}
+	const kubelet = "cdi.k8s.io/nri-gpu_nvidia.com-gpu"
+	for _, tc := range []struct {
+		name string
+		cfg  string
+		// setUp makes the node nri-gpu finds; it returns the containers
+		// to be stopped, with words of why.
+		setUp func(t *testing.T, r *testRuntime) map[string]string
+		// free is a GPU another pod is then given.
+		free string
+	}{{
+		name: "a GPU another pod holds exclusively",
+		cfg:  "policy: {exclusive: true}",
+		setUp: func(t *testing.T, r *testRuntime) map[string]string {
+			holder := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+			if _, err := r.create(holder, ctrOf(holder, nil)); err != nil {
+				t.Fatal(err)
+			}
+			c := away(r, gpuPod("away", nil), "c", 1, map[string]string{kubelet: "nvidia.com/gpu=0"}, 0)
+			return map[string]string{c.Id: "held by pod tenant/a"}
+		},
+		free: "1",
+	}, {
+		name: "the second container of a pod past maxDevicesPerPod",
+		cfg:  "policy: {exclusive: true, maxDevicesPerPod: 1}",
+		setUp: func(t *testing.T, r *testRuntime) map[string]string {
+			pod := gpuPod("two", nil)
+			second := away(r, pod, "second", 20, map[string]string{kubelet: "nvidia.com/gpu=1"}, 1)
+			away(r, pod, "first", 10, map[string]string{kubelet: "nvidia.com/gpu=0"}, 0)
+			return map[string]string{second.Id: "maxDevicesPerPod"}
+		},
+		free: "1",
+	}, {
+		name: "a privileged container sees every GPU",
+		cfg:  "policy: {exclusive: true}",
+		setUp: func(t *testing.T, r *testRuntime) map[string]string {
+			priv := gpuPod("priv", map[string]string{"gpus.nri-gpu.io": "0"})
+			if _, err := r.create(priv, ctrOf(priv, nil)); err != nil {
+				t.Fatal(err)
+			}
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.containers[len(r.containers)-1].Linux.Devices = gpuNodes(0, 1) // as the runtime gives a privileged one
+			return nil
+		},
+		free: "1",
+	}, {
+		name: "a forged annotation",
+		cfg:  "policy: {exclusive: true}",
+		setUp: func(t *testing.T, r *testRuntime) map[string]string {
+			away(r, gpuPod("forged", nil), "c", 1, map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=1"}, 1)
+			return nil
+		},
+		free: "1",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runtime(t, tc.cfg)
+			want := tc.setUp(t, r)
+			r.stopPlugin()
+			log, hook := logtest.NewNullLogger()
+			next := r.buildLogged(t, tc.cfg, log)
+			var mu sync.Mutex
+			stopped := map[string]bool{}
+			next.StopWith(func(c *api.Container) error {
+				mu.Lock()
+				defer mu.Unlock()
+				stopped[c.GetId()] = true
+				return nil
+			})
+			r.stopPlugin = r.serve(t, next)
+			mu.Lock()
+			for id := range stopped {
+				if _, ok := want[id]; !ok {
+					t.Errorf("stopped %s; want it left running", id)
+				}
+			}
+			for id, why := range want {
+				if !stopped[id] {
+					t.Errorf("%s left running; want it stopped", id)
+				}
+				said := false
+				for _, e := range entries(hook, logrus.WarnLevel, "stopped the container, to be created again through nri-gpu") {
+					said = said || strings.Contains(e.Message, why) && strings.HasSuffix(id, "-"+e.Data["container"].(string))
+				}
+				if !said {
+					t.Errorf("%s: no log says it was stopped because %q: %v", id, why, hook.AllEntries())
+				}
+			}
+			mu.Unlock()
+			other := gpuPod("other", map[string]string{"gpus.nri-gpu.io": tc.free})
+			if _, err := r.create(other, ctrOf(other, nil)); err != nil {
+				t.Errorf("GPU %s for another pod: %v", tc.free, err)
+			}
+		})
+	}
 }

@@ -27,8 +27,12 @@ type restoration struct {
 
 func newRestoration() *restoration { return &restoration{done: make(chan struct{})} }
 
-// finish says the pool is restored; only the first call counts.
-func (r *restoration) finish() { r.once.Do(func() { close(r.done) }) }
+// finish says the pool is restored; only the first call counts, and
+// reports true.
+func (r *restoration) finish() (first bool) {
+	r.once.Do(func() { close(r.done); first = true })
+	return first
+}
 
 // restored reports whether the pool is restored.
 func (r *restoration) restored() bool {

@@ -36,10 +36,10 @@ func (p *Plugin) recordLost(err error, aside string, claims int) {
 // and stopped pods not yet removed (all their containers stopped, or none
 // left and their sandbox stopped), hold nothing any more. Holdings that
 // break the policy or each other are logged, and stay held.
-func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
+func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
 	st, snap, pol := p.decision()
 	reported := recovery.Sort(pods, containers)
-	judge := recovery.Judge{Parser: st.parser, Policy: st.policy, Snap: snap, Kind: st.cfg.DefaultKind}
+	judge := recovery.Judge{Parser: st.parser, Snap: snap, Kind: st.cfg.DefaultKind, Record: p.node.rec.File() != nil && !p.node.rec.Lost()}
 	found := judge.Find(reported, containers, p.node.rec.TakeRestored(), p.node.alloc.ClaimHeld())
 	for _, u := range found.Unrecorded {
 		p.log.WithFields(logrus.Fields{"namespace": u.Pod.Namespace, "pod": u.Pod.Name, "container": u.Container, "devices": strings.Join(u.Devices, ",")}).
@@ -48,13 +48,24 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	if err := p.node.alloc.Restore(pol, found.Holdings); err != nil {
 		p.log.Warn(err)
 	}
+	// Those nri-gpu did not create are requests like any other.
+	for _, s := range found.Admit {
+		if err := p.admitRunning(ctx, s, nil, nil); err != nil {
+			s.Why = fmt.Sprintf("the admission refuses what it asks for: %v", err)
+			found.Stop = append(found.Stop, s)
+			found.Others = slices.DeleteFunc(found.Others, func(o recovery.Stopping) bool { return o.Ctr == s.Ctr })
+		}
+	}
 	p.recovered.Reset(slices.Collect(maps.Keys(reported.Live)), containers)
 	p.watchSandboxes(reported)
 	// The access files of pods the runtime no longer has.
 	if err := p.node.access.Prune(func(id string) bool { return reported.Sandboxes[id] != nil }); err != nil {
 		p.log.Warnf("removing the access files of containers of pods gone: %v", err)
 	}
-	p.life.restore.finish()
+	if p.life.restore.finish() {
+		p.log.WithFields(logrus.Fields{"pods": len(p.node.alloc.Held()), "claims": len(p.node.alloc.Claims())}).
+			Info("restored what pods and claims hold: the doors answer from the pool from now on")
+	}
 	p.saveAndNotify()
 	p.conn.synced.Store(true)
 	for _, s := range found.Stop {

@@ -1,13 +1,17 @@
 package plugin
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nri-gpu/nri-gpu/pkg/adjust"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/recovery"
 )
 
@@ -68,7 +72,60 @@ func (p *Plugin) stopClaimless(check []recovery.Stopping) {
 			s.Why = why
 			p.stopUnserved(s)
 		default:
+			// Its claims are its pod's, as a new container's are: counted
+			// towards policy.maxDevicesPerPod, kept from the sweep.
+			if err := p.admitClaims(s); err != nil {
+				s.Why = fmt.Sprintf("the admission refuses what it uses: %v", err)
+				p.stopUnserved(s)
+				continue
+			}
 			logTo(p.log, s).Info("a container created while nri-gpu was away has the devices of the DRA claims it uses: it runs on")
 		}
 	}
 }
+
+// admitRunning judges a running container nri-gpu did not create (the
+// runtime created it while nri-gpu was away, or its annotation is not
+// nri-gpu's) by the one admission, as a new container is, against what
+// the pods hold: what it asks for by name and count, and the devices of
+// the claims it uses (claims, held). What it is admitted its pod holds,
+// recorded; the error says why it is not.
+func (p *Plugin) admitRunning(ctx context.Context, s recovery.Stopping, claims []string, held []policy.ClaimDevice) error {
+	st, snap, pol := p.decision()
+	ask, err := st.parser.Parse(adjust.ContainerOf(s.Pod, s.Ctr))
+	if err != nil {
+		return err
+	}
+	r := &creation{Creation: &adjust.Creation{Snap: snap, Ctr: s.Ctr, Runtime: p.conn.runtime()}, st: st, pol: pol, pod: s.Pod}
+	a := r.Decide(ask, held)
+	a.Want.Pod, a.Want.Claims = adjust.PodOf(s.Pod), claims
+	if !a.HoldsAny() {
+		return nil
+	}
+	a.Want.Choice = policy.Choice{Candidates: snap.Candidates(st.cfg.DefaultKind), Usable: r.Usable, Hooks: snap.Hooks, Unhealthy: p.node.hw.Unhealthy(snap)}
+	a.Want.Choice.Kubelet = p.allocatedByKubelet(ctx, r, a.Want, logTo(p.log, s))
+	for attempt := 1; ; attempt++ {
+		plan, err := p.node.alloc.Plan(pol, a.Want)
+		if err != nil {
+			return err
+		}
+		if _, err = p.commit(pol, plan); !errors.Is(err, policy.ErrStale) || attempt >= maxPlans {
+			return err
+		}
+	}
+}
+
+// admitClaims has a running container nri-gpu did not create, which has
+// the devices of the claims it uses, judged again with them (admitRunning).
+func (p *Plugin) admitClaims(s recovery.Stopping) error {
+	ctx, cancel := context.WithTimeout(p.life.closed, claimAdmitFor)
+	defer cancel()
+	claims, held, err := p.claimDevices(ctx, s.Pod, s.Ctr)
+	if err != nil {
+		return err
+	}
+	return p.admitRunning(ctx, s, claims, held)
+}
+
+// claimAdmitFor bounds how long admitClaims asks the DRA driver again.
+const claimAdmitFor = 10 * time.Second

@@ -16,6 +16,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
 func gpuNode(i int32) *api.LinuxDevice {
@@ -31,7 +32,7 @@ func gpuNode(i int32) *api.LinuxDevice {
 // its device; one that asks for nothing, one nri-gpu created and one
 // already stopped are left alone.
 func TestUnservedStopped(t *testing.T) {
-	const cfg = "policy: {namespaces: [tenant], maxDevicesPerPod: 1}"
+	const cfg = "policy: {namespaces: [tenant], maxDevicesPerPod: 1, exclusive: true}"
 	for _, tc := range []struct {
 		name      string
 		namespace string
@@ -49,8 +50,8 @@ func TestUnservedStopped(t *testing.T) {
 			stopped: "without 1 of the 2 devices it counts"},
 		{name: "device plugin's and lacking it", ctr: map[string]string{"cdi.k8s.io/nri-gpu_nvidia.com-gpu": "nvidia.com/gpu=1"},
 			stopped: "without nvidia.com/gpu=1"},
-		{name: "refused namespace", namespace: "other", pod: map[string]string{"gpus.nri-gpu.io": "0"},
-			stopped: "the policy refuses what it asks for"},
+		{name: "refused namespace", namespace: "other", pod: map[string]string{"gpus.nri-gpu.io": "0"}, devices: []*api.LinuxDevice{gpuNode(0)},
+			stopped: "the admission refuses what it asks for"},
 		{name: "unreadable ask", pod: map[string]string{"gpus.nri-gpu.io": "0,,../x"},
 			stopped: "what it asks for is refused"},
 		{name: "named and injected by the runtime", pod: map[string]string{"gpus.nri-gpu.io": "1"}, devices: []*api.LinuxDevice{gpuNode(1)},
@@ -248,6 +249,14 @@ func TestUnservedClaims(t *testing.T) {
 				testutil.Within(t, 10*time.Second, "the container checked and left running", func() bool {
 					return len(entries(hook, logrus.InfoLevel, "has the devices of the DRA claims it uses: it runs on")) == 1
 				})
+				// It is the claim's user: the sweep of claims the API
+				// server dropped keeps it while the container runs.
+				if len(tc.uses) > 0 {
+					err := p.DRAView(config.Default().Start.DRA).Release(context.Background(), claimC.UID)
+					if !errors.Is(err, policy.ErrClaimInUse) {
+						t.Errorf("the sweep released the claim of a running container: %v, want ErrClaimInUse", err)
+					}
+				}
 			}
 			mu.Lock()
 			defer mu.Unlock()

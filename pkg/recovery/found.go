@@ -1,6 +1,7 @@
 package recovery
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -69,12 +70,15 @@ type Stopping struct {
 }
 
 // Found is what a Judge found of the live pods: what they hold (the
-// record's, for the pods still live, and what is found in their running
-// containers), the containers to stop, and the running containers
-// nri-gpu did not create (Others).
+// record's, for the pods still live, and, without a record, what is
+// found in the running containers nri-gpu created), the containers to
+// stop, the running containers nri-gpu did not create (Others), and of
+// these those that ask for devices and have them (Admit), oldest first:
+// each is judged by the admission as a new container is, against what
+// the pods hold.
 type Found struct {
-	Holdings     []policy.Holding
-	Stop, Others []Stopping
+	Holdings            []policy.Holding
+	Stop, Others, Admit []Stopping
 	// Unrecorded are the containers found with devices no record has
 	// held, by the container: they are held by its pod alone.
 	Unrecorded []Unrecorded
@@ -91,43 +95,56 @@ type Unrecorded struct {
 // configuration and one snapshot of the specs.
 type Judge struct {
 	Parser *policy.Parser
-	Policy *policy.Policy
 	Snap   *specs.Snapshot
 	// Kind is the configuration's default kind: that of the devices a
 	// container may be found with.
 	Kind string
+	// Record says the record was read back whole: nri-gpu's annotation
+	// is then read back only on a container of a pod the record holds
+	// (nri-gpu recorded every grant before its container was created),
+	// and what such a pod holds is what the record says. Without it,
+	// what a container with the annotation holds is found in it.
+	Record bool
 }
 
 // Find returns what the live pods hold, given what the record says they
 // held (recorded) and the devices prepared claims hold (claimed: one
 // found in a container is the claim's), and which of their running
-// containers are to be stopped or checked.
+// containers are to be stopped, checked or judged.
 func (j Judge) Find(reported Reported, containers []*api.Container, recorded []policy.Holding, claimed []specs.Device) Found {
 	var out Found
 	byPod := map[string][]specs.Device{}
+	inRecord := map[string]bool{}
 	for _, h := range recorded {
 		if pod, ok := reported.Live[h.Pod.ID]; ok {
 			h.Pod = pod
 			out.Holdings = append(out.Holdings, h)
 			byPod[pod.ID] = append(byPod[pod.ID], slices.Concat(h.Named, h.Counted)...)
+			inRecord[pod.ID] = true
 		}
 	}
 	candidates := slices.DeleteFunc(j.Snap.Candidates(j.Kind), func(d specs.Device) bool { return specs.OverlapsAny(d, claimed) })
-	for _, c := range containers {
-		pod, ok := reported.Live[c.GetPodSandboxId()]
-		if !ok || c.GetState() == api.ContainerState_CONTAINER_STOPPED {
+	for _, c := range running(reported, containers) {
+		pod, sandbox := reported.Live[c.GetPodSandboxId()], reported.Sandboxes[c.GetPodSandboxId()]
+		_, annotated := c.GetAnnotations()[adjust.DevicesAnnotation]
+		ours := annotated && (!j.Record || inRecord[pod.ID])
+		if !ours {
+			why, asks := j.unserved(sandbox, c, candidates)
+			switch {
+			case why != "":
+				out.Stop = append(out.Stop, Stopping{sandbox, c, why})
+			case asks:
+				out.Admit = append(out.Admit, Stopping{Pod: sandbox, Ctr: c})
+				fallthrough
+			default:
+				out.Others = append(out.Others, Stopping{Pod: sandbox, Ctr: c})
+			}
 			continue
 		}
-		sandbox := reported.Sandboxes[c.GetPodSandboxId()]
-		why, asks := j.unserved(sandbox, c, candidates)
-		if why != "" {
-			out.Stop = append(out.Stop, Stopping{sandbox, c, why})
-			continue
+		if j.Record {
+			continue // the record says what its pod holds
 		}
-		if _, ours := c.GetAnnotations()[adjust.DevicesAnnotation]; !ours {
-			out.Others = append(out.Others, Stopping{Pod: sandbox, Ctr: c})
-		}
-		found := foundIn(c, asks, candidates)
+		found := adjust.WithNodesOf(c, candidates)
 		if len(found) == 0 {
 			continue
 		}
@@ -145,28 +162,37 @@ func (j Judge) Find(reported Reported, containers []*api.Container, recorded []p
 	return out
 }
 
-// unserved says why a running container that nri-gpu did not create (it
-// bears none of nri-gpu's annotations: the runtime created it while
-// nri-gpu was away) is to be stopped, so that it is created again
-// through nri-gpu: what it asks for cannot be read, the policy refuses
-// it, or the container lacks a device it asks for. It returns "" for a
-// container nri-gpu created, one that asks for nothing, and one that has
-// everything it asks for (the runtime's own CDI injected it), which is
-// then held as found in it; asks says whether the container asks for
-// devices.
+// running returns the running containers of the live pods, oldest
+// first (the first created is judged first).
+func running(reported Reported, containers []*api.Container) []*api.Container {
+	out := slices.DeleteFunc(slices.Clone(containers), func(c *api.Container) bool {
+		_, live := reported.Live[c.GetPodSandboxId()]
+		return !live || c.GetState() == api.ContainerState_CONTAINER_STOPPED
+	})
+	slices.SortStableFunc(out, func(a, b *api.Container) int {
+		if a.GetCreatedAt() != b.GetCreatedAt() {
+			return cmp.Compare(a.GetCreatedAt(), b.GetCreatedAt())
+		}
+		return strings.Compare(a.GetId(), b.GetId())
+	})
+	return out
+}
+
+// unserved says why a running container that nri-gpu did not create
+// (the runtime created it while nri-gpu was away, or its annotation is
+// not nri-gpu's) is to be stopped, so that it is created again through
+// nri-gpu: what it asks for cannot be read, or the container lacks a
+// device it asks for. It returns "" for one that asks for nothing, and
+// one that has everything it asks for (the runtime's own CDI injected
+// it), which the admission then judges; asks says whether the container
+// asks for devices.
 func (j Judge) unserved(pod *api.PodSandbox, ctr *api.Container, candidates []specs.Device) (why string, asks bool) {
-	if _, ok := ctr.GetAnnotations()[adjust.DevicesAnnotation]; ok {
-		return "", false
-	}
 	ask, err := j.Parser.Parse(adjust.ContainerOf(pod, ctr))
 	if err != nil {
 		return fmt.Sprintf("what it asks for is refused: %v", err), true
 	}
 	if ask.Empty() {
 		return "", false
-	}
-	if err := j.Policy.Check(adjust.PodOf(pod), ask); err != nil {
-		return fmt.Sprintf("the policy refuses what it asks for: %v", err), true
 	}
 	var missing []string
 	for _, q := range ask.Requests {
@@ -181,16 +207,4 @@ func (j Judge) unserved(pod *api.PodSandbox, ctr *api.Container, candidates []sp
 		return "", true
 	}
 	return "it was created while nri-gpu was not serving, without " + strings.Join(missing, ", "), true
-}
-
-// foundIn returns the candidates whose device nodes are all in a
-// container nri-gpu gave devices, or that asks for devices and has them
-// (the runtime's own CDI injected them while nri-gpu was away), as the
-// runtime reports them (its spec). Another container (a privileged one,
-// say) holds nothing.
-func foundIn(c *api.Container, asks bool, candidates []specs.Device) []specs.Device {
-	if _, ok := c.GetAnnotations()[adjust.DevicesAnnotation]; !ok && !asks {
-		return nil
-	}
-	return adjust.WithNodesOf(c, candidates)
 }

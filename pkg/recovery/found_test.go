@@ -37,6 +37,12 @@ func container(pod, name string, state api.ContainerState, annotations map[strin
 
 const running = api.ContainerState_CONTAINER_RUNNING
 
+// created gives c its creation time.
+func created(c *api.Container, at int64) *api.Container {
+	c.CreatedAt = at
+	return c
+}
+
 func TestSort(t *testing.T) {
 	pods := []*api.PodSandbox{reported("runs", 1), reported("stopped", 1), reported("empty", 7), reported("gone", 0)}
 	containers := []*api.Container{
@@ -84,13 +90,15 @@ func TestFind(t *testing.T) {
 		// it counts.
 		asks, count string
 		recorded    []policy.Holding
-		claimed     []int
-		policy      config.Policy
+		// record says the record was read back whole.
+		record  bool
+		claimed []int
 		// held are the devices held, by pod, as "pod:device"; sole those
 		// held alone; stop the containers to stop, with words of why;
-		// others the running containers nri-gpu did not create.
-		held, sole, others []string
-		stop               map[string]string
+		// others the running containers nri-gpu did not create; admit
+		// those of them the admission is to judge.
+		held, sole, others, admit []string
+		stop                      map[string]string
 	}{{
 		name:       "ours, recorded",
 		containers: []*api.Container{container("p", "c", running, ours, 0)},
@@ -117,12 +125,35 @@ func TestFind(t *testing.T) {
 		containers: []*api.Container{container("p", "priv", running, nil, 0, 1)},
 		others:     []string{"p/priv"},
 	}, {
-		name:       "not ours, has what it asks for: held as found",
+		name:       "not ours, has what it asks for: judged by the admission",
 		containers: []*api.Container{container("p", "c", running, nil, 1)},
 		asks:       gpu(1),
-		held:       []string{"p:" + gpu(1)},
-		sole:       []string{"p/c:" + gpu(1)},
 		others:     []string{"p/c"},
+		admit:      []string{"p/c"},
+	}, {
+		name:       "ours, with a record: held as the record says, not every GPU it sees",
+		containers: []*api.Container{container("p", "priv", running, ours, 0, 1)},
+		recorded:   []policy.Holding{{Pod: policy.Pod{ID: "p"}, Named: []specs.Device{{Name: gpu(0)}}}},
+		record:     true,
+		held:       []string{"p:" + gpu(0)},
+	}, {
+		name:       "nri-gpu's annotation on a pod the record does not hold: not nri-gpu's, judged",
+		containers: []*api.Container{container("p", "forged", running, ours, 1)},
+		asks:       gpu(1),
+		record:     true,
+		others:     []string{"p/forged"},
+		admit:      []string{"p/forged"},
+	}, {
+		name:       "a forged annotation, asking for nothing: holds nothing",
+		containers: []*api.Container{container("p", "forged", running, ours, 0)},
+		record:     true,
+		others:     []string{"p/forged"},
+	}, {
+		name:       "judged oldest first",
+		containers: []*api.Container{created(container("p", "young", running, nil, 1), 20), created(container("p", "old", running, nil, 1), 10)},
+		asks:       gpu(1),
+		others:     []string{"p/old", "p/young"},
+		admit:      []string{"p/old", "p/young"},
 	}, {
 		name:       "not ours, lacks what it asks for",
 		containers: []*api.Container{container("p", "c", running, nil, 0)},
@@ -133,12 +164,6 @@ func TestFind(t *testing.T) {
 		containers: []*api.Container{container("p", "c", running, nil)},
 		asks:       "nvidia.com/gpu=0,,",
 		stop:       map[string]string{"p/c": "what it asks for is refused"},
-	}, {
-		name:       "not ours, refused by the policy",
-		containers: []*api.Container{container("p", "c", running, nil, 1)},
-		asks:       gpu(1),
-		policy:     config.Policy{Namespaces: []string{"other"}},
-		stop:       map[string]string{"p/c": "the policy refuses what it asks for"},
 	}, {
 		name:       "a container stopped, the next one judged",
 		containers: []*api.Container{container("p", "c", running, nil, 0), container("p", "d", running, ours, 1)},
@@ -156,9 +181,8 @@ func TestFind(t *testing.T) {
 		name:       "not ours, a count it has",
 		containers: []*api.Container{container("p", "c", running, nil, 1)},
 		count:      "1",
-		held:       []string{"p:" + gpu(1)},
-		sole:       []string{"p/c:" + gpu(1)},
 		others:     []string{"p/c"},
+		admit:      []string{"p/c"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			snap := testutil.Snapshot(t, testutil.GPUSpec(2))
@@ -166,11 +190,7 @@ func TestFind(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if tc.policy.Namespaces == nil {
-				tc.policy.Namespaces = []string{"*"}
-			}
-			tc.policy.Devices = config.DefaultDevices
-			judge := recovery.Judge{Parser: parser, Policy: policy.New(tc.policy), Snap: snap, Kind: "nvidia.com/gpu"}
+			judge := recovery.Judge{Parser: parser, Snap: snap, Kind: "nvidia.com/gpu", Record: tc.record}
 			var claimed []specs.Device
 			for _, g := range tc.claimed {
 				claimed = append(claimed, snap.Footprints([]string{gpu(g)})...)
@@ -185,7 +205,7 @@ func TestFind(t *testing.T) {
 			}
 			reported := recovery.Sort([]*api.PodSandbox{pod}, tc.containers)
 			found := judge.Find(reported, tc.containers, tc.recorded, claimed)
-			var held, sole, others []string
+			var held, sole, others, admit []string
 			for _, h := range found.Holdings {
 				for _, d := range h.Named {
 					held = append(held, h.Pod.ID+":"+d.Name)
@@ -207,8 +227,11 @@ func TestFind(t *testing.T) {
 			for _, s := range found.Others {
 				others = append(others, s.Pod.GetId()+"/"+s.Ctr.GetName())
 			}
-			if !slices.Equal(held, tc.held) || !slices.Equal(sole, tc.sole) || !slices.Equal(others, tc.others) {
-				t.Errorf("held %v, alone %v, others %v; want %v, %v, %v", held, sole, others, tc.held, tc.sole, tc.others)
+			for _, s := range found.Admit {
+				admit = append(admit, s.Pod.GetId()+"/"+s.Ctr.GetName())
+			}
+			if !slices.Equal(held, tc.held) || !slices.Equal(sole, tc.sole) || !slices.Equal(others, tc.others) || !slices.Equal(admit, tc.admit) {
+				t.Errorf("held %v, alone %v, others %v, judged %v; want %v, %v, %v, %v", held, sole, others, admit, tc.held, tc.sole, tc.others, tc.admit)
 			}
 			if len(found.Stop) != len(tc.stop) {
 				t.Fatalf("stopped %+v, want %v", found.Stop, tc.stop)
