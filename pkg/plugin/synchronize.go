@@ -35,7 +35,11 @@ func (p *Plugin) recordLost(err error, aside string, claims int) {
 // containers nri-gpu gave devices. Pods gone while the plugin was away,
 // and stopped pods not yet removed (all their containers stopped, or none
 // left and their sandbox stopped), hold nothing any more. Holdings that
-// break the policy or each other are logged, and stay held.
+// break the policy or each other are logged, and stay held. A running
+// container nri-gpu did not create is a request like any other: judged
+// by the admission against those holdings, held as what it asks for, or
+// stopped with the reason. No door answers from the pool before the
+// first Synchronize has restored it.
 func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
 	st, snap, pol := p.decision()
 	reported := recovery.Sort(pods, containers)

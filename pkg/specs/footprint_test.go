@@ -60,7 +60,15 @@ func footprints(t *testing.T, files map[string]string) map[string]specs.Device {
 	for name, content := range files {
 		write(t, dir, name, content)
 	}
-	snap, err := specs.Load([]string{dir}, specs.WithPartMajors(func() []int64 { return []int64{capsMajor} }))
+	return trusted(t, dir, capsMajor)
+}
+
+// trusted loads the specs of dir on a host whose capability nodes have
+// the given majors, and returns the footprints of their trusted devices,
+// by the device part of their names.
+func trusted(t *testing.T, dir string, majors ...int64) map[string]specs.Device {
+	t.Helper()
+	snap, err := specs.Load([]string{dir}, specs.WithPartMajors(func() []int64 { return majors }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,18 +209,6 @@ devices:
 `
 	dir := t.TempDir()
 	write(t, dir, "gpu.yaml", spec)
-	load := func(majors ...int64) map[string]specs.Device {
-		snap, err := specs.Load([]string{dir}, specs.WithPartMajors(func() []int64 { return majors }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]specs.Device{}
-		for _, d := range snap.Trusted() {
-			_, _, name := parser.ParseDevice(d.Name)
-			out[name] = d
-		}
-		return out
-	}
 	caps := fmt.Sprintf("c %d:", capsMajor)
 	tests := []struct {
 		name             string
@@ -228,7 +224,7 @@ devices:
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			devs := load(tc.majors...)
+			devs := trusted(t, dir, tc.majors...)
 			if got := devs["0:0"].Parts; !slices.Equal(got, tc.parts) {
 				t.Errorf("0:0's parts %v, want %v", got, tc.parts)
 			}
