@@ -35,7 +35,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	adj, _, err := p.Create(ctx, pod, ctr)
 	if err != nil {
 		// Its other containers were removed meanwhile: the pod ends.
-		p.recovered.Remove(pod.GetId(), ctr.GetId(), func() { p.release(pod) })
+		p.recovered.Remove(pod.GetId(), ctr.GetId(), func(ended func() bool) { p.releaseIf(pod, ended) })
 	}
 	return adj, nil, err
 }

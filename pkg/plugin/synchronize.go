@@ -93,11 +93,12 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, contai
 func (p *Plugin) watchSandboxes(reported recovery.Reported) {
 	for _, pod := range reported.Alone() {
 		log := p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName()})
-		ended := func() {
-			log.Info("the pod's sandbox ended with no container: what it held is released (the runtime restarted, and tells nothing else of its end)")
-			p.release(pod)
+		release := func(ended func() bool) {
+			if p.releaseIf(pod, ended) {
+				log.Info("the pod's sandbox ended with no container: what it held is released (the runtime restarted, and tells nothing else of its end)")
+			}
 		}
-		if err := p.recovered.Watch(pod.GetId(), int(pod.GetPid()), ended); err != nil {
+		if err := p.recovered.Watch(pod.GetId(), int(pod.GetPid()), release); err != nil {
 			log.Debugf("a pod with no container: its end is told by its next container's removal, not by its sandbox's (%v)", err)
 		}
 	}
@@ -126,16 +127,25 @@ func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error 
 // restarted, that is all it tells of the pod's end (see pkg/recovery).
 func (p *Plugin) RemoveContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
 	p.forgetAccess(pod, ctr)
-	p.recovered.Remove(pod.GetId(), ctr.GetId(), func() { p.release(pod) })
+	p.recovered.Remove(pod.GetId(), ctr.GetId(), func(ended func() bool) { p.releaseIf(pod, ended) })
 	return nil
 }
 
 func (p *Plugin) release(pod *api.PodSandbox) {
-	if released := p.node.alloc.Release(pod.GetId()); len(released) > 0 {
+	p.releaseIf(pod, func() bool { return true })
+}
+
+// releaseIf releases what a pod holds if ended, asked under the pool's
+// lock, says the pod has ended (one step: policy.Allocations.ReleaseIf),
+// records it and logs it; it returns what ended said.
+func (p *Plugin) releaseIf(pod *api.PodSandbox, ended func() bool) bool {
+	released, ok := p.node.alloc.ReleaseIf(pod.GetId(), ended)
+	if len(released) > 0 {
 		p.saveAndNotify()
 		p.log.WithFields(logrus.Fields{"namespace": pod.GetNamespace(), "pod": pod.GetName(), "devices": strings.Join(released, ",")}).
 			Info("released devices")
 	}
+	return ok
 }
 
 // HoldRecorded has the pool hold what the state file said pods held at

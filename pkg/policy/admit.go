@@ -175,8 +175,25 @@ func (a *Allocations) Revert(g Grant) {
 
 // Release forgets what a pod holds, and returns the names it held.
 func (a *Allocations) Release(podID string) []string {
+	names, _ := a.ReleaseIf(podID, func() bool { return true })
+	return names
+}
+
+// ReleaseIf forgets what a pod holds, as Release does, if ended says,
+// asked under the pool's lock, that the pod has ended: the check and the
+// release are one step, which no admission comes between. It returns
+// the names the pod held and what ended said.
+func (a *Allocations) ReleaseIf(podID string, ended func() bool) ([]string, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if !ended() {
+		return nil, false
+	}
+	return a.release(podID), true
+}
+
+// release forgets what a pod holds, under a.mu.
+func (a *Allocations) release(podID string) []string {
 	h := a.pods[podID]
 	delete(a.pods, podID)
 	if h == nil {

@@ -93,24 +93,31 @@ func (r *Pods) Add(podID, ctrID string) {
 	}
 }
 
+// Release releases a pod's holdings in one step with ended, the check
+// that the pod has ended (which forgets what it says has ended), asked
+// under the pool's lock (policy.Allocations.ReleaseIf): a container the
+// pod creates meanwhile is added before (and the pod has a container
+// left) or after (and its admission, under the pool's lock too, comes
+// after the release), never between.
+type Release func(ended func() bool)
+
 // Remove forgets a removed container and, where it was the last of a
-// tracked pod, calls release and reports so. release runs in the same
-// step, under the lock Add takes: a container the pod creates meanwhile
-// is added before (and the pod has a container left) or after (and what
-// it is given is held after the release), never between.
-func (r *Pods) Remove(podID, ctrID string, release func()) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ctrs := r.pods[podID]
-	if !ctrs[ctrID] {
-		return false
-	}
-	delete(ctrs, ctrID)
-	if len(ctrs) > 0 {
-		return false
-	}
-	release()
-	return true
+// tracked pod, has the pod released, and reports so. The container is
+// forgotten in ended, in the release's step.
+func (r *Pods) Remove(podID, ctrID string, release Release) bool {
+	last := false
+	release(func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		ctrs := r.pods[podID]
+		if !ctrs[ctrID] {
+			return false
+		}
+		delete(ctrs, ctrID)
+		last = len(ctrs) == 0
+		return last
+	})
+	return last
 }
 
 // Forget stops tracking a pod the runtime said is stopped or removed.
@@ -127,16 +134,17 @@ const watchPoll = 100 // ms
 // ErrNotSandbox says a process is not the sandbox a pod was reported with.
 var ErrNotSandbox = errors.New("not the pod's sandbox process")
 
-// Watch calls release once process pid, pod podID's sandbox as the
-// runtime reported it, has ended, if the pod is then still tracked, with
-// no container, since the last Reset; it returns at once. A process that
+// Watch has a pod released (release) once process pid, pod podID's
+// sandbox as the runtime reported it, has ended, if the pod is then
+// still tracked, with no container, since the last Reset (which ended
+// checks, in the release's step); it returns at once. A process that
 // cannot be watched (it ended already, it is not in nri-gpu's pid
 // namespace, or it is not the pod's sandbox) is not, and the error says
 // why: the pod then keeps what it holds until a container it makes is
 // removed, as a pod whose sandbox runs on. A watch ends with its pod's
 // tracking (the pod stopped, removed, or given a container whose removal
 // tells its end) or at the next Reset.
-func (r *Pods) Watch(podID string, pid int, release func()) error {
+func (r *Pods) Watch(podID string, pid int, release Release) error {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return fmt.Errorf("sandbox process %d: %w", pid, err)
@@ -148,6 +156,20 @@ func (r *Pods) Watch(podID string, pid int, release func()) error {
 	r.mu.Lock()
 	resets := r.resets
 	r.mu.Unlock()
+	// alone reports whether the pod is still tracked with no container
+	// since the watch began, and forgets it when forget says so.
+	alone := func(forget bool) bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		ctrs, tracked := r.pods[podID]
+		if !tracked || r.resets != resets || len(ctrs) > 0 {
+			return false
+		}
+		if forget {
+			delete(r.pods, podID)
+		}
+		return true
+	}
 	r.watches.Add(1)
 	go func() {
 		defer r.watches.Done()
@@ -166,20 +188,13 @@ func (r *Pods) Watch(podID string, pid int, release func()) error {
 				return
 			default:
 			}
-			r.mu.Lock()
-			ctrs, tracked := r.pods[podID]
-			if !tracked || r.resets != resets || len(ctrs) > 0 {
-				r.mu.Unlock()
+			switch {
+			case !alone(false):
+				return
+			case n > 0: // it ended
+				release(func() bool { return alone(true) })
 				return
 			}
-			if n == 0 { // still running
-				r.mu.Unlock()
-				continue
-			}
-			delete(r.pods, podID)
-			release() // in the same step, as Remove's
-			r.mu.Unlock()
-			return
 		}
 	}()
 	return nil

@@ -8,29 +8,48 @@ import (
 	"github.com/containerd/nri/pkg/api"
 )
 
+// releasing is a pool's release (policy.Allocations.ReleaseIf asks ended
+// under the pool's lock: TestReleaseIfOneStep): it tells whether the
+// container removed was still tracked until ended was asked, and
+// forgotten by it, and what ended said.
+func releasing(r *Pods, pod, ctr string, told chan<- [2]bool) Release {
+	return func(ended func() bool) {
+		before := r.tracked(pod, ctr)
+		said := ended()
+		told <- [2]bool{before && !r.tracked(pod, ctr), said}
+	}
+}
+
 // TestReleaseInOneStep: a pod's release, at its last container's
-// removal, runs under the lock a new container's Add takes, so that no
-// container of the pod is added between the two (its grant would be
-// released with the pod's): Add waits until the release is done.
+// removal, is one step with the check the pool asks under its lock: the
+// container is forgotten only inside it, so a container the pod creates
+// meanwhile is added before (and the pod is not released) or is admitted
+// after the release (under the pool's lock too), never between.
 func TestReleaseInOneStep(t *testing.T) {
 	r := New(nil, nil)
-	r.Reset([]string{"a"}, []*api.Container{{PodSandboxId: "a", Id: "old"}})
-	held := false
-	if !r.Remove("a", "old", func() { held = r.locked() }) {
+	r.Reset([]string{"a"}, []*api.Container{{PodSandboxId: "a", Id: "old"}, {PodSandboxId: "a", Id: "other"}})
+	told := make(chan [2]bool, 1)
+	if r.Remove("a", "other", releasing(r, "a", "other", told)) {
+		t.Error("a container with another left released the pod")
+	}
+	if got := <-told; !got[0] || got[1] {
+		t.Errorf("forgotten inside the check: %v, the pod ended: %v; want true, false", got[0], got[1])
+	}
+	if !r.Remove("a", "old", releasing(r, "a", "old", told)) {
 		t.Fatal("the last container's removal did not release the pod")
 	}
-	if !held {
-		t.Error("the pod was released outside the lock Add takes: a new container could be added between")
+	if got := <-told; !got[0] || !got[1] {
+		t.Errorf("forgotten inside the check: %v, the pod ended: %v; want both", got[0], got[1])
 	}
 	// The pod stays tracked: a container it makes after is counted.
 	r.Add("a", "new")
-	if !r.Remove("a", "new", func() {}) {
+	if !r.Remove("a", "new", func(ended func() bool) { ended() }) {
 		t.Error("the container added after the release is not the pod's last")
 	}
 }
 
 // TestWatchReleasesInOneStep: a pod released when its sandbox ends with
-// no container is released under the lock Add takes too.
+// no container is forgotten inside the pool's check too.
 func TestWatchReleasesInOneStep(t *testing.T) {
 	done := make(chan struct{})
 	defer close(done)
@@ -40,27 +59,26 @@ func TestWatchReleasesInOneStep(t *testing.T) {
 	if err := sandbox.Start(); err != nil {
 		t.Fatal(err)
 	}
-	held := make(chan bool, 1)
-	if err := r.Watch("a", sandbox.Process.Pid, func() { held <- r.locked() }); err != nil {
+	told := make(chan [2]bool, 1)
+	if err := r.Watch("a", sandbox.Process.Pid, releasing(r, "a", "", told)); err != nil {
 		t.Fatal(err)
 	}
 	_ = sandbox.Process.Kill()
 	_ = sandbox.Wait()
 	select {
-	case h := <-held:
-		if !h {
-			t.Error("the pod was released outside the lock Add takes")
+	case got := <-told:
+		if !got[0] || !got[1] {
+			t.Errorf("forgotten inside the check: %v, the pod ended: %v; want both", got[0], got[1])
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the pod was not released once its sandbox ended")
 	}
 }
 
-// locked reports whether r's lock is held (by someone else).
-func (r *Pods) locked() bool {
-	if r.mu.TryLock() {
-		r.mu.Unlock()
-		return false
-	}
-	return true
+// tracked reports whether pod's container ctr ("": the pod) is tracked.
+func (r *Pods) tracked(pod, ctr string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ctrs, ok := r.pods[pod]
+	return ok && (ctr == "" || ctrs[ctr])
 }

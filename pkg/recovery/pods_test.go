@@ -46,7 +46,7 @@ func TestRemoveTellsTheLastContainer(t *testing.T) {
 					r.Forget(s.pod)
 				case "remove":
 					released := false
-					if got := r.Remove(s.pod, s.ctr, func() { released = true }); got != s.last || released != s.last {
+					if got := r.Remove(s.pod, s.ctr, func(ended func() bool) { released = ended() }); got != s.last || released != s.last {
 						t.Fatalf("step %d: Remove(%s, %s) = %v, released %v; want %v", i, s.pod, s.ctr, got, released, s.last)
 					}
 				}
@@ -96,7 +96,11 @@ func TestWatchReleasesAPodWhoseSandboxEnded(t *testing.T) {
 			r.Reset([]string{"p"}, tc.ctrs)
 			cmd := sandbox(t)
 			released := make(chan struct{}, 1)
-			if err := r.Watch("p", cmd.Process.Pid, func() { released <- struct{}{} }); err != nil {
+			if err := r.Watch("p", cmd.Process.Pid, func(ended func() bool) {
+				if ended() {
+					released <- struct{}{}
+				}
+			}); err != nil {
 				t.Fatal(err)
 			}
 			if tc.before != nil {
@@ -126,7 +130,7 @@ func TestWatchEndsWhenDone(t *testing.T) {
 	r := recovery.New(done, func(int, string) bool { return true })
 	r.Reset([]string{"p"}, nil)
 	cmd := sandbox(t)
-	if err := r.Watch("p", cmd.Process.Pid, func() { t.Error("released after done") }); err != nil {
+	if err := r.Watch("p", cmd.Process.Pid, func(func() bool) { t.Error("released after done") }); err != nil {
 		t.Fatal(err)
 	}
 	close(done)
@@ -140,7 +144,7 @@ func TestWatchRefusesWhatItCannotWatch(t *testing.T) {
 	cmd := sandbox(t)
 	r := recovery.New(nil, func(int, string) bool { return false })
 	r.Reset([]string{"p"}, nil)
-	err := r.Watch("p", cmd.Process.Pid, func() {})
+	err := r.Watch("p", cmd.Process.Pid, func(func() bool) {})
 	if !errors.Is(err, recovery.ErrNotSandbox) {
 		t.Errorf("a process not the pod's sandbox: got %v, want ErrNotSandbox", err)
 	}
@@ -148,7 +152,7 @@ func TestWatchRefusesWhatItCannotWatch(t *testing.T) {
 	if err := gone.Run(); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Watch("p", gone.Process.Pid, func() {}); err == nil || !strings.Contains(err.Error(), "sandbox process") {
+	if err := r.Watch("p", gone.Process.Pid, func(func() bool) {}); err == nil || !strings.Contains(err.Error(), "sandbox process") {
 		t.Errorf("an ended process: got %v, want an error naming the sandbox process", err)
 	}
 	r.Wait()

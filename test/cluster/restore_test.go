@@ -24,13 +24,20 @@ import (
 // pod holds one GPU by count throughout. In that window the new nri-gpu
 // tells kubelet no device list (its device plugin waits), and refuses
 // the DRA claim's prepare with the reason kubelet retries on; the
-// annotation and device-plugin pods wait for their containers. Once the
+// annotation and device-plugin pods wait for their containers (or, on
+// containerd 1.7, run GPU-less until nri-gpu stops them). Once the
 // socket is back, each pod ends Running with one GPU, none the held one,
 // and no GPU is seen by two pods.
 func TestDoorsBeforeRestore(t *testing.T) {
 	needCluster(t)
-	createTemplate(t, "default", "window-gpu", harness.ClaimSpec(driverName, 1))
 	nodes := []*harness.Node{env.a, env.b}
+	for _, n := range nodes {
+		// The claim's GPU is the node's last: the scheduler allocates it
+		// before nri-gpu has restored, and the pods of the other doors,
+		// served once it has, choose the lowest free ones.
+		createClass(t, "window-last-"+n.Name, fmt.Sprintf(`device.attributes["%s"].index == %d`, driverName, n.GPUs-1))
+		createTemplate(t, "default", "window-gpu-"+n.Name, harness.ClaimSpec("window-last-"+n.Name, 1))
+	}
 	for _, edge := range []string{"take-over", "restart"} {
 		t.Run(edge, func(t *testing.T) {
 			holders := map[string]string{}
@@ -113,7 +120,7 @@ func windowPods(t *testing.T, edge string, nodes []*harness.Node, next map[strin
 			case "device-plugin":
 				createPod(t, scheduledOn(n, gpuPod("default", name, 1, nil, "")))
 			default:
-				createPod(t, claimPod("default", name, n, "window-gpu", ""))
+				createPod(t, claimPod("default", name, n, "window-gpu-"+n.Name, ""))
 			}
 		}
 	}
