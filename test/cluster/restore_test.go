@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,13 +32,7 @@ import (
 func TestDoorsBeforeRestore(t *testing.T) {
 	needCluster(t)
 	nodes := []*harness.Node{env.a, env.b}
-	for _, n := range nodes {
-		// The claim's GPU is the node's last: the scheduler allocates it
-		// before nri-gpu has restored, and the pods of the other doors,
-		// served once it has, choose the lowest free ones.
-		createClass(t, "window-last-"+n.Name, fmt.Sprintf(`device.attributes["%s"].index == %d`, driverName, n.GPUs-1))
-		createTemplate(t, "default", "window-gpu-"+n.Name, harness.ClaimSpec("window-last-"+n.Name, 1))
-	}
+	createTemplate(t, "default", "window-gpu", harness.ClaimSpec(driverName, 1))
 	for _, edge := range []string{"take-over", "restart"} {
 		t.Run(edge, func(t *testing.T) {
 			holders := map[string]string{}
@@ -55,6 +50,13 @@ func TestDoorsBeforeRestore(t *testing.T) {
 				hideNRISocket(t, n)
 				next[n.Name] = followingLog(t, n, edge)
 			}
+			t.Cleanup(func() {
+				if t.Failed() {
+					for _, n := range nodes {
+						t.Logf("%s: events of the window's pods:\n%s\nthe next nri-gpu's log:\n%s", n.Name, windowEvents(edge, n), tail(next[n.Name](), 40))
+					}
+				}
+			})
 			disrupt(t, edge, nodes)
 			for _, n := range nodes {
 				testutil.Within(t, podWait, n.Name+": the next nri-gpu built, its runtime out of reach", func() bool {
@@ -94,13 +96,18 @@ func TestDoorsBeforeRestore(t *testing.T) {
 // restoredSaid is what nri-gpu logs once it has restored the pool.
 const restoredSaid = "restored what pods and claims hold"
 
-// doorsOn are the doors whose pods arrive in the window on node n: each
-// door on a node of 4 GPUs (the holder's and one each); on one of 2, the
-// DRA claim's (its containerd, 1.7, creates the others' containers
-// while nri-gpu is away, and TestCrashStream has them).
+// doorsOn are the doors whose pods arrive in the window on node n: on
+// node-b (containerd 2.3.7, 4 GPUs) a count annotation's and the device
+// plugin's, on node-a (containerd 1.7, 2 GPUs) a DRA claim's, each
+// beside the holder. A claim and a device-plugin pod are not put on one
+// node in the window: the scheduler allocates the claim from the slice
+// and kubelet the pod from its device list, neither knowing of the
+// other's choice until the claim is prepared, so they may choose one GPU
+// (a gap between those two doors, whatever the restore; the closing note
+// of issue 61 says so).
 func doorsOn(n *harness.Node) []string {
-	if n.GPUs >= 4 {
-		return []string{"annotation", "device-plugin", "dra"}
+	if n == env.b {
+		return []string{"annotation", "device-plugin"}
 	}
 	return []string{"dra"}
 }
@@ -120,11 +127,14 @@ func windowPods(t *testing.T, edge string, nodes []*harness.Node, next map[strin
 			case "device-plugin":
 				createPod(t, scheduledOn(n, gpuPod("default", name, 1, nil, "")))
 			default:
-				createPod(t, claimPod("default", name, n, "window-gpu-"+n.Name, ""))
+				createPod(t, claimPod("default", name, n, "window-gpu", ""))
 			}
 		}
 	}
 	for _, n := range nodes {
+		if !slices.Contains(doorsOn(n), "dra") {
+			continue
+		}
 		name := fmt.Sprintf("window-dra-%s-%s", edge, n.Name)
 		testutil.Within(t, podWait, n.Name+": kubelet told the claim's prepare waits for the restore", func() bool {
 			events, err := env.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
@@ -139,6 +149,10 @@ func windowPods(t *testing.T, edge string, nodes []*harness.Node, next map[strin
 			}
 			return false
 		})
+	}
+	// The nodes' windows opened together, and have lasted past the
+	// claim's bounded wait (10 s).
+	for _, n := range nodes {
 		if log := next[n.Name](); strings.Contains(log, "told kubelet the devices") {
 			t.Errorf("%s: the next nri-gpu told kubelet its devices before its restore:\n%s", n.Name, log)
 		}
@@ -219,4 +233,28 @@ func disrupt(t *testing.T, edge string, nodes []*harness.Node) {
 	if _, err := env.client.AppsV1().DaemonSets(nriNamespace).Patch(context.Background(), releaseName, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// windowEvents are the events of node n's window pods, for a failure to
+// show.
+func windowEvents(edge string, n *harness.Node) string {
+	var b strings.Builder
+	for _, door := range doorsOn(n) {
+		name := fmt.Sprintf("window-%s-%s-%s", door, edge, n.Name)
+		events, err := env.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v\n", name, err)
+			continue
+		}
+		for _, e := range events.Items {
+			fmt.Fprintf(&b, "%s: %s %s: %s\n", name, e.Type, e.Reason, e.Message)
+		}
+	}
+	return b.String()
+}
+
+// tail returns the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
