@@ -102,7 +102,9 @@ func (p *Plugin) admitRunning(ctx context.Context, s recovery.Stopping, claims [
 	if !a.HoldsAny() {
 		return nil
 	}
-	a.Want.Choice = policy.Choice{Candidates: snap.Candidates(st.cfg.DefaultKind), Usable: r.Usable, Hooks: snap.Hooks, Unhealthy: p.node.hw.Unhealthy(snap)}
+	// A count is of the devices it has: what it was given.
+	has := adjust.WithNodesOf(s.Ctr, snap.Candidates(st.cfg.DefaultKind))
+	a.Want.Choice = policy.Choice{Candidates: has, Usable: r.Usable, Hooks: snap.Hooks, Unhealthy: p.node.hw.Unhealthy(snap)}
 	a.Want.Choice.Kubelet = p.allocatedByKubelet(ctx, r, a.Want, logTo(p.log, s))
 	for attempt := 1; ; attempt++ {
 		plan, err := p.node.alloc.Plan(pol, a.Want)

@@ -56,8 +56,8 @@ func TestUnservedStopped(t *testing.T) {
 			stopped: "what it asks for is refused"},
 		{name: "named and injected by the runtime", pod: map[string]string{"gpus.nri-gpu.io": "1"}, devices: []*api.LinuxDevice{gpuNode(1)},
 			holds: "1"},
-		{name: "counted and injected by the runtime", pod: map[string]string{"gpu-count.nri-gpu.io": "1"}, devices: []*api.LinuxDevice{gpuNode(0)},
-			holds: "0"},
+		{name: "counted and injected by the runtime", pod: map[string]string{"gpu-count.nri-gpu.io": "1"}, devices: []*api.LinuxDevice{gpuNode(1)},
+			holds: "1"}, // the GPU it has, not the first free
 		{name: "asks nothing"},
 		{name: "nri-gpu's own", pod: map[string]string{"gpus.nri-gpu.io": "0"}, ctr: map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=0"},
 			devices: []*api.LinuxDevice{gpuNode(0)}, holds: "0"},
