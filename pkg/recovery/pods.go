@@ -171,33 +171,38 @@ func (r *Pods) Watch(podID string, pid int, release Release) error {
 		return true
 	}
 	r.watches.Add(1)
-	go func() {
-		defer r.watches.Done()
-		defer func() { _ = unix.Close(fd) }()
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for {
-			n, err := unix.Poll(fds, watchPoll)
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			if err != nil { // the process cannot be watched: it keeps what it holds
-				return
-			}
-			select {
-			case <-r.done: // another nri-gpu holds the record now
-				return
-			default:
-			}
-			switch {
-			case !alone(false):
-				return
-			case n > 0: // it ended
-				release(func() bool { return alone(true) })
-				return
-			}
-		}
-	}()
+	go r.watch(fd, alone, release)
 	return nil
+}
+
+// watch polls the pidfd of a pod's sandbox until the process ends, and
+// then has the pod released if it is still alone; it ends as soon as the
+// pod is not alone, or done is closed.
+func (r *Pods) watch(fd int, alone func(forget bool) bool, release Release) {
+	defer r.watches.Done()
+	defer func() { _ = unix.Close(fd) }()
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, watchPoll)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil { // the process cannot be watched: it keeps what it holds
+			return
+		}
+		select {
+		case <-r.done: // another nri-gpu holds the record now
+			return
+		default:
+		}
+		switch {
+		case !alone(false):
+			return
+		case n > 0: // it ended
+			release(func() bool { return alone(true) })
+			return
+		}
+	}
 }
 
 // SandboxProcess reports whether process pid is in pod podID's sandbox's
