@@ -150,6 +150,11 @@ func TestAllocate(t *testing.T) {
 
 func TestGetPreferredAllocation(t *testing.T) {
 	p := New(gpu, testutil.ShortDir(t), config.CDIAnnotations, &source{}, quiet())
+	// kubelet asks for a preferred allocation only of a plugin that
+	// says it answers.
+	if opts, err := p.GetDevicePluginOptions(context.Background(), &api.Empty{}); err != nil || !opts.GetGetPreferredAllocationAvailable() {
+		t.Errorf("options %v (%v): want GetPreferredAllocationAvailable", opts, err)
+	}
 	got, err := p.GetPreferredAllocation(context.Background(), &api.PreferredAllocationRequest{
 		ContainerRequests: []*api.ContainerPreferredAllocationRequest{
 			{AvailableDeviceIDs: []string{"0", "1", "2"}, MustIncludeDeviceIDs: []string{"0"}, AllocationSize: 2},
