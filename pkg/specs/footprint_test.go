@@ -206,6 +206,8 @@ devices:
     containerEdits: {deviceNodes: [` + gpu0 + `, ` + node("/dev/nvidia-caps/other", "nvidia-caps/other") + `]}
   - name: all
     containerEdits: {deviceNodes: [` + gpu0 + `, ` + node("/dev/nvidia1", "gpus/nvidia1") + `]}
+  - name: with-block
+    containerEdits: {deviceNodes: [` + gpu0 + `, {path: /dev/blk, type: b, major: ` + fmt.Sprint(capsMajor) + `, minor: 1}]}
 `
 	dir := t.TempDir()
 	write(t, dir, "gpu.yaml", spec)
@@ -227,6 +229,9 @@ devices:
 			devs := trusted(t, dir, tc.majors...)
 			if got := devs["0:0"].Parts; !slices.Equal(got, tc.parts) {
 				t.Errorf("0:0's parts %v, want %v", got, tc.parts)
+			}
+			if got := devs["with-block"].Parts; got != nil {
+				t.Errorf("with-block's parts %v: a block device of the capability major is no capability node", got)
 			}
 			if got := devs["with-other"].Parts; !slices.Equal(got, tc.otherParts) {
 				t.Errorf("with-other's parts %v, want %v", got, tc.otherParts)
