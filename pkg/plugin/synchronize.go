@@ -52,9 +52,12 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, contai
 	if err := p.node.alloc.Restore(pol, found.Holdings); err != nil {
 		p.log.Warn(err)
 	}
-	// Those nri-gpu did not create are requests like any other.
+	// Those nri-gpu did not create are requests like any other. What
+	// kubelet is asked for them is asked within one bound, however many.
+	admitCtx, cancel := context.WithTimeout(ctx, kubeletPatience)
+	defer cancel()
 	for _, s := range found.Admit {
-		if err := p.admitRunning(ctx, s, nil, nil); err != nil {
+		if err := p.admitRunning(admitCtx, s, nil, nil); err != nil {
 			s.Why = fmt.Sprintf("the admission refuses what it asks for: %v", err)
 			found.Stop = append(found.Stop, s)
 			found.Others = slices.DeleteFunc(found.Others, func(o recovery.Stopping) bool { return o.Ctr == s.Ctr })
