@@ -280,3 +280,41 @@ func TestLater(t *testing.T) {
 		t.Errorf("preferred with its view: %v, want the view's choice (the last available)", got)
 	}
 }
+
+// TestLaterRestored: a Later is restored when its view is, and at once
+// where there is no view or the view is never restoring.
+func TestLaterRestored(t *testing.T) {
+	isClosed := func(c <-chan struct{}) bool {
+		select {
+		case <-c:
+			return true
+		default:
+			return false
+		}
+	}
+	var none, plain, restoring Later
+	if !isClosed(none.Restored()) {
+		t.Error("with no view: not restored")
+	}
+	plain.Set(&source{})
+	if !isClosed(plain.Restored()) {
+		t.Error("with a view that is never restoring: not restored")
+	}
+	view := &restoringSource{done: make(chan struct{})}
+	restoring.Set(view)
+	if isClosed(restoring.Restored()) {
+		t.Error("restored before its view is")
+	}
+	close(view.done)
+	if !isClosed(restoring.Restored()) {
+		t.Error("not restored once its view is")
+	}
+}
+
+// restoringSource is a source restored once done is closed.
+type restoringSource struct {
+	source
+	done chan struct{}
+}
+
+func (r *restoringSource) Restored() <-chan struct{} { return r.done }
