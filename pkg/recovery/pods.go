@@ -103,8 +103,13 @@ type Release func(ended func() bool)
 
 // Remove forgets a removed container and, where it was the last of a
 // tracked pod, has the pod released, and reports so. The container is
-// forgotten in ended, in the release's step.
+// forgotten in ended, in the release's step; one not tracked (any
+// container of a pod created on the current connection) is not released
+// for, and the pool's lock is not taken.
 func (r *Pods) Remove(podID, ctrID string, release Release) bool {
+	if !r.tracked(podID, ctrID) {
+		return false
+	}
 	last := false
 	release(func() bool {
 		r.mu.Lock()
@@ -118,6 +123,14 @@ func (r *Pods) Remove(podID, ctrID string, release Release) bool {
 		return last
 	})
 	return last
+}
+
+// tracked reports whether pod's container ctr ("": the pod) is tracked.
+func (r *Pods) tracked(pod, ctr string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ctrs, ok := r.pods[pod]
+	return ok && (ctr == "" || ctrs[ctr])
 }
 
 // Forget stops tracking a pod the runtime said is stopped or removed.

@@ -74,11 +74,3 @@ func TestWatchReleasesInOneStep(t *testing.T) {
 		t.Fatal("the pod was not released once its sandbox ended")
 	}
 }
-
-// tracked reports whether pod's container ctr ("": the pod) is tracked.
-func (r *Pods) tracked(pod, ctr string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ctrs, ok := r.pods[pod]
-	return ok && (ctr == "" || ctrs[ctr])
-}
