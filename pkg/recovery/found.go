@@ -113,21 +113,22 @@ type Judge struct {
 // containers are to be stopped, checked or judged.
 func (j Judge) Find(reported Reported, containers []*api.Container, recorded []policy.Holding, claimed []specs.Device) Found {
 	var out Found
+	// byPod has a key for each live pod the record holds, whatever it
+	// holds (claims alone too).
 	byPod := map[string][]specs.Device{}
-	inRecord := map[string]bool{}
 	for _, h := range recorded {
 		if pod, ok := reported.Live[h.Pod.ID]; ok {
 			h.Pod = pod
 			out.Holdings = append(out.Holdings, h)
 			byPod[pod.ID] = append(byPod[pod.ID], slices.Concat(h.Named, h.Counted)...)
-			inRecord[pod.ID] = true
 		}
 	}
 	candidates := slices.DeleteFunc(j.Snap.Candidates(j.Kind), func(d specs.Device) bool { return specs.OverlapsAny(d, claimed) })
 	for _, c := range running(reported, containers) {
 		pod, sandbox := reported.Live[c.GetPodSandboxId()], reported.Sandboxes[c.GetPodSandboxId()]
 		_, annotated := c.GetAnnotations()[adjust.DevicesAnnotation]
-		ours := annotated && (!j.Record || inRecord[pod.ID])
+		_, inRecord := byPod[pod.ID]
+		ours := annotated && (!j.Record || inRecord)
 		if !ours {
 			why, asks := j.unserved(sandbox, c, candidates)
 			switch {
