@@ -81,18 +81,23 @@ func Names(devices []Device) []string {
 }
 
 // footprint returns the name and footprint of a resolved device, its
-// nodes identified from the host nodes stat'ed at load, its parts those of
-// a character major in parts.
+// nodes identified from the host nodes stat'ed at load (type and numbers,
+// else the cleaned host path), its parts those of a character major in
+// parts.
 func footprint(d *cdi.Device, hosts map[string]HostNode, parts []int64) Device {
 	var nodes, own []string
 	for _, n := range d.ContainerEdits.DeviceNodes {
 		if n == nil {
 			continue
 		}
-		host := hosts[HostPath(n)]
-		id := nodeID(n, host)
+		typ, major, minor, ok := numbers(n, hosts[HostPath(n)])
+		if !ok {
+			nodes = append(nodes, "path "+filepath.Clean(HostPath(n)))
+			continue
+		}
+		id := NodeID(typ, major, minor)
 		nodes = append(nodes, id)
-		if typ, major, _, ok := numbers(n, host); ok && typ == "c" && slices.Contains(parts, major) {
+		if typ == "c" && slices.Contains(parts, major) {
 			own = append(own, id)
 		}
 	}
@@ -124,15 +129,6 @@ func NVIDIACaps() []int64 {
 
 // capsName is the NVIDIA capability nodes' driver in /proc/devices.
 const capsName = "nvidia-caps"
-
-// nodeID identifies a device node by what it is: its type and numbers,
-// else its cleaned host path.
-func nodeID(n *cdispec.DeviceNode, host HostNode) string {
-	if typ, major, minor, ok := numbers(n, host); ok {
-		return NodeID(typ, major, minor)
-	}
-	return "path " + filepath.Clean(HostPath(n))
-}
 
 // numbers gives a node's type and numbers as the host has them, or as the
 // spec gives them.
