@@ -61,7 +61,7 @@ func (p *Plugin) stopClaimless(check []recovery.Stopping) {
 	deadline := time.Now().Add(recovery.ClaimCheckFor)
 	claims := recovery.ClaimCheck{Finder: p.doors.claims, Pool: p.node.alloc}
 	for _, s := range check {
-		why, err := claims.Unserved(p.life.closed, s, deadline)
+		why, uses, err := claims.Unserved(p.life.closed, s, deadline)
 		switch {
 		case p.life.closed.Err() != nil:
 			p.log.Info("stopped checking the claims of containers created while nri-gpu was away: another nri-gpu holds the record")
@@ -74,7 +74,7 @@ func (p *Plugin) stopClaimless(check []recovery.Stopping) {
 		default:
 			// Its claims are its pod's, as a new container's are: counted
 			// towards policy.maxDevicesPerPod, kept from the sweep.
-			if err := p.admitClaims(s); err != nil {
+			if err := p.admitClaims(s, uses); err != nil {
 				s.Why = fmt.Sprintf("the admission refuses what it uses: %v", err)
 				p.stopUnserved(s)
 				continue
@@ -118,16 +118,12 @@ func (p *Plugin) admitRunning(ctx context.Context, s recovery.Stopping, claims [
 }
 
 // admitClaims has a running container nri-gpu did not create, which has
-// the devices of the claims it uses, judged again with them (admitRunning).
-func (p *Plugin) admitClaims(s recovery.Stopping) error {
-	ctx, cancel := context.WithTimeout(p.life.closed, claimAdmitFor)
-	defer cancel()
-	claims, held, err := p.claimDevices(ctx, s.Pod, s.Ctr)
+// the devices of the claims it uses (uses, as the DRA driver told),
+// judged again with them (admitRunning).
+func (p *Plugin) admitClaims(s recovery.Stopping, uses []link.ClaimUse) error {
+	claims, held, err := link.UsedOf(p.node.alloc, uses)
 	if err != nil {
 		return err
 	}
-	return p.admitRunning(ctx, s, claims, held)
+	return p.admitRunning(p.life.closed, s, claims, held)
 }
-
-// claimAdmitFor bounds how long admitClaims asks the DRA driver again.
-const claimAdmitFor = 10 * time.Second

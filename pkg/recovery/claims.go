@@ -45,26 +45,27 @@ type ClaimCheck struct {
 
 // Unserved says why the container is to be stopped ("" when it has the
 // devices of every claim it uses): it names a claim not reserved for its
-// pod, or lacks a claim's devices. It asks the DRA driver until it
-// answers, ctx is done or deadline passes, and then returns its error.
-func (c ClaimCheck) Unserved(ctx context.Context, s Stopping, deadline time.Time) (string, error) {
+// pod, or lacks a claim's devices; and which claims it uses, as the DRA
+// driver told. It asks the driver until it answers, ctx is done or
+// deadline passes, and then returns its error.
+func (c ClaimCheck) Unserved(ctx context.Context, s Stopping, deadline time.Time) (string, []link.ClaimUse, error) {
 	ref := link.PodRef{Namespace: s.Pod.GetNamespace(), Name: s.Pod.GetName(), UID: s.Pod.GetUid()}
 	for {
 		ask, cancel := context.WithTimeout(ctx, min(claimAskFor, time.Until(deadline)))
 		uses, err := c.Finder.Uses(ask, ref, s.Ctr.GetName())
 		cancel()
 		if errors.Is(err, link.ErrNotReserved) {
-			return fmt.Sprintf("it names a claim not reserved for its pod: %v", err), nil
+			return fmt.Sprintf("it names a claim not reserved for its pod: %v", err), nil, nil
 		}
 		if err == nil {
-			return c.lacks(s.Ctr, uses), nil
+			return c.lacks(s.Ctr, uses), uses, nil
 		}
 		if time.Until(deadline) < claimRetry {
-			return "", err
+			return "", nil, err
 		}
 		select {
 		case <-ctx.Done():
-			return "", err
+			return "", nil, err
 		case <-time.After(claimRetry):
 		}
 	}

@@ -326,7 +326,10 @@ func TestClaimCheck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := recovery.Stopping{Pod: reported("p", 1), Ctr: container("p", "c", running, nil, tc.gpus...)}
 			check := recovery.ClaimCheck{Finder: tc.finder, Pool: pool}
-			why, err := check.Unserved(context.Background(), s, time.Now().Add(time.Millisecond))
+			why, uses, err := check.Unserved(context.Background(), s, time.Now().Add(time.Millisecond))
+			if tc.finder.err == nil && !slices.EqualFunc(uses, tc.finder.uses, func(a, b link.ClaimUse) bool { return a.UID == b.UID }) {
+				t.Errorf("the claims it uses: %v, want the driver's %v", uses, tc.finder.uses)
+			}
 			if !errors.Is(err, tc.err) || (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) || !strings.Contains(why, tc.also) || tc.finder.asked != tc.asked {
 				t.Errorf("why %q, error %v, asked %d times; want %q, %v, %d", why, err, tc.finder.asked, tc.why, tc.err, tc.asked)
 			}
@@ -340,14 +343,14 @@ func TestClaimCheck(t *testing.T) {
 func TestClaimCheckRetries(t *testing.T) {
 	s := recovery.Stopping{Pod: reported("p", 1), Ctr: container("p", "c", running, nil)}
 	f := &flaky{fails: 1}
-	why, err := recovery.ClaimCheck{Finder: f}.Unserved(context.Background(), s, time.Now().Add(time.Minute))
+	why, _, err := recovery.ClaimCheck{Finder: f}.Unserved(context.Background(), s, time.Now().Add(time.Minute))
 	if err != nil || why != "" || f.asked != 2 {
 		t.Errorf("why %q, error %v, asked %d times; want it to run on, asked twice", why, err, f.asked)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	f = &flaky{fails: 100}
-	if _, err := (recovery.ClaimCheck{Finder: f}).Unserved(ctx, s, time.Now().Add(time.Minute)); err == nil || f.asked != 1 {
+	if _, _, err := (recovery.ClaimCheck{Finder: f}).Unserved(ctx, s, time.Now().Add(time.Minute)); err == nil || f.asked != 1 {
 		t.Errorf("with its context done: error %v, asked %d times; want the driver's error, asked once", err, f.asked)
 	}
 }

@@ -43,6 +43,13 @@ func Used(ctx context.Context, f Finder, pool *policy.Allocations, pod PodRef, c
 		}
 		return nil, nil, fmt.Errorf("%w; created without claims: %w", ErrNoClaimMay, err)
 	}
+	return UsedOf(pool, uses)
+}
+
+// UsedOf returns the UIDs of the prepared claims of uses and their
+// devices in pool (those of the requests each names), as Used does once
+// the driver has told which claims a container uses.
+func UsedOf(pool *policy.Allocations, uses []ClaimUse) ([]string, []policy.ClaimDevice, error) {
 	var (
 		uids []string
 		devs []policy.ClaimDevice
