@@ -344,8 +344,9 @@ func (p *Plugin) GetPreferredAllocation(_ context.Context, req *api.PreferredAll
 // Allocate answers, for each container, with the CDI devices of the IDs
 // kubelet chose: as the cdi.k8s.io annotation of nri-gpu's device plugin,
 // which nri-gpu's NRI side injects, or as CRI CDI devices, which the
-// runtime injects itself.
-func (p *Plugin) Allocate(_ context.Context, req *api.AllocateRequest) (*api.AllocateResponse, error) {
+// runtime injects itself. An Allotting source agrees first, or kubelet is
+// answered its reason.
+func (p *Plugin) Allocate(ctx context.Context, req *api.AllocateRequest) (*api.AllocateResponse, error) {
 	known := map[string]bool{}
 	for _, d := range p.src.Devices() {
 		known[d.ID] = true
@@ -380,8 +381,19 @@ func (p *Plugin) Allocate(_ context.Context, req *api.AllocateRequest) (*api.All
 			}
 			c.Annotations = ann
 		}
-		p.log.WithField("devices", strings.Join(names, ",")).Info("kubelet allocated devices to a container")
 		resp.ContainerResponses = append(resp.ContainerResponses, c)
+	}
+	if a, ok := p.src.(Allotting); ok {
+		var ids []string
+		for _, r := range req.GetContainerRequests() {
+			ids = append(ids, r.GetDevicesIds()...)
+		}
+		if err := a.Allot(ctx, ids); err != nil {
+			return nil, refused(fmt.Errorf("%s: kubelet chose %s: %w", p.resource, strings.Join(ids, ", "), err))
+		}
+	}
+	for _, r := range req.GetContainerRequests() {
+		p.log.WithField("devices", strings.Join(r.GetDevicesIds(), ",")).Info("kubelet allocated devices to a container")
 	}
 	return resp, nil
 }

@@ -148,6 +148,74 @@ func TestAllocate(t *testing.T) {
 	}
 }
 
+// allotting is a source that agrees to allocations as refuse says.
+type allotting struct {
+	*source
+	refuse error
+	mu     sync.Mutex
+	told   [][]string
+}
+
+func (a *allotting) Allot(_ context.Context, ids []string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.told = append(a.told, ids)
+	return a.refuse
+}
+
+// allotted returns the IDs it was told, call by call.
+func (a *allotting) allotted() [][]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.told)
+}
+
+// TestAllocateAllotted: an Allotting source is told every ID kubelet
+// chose, through Later too, before the answer; its refusal is kubelet's
+// answer, naming the resource and the IDs, and no annotation is given.
+func TestAllocateAllotted(t *testing.T) {
+	errHeld := errors.New("held by pod ns/counted")
+	for _, tc := range []struct {
+		name   string
+		refuse error
+		later  bool
+	}{
+		{name: "agrees"},
+		{name: "refuses", refuse: errHeld},
+		{name: "refuses, through Later", refuse: errHeld, later: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &allotting{source: &source{devs: []Device{{ID: "0", Healthy: true}, {ID: "1", Healthy: true}, {ID: "2::0", Healthy: true}}}, refuse: tc.refuse}
+			var src Source = a
+			if tc.later {
+				l := &Later{}
+				l.Set(a)
+				src = l
+			}
+			p := New(gpu, testutil.ShortDir(t), config.CDIAnnotations, src, quiet())
+			got, err := p.Allocate(context.Background(), &api.AllocateRequest{ContainerRequests: []*api.ContainerAllocateRequest{{DevicesIds: []string{"1"}}, {DevicesIds: []string{"0", "2::0"}}}})
+			if want := [][]string{{"1", "0", "2::0"}}; !slices.EqualFunc(a.allotted(), want, slices.Equal) {
+				t.Errorf("told %v, want %v", a.allotted(), want)
+			}
+			if tc.refuse == nil {
+				if err != nil || len(got.GetContainerResponses()) != 2 {
+					t.Fatalf("%v, %v: want two answers", got, err)
+				}
+				return
+			}
+			if got != nil || !errors.Is(err, tc.refuse) {
+				t.Fatalf("%v, %v: want the refusal", got, err)
+			}
+			testutil.ErrorSays(t, err, "nvidia.com/gpu: kubelet chose 1, 0, 2::0: held by pod ns/counted")
+		})
+	}
+	// Before Later is set, nothing is told (no ID is known either).
+	l := &Later{}
+	if err := l.Allot(context.Background(), []string{"0"}); err != nil {
+		t.Errorf("Later before Set: %v", err)
+	}
+}
+
 func TestGetPreferredAllocation(t *testing.T) {
 	p := New(gpu, testutil.ShortDir(t), config.CDIAnnotations, &source{}, quiet())
 	// kubelet asks for a preferred allocation only of a plugin that

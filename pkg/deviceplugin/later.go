@@ -1,10 +1,14 @@
 package deviceplugin
 
-import "sync"
+import (
+	"context"
+	"sync"
+)
 
 var (
 	_ Source    = (*Later)(nil)
 	_ Restoring = (*Later)(nil)
+	_ Allotting = (*Later)(nil)
 )
 
 // Later is a Source that has no devices until Set gives the source it
@@ -45,6 +49,15 @@ func (l *Later) Preferred(available, mustInclude []string, size int) []string {
 		return src.Preferred(available, mustInclude, size)
 	}
 	return kubeletOrder(available, mustInclude, size)
+}
+
+// Allot is the source's where it allots; nil otherwise (before it is
+// set, no ID is known: Allocate refuses them first).
+func (l *Later) Allot(ctx context.Context, ids []string) error {
+	if a, ok := l.source().(Allotting); ok {
+		return a.Allot(ctx, ids)
+	}
+	return nil
 }
 
 // Restored is the source's, once it is set and when it has one; closed

@@ -11,6 +11,7 @@ package deviceplugin
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,7 +21,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/nri-gpu/nri-gpu/internal/perm"
 
@@ -57,6 +60,10 @@ func (p *Plugin) ServeAt(ctx context.Context, path string) error {
 // allocation before choosing itself.
 const preferWait = 2 * time.Second
 
+// allotWait bounds how long the relay asks nri-gpu to agree to an
+// allocation: beyond nri-gpu's own wait for its restore (10 s).
+const allotWait = 15 * time.Second
+
 // Upstream is the Source of the relay: the devices nri-gpu's device
 // plugin last told (kept while nri-gpu is away), and its preferred
 // allocations while it answers.
@@ -75,7 +82,10 @@ type Upstream struct {
 	client api.DevicePluginClient
 }
 
-var _ Source = (*Upstream)(nil)
+var (
+	_ Source    = (*Upstream)(nil)
+	_ Allotting = (*Upstream)(nil)
+)
 
 // NewUpstream returns the source that asks nri-gpu's device plugin at
 // path.
@@ -171,6 +181,35 @@ func (u *Upstream) Preferred(available, mustInclude []string, size int) []string
 		}
 	}
 	return kubeletOrder(available, mustInclude, size)
+}
+
+// Allot asks nri-gpu's device plugin to agree (its Allocate, which holds
+// the devices as kubelet's in the pool, or refuses one another door took
+// since it was listed healthy), and refuses what it denies. While nri-gpu
+// does not answer, or cannot tell yet (restoring), it agrees: the
+// container's creation is judged by nri-gpu's NRI side in any case, and
+// kubelet keeps serving pods while nri-gpu is away.
+func (u *Upstream) Allot(ctx context.Context, ids []string) error {
+	u.mu.Lock()
+	client := u.client
+	u.mu.Unlock()
+	if client == nil {
+		return nil
+	}
+	req := &api.AllocateRequest{}
+	for _, id := range ids {
+		req.ContainerRequests = append(req.ContainerRequests, &api.ContainerAllocateRequest{DevicesIds: []string{id}})
+	}
+	ctx, cancel := context.WithTimeout(ctx, allotWait)
+	defer cancel()
+	_, err := client.Allocate(ctx, req)
+	if s, ok := status.FromError(err); ok && s.Code() == codes.FailedPrecondition {
+		return fmt.Errorf("%w: %s", errDeniedUpstream, s.Message())
+	}
+	if err != nil {
+		u.log.Warnf("nri-gpu's device plugin did not agree to kubelet's allocation of %s (%v): the container's creation is judged as it comes", strings.Join(ids, ", "), err)
+	}
+	return nil
 }
 
 // kubeletOrder is the choice of size devices when nri-gpu cannot be

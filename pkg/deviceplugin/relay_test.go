@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
@@ -257,6 +259,58 @@ func TestUpstreamAcrossOutages(t *testing.T) {
 	testutil.Within(t, 10*time.Second, "nri-gpu answers again", func() bool { return said("nri-gpu's device plugin answers") == 2 })
 	stop()
 	saidOnce("the second outage", 3)
+}
+
+// TestRelayAllot: the relay asks nri-gpu to agree to kubelet's
+// allocation and refuses what nri-gpu's admission denies, in its words;
+// what nri-gpu cannot tell yet (restoring), or an nri-gpu away, leaves
+// the allocation to kubelet, judged when the container is created.
+func TestRelayAllot(t *testing.T) {
+	denied := fmt.Errorf("%w: device \"nvidia.com/gpu=0\" is held by pod ns/counted", policy.ErrDenied)
+	for _, tc := range []struct {
+		name    string
+		refuse  error
+		away    bool
+		wantErr string
+	}{
+		{name: "agreed"},
+		{name: "denied", refuse: denied, wantErr: "nri-gpu's device plugin refuses it: nvidia.com/gpu: kubelet chose 0, 1: denied by policy: device \"nvidia.com/gpu=0\" is held by pod ns/counted"},
+		{name: "restoring", refuse: errors.New("nri-gpu is restoring what pods hold")},
+		{name: "nri-gpu away", away: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := RelaySocket(filepath.Join(testutil.ShortDir(t), "relay"), gpu.Name)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			src := &allotting{source: &source{devs: []Device{{ID: "0", Healthy: true}, {ID: "1", Healthy: true}}}, refuse: tc.refuse}
+			stop := serveAt(ctx, t, path, src)
+			up := NewUpstream(path, quiet())
+			go up.Run(ctx, func() {})
+			<-up.Answered()
+			if tc.away {
+				stop()
+				testutil.Within(t, 10*time.Second, "the relay seeing nri-gpu gone", func() bool {
+					up.mu.Lock()
+					defer up.mu.Unlock()
+					return up.client == nil
+				})
+			} else {
+				defer stop()
+			}
+			relay := New(gpu, testutil.ShortDir(t), config.CDIAnnotations, up, quiet())
+			got, err := relay.Allocate(ctx, &api.AllocateRequest{ContainerRequests: []*api.ContainerAllocateRequest{{DevicesIds: []string{"0", "1"}}}})
+			if tc.wantErr != "" {
+				testutil.ErrorSays(t, err, tc.wantErr)
+				return
+			}
+			if err != nil || len(got.GetContainerResponses()) != 1 {
+				t.Fatalf("%v, %v: want an answer", got, err)
+			}
+			if want := [][]string{{"0", "1"}}; !tc.away && !slices.EqualFunc(src.allotted(), want, slices.Equal) {
+				t.Errorf("nri-gpu told %v, want %v", src.allotted(), want)
+			}
+		})
+	}
 }
 
 // TestLater: a device plugin made before the view it serves offers no

@@ -1,6 +1,8 @@
 package plugin
 
 import (
+	"context"
+
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
@@ -13,6 +15,7 @@ import (
 var (
 	_ deviceplugin.Source    = (*Resource)(nil)
 	_ deviceplugin.Restoring = (*Resource)(nil)
+	_ deviceplugin.Allotting = (*Resource)(nil)
 )
 
 // Resource is an extended resource's devices as the plugin knows them,
@@ -38,6 +41,25 @@ func (r *Resource) Devices() []deviceplugin.Device {
 	hardware := inventory.Hardware(snap, pol, r.cfg.Kind, r.cfg.Devices, nil)
 	ch := policy.Choice{Unhealthy: r.p.node.hw.Unhealthy(snap), Hooks: snap.Hooks}
 	return r.offered.Devices(deviceplugin.Offers(hardware, pol, r.p.node.alloc, ch))
+}
+
+// Allot agrees to the devices kubelet allocates a pod it is admitting,
+// once the pool is restored (waiting as a DRA call does), and keeps them
+// as kubelet's until its pod-resources API lists them
+// (policy.Allocations.Allot): the admission refuses one another door
+// took since kubelet was told it healthy.
+func (r *Resource) Allot(ctx context.Context, ids []string) error {
+	if err := r.p.life.restore.await(ctx, kubeletBound(ctx)); err != nil {
+		return err
+	}
+	_, snap, pol := r.p.decision()
+	vendor, class := parser.ParseQualifier(r.cfg.Kind)
+	names := make([]string, 0, len(ids))
+	for _, id := range ids {
+		names = append(names, parser.QualifiedName(vendor, class, deviceplugin.DeviceOf(id)))
+	}
+	ch := policy.Choice{Unhealthy: r.p.node.hw.Unhealthy(snap), Hooks: snap.Hooks}
+	return r.p.node.alloc.Allot(pol, snap.Footprints(names), ch)
 }
 
 // Restored is closed once the pool holds what the record and the running

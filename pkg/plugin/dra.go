@@ -27,7 +27,7 @@ type DRAView struct {
 // where it is. Devices held by claims stay: the scheduler knows them
 // allocated.
 func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
-	if err := c.p.life.restore.await(ctx, draBound(ctx)); err != nil {
+	if err := c.p.life.restore.await(ctx, kubeletBound(ctx)); err != nil {
 		return nil, err
 	}
 	_, snap, pol := c.p.decision()
@@ -42,7 +42,7 @@ func (c *DRAView) Devices(ctx context.Context) ([]link.Device, error) {
 // policy.sharing leaves unshared whose claim asks for MPS has its daemon
 // started before the claim is recorded, or the claim is not prepared.
 func (c *DRAView) Prepare(ctx context.Context, claim policy.Claim, allocated []link.Allocated) error {
-	if err := c.p.life.restore.await(ctx, draBound(ctx)); err != nil {
+	if err := c.p.life.restore.await(ctx, kubeletBound(ctx)); err != nil {
 		return fmt.Errorf("%s: %w", claim, err)
 	}
 	_, snap, pol := c.p.decision()

@@ -13,8 +13,9 @@ import (
 // held (the first Synchronize): the caller asks again (kubelet does).
 var ErrRestoring = errors.New("nri-gpu is restoring what pods hold, until the runtime tells which still run")
 
-// restoreWait bounds how long a DRA call waits for the restore: well
-// inside kubelet's own bound on it (45 s).
+// restoreWait bounds how long a call of kubelet (DRA, the device
+// plugin's Allocate) waits for the restore: well inside kubelet's own
+// bound on a DRA call (45 s).
 const restoreWait = 10 * time.Second
 
 // restoration is the pool's restore at start: done once the first
@@ -61,9 +62,9 @@ func (r *restoration) await(ctx context.Context, bound time.Duration) error {
 	return fmt.Errorf("%w (waited %s): ask again", ErrRestoring, bound)
 }
 
-// draBound is how long a DRA call waits for the restore: restoreWait,
+// kubeletBound is how long a call of kubelet waits for the restore: restoreWait,
 // or half what its caller left it, whichever is less.
-func draBound(ctx context.Context) time.Duration {
+func kubeletBound(ctx context.Context) time.Duration {
 	bound := restoreWait
 	if dl, ok := ctx.Deadline(); ok {
 		bound = min(bound, time.Until(dl)/2)

@@ -419,6 +419,9 @@ func (q *question) chosen() []error {
 		if q.p.sharedTwice(c, q.mine(own)) != nil || q.a.judge(q.p, who{pod: q.pod.ID, claims: q.uses, exclusive: true}, c).usersLeft() == 0 {
 			return []error{fmt.Errorf("%w: device %q, chosen for pod %s, was taken meanwhile", ErrStale, c.Name, q.pod)}
 		}
+		if _, ok := q.choice.allocatedBy(c); ok {
+			return []error{fmt.Errorf("%w: device %q, chosen for pod %s, was allocated by kubelet meanwhile", ErrStale, c.Name, q.pod)}
+		}
 	}
 	return nil
 }

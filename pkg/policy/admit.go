@@ -30,7 +30,7 @@ type Want struct {
 // question returns the admission of what w asks, under a.mu.
 func (a *Allocations) question(p *Policy, w Want) *question {
 	return &question{p: p, a: a, pod: w.Pod, own: a.pods[w.Pod.ID], door: NRI, uses: w.Claims,
-		named: w.Named, used: w.Used, count: w.Count, choice: w.Choice, exclusive: p.exclusive}
+		named: w.Named, used: w.Used, count: w.Count, choice: a.withAllotted(w.Choice), exclusive: p.exclusive}
 }
 
 // A Plan is what a container would be granted, decided on the pool as it

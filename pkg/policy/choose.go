@@ -74,6 +74,9 @@ func (ch Choice) usable(p *Policy, d specs.Device) error {
 
 // kubeletWhy is why a device kubelet allocated pod is not free.
 func kubeletWhy(pod PodName) string {
+	if pod == (PodName{}) {
+		return "allocated by kubelet to a pod it is admitting (through the device plugin), which holds it for as long as it lives"
+	}
 	return "allocated by kubelet to pod " + pod.String() + " (through the device plugin), which holds it for as long as it lives"
 }
 

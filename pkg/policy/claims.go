@@ -123,7 +123,7 @@ func (a *Allocations) AdmitClaim(p *Policy, c Claim, devices []Asked, ch Choice)
 			}
 		}()
 	}
-	q := &question{p: p, a: a, claim: &c, door: DRA, named: slices.Clone(devices), choice: ch, exclusive: true}
+	q := &question{p: p, a: a, claim: &c, door: DRA, named: slices.Clone(devices), choice: a.withAllotted(ch), exclusive: true}
 	for i := range q.named {
 		if q.named[i].Claim == nil {
 			q.named[i].Claim = &held[i]

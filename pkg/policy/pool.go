@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
@@ -23,6 +24,11 @@ type Allocations struct {
 	pods map[string]*holding
 	// claims are the DRA claims prepared on the node, by UID.
 	claims map[string]*claimHolding
+	// allotted are the devices kubelet allocated through the device
+	// plugin and does not list yet (Allot); now is the pool's clock, nil
+	// for time.Now.
+	allotted []allotment
+	now      func() time.Time
 }
 
 // holding is what one pod holds.
@@ -286,6 +292,9 @@ func (a *Allocations) judge(p *Policy, w who, d specs.Device) verdict {
 func (a *Allocations) Room(p *Policy, d specs.Device, door Door, ch Choice) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if door != DevicePlugin {
+		ch = a.withAllotted(ch)
+	}
 	q := &question{p: p, a: a, door: door, offer: true, named: []Asked{{Device: d}}, choice: ch, exclusive: true}
 	if q.decide(ofRequests, ofPool) != nil {
 		return 0
