@@ -131,6 +131,9 @@ func (a *Allocations) Commit(p *Policy, pl Plan) (Grant, error) {
 			own.kubelet = append(own.kubelet, d.Name)
 			g.addedKubelet = append(g.addedKubelet, d.Name)
 		}
+		if d.fromKubelet() {
+			a.consumeAllotted(d.Device)
+		}
 	}
 	for _, uid := range w.Claims {
 		if !slices.Contains(own.claims, uid) {

@@ -25,6 +25,7 @@ type allotment struct {
 
 // Allot keeps devs, which kubelet allocates through nri-gpu's device
 // plugin to a pod it is admitting (the plugin's Allocate), as kubelet's
+// until the pod's container holds them (Commit of kubelet's request) or
 // for AllotFor: kubelet's pod-resources API lists them only once its
 // admission ends, and until then no count request, claim or request by
 // name under policy.exclusive takes them, nor does a Commit planned
@@ -61,6 +62,13 @@ func (a *Allocations) Allot(p *Policy, devs []specs.Device, ch Choice) error {
 		}
 	}
 	return nil
+}
+
+// consumeAllotted forgets what Allot keeps of d, under a.mu: the pod
+// kubelet allocated it holds it now, and it is free once that pod is
+// released.
+func (a *Allocations) consumeAllotted(d specs.Device) {
+	a.allotted = slices.DeleteFunc(a.allotted, func(k allotment) bool { return k.device.Overlaps(d) })
 }
 
 // withAllotted returns ch with the devices Allot keeps added to what

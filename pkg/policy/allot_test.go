@@ -66,6 +66,18 @@ func TestAllotKeepsKubeletsDevices(t *testing.T) {
 			}
 		})
 	}
+	t.Run("held by kubelet's pod, then released", func(t *testing.T) {
+		a := fresh(t)
+		kube := pod("kube")
+		if _, err := admit(a, strict, kube, []specs.Device{byName["0"]}, 0, ch, []string{byName["0"].Name}); err != nil {
+			t.Fatal(err)
+		}
+		a.Release(kube.ID)
+		g, err := admit(a, strict, pod("a"), nil, 1, ch, nil)
+		if err != nil || specs.Names(g.Counted)[0] != byName["0"].Name {
+			t.Errorf("count once kubelet's pod is gone: %v, %v; want GPU 0 at once", specs.Names(g.Counted), err)
+		}
+	})
 	t.Run("a claim", func(t *testing.T) {
 		_, err := fresh(t).AdmitClaim(strict, policy.Claim{UID: "u", Namespace: "ns", Name: "c"}, asked(byName["0"]), policy.Choice{})
 		testutil.ErrorSays(t, err, "claim ns/c", "allocated by kubelet to a pod it is admitting")
