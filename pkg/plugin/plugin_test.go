@@ -662,8 +662,8 @@ func TestForgedAnnotationsDecideNothing(t *testing.T) {
 // TestStateFileKeepsCountGrants: without policy.exclusive, a device given
 // for a count request is its pod's alone, a named one is shared. Only the
 // state file tells a restarted plugin which was which; a state file that
-// others may write is not read, and what it would have told is taken as
-// the strictest it could have been.
+// others may write is not read, and pod a's running container is judged
+// as a new one: its count request is held as a count grant again.
 func TestStateFileKeepsCountGrants(t *testing.T) {
 	const cfg = "policy: {exclusive: false}"
 	r := runtime(t, cfg)
@@ -679,14 +679,14 @@ func TestStateFileKeepsCountGrants(t *testing.T) {
 	r.restart(t, cfg)
 	testutil.ErrorSays(t, named("b"), "held by pod tenant/a", "count request")
 
-	// The state file made writable by others: not trusted, so GPU 0 is
-	// known only from pod a's container's nodes, and held by pod a alone
-	// as the strictest grant it could have been.
+	// The state file made writable by others: not trusted, so pod a's
+	// container is judged by what it asks for (a count) and the GPU it
+	// has.
 	if err := os.Chmod(r.stateFile, 0o666); err != nil {
 		t.Fatal(err)
 	}
 	r.restart(t, cfg)
-	testutil.ErrorSays(t, named("c"), "held by pod tenant/a", "no record")
+	testutil.ErrorSays(t, named("c"), "held by pod tenant/a", "count request")
 }
 
 // TestStoppedPodsHoldNothing: a pod stopped while the plugin was away,
@@ -957,23 +957,24 @@ func TestErrorsStayShort(t *testing.T) {
 // TestRestoreSkipsOverlongRecords has the runtime report, with no state
 // file, a container whose devices annotation is longer than any
 // container's could be: the plugin registers in time, the annotation
-// decides nothing, and the devices nri-gpu's containers really have are
-// restored from their nodes.
+// decides nothing, and a container that asks for the GPU it has holds
+// it, judged as a new one.
 func TestRestoreSkipsOverlongRecords(t *testing.T) {
 	const cfg = "policy: {exclusive: true}"
 	r := runtime(t, cfg)
 	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant"}
 	huge := &api.Container{Id: "huge", PodSandboxId: a.Id, Name: "huge", Linux: &api.LinuxContainer{},
 		Annotations: map[string]string{plugin.DevicesAnnotation: strings.Repeat("nvidia.com/gpu=0,", 200000) + "nvidia.com/gpu=0"}}
-	b := &api.PodSandbox{Id: "id-b", Name: "b", Namespace: "tenant"}
+	b := &api.PodSandbox{Id: "id-b", Name: "b", Namespace: "tenant", Annotations: map[string]string{"gpus.nri-gpu.io": "1"}}
+	e := &api.PodSandbox{Id: "id-e", Name: "e", Namespace: "tenant"}
 	held := &api.Container{Id: "held", PodSandboxId: b.Id, Name: "held", Linux: &api.LinuxContainer{
 		Devices: []*api.LinuxDevice{{Path: "/dev/nvidia1", Type: "c", Major: 1, Minor: 5}}, // GPU 1 is /dev/zero
 	}, Annotations: map[string]string{plugin.DevicesAnnotation: "nvidia.com/gpu=1"}}
 	r.mu.Lock()
-	r.pods[a.Id], r.pods[b.Id] = a, b
+	r.pods[a.Id], r.pods[b.Id], r.pods[e.Id] = a, b, e
 	// A privileged container has every node of the host, GPU 0 too, but
-	// got none of them from nri-gpu: it holds nothing.
-	privileged := &api.Container{Id: "privileged", PodSandboxId: b.Id, Name: "agent", Linux: &api.LinuxContainer{
+	// asks for none of them: it holds nothing.
+	privileged := &api.Container{Id: "privileged", PodSandboxId: e.Id, Name: "agent", Linux: &api.LinuxContainer{
 		Devices: []*api.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 1, Minor: 3}},
 	}}
 	r.containers = append(r.containers, huge, held, privileged)

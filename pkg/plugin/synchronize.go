@@ -15,8 +15,8 @@ import (
 
 // recordLost says that the state file could not be read back: it was
 // set aside for the operator (aside: where, or why not; "" when only
-// read), and every device found in a running container is then held by
-// its pod alone (Synchronize). claims are those of the file still held
+// read), and every running container is then judged by the admission as
+// a new one (Synchronize). claims are those of the file still held
 // (a newer nri-gpu's record: what this one reads of it).
 func (p *Plugin) recordLost(err error, aside string, claims int) {
 	kept := "left where it is"
@@ -26,29 +26,24 @@ func (p *Plugin) recordLost(err error, aside string, claims int) {
 	if claims > 0 {
 		kept += fmt.Sprintf("; the %d prepared claims it names stay held", claims)
 	}
-	p.log.Errorf("the record of what pods hold is unusable (%v; %s): it is rebuilt from the device nodes of the running containers, each device found held by its pod alone (as a count grant is) until the pod is removed", err, kept)
+	p.log.Errorf("the record of what pods hold is unusable (%v; %s): it is rebuilt from the running containers, each judged by the admission as a new one, oldest first: held as what it asks for, or stopped", err, kept)
 }
 
-// Synchronize rebuilds what pods hold after a restart, from sources no
+// Synchronize rebuilds what pods hold after a restart, from a source no
 // tenant can write: the state file the plugin keeps, for the pods the
-// runtime still runs, and the device nodes the runtime reports in the
-// containers nri-gpu gave devices. Pods gone while the plugin was away,
+// runtime still runs. Pods gone while the plugin was away,
 // and stopped pods not yet removed (all their containers stopped, or none
 // left and their sandbox stopped), hold nothing any more. Holdings that
 // break the policy or each other are logged, and stay held. A running
-// container nri-gpu did not create is a request like any other: judged
-// by the admission against those holdings, held as what it asks for, or
-// stopped with the reason. No door answers from the pool before the
+// container nri-gpu did not create, or cannot tell it did (no record),
+// is a request like any other: judged by the admission against those
+// holdings, held as what it asks for, or stopped with the reason. No door answers from the pool before the
 // first Synchronize has restored it.
 func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
 	st, snap, pol := p.decision()
 	reported := recovery.Sort(pods, containers)
 	judge := recovery.Judge{Parser: st.parser, Snap: snap, Kind: st.cfg.DefaultKind, Record: p.node.rec.File() != nil && !p.node.rec.Lost()}
 	found := judge.Find(reported, containers, p.node.rec.TakeRestored(), p.node.alloc.ClaimHeld())
-	for _, u := range found.Unrecorded {
-		p.log.WithFields(logrus.Fields{"namespace": u.Pod.Namespace, "pod": u.Pod.Name, "container": u.Container, "devices": strings.Join(u.Devices, ",")}).
-			Warn("devices found in a running container that no record has: held by its pod alone until the pod is removed")
-	}
 	if err := p.node.alloc.Restore(pol, found.Holdings); err != nil {
 		p.log.Warn(err)
 	}

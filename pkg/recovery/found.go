@@ -70,25 +70,14 @@ type Stopping struct {
 }
 
 // Found is what a Judge found of the live pods: what they hold (the
-// record's, for the pods still live, and, without a record, what is
-// found in the running containers nri-gpu created), the containers to
-// stop, the running containers nri-gpu did not create (Others), and of
-// these those that ask for devices and have them (Admit), oldest first:
-// each is judged by the admission as a new container is, against what
-// the pods hold.
+// record's, for the pods still live), the containers to stop, the
+// running containers nri-gpu did not create or cannot tell it created
+// (Others), and of these those that ask for devices and have them
+// (Admit), oldest first: each is judged by the admission as a new
+// container is, against what the pods hold.
 type Found struct {
 	Holdings            []policy.Holding
 	Stop, Others, Admit []Stopping
-	// Unrecorded are the containers found with devices no record has
-	// held, by the container: they are held by its pod alone.
-	Unrecorded []Unrecorded
-}
-
-// Unrecorded is a container found with devices no record has held.
-type Unrecorded struct {
-	Pod       policy.Pod
-	Container string
-	Devices   []string
 }
 
 // Judge judges the containers a runtime reports running under one
@@ -102,8 +91,9 @@ type Judge struct {
 	// Record says the record was read back whole: nri-gpu's annotation
 	// is then read back only on a container of a pod the record holds
 	// (nri-gpu recorded every grant before its container was created),
-	// and what such a pod holds is what the record says. Without it,
-	// what a container with the annotation holds is found in it.
+	// and what such a pod holds is what the record says. Without it, no
+	// annotation is read back: every running container is judged by
+	// what it asks for, as one nri-gpu did not create.
 	Record bool
 }
 
@@ -115,50 +105,31 @@ func (j Judge) Find(reported Reported, containers []*api.Container, recorded []p
 	var out Found
 	// byPod has a key for each live pod the record holds, whatever it
 	// holds (claims alone too).
-	byPod := map[string][]specs.Device{}
+	byPod := map[string]bool{}
 	for _, h := range recorded {
 		if pod, ok := reported.Live[h.Pod.ID]; ok {
 			h.Pod = pod
 			out.Holdings = append(out.Holdings, h)
-			byPod[pod.ID] = append(byPod[pod.ID], slices.Concat(h.Named, h.Counted)...)
+			byPod[pod.ID] = true
 		}
 	}
 	candidates := slices.DeleteFunc(j.Snap.Candidates(j.Kind), func(d specs.Device) bool { return specs.OverlapsAny(d, claimed) })
 	for _, c := range running(reported, containers) {
-		pod, sandbox := reported.Live[c.GetPodSandboxId()], reported.Sandboxes[c.GetPodSandboxId()]
+		sandbox := reported.Sandboxes[c.GetPodSandboxId()]
 		_, annotated := c.GetAnnotations()[adjust.DevicesAnnotation]
-		_, inRecord := byPod[pod.ID]
-		ours := annotated && (!j.Record || inRecord)
-		if !ours {
-			why, asks := j.unserved(sandbox, c, candidates)
-			switch {
-			case why != "":
-				out.Stop = append(out.Stop, Stopping{sandbox, c, why})
-			case asks:
-				out.Admit = append(out.Admit, Stopping{Pod: sandbox, Ctr: c})
-				fallthrough
-			default:
-				out.Others = append(out.Others, Stopping{Pod: sandbox, Ctr: c})
-			}
-			continue
-		}
-		if j.Record {
+		if annotated && j.Record && byPod[c.GetPodSandboxId()] {
 			continue // the record says what its pod holds
 		}
-		found := adjust.WithNodesOf(c, candidates)
-		if len(found) == 0 {
-			continue
+		why, asks := j.unserved(sandbox, c, candidates)
+		switch {
+		case why != "":
+			out.Stop = append(out.Stop, Stopping{sandbox, c, why})
+		case asks:
+			out.Admit = append(out.Admit, Stopping{Pod: sandbox, Ctr: c})
+			fallthrough
+		default:
+			out.Others = append(out.Others, Stopping{Pod: sandbox, Ctr: c})
 		}
-		var sole []string
-		for _, d := range found {
-			if !specs.OverlapsAny(d, byPod[pod.ID]) {
-				sole = append(sole, d.Name)
-			}
-		}
-		if len(sole) > 0 {
-			out.Unrecorded = append(out.Unrecorded, Unrecorded{Pod: pod, Container: c.GetName(), Devices: sole})
-		}
-		out.Holdings = append(out.Holdings, policy.Holding{Pod: pod, Named: found, Sole: sole})
 	}
 	return out
 }

@@ -93,22 +93,31 @@ func TestFind(t *testing.T) {
 		// record says the record was read back whole.
 		record  bool
 		claimed []int
-		// held are the devices held, by pod, as "pod:device"; sole those
-		// held alone; stop the containers to stop, with words of why;
-		// others the running containers nri-gpu did not create; admit
-		// those of them the admission is to judge.
-		held, sole, others, admit []string
-		stop                      map[string]string
+		// held are the devices held, by pod, as "pod:device"; stop the
+		// containers to stop, with words of why; others the running
+		// containers nri-gpu did not create (or, with no record, may not
+		// have); admit those of them the admission is to judge.
+		held, others, admit []string
+		stop                map[string]string
 	}{{
 		name:       "ours, recorded",
 		containers: []*api.Container{container("p", "c", running, ours, 0)},
 		recorded:   []policy.Holding{{Pod: policy.Pod{ID: "p"}, Named: []specs.Device{{Name: gpu(0)}}}},
-		held:       []string{"p:" + gpu(0), "p:" + gpu(0)},
+		record:     true,
+		held:       []string{"p:" + gpu(0)},
 	}, {
-		name:       "ours, found but not recorded: held alone",
+		name:       "no record: nri-gpu's annotation is not read back, the container judged by what it asks",
 		containers: []*api.Container{container("p", "c", running, ours, 1)},
-		held:       []string{"p:" + gpu(1)},
-		sole:       []string{"p/c:" + gpu(1)},
+		asks:       gpu(1),
+		others:     []string{"p/c"},
+		admit:      []string{"p/c"},
+	}, {
+		name:       "no record: the record's holdings kept (a newer record's claims), its pod's containers judged",
+		containers: []*api.Container{container("p", "c", running, ours, 1)},
+		recorded:   []policy.Holding{{Pod: policy.Pod{ID: "p"}, Claims: []string{"u"}}},
+		count:      "1",
+		others:     []string{"p/c"},
+		admit:      []string{"p/c"},
 	}, {
 		name:     "the record of a pod no longer live holds nothing",
 		recorded: []policy.Holding{{Pod: policy.Pod{ID: "gone"}, Named: []specs.Device{{Name: gpu(0)}}}},
@@ -118,8 +127,10 @@ func TestFind(t *testing.T) {
 		others:     []string{"p/d"},
 	}, {
 		name:       "a device of a prepared claim is the claim's",
-		containers: []*api.Container{container("p", "c", running, ours, 0)},
+		containers: []*api.Container{container("p", "c", running, nil, 0)},
+		count:      "1",
 		claimed:    []int{0},
+		stop:       map[string]string{"p/c": "without 1 of the 1 devices it counts"},
 	}, {
 		name:       "not ours, asking for nothing, with a GPU's nodes: holds nothing",
 		containers: []*api.Container{container("p", "priv", running, nil, 0, 1)},
@@ -164,10 +175,9 @@ func TestFind(t *testing.T) {
 		others:     []string{"p/away"},
 		admit:      []string{"p/away"},
 	}, {
-		name:       "ours with no device found, the next one found",
+		name:       "no record: forged annotations, asking for nothing, hold nothing",
 		containers: []*api.Container{created(container("p", "none", running, ours), 1), created(container("p", "d", running, ours, 1), 2)},
-		held:       []string{"p:" + gpu(1)},
-		sole:       []string{"p/d:" + gpu(1)},
+		others:     []string{"p/none", "p/d"},
 	}, {
 		name:       "not ours, lacks what it asks for",
 		containers: []*api.Container{container("p", "c", running, nil, 0)},
@@ -182,15 +192,13 @@ func TestFind(t *testing.T) {
 		name:       "a container stopped, the next one judged",
 		containers: []*api.Container{container("p", "c", running, nil, 0), container("p", "d", running, ours, 1)},
 		asks:       gpu(1),
-		held:       []string{"p:" + gpu(1)},
-		sole:       []string{"p/d:" + gpu(1)},
+		others:     []string{"p/d"},
+		admit:      []string{"p/d"},
 		stop:       map[string]string{"p/c": "without " + gpu(1)},
 	}, {
-		name:       "a container with no device, the next one judged",
+		name:       "a container with no device, the next one asking nothing",
 		containers: []*api.Container{container("p", "c", running, nil), container("p", "d", running, ours, 1)},
-		held:       []string{"p:" + gpu(1)},
-		sole:       []string{"p/d:" + gpu(1)},
-		others:     []string{"p/c"},
+		others:     []string{"p/c", "p/d"},
 	}, {
 		name:       "not ours, a count it has",
 		containers: []*api.Container{container("p", "c", running, nil, 1)},
@@ -219,23 +227,15 @@ func TestFind(t *testing.T) {
 			}
 			reported := recovery.Sort([]*api.PodSandbox{pod}, tc.containers)
 			found := judge.Find(reported, tc.containers, tc.recorded, claimed)
-			var held, sole, others, admit []string
+			var held, others, admit []string
 			for _, h := range found.Holdings {
 				for _, d := range h.Named {
 					held = append(held, h.Pod.ID+":"+d.Name)
 				}
 			}
 			for _, h := range found.Holdings {
-				if len(h.Named)+len(h.Counted) == 0 {
+				if len(h.Named)+len(h.Counted)+len(h.Claims) == 0 {
 					t.Errorf("a holding of nothing: %+v", h)
-				}
-			}
-			for _, u := range found.Unrecorded {
-				if len(u.Devices) == 0 {
-					t.Errorf("a container told found with no device no record has: %+v", u)
-				}
-				for _, d := range u.Devices {
-					sole = append(sole, u.Pod.ID+"/"+u.Container+":"+d)
 				}
 			}
 			for _, s := range found.Others {
@@ -244,8 +244,8 @@ func TestFind(t *testing.T) {
 			for _, s := range found.Admit {
 				admit = append(admit, s.Pod.GetId()+"/"+s.Ctr.GetName())
 			}
-			if !slices.Equal(held, tc.held) || !slices.Equal(sole, tc.sole) || !slices.Equal(others, tc.others) || !slices.Equal(admit, tc.admit) {
-				t.Errorf("held %v, alone %v, others %v, judged %v; want %v, %v, %v, %v", held, sole, others, admit, tc.held, tc.sole, tc.others, tc.admit)
+			if !slices.Equal(held, tc.held) || !slices.Equal(others, tc.others) || !slices.Equal(admit, tc.admit) {
+				t.Errorf("held %v, others %v, judged %v; want %v, %v, %v", held, others, admit, tc.held, tc.others, tc.admit)
 			}
 			if len(found.Stop) != len(tc.stop) {
 				t.Fatalf("stopped %+v, want %v", found.Stop, tc.stop)

@@ -16,9 +16,10 @@ import (
 // TestRebuiltRecord: on real containerd with policy.exclusive off, pod a
 // gets GPU 0 for a count request; nri-gpu is killed and its state file
 // cut short, as a crash mid-write on a disk without ordering would. The
-// next nri-gpu keeps the damaged file beside a new record, and GPU 0
-// stays pod a's alone: a pod asking it by name is refused (before this,
-// it was given it as a shared named GPU), pod a's next container gets it.
+// next nri-gpu keeps the damaged file beside a new record and judges pod
+// a's running container as a new one: it asks for a count and has GPU 0,
+// so GPU 0 stays pod a's alone (a count grant): a pod asking it by name is
+// refused, pod a's next container gets it.
 func TestRebuiltRecord(t *testing.T) {
 	needEnv(t)
 	ctd := extraContainerd(t, "ctd-rebuilt", harness.Options{})
@@ -40,7 +41,7 @@ func TestRebuiltRecord(t *testing.T) {
 	p = startPlugin(t, ctd, "exclusive: false")
 
 	otherID, other := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "0"})
-	createFailsOn(t, ctd, otherID, other, harness.Container{Name: "c"}, "held by pod e2e/"+pod.Name, "no record")
+	createFailsOn(t, ctd, otherID, other, harness.Container{Name: "c"}, "held by pod e2e/"+pod.Name, "count request")
 	if _, spec := runContainer(t, ctd, podID, pod, harness.Container{Name: "second"}); !slices.Equal(gpuNodes(spec), []string{"/dev/nvidia0"}) {
 		t.Errorf("pod a's next container got %v, want GPU 0", gpuNodes(spec))
 	}
