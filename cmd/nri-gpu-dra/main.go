@@ -120,7 +120,7 @@ func run(args []string, stderr io.Writer) int {
 	d.RollingUpdate = types.UID(opts.RollingUpdate)
 	finder := dra.NewFinder(ctx, client, opts.DRA.DriverName, opts.Node)
 	go func() {
-		link.ServeDriver(driverConn, finder, d.Notify)
+		link.ServeDriver(driverConn, finder, d.Notify, d.Registered)
 		cancel() // nri-gpu stopped, or died
 	}()
 	go func() {

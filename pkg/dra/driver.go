@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -73,6 +74,11 @@ type Driver struct {
 	// release, or a gate turned off): DRADeviceTaints,
 	// DRAConsumableCapacity.
 	off map[string]bool
+
+	// helper is the kubelet-plugin helper while Run serves kubelet;
+	// failed why the last Run could not.
+	helper atomic.Pointer[kubeletplugin.Helper]
+	failed atomic.Pointer[error]
 }
 
 // The API server features whose fields the driver publishes, as
@@ -95,6 +101,34 @@ func New(cfg config.DRA, node string, src link.Pool, log logrus.FieldLogger) *Dr
 		changed: make(chan struct{}),
 		off:     map[string]bool{},
 	}
+}
+
+// fail keeps why Run could not serve kubelet, for Registered, and returns
+// it.
+func (d *Driver) fail(err error) error {
+	err = fmt.Errorf("DRA driver %s: %w", d.cfg.DriverName, err)
+	d.failed.Store(&err)
+	return err
+}
+
+// Registered returns nil once kubelet has registered the driver (it told
+// the helper so), and says why not otherwise: not serving kubelet (and
+// why the last try failed), or kubelet has not registered it, or refused.
+func (d *Driver) Registered() error {
+	h := d.helper.Load()
+	if h == nil {
+		if err := d.failed.Load(); err != nil {
+			return fmt.Errorf("not serving kubelet: %w", *err)
+		}
+		return errors.New("not serving kubelet yet")
+	}
+	switch st := h.RegistrationStatus(); {
+	case st == nil:
+		return errors.New("kubelet has not registered it yet (its plugin watcher has not found the registration socket, or not asked it)")
+	case !st.PluginRegistered:
+		return fmt.Errorf("kubelet refused its registration: %s", st.Error)
+	}
+	return nil
 }
 
 // Notify tells the driver that devices, their health or what is held may
@@ -121,36 +155,36 @@ const sweepJitter = 0.1
 // sweepInterval after, it releases the prepared claims the API server no
 // longer has here (ReleaseGone).
 func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
-	opts := []kubeletplugin.Option{
+	socks, err := socketsOf(d.cfg.DriverName, filepath.Join(d.cfg.PluginDir, d.cfg.DriverName), d.cfg.RegistryDir, d.RollingUpdate)
+	if err != nil {
+		return d.fail(err)
+	}
+	if socks.Why != "" {
+		d.log.Warnf("DRA driver registering without a rolling update (%s): an update of nri-gpu then stops the old driver before the new one registers, and kubelet's calls meanwhile fail and are retried", socks.Why)
+	}
+	opts := append([]kubeletplugin.Option{
 		kubeletplugin.DriverName(d.cfg.DriverName),
 		kubeletplugin.NodeName(d.node),
 		kubeletplugin.KubeClient(client),
-		kubeletplugin.PluginDataDirectoryPath(filepath.Join(d.cfg.PluginDir, d.cfg.DriverName)),
-		kubeletplugin.RegistrarDirectoryPath(d.cfg.RegistryDir),
 		kubeletplugin.HealthService(true),
-	}
-	if d.RollingUpdate != "" {
-		// Both instances keep no state between calls: what is held is
-		// the pool's, in the one nri-gpu that holds the record (the new
-		// instance's calls wait until its nri-gpu has taken over). The
-		// pool serializes its changes, so the helper's file lock across
-		// instances is not taken: a call of the new instance waiting for
-		// the take-over does not hold up the old one's.
-		opts = append(opts, kubeletplugin.RollingUpdate(d.RollingUpdate), kubeletplugin.Serialize(false))
-	}
+	}, socks.options(d.RollingUpdate)...)
 	helper, err := kubeletplugin.Start(ctx, d, opts...)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fmt.Errorf("DRA driver %s: %w", d.cfg.DriverName, err)
+		return d.fail(err)
 	}
-	defer helper.Stop()
+	d.helper.Store(helper)
+	defer func() {
+		d.helper.Store(nil)
+		helper.Stop()
+	}()
 	how := ""
-	if d.RollingUpdate != "" {
+	if socks.RollingUpdate {
 		how = fmt.Sprintf(", for a rolling update (pod %s)", d.RollingUpdate)
 	}
-	d.log.Infof("DRA driver registering with kubelet at %s for node %s%s", d.cfg.RegistryDir, d.node, how)
+	d.log.Infof("DRA driver registering with kubelet at %s (its service at %s) for node %s%s", socks.Registrar, socks.Plugin, d.node, how)
 	if err := d.ReleaseGone(ctx, client); err != nil {
 		d.log.Warnf("prepared claims not checked against the API server (they stay held until kubelet unprepares them or nri-gpu starts again): %v", err)
 	}

@@ -404,6 +404,20 @@ func TestRegistration(t *testing.T) {
 	if info.Type != registerapi.DRAPlugin || info.Name != s.cfg.DriverName || len(info.SupportedVersions) == 0 {
 		t.Errorf("registration %+v", info)
 	}
+	// Registered once kubelet says so; not while it has not, or refused.
+	if err := s.driver.Registered(); err == nil || !strings.Contains(err.Error(), "kubelet has not registered it yet") {
+		t.Errorf("before kubelet's word: %v", err)
+	}
+	for _, st := range []*registerapi.RegistrationStatus{{PluginRegistered: false, Error: "no such version"}, {PluginRegistered: true}} {
+		// The helper answers a refusal with an error of its own.
+		if _, err := registerapi.NewRegistrationClient(conn).NotifyRegistrationStatus(context.Background(), st); (err == nil) != st.PluginRegistered {
+			t.Fatalf("telling %+v: %v", st, err)
+		}
+		err := s.driver.Registered()
+		if st.PluginRegistered && err != nil || !st.PluginRegistered && (err == nil || !strings.Contains(err.Error(), "kubelet refused its registration: no such version")) {
+			t.Errorf("kubelet said %+v: %v", st, err)
+		}
+	}
 	if !slices.ContainsFunc(info.SupportedVersions, func(v string) bool { return strings.Contains(v, "v1.DRAResourceHealth") }) {
 		t.Errorf("kubelet is offered %v, no health stream", info.SupportedVersions)
 	}

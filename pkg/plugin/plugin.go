@@ -401,9 +401,10 @@ func (p *Plugin) reloaded(cfg *config.Config) (*state, error) {
 }
 
 // Ready returns nil when the plugin is registered with the runtime (it
-// has had Synchronize on its current connection) and has a snapshot of
-// the specs, and says what is missing otherwise: before the first
-// connection, and while it reconnects after losing one.
+// has had Synchronize on its current connection), has a snapshot of the
+// specs and, with DRA, kubelet has registered its DRA driver; it says
+// what is missing otherwise: before the first connection, while it
+// reconnects after losing one, while the driver is not registered.
 func (p *Plugin) Ready() error {
 	switch {
 	case !p.conn.synced.Load():
@@ -411,5 +412,19 @@ func (p *Plugin) Ready() error {
 	case p.state().specs.Snapshot() == nil:
 		return fmt.Errorf("%w: no snapshot of the CDI specs yet", ErrNotReady)
 	}
+	if r, ok := p.doors.claims.(registration); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), readyWait)
+		defer cancel()
+		if err := r.Registered(ctx); err != nil {
+			return fmt.Errorf("%w: the DRA driver: %w", ErrNotReady, err)
+		}
+	}
 	return nil
 }
+
+// registration is a DRA driver that says whether kubelet has registered
+// it (link.Process).
+type registration interface{ Registered(ctx context.Context) error }
+
+// readyWait bounds how long Ready asks the DRA driver.
+const readyWait = time.Second

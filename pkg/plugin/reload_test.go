@@ -3,9 +3,11 @@ package plugin_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 )
 
@@ -138,4 +141,34 @@ func TestReady(t *testing.T) {
 	r.stopPlugin()
 	testutil.Within(t, 5*time.Second, "not ready once disconnected", func() bool { return errors.Is(r.plugin.Ready(), plugin.ErrNotReady) })
 	testutil.ErrorSays(t, r.plugin.Ready(), "not registered with the runtime")
+}
+
+// registering is a DRA driver kubelet has registered when why is nil.
+type registering struct {
+	notified
+	why atomic.Pointer[error]
+}
+
+func (r *registering) Registered(context.Context) error {
+	if err := r.why.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
+// TestReadyWithDRA: with DRA, nri-gpu is ready only while kubelet has
+// registered its DRA driver, and says why not.
+func TestReadyWithDRA(t *testing.T) {
+	d := &registering{notified: notified{&finder{}}}
+	p, _ := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}), plugin.WithDRA(d))
+	if err := p.Ready(); err != nil {
+		t.Errorf("registered: %v", err)
+	}
+	why := fmt.Errorf("%w: kubelet refused its registration: no such version", link.ErrNotRegistered)
+	d.why.Store(&why)
+	err := p.Ready()
+	testutil.ErrorSays(t, err, "the DRA driver", "kubelet refused its registration: no such version")
+	if !errors.Is(err, plugin.ErrNotReady) || !errors.Is(err, link.ErrNotRegistered) {
+		t.Errorf("%v: want ErrNotReady and the driver's ErrNotRegistered", err)
+	}
 }

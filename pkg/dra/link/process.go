@@ -134,6 +134,17 @@ func (p *Process) Uses(ctx context.Context, pod PodRef, container string) ([]Cla
 	return d.uses(ctx, pod, container)
 }
 
+// Registered returns nil once kubelet has registered the running driver,
+// and says why not otherwise: ErrNotRunning, ErrNotRegistered, or the
+// link's error.
+func (p *Process) Registered(ctx context.Context) error {
+	d := p.running()
+	if d == nil {
+		return ErrNotRunning
+	}
+	return d.registered(ctx)
+}
+
 // Notify tells the driver that devices, their health or what is held may
 // have changed; a driver not running learns it when it starts.
 func (p *Process) Notify() {

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,7 +28,8 @@ func TestMain(m *testing.M) {
 
 // driver is a stand-in for nri-gpu-dra over the real link: it says a
 // container uses every claim the pool has prepared (asking the pool
-// back), and on Notify unprepares claim "notified". Mode "config" quits
+// back), and on Notify unprepares claim "notified" and says it is
+// registered from then on. Mode "config" quits
 // as a driver whose configuration cannot work, "crash" as one that
 // failed; "garbage" answers what nri-gpu cannot read, and hangs.
 func driver(mode string) int {
@@ -61,8 +63,15 @@ func driver(mode string) int {
 		}
 		return out, err
 	}
-	notify := func() { _ = pool.Unprepare(context.Background(), "notified") }
-	link.ServeDriver(driverConn, finder(uses), notify)
+	var told atomic.Bool
+	notify := func() { _ = pool.Unprepare(context.Background(), "notified"); told.Store(true) }
+	registered := func() error {
+		if !told.Load() {
+			return errors.New("kubelet has not asked it yet")
+		}
+		return nil
+	}
+	link.ServeDriver(driverConn, finder(uses), notify, registered)
 	return 0
 }
 
@@ -128,6 +137,9 @@ func TestProcess(t *testing.T) {
 		t.Errorf("before the driver starts: %v, want ErrNotRunning", err)
 	}
 	p.Notify() // no driver: nothing to tell, nothing blocks
+	if err := p.Registered(ctx); !errors.Is(err, link.ErrNotRunning) {
+		t.Errorf("registered before the driver starts: %v, want ErrNotRunning", err)
+	}
 
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -141,8 +153,14 @@ func TestProcess(t *testing.T) {
 	if len(uses) != 1 || uses[0].UID != "uid-1" || uses[0].Requests[0] != "gpu" {
 		t.Errorf("uses %+v, want claim uid-1 for container gpu (from the pool, through the driver)", uses)
 	}
+	if err := p.Registered(ctx); !errors.Is(err, link.ErrNotRegistered) || !strings.Contains(err.Error(), "kubelet has not asked it yet") {
+		t.Errorf("registered before kubelet asked: %v, want ErrNotRegistered in the driver's words", err)
+	}
 	p.Notify()
 	within(t, "the driver's unprepare on Notify", func() bool { return len(pl.unpreparedNow()) == 1 })
+	if err := p.Registered(ctx); err != nil {
+		t.Errorf("registered: %v", err)
+	}
 
 	stop()
 	select {
@@ -155,6 +173,9 @@ func TestProcess(t *testing.T) {
 	}
 	if _, err := p.Uses(ctx, link.PodRef{}, "gpu"); !errors.Is(err, link.ErrNotRunning) {
 		t.Errorf("after the driver stopped: %v, want ErrNotRunning", err)
+	}
+	if err := p.Registered(ctx); !errors.Is(err, link.ErrNotRunning) {
+		t.Errorf("registered after the driver stopped: %v, want ErrNotRunning", err)
 	}
 }
 

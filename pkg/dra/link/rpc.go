@@ -72,6 +72,12 @@ type DevicesReply struct{ Devices []Device }
 // PreparedReply is Pool.Prepared's reply.
 type PreparedReply struct{ Claims []policy.Claim }
 
+// RegisteredReply is Driver.Registered's reply.
+type RegisteredReply struct {
+	// Why says why kubelet has not registered the driver; "" when it has.
+	Why string `json:",omitempty"`
+}
+
 // UsesReply is Driver.Uses's reply.
 type UsesReply struct {
 	Uses []ClaimUse
@@ -125,10 +131,12 @@ func (s *poolService) Prepared(in Bounded, out *PreparedReply) (err error) {
 	return err
 }
 
-// driverService serves the driver's Finder and Notify on the link.
+// driverService serves the driver's Finder, Notify and registration on
+// the link.
 type driverService struct {
-	finder Finder
-	notify func()
+	finder     Finder
+	notify     func()
+	registered func() error
 }
 
 // Uses calls Finder.Uses.
@@ -150,6 +158,14 @@ func (s *driverService) Notify(struct{}, *struct{}) error {
 	return nil
 }
 
+// Registered calls the driver's registered.
+func (s *driverService) Registered(_ Bounded, out *RegisteredReply) error {
+	if err := s.registered(); err != nil {
+		out.Why = err.Error()
+	}
+	return nil
+}
+
 // serve serves rcvr as name on conn until conn closes.
 func serve(conn io.ReadWriteCloser, name string, rcvr any) {
 	srv := rpc.NewServer()
@@ -165,11 +181,16 @@ func ServePool(conn io.ReadWriteCloser, pool Pool) {
 	serve(conn, poolName, &poolService{pool: pool})
 }
 
-// ServeDriver serves f and notify on conn (the driver's end of the link)
-// until conn closes: when nri-gpu stops or dies.
-func ServeDriver(conn io.ReadWriteCloser, f Finder, notify func()) {
-	serve(conn, driverName, &driverService{finder: f, notify: notify})
+// ServeDriver serves f, notify and registered (whether kubelet has
+// registered the driver: nil when it has) on conn (the driver's end of
+// the link) until conn closes: when nri-gpu stops or dies.
+func ServeDriver(conn io.ReadWriteCloser, f Finder, notify func(), registered func() error) {
+	serve(conn, driverName, &driverService{finder: f, notify: notify, registered: registered})
 }
+
+// ErrNotRegistered is wrapped by Process.Registered's error when the
+// driver runs but kubelet has not registered it.
+var ErrNotRegistered = errors.New("kubelet has not registered the DRA driver")
 
 // ErrLink is wrapped by the error of a call the other end did not
 // answer: the link is down (the other process quit) or the caller's
@@ -289,6 +310,18 @@ func (d driverClient) uses(ctx context.Context, pod PodRef, container string) ([
 		return nil, notReserved(out.NotReserved)
 	}
 	return out.Uses, nil
+}
+
+// registered asks the driver whether kubelet has registered it.
+func (d driverClient) registered(ctx context.Context) error {
+	var out RegisteredReply
+	if err := d.call(ctx, driverName+".Registered", bounded(ctx), &out); err != nil {
+		return err
+	}
+	if out.Why != "" {
+		return fmt.Errorf("%w: %s", ErrNotRegistered, out.Why)
+	}
+	return nil
 }
 
 // notify tells the driver, without waiting for its answer.

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -275,8 +277,23 @@ func TestDriverOverTheLink(t *testing.T) {
 	})
 	notified := make(chan struct{}, 1)
 	served := make(chan struct{})
-	go func() { ServeDriver(driverEnd, f, func() { notified <- struct{}{} }); close(served) }()
+	var why atomic.Pointer[string]
+	registered := func() error {
+		if w := why.Load(); w != nil {
+			return errors.New(*w)
+		}
+		return nil
+	}
+	go func() { ServeDriver(driverEnd, f, func() { notified <- struct{}{} }, registered); close(served) }()
 	d := driverClient{newClient(conn)}
+	if err := d.registered(context.Background()); err != nil {
+		t.Errorf("registered: %v", err)
+	}
+	refused := "kubelet refused its registration: no"
+	why.Store(&refused)
+	if err := d.registered(context.Background()); !errors.Is(err, ErrNotRegistered) || !strings.Contains(err.Error(), refused) {
+		t.Errorf("not registered: %v, want ErrNotRegistered in the driver's words", err)
+	}
 
 	want := time.Now().Add(10 * time.Second).Truncate(time.Millisecond)
 	ctx, cancel := context.WithDeadline(context.Background(), want)

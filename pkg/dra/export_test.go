@@ -1,0 +1,4 @@
+package dra
+
+// SocketsOf is socketsOf, for the tests.
+var SocketsOf = socketsOf
