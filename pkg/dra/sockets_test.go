@@ -112,7 +112,9 @@ func TestLongKubeletRoot(t *testing.T) {
 	d.RollingUpdate = podUID
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx, fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})) }()
+	go func() {
+		done <- d.Run(ctx, fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}}))
+	}()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -424,7 +424,9 @@ func (p *Plugin) Ready() error {
 
 // registration is a DRA driver that says whether kubelet has registered
 // it (link.Process).
-type registration interface{ Registered(ctx context.Context) error }
+type registration interface {
+	Registered(ctx context.Context) error
+}
 
 // readyWait bounds how long Ready asks the DRA driver.
 const readyWait = time.Second
