@@ -79,7 +79,7 @@ func namedGPUSpecDir(t *testing.T, n int, names func(i int) []string) string {
 			t.Fatal(err)
 		}
 		for _, name := range names(i) {
-			fmt.Fprintf(&spec, "  - name: %q\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia%d, hostPath: %s, type: c, major: 195, minor: %d}]\n", name, i, node, i)
+			fmt.Fprintf(&spec, "  - name: %q\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia%d, hostPath: %q, type: c, major: 195, minor: %d}]\n", name, i, node, i)
 		}
 	}
 	specDir := filepath.Join(dir, "cdi")

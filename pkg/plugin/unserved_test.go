@@ -197,7 +197,10 @@ func TestUnservedClaims(t *testing.T) {
 		{name: "injected by the runtime with a device of no node", uses: uses, devices: []*api.LinuxDevice{gpuNode(1)}, nodeless: true, asks: true},
 		{name: "uses no claim", asks: true},
 		{name: "another namespace", namespace: "other", uses: uses},
-		{name: "nri-gpu's own", uses: uses, ours: true},
+		// Without a record, nri-gpu's annotation is not read back: the
+		// container is checked as any other.
+		{name: "nri-gpu's annotation, no record", uses: uses, ours: true, asks: true,
+			stopped: "without the devices of claim tenant/c"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &finder{uses: map[string][]link.ClaimUse{"a/c": tc.uses}, errs: map[string]error{"a": tc.err}}

@@ -59,10 +59,14 @@ var env struct {
 
 // suiteValues are the chart values of the installation: the image
 // imported into each node (never pulled), the nodes' spec directory,
-// one device-plugin resource, the metrics Service and a multi-tenant
-// policy.
+// one device-plugin resource, the metrics Service, a multi-tenant policy,
+// and kubelet's directories under the nodes' kubelet root, as long as
+// microk8s' (harness.LongKubeletRoot).
 const suiteValues = `image:
   pullPolicy: Never
+hostPaths:
+  kubeletDeviceDir: ` + harness.LongKubeletRoot + `/device-plugins
+  kubeletPodResourcesDir: ` + harness.LongKubeletRoot + `/pod-resources
 config:
   cdiSpecDirs: [` + harness.NodeSpecDir + `]
   policy:
@@ -74,6 +78,8 @@ config:
       - name: nvidia.com/gpu
   dra:
     enabled: true
+    pluginDir: ` + harness.LongKubeletRoot + `/plugins
+    registryDir: ` + harness.LongKubeletRoot + `/plugins_registry
   # A container created while nri-gpu was away, stopped, is told in its
   # pod's events.
   events:
@@ -191,10 +197,10 @@ func setup() (int, error) {
 	}
 	env.client = env.cluster.Client
 	images := []string{busybox, ubuntu, nbody, os.Getenv(imageEnv)}
-	if env.a, err = env.cluster.AddNode(harness.NodeOptions{Name: "node-a", Tools: tools, GPUs: 2, Images: images, CNIBin: os.Getenv(cniEnv)}); err != nil {
+	if env.a, err = env.cluster.AddNode(harness.NodeOptions{Name: "node-a", Tools: tools, GPUs: 2, Images: images, CNIBin: os.Getenv(cniEnv), KubeletRoot: harness.LongKubeletRoot}); err != nil {
 		return 1, err
 	}
-	if env.b, err = env.cluster.AddNode(harness.NodeOptions{Name: "node-b", Tools: toolsB, GPUs: 4, EnableCDI: true, DefaultValidator: true, Images: images, CNIBin: os.Getenv(cniEnv)}); err != nil {
+	if env.b, err = env.cluster.AddNode(harness.NodeOptions{Name: "node-b", Tools: toolsB, GPUs: 4, EnableCDI: true, DefaultValidator: true, Images: images, CNIBin: os.Getenv(cniEnv), KubeletRoot: harness.LongKubeletRoot}); err != nil {
 		return 1, err
 	}
 	fmt.Fprintf(os.Stderr, "cluster: control plane and 2 nodes Ready in %s\n", time.Since(start).Round(100*time.Millisecond))

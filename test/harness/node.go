@@ -43,7 +43,16 @@ type NodeOptions struct {
 	Images []string
 	// CNIBin holds the CNI plugins bridge, host-local and loopback.
 	CNIBin string
+	// KubeletRoot is kubelet's --root-dir, under the node's /var/lib
+	// (LongKubeletRoot); empty: kubelet's default, /var/lib/kubelet.
+	KubeletRoot string
 }
+
+// LongKubeletRoot is a kubelet root directory as long as microk8s'
+// (/var/snap/microk8s/common/var/lib/kubelet, 41 bytes), under the
+// node's own /var/lib: unix sockets under it (DRA's, the device
+// plugins') must be named to fit 108 bytes.
+const LongKubeletRoot = "/var/lib/snap/microk8s/common/var/kubelet"
 
 // Node is a Kubernetes node of a test cluster: its own containerd and a
 // kubelet registered with the control plane, in one mount namespace of
@@ -175,6 +184,9 @@ func (c *Cluster) AddNode(opts NodeOptions) (n *Node, err error) {
 		"--hostname-override", n.Name,
 		"--volume-plugin-dir", filepath.Join(n.Dir, "volume-plugins"),
 		"--v", "2",
+	}
+	if opts.KubeletRoot != "" {
+		n.kubeletArgs = append(n.kubeletArgs, "--root-dir", opts.KubeletRoot)
 	}
 	if err := n.StartKubelet(); err != nil {
 		return n, err
