@@ -61,11 +61,13 @@ var env struct {
 // imported into each node (never pulled), the nodes' spec directory,
 // one device-plugin resource, the metrics Service, a multi-tenant policy,
 // and kubelet's directories under the nodes' kubelet root, as long as
-// microk8s' (harness.LongKubeletRoot).
+// microk8s' (harness.LongKubeletRoot): its pod-resources socket and DRA's
+// plugin and registration directories.
 const suiteValues = `image:
   pullPolicy: Never
 hostPaths:
-  kubeletDeviceDir: ` + harness.LongKubeletRoot + `/device-plugins
+  # kubelet's device-plugin directory is /var/lib/kubelet/device-plugins
+  # whatever its root (the device-plugin API's KubeletSocket).
   kubeletPodResourcesDir: ` + harness.LongKubeletRoot + `/pod-resources
 config:
   cdiSpecDirs: [` + harness.NodeSpecDir + `]

@@ -50,8 +50,9 @@ type NodeOptions struct {
 
 // LongKubeletRoot is a kubelet root directory as long as microk8s'
 // (/var/snap/microk8s/common/var/lib/kubelet, 41 bytes), under the
-// node's own /var/lib: unix sockets under it (DRA's, the device
-// plugins') must be named to fit 108 bytes.
+// node's own /var/lib: unix sockets under it (DRA's, the pod-resources
+// API's) must be named to fit 108 bytes. kubelet's device-plugin
+// directory stays /var/lib/kubelet/device-plugins whatever its root.
 const LongKubeletRoot = "/var/lib/snap/microk8s/common/var/kubelet"
 
 // Node is a Kubernetes node of a test cluster: its own containerd and a
