@@ -120,7 +120,7 @@ func deviceRecord(flags configFlags, devices []string, stderr io.Writer) ([]*cdi
 		devs[i] = e.Device
 		names[i] = e.Device.GetQualifiedName()
 	}
-	res, err := adjust.Build(devs, snap.HostNodes, adjust.Options{Runtime: adjust.RuntimeOf("containerd", "v2"), SpecPath: snap.SpecPath})
+	res, err := adjust.Build(devs, snap.HostNodes, adjust.Options{Runtime: adjust.RuntimeOf("containerd", "v2", adjust.NRIAll), SpecPath: snap.SpecPath})
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu access: %v\n", err)
 		return nil, exitError

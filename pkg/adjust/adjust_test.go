@@ -278,8 +278,8 @@ devices:
 `
 
 func TestBuildUnsupportedEdits(t *testing.T) {
-	containerd17 := adjust.RuntimeOf("containerd", "1.7.35")
-	containerd2 := adjust.RuntimeOf("containerd", "v2.3.7")
+	containerd17 := adjust.RuntimeOf("containerd", "1.7.35", "v0.8.0")
+	containerd2 := adjust.RuntimeOf("containerd", "v2.3.7", "v0.12.5")
 	user := adjust.Options{UID: 1000, GID: 1000}
 	tests := []struct {
 		name         string
@@ -403,24 +403,31 @@ func TestBuildUnsupportedEdits(t *testing.T) {
 	}
 }
 
+// TestRuntimeOf: what a runtime applies follows the NRI version it runs,
+// as NRI's own map of containerd's and CRI-O's releases infers it: cgroup
+// rules from v0.9.0, net devices and RDT from v0.11.0; none where the
+// version is not known.
 func TestRuntimeOf(t *testing.T) {
 	tests := []struct {
-		name, version string
-		want          bool
+		name, version, nri   string
+		cgroups, netDev, rdt bool
 	}{
-		{"containerd", "1.7.35", false},
-		{"containerd", "v1.7.25", false},
-		{"containerd", "v2.3.7", true},
-		{"containerd", "2.0.0", true},
-		{"cri-o", "1.33.0", false},
-		{"other", "v2.0.0", false},
-		{"containerd", "v10.0.0", true},
-		{"containerd", "", false},
+		{"containerd", "1.7.35", "v0.8.0", false, false, false},
+		{"containerd", "v2.1.5", "v0.8.0", false, false, false},
+		{"containerd", "v2.2.0", "v0.10.0", true, false, false},
+		{"containerd", "v2.3.7", "v0.12.5", true, true, true},
+		{"cri-o", "1.31.0", "v0.6.1", false, false, false},
+		{"cri-o", "1.32.0", "v0.9.0", true, false, false},
+		{"cri-o", "1.33.3", "v0.9.1-0.20250219030224-e597e7849f24", true, false, false},
+		{"cri-o", "1.34.2", "v0.10.0", true, false, false},
+		{"other", "v9.0.0", "v0.11.0", true, true, true},
+		{"containerd", "v2.3.7", "unknown", false, false, false},
+		{"containerd", "v2.3.7", "", false, false, false},
 	}
 	for _, tc := range tests {
-		rt := adjust.RuntimeOf(tc.name, tc.version)
-		if rt.CgroupRules != tc.want || rt.NetDevices != tc.want || rt.RDT != tc.want {
-			t.Errorf("RuntimeOf(%q, %q) = %+v, want all capabilities %v", tc.name, tc.version, rt, tc.want)
+		rt := adjust.RuntimeOf(tc.name, tc.version, tc.nri)
+		if rt.CgroupRules != tc.cgroups || rt.NetDevices != tc.netDev || rt.RDT != tc.rdt {
+			t.Errorf("RuntimeOf(%q, %q, %q) = %+v, want cgroup rules %v, net devices %v, RDT %v", tc.name, tc.version, tc.nri, rt, tc.cgroups, tc.netDev, tc.rdt)
 		}
 	}
 }
@@ -475,7 +482,7 @@ devices:
       deviceNodes:
         - {path: /dev/file0, hostPath: /etc/hostname, type: c, major: 1, minor: 3}
 `}
-	v2, v17 := adjust.RuntimeOf("containerd", "v2.3.7"), adjust.RuntimeOf("containerd", "1.7.35")
+	v2, v17 := adjust.RuntimeOf("containerd", "v2.3.7", "v0.12.5"), adjust.RuntimeOf("containerd", "1.7.35", "v0.8.0")
 	for _, tc := range []struct {
 		name    string
 		opts    adjust.Options

@@ -31,7 +31,7 @@ func TestCorpusParity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runtimes := []adjust.Runtime{adjust.RuntimeOf("containerd", "v2.3.7"), adjust.RuntimeOf("containerd", "1.7.35")}
+	runtimes := []adjust.Runtime{adjust.RuntimeOf("containerd", "v2.3.7", "v0.12.5"), adjust.RuntimeOf("containerd", "1.7.35", "v0.8.0")}
 	for _, s := range all {
 		// Each spec in a directory of its own: two publishers may use
 		// the same device names.

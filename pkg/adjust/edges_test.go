@@ -47,8 +47,8 @@ devices:
 // narrower than NRI's "rw" on each runtime), edits that need no Linux
 // part, RDT with a CLOS only, and a group the process has or GID 0.
 func TestBuildEdges(t *testing.T) {
-	containerd17 := adjust.RuntimeOf("containerd", "1.7.35")
-	containerd2 := adjust.RuntimeOf("containerd", "v2.3.7")
+	containerd17 := adjust.RuntimeOf("containerd", "1.7.35", "v0.8.0")
+	containerd2 := adjust.RuntimeOf("containerd", "v2.3.7", "v0.12.5")
 	blockRule := &api.LinuxDeviceCgroup{Allow: true, Type: "b", Major: api.Int64(8), Minor: api.Int64(16), Access: "r"}
 	tests := []struct {
 		name    string
@@ -143,8 +143,9 @@ func TestRuntimeString(t *testing.T) {
 		rt   adjust.Runtime
 		want string
 	}{
-		{adjust.RuntimeOf("containerd", "v2.3.7"), "containerd v2.3.7 applies cgroup rules, net devices, RDT"},
-		{adjust.RuntimeOf("containerd", "1.7.35"), "containerd 1.7.35 does not apply cgroup rules, net devices, RDT"},
+		{adjust.RuntimeOf("containerd", "v2.3.7", "v0.12.5"), "containerd v2.3.7 (NRI v0.12.5) applies cgroup rules, net devices, RDT"},
+		{adjust.RuntimeOf("containerd", "1.7.35", "v0.8.0"), "containerd 1.7.35 (NRI v0.8.0) does not apply cgroup rules, net devices, RDT"},
+		{adjust.RuntimeOf("cri-o", "1.34.0", "v0.10.0"), "cri-o 1.34.0 (NRI v0.10.0) applies cgroup rules; does not apply net devices, RDT"},
 		{adjust.Runtime{Name: "x", CgroupRules: true}, "x applies cgroup rules; does not apply net devices, RDT"},
 		{adjust.Runtime{}, "an unknown runtime does not apply cgroup rules, net devices, RDT"},
 	} {

@@ -61,7 +61,7 @@ func u32(v uint32) *uint32 { return &v }
 // additional groups the devices need that the process has (root, or its
 // own), and none it lacks (left out with unsupportedEdits: warn).
 func TestGiven(t *testing.T) {
-	v2 := adjust.RuntimeOf("containerd", "v2.3.7")
+	v2 := adjust.RuntimeOf("containerd", "v2.3.7", "v0.12.5")
 	hook := &cdispec.Hook{HookName: "createContainer", Path: "/usr/bin/example-hook", Args: []string{"example-hook", "update-ldcache"}, Env: []string{specs.HookEnv}}
 	lib := &cdispec.Mount{HostPath: "/usr/lib/libexample.so.1", ContainerPath: "/usr/lib/libexample.so.1", Options: []string{"ro", "nosuid", "bind"}}
 	env := []string{"SHARED=1", "EXAMPLE_VISIBLE=1"} // the later device's value, as CDI applies it
@@ -136,7 +136,7 @@ devices:
     containerEdits:
       deviceNodes: [{path: /dev/zero, hostPath: /dev/zero}]
 `
-	v2 := adjust.RuntimeOf("containerd", "v2.3.7")
+	v2 := adjust.RuntimeOf("containerd", "v2.3.7", "v0.12.5")
 	for _, tc := range []struct {
 		name, injected string
 		userNS         bool
@@ -194,7 +194,7 @@ devices:
     containerEdits:
       deviceNodes: [{path: %s}, {path: /dev/null}]
 `, node)
-	res, err := build(t, map[string]string{"j.yaml": spec}, adjust.Options{Runtime: adjust.RuntimeOf("containerd", "v2.3.7"), UserNS: true}, "example.com/jetson=0")
+	res, err := build(t, map[string]string{"j.yaml": spec}, adjust.Options{Runtime: adjust.RuntimeOf("containerd", "v2.3.7", "v0.12.5"), UserNS: true}, "example.com/jetson=0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ devices:
     containerEdits:
       deviceNodes: [{path: /dev/example0, hostPath: /dev/null}, {path: /dev/example-alias, hostPath: /dev/null}]
 `
-	res, err := build(t, map[string]string{"twice.yaml": spec}, adjust.Options{Runtime: adjust.RuntimeOf("containerd", "v2.3.7"), UserNS: true},
+	res, err := build(t, map[string]string{"twice.yaml": spec}, adjust.Options{Runtime: adjust.RuntimeOf("containerd", "v2.3.7", "v0.12.5"), UserNS: true},
 		"example.com/twice=0", "example.com/twice=all")
 	if err != nil {
 		t.Fatal(err)

@@ -196,7 +196,7 @@ func TestHookFreeCorpus(t *testing.T) {
 		for _, name := range s.Devices() {
 			t.Run(s.File+"/"+name, func(t *testing.T) {
 				devs, snap := loadDir(t, dir, name)
-				res, err := adjust.Build(devs, snap.HostNodes, adjust.Options{HookFree: true, Sonames: snap.Sonames, Runtime: adjust.RuntimeOf("containerd", "v2.3.7")})
+				res, err := adjust.Build(devs, snap.HostNodes, adjust.Options{HookFree: true, Sonames: snap.Sonames, Runtime: adjust.RuntimeOf("containerd", "v2.3.7", "v0.12.5")})
 				var links, others []string
 				for _, h := range hooksOf(devs) {
 					switch {

@@ -2,17 +2,19 @@ package adjust
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
+
+	nrisemver "github.com/containerd/nri/pkg/version"
 )
 
 // Runtime is what the connected runtime's NRI applies of an adjustment
 // beyond the device nodes, mounts, env and hooks that every NRI-enabled
-// containerd applies. The plugin decides it once per connection, from
-// the name and version NRI's Configure reports.
+// runtime applies. The plugin decides it once per connection, from the
+// NRI version the runtime runs.
 type Runtime struct {
-	// Name and Version identify the runtime, for messages.
-	Name, Version string
+	// Name and Version identify the runtime, for messages; NRI is the NRI
+	// version it runs.
+	Name, Version, NRI string
 	// CgroupRules: the device cgroup rules of an adjustment are applied,
 	// after the "rw" rule NRI derives from each device it adds.
 	CgroupRules bool
@@ -22,15 +24,28 @@ type Runtime struct {
 	RDT bool
 }
 
-// RuntimeOf returns what a runtime applies, by the name and version NRI
-// reports: containerd 2.x (NRI v0.9 and later) applies cgroup rules, net
-// devices and RDT; containerd 1.x (NRI up to v0.8) and runtimes nri-gpu
-// does not know apply none of them.
-func RuntimeOf(name, version string) Runtime {
-	rt := Runtime{Name: name, Version: version}
-	major, _, _ := strings.Cut(strings.TrimPrefix(version, "v"), ".")
-	if n, err := strconv.Atoi(major); err == nil && name == "containerd" && n >= 2 {
+// The NRI releases whose adjustment generator, which every NRI runtime
+// applies adjustments with (containerd's CRI, CRI-O), first applies a
+// capability: an adjustment's device cgroup rules from v0.9.0, net
+// devices and RDT from v0.11.0.
+const (
+	NRICgroupRules = "v0.9.0"
+	NRIAll         = "v0.11.0"
+)
+
+// RuntimeOf returns what a runtime applies, by the NRI version it runs
+// (nriVersion: as the runtime reports it, or as NRI's stub infers it
+// from the runtime's name and release, for containerd's and CRI-O's):
+// cgroup rules from NRICgroupRules (containerd 2.2, CRI-O 1.32), net
+// devices and RDT from NRIAll; containerd 1.7, 2.0 and 2.1 (NRI v0.8 and
+// older) and an NRI version not known apply none of them.
+func RuntimeOf(name, version, nriVersion string) Runtime {
+	rt := Runtime{Name: name, Version: version, NRI: nriVersion}
+	switch nrisemver.FindClosestMatch(nriVersion, []string{NRICgroupRules, NRIAll}) {
+	case NRIAll:
 		rt.CgroupRules, rt.NetDevices, rt.RDT = true, true, true
+	case NRICgroupRules:
+		rt.CgroupRules = true
 	}
 	return rt
 }
@@ -59,6 +74,9 @@ func (rt Runtime) String() string {
 	s := strings.TrimSpace(rt.Name + " " + rt.Version)
 	if s == "" {
 		s = "an unknown runtime"
+	}
+	if rt.NRI != "" {
+		s += " (NRI " + rt.NRI + ")"
 	}
 	if len(can) > 0 {
 		s += fmt.Sprintf(" applies %s", strings.Join(can, ", "))

@@ -38,7 +38,7 @@ func TestEditsTable(t *testing.T) {
 	if !ok {
 		t.Fatalf("docs/container.md has no table %q", editsTable)
 	}
-	runtimes := []adjust.Runtime{adjust.RuntimeOf("containerd", "v2.3.7"), adjust.RuntimeOf("containerd", "1.7.35")}
+	runtimes := []adjust.Runtime{adjust.RuntimeOf("containerd", "v2.3.7", "v0.12.5"), adjust.RuntimeOf("containerd", "1.7.35", "v0.8.0")}
 	seen := map[string]bool{}
 	for _, line := range strings.Split(table, "\n")[1:] { // past the |---| line
 		if !strings.HasPrefix(line, "|") {

@@ -46,16 +46,18 @@ func (c *connection) opening(side runtimeSide) {
 	c.configuredOK, c.configErr = false, nil
 }
 
-// configuring keeps what the runtime being configured applies, and
-// returns its NRI version ("unknown" outside Serve).
-func (c *connection) configuring(rt adjust.Runtime) (nriVersion string) {
+// configuring keeps and returns what the runtime being configured, of
+// name and version, applies, by the NRI version it runs ("unknown"
+// outside Serve).
+func (c *connection) configuring(name, version string) adjust.Runtime {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.rt = rt
-	if c.side == nil {
-		return "unknown"
+	nriVersion := "unknown"
+	if c.side != nil {
+		nriVersion = c.side.RuntimeNRIVersion()
 	}
-	return c.side.RuntimeNRIVersion()
+	c.rt = adjust.RuntimeOf(name, version, nriVersion)
+	return c.rt
 }
 
 // configured says the connection's Configure succeeded, or keeps the

@@ -333,12 +333,11 @@ func (p *Plugin) Close() {
 // configuration in force stays.
 func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api.EventMask, error) {
 	log := p.log.WithFields(logrus.Fields{"runtime": runtime, "version": version})
-	rt := adjust.RuntimeOf(runtime, version)
-	nriVersion := p.conn.configuring(rt)
+	rt := p.conn.configuring(runtime, version)
 	log.Infof("what the runtime can apply: %s", rt)
-	ev := events(nriVersion)
+	ev := events(rt.NRI)
 	if !ev.IsSet(api.Event_VALIDATE_CONTAINER_ADJUSTMENT) {
-		log.Infof("the runtime's NRI (%s) asks no validators: a device another NRI plugin asks the runtime to inject is not checked against those nri-gpu injects", nriVersion)
+		log.Infof("the runtime's NRI (%s) asks no validators: a device another NRI plugin asks the runtime to inject is not checked against those nri-gpu injects", rt.NRI)
 	}
 	if cfg == "" {
 		p.conn.configured(nil)
