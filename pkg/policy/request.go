@@ -227,6 +227,9 @@ func namedKey(annotations map[string]string, read []string) string {
 }
 
 func (p *Parser) parseNamed(c Container) ([]Request, error) {
+	if k := scopedKey(c.PodAnnotations, p.keys); c.Name == "" && k != "" {
+		return nil, fmt.Errorf("pod annotation %q asks per container, and the runtime named this container none (CRI-O names a container to NRI by kubelet's io.kubernetes.container.name label): %w: whether it is the container asked for cannot be told", k, ErrInvalidRequest)
+	}
 	var reqs []Request
 	pod := &api.PodSandbox{Annotations: c.PodAnnotations}
 	for _, k := range p.keys {
@@ -258,6 +261,24 @@ func (p *Parser) parseNamed(c Container) ([]Request, error) {
 		reqs = append(reqs, Request{Device: d, Item: d, Origin: OriginRuntime})
 	}
 	return dedup(reqs), nil
+}
+
+// scopedKey returns a pod annotation key (of those read) scoped to a
+// container ("<key>/container.<name>"), if any.
+func scopedKey(annotations map[string]string, read []string) string {
+	var keys []string
+	for k := range annotations {
+		for _, r := range read {
+			if strings.HasPrefix(k, r+"/container.") {
+				keys = append(keys, k)
+			}
+		}
+	}
+	sort.Strings(keys)
+	if len(keys) == 0 {
+		return ""
+	}
+	return keys[0]
 }
 
 // effectiveKey names the annotation key whose value GetEffectiveAnnotation

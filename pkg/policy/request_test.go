@@ -24,13 +24,15 @@ func TestParse(t *testing.T) {
 		name     string
 		honorCDI bool
 		// keys are the annotation keys read; none: nri-gpu's.
-		keys    []string
-		podAnn  map[string]string
-		ctrAnn  map[string]string
-		cdiDevs []string
-		want    []policy.Request
-		count   int
-		wantErr []string
+		keys []string
+		// nameless: the runtime names the container none (else "main").
+		nameless bool
+		podAnn   map[string]string
+		ctrAnn   map[string]string
+		cdiDevs  []string
+		want     []policy.Request
+		count    int
+		wantErr  []string
 	}{
 		{name: "no annotations", want: nil},
 		{name: "other annotations only", podAnn: map[string]string{"gpus.example.com": "0"}, want: nil},
@@ -67,6 +69,25 @@ func TestParse(t *testing.T) {
 			name:   "pod scope beats plain",
 			podAnn: map[string]string{"gpus.nri-gpu.io/container.other": "2", "gpus.nri-gpu.io/pod": "1", "gpus.nri-gpu.io": "0"},
 			want:   []policy.Request{pod("gpus.nri-gpu.io/pod", "1", "nvidia.com/gpu=1")},
+		},
+		{
+			name:     "a container without a name, its pod asking per container: refused",
+			nameless: true,
+			podAnn:   map[string]string{"gpus.nri-gpu.io/container.main": "2", "gpus.nri-gpu.io/pod": "1"},
+			wantErr:  []string{`pod annotation "gpus.nri-gpu.io/container.main" asks per container`, "named this container none", "io.kubernetes.container.name"},
+		},
+		{
+			name:     "a container without a name, NVIDIA's key per container: refused",
+			nameless: true,
+			keys:     both,
+			podAnn:   map[string]string{"nvidia.cdi.k8s.io/container.main": "nvidia.com/gpu=2"},
+			wantErr:  []string{`pod annotation "nvidia.cdi.k8s.io/container.main" asks per container`},
+		},
+		{
+			name:     "a container without a name, its pod asking for every container",
+			nameless: true,
+			podAnn:   map[string]string{"gpus.nri-gpu.io/pod": "1", "other.example.com/container.main": "x"},
+			want:     []policy.Request{pod("gpus.nri-gpu.io/pod", "1", "nvidia.com/gpu=1")},
 		},
 		{
 			name:   "another container's annotation does not apply",
@@ -286,8 +307,12 @@ func TestParse(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			name := "main"
+			if tc.nameless {
+				name = ""
+			}
 			got, err := p.Parse(policy.Container{
-				Namespace: "ns", Pod: "pod", Name: "main", PodAnnotations: tc.podAnn, Annotations: tc.ctrAnn, CDIDevices: tc.cdiDevs,
+				Namespace: "ns", Pod: "pod", Name: name, PodAnnotations: tc.podAnn, Annotations: tc.ctrAnn, CDIDevices: tc.cdiDevs,
 			})
 			if len(tc.wantErr) > 0 {
 				testutil.ErrorSays(t, err, tc.wantErr...)
