@@ -148,7 +148,7 @@ func waitRunning(t *testing.T, namespace, name string) *corev1.Pod {
 // nodeOf returns the node a pod runs on.
 func nodeOf(t *testing.T, p *corev1.Pod) *harness.Node {
 	t.Helper()
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.cluster.Nodes {
 		if n.Name == p.Spec.NodeName {
 			return n
 		}

@@ -55,6 +55,8 @@ var env struct {
 	forwards []*harness.PodForwarder
 	values   string
 	tools    harness.Tools
+	// images are the tars imported into each node's containerd.
+	images []string
 }
 
 // suiteValues are the chart values of the installation: the image
@@ -199,6 +201,7 @@ func setup() (int, error) {
 	}
 	env.client = env.cluster.Client
 	images := []string{busybox, ubuntu, nbody, os.Getenv(imageEnv)}
+	env.images = images
 	if env.a, err = env.cluster.AddNode(harness.NodeOptions{Name: "node-a", Tools: tools, GPUs: 2, Images: images, CNIBin: os.Getenv(cniEnv), KubeletRoot: harness.LongKubeletRoot}); err != nil {
 		return 1, err
 	}

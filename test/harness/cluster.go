@@ -9,10 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -239,6 +241,17 @@ func StartCluster(dir, bin string) (*Cluster, error) {
 		return nil, err
 	}
 	return &Cluster{ControlPlane: cp, Dir: dir}, nil
+}
+
+// RemoveNode stops node n, deletes its Node object and forgets it. It
+// returns what went wrong, after doing all it can.
+func (c *Cluster) RemoveNode(n *Node) error {
+	errs := []error{n.Stop()}
+	if err := c.Client.CoreV1().Nodes().Delete(context.Background(), n.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, err)
+	}
+	c.Nodes = slices.DeleteFunc(c.Nodes, func(m *Node) bool { return m == n })
+	return errors.Join(errs...)
 }
 
 // Stop stops the nodes, newest first, and the control plane, and removes

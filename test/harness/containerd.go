@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/template"
@@ -306,6 +307,40 @@ func (c *Containerd) Restart() error {
 	case <-time.After(15 * time.Second):
 		return fmt.Errorf("containerd did not stop on SIGTERM")
 	}
+	return c.start()
+}
+
+// Upgrade moves this containerd to the release of to in place, as
+// containerd documents an upgrade from 1.7 to 2.x: containerd stopped
+// with SIGTERM (pods, shims and plugins left running), its configuration
+// migrated by the new release's own `containerd config migrate` (the old
+// one kept beside it, as config.toml.<old version>), the runc it names
+// replaced by the one the new release ships with, and the new containerd
+// started on the same state.
+func (c *Containerd) Upgrade(to Tools) error {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-c.done:
+		c.done <- err
+	case <-time.After(15 * time.Second):
+		return fmt.Errorf("containerd did not stop on SIGTERM")
+	}
+	old, err := os.ReadFile(c.cfgPath)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(c.cfgPath+"."+c.Tools.ContainerdVersion, old, 0o644); err != nil {
+		return err
+	}
+	migrated, err := exec.Command(to.Path("containerd"), "--config", c.cfgPath, "config", "migrate").Output()
+	if err != nil {
+		return fmt.Errorf("containerd %s config migrate: %w", to.ContainerdVersion, err)
+	}
+	migrated = bytes.ReplaceAll(migrated, []byte(strconv.Quote(c.Tools.Runc)), []byte(strconv.Quote(to.Runc)))
+	if err := os.WriteFile(c.cfgPath, migrated, 0o644); err != nil {
+		return err
+	}
+	c.Tools = to
 	return c.start()
 }
 
