@@ -300,14 +300,23 @@ func (c *Containerd) start() error {
 // systemd does, leaving pods, shims and plugins running, and starts it
 // again.
 func (c *Containerd) Restart() error {
+	if err := c.terminate(); err != nil {
+		return err
+	}
+	return c.start()
+}
+
+// terminate stops containerd with SIGTERM, leaving pods, shims and
+// plugins running, and waits for it to exit.
+func (c *Containerd) terminate() error {
 	_ = c.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-c.done:
 		c.done <- err
+		return nil
 	case <-time.After(15 * time.Second):
 		return fmt.Errorf("containerd did not stop on SIGTERM")
 	}
-	return c.start()
 }
 
 // Upgrade moves this containerd to the release of to in place, as
@@ -318,12 +327,8 @@ func (c *Containerd) Restart() error {
 // replaced by the one the new release ships with, and the new containerd
 // started on the same state.
 func (c *Containerd) Upgrade(to Tools) error {
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-c.done:
-		c.done <- err
-	case <-time.After(15 * time.Second):
-		return fmt.Errorf("containerd did not stop on SIGTERM")
+	if err := c.terminate(); err != nil {
+		return err
 	}
 	old, err := os.ReadFile(c.cfgPath)
 	if err != nil {
