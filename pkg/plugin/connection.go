@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,14 +48,22 @@ func (c *connection) opening(side runtimeSide) {
 }
 
 // configuring keeps and returns what the runtime being configured, of
-// name and version, applies, by the NRI version it runs ("unknown"
-// outside Serve).
+// name and version, applies, by the NRI version it runs: as the runtime
+// reports it, or as NRI's map of runtime releases tells it.
 func (c *connection) configuring(name, version string) adjust.Runtime {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	nriVersion := "unknown"
+	nriVersion := api.UnknownVersion
 	if c.side != nil {
 		nriVersion = c.side.RuntimeNRIVersion()
+	}
+	switch nriVersion {
+	case "", api.UnknownVersion, api.DevelVersion:
+		// NRI's stub infers it from the runtime's release, which its map
+		// spells with a "v" (containerd reports one, CRI-O does not).
+		if v, err := api.InferVersionFromRuntime(name, "v"+strings.TrimPrefix(version, "v")); err == nil {
+			nriVersion = v
+		}
 	}
 	c.rt = adjust.RuntimeOf(name, version, nriVersion)
 	return c.rt

@@ -132,11 +132,12 @@ func TestSpecProblemsLoggedOnce(t *testing.T) {
 	})
 }
 
-// TestConfigureOutsideServe: a plugin configured without Serve (no stub,
-// so no known NRI version) subscribes to what every runtime knows.
+// TestConfigureOutsideServe: a plugin configured without Serve (no stub)
+// by a runtime NRI does not know (so no known NRI version) subscribes to
+// what every runtime knows.
 func TestConfigureOutsideServe(t *testing.T) {
 	p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}))
-	ev, err := p.Configure(context.Background(), "", "containerd", "v2.3.7")
+	ev, err := p.Configure(context.Background(), "", "other", "v2.3.7")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,6 +146,36 @@ func TestConfigureOutsideServe(t *testing.T) {
 	}
 	if len(entries(hook, logrus.InfoLevel, "asks no validators")) != 1 {
 		t.Error("no word that the runtime's validation is not used")
+	}
+}
+
+// messages are the entries' messages.
+func messages(es []*logrus.Entry) []string {
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Message)
+	}
+	return out
+}
+
+// TestRuntimeNRIVersionInferred: where the runtime does not report its
+// NRI version, what it applies is told by NRI's own map of its releases,
+// CRI-O's (reported without a "v") as containerd's.
+func TestRuntimeNRIVersionInferred(t *testing.T) {
+	for _, tc := range []struct{ runtime, version, want string }{
+		{"cri-o", "1.34.0", "cri-o 1.34.0 (NRI v0.10.0) applies cgroup rules; does not apply net devices, RDT"},
+		{"cri-o", "1.31.2", "cri-o 1.31.2 (NRI v0.6.1) does not apply cgroup rules, net devices, RDT"},
+		{"containerd", "1.7.35", "containerd 1.7.35 (NRI v0.8.0) does not apply cgroup rules, net devices, RDT"},
+		{"containerd", "v2.3.7", "containerd v2.3.7 (NRI v0.11.0) applies cgroup rules, net devices, RDT"},
+	} {
+		p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}))
+		if _, err := p.Configure(context.Background(), "", tc.runtime, tc.version); err != nil {
+			t.Fatal(err)
+		}
+		said := entries(hook, logrus.InfoLevel, "what the runtime can apply")
+		if len(said) != 1 || said[0].Message != "what the runtime can apply: "+tc.want {
+			t.Errorf("%s %s: said %v, want %q", tc.runtime, tc.version, messages(said), tc.want)
+		}
 	}
 }
 
