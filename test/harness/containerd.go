@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -70,6 +71,9 @@ type Containerd struct {
 	cmd     *exec.Cmd
 	done    chan error
 	plugins []*Plugin
+	// crictl is the tools' crictl, fixed at the start: a forwarder asks
+	// it while Upgrade changes Tools.
+	crictl string
 }
 
 // configCommon is what the configurations of every version share: where
@@ -216,6 +220,7 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 		NRISock: filepath.Join(dir, "nri", "nri.sock"),
 		LogPath: filepath.Join(dir, "containerd.log"),
 		prefix:  opts.Prefix,
+		crictl:  tools.Path("crictl"),
 	}
 	for _, d := range []string{"root", "state", "opt", "nri/plugins", "nri/conf.d", "cni/bin", "cni/conf", "logs"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
@@ -325,8 +330,11 @@ func (c *Containerd) terminate() error {
 // migrated by the new release's own `containerd config migrate` (the old
 // one kept beside it, as config.toml.<old version>), the runc it names
 // replaced by the one the new release ships with, and the new containerd
-// started on the same state.
-func (c *Containerd) Upgrade(to Tools) error {
+// started on the same state. With cdiSpecDirs, its own CDI is turned on
+// with them, as docs/deploying.md has it (`config migrate` keeps an
+// `enable_cdi = false`, under which 2.x refuses a container whose CRI
+// request names CDI devices).
+func (c *Containerd) Upgrade(to Tools, cdiSpecDirs ...string) error {
 	if err := c.terminate(); err != nil {
 		return err
 	}
@@ -341,13 +349,29 @@ func (c *Containerd) Upgrade(to Tools) error {
 	if err != nil {
 		return fmt.Errorf("containerd %s config migrate: %w", to.ContainerdVersion, err)
 	}
-	migrated = bytes.ReplaceAll(migrated, []byte(strconv.Quote(c.Tools.Runc)), []byte(strconv.Quote(to.Runc)))
+	for _, q := range []func(string) string{strconv.Quote, func(s string) string { return "'" + s + "'" }} {
+		migrated = bytes.ReplaceAll(migrated, []byte(q(c.Tools.Runc)), []byte(q(to.Runc)))
+	}
+	if len(cdiSpecDirs) > 0 {
+		quoted := make([]string, len(cdiSpecDirs))
+		for i, d := range cdiSpecDirs {
+			quoted[i] = strconv.Quote(d)
+		}
+		migrated = enableCDI.ReplaceAll(migrated, []byte("enable_cdi = true"))
+		migrated = cdiDirs.ReplaceAll(migrated, []byte("cdi_spec_dirs = ["+strings.Join(quoted, ", ")+"]"))
+	}
 	if err := os.WriteFile(c.cfgPath, migrated, 0o644); err != nil {
 		return err
 	}
 	c.Tools = to
 	return c.start()
 }
+
+// The settings of containerd's own CDI in a migrated configuration.
+var (
+	enableCDI = regexp.MustCompile(`enable_cdi = false`)
+	cdiDirs   = regexp.MustCompile(`cdi_spec_dirs = \[[^\]]*\]`)
+)
 
 // ConfigPath returns the path of this containerd's config.toml.
 func (c *Containerd) ConfigPath() string { return c.cfgPath }
@@ -420,7 +444,7 @@ func run(timeout time.Duration, name string, args ...string) (string, error) {
 // Crictl runs crictl against this containerd.
 func (c *Containerd) Crictl(args ...string) (string, error) {
 	ep := "unix://" + c.Address
-	return c.run(c.Tools.Path("crictl"), append([]string{"--config", c.crictlConfig(), "--runtime-endpoint", ep, "--image-endpoint", ep, "--timeout", "30s"}, args...)...)
+	return c.run(c.crictl, append([]string{"--config", c.crictlConfig(), "--runtime-endpoint", ep, "--image-endpoint", ep, "--timeout", "30s"}, args...)...)
 }
 
 // crictlConfig returns an empty crictl config of this run, so that crictl
