@@ -49,24 +49,27 @@ func (c *connection) opening(side runtimeSide) {
 
 // configuring keeps and returns what the runtime being configured, of
 // name and version, applies, by the NRI version it runs: as the runtime
-// reports it, or as NRI's map of runtime releases tells it.
-func (c *connection) configuring(name, version string) adjust.Runtime {
+// reports it or NRI's stub infers it (stub, which decides the events
+// subscribed), else as NRI's map of runtime releases tells it from the
+// release spelt with a "v" (containerd reports one, CRI-O does not). The
+// map's word is not taken for events: it gives CRI-O 1.34.0 NRI v0.10.0,
+// whose validation that CRI-O refuses (`invalid plugin events`).
+func (c *connection) configuring(name, version string) (rt adjust.Runtime, stub string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	nriVersion := api.UnknownVersion
+	stub = api.UnknownVersion
 	if c.side != nil {
-		nriVersion = c.side.RuntimeNRIVersion()
+		stub = c.side.RuntimeNRIVersion()
 	}
-	switch nriVersion {
+	nriVersion := stub
+	switch stub {
 	case "", api.UnknownVersion, api.DevelVersion:
-		// NRI's stub infers it from the runtime's release, which its map
-		// spells with a "v" (containerd reports one, CRI-O does not).
 		if v, err := api.InferVersionFromRuntime(name, "v"+strings.TrimPrefix(version, "v")); err == nil {
 			nriVersion = v
 		}
 	}
 	c.rt = adjust.RuntimeOf(name, version, nriVersion)
-	return c.rt
+	return c.rt, stub
 }
 
 // configured says the connection's Configure succeeded, or keeps the

@@ -160,7 +160,8 @@ func messages(es []*logrus.Entry) []string {
 
 // TestRuntimeNRIVersionInferred: where the runtime does not report its
 // NRI version, what it applies is told by NRI's own map of its releases,
-// CRI-O's (reported without a "v") as containerd's.
+// CRI-O's (reported without a "v") as containerd's; the events it is
+// asked for are not.
 func TestRuntimeNRIVersionInferred(t *testing.T) {
 	for _, tc := range []struct{ runtime, version, want string }{
 		{"cri-o", "1.34.0", "cri-o 1.34.0 (NRI v0.10.0) applies cgroup rules; does not apply net devices, RDT"},
@@ -169,8 +170,14 @@ func TestRuntimeNRIVersionInferred(t *testing.T) {
 		{"containerd", "v2.3.7", "containerd v2.3.7 (NRI v0.11.0) applies cgroup rules, net devices, RDT"},
 	} {
 		p, hook := logged(t, "", plugin.WithSpecDirs([]string{gpuSpecDir(t, 1)}))
-		if _, err := p.Configure(context.Background(), "", tc.runtime, tc.version); err != nil {
+		ev, err := p.Configure(context.Background(), "", tc.runtime, tc.version)
+		if err != nil {
 			t.Fatal(err)
+		}
+		// The map's word is not taken for the events: CRI-O 1.34.0 refuses
+		// a validator, whatever the map says of its NRI.
+		if ev.IsSet(api.Event_VALIDATE_CONTAINER_ADJUSTMENT) {
+			t.Errorf("%s %s: subscribed to validation on NRI's map's word", tc.runtime, tc.version)
 		}
 		said := entries(hook, logrus.InfoLevel, "what the runtime can apply")
 		if len(said) != 1 || said[0].Message != "what the runtime can apply: "+tc.want {

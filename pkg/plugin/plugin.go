@@ -333,11 +333,11 @@ func (p *Plugin) Close() {
 // configuration in force stays.
 func (p *Plugin) Configure(_ context.Context, cfg, runtime, version string) (api.EventMask, error) {
 	log := p.log.WithFields(logrus.Fields{"runtime": runtime, "version": version})
-	rt := p.conn.configuring(runtime, version)
+	rt, stub := p.conn.configuring(runtime, version)
 	log.Infof("what the runtime can apply: %s", rt)
-	ev := events(rt.NRI)
+	ev := events(stub)
 	if !ev.IsSet(api.Event_VALIDATE_CONTAINER_ADJUSTMENT) {
-		log.Infof("the runtime's NRI (%s) asks no validators: a device another NRI plugin asks the runtime to inject is not checked against those nri-gpu injects", rt.NRI)
+		log.Infof("the runtime's NRI (%s, as it reports it) asks no validators: a device another NRI plugin asks the runtime to inject is not checked against those nri-gpu injects", stub)
 	}
 	if cfg == "" {
 		p.conn.configured(nil)
