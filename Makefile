@@ -9,6 +9,8 @@ CONTAINERD17_OLD := 1.7.25
 CONTAINERD17OLD  := $(OUT)/containerd-$(CONTAINERD17_OLD)
 CONTAINERD2_VERSION := v2.3.7
 CONTAINERD2    := $(OUT)/containerd-$(CONTAINERD2_VERSION:v%=%)
+CRIO_VERSION   := v1.34.0
+CRIO           := $(OUT)/crio-$(CRIO_VERSION:v%=%)
 
 # One Kubernetes release for every component the tests run.
 KUBERNETES_VERSION := v1.37.2
@@ -37,7 +39,7 @@ export NRI_GPU_REFERENCE_CONTAINERD := $(CONTAINERD2)
 # go-nvml's cgo bindings declare functions the NVML headers deprecate.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: rules cluster skew mutation unit-long-tmpdir all build image test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
+.PHONY: rules cluster crio skew mutation unit-long-tmpdir all build image test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
 
 all: build
 
@@ -163,12 +165,16 @@ $(BIN)/mps-control: FORCE
 $(BIN)/crictl:
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
 
+# CRI-O, from its module (test/crio); kept between runs.
+$(CRIO)/crio: hack/crio.sh
+	GO=$(GO) hack/crio.sh $(CRIO_VERSION) $(CRIO)
+
 deps:
 	./hack/install-deps.sh
 
 e2e-tools: deps build image $(BIN)/nvidia-nri-plugin $(BIN)/mps-control $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd \
 	$(BIN)/runc $(CONTAINERD2)/runc $(CONTAINERD17OLD)/runc $(KUBELET) $(BIN)/helm $(CNI)/bridge $(BIN)/glibc-lib64/ld.so \
-	$(BIN)/gvisor/containerd-shim-runsc-v1 $(BIN)/prometheus/promtool
+	$(BIN)/gvisor/containerd-shim-runsc-v1 $(BIN)/prometheus/promtool $(CRIO)/crio
 
 lint:
 	@out=$$(gofmt -l cmd pkg test internal hack); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -187,6 +193,7 @@ lint:
 test: lint e2e-tools
 	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /test/cluster -e /test/skew)
 	$(MAKE) cluster
+	$(MAKE) crio
 	$(MAKE) skew
 	cd hack/image && $(GO) test -count=1 ./...
 	cd test/tools/helm && $(GO) test -count=1 ./...
@@ -209,6 +216,11 @@ rules: $(BIN)/prometheus/promtool
 CLUSTER_RUN ?= .
 cluster: e2e-tools
 	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 -timeout 30m -run '$(CLUSTER_RUN)' ./test/cluster/
+
+# nri-gpu on CRI-O $(CRIO_VERSION) (test/crio), with the runc of
+# containerd $(CONTAINERD2_VERSION).
+crio: e2e-tools
+	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CRIO=$(CRIO) NRI_GPU_CONTAINERD=$(CONTAINERD2) $(GO) test -race -count=1 -timeout 15m ./test/crio/
 
 # Version skew: nri-gpu's DRA driver with the control plane and kubelet of
 # Kubernetes $(KUBERNETES_SKEW_VERSION), the oldest release where DRA is GA.

@@ -2,8 +2,10 @@
 # Installs the host packages the end-to-end tests and the demo need: runc
 # (the demo's; the tests build the runc each containerd is tested with),
 # libseccomp's headers and pkg-config (to build those with seccomp), a
-# static busybox (for the test image) and musl's compiler (a musl image's
-# probe, for hook-free injection). Debian/Ubuntu only; does nothing
+# static busybox (for the test image), musl's compiler (a musl image's
+# probe, for hook-free injection), and CRI-O's container monitor (conmon)
+# and image copier (skopeo, which puts the test image in CRI-O's
+# storage). Debian/Ubuntu only; does nothing
 # when they are already there.
 set -euo pipefail
 
@@ -13,6 +15,8 @@ command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 dpkg -s libseccomp-dev >/dev/null 2>&1 || missing+=(libseccomp-dev)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 command -v musl-gcc >/dev/null 2>&1 || missing+=(musl-tools)
+command -v conmon >/dev/null 2>&1 || missing+=(conmon)
+command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then

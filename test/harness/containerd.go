@@ -59,7 +59,8 @@ type Options struct {
 // gVisor's runsc, where Options.GVisor is set.
 const GVisorHandler = "runsc"
 
-// Containerd is a running throwaway containerd.
+// Containerd is a running throwaway containerd, or CRI-O (StartCRIO):
+// a CRI runtime with NRI, which crictl and nri-gpu talk to alike.
 type Containerd struct {
 	Dir     string
 	Tools   Tools
@@ -74,6 +75,8 @@ type Containerd struct {
 	// crictl is the tools' crictl, fixed at the start: a forwarder asks
 	// it while Upgrade changes Tools.
 	crictl string
+	// crio, when set, makes this CRI-O: the binaries it runs.
+	crio *CRIOTools
 }
 
 // configCommon is what the configurations of every version share: where
@@ -288,6 +291,9 @@ func (c *Containerd) start() error {
 	}
 	defer logFile.Close()
 	argv := append(slices.Clone(c.prefix), c.Tools.Path("containerd"), "--config", c.cfgPath)
+	if c.crio != nil {
+		argv = []string{c.crio.Crio, "--config", c.cfgPath, "--config-dir", filepath.Join(c.Dir, "crio.conf.d")}
+	}
 	c.cmd = exec.Command(argv[0], argv[1:]...)
 	// containerd finds its shim on PATH: its own release's first.
 	c.cmd.Env = append(os.Environ(), "PATH="+c.Tools.ContainerdDir+":"+c.Tools.Dir+":"+os.Getenv("PATH"))
@@ -480,6 +486,10 @@ type Pod struct {
 	// RuntimeHandler runs the pod with that runtime handler of
 	// containerd's (GVisorHandler) instead of the default runc.
 	RuntimeHandler string
+	// ownPID gives each container a PID namespace of its own: on CRI-O,
+	// whose pod infra container (a shared PID namespace's) sets an
+	// oom_score_adj these machines refuse, so that it is dropped.
+	ownPID bool
 }
 
 // UserNSHost is the first host uid and gid of a UserNS pod's range.
@@ -490,7 +500,7 @@ const UserNSHost = 4 << 16
 // groups.
 func (p Pod) containerLinux(ctr Container) map[string]any {
 	sc := map[string]any{}
-	if p.UserNS {
+	if p.UserNS || p.ownPID {
 		sc["namespace_options"] = p.namespaceOptions()
 	}
 	if ctr.User != nil {
@@ -509,6 +519,9 @@ func (p Pod) containerLinux(ctr Container) map[string]any {
 // namespaceOptions are the CRI namespace options of the pod.
 func (p Pod) namespaceOptions() map[string]any {
 	opts := map[string]any{"network": 2}
+	if p.ownPID {
+		opts["pid"] = 1
+	}
 	if p.UserNS {
 		ids := []map[string]any{{"host_id": UserNSHost, "container_id": 0, "length": 65536}}
 		opts["userns_options"] = map[string]any{"mode": 0, "uids": ids, "gids": ids}
@@ -529,6 +542,19 @@ type Container struct {
 	// image's, root); Groups its supplemental groups.
 	User   *int64
 	Groups []int64
+	// Unlabelled leaves out the label kubelet sets with the container's
+	// name (io.kubernetes.container.name), which CRI-O names the container
+	// to NRI by.
+	Unlabelled bool
+}
+
+// labels are a container's CRI labels: the one kubelet sets with its
+// name, unless ctr is Unlabelled.
+func (c *Containerd) labels(ctr Container) map[string]string {
+	if ctr.Unlabelled {
+		return nil
+	}
+	return map[string]string{"io.kubernetes.container.name": ctr.Name}
 }
 
 // Mount is a host path bound into a container.
@@ -564,6 +590,7 @@ func (p Pod) config(logDir string) map[string]any {
 
 // RunPod runs a pod sandbox and returns its id.
 func (c *Containerd) RunPod(p Pod) (string, error) {
+	p.ownPID = c.crio != nil
 	path, err := c.writeJSON("pod", p.config(filepath.Join(c.Dir, "logs", p.Namespace+"-"+p.Name)))
 	if err != nil {
 		return "", err
@@ -579,6 +606,7 @@ func (c *Containerd) RunPod(p Pod) (string, error) {
 // returns its id. The error carries crictl's output, which holds the
 // reason a plugin gave.
 func (c *Containerd) CreateContainer(podID string, p Pod, ctr Container) (string, error) {
+	p.ownPID = c.crio != nil
 	podPath, err := c.writeJSON("pod", p.config(filepath.Join(c.Dir, "logs", p.Namespace+"-"+p.Name)))
 	if err != nil {
 		return "", err
@@ -602,6 +630,7 @@ func (c *Containerd) CreateContainer(podID string, p Pod, ctr Container) (string
 		"image":       map[string]any{"image": ImageRef},
 		"command":     cmd,
 		"annotations": ctr.Annotations,
+		"labels":      c.labels(ctr),
 		"log_path":    ctr.Name + ".log",
 		"linux":       p.containerLinux(ctr),
 	})
@@ -631,6 +660,9 @@ func (c *Containerd) Exec(id string, cmd ...string) (string, error) {
 // ContainerSpec returns the final OCI spec of a container, as
 // `ctr -n k8s.io containers info` prints it.
 func (c *Containerd) ContainerSpec(id string) (*oci.Spec, error) {
+	if c.crio != nil {
+		return c.inspectSpec(id)
+	}
 	out, err := c.Ctr("containers", "info", id)
 	if err != nil {
 		return nil, fmt.Errorf("ctr containers info: %w: %s", err, out)
@@ -702,6 +734,9 @@ func (c *Containerd) Stop() error {
 		c.kill()
 	}
 	errs = append(errs, killShims(c.Address, c.Dir))
+	if c.crio != nil {
+		errs = append(errs, killConmons(c.Dir))
+	}
 	errs = append(errs, unmountBelow(c.Dir))
 	return errors.Join(errs...)
 }
