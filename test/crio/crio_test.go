@@ -13,9 +13,11 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
@@ -137,8 +139,9 @@ func gpuNodes(s *oci.Spec) []string {
 // TestCRIO: nri-gpu registers with CRI-O's NRI and says what CRI-O can
 // apply, by the NRI version CRI-O runs; a pod asking GPU 1 by annotation
 // gets it (its node in the container's spec, usable inside), a second
-// pod asking it under exclusive is refused naming the holder, and a
-// container that reaches nri-gpu without a name (CRI-O names it by
+// pod asking it under exclusive is refused naming the holder, also after
+// nri-gpu was killed and started again (CRI-O's Synchronize and the
+// record), and a container that reaches nri-gpu without a name (CRI-O names it by
 // kubelet's label, which crictl does not set) while its pod asks per
 // container is refused saying why.
 func TestCRIO(t *testing.T) {
@@ -169,6 +172,21 @@ func TestCRIO(t *testing.T) {
 	other, otherPod := newPod(t, map[string]string{"gpus.nri-gpu.io": "1"})
 	if _, err := env.rt.CreateContainer(other, otherPod, harness.Container{Name: "main"}); err == nil || !strings.Contains(err.Error(), "held by pod e2e/"+pod.Name) {
 		t.Errorf("a second pod asking GPU 1: %v, want refused naming %s", err, pod.Name)
+	}
+
+	// nri-gpu killed and started again: CRI-O's Synchronize reports the
+	// running container, the record says what its pod holds, and GPU 1
+	// stays its pod's.
+	env.nri.Kill()
+	if env.nri, err = env.rt.StartPlugin("--config", filepath.Join(env.dir, "nri-gpu.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, 10*time.Second, "the restarted nri-gpu saying what pods hold", func() bool {
+		return strings.Contains(env.nri.Log(), "restored devices held by pod")
+	})
+	again, againPod := newPod(t, map[string]string{"gpus.nri-gpu.io": "1"})
+	if _, err := env.rt.CreateContainer(again, againPod, harness.Container{Name: "main"}); err == nil || !strings.Contains(err.Error(), "held by pod e2e/"+pod.Name) {
+		t.Errorf("a pod asking GPU 1 after nri-gpu restarted: %v, want refused naming %s", err, pod.Name)
 	}
 
 	nameless, namelessPod := newPod(t, map[string]string{"gpus.nri-gpu.io/container.main": "0"})
