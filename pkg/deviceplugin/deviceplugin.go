@@ -366,20 +366,9 @@ func (p *Plugin) Allocate(ctx context.Context, req *api.AllocateRequest) (*api.A
 			}
 			names = append(names, name)
 		}
-		c := &api.ContainerAllocateResponse{}
-		switch p.mode {
-		case config.CDICRI:
-			for _, n := range names {
-				c.CdiDevices = append(c.CdiDevices, &api.CDIDevice{Name: n})
-			}
-		case config.CDINRIGPU:
-			c.Annotations = map[string]string{policy.DevicePluginAnnotation(p.resource): strings.Join(names, ",")}
-		default:
-			ann, err := cdi.UpdateAnnotations(nil, policy.DevicePluginName, p.resource, names)
-			if err != nil {
-				return nil, err
-			}
-			c.Annotations = ann
+		c, err := p.answer(names)
+		if err != nil {
+			return nil, err
 		}
 		resp.ContainerResponses = append(resp.ContainerResponses, c)
 	}
@@ -396,6 +385,27 @@ func (p *Plugin) Allocate(ctx context.Context, req *api.AllocateRequest) (*api.A
 		p.log.WithField("devices", strings.Join(r.GetDevicesIds(), ",")).Info("kubelet allocated devices to a container")
 	}
 	return resp, nil
+}
+
+// answer is the answer for one container of the CDI devices names, as
+// the plugin's mode hands them over.
+func (p *Plugin) answer(names []string) (*api.ContainerAllocateResponse, error) {
+	c := &api.ContainerAllocateResponse{}
+	switch p.mode {
+	case config.CDICRI:
+		for _, n := range names {
+			c.CdiDevices = append(c.CdiDevices, &api.CDIDevice{Name: n})
+		}
+	case config.CDINRIGPU:
+		c.Annotations = map[string]string{policy.DevicePluginAnnotation(p.resource): strings.Join(names, ",")}
+	default:
+		ann, err := cdi.UpdateAnnotations(nil, policy.DevicePluginName, p.resource, names)
+		if err != nil {
+			return nil, err
+		}
+		c.Annotations = ann
+	}
+	return c, nil
 }
 
 // PreStartContainer is not used (the options do not ask for it).

@@ -103,6 +103,39 @@ func New(cfg config.DRA, node string, src link.Pool, log logrus.FieldLogger) *Dr
 	}
 }
 
+// start serves kubelet through the kubelet-plugin helper, its sockets
+// named to fit (socketsOf), and returns the helper; nil and why not (nil
+// once ctx is done).
+func (d *Driver) start(ctx context.Context, client kubernetes.Interface) (*kubeletplugin.Helper, error) {
+	socks, err := socketsOf(d.cfg.DriverName, filepath.Join(d.cfg.PluginDir, d.cfg.DriverName), d.cfg.RegistryDir, d.RollingUpdate)
+	if err != nil {
+		return nil, d.fail(err)
+	}
+	if socks.Why != "" {
+		d.log.Warnf("DRA driver registering without a rolling update (%s): an update of nri-gpu then stops the old driver before the new one registers, and kubelet's calls meanwhile fail and are retried", socks.Why)
+	}
+	opts := append([]kubeletplugin.Option{
+		kubeletplugin.DriverName(d.cfg.DriverName),
+		kubeletplugin.NodeName(d.node),
+		kubeletplugin.KubeClient(client),
+		kubeletplugin.HealthService(true),
+	}, socks.options(d.RollingUpdate)...)
+	helper, err := kubeletplugin.Start(ctx, d, opts...)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		return nil, d.fail(err)
+	}
+	d.helper.Store(helper)
+	how := ""
+	if socks.RollingUpdate {
+		how = fmt.Sprintf(", for a rolling update (pod %s)", d.RollingUpdate)
+	}
+	d.log.Infof("DRA driver registering with kubelet at %s (its service at %s) for node %s%s", socks.Registrar, socks.Plugin, d.node, how)
+	return helper, nil
+}
+
 // fail keeps why Run could not serve kubelet, for Registered, and returns
 // it.
 func (d *Driver) fail(err error) error {
@@ -155,36 +188,14 @@ const sweepJitter = 0.1
 // sweepInterval after, it releases the prepared claims the API server no
 // longer has here (ReleaseGone).
 func (d *Driver) Run(ctx context.Context, client kubernetes.Interface) error {
-	socks, err := socketsOf(d.cfg.DriverName, filepath.Join(d.cfg.PluginDir, d.cfg.DriverName), d.cfg.RegistryDir, d.RollingUpdate)
-	if err != nil {
-		return d.fail(err)
+	helper, err := d.start(ctx, client)
+	if helper == nil {
+		return err // nil once ctx is done
 	}
-	if socks.Why != "" {
-		d.log.Warnf("DRA driver registering without a rolling update (%s): an update of nri-gpu then stops the old driver before the new one registers, and kubelet's calls meanwhile fail and are retried", socks.Why)
-	}
-	opts := append([]kubeletplugin.Option{
-		kubeletplugin.DriverName(d.cfg.DriverName),
-		kubeletplugin.NodeName(d.node),
-		kubeletplugin.KubeClient(client),
-		kubeletplugin.HealthService(true),
-	}, socks.options(d.RollingUpdate)...)
-	helper, err := kubeletplugin.Start(ctx, d, opts...)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return d.fail(err)
-	}
-	d.helper.Store(helper)
 	defer func() {
 		d.helper.Store(nil)
 		helper.Stop()
 	}()
-	how := ""
-	if socks.RollingUpdate {
-		how = fmt.Sprintf(", for a rolling update (pod %s)", d.RollingUpdate)
-	}
-	d.log.Infof("DRA driver registering with kubelet at %s (its service at %s) for node %s%s", socks.Registrar, socks.Plugin, d.node, how)
 	if err := d.ReleaseGone(ctx, client); err != nil {
 		d.log.Warnf("prepared claims not checked against the API server (they stay held until kubelet unprepares them or nri-gpu starts again): %v", err)
 	}
