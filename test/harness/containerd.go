@@ -225,14 +225,8 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 		prefix:  opts.Prefix,
 		crictl:  tools.Path("crictl"),
 	}
-	for _, d := range []string{"root", "state", "opt", "nri/plugins", "nri/conf.d", "cni/bin", "cni/conf", "logs"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			return nil, err
-		}
-	}
-	quoted := make([]string, len(opts.CDISpecDirs))
-	for i, d := range opts.CDISpecDirs {
-		quoted[i] = fmt.Sprintf("%q", d)
+	if err := makeDirs(dir, "root", "state", "opt", "nri/plugins", "nri/conf.d", "cni/bin", "cni/conf", "logs"); err != nil {
+		return nil, err
 	}
 	var cfg bytes.Buffer
 	tmpl := configTemplate
@@ -243,7 +237,7 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 	}
 	if err := template.Must(template.Must(template.New("config").Parse(configCommon)).Parse(tmpl)).Execute(&cfg, map[string]any{
 		"Dir": dir, "Image": ImageRef, "EnableCDI": opts.EnableCDI,
-		"CDIDirs": strings.Join(quoted, ", "), "Runc": tools.Runc, "Validator": opts.DefaultValidator || opts.RejectHooks, "RejectHooks": opts.RejectHooks,
+		"CDIDirs": quotedList(opts.CDISpecDirs), "Runc": tools.Runc, "Validator": opts.DefaultValidator || opts.RejectHooks, "RejectHooks": opts.RejectHooks,
 		"GVisor": opts.GVisor,
 	}); err != nil {
 		return nil, err
@@ -359,18 +353,33 @@ func (c *Containerd) Upgrade(to Tools, cdiSpecDirs ...string) error {
 		migrated = bytes.ReplaceAll(migrated, []byte(q(c.Tools.Runc)), []byte(q(to.Runc)))
 	}
 	if len(cdiSpecDirs) > 0 {
-		quoted := make([]string, len(cdiSpecDirs))
-		for i, d := range cdiSpecDirs {
-			quoted[i] = strconv.Quote(d)
-		}
 		migrated = enableCDI.ReplaceAll(migrated, []byte("enable_cdi = true"))
-		migrated = cdiDirs.ReplaceAll(migrated, []byte("cdi_spec_dirs = ["+strings.Join(quoted, ", ")+"]"))
+		migrated = cdiDirs.ReplaceAll(migrated, []byte("cdi_spec_dirs = ["+quotedList(cdiSpecDirs)+"]"))
 	}
 	if err := os.WriteFile(c.cfgPath, migrated, 0o644); err != nil {
 		return err
 	}
 	c.Tools = to
 	return c.start()
+}
+
+// makeDirs makes the directories below dir a run's configuration names.
+func makeDirs(dir string, below ...string) error {
+	for _, d := range below {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// quotedList is a TOML list's items: each of ss quoted.
+func quotedList(ss []string) string {
+	quoted := make([]string, len(ss))
+	for i, s := range ss {
+		quoted[i] = strconv.Quote(s)
+	}
+	return strings.Join(quoted, ", ")
 }
 
 // The settings of containerd's own CDI in a migrated configuration.

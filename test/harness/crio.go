@@ -128,19 +128,13 @@ func StartCRIO(dir string, tools Tools, crio CRIOTools, opts Options) (c *Contai
 		crio:    &crio,
 		crictl:  tools.Path("crictl"),
 	}
-	for _, d := range []string{"root", "runroot", "logs", "ns", "exits", "attach", "runc", "nri/plugins", "nri/conf.d", "cni/bin", "cni/conf", "crio.conf.d"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			return nil, err
-		}
-	}
-	quoted := make([]string, len(opts.CDISpecDirs))
-	for i, d := range opts.CDISpecDirs {
-		quoted[i] = fmt.Sprintf("%q", d)
+	if err := makeDirs(dir, "root", "runroot", "logs", "ns", "exits", "attach", "runc", "nri/plugins", "nri/conf.d", "cni/bin", "cni/conf", "crio.conf.d"); err != nil {
+		return nil, err
 	}
 	var cfg bytes.Buffer
 	if err := template.Must(template.New("crio").Parse(crioConfig)).Execute(&cfg, map[string]any{
 		"Dir": dir, "Pinns": crio.Pinns, "Conmon": crio.Conmon, "Runc": tools.Runc, "Image": ImageRef,
-		"EnableCDI": opts.EnableCDI, "CDIDirs": strings.Join(quoted, ", "),
+		"EnableCDI": opts.EnableCDI, "CDIDirs": quotedList(opts.CDISpecDirs),
 	}); err != nil {
 		return nil, err
 	}
