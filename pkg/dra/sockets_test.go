@@ -87,8 +87,9 @@ func TestSocketsOf(t *testing.T) {
 // microk8s', for a rolling update, serves kubelet its registration and
 // its DRA service at paths that fit, and says where.
 func TestLongKubeletRoot(t *testing.T) {
+	// Inside the test's own directory, which is removed when it ends.
 	base := testutil.ShortDir(t)
-	root := base + strings.Repeat("k", len(microk8s)-len(base))
+	root := filepath.Join(base, strings.Repeat("k", len(microk8s)-len(base)-1))
 	if len(root) != len(microk8s) {
 		t.Fatalf("root %s: %d bytes", root, len(root))
 	}
