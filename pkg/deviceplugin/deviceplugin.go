@@ -353,7 +353,9 @@ func (p *Plugin) Allocate(ctx context.Context, req *api.AllocateRequest) (*api.A
 	}
 	vendor, class := parser.ParseQualifier(p.kind)
 	resp := &api.AllocateResponse{}
+	var ids []string // every container's, for the source to agree to
 	for _, r := range req.GetContainerRequests() {
+		ids = append(ids, r.GetDevicesIds()...)
 		var names []string
 		for _, id := range r.GetDevicesIds() {
 			if !known[id] {
@@ -373,10 +375,6 @@ func (p *Plugin) Allocate(ctx context.Context, req *api.AllocateRequest) (*api.A
 		resp.ContainerResponses = append(resp.ContainerResponses, c)
 	}
 	if a, ok := p.src.(Allotting); ok {
-		var ids []string
-		for _, r := range req.GetContainerRequests() {
-			ids = append(ids, r.GetDevicesIds()...)
-		}
 		if err := a.Allot(ctx, ids); err != nil {
 			return nil, refused(fmt.Errorf("%s: kubelet chose %s: %w", p.resource, strings.Join(ids, ", "), err))
 		}

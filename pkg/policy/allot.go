@@ -75,9 +75,10 @@ func (a *Allocations) consumeAllotted(d specs.Device) {
 // kubelet allocated (to a pod not named yet), under a.mu.
 func (a *Allocations) withAllotted(ch Choice) Choice {
 	now := a.clock()
+	ch.Kubelet = slices.Clip(ch.Kubelet) // the caller's slice is not written
 	for _, k := range a.allotted {
 		if now.Before(k.until) {
-			ch.Kubelet = append(slices.Clip(ch.Kubelet), KubeletAllocation{Device: k.device})
+			ch.Kubelet = append(ch.Kubelet, KubeletAllocation{Device: k.device})
 		}
 	}
 	return ch
