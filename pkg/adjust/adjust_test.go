@@ -405,8 +405,8 @@ func TestBuildUnsupportedEdits(t *testing.T) {
 
 // TestRuntimeOf: what a runtime applies follows the NRI version it runs,
 // as NRI's own map of containerd's and CRI-O's releases infers it: cgroup
-// rules from v0.9.0, net devices and RDT from v0.11.0; none where the
-// version is not known.
+// rules from v0.10.0 (NRI's generator applies none before), net devices
+// and RDT from v0.11.0; none where the version is not known.
 func TestRuntimeOf(t *testing.T) {
 	tests := []struct {
 		name, version, nri   string
@@ -417,9 +417,9 @@ func TestRuntimeOf(t *testing.T) {
 		{"containerd", "v2.2.0", "v0.10.0", true, false, false},
 		{"containerd", "v2.3.7", "v0.12.5", true, true, true},
 		{"cri-o", "1.31.0", "v0.6.1", false, false, false},
-		{"cri-o", "1.32.0", "v0.9.0", true, false, false},
-		{"cri-o", "1.33.3", "v0.9.1-0.20250219030224-e597e7849f24", true, false, false},
-		{"cri-o", "1.34.2", "v0.10.0", true, false, false},
+		{"cri-o", "1.32.0", "v0.9.0", false, false, false},
+		{"cri-o", "1.33.3", "v0.9.1-0.20250219030224-e597e7849f24", false, false, false},
+		{"cri-o", "1.35.0", "v0.10.0", true, false, false},
 		{"other", "v9.0.0", "v0.11.0", true, true, true},
 		{"containerd", "v2.3.7", "unknown", false, false, false},
 		{"containerd", "v2.3.7", "", false, false, false},
@@ -428,6 +428,41 @@ func TestRuntimeOf(t *testing.T) {
 		rt := adjust.RuntimeOf(tc.name, tc.version, tc.nri)
 		if rt.CgroupRules != tc.cgroups || rt.NetDevices != tc.netDev || rt.RDT != tc.rdt {
 			t.Errorf("RuntimeOf(%q, %q, %q) = %+v, want cgroup rules %v, net devices %v, RDT %v", tc.name, tc.version, tc.nri, rt, tc.cgroups, tc.netDev, tc.rdt)
+		}
+	}
+}
+
+// TestInferNRI: the NRI version of a runtime's release that does not
+// report it is NRI's map's, but where a release's own go.mod was read
+// to say otherwise: CRI-O 1.34 (its v1.34.0 requires NRI
+// v0.9.1-0.20250219030224-e597e7849f24, which applies no cgroup rule;
+// the map says v0.10.0), so that nri-gpu refuses what needs a cgroup
+// rule there instead of letting the device's access widen.
+func TestInferNRI(t *testing.T) {
+	for _, tc := range []struct {
+		name, version, want string
+		cgroups             bool
+	}{
+		{"cri-o", "1.34.0", "v0.9.1-0.20250219030224-e597e7849f24", false},
+		{"cri-o", "v1.34.4", "v0.9.1-0.20250219030224-e597e7849f24", false},
+		{"cri-o", "1.35.0", "v0.11.0", true},
+		{"cri-o", "1.33.2", "v0.9.1-0.20250219030224-e597e7849f24", false},
+		{"containerd", "2.3.7", "v0.11.0", true}, // containerd reports its own (v0.12.0)
+		{"containerd", "1.7.25", "v0.6.1", false},
+		{"containerd", "v2.2.0", "v0.10.0", true},
+	} {
+		got, err := adjust.InferNRI(tc.name, tc.version)
+		if tc.want == "" {
+			if err == nil {
+				t.Errorf("InferNRI(%q, %q) = %q, want no inference", tc.name, tc.version, got)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("InferNRI(%q, %q) = %q, %v; want %q", tc.name, tc.version, got, err, tc.want)
+		}
+		if rt := adjust.RuntimeOf(tc.name, tc.version, got); rt.CgroupRules != tc.cgroups {
+			t.Errorf("%s %s (NRI %s): cgroup rules %v, want %v", tc.name, tc.version, got, rt.CgroupRules, tc.cgroups)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/containerd/nri/pkg/api"
 	nrisemver "github.com/containerd/nri/pkg/version"
 )
 
@@ -26,19 +27,20 @@ type Runtime struct {
 
 // The NRI releases whose adjustment generator, which every NRI runtime
 // applies adjustments with (containerd's CRI, CRI-O), first applies a
-// capability: an adjustment's device cgroup rules from v0.9.0, net
-// devices and RDT from v0.11.0.
+// capability: an adjustment's device cgroup rules from v0.10.0
+// (pkg/runtime-tools/generate's AdjustResources: v0.9.x leaves them
+// out), net devices and RDT from v0.11.0.
 const (
-	NRICgroupRules = "v0.9.0"
+	NRICgroupRules = "v0.10.0"
 	NRIAll         = "v0.11.0"
 )
 
 // RuntimeOf returns what a runtime applies, by the NRI version it runs
-// (nriVersion: as the runtime reports it, or as NRI's stub infers it
-// from the runtime's name and release, for containerd's and CRI-O's):
-// cgroup rules from NRICgroupRules (containerd 2.2, CRI-O 1.32), net
-// devices and RDT from NRIAll; containerd 1.7, 2.0 and 2.1 (NRI v0.8 and
-// older) and an NRI version not known apply none of them.
+// (nriVersion: as the runtime reports it, or as InferNRI infers it from
+// the runtime's name and release): cgroup rules from NRICgroupRules
+// (containerd 2.2, CRI-O 1.35), net devices and RDT from NRIAll;
+// containerd 1.7, 2.0 and 2.1 (NRI v0.8 and older), CRI-O up to 1.34, and
+// an NRI version not known apply none of them.
 func RuntimeOf(name, version, nriVersion string) Runtime {
 	rt := Runtime{Name: name, Version: version, NRI: nriVersion}
 	switch nrisemver.FindClosestMatch(nriVersion, []string{NRICgroupRules, NRIAll}) {
@@ -48,6 +50,33 @@ func RuntimeOf(name, version, nriVersion string) Runtime {
 		rt.CgroupRules = true
 	}
 	return rt
+}
+
+// measuredNRI are the NRI versions of runtime releases whose own
+// go.mod says otherwise than NRI's map of releases (NRI v0.12.5's
+// api.InferVersionFromRuntime), by runtime and release line: CRI-O
+// v1.34.0's go.mod requires github.com/containerd/nri
+// v0.9.1-0.20250219030224-e597e7849f24, which applies no cgroup rule of
+// a plugin (the end-to-end corpus on CRI-O 1.34.0 saw none applied), where
+// the map says v0.10.0 for every 1.34 release. The later 1.34 releases
+// could not be read here and are taken as 1.34.0: refusing a device that
+// needs a cgroup rule is safe, assuming a rule is applied is not (a
+// narrower access would be widened to NRI's "rw").
+var measuredNRI = map[string]map[string]string{
+	"cri-o": {"v1.34": "v0.9.1-0.20250219030224-e597e7849f24"},
+}
+
+// InferNRI infers the NRI version a runtime's release runs, where the
+// runtime does not report it: as measuredNRI says for its release line,
+// else as NRI's own map of containerd's and CRI-O's releases says.
+func InferNRI(name, version string) (string, error) {
+	version = "v" + strings.TrimPrefix(version, "v")
+	if parts := strings.SplitN(version, ".", 3); len(parts) == 3 {
+		if v, ok := measuredNRI[name][parts[0]+"."+parts[1]]; ok {
+			return v, nil
+		}
+	}
+	return api.InferVersionFromRuntime(name, version)
 }
 
 // named is the runtime's name and version, for messages.

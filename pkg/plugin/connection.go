@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,7 +63,7 @@ func (c *connection) configuring(name, version string) (rt adjust.Runtime, stub 
 	nriVersion := stub
 	switch stub {
 	case "", api.UnknownVersion, api.DevelVersion:
-		if v, err := api.InferVersionFromRuntime(name, "v"+strings.TrimPrefix(version, "v")); err == nil {
+		if v, err := adjust.InferNRI(name, version); err == nil {
 			nriVersion = v
 		}
 	}

@@ -160,11 +160,13 @@ func messages(es []*logrus.Entry) []string {
 
 // TestRuntimeNRIVersionInferred: where the runtime does not report its
 // NRI version, what it applies is told by NRI's own map of its releases,
-// CRI-O's (reported without a "v") as containerd's; the events it is
+// CRI-O's (reported without a "v") as containerd's, but where a release
+// was read to run another (CRI-O 1.34: adjust.InferNRI); the events it is
 // asked for are not.
 func TestRuntimeNRIVersionInferred(t *testing.T) {
 	for _, tc := range []struct{ runtime, version, want string }{
-		{"cri-o", "1.34.0", "cri-o 1.34.0 (NRI v0.10.0) applies cgroup rules; does not apply net devices, RDT"},
+		{"cri-o", "1.34.0", "cri-o 1.34.0 (NRI v0.9.1-0.20250219030224-e597e7849f24) does not apply cgroup rules, net devices, RDT"},
+		{"cri-o", "1.35.0", "cri-o 1.35.0 (NRI v0.11.0) applies cgroup rules, net devices, RDT"},
 		{"cri-o", "1.31.2", "cri-o 1.31.2 (NRI v0.6.1) does not apply cgroup rules, net devices, RDT"},
 		{"containerd", "1.7.35", "containerd 1.7.35 (NRI v0.8.0) does not apply cgroup rules, net devices, RDT"},
 		{"containerd", "v2.3.7", "containerd v2.3.7 (NRI v0.11.0) applies cgroup rules, net devices, RDT"},
