@@ -19,12 +19,13 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	var (
 		socketPath = fs.String("socket-path", api.DefaultSocketPath, "NRI socket")
 		ctdConfig  = fs.String("containerd-config", "/etc/containerd/config.toml", `containerd's config.toml ("" to skip)`)
+		crioConfig = fs.String("crio-config", "/etc/crio/crio.conf", `CRI-O's crio.conf, read with the drop-ins of the crio.conf.d beside it ("" to skip)`)
 		stateFile  = fs.String("state-file", record.DefaultPath, `nri-gpu's state file, read and never written ("" to skip)`)
 	)
 	if code, done := parseFlags(fs, args); done {
 		return code
 	}
-	in := doctor.Input{SocketPath: *socketPath, ContainerdConfig: *ctdConfig, ConfigFile: *flags.file}
+	in := doctor.Input{SocketPath: *socketPath, ContainerdConfig: *ctdConfig, CRIOConfig: *crioConfig, ConfigFile: *flags.file}
 	cfg, err := flags.load()
 	if err != nil {
 		// The configuration's problems are a finding; the rest is checked

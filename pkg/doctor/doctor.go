@@ -1,6 +1,6 @@
 // Package doctor checks a node for what nri-gpu needs: the NRI socket
-// answering, NRI enabled in containerd's configuration (and what its CDI
-// setting implies), trusted and valid CDI specs, devices, hook executables
+// answering, NRI enabled in containerd's or CRI-O's configuration (and
+// what their CDI implies), trusted and valid CDI specs, devices, hook executables
 // present and allowed, a valid nri-gpu configuration, its state file, and
 // with DRA on its DRA driver's program. Each finding is
 // OK, WARN or FAIL, with a fix for the latter two.
@@ -49,6 +49,9 @@ type Input struct {
 	SocketPath string
 	// ContainerdConfig is containerd's config.toml; "" skips it.
 	ContainerdConfig string
+	// CRIOConfig is CRI-O's crio.conf, read with the drop-ins of the
+	// crio.conf.d beside it; "" skips it.
+	CRIOConfig string
 	// Config is nri-gpu's configuration, and ConfigFile where it came
 	// from ("" for the defaults).
 	Config     *config.Config
@@ -85,9 +88,7 @@ func Run(in Input) []Finding {
 	var out []Finding
 	out = append(out, checkConfigFile(in.ConfigFile))
 	out = append(out, checkSocket(in.SocketPath))
-	if in.ContainerdConfig != "" {
-		out = append(out, checkContainerd(in.ContainerdConfig, in.SocketPath)...)
-	}
+	out = append(out, checkRuntimes(in)...)
 	out = append(out, checkSpecs(in.Config)...)
 	if in.Record != nil {
 		out = append(out, checkRecord(*in.Record)...)
@@ -165,9 +166,6 @@ func checkSocket(path string) Finding {
 // socket the one nri-gpu uses; enable_cdi is reported with what it means.
 func checkContainerd(file, socketPath string) []Finding {
 	var raw map[string]any
-	if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
-		return []Finding{{Warn, "containerd config", file + " does not exist", "pass --containerd-config with containerd's config.toml (k3s: /var/lib/rancher/k3s/agent/etc/containerd/config.toml)"}}
-	}
 	if _, err := toml.DecodeFile(file, &raw); err != nil {
 		return []Finding{{Fail, "containerd config", fmt.Sprintf("%s: %v", file, err), "mend the TOML of " + file}}
 	}

@@ -147,3 +147,75 @@ func TestContainerdConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestCRIOConfig reads CRI-O's configuration as CRI-O does, crio.conf
+// then its crio.conf.d's drop-ins in lexical order (a later key wins):
+// NRI on by default and off only where the last word says so, its socket
+// CRI-O's default or the one set, and CRI-O's own CDI (it has no
+// enable_cdi) with its spec directories. A containerd configuration that
+// is not there is not a finding when CRI-O's is.
+func TestCRIOConfig(t *testing.T) {
+	sock := filepath.Join(testutil.ShortDir(t), "nri.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, tc := range []struct {
+		name    string
+		conf    string            // crio.conf ("" for none)
+		dropIns map[string]string // crio.conf.d's files
+		nri     doctor.Status
+		socket  string // the socket CRI-O listens on, "" for nri-gpu's
+		cdi     string // the CDI finding's start
+	}{
+		{name: "defaults", conf: "[crio]\n", nri: doctor.OK, socket: "/var/run/nri/nri.sock", cdi: "CRI-O injects cdi.k8s.io and CRI CDI devices itself, from /etc/cdi, /var/run/cdi"},
+		{name: "NRI off", conf: "[crio.nri]\nenable_nri = false\nnri_listen = \"SOCK\"\n", nri: doctor.Fail, cdi: "CRI-O injects"},
+		{name: "NRI off, turned on by a drop-in", conf: "[crio.nri]\nenable_nri = false\nnri_listen = \"SOCK\"\n",
+			dropIns: map[string]string{"10-nri.conf": "[crio.nri]\nenable_nri = true\n"}, nri: doctor.OK, cdi: "CRI-O injects"},
+		{name: "the later drop-in wins", dropIns: map[string]string{
+			"20-off.conf": "[crio.nri]\nenable_nri = false\n", "10-on.conf": "[crio.nri]\nenable_nri = true\nnri_listen = \"/run/other.sock\"\n"},
+			nri: doctor.Fail, socket: "/run/other.sock", cdi: "CRI-O injects"},
+		{name: "no CDI spec directory", conf: "[crio.nri]\nnri_listen = \"SOCK\"\n[crio.runtime]\ncdi_spec_dirs = []\n", nri: doctor.OK,
+			cdi: "cdi_spec_dirs is empty: CRI-O's own CDI resolves no device"},
+		{name: "CDI spec directories of its own", dropIns: map[string]string{"99-cdi.conf": "[crio.nri]\nnri_listen = \"SOCK\"\n[crio.runtime]\ncdi_spec_dirs = [\"/opt/cdi\"]\n"},
+			nri: doctor.OK, cdi: "CRI-O injects cdi.k8s.io and CRI CDI devices itself, from /opt/cdi ("},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			write := func(name, content string) {
+				t.Helper()
+				if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(name, []byte(strings.ReplaceAll(content, "SOCK", sock)), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.conf != "" {
+				write(filepath.Join(dir, "crio.conf"), tc.conf)
+			}
+			for name, content := range tc.dropIns {
+				write(filepath.Join(dir, "crio.conf.d", name), content)
+			}
+			cfg := config.Default()
+			cfg.CDISpecDirs = []string{testutil.ShortDir(t)}
+			fs := doctor.Run(doctor.Input{SocketPath: sock, ContainerdConfig: filepath.Join(dir, "absent.toml"), CRIOConfig: filepath.Join(dir, "crio.conf"), Config: cfg})
+			if got := find(fs, "CRI-O NRI"); len(got) != 1 || got[0].Status != tc.nri {
+				t.Errorf("CRI-O NRI: %+v, want one %s", got, tc.nri)
+			}
+			got := find(fs, "CRI-O NRI socket")
+			if tc.socket == "" && len(got) != 0 {
+				t.Errorf("CRI-O NRI socket: %+v, want none (CRI-O listens where nri-gpu connects)", got)
+			} else if tc.socket != "" && (len(got) != 1 || got[0].Status != doctor.Warn || !strings.HasSuffix(got[0].Fix, "--socket-path "+tc.socket)) {
+				t.Errorf("CRI-O NRI socket: %+v, want a WARN whose fix names %s", got, tc.socket)
+			}
+			if got := find(fs, "CRI-O CDI"); len(got) != 1 || !strings.HasPrefix(got[0].Detail, tc.cdi) {
+				t.Errorf("CRI-O CDI: %+v, want %q", got, tc.cdi)
+			}
+			if got := append(find(fs, "runtime config"), find(fs, "containerd config")...); len(got) != 0 {
+				t.Errorf("containerd's configuration absent beside CRI-O's: %+v, want no finding", got)
+			}
+		})
+	}
+}

@@ -76,12 +76,12 @@ func TestFindings(t *testing.T) {
 		want []want
 	}{
 		{
-			name: "no config file, no NRI socket, containerd's config missing",
-			in:   doctor.Input{SocketPath: filepath.Join(dir, "none.sock"), ContainerdConfig: filepath.Join(dir, "absent.toml"), Config: cfg},
+			name: "no config file, no NRI socket, neither runtime's config",
+			in:   doctor.Input{SocketPath: filepath.Join(dir, "none.sock"), ContainerdConfig: filepath.Join(dir, "absent.toml"), CRIOConfig: filepath.Join(dir, "absent.conf"), Config: cfg},
 			want: []want{
 				{"nri-gpu config", doctor.OK, "none given: the defaults apply"},
 				{"NRI socket", doctor.Fail, filepath.Join(dir, "none.sock") + " does not answer"},
-				{"containerd config", doctor.Warn, filepath.Join(dir, "absent.toml") + " does not exist"},
+				{"runtime config", doctor.Warn, "neither " + filepath.Join(dir, "absent.toml") + " nor " + filepath.Join(dir, "absent.conf") + " exists"},
 			},
 		},
 		{
@@ -91,6 +91,11 @@ func TestFindings(t *testing.T) {
 				{"nri-gpu config", doctor.Fail, "open " + filepath.Join(dir, "gone.yaml") + ": no such file"},
 				{"containerd config", doctor.Fail, notTOML + ": "},
 			},
+		},
+		{
+			name: "CRI-O's config no TOML",
+			in:   doctor.Input{CRIOConfig: notTOML, Config: cfg},
+			want: []want{{"CRI-O config", doctor.Fail, notTOML + ": "}},
 		},
 		{
 			name: "DRA on: its driver found, or not",
