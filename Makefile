@@ -25,6 +25,9 @@ KUBERNETES_SKEW_MODFILE := go.1.34.mod
 KUBERNETES_SKEW     := $(OUT)/kubernetes-$(KUBERNETES_SKEW_VERSION:v%=%)
 CNI_PLUGINS_VERSION := v1.9.1
 CNI            := $(OUT)/cni-$(CNI_PLUGINS_VERSION:v%=%)
+# The cgroup v2 test node's root, kernel and initramfs (hack/vm-root.sh,
+# from Debian's packages; kept between runs).
+VM             := $(OUT)/vm
 
 export NRI_GPU_TOOLS := $(BIN)
 # The real kubelet the Kubernetes tests run (standalone, static pods).
@@ -36,10 +39,11 @@ export NRI_GPU_HELM := $(BIN)/helm
 export NRI_GPU_CNI := $(CNI)
 # The containerd whose own CDI injection the corpus is compared with.
 export NRI_GPU_REFERENCE_CONTAINERD := $(CONTAINERD2)
+export NRI_GPU_VM := $(VM)
 # go-nvml's cgo bindings declare functions the NVML headers deprecate.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: rules cluster crio skew mutation unit-long-tmpdir all build image test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
+.PHONY: rules cluster crio vm skew mutation unit-long-tmpdir all build image test unit fuzz fuzz-one bench lint demo e2e-tools deps clean
 
 all: build
 
@@ -165,6 +169,11 @@ $(BIN)/mps-control: FORCE
 $(BIN)/crictl:
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
 
+# The cgroup v2 node (test/vm): a Debian root with systemd, made by
+# debootstrap; rebuilt when the script changes.
+$(VM)/root.img: hack/vm-root.sh
+	hack/vm-root.sh $(VM)
+
 # CRI-O, from its module (test/crio); kept between runs.
 $(CRIO)/crio: hack/crio.sh
 	GO=$(GO) hack/crio.sh $(CRIO_VERSION) $(CRIO)
@@ -174,11 +183,12 @@ deps:
 
 e2e-tools: deps build image $(BIN)/nvidia-nri-plugin $(BIN)/mps-control $(BIN)/containerd $(BIN)/crictl $(CONTAINERD2)/containerd $(CONTAINERD17OLD)/containerd \
 	$(BIN)/runc $(CONTAINERD2)/runc $(CONTAINERD17OLD)/runc $(KUBELET) $(BIN)/helm $(CNI)/bridge $(BIN)/glibc-lib64/ld.so \
-	$(BIN)/gvisor/containerd-shim-runsc-v1 $(BIN)/prometheus/promtool $(CRIO)/crio
+	$(BIN)/gvisor/containerd-shim-runsc-v1 $(BIN)/prometheus/promtool $(CRIO)/crio $(VM)/root.img
 
 lint:
 	@out=$$(gofmt -l cmd pkg test internal hack); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags vmguest ./test/vm/
 	@$(GO) mod tidy -diff || { echo "go.mod or go.sum is not tidy: run go mod tidy"; exit 1; }
 	cd $(CONTAINERD17) && $(GO) vet ./...
 	cd $(CONTAINERD17) && $(GO) vet -modfile=go.$(CONTAINERD17_OLD).mod ./...
@@ -191,9 +201,10 @@ lint:
 # containerd 1.7.35, then again on 2.x and on an older 1.7. The end-to-end
 # tests need root; here they must run.
 test: lint e2e-tools
-	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /test/cluster -e /test/skew -e /test/crio)
+	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /test/cluster -e /test/skew -e /test/crio -e /test/vm)
 	$(MAKE) cluster
 	$(MAKE) crio
+	$(MAKE) vm
 	$(MAKE) skew
 	cd hack/image && $(GO) test -count=1 ./...
 	cd test/tools/helm && $(GO) test -count=1 ./...
@@ -221,6 +232,13 @@ cluster: e2e-tools
 # containerd $(CONTAINERD2_VERSION).
 crio: e2e-tools
 	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CRIO=$(CRIO) NRI_GPU_CONTAINERD=$(CONTAINERD2) $(GO) test -race -count=1 -timeout 15m ./test/crio/
+
+# The cgroup v2 node with systemd and runc's systemd cgroup driver
+# (test/vm): a VM under qemu's software emulation running containerd
+# $(CONTAINERD2_VERSION), nri-gpu and the tests inside it, then the cluster
+# tests again with CRI-O $(CRIO_VERSION) as the node's runtime.
+vm: e2e-tools
+	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD2) NRI_GPU_CRIO=$(CRIO) $(GO) test -count=1 -timeout 60m ./test/vm/
 
 # Version skew: nri-gpu's DRA driver with the control plane and kubelet of
 # Kubernetes $(KUBERNETES_SKEW_VERSION), the oldest release where DRA is GA.

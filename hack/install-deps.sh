@@ -5,7 +5,8 @@
 # static busybox (for the test image), musl's compiler (a musl image's
 # probe, for hook-free injection), and CRI-O's container monitor (conmon)
 # and image copier (skopeo, which puts the test image in CRI-O's
-# storage). Debian/Ubuntu only; does nothing
+# storage), and what makes and boots the cgroup v2 test node (debootstrap,
+# qemu's x86 system emulator). Debian/Ubuntu only; does nothing
 # when they are already there.
 set -euo pipefail
 
@@ -17,6 +18,8 @@ dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 command -v musl-gcc >/dev/null 2>&1 || missing+=(musl-tools)
 command -v conmon >/dev/null 2>&1 || missing+=(conmon)
 command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -163,7 +163,7 @@ func podState(p *corev1.Pod) string {
 // no memory).
 func TestDRASlices(t *testing.T) {
 	needCluster(t)
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		waitSlice(t, n, gpuNames(n)...)
 		for i := range n.GPUs {
 			d := slice(t, n)[fmt.Sprintf("gpu-%d", i)]
@@ -199,7 +199,7 @@ func TestDRASlices(t *testing.T) {
 func TestDRAClaim(t *testing.T) {
 	needCluster(t)
 	createTemplate(t, "default", "one-gpu", harness.ClaimSpec(driverName, 1))
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		t.Run(n.Name, func(t *testing.T) {
 			name := "claimer-" + n.Name
 			createPod(t, claimPod("default", name, n, "one-gpu", ""))
@@ -332,7 +332,7 @@ func TestDRASelectorAndParity(t *testing.T) {
 	createClass(t, "index-1", `device.attributes["`+driverName+`"].index == 1`)
 	createTemplate(t, "default", "gpu-index-1", harness.ClaimSpec("index-1", 1))
 	edits := map[string]cdiEdits{}
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		name := "index-1-" + n.Name
 		createPod(t, claimPod("default", name, n, "gpu-index-1", ""))
 		p := waitAllRunning(t, "default", name)
@@ -667,7 +667,7 @@ func TestDRASlowAPIServer(t *testing.T) {
 		_ = env.client.CoreV1().Namespaces().Delete(context.Background(), other, metav1.DeleteOptions{})
 	})
 	waitServiceAccount(t, other)
-	for i, n := range []*harness.Node{env.a, env.b} {
+	for i, n := range env.nodes {
 		forward := env.forwards[i]
 		for _, slow := range []time.Duration{3 * time.Second, harness.Forever} {
 			name := fmt.Sprintf("%s, answers after %s", n.Name, slow)
@@ -774,7 +774,7 @@ func TestDRAExtendedResource(t *testing.T) {
 	// The migration path: the device plugin off, the chart's DeviceClass
 	// maps nvidia.com/gpu, and a pod asking nvidia.com/gpu: 1 as it
 	// always did gets its GPU through DRA.
-	both := []*harness.Node{env.a, env.b}
+	both := env.nodes
 	off := valuesFile(t, "extended-values.yaml", `config:
   devicePlugin:
     resources: []

@@ -54,7 +54,7 @@ hostPaths:
 func TestDriverUpgradeOnNodes(t *testing.T) {
 	needCluster(t)
 	old, upgraded := "550.54.15", "560.35.03"
-	both := []*harness.Node{env.a, env.b}
+	both := env.nodes
 	build := filepath.Join(env.dir, "fake-driver")
 	for i, n := range both {
 		dir := filepath.Join(build, n.Name)

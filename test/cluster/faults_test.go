@@ -343,7 +343,7 @@ func createdAgain(t *testing.T, first *corev1.Pod, ctr string) *corev1.Pod {
 			return false
 		}
 		for _, s := range p.Status.ContainerStatuses {
-			if s.Name == ctr && s.RestartCount > 0 && s.State.Running != nil && strings.TrimPrefix(s.ContainerID, "containerd://") != was {
+			if s.Name == ctr && s.RestartCount > 0 && s.State.Running != nil && runtimeID(s.ContainerID) != was {
 				again = p
 				return true
 			}

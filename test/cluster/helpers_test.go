@@ -107,7 +107,7 @@ func deletePod(t *testing.T, namespace, name string) {
 		_, err := pods.Get(ctx, name, metav1.GetOptions{})
 		return err != nil
 	})
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		if n.Name != p.Spec.NodeName {
 			continue
 		}
@@ -161,7 +161,7 @@ func nodeOf(t *testing.T, p *corev1.Pod) *harness.Node {
 // pod p's container sees, listed inside it on its node.
 func gpusSeen(t *testing.T, p *corev1.Pod) []string {
 	t.Helper()
-	return gpusIn(t, nodeOf(t, p), strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://"), p.Name)
+	return gpusIn(t, nodeOf(t, p), runtimeID(p.Status.ContainerStatuses[0].ContainerID), p.Name)
 }
 
 // gpusIn returns the GPU device nodes container id (of pod name) on node
@@ -188,12 +188,19 @@ func namespace(name string) *corev1.Namespace {
 	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
 }
 
+// runtimeID is the runtime's ID of a container kubelet reports as
+// "<runtime>://<id>" (containerd's, CRI-O's).
+func runtimeID(containerID string) string {
+	_, id, _ := strings.Cut(containerID, "://")
+	return id
+}
+
 // containerID returns the runtime's ID of container ctr of pod p.
 func containerID(t *testing.T, p *corev1.Pod, ctr string) string {
 	t.Helper()
 	for _, s := range p.Status.ContainerStatuses {
 		if s.Name == ctr {
-			return strings.TrimPrefix(s.ContainerID, "containerd://")
+			return runtimeID(s.ContainerID)
 		}
 	}
 	t.Fatalf("pod %s has no container %q", p.Name, ctr)

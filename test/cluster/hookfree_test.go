@@ -62,7 +62,7 @@ func hookFreeEdits() string {
 // link, the same bytes as the driver's file.
 func TestHookFreeNode(t *testing.T) {
 	needCluster(t)
-	n, both := env.b, []*harness.Node{env.a, env.b}
+	n, both := env.b, env.nodes
 
 	// The driver's libraries, real shared objects with their sonames, on
 	// both nodes (nri-gpu's pods mount the driver root on each).

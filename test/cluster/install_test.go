@@ -25,7 +25,7 @@ func TestInstalled(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
 	pods := nriPods(t)
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		p, ok := pods[n.Name]
 		if !ok {
 			t.Fatalf("no nri-gpu pod on %s (pods by node: %v)", n.Name, keys(pods))
@@ -113,7 +113,7 @@ func TestInstalled(t *testing.T) {
 // status shows its GPUs as nvidia.com/gpu capacity and allocatable.
 func TestNodeCapacity(t *testing.T) {
 	needCluster(t)
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		waitAllocatable(t, n, n.GPUs)
 		node, err := env.client.CoreV1().Nodes().Get(context.Background(), n.Name, metav1.GetOptions{})
 		if err != nil {

@@ -48,8 +48,11 @@ var env struct {
 	dir     string
 	helm    string
 	cluster *harness.Cluster
-	// a has 2 GPUs on containerd 1.7 (CDI off), b 4 on containerd 2.x.
-	a, b   *harness.Node
+	// a has 2 GPUs on containerd 1.7 (CDI off), b 4 on containerd 2.x;
+	// on the cgroup v2 node (systemdShape) a alone, on containerd 2.x.
+	a, b *harness.Node
+	// nodes are the cluster's GPU nodes: a and b, or a alone.
+	nodes  []*harness.Node
 	client *kubernetes.Clientset
 	// forwards give nri-gpu's pods the API server.
 	forwards []*harness.PodForwarder
@@ -202,15 +205,12 @@ func setup() (int, error) {
 	env.client = env.cluster.Client
 	images := []string{busybox, ubuntu, nbody, os.Getenv(imageEnv)}
 	env.images = images
-	if env.a, err = env.cluster.AddNode(harness.NodeOptions{Name: "node-a", Tools: tools, GPUs: 2, Images: images, CNIBin: os.Getenv(cniEnv), KubeletRoot: harness.LongKubeletRoot}); err != nil {
+	if err := addNodes(tools, toolsB, images); err != nil {
 		return 1, err
 	}
-	if env.b, err = env.cluster.AddNode(harness.NodeOptions{Name: "node-b", Tools: toolsB, GPUs: 4, EnableCDI: true, DefaultValidator: true, Images: images, CNIBin: os.Getenv(cniEnv), KubeletRoot: harness.LongKubeletRoot}); err != nil {
-		return 1, err
-	}
-	fmt.Fprintf(os.Stderr, "cluster: control plane and 2 nodes Ready in %s\n", time.Since(start).Round(100*time.Millisecond))
+	fmt.Fprintf(os.Stderr, "cluster: control plane and %d nodes Ready in %s\n", len(env.nodes), time.Since(start).Round(100*time.Millisecond))
 	port, _ := strconv.Atoi(apiForwardPort)
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		env.forwards = append(env.forwards, n.ForwardToPods("app.kubernetes.io/name=nri-gpu", port, strings.TrimPrefix(env.cluster.Server, "https://")))
 	}
 	env.values = filepath.Join(env.dir, "values.yaml")
@@ -222,11 +222,58 @@ func setup() (int, error) {
 		"--values", env.values, "--wait", "--timeout", "3m"); err != nil {
 		return 1, fmt.Errorf("%w\n%s", err, nodeLogs())
 	}
-	if err := waitDaemonSetReady(2); err != nil {
+	if err := waitDaemonSetReady(int32(len(env.nodes))); err != nil {
 		return 1, fmt.Errorf("%w\n%s", err, nodeLogs())
 	}
-	fmt.Fprintf(os.Stderr, "cluster: nri-gpu installed and Ready on both nodes in %s\n", time.Since(start).Round(100*time.Millisecond))
+	fmt.Fprintf(os.Stderr, "cluster: nri-gpu installed and Ready on %d nodes in %s\n", len(env.nodes), time.Since(start).Round(100*time.Millisecond))
 	return 0, nil
+}
+
+// systemdShape says the suite runs on the cgroup v2 node of test/vm
+// (systemd as PID 1, harness.SystemdCgroupEnv set): there the cluster has
+// one GPU node, node-a, of containerd 2.x with runc's systemd cgroup
+// driver and kubelet with its defaults (harness.NodeOptions.Systemd).
+func systemdShape() bool { return os.Getenv(harness.SystemdCgroupEnv) == "1" }
+
+// nodeRuntimeEnv, set to "crio" in the systemd shape, makes node-a's
+// runtime CRI-O (harness.CRIOEnv's binaries) under systemd's cgroup
+// manager, instead of containerd.
+const nodeRuntimeEnv = "NRI_GPU_NODE_RUNTIME"
+
+// crioNode says node-a runs CRI-O.
+func crioNode() bool { return os.Getenv(nodeRuntimeEnv) == "crio" }
+
+// addNodes adds the GPU nodes: node-a (containerd 1.7, CDI off, 2 GPUs)
+// and node-b (containerd 2.x with its CDI and NRI's default validator,
+// 4 GPUs), each with kubelet's root as long as microk8s'; or, in the
+// systemd shape, node-a alone, as node-b's containerd but with 2 GPUs, or
+// CRI-O (crioNode).
+func addNodes(tools, toolsB harness.Tools, images []string) error {
+	a := harness.NodeOptions{Name: "node-a", Tools: tools, GPUs: 2, Images: images, CNIBin: os.Getenv(cniEnv), KubeletRoot: harness.LongKubeletRoot}
+	if systemdShape() {
+		a.Tools, a.EnableCDI, a.DefaultValidator, a.Systemd = toolsB, true, true, true
+	}
+	if crioNode() {
+		crio, err := harness.FindCRIO("")
+		if err != nil {
+			return err
+		}
+		a.CRIO = &crio
+	}
+	var err error
+	if env.a, err = env.cluster.AddNode(a); err != nil {
+		return err
+	}
+	env.nodes = []*harness.Node{env.a}
+	if systemdShape() {
+		return nil
+	}
+	b := harness.NodeOptions{Name: "node-b", Tools: toolsB, GPUs: 4, EnableCDI: true, DefaultValidator: true, Images: images, CNIBin: os.Getenv(cniEnv), KubeletRoot: harness.LongKubeletRoot}
+	if env.b, err = env.cluster.AddNode(b); err != nil {
+		return err
+	}
+	env.nodes = append(env.nodes, env.b)
+	return nil
 }
 
 // waitDaemonSetReady waits until nri-gpu's DaemonSet has want pods, all
@@ -253,7 +300,7 @@ func waitDaemonSetReady(want int32) error {
 // nodeLogs is the end of each node's kubelet log, for a failure to show.
 func nodeLogs() string {
 	var b strings.Builder
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		if n != nil {
 			fmt.Fprintf(&b, "--- %s kubelet:\n%s\n", n.Name, n.KubeletLogTail(20))
 		}
@@ -271,7 +318,7 @@ func uninstall() error {
 		return err
 	}
 	deadline := time.Now().Add(time.Minute)
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		for {
 			out, err := n.Ctd.Crictl("ps", "-q", "--name", "^nri-gpu$")
 			if err == nil && strings.TrimSpace(out) == "" {

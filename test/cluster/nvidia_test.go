@@ -79,7 +79,7 @@ const nvidiaValues = `config:
 func TestNVIDIAManifests(t *testing.T) {
 	needCluster(t)
 	nv := valuesFile(t, "nvidia-values.yaml", nvidiaValues)
-	both := []*harness.Node{env.a, env.b}
+	both := env.nodes
 	restartWith(t, both, "gpu.nvidia.com", env.values, nv)
 	t.Cleanup(func() { restartWith(t, both, driverName, env.values) })
 

@@ -88,7 +88,7 @@ func get(t *testing.T, url string) (int, string) {
 // nodeNamed returns the cluster's node name.
 func nodeNamed(t *testing.T, name string) *harness.Node {
 	t.Helper()
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		if n.Name == name {
 			return n
 		}
@@ -160,11 +160,11 @@ func helmUpgrade(t *testing.T, values ...string) {
 func upgrade(t *testing.T, values ...string) {
 	t.Helper()
 	reloads := map[string]int{}
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		reloads[n.Name] = strings.Count(nriLog(t, n), "configuration reloaded")
 	}
 	helmUpgrade(t, values...)
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		testutil.Within(t, podWait, n.Name+": nri-gpu reloads its configuration", func() bool {
 			return strings.Count(nriLog(t, n), "configuration reloaded") > reloads[n.Name]
 		})

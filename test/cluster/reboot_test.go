@@ -126,7 +126,7 @@ func (r rebootPod) running(t *testing.T, was string) (gpus []string, id string) 
 				continue
 			}
 			if !slices.ContainsFunc(got.Status.ContainerStatuses, func(s corev1.ContainerStatus) bool {
-				return s.State.Running == nil || s.Name == ctr && strings.TrimPrefix(s.ContainerID, "containerd://") == was
+				return s.State.Running == nil || s.Name == ctr && runtimeID(s.ContainerID) == was
 			}) {
 				p = &pods[i]
 				return true
@@ -169,7 +169,7 @@ func TestReboot(t *testing.T) {
 			_, before[r.name] = r.running(t, "")
 		}
 	}
-	nodes := []*harness.Node{env.a, env.b}
+	nodes := env.nodes
 	record := filepath.Join(env.a.Dir, "run", "nri-gpu", "allocations.json")
 	off := map[*harness.Node]bool{}
 	t.Cleanup(func() {

@@ -31,7 +31,7 @@ import (
 // and no GPU is seen by two pods.
 func TestDoorsBeforeRestore(t *testing.T) {
 	needCluster(t)
-	nodes := []*harness.Node{env.a, env.b}
+	nodes := env.nodes
 	createTemplate(t, "default", "window-gpu", harness.ClaimSpec(driverName, 1))
 	for _, edge := range []string{"take-over", "restart"} {
 		t.Run(edge, func(t *testing.T) {

@@ -31,7 +31,7 @@ import (
 // the daemons are stopped and allocatable is 2 and 4 again.
 func TestSharedReplicasPlaced(t *testing.T) {
 	needCluster(t)
-	nodes := []*harness.Node{env.a, env.b}
+	nodes := env.nodes
 	mpsStandIn(t, nodes)
 	mpsDir := func(n *harness.Node, gpu int) string {
 		return filepath.Join(n.Dir, "run", "nri-gpu", "mps", n.UUID(gpu))

@@ -28,7 +28,7 @@ import (
 // by two pods.
 func TestUpgradeStream(t *testing.T) {
 	needCluster(t)
-	nodes := []*harness.Node{env.a, env.b}
+	nodes := env.nodes
 	for _, n := range nodes {
 		out, err := n.Ctd.Ctr("images", "ls", "-q")
 		if err != nil {
@@ -99,18 +99,18 @@ func TestCrashStream(t *testing.T) {
 	// its devices unhealthy): with the relay, never through the kills.
 	const lastGone = `"Last device plugin for this resource disconnected" resource="nvidia.com/gpu"`
 	gone := map[string]int{}
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		gone[n.Name] = strings.Count(readFile(t, filepath.Join(n.Dir, "kubelet.log")), lastGone)
 	}
 	defer func() {
-		for _, n := range []*harness.Node{env.a, env.b} {
+		for _, n := range env.nodes {
 			if got := strings.Count(readFile(t, filepath.Join(n.Dir, "kubelet.log")), lastGone); got != gone[n.Name] {
 				t.Errorf("%s: kubelet lost every endpoint of nvidia.com/gpu %d times through the kills", n.Name, got-gone[n.Name])
 			}
 		}
 	}()
 	streamThrough(t, "kill -9 of nri-gpu", func() error {
-		for _, n := range []*harness.Node{env.a, env.b} {
+		for _, n := range env.nodes {
 			restarts, err := nriRestarts(n)
 			if err != nil {
 				return err
@@ -148,7 +148,7 @@ func TestCrashStream(t *testing.T) {
 func TestContainerdRestartStream(t *testing.T) {
 	needCluster(t)
 	streamThrough(t, "containerd restart", func() error {
-		for _, n := range []*harness.Node{env.a, env.b} {
+		for _, n := range env.nodes {
 			if err := n.Ctd.Restart(); err != nil {
 				return err
 			}
@@ -168,7 +168,7 @@ func TestContainerdRestartStream(t *testing.T) {
 // when the pod's sandbox process ends, on each node (1.7.35 and 2.3.7).
 func TestRestartedBetweenCrashes(t *testing.T) {
 	needCluster(t)
-	for _, n := range []*harness.Node{env.a, env.b} {
+	for _, n := range env.nodes {
 		t.Run(n.Name, func(t *testing.T) {
 			p := gpuPod("default", "between-crashes", 0, map[string]string{"gpu-count.nri-gpu.io": "1"}, n.Name)
 			p.Spec.Containers[0].Command = []string{"/bin/sleep", "1"}
@@ -222,7 +222,7 @@ func nriPidOf(n *harness.Node) (int, error) {
 	if !ok || len(p.Status.ContainerStatuses) == 0 {
 		return 0, fmt.Errorf("no nri-gpu container on %s", n.Name)
 	}
-	id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	id := runtimeID(p.Status.ContainerStatuses[0].ContainerID)
 	out, err := n.Ctd.Crictl("inspect", "-o", "go-template", "--template", "{{.info.pid}}", id)
 	if err != nil {
 		return 0, fmt.Errorf("nri-gpu's pid on %s: %w: %s", n.Name, err, out)
@@ -255,7 +255,7 @@ func nriRestarts(n *harness.Node) (int32, error) {
 func streamThrough(t *testing.T, what string, disrupt func() error) {
 	t.Helper()
 	createTemplate(t, "default", "stream-gpu", harness.ClaimSpec(driverName, 1))
-	nodes := []*harness.Node{env.a, env.b}
+	nodes := env.nodes
 	var (
 		done   = make(chan struct{})
 		mu     sync.Mutex

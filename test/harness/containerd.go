@@ -53,7 +53,18 @@ type Options struct {
 	// told the driver's ABI, "latest", as a fake GPU has no kernel driver
 	// to ask).
 	GVisor string
+	// SystemdCgroup runs containers with runc's systemd cgroup driver
+	// (SystemdCgroup = true, as kubelet's cgroupDriver: systemd asks): a
+	// pod's cgroup is a slice of its own (Pod's cgroup parent), each
+	// container a scope systemd knows. It needs systemd as PID 1.
+	// SystemdCgroupEnv=1 sets it for every containerd a run starts (the
+	// node's driver, as on the cgroup v2 test node).
+	SystemdCgroup bool
 }
+
+// SystemdCgroupEnv, set to 1, runs every containerd with runc's systemd
+// cgroup driver (Options.SystemdCgroup).
+const SystemdCgroupEnv = "NRI_GPU_SYSTEMD_CGROUP"
 
 // GVisorHandler is the runtime handler (a RuntimeClass's handler) of
 // gVisor's runsc, where Options.GVisor is set.
@@ -77,6 +88,9 @@ type Containerd struct {
 	crictl string
 	// crio, when set, makes this CRI-O: the binaries it runs.
 	crio *CRIOTools
+	// systemd: containers run under runc's systemd cgroup driver, each
+	// pod in a slice of its own.
+	systemd bool
 }
 
 // configCommon is what the configurations of every version share: where
@@ -123,6 +137,7 @@ disabled_plugins = [
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         BinaryName = "{{.Runc}}"
+        SystemdCgroup = {{.SystemdCgroup}}
 {{- if .GVisor}}
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
       runtime_type = "io.containerd.runsc.v1"
@@ -173,6 +188,7 @@ disabled_plugins = [
       runtime_type = "io.containerd.runc.v2"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         BinaryName = "{{.Runc}}"
+        SystemdCgroup = {{.SystemdCgroup}}
 {{- if .GVisor}}
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc]
       runtime_type = "io.containerd.runsc.v1"
@@ -224,6 +240,7 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 		LogPath: filepath.Join(dir, "containerd.log"),
 		prefix:  opts.Prefix,
 		crictl:  tools.Path("crictl"),
+		systemd: opts.SystemdCgroup || os.Getenv(SystemdCgroupEnv) == "1",
 	}
 	if err := makeDirs(dir, "root", "state", "opt", "nri/plugins", "nri/conf.d", "cni/bin", "cni/conf", "logs"); err != nil {
 		return nil, err
@@ -238,7 +255,7 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 	if err := template.Must(template.Must(template.New("config").Parse(configCommon)).Parse(tmpl)).Execute(&cfg, map[string]any{
 		"Dir": dir, "Image": ImageRef, "EnableCDI": opts.EnableCDI,
 		"CDIDirs": quotedList(opts.CDISpecDirs), "Runc": tools.Runc, "Validator": opts.DefaultValidator || opts.RejectHooks, "RejectHooks": opts.RejectHooks,
-		"GVisor": opts.GVisor,
+		"GVisor": opts.GVisor, "SystemdCgroup": c.systemd,
 	}); err != nil {
 		return nil, err
 	}
@@ -270,8 +287,8 @@ func StartContainerd(dir string, tools Tools, opts Options) (c *Containerd, err 
 		return c, err
 	}
 	if opts.Image != "" {
-		if out, err := c.Ctr("images", "import", "--snapshotter", "overlayfs", opts.Image); err != nil {
-			return c, fmt.Errorf("importing image: %w: %s", err, out)
+		if err := c.ImportImage(opts.Image); err != nil {
+			return c, err
 		}
 	}
 	return c, nil
@@ -286,7 +303,7 @@ func (c *Containerd) start() error {
 	defer logFile.Close()
 	argv := append(slices.Clone(c.prefix), c.Tools.Path("containerd"), "--config", c.cfgPath)
 	if c.crio != nil {
-		argv = []string{c.crio.Crio, "--config", c.cfgPath, "--config-dir", filepath.Join(c.Dir, "crio.conf.d")}
+		argv = append(slices.Clone(c.prefix), c.crio.Crio, "--config", c.cfgPath, "--config-dir", filepath.Join(c.Dir, "crio.conf.d"))
 	}
 	c.cmd = exec.Command(argv[0], argv[1:]...)
 	// containerd finds its shim on PATH: its own release's first.
@@ -499,6 +516,10 @@ type Pod struct {
 	// whose pod infra container (a shared PID namespace's) sets an
 	// oom_score_adj these machines refuse, so that it is dropped.
 	ownPID bool
+	// cgroupParent is the pod's cgroup parent: under the systemd cgroup
+	// driver a slice of its own, named as kubelet names a BestEffort
+	// pod's.
+	cgroupParent string
 }
 
 // UserNSHost is the first host uid and gid of a UserNS pod's range.
@@ -588,18 +609,40 @@ func (c *Containerd) writeJSON(name string, v any) (string, error) {
 
 func (p Pod) config(logDir string) map[string]any {
 	return map[string]any{
-		"metadata":      map[string]any{"name": p.Name, "namespace": p.Namespace, "uid": p.Namespace + "-" + p.Name, "attempt": 0},
+		"metadata":      map[string]any{"name": p.Name, "namespace": p.Namespace, "uid": p.uid(), "attempt": 0},
 		"annotations":   p.Annotations,
 		"log_directory": logDir,
-		"linux": map[string]any{"security_context": map[string]any{
+		"linux": map[string]any{"cgroup_parent": p.cgroupParent, "security_context": map[string]any{
 			"namespace_options": p.namespaceOptions(),
 		}},
 	}
 }
 
+// Slice is the systemd slice the pod runs in under the systemd cgroup
+// driver: kubelet's name for a BestEffort pod's, its UID's dashes
+// underscores (a dash in a slice's name nests it).
+func (p Pod) Slice() string {
+	return "kubepods-besteffort-pod" + strings.ReplaceAll(p.uid(), "-", "_") + ".slice"
+}
+
+// uid is the pod's UID as the harness gives it to the runtime.
+func (p Pod) uid() string { return p.Namespace + "-" + p.Name }
+
+// forRuntime is the pod as this runtime runs it: on CRI-O with a PID
+// namespace per container; under the systemd cgroup driver in a slice of
+// its own (kubelet's name for a BestEffort pod's: its UID's dashes are
+// underscores, as a dash in a slice's name nests it).
+func (c *Containerd) forRuntime(p Pod) Pod {
+	p.ownPID = c.crio != nil
+	if c.systemd {
+		p.cgroupParent = p.Slice()
+	}
+	return p
+}
+
 // RunPod runs a pod sandbox and returns its id.
 func (c *Containerd) RunPod(p Pod) (string, error) {
-	p.ownPID = c.crio != nil
+	p = c.forRuntime(p)
 	path, err := c.writeJSON("pod", p.config(filepath.Join(c.Dir, "logs", p.Namespace+"-"+p.Name)))
 	if err != nil {
 		return "", err
@@ -615,7 +658,7 @@ func (c *Containerd) RunPod(p Pod) (string, error) {
 // returns its id. The error carries crictl's output, which holds the
 // reason a plugin gave.
 func (c *Containerd) CreateContainer(podID string, p Pod, ctr Container) (string, error) {
-	p.ownPID = c.crio != nil
+	p = c.forRuntime(p)
 	podPath, err := c.writeJSON("pod", p.config(filepath.Join(c.Dir, "logs", p.Namespace+"-"+p.Name)))
 	if err != nil {
 		return "", err

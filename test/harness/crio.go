@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"archive/tar"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -52,8 +53,11 @@ func FindCRIO(dir string) (CRIOTools, error) {
 		}
 	}
 	if out, err := exec.Command(t.Crio, "--version").Output(); err == nil {
+		// "crio version 1.34.0" (older releases: "Version: 1.34.0").
 		for _, line := range strings.Split(string(out), "\n") {
-			if v, ok := strings.CutPrefix(line, "Version:"); ok {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "Version:"); ok {
+				t.Version = strings.TrimSpace(v)
+			} else if v, ok := strings.CutPrefix(line, "crio version "); ok {
 				t.Version = strings.TrimSpace(v)
 			}
 		}
@@ -62,7 +66,8 @@ func FindCRIO(dir string) (CRIOTools, error) {
 }
 
 // crioConfig is CRI-O's configuration of a run: every path below the
-// run's directory, cgroupfs, no infra container where a pod shares no
+// run's directory, cgroupfs (systemd's cgroup manager on a node of
+// systemd, Options.SystemdCgroup), no infra container where a pod shares no
 // PID namespace (these machines refuse the infra container's
 // oom_score_adj), the tools' runc, NRI on at a socket of the run's.
 const crioConfig = `[crio]
@@ -81,14 +86,13 @@ stream_port = "0"
 
 [crio.runtime]
 default_runtime = "runc"
-cgroup_manager = "cgroupfs"
-conmon_cgroup = "pod"
+cgroup_manager = "{{.CgroupManager}}"
+conmon_cgroup = "{{.ConmonCgroup}}"
 drop_infra_ctr = true
 pinns_path = "{{.Pinns}}"
 namespaces_dir = "{{.Dir}}/ns"
 container_exits_dir = "{{.Dir}}/exits"
 container_attach_socket_dir = "{{.Dir}}/attach"
-enable_cdi = {{.EnableCDI}}
 cdi_spec_dirs = [{{.CDIDirs}}]
 
 [crio.runtime.runtimes.runc]
@@ -116,8 +120,11 @@ nri_plugin_request_timeout = "2s"
 
 // StartCRIO writes CRI-O's configuration under dir, starts it, waits for
 // CRI to answer and imports the image (skopeo, into its storage). On
-// error it cleans up what it began. opts.EnableCDI and CDISpecDirs set
-// CRI-O's own CDI; opts.Image is the image tar.
+// error it cleans up what it began. CRI-O's own CDI is always on (it
+// has no enable_cdi): opts.CDISpecDirs are the directories it reads
+// specs from, none when empty, so that it resolves no device (the
+// closest to containerd's enable_cdi = false); opts.Image is the image
+// tar.
 func StartCRIO(dir string, tools Tools, crio CRIOTools, opts Options) (c *Containerd, err error) {
 	c = &Containerd{
 		Dir:     dir,
@@ -127,14 +134,20 @@ func StartCRIO(dir string, tools Tools, crio CRIOTools, opts Options) (c *Contai
 		LogPath: filepath.Join(dir, "crio.log"),
 		crio:    &crio,
 		crictl:  tools.Path("crictl"),
+		prefix:  opts.Prefix,
+		systemd: opts.SystemdCgroup || os.Getenv(SystemdCgroupEnv) == "1",
 	}
 	if err := makeDirs(dir, "root", "runroot", "logs", "ns", "exits", "attach", "runc", "nri/plugins", "nri/conf.d", "cni/bin", "cni/conf", "crio.conf.d"); err != nil {
 		return nil, err
 	}
 	var cfg bytes.Buffer
+	manager, conmon := "cgroupfs", "pod"
+	if c.systemd {
+		manager, conmon = "systemd", "system.slice"
+	}
 	if err := template.Must(template.New("crio").Parse(crioConfig)).Execute(&cfg, map[string]any{
 		"Dir": dir, "Pinns": crio.Pinns, "Conmon": crio.Conmon, "Runc": tools.Runc, "Image": ImageRef,
-		"EnableCDI": opts.EnableCDI, "CDIDirs": quotedList(opts.CDISpecDirs),
+		"CDIDirs": quotedList(opts.CDISpecDirs), "CgroupManager": manager, "ConmonCgroup": conmon,
 	}); err != nil {
 		return nil, err
 	}
@@ -152,22 +165,87 @@ func StartCRIO(dir string, tools Tools, crio CRIOTools, opts Options) (c *Contai
 		}
 	}()
 	if opts.Image != "" {
-		if err := c.importImage(opts.Image); err != nil {
+		if err := c.ImportImage(opts.Image); err != nil {
 			return c, err
 		}
 	}
 	return c, c.start()
 }
 
-// importImage copies the OCI archive image into CRI-O's storage as
-// ImageRef.
-func (c *Containerd) importImage(image string) error {
-	dest := fmt.Sprintf("containers-storage:[overlay@%s+%s]%s", filepath.Join(c.Dir, "root"), filepath.Join(c.Dir, "runroot"), ImageRef)
-	out, err := run(2*time.Minute, c.crio.Skopeo, "--insecure-policy", "copy", "oci-archive:"+image, dest)
+// ImportImage imports an image tar (BuildImage's, BuildNamedImage's, the
+// nri-gpu image's) into the runtime's store under the name it carries:
+// with ctr into containerd's, with skopeo into CRI-O's.
+func (c *Containerd) ImportImage(image string) error {
+	if c.crio == nil {
+		if out, err := c.Ctr("images", "import", "--snapshotter", "overlayfs", image); err != nil {
+			return fmt.Errorf("importing %s: %w: %s", image, err, out)
+		}
+		return nil
+	}
+	source, name, err := imageSource(image)
+	if err != nil {
+		return err
+	}
+	dest := fmt.Sprintf("containers-storage:[overlay@%s+%s]%s", filepath.Join(c.Dir, "root"), filepath.Join(c.Dir, "runroot"), name)
+	out, err := run(2*time.Minute, c.crio.Skopeo, "--insecure-policy", "copy", source, dest)
 	if err != nil {
 		return fmt.Errorf("skopeo copy %s: %w: %s", image, err, out)
 	}
 	return nil
+}
+
+// qualified is an image name with a registry: "localhost/" before one
+// without, as containers' storage names a local image. (A pod asking a
+// short name, the chart's nri-gpu:latest, is not resolved to it by CRI-O
+// 1.34 without a registries.conf of the machine's naming localhost;
+// CONTAINERS_REGISTRIES_CONF was not read by it.)
+func qualified(name string) string {
+	if first, _, ok := strings.Cut(name, "/"); ok && (strings.ContainsAny(first, ".:") || first == "localhost") {
+		return name
+	}
+	return "localhost/" + name
+}
+
+// imageSource is skopeo's source of an image tar and the name it gives
+// its image: an OCI archive's (BuildImage's) by containerd's
+// io.containerd.image.name annotation of its index, else ImageRef; a
+// Docker archive's (the nri-gpu image's) by its manifest's first tag.
+func imageSource(image string) (source, name string, err error) {
+	f, err := os.Open(image)
+	if err != nil {
+		return "", "", err
+	}
+	defer f.Close()
+	r := tar.NewReader(f)
+	for {
+		h, err := r.Next()
+		if err != nil {
+			return "", "", fmt.Errorf("%s: neither index.json nor manifest.json: %w", image, err)
+		}
+		switch strings.TrimPrefix(h.Name, "./") {
+		case "index.json":
+			var index struct {
+				Manifests []struct {
+					Annotations map[string]string `json:"annotations"`
+				} `json:"manifests"`
+			}
+			if err := json.NewDecoder(r).Decode(&index); err != nil {
+				return "", "", fmt.Errorf("%s: index.json: %w", image, err)
+			}
+			for _, m := range index.Manifests {
+				if name := m.Annotations["io.containerd.image.name"]; name != "" {
+					return "oci-archive:" + image, qualified(name), nil
+				}
+			}
+			return "oci-archive:" + image, ImageRef, nil
+		case "manifest.json":
+			var manifest []struct{ RepoTags []string }
+			if err := json.NewDecoder(r).Decode(&manifest); err != nil || len(manifest) == 0 || len(manifest[0].RepoTags) == 0 {
+				return "", "", fmt.Errorf("%s: manifest.json names no tag (%v)", image, err)
+			}
+			return "docker-archive:" + image, qualified(manifest[0].RepoTags[0]), nil
+		}
+	}
 }
 
 // inspectSpec returns a CRI-O container's final OCI spec, as crictl

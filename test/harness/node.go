@@ -46,6 +46,17 @@ type NodeOptions struct {
 	// KubeletRoot is kubelet's --root-dir, under the node's /var/lib
 	// (LongKubeletRoot); empty: kubelet's default, /var/lib/kubelet.
 	KubeletRoot string
+	// Systemd makes the node one of a cgroup v2 machine with systemd as
+	// PID 1, as current distributions ship it: containerd's runc with the
+	// systemd cgroup driver, and kubelet with its defaults (the cgroup
+	// driver the runtime reports, cgroup v1 refused, pods under
+	// kubepods.slice). One such node per machine: its kubelet owns
+	// kubepods.slice.
+	Systemd bool
+	// CRIO, when set, makes the node's runtime CRI-O (these binaries)
+	// instead of the tools' containerd; its own CDI reads the node's spec
+	// directory.
+	CRIO *CRIOTools
 }
 
 // LongKubeletRoot is a kubelet root directory as long as microk8s'
@@ -78,8 +89,11 @@ type Node struct {
 	holder      *process
 	kubelet     *process
 	kubeletArgs []string
-	cgroupRoot  string
-	bridge      string
+	// cgroupRoot is the kubelet's cgroup root of its own ("": kubelet's
+	// default, on a Systemd node).
+	cgroupRoot string
+	systemd    bool
+	bridge     string
 	// baseMounts are the IDs of the namespace's mounts as it was made.
 	baseMounts map[string]bool
 }
@@ -98,7 +112,16 @@ for s in %s; do
 done
 mount --bind "$d/var-lib" /var/lib
 mount --bind "$d/var-log" /var/log
-mount --bind "$d/run" /run
+if [ "$2" = systemd ]; then
+	# runc's and kubelet's systemd cgroup driver ask systemd over its
+	# sockets: those stay the machine's.
+	mkdir -p "$d/run/dbus" "$d/run/systemd"
+	mount --bind /run/dbus "$d/run/dbus"
+	mount --bind /run/systemd "$d/run/systemd"
+	mount --rbind "$d/run" /run
+else
+	mount --bind "$d/run" /run
+fi
 mount --bind "$d/ctd/nri" /run/nri
 mount --bind "$d/dev" ` + NodeDevDir + `
 # The files bound over /proc/sys leave /proc not fully visible, and the
@@ -116,14 +139,17 @@ exec sleep 2147483647
 func (c *Cluster) AddNode(opts NodeOptions) (n *Node, err error) {
 	index := len(c.Nodes) + 1
 	n = &Node{
-		Name:       opts.Name,
-		Dir:        filepath.Join(c.Dir, opts.Name),
-		GPUs:       opts.GPUs,
-		Subnet:     fmt.Sprintf("10.244.%d.0/24", index),
-		index:      index,
-		cp:         c.ControlPlane,
-		cgroupRoot: fmt.Sprintf("/nri-gpu-e2e-%d-%d", os.Getpid(), kubelets.Add(1)),
-		bridge:     fmt.Sprintf("%s%d", bridgePrefix, index),
+		Name:    opts.Name,
+		Dir:     filepath.Join(c.Dir, opts.Name),
+		GPUs:    opts.GPUs,
+		Subnet:  fmt.Sprintf("10.244.%d.0/24", index),
+		index:   index,
+		cp:      c.ControlPlane,
+		bridge:  fmt.Sprintf("%s%d", bridgePrefix, index),
+		systemd: opts.Systemd,
+	}
+	if !opts.Systemd {
+		n.cgroupRoot = fmt.Sprintf("/nri-gpu-e2e-%d-%d", os.Getpid(), kubelets.Add(1))
 	}
 	defer func() {
 		if err != nil {
@@ -141,13 +167,15 @@ func (c *Cluster) AddNode(opts NodeOptions) (n *Node, err error) {
 	if err := n.writeCNI(opts.CNIBin); err != nil {
 		return n, err
 	}
-	if err := makeCgroup(n.cgroupRoot); err != nil {
-		return n, err
+	if n.cgroupRoot != "" {
+		if err := makeCgroup(n.cgroupRoot); err != nil {
+			return n, err
+		}
 	}
 	// A stale bridge of a run that was killed would hold the subnet.
 	_ = n.deleteBridge()
 	if n.holder, err = startProcess(n.Name+" namespace", filepath.Join(n.Dir, "namespace.log"),
-		"unshare", "--mount", "--propagation", "slave", "sh", "-c", fmt.Sprintf(nodeScript, strings.Join(nodeSysctls, " ")), "sh", n.Dir); err != nil {
+		"unshare", "--mount", "--propagation", "slave", "sh", "-c", fmt.Sprintf(nodeScript, strings.Join(nodeSysctls, " ")), "sh", n.Dir, n.shape()); err != nil {
 		return n, err
 	}
 	if err := n.holder.waitFor("namespace", 10*time.Second, func() error {
@@ -164,12 +192,18 @@ func (c *Cluster) AddNode(opts NodeOptions) (n *Node, err error) {
 	for id := range ids {
 		n.baseMounts[id] = true
 	}
-	if n.Ctd, err = StartContainerd(filepath.Join(n.Dir, "ctd"), opts.Tools, Options{EnableCDI: opts.EnableCDI, DefaultValidator: opts.DefaultValidator, CDISpecDirs: []string{NodeSpecDir}, Prefix: n.enter()}); err != nil {
+	runtime := Options{EnableCDI: opts.EnableCDI, DefaultValidator: opts.DefaultValidator, CDISpecDirs: []string{NodeSpecDir}, Prefix: n.enter(), SystemdCgroup: opts.Systemd}
+	if opts.CRIO != nil {
+		n.Ctd, err = StartCRIO(filepath.Join(n.Dir, "ctd"), opts.Tools, *opts.CRIO, runtime)
+	} else {
+		n.Ctd, err = StartContainerd(filepath.Join(n.Dir, "ctd"), opts.Tools, runtime)
+	}
+	if err != nil {
 		return n, err
 	}
 	for _, image := range opts.Images {
-		if out, err := n.Ctd.Ctr("images", "import", "--snapshotter", "overlayfs", image); err != nil {
-			return n, fmt.Errorf("%s: importing %s: %w: %s", n.Name, image, err, out)
+		if err := n.Ctd.ImportImage(image); err != nil {
+			return n, fmt.Errorf("%s: %w", n.Name, err)
 		}
 	}
 	kubeconfig, err := c.KubeconfigFor(n.Name, "system:node:"+n.Name, "system:nodes")
@@ -197,6 +231,14 @@ func (c *Cluster) AddNode(opts NodeOptions) (n *Node, err error) {
 	}
 	c.Nodes = append(c.Nodes, n)
 	return n, nil
+}
+
+// shape names the node's shape to its namespace's script.
+func (n *Node) shape() string {
+	if n.systemd {
+		return "systemd"
+	}
+	return "cgroupfs"
 }
 
 // enter is the command prefix that runs a program in the node's mount
@@ -244,6 +286,13 @@ func (n *Node) writeCNI(bin string) error {
 // writeKubeletConfig writes the kubelet's configuration of the node.
 func (n *Node) writeKubeletConfig() error {
 	cfg := kubeletConfig("unix://"+n.Ctd.Address, n.cgroupRoot)
+	if n.systemd {
+		// kubelet's defaults: the cgroup driver the runtime reports
+		// (systemd), cgroup v1 refused, its pods under kubepods.slice.
+		for _, k := range []string{"cgroupDriver", "cgroupRoot", "failCgroupV1"} {
+			delete(cfg, k)
+		}
+	}
 	// Device-plugin and status changes reach the API server quickly.
 	cfg["nodeStatusUpdateFrequency"] = "2s"
 	cfg["nodeStatusReportFrequency"] = "10s"
@@ -298,7 +347,10 @@ func (n *Node) Stop() error {
 		errs = append(errs, n.Ctd.Stop())
 	}
 	n.holder.Stop(5 * time.Second)
-	errs = append(errs, removeCgroup(n.cgroupRoot), n.deleteBridge())
+	if n.cgroupRoot != "" {
+		errs = append(errs, removeCgroup(n.cgroupRoot))
+	}
+	errs = append(errs, n.deleteBridge())
 	return errors.Join(errs...)
 }
 
