@@ -137,7 +137,7 @@ func waitAllRunning(t *testing.T, namespace, name string) *corev1.Pod {
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pod %s/%s Running: not within %s; %s", namespace, name, podWait, podState(last))
+			t.Fatalf("pod %s/%s Running: not within %s; %s; its events:\n%s", namespace, name, podWait, podState(last), podEvents(namespace, name))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -230,3 +230,18 @@ func restoreGPU(t *testing.T, n *harness.Node, i int) {
 		t.Fatal(err)
 	}
 }
+
+// logsOnFailure has node n's kubelet, runtime and nri-gpu (with its DRA
+// driver) logged when t fails: what a pod that never ran leaves behind.
+func logsOnFailure(t *testing.T, n *harness.Node) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		t.Logf("%s's kubelet:\n%s", n.Name, n.KubeletLogTail(40))
+		t.Logf("%s's runtime:\n%s", n.Name, n.Ctd.LogTail(40))
+		if p, ok := nriPods(t)[n.Name]; ok {
+			t.Logf("%s's nri-gpu:\n%s", n.Name, tail(n.PodLog(nriNamespace, p.Name, "nri-gpu"), 60))
+		}
+	})
+}

@@ -66,14 +66,7 @@ func TestContainerdUpgradeInPlace(t *testing.T) {
 		t.Fatalf("moving containerd %s to %s: want 1.7 to 2.x", env.tools.ContainerdVersion, to.ContainerdVersion)
 	}
 	n := addNode(t, harness.NodeOptions{Name: "node-c", Tools: env.tools, GPUs: 6, Images: env.images, CNIBin: os.Getenv(cniEnv), KubeletRoot: harness.LongKubeletRoot})
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("%s's kubelet:\n%s", n.Name, n.KubeletLogTail(40))
-			if p, ok := nriPods(t)[n.Name]; ok {
-				t.Logf("%s's nri-gpu:\n%s", n.Name, n.PodLog(nriNamespace, p.Name, "nri-gpu"))
-			}
-		}
-	})
+	logsOnFailure(t, n)
 	createTemplate(t, "default", "inplace-gpu", harness.ClaimSpec(driverName, 1))
 	before := inplacePods(n, "before")
 	ids, seen := runOneByOne(t, before)

@@ -31,6 +31,7 @@ func TestInPlaceResize(t *testing.T) {
 	createTemplate(t, "default", "resize-gpu", harness.ClaimSpec(driverName, 1))
 	for _, n := range env.nodes {
 		t.Run(n.Name, func(t *testing.T) {
+			logsOnFailure(t, n)
 			for _, door := range []struct {
 				name, ctr string
 				pod       func(name string) *corev1.Pod

@@ -240,15 +240,21 @@ func disrupt(t *testing.T, edge string, nodes []*harness.Node) {
 func windowEvents(edge string, n *harness.Node) string {
 	var b strings.Builder
 	for _, door := range doorsOn(n) {
-		name := fmt.Sprintf("window-%s-%s-%s", door, edge, n.Name)
-		events, err := env.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
-		if err != nil {
-			fmt.Fprintf(&b, "%s: %v\n", name, err)
-			continue
-		}
-		for _, e := range events.Items {
-			fmt.Fprintf(&b, "%s: %s %s: %s\n", name, e.Type, e.Reason, e.Message)
-		}
+		b.WriteString(podEvents("default", fmt.Sprintf("window-%s-%s-%s", door, edge, n.Name)))
+	}
+	return b.String()
+}
+
+// podEvents are the events of pod namespace/name, a line each, for a
+// failure to show.
+func podEvents(namespace, name string) string {
+	var b strings.Builder
+	events, err := env.client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+	if err != nil {
+		return fmt.Sprintf("%s: %v\n", name, err)
+	}
+	for _, e := range events.Items {
+		fmt.Fprintf(&b, "%s: %s %s: %s\n", name, e.Type, e.Reason, e.Message)
 	}
 	return b.String()
 }

@@ -204,9 +204,8 @@ func buildPayload(t *testing.T, tools harness.Tools, crio harness.CRIOTools, dir
 }
 
 // partsEnv names the parts of the node's run to run (a comma-separated
-// list of guest, e2e, cluster, crio; all but crio when unset: the
-// cluster's node on CRI-O does not pass yet), to run one again while
-// changing it.
+// list of guest, e2e, cluster, crio; all when unset), to run one again
+// while changing it.
 const partsEnv = "NRI_GPU_VM_PARTS"
 
 // vmParts are the parts of the node's run partsEnv names.
@@ -214,7 +213,7 @@ func vmParts() []string {
 	if p := os.Getenv(partsEnv); p != "" {
 		return strings.Split(p, ",")
 	}
-	return []string{"guest", "e2e", "cluster"}
+	return []string{"guest", "e2e", "cluster", "crio"}
 }
 
 // runPattern is -test.run's pattern for exactly these tests.
