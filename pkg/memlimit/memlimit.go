@@ -1,0 +1,212 @@
+// Package memlimit bounds the GPU memory a container may allocate through
+// the NVIDIA driver itself: NVML's per-cgroup limits
+// (nvmlDeviceSetMemoryLimits_v1), set on a GPU for the full path of a
+// container's cgroup v2 directory, read back with the memory the cgroup
+// uses (nvmlDeviceGetMemoryLimits_v1), and lifted (a soft limit of 0 and
+// a hard limit of NVML_DEVICE_MEMORY_LIMIT_MAX, as nvml.h says; removing
+// the cgroup lifts them too). The driver enforces them on cgroup v2 only,
+// for whole GPUs only (not MIG handles), and where it has the call at all;
+// everywhere else the error wraps ErrUnenforceable, saying why.
+//
+// What a container may ask in its own environment (NVIDIA's
+// NVIDIA_GPU_MEMORY_REQUEST and NVIDIA_GPU_MEMORY_LIMIT, in MiB, which
+// NVIDIA's apply-cuda-memory-limits hook reads) only lowers what it was
+// given (Asked).
+package memlimit
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"golang.org/x/sys/unix"
+)
+
+var (
+	// ErrUnenforceable is wrapped by the error of a limit the driver
+	// cannot enforce here: cgroup v1, a driver without the call, a MIG
+	// device.
+	ErrUnenforceable = errors.New("the driver cannot enforce GPU memory limits")
+	// ErrAsked is wrapped by the error of a container's environment that
+	// asks for a limit malformed.
+	ErrAsked = errors.New("invalid GPU memory limit asked")
+)
+
+// Environment variables a container asks its limits by (MiB), as
+// NVIDIA's apply-cuda-memory-limits hook reads them.
+const (
+	RequestEnv = "NVIDIA_GPU_MEMORY_REQUEST"
+	LimitEnv   = "NVIDIA_GPU_MEMORY_LIMIT"
+)
+
+// Unlimited is NVML_DEVICE_MEMORY_LIMIT_MAX: a hard limit of it (with a
+// soft limit of 0) is no limit.
+const Unlimited uint64 = math.MaxUint64
+
+// Bounds are a holder's limits on one GPU, in bytes: Soft is what it is
+// guaranteed before allocations may fail under pressure, Hard the most
+// it can allocate.
+type Bounds struct{ Soft, Hard uint64 }
+
+// None says b is no limit.
+func (b Bounds) None() bool { return b.Soft == 0 && b.Hard == Unlimited }
+
+// Asked returns the bounds of a holder granted granted bytes of a GPU:
+// both limits at granted, lowered where env (the container's environment,
+// KEY=VALUE) asks less by RequestEnv (soft) and LimitEnv (hard), in MiB;
+// never above granted. A value that is not a whole number of MiB, or a
+// request above the limit, is an error wrapping ErrAsked that names it.
+func Asked(granted uint64, env []string) (Bounds, error) {
+	b := Bounds{Soft: granted, Hard: granted}
+	for _, v := range []struct {
+		name string
+		to   *uint64
+	}{{LimitEnv, &b.Hard}, {RequestEnv, &b.Soft}} {
+		s, ok := lookup(env, v.name)
+		if !ok {
+			continue
+		}
+		mib, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || mib > math.MaxUint64>>20 {
+			return Bounds{}, fmt.Errorf("%w: %s=%.32q: not a whole number of MiB", ErrAsked, v.name, s)
+		}
+		*v.to = min(*v.to, mib<<20)
+	}
+	if _, ok := lookup(env, RequestEnv); ok && b.Soft > b.Hard {
+		return Bounds{}, fmt.Errorf("%w: %s is more than %s", ErrAsked, RequestEnv, LimitEnv)
+	}
+	b.Soft = min(b.Soft, b.Hard)
+	return b, nil
+}
+
+// lookup returns the last value of name in env, as a process sees it.
+func lookup(env []string, name string) (string, bool) {
+	for i := len(env) - 1; i >= 0; i-- {
+		if v, ok := strings.CutPrefix(env[i], name+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// Cgroups finds containers' cgroup v2 directories: Proc is the proc
+// filesystem ("/proc"), Root where the cgroup v2 hierarchy is mounted
+// ("/sys/fs/cgroup").
+type Cgroups struct{ Proc, Root string }
+
+// cgroup2Magic is CGROUP2_SUPER_MAGIC, statfs' type of a cgroup v2 mount.
+const cgroup2Magic = 0x63677270
+
+// V2 returns nil where Root is a cgroup v2 mount, else an error wrapping
+// ErrUnenforceable (cgroup v1 or hybrid: the driver limits cgroup v2
+// directories only).
+func (c Cgroups) V2() error {
+	var s unix.Statfs_t
+	if err := unix.Statfs(c.Root, &s); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnenforceable, err)
+	}
+	if s.Type != cgroup2Magic {
+		return fmt.Errorf("%w: %s is not cgroup v2 (the driver limits cgroup v2 only)", ErrUnenforceable, c.Root)
+	}
+	return nil
+}
+
+// Of returns the cgroup v2 directory of process pid, the process of
+// container id: the one line of its /proc/<pid>/cgroup ("0::/path"),
+// which must name id (a process of another container, or a reused pid,
+// is not taken for it), under Root. A process in cgroup v1 hierarchies is
+// an error wrapping ErrUnenforceable.
+func (c Cgroups) Of(pid int, id string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(c.Proc, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return "", fmt.Errorf("the cgroup of process %d: %w", pid, err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	path, ok := strings.CutPrefix(lines[0], "0::")
+	if len(lines) != 1 || !ok {
+		return "", fmt.Errorf("%w: process %d is in cgroup v1 hierarchies (the driver limits cgroup v2 only)", ErrUnenforceable, pid)
+	}
+	if id == "" || !strings.Contains(path, id) {
+		return "", fmt.Errorf("process %d is not in container %.12s's cgroup (%s)", pid, id, path)
+	}
+	return filepath.Join(c.Root, filepath.Clean("/"+path)), nil
+}
+
+// Driver sets, reads and lifts limits through NVML, which must be open
+// (Init) while it is used.
+type Driver struct{ Lib nvml.Interface }
+
+// Set bounds the cgroup (its directory's full path) to b on the GPU of
+// that UUID.
+func (d Driver) Set(uuid, cgroup string, b Bounds) error {
+	dev, err := d.whole(uuid)
+	if err != nil {
+		return err
+	}
+	if ret := dev.SetMemoryLimits_v1(cgroup, b.Soft, b.Hard); ret != nvml.SUCCESS {
+		return d.failed("setting the memory limits of "+uuid, ret)
+	}
+	return nil
+}
+
+// Lift removes the cgroup's limits on the GPU of that UUID.
+func (d Driver) Lift(uuid, cgroup string) error {
+	return d.Set(uuid, cgroup, Bounds{Soft: 0, Hard: Unlimited})
+}
+
+// Get returns the cgroup's limits on the GPU of that UUID and the memory
+// it uses there (bytes).
+func (d Driver) Get(uuid, cgroup string) (Bounds, uint64, error) {
+	dev, err := d.whole(uuid)
+	if err != nil {
+		return Bounds{}, 0, err
+	}
+	l, ret := dev.GetMemoryLimits_v1(cgroup)
+	if ret != nvml.SUCCESS {
+		return Bounds{}, 0, d.failed("reading the memory limits of "+uuid, ret)
+	}
+	return Bounds{Soft: l.SoftLimit, Hard: l.HardLimit}, l.CurrentUsed, nil
+}
+
+// setLimits is the driver's call; an older driver's NVML has no such
+// symbol (calling it would end the process: NVML is loaded lazily).
+const setLimits = "nvmlDeviceSetMemoryLimits_v1"
+
+// Has returns nil where the driver's NVML has per-cgroup memory limits,
+// else an error wrapping ErrUnenforceable.
+func (d Driver) Has() error {
+	if err := d.Lib.Extensions().LookupSymbol(setLimits); err != nil {
+		return fmt.Errorf("%w: the driver's NVML has no %s (a driver older than CUDA 13.4's)", ErrUnenforceable, setLimits)
+	}
+	return nil
+}
+
+// whole returns the handle of the GPU of that UUID, an error wrapping
+// ErrUnenforceable for a MIG device or a driver without the calls.
+func (d Driver) whole(uuid string) (nvml.Device, error) {
+	if err := d.Has(); err != nil {
+		return nil, err
+	}
+	dev, ret := d.Lib.DeviceGetHandleByUUID(uuid)
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("GPU %s: %w", uuid, ret)
+	}
+	if mig, ret := dev.IsMigDeviceHandle(); ret == nvml.SUCCESS && mig {
+		return nil, fmt.Errorf("%w: %s is a MIG device (the driver limits whole GPUs only)", ErrUnenforceable, uuid)
+	}
+	return dev, nil
+}
+
+// failed is the error of a call NVML answered ret: one wrapping
+// ErrUnenforceable where the driver lacks it.
+func (d Driver) failed(what string, ret nvml.Return) error {
+	if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_FUNCTION_NOT_FOUND {
+		return fmt.Errorf("%w: %s: %w (the driver has no per-cgroup memory limits)", ErrUnenforceable, what, ret)
+	}
+	return fmt.Errorf("%s: %w", what, ret)
+}
