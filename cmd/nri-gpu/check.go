@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/nri/pkg/api"
 
 	"github.com/nri-gpu/nri-gpu/pkg/doctor"
+	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
+	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
 // runCheck checks the node and prints each finding; it exits 1 on a FAIL.
@@ -45,6 +48,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		rebuilt, damaged, err := record.Inspect(*stateFile)
 		in.Record = &doctor.Record{Path: *stateFile, Err: err, Rebuilt: rebuilt, Damaged: damaged}
 	}
+	in.MemoryLimits, in.NoNVML = probeMemoryLimits(cfg.Start.DriverRoot)
 	findings := doctor.Run(in)
 	for _, f := range findings {
 		fmt.Fprintf(stdout, "%-4s  %-22s %s\n", f.Status, f.Check, f.Detail)
@@ -56,4 +60,17 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	return exitOK
+}
+
+// probeMemoryLimits asks the driver under driverRoot whether it can limit
+// GPU memory per cgroup on this node; nil and why where NVML does not
+// open.
+func probeMemoryLimits(driverRoot string) (*memlimit.Support, error) {
+	lib := nvidia.Library(driverRoot)
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("NVML: %w", ret)
+	}
+	defer lib.Shutdown()
+	s := memlimit.Probe(lib, memlimit.Cgroups{Proc: "/proc", Root: "/sys/fs/cgroup"})
+	return &s, nil
 }

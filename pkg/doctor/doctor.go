@@ -19,6 +19,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
 
@@ -61,6 +62,11 @@ type Input struct {
 	// DRADriver is the DRA driver's program as nri-gpu would find it;
 	// nil skips it (DRA is off).
 	DRADriver *Program
+	// MemoryLimits is whether the driver can enforce GPU memory limits
+	// per cgroup here (memlimit.Probe); nil where NVML cannot be opened,
+	// NoNVML saying why.
+	MemoryLimits *memlimit.Support
+	NoNVML       error
 }
 
 // Program is a program nri-gpu starts, as the caller looked it up.
@@ -96,7 +102,37 @@ func Run(in Input) []Finding {
 	if in.DRADriver != nil {
 		out = append(out, checkDRADriver(*in.DRADriver))
 	}
-	return out
+	return append(out, checkMemoryLimits(in))
+}
+
+// checkMemoryLimits says whether the driver bounds each holder of a GPU
+// to its memory (cgroup v2, a driver with per-cgroup limits, GPUs that
+// have them), and why not.
+func checkMemoryLimits(in Input) Finding {
+	const check = "GPU memory limits"
+	s := in.MemoryLimits
+	if s == nil {
+		return Finding{OK, check, fmt.Sprintf("no NVIDIA driver to ask (%v): nothing to limit", in.NoNVML), ""}
+	}
+	if s.Enforced() {
+		return Finding{OK, check, fmt.Sprintf("the driver can bound each holder's memory on its %d GPUs (cgroup v2, NVML's per-cgroup limits)", len(s.GPUs)), ""}
+	}
+	var why []string
+	for _, err := range []error{s.Cgroup, s.Driver} {
+		if err != nil {
+			why = append(why, err.Error())
+		}
+	}
+	for _, g := range s.GPUs {
+		if g.Err != nil {
+			why = append(why, g.UUID+": "+g.Err.Error())
+		}
+	}
+	if len(why) == 0 {
+		why = append(why, "NVML lists no GPU")
+	}
+	return Finding{Warn, check, "the driver cannot bound GPU memory per container here: " + strings.Join(why, "; "),
+		"holders of a shared GPU are bounded by agreement only (docs/policy.md); cgroup v2 and a driver of CUDA 13.4 or later enforce it"}
 }
 
 // checkDRADriver says whether nri-gpu, with DRA on, finds the program of

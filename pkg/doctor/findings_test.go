@@ -11,6 +11,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
 	"github.com/nri-gpu/nri-gpu/pkg/doctor"
+	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
 )
 
 // TestFindings: each thing check looks at, in each state it may be in,
@@ -106,6 +107,27 @@ func TestFindings(t *testing.T) {
 			name: "DRA on, its driver nowhere",
 			in:   doctor.Input{Config: cfg, DRADriver: &doctor.Program{Err: errors.New("nri-gpu-dra is neither beside nri-gpu nor on the PATH")}},
 			want: []want{{"DRA driver", doctor.Fail, "start.dra.enabled, but nri-gpu-dra is neither beside nri-gpu nor on the PATH"}},
+		},
+		{
+			name: "no NVIDIA driver",
+			in:   doctor.Input{Config: cfg, NoNVML: errors.New("NVML: ERROR_LIBRARY_NOT_FOUND")},
+			want: []want{{"GPU memory limits", doctor.OK, "no NVIDIA driver to ask (NVML: ERROR_LIBRARY_NOT_FOUND): nothing to limit"}},
+		},
+		{
+			name: "the driver enforces GPU memory limits",
+			in:   doctor.Input{Config: cfg, MemoryLimits: &memlimit.Support{GPUs: []memlimit.GPUSupport{{UUID: "GPU-0"}, {UUID: "GPU-1"}}}},
+			want: []want{{"GPU memory limits", doctor.OK, "the driver can bound each holder's memory on its 2 GPUs"}},
+		},
+		{
+			name: "the driver cannot enforce them: cgroup v1, a GPU without",
+			in: doctor.Input{Config: cfg, MemoryLimits: &memlimit.Support{Cgroup: errors.New("/sys/fs/cgroup is not cgroup v2"),
+				GPUs: []memlimit.GPUSupport{{UUID: "GPU-0"}, {UUID: "GPU-1", Err: errors.New("not supported")}}}},
+			want: []want{{"GPU memory limits", doctor.Warn, "the driver cannot bound GPU memory per container here: /sys/fs/cgroup is not cgroup v2; GPU-1: not supported"}},
+		},
+		{
+			name: "NVML lists no GPU",
+			in:   doctor.Input{Config: cfg, MemoryLimits: &memlimit.Support{}},
+			want: []want{{"GPU memory limits", doctor.Warn, "the driver cannot bound GPU memory per container here: NVML lists no GPU"}},
 		},
 		{
 			name: "an invalid config file",

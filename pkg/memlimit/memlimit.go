@@ -210,3 +210,63 @@ func (d Driver) failed(what string, ret nvml.Return) error {
 	}
 	return fmt.Errorf("%s: %w", what, ret)
 }
+
+// Support says whether the driver can enforce limits on this node, as
+// Probe found: Cgroup and Driver are nil where cgroup v2 and the driver's
+// call are there; GPUs has each GPU's UUID and why the driver cannot
+// limit it (nil where it can).
+type Support struct {
+	Cgroup, Driver error
+	GPUs           []GPUSupport
+}
+
+// GPUSupport is one GPU's answer to Probe.
+type GPUSupport struct {
+	UUID string
+	Err  error
+}
+
+// Enforced reports whether every check of s passed (and found a GPU).
+func (s Support) Enforced() bool {
+	if s.Cgroup != nil || s.Driver != nil || len(s.GPUs) == 0 {
+		return false
+	}
+	for _, g := range s.GPUs {
+		if g.Err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// Probe asks whether the driver can limit GPU memory here: c's root is
+// cgroup v2, lib (open) has the call, and each GPU answers a read of the
+// limits of c's root (NOT_SUPPORTED where the driver or the GPU lacks
+// them).
+func Probe(lib nvml.Interface, c Cgroups) Support {
+	d := Driver{Lib: lib}
+	s := Support{Cgroup: c.V2(), Driver: d.Has()}
+	if s.Driver != nil {
+		return s
+	}
+	n, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		s.Driver = fmt.Errorf("counting the GPUs: %w", ret)
+		return s
+	}
+	for i := range n {
+		dev, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			s.GPUs = append(s.GPUs, GPUSupport{UUID: fmt.Sprintf("GPU %d", i), Err: fmt.Errorf("GPU %d: %w", i, ret)})
+			continue
+		}
+		uuid, ret := dev.GetUUID()
+		if ret != nvml.SUCCESS {
+			s.GPUs = append(s.GPUs, GPUSupport{UUID: fmt.Sprintf("GPU %d", i), Err: fmt.Errorf("GPU %d's UUID: %w", i, ret)})
+			continue
+		}
+		_, _, err := d.Get(uuid, c.Root)
+		s.GPUs = append(s.GPUs, GPUSupport{UUID: uuid, Err: err})
+	}
+	return s
+}

@@ -220,3 +220,61 @@ func TestBoundsNone(t *testing.T) {
 		}
 	}
 }
+
+// TestProbe: the node can enforce limits only with cgroup v2, the
+// driver's call, and GPUs that answer; each failing part says why.
+func TestProbe(t *testing.T) {
+	gpus := func(rets ...nvml.Return) *mock.Interface {
+		return &mock.Interface{
+			ExtensionsFunc: func() nvml.ExtendedInterface {
+				return &mock.ExtendedInterface{LookupSymbolFunc: func(string) error { return nil }}
+			},
+			DeviceGetCountFunc: func() (int, nvml.Return) { return len(rets), nvml.SUCCESS },
+			DeviceGetHandleByIndexFunc: func(i int) (nvml.Device, nvml.Return) {
+				return &mock.Device{GetUUIDFunc: func() (string, nvml.Return) { return "GPU-" + string(rune('0'+i)), nvml.SUCCESS }}, nvml.SUCCESS
+			},
+			DeviceGetHandleByUUIDFunc: func(uuid string) (nvml.Device, nvml.Return) {
+				ret := rets[uuid[len(uuid)-1]-'0']
+				return &mock.Device{
+					IsMigDeviceHandleFunc:  func() (bool, nvml.Return) { return false, nvml.SUCCESS },
+					GetMemoryLimits_v1Func: func(string) (nvml.MemoryLimits_v1, nvml.Return) { return nvml.MemoryLimits_v1{}, ret },
+				}, nvml.SUCCESS
+			},
+		}
+	}
+	v2 := memlimit.Cgroups{Root: cgroup2Mount(t)}
+	for _, tc := range []struct {
+		name     string
+		lib      nvml.Interface
+		c        memlimit.Cgroups
+		enforced bool
+		says     string
+	}{
+		{"every GPU", gpus(nvml.SUCCESS, nvml.SUCCESS), v2, true, ""},
+		{"a GPU without", gpus(nvml.SUCCESS, nvml.ERROR_NOT_SUPPORTED), v2, false, "GPU-1: the driver cannot enforce"},
+		{"cgroup v1", gpus(nvml.SUCCESS), memlimit.Cgroups{Root: t.TempDir()}, false, "is not cgroup v2"},
+		{"no GPU", gpus(), v2, false, ""},
+		{"older driver", driver(nvml.SUCCESS, nil, true, nil).Lib, v2, false, "has no nvmlDeviceSetMemoryLimits_v1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := memlimit.Probe(tc.lib, tc.c)
+			if s.Enforced() != tc.enforced {
+				t.Fatalf("Probe = %+v, enforced %v, want %v", s, !tc.enforced, tc.enforced)
+			}
+			var said []string
+			for _, err := range []error{s.Cgroup, s.Driver} {
+				if err != nil {
+					said = append(said, err.Error())
+				}
+			}
+			for _, g := range s.GPUs {
+				if g.Err != nil {
+					said = append(said, g.UUID+": "+g.Err.Error())
+				}
+			}
+			if !strings.Contains(strings.Join(said, "; "), tc.says) {
+				t.Errorf("Probe says %q, want %q", said, tc.says)
+			}
+		})
+	}
+}

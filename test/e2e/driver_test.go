@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -183,5 +184,11 @@ func TestDriverUpgrade(t *testing.T) {
 	out, _ := nriGPU(t, "check", "--config", config, "--containerd-config", "", "--cdi-spec-dirs", staleDir, "--socket-path", ctd.NRISock, "--state-file", filepath.Join(dir, "none.json"))
 	if !strings.Contains(out, "libcuda.so."+old.version) {
 		t.Errorf("nri-gpu check on a spec of the removed driver does not name its missing libcuda:\n%s", out)
+	}
+	// This fake driver answers NOT_SUPPORTED for per-cgroup memory
+	// limits, as a driver older than CUDA 13.4's GPUs do: check says the
+	// driver cannot bound GPU memory, through a real dlopen of its NVML.
+	if !regexp.MustCompile(`WARN +GPU memory limits +the driver cannot bound GPU memory per container here: .*GPU-[0-9a-f-]+: the driver cannot enforce GPU memory limits: reading the memory limits of GPU-[0-9a-f-]+: Not Supported`).MatchString(out) {
+		t.Errorf("nri-gpu check on a driver without memory limits does not say so:\n%s", out)
 	}
 }
