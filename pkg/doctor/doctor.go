@@ -132,7 +132,7 @@ func checkMemoryLimits(in Input) Finding {
 		why = append(why, "NVML lists no GPU")
 	}
 	return Finding{Warn, check, "the driver cannot bound GPU memory per container here: " + strings.Join(why, "; "),
-		"holders of a shared GPU are bounded by agreement only (docs/policy.md); cgroup v2 and a driver of CUDA 13.4 or later enforce it"}
+		"until then the holders of a shared GPU are bounded by agreement only; the driver enforces limits on cgroup v2 with a driver of CUDA 13.4 or later, on whole GPUs"}
 }
 
 // checkDRADriver says whether nri-gpu, with DRA on, finds the program of
