@@ -123,11 +123,11 @@ func (f *PodForwarder) sync() {
 		if served {
 			continue
 		}
-		pid, err := f.sandboxPid(id)
+		ns, err := f.sandboxNetNS(id)
 		if err != nil {
 			continue
 		}
-		l, err := listenIn(fmt.Sprintf("/proc/%d/ns/net", pid), fmt.Sprintf("127.0.0.1:%d", f.port))
+		l, err := listenIn(ns, fmt.Sprintf("127.0.0.1:%d", f.port))
 		if err != nil {
 			continue
 		}
@@ -146,25 +146,38 @@ func (f *PodForwarder) sync() {
 	}
 }
 
-// sandboxPid returns the pid of a sandbox's process (its pause), whose
-// network namespace is the pod's.
-func (f *PodForwarder) sandboxPid(id string) (int, error) {
+// sandboxNetNS returns the path of a sandbox's network namespace, as
+// the machine's mount namespace reaches it: its process's (the pause
+// container's, containerd's or CRI-O's), or, where the runtime runs none
+// (CRI-O drops it for a pod of the host's PID namespace, as nri-gpu's
+// is), the namespace file its spec names, seen through the node's root.
+func (f *PodForwarder) sandboxNetNS(id string) (string, error) {
 	out, err := f.node.Ctd.Crictl("inspectp", id)
 	if err != nil {
-		return 0, err
+		return "", err
 	}
 	var st struct {
 		Info struct {
-			Pid int `json:"pid"`
+			Pid         int `json:"pid"`
+			RuntimeSpec struct {
+				Linux struct {
+					Namespaces []struct{ Type, Path string } `json:"namespaces"`
+				} `json:"linux"`
+			} `json:"runtimeSpec"`
 		} `json:"info"`
 	}
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		return 0, err
+		return "", err
 	}
-	if st.Info.Pid == 0 {
-		return 0, fmt.Errorf("sandbox %s: no pid", id)
+	if st.Info.Pid != 0 {
+		return fmt.Sprintf("/proc/%d/ns/net", st.Info.Pid), nil
 	}
-	return st.Info.Pid, nil
+	for _, ns := range st.Info.RuntimeSpec.Linux.Namespaces {
+		if ns.Type == "network" && ns.Path != "" {
+			return fmt.Sprintf("/proc/%d/root%s", f.node.holder.Pid(), ns.Path), nil
+		}
+	}
+	return "", fmt.Errorf("sandbox %s: neither a process nor a network namespace", id)
 }
 
 // serve copies each connection accepted in the pod to a connection to
