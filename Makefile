@@ -285,7 +285,7 @@ bench: e2e-tools
 # when a package scores below 85%. MUTATION_ONLY=pkg/x,pkg/y runs those
 # again and reuses the others' last results.
 GREMLINS_VERSION := v0.6.0
-MUTATION_PKGS := pkg/adjust pkg/config pkg/metrics pkg/deviceplugin pkg/doctor pkg/dra pkg/dra/link pkg/inventory pkg/mps pkg/policy pkg/record pkg/recovery pkg/specs pkg/specs/nvidia pkg/plugin
+MUTATION_PKGS := pkg/adjust pkg/config pkg/metrics pkg/deviceplugin pkg/doctor pkg/dra pkg/dra/link pkg/inventory pkg/memlimit pkg/mps pkg/policy pkg/record pkg/recovery pkg/specs pkg/specs/nvidia pkg/plugin
 $(BIN)/gremlins:
 	GOBIN=$(abspath $(BIN)) $(GO) install github.com/go-gremlins/gremlins/cmd/gremlins@$(GREMLINS_VERSION)
 
