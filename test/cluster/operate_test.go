@@ -56,10 +56,17 @@ func TestMetricsThroughService(t *testing.T) {
 		}
 		seen[node.Name] = true
 		base := fmt.Sprintf("http://%s", net.JoinHostPort(e.Addresses[0], fmt.Sprint(port)))
-		if code, body := get(t, base+"/readyz"); code != http.StatusOK {
+		// The endpoint is ready as kubelet's last probe found it; nri-gpu
+		// answers for now (a DRA driver an earlier test restarted may be
+		// registering again), so it is asked until it says ready.
+		code, body := get(t, base+"/readyz")
+		for deadline := time.Now().Add(time.Minute); code != http.StatusOK && time.Now().Before(deadline); code, body = get(t, base+"/readyz") {
+			time.Sleep(200 * time.Millisecond)
+		}
+		if code != http.StatusOK {
 			t.Errorf("%s: /readyz %d: %s", node.Name, code, body)
 		}
-		code, body := get(t, base+"/metrics")
+		code, body = get(t, base+"/metrics")
 		for _, m := range []string{"nri_gpu_devices_held", "nri_gpu_config_info{digest="} {
 			if code != http.StatusOK || !strings.Contains(body, m) {
 				t.Errorf("%s: /metrics (%d) has no %s", node.Name, code, m)
