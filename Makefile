@@ -199,7 +199,9 @@ lint:
 
 # Every test: unit, protocol (NRI's runtime side) and end-to-end, on
 # containerd 1.7.35, then again on 2.x and on an older 1.7. The end-to-end
-# tests need root; here they must run.
+# tests need root; here they must run. The fuzz targets' seed corpora run
+# with the unit tests; fuzzing itself is `make fuzz` (its instrumented
+# build of pkg/plugin alone takes minutes, which CI's limit cannot spare).
 test: lint e2e-tools
 	NRI_GPU_E2E_REQUIRED=1 $(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /test/cluster -e /test/skew -e /test/crio -e /test/vm)
 	$(MAKE) cluster
@@ -213,7 +215,6 @@ test: lint e2e-tools
 	NRI_GPU_E2E_REQUIRED=1 NRI_GPU_CONTAINERD=$(CONTAINERD17OLD) $(GO) test -race -count=1 -timeout 30m ./test/e2e/
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./pkg/...
 	$(MAKE) unit-long-tmpdir
-	$(MAKE) fuzz
 
 # The chart's Prometheus rules, checked and unit-tested with Debian's
 # promtool (test/rules).
