@@ -114,22 +114,9 @@ func checkMemoryLimits(in Input) Finding {
 	if s == nil {
 		return Finding{OK, check, fmt.Sprintf("no NVIDIA driver to ask (%v): nothing to limit", in.NoNVML), ""}
 	}
-	if s.Enforced() {
-		return Finding{OK, check, fmt.Sprintf("the driver can bound each holder's memory on its %d GPUs (cgroup v2, NVML's per-cgroup limits)", len(s.GPUs)), ""}
-	}
-	var why []string
-	for _, err := range []error{s.Cgroup, s.Driver} {
-		if err != nil {
-			why = append(why, err.Error())
-		}
-	}
-	for _, g := range s.GPUs {
-		if g.Err != nil {
-			why = append(why, g.UUID+": "+g.Err.Error())
-		}
-	}
+	why := s.Why()
 	if len(why) == 0 {
-		why = append(why, "NVML lists no GPU")
+		return Finding{OK, check, fmt.Sprintf("the driver can bound each holder's memory on its %d GPUs (cgroup v2, NVML's per-cgroup limits)", len(s.GPUs)), ""}
 	}
 	return Finding{Warn, check, "the driver cannot bound GPU memory per container here: " + strings.Join(why, "; "),
 		"until then the holders of a shared GPU are bounded by agreement only; the driver enforces limits on cgroup v2 with a driver of CUDA 13.4 or later, on whole GPUs"}

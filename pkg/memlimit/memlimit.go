@@ -227,16 +227,27 @@ type GPUSupport struct {
 }
 
 // Enforced reports whether every check of s passed (and found a GPU).
-func (s Support) Enforced() bool {
-	if s.Cgroup != nil || s.Driver != nil || len(s.GPUs) == 0 {
-		return false
+func (s Support) Enforced() bool { return len(s.Why()) == 0 }
+
+// Why says why the driver cannot enforce limits here, a reason each:
+// cgroup's, the driver's, each GPU's ("UUID: why"), or that NVML lists
+// no GPU; none where it can.
+func (s Support) Why() []string {
+	var why []string
+	for _, err := range []error{s.Cgroup, s.Driver} {
+		if err != nil {
+			why = append(why, err.Error())
+		}
 	}
 	for _, g := range s.GPUs {
 		if g.Err != nil {
-			return false
+			why = append(why, g.UUID+": "+g.Err.Error())
 		}
 	}
-	return true
+	if len(why) == 0 && len(s.GPUs) == 0 {
+		why = append(why, "NVML lists no GPU")
+	}
+	return why
 }
 
 // Probe asks whether the driver can limit GPU memory here: c's root is

@@ -253,7 +253,7 @@ func TestProbe(t *testing.T) {
 		{"every GPU", gpus(nvml.SUCCESS, nvml.SUCCESS), v2, true, ""},
 		{"a GPU without", gpus(nvml.SUCCESS, nvml.ERROR_NOT_SUPPORTED), v2, false, "GPU-1: the driver cannot enforce"},
 		{"cgroup v1", gpus(nvml.SUCCESS), memlimit.Cgroups{Root: t.TempDir()}, false, "is not cgroup v2"},
-		{"no GPU", gpus(), v2, false, ""},
+		{"no GPU", gpus(), v2, false, "NVML lists no GPU"},
 		{"older driver", driver(nvml.SUCCESS, nil, true, nil).Lib, v2, false, "has no nvmlDeviceSetMemoryLimits_v1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -261,17 +261,7 @@ func TestProbe(t *testing.T) {
 			if s.Enforced() != tc.enforced {
 				t.Fatalf("Probe = %+v, enforced %v, want %v", s, !tc.enforced, tc.enforced)
 			}
-			var said []string
-			for _, err := range []error{s.Cgroup, s.Driver} {
-				if err != nil {
-					said = append(said, err.Error())
-				}
-			}
-			for _, g := range s.GPUs {
-				if g.Err != nil {
-					said = append(said, g.UUID+": "+g.Err.Error())
-				}
-			}
+			said := s.Why()
 			if !strings.Contains(strings.Join(said, "; "), tc.says) {
 				t.Errorf("Probe says %q, want %q", said, tc.says)
 			}
