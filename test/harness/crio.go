@@ -33,21 +33,13 @@ type CRIOTools struct {
 // FindCRIO finds CRI-O's binaries in dir (or $NRI_GPU_CRIO when empty)
 // and on the host, and says which are missing.
 func FindCRIO(dir string) (CRIOTools, error) {
-	if dir == "" {
-		dir = os.Getenv(CRIOEnv)
-	}
-	if dir == "" {
-		return CRIOTools{}, fmt.Errorf("no CRI-O directory: set %s (make e2e-tools builds it)", CRIOEnv)
+	dir, err := dirOf(dir, CRIOEnv, "CRI-O", "make e2e-tools builds it")
+	if err != nil {
+		return CRIOTools{}, err
 	}
 	t := CRIOTools{Crio: filepath.Join(dir, "crio"), Pinns: filepath.Join(dir, "pinns")}
-	var errs []error
-	for _, p := range []string{t.Crio, t.Pinns} {
-		if _, err := os.Stat(p); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	errs := missing(t.Crio, t.Pinns)
 	for name, p := range map[string]*string{"conmon": &t.Conmon, "skopeo": &t.Skopeo} {
-		var err error
 		if *p, err = exec.LookPath(name); err != nil {
 			errs = append(errs, fmt.Errorf("%s (Debian's package): %w", name, err))
 		}

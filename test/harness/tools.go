@@ -50,11 +50,9 @@ func (t Tools) Containerd2() bool { return strings.HasPrefix(t.ContainerdVersion
 // FindTools finds the tools in dir (or $NRI_GPU_TOOLS when dir is empty)
 // and on the host, and says which are missing.
 func FindTools(dir string) (Tools, error) {
-	if dir == "" {
-		dir = os.Getenv(ToolsEnv)
-	}
-	if dir == "" {
-		return Tools{}, fmt.Errorf("no tools directory: set %s (make e2e-tools builds it)", ToolsEnv)
+	dir, err := dirOf(dir, ToolsEnv, "tools", "make e2e-tools builds it")
+	if err != nil {
+		return Tools{}, err
 	}
 	t := Tools{Dir: dir, ContainerdDir: os.Getenv(ContainerdEnv)}
 	if t.ContainerdDir == "" {
@@ -67,7 +65,6 @@ func FindTools(dir string) (Tools, error) {
 		}
 	}
 	t.ContainerdVersion = containerdVersion(t.Path("containerd"))
-	var err error
 	if t.Runc, err = runcFor(t.ContainerdDir); err != nil {
 		errs = append(errs, fmt.Errorf("runc: %w", err))
 	}
@@ -76,6 +73,30 @@ func FindTools(dir string) (Tools, error) {
 		errs = append(errs, fmt.Errorf("busybox-static: %w", err))
 	}
 	return t, errors.Join(errs...)
+}
+
+// dirOf is dir, or the directory the environment variable env names
+// when dir is empty; an error saying what (what) to set, and how it is
+// made (made), when neither names one.
+func dirOf(dir, env, what, made string) (string, error) {
+	if dir == "" {
+		dir = os.Getenv(env)
+	}
+	if dir == "" {
+		return "", fmt.Errorf("no %s directory: set %s (%s)", what, env, made)
+	}
+	return dir, nil
+}
+
+// missing are the errors of the files of paths that cannot be stat'ed.
+func missing(paths ...string) []error {
+	var errs []error
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 // WithContainerd returns the tools with containerd, ctr and the shim

@@ -32,23 +32,15 @@ type VMImage struct {
 // FindVM finds the node's files in dir (or $NRI_GPU_VM when empty) and
 // qemu and mkfs.ext4 on the host, and says which are missing.
 func FindVM(dir string) (VMImage, error) {
-	if dir == "" {
-		dir = os.Getenv(VMEnv)
-	}
-	if dir == "" {
-		return VMImage{}, fmt.Errorf("no VM directory: set %s (make e2e-tools builds it with hack/vm-root.sh)", VMEnv)
+	dir, err := dirOf(dir, VMEnv, "VM", "make e2e-tools builds it with hack/vm-root.sh")
+	if err != nil {
+		return VMImage{}, err
 	}
 	img := VMImage{Root: filepath.Join(dir, "root.img"), Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.img")}
-	var errs []error
-	for _, p := range []string{img.Root, img.Kernel, img.Initrd} {
-		if _, err := os.Stat(p); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	errs := missing(img.Root, img.Kernel, img.Initrd)
 	if b, err := os.ReadFile(filepath.Join(dir, "SOURCE")); err == nil {
 		img.Source = strings.Join(strings.Fields(string(b)), " ")
 	}
-	var err error
 	if img.qemu, err = exec.LookPath("qemu-system-x86_64"); err != nil {
 		errs = append(errs, fmt.Errorf("qemu-system-x86_64 (Debian's qemu-system-x86): %w", err))
 	}
