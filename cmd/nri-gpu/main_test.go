@@ -5,13 +5,17 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/record"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
 )
 
@@ -400,4 +404,75 @@ func TestRelayNeedsItsConfiguration(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWaitingToTakeOverSaysItsConfiguration: an nri-gpu started with
+// --take-over while another holds the record is ready (a rolling update
+// with surge goes on to stop the one it replaces), and its metrics
+// already name the configuration it will serve, by the file's digest; a
+// SIGTERM while it waits stops it with status 0.
+func TestWaitingToTakeOverSaysItsConfiguration(t *testing.T) {
+	dir := testutil.ShortDir(t)
+	state := filepath.Join(dir, "state", "state.json")
+	config := filepath.Join(dir, "nri-gpu.yaml")
+	if err := os.MkdirAll(filepath.Dir(state), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(config, []byte("version: v1\npolicy:\n  exclusive: true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	holder := record.Open(state)
+	if err := holder.Lock(); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Unlock()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + l.Addr().String()
+	l.Close()
+	var stderr testutil.SyncBuffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run([]string{"--socket-path", filepath.Join(dir, "nri.sock"), "--state-file", state, "--cdi-spec-dirs", dir,
+			"--config", config, "--take-over", "--metrics-address", l.Addr().String()}, io.Discard, &stderr)
+	}()
+	testutil.Within(t, 10*time.Second, "/readyz 200 while waiting to take over", func() bool {
+		select {
+		case code := <-exited:
+			t.Fatalf("exit %d while waiting to take over:\n%s", code, stderr.String())
+		default:
+		}
+		code, _ := httpGet(base + "/readyz")
+		return code == http.StatusOK
+	})
+	want := fmt.Sprintf("nri_gpu_config_info{digest=%q} 1", digest(config))
+	if code, body := httpGet(base + "/metrics"); code != http.StatusOK || !strings.Contains(body, want) {
+		t.Errorf("/metrics (%d) while waiting to take over has no %s:\n%s", code, want, body)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-exited:
+		if code != exitOK || !strings.Contains(stderr.String(), "stopped before taking over") {
+			t.Errorf("exit %d, want 0 saying it stopped before taking over:\n%s", code, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("nri-gpu still waiting 20s after SIGTERM:\n%s", stderr.String())
+	}
+}
+
+// httpGet fetches url and returns its status and body (0 when it could
+// not be fetched).
+func httpGet(url string) (int, string) {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
 }

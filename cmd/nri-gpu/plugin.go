@@ -169,6 +169,12 @@ func runPlugin(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
 		return exitUsage
 	}
+	inForce := ""
+	if *f.config.file != "" {
+		// Taken before the file is loaded: a change in between is then
+		// seen by the watcher and reloaded.
+		inForce = digest(*f.config.file)
+	}
 	cfg, err := f.config.load()
 	if err != nil {
 		fmt.Fprintf(stderr, "nri-gpu: %v\n", err)
@@ -197,7 +203,13 @@ func runPlugin(args []string, stderr io.Writer) int {
 	if m != nil {
 		popts = append(popts, plugin.WithMetrics(m))
 	}
-	return f.serve(ctx, fail, cfg, append(popts, d.opts...), d, &built, m, log, stderr)
+	if inForce != "" {
+		// Said from the start: an nri-gpu waiting to take over is ready
+		// before its plugin is built.
+		log.Infof("configuration %s: %s in force", *f.config.file, inForce)
+		m.ConfigLoaded(inForce)
+	}
+	return f.serve(ctx, fail, cfg, append(popts, d.opts...), d, &built, m, log, stderr, inForce)
 }
 
 // serve builds the plugin and serves the runtime and the doors until
@@ -205,7 +217,7 @@ func runPlugin(args []string, stderr io.Writer) int {
 // the plugin lets its record go (Close, deferred first): an nri-gpu
 // taking over starts its own plugin only then.
 func (f *pluginFlagSet) serve(ctx context.Context, fail context.CancelCauseFunc, cfg *config.Config, popts []plugin.Option, d *doors,
-	built *atomic.Pointer[plugin.Plugin], m *metrics.Metrics, log *logrus.Logger, stderr io.Writer) int {
+	built *atomic.Pointer[plugin.Plugin], m *metrics.Metrics, log *logrus.Logger, stderr io.Writer, inForce string) int {
 	var running sync.WaitGroup
 	for _, run := range d.early {
 		running.Go(func() { run(ctx) })
@@ -226,7 +238,7 @@ func (f *pluginFlagSet) serve(ctx context.Context, fail context.CancelCauseFunc,
 	defer p.Close()
 	d.serveViews(p)
 	if *f.config.file != "" {
-		stopWatching := f.watchConfig(ctx, p, m, log)
+		stopWatching := f.watchConfig(ctx, p, inForce, m, log)
 		defer stopWatching()
 	}
 	defer running.Wait()
@@ -238,14 +250,12 @@ func (f *pluginFlagSet) serve(ctx context.Context, fail context.CancelCauseFunc,
 }
 
 // watchConfig reloads the configuration file on SIGHUP and when it
-// changes, until ctx is done; it returns what stops listening for SIGHUP.
-func (f *pluginFlagSet) watchConfig(ctx context.Context, p *plugin.Plugin, m *metrics.Metrics, log *logrus.Logger) func() {
-	d := digest(*f.config.file)
-	log.Infof("configuration %s: %s in force", *f.config.file, d)
-	m.ConfigLoaded(d)
+// changes from inForce, until ctx is done; it returns what stops
+// listening for SIGHUP.
+func (f *pluginFlagSet) watchConfig(ctx context.Context, p *plugin.Plugin, inForce string, m *metrics.Metrics, log *logrus.Logger) func() {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	go watchConfig(ctx, *f.config.file, d, f.config.load, p, hup, configReloadInterval, log, m.ConfigLoaded)
+	go watchConfig(ctx, *f.config.file, inForce, f.config.load, p, hup, configReloadInterval, log, m.ConfigLoaded)
 	return func() { signal.Stop(hup) }
 }
 

@@ -2,6 +2,7 @@
 package testutil
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -208,4 +209,25 @@ func GPUSpec(n int) string {
 		fmt.Fprintf(&b, "  - name: \"%d\"\n    containerEdits: {deviceNodes: [{path: /dev/nvidia%d, type: c, major: 195, minor: %d}]}\n", i, i, i)
 	}
 	return b.String()
+}
+
+// SyncBuffer is a bytes.Buffer that goroutines may write while a test
+// reads it.
+type SyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+// Write appends p.
+func (b *SyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String returns what was written so far.
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
