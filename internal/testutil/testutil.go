@@ -114,6 +114,11 @@ func NVML(n int) *dgxa100.Server {
 	}
 	// No events unless a test gives them.
 	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
+	// A driver without per-cgroup memory limits unless a test gives them
+	// (MemoryLimits).
+	s.ExtensionsFunc = func() nvml.ExtendedInterface {
+		return &mock.ExtendedInterface{LookupSymbolFunc: func(name string) error { return fmt.Errorf("undefined symbol: %s", name) }}
+	}
 	return s
 }
 

@@ -370,7 +370,26 @@ type Policy struct {
 	// a device no entry covers serves one pod at a time or any number,
 	// as Exclusive says.
 	Sharing []Sharing `yaml:"sharing"`
+	// MemoryLimits says what becomes of a holder of a GPU that a
+	// timeSlicing entry shares with its memory counted, where the driver
+	// cannot bound the holder's memory to what the pool gave it (cgroup
+	// v1, a driver without per-cgroup limits, a MIG device):
+	// "enforced" (the default) refuses it, saying why; "agreement" runs
+	// it bounded only by agreement, said in its events and the log.
+	MemoryLimits MemoryLimits `yaml:"memoryLimits"`
 }
+
+// MemoryLimits is policy.memoryLimits.
+type MemoryLimits string
+
+// The values of policy.memoryLimits.
+const (
+	// MemoryLimitsEnforced refuses a holder whose memory the driver
+	// cannot bound.
+	MemoryLimitsEnforced MemoryLimits = "enforced"
+	// MemoryLimitsAgreement runs it bounded only by agreement.
+	MemoryLimitsAgreement MemoryLimits = "agreement"
+)
 
 // Defaults of the configuration, applied to every key not set.
 var (
@@ -579,6 +598,9 @@ func (c *Config) setDefaults() {
 		m.Root = DefaultMPSRoot
 	}
 	p := &c.Policy
+	if p.MemoryLimits == "" {
+		p.MemoryLimits = MemoryLimitsEnforced
+	}
 	if len(p.Sharing) == 0 {
 		p.Sharing = nil // "sharing: []" is the default, none
 	}

@@ -29,6 +29,8 @@ func TestParse(t *testing.T) {
 			Namespaces: []string{"*"},
 			Devices:    []string{"nvidia.com/gpu=*"},
 			HookPaths:  []string{"/usr/bin/nvidia-cdi-hook", "/usr/bin/nvidia-ctk"},
+
+			MemoryLimits: config.MemoryLimitsEnforced,
 		},
 		Start: config.Start{
 			DriverRoot:   "/",
@@ -54,7 +56,7 @@ func TestParse(t *testing.T) {
 		Policy: config.Policy{
 			Namespaces: []string{"agents-*"}, Devices: []string{"example.com/fpga=*"},
 			AllowAll: true, MaxDevicesPerPod: 2, Exclusive: true, HookPaths: []string{"/usr/local/bin/hook"},
-			ExemptCDIAnnotations: true, AllowUnhealthy: true,
+			ExemptCDIAnnotations: true, AllowUnhealthy: true, MemoryLimits: config.MemoryLimitsAgreement,
 			Sharing: []config.Sharing{
 				{Devices: []string{"example.com/fpga=0"}, Replicas: 4, Strategy: config.StrategyTimeSlicing, Memory: "80Gi",
 					MemoryRequest: config.MemoryRequest{Default: "16Gi", Minimum: "2Gi", Maximum: "40Gi", Step: "2Gi"}, MemoryQuota: true},
@@ -111,6 +113,7 @@ policy:
   hookPaths: [/usr/local/bin/hook]
   exemptCDIAnnotations: true
   allowUnhealthy: true
+  memoryLimits: agreement
   sharing:
   - devices: ["example.com/fpga=0"]
     replicas: 4
@@ -176,6 +179,7 @@ policy:
   hookPaths: [/usr/local/bin/hook]
   exemptCDIAnnotations: true
   allowUnhealthy: true
+  memoryLimits: agreement
   sharing:
   - devices: ["example.com/fpga=0"]
     replicas: 4
@@ -274,6 +278,7 @@ start:
 		{name: "bad sharing glob", yaml: "policy:\n  sharing: [{devices: ['['], replicas: 2}]\n", wantErr: []string{`policy.sharing[0].devices[0]: glob "["`}},
 		{name: "one replica", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 1}]\n", wantErr: []string{"policy.sharing[0].replicas: 1: a shared device needs 2 replicas or more"}},
 		{name: "no replicas", yaml: "policy:\n  sharing: [{devices: ['*']}]\n", wantErr: []string{"policy.sharing[0].replicas: 0"}},
+		{name: "bad memoryLimits", yaml: "policy:\n  memoryLimits: soft\n", wantErr: []string{`policy.memoryLimits: "soft" is neither "enforced" nor "agreement"`}},
 		{name: "bad strategy", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, strategy: mig}]\n", wantErr: []string{`policy.sharing[0].strategy: "mig" is neither "timeSlicing" nor "mps"`}},
 		{name: "limits on time-slicing", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, activeThreadPercentage: 50}]\n", wantErr: []string{"policy.sharing[0]: activeThreadPercentage and pinnedMemoryLimit bound MPS clients only"}},
 		{name: "memory limit on time-slicing", yaml: "policy:\n  sharing: [{devices: ['*'], replicas: 2, pinnedMemoryLimit: 1Gi}]\n", wantErr: []string{"bound MPS clients only"}},

@@ -199,7 +199,7 @@ func (s *Sharing) validate(at *field.Path) field.ErrorList {
 	switch s.Strategy {
 	case StrategyTimeSlicing:
 		if s.ActiveThreadPercentage != 0 || s.PinnedMemoryLimit != "" {
-			errs = append(errs, field.Forbidden(at, "activeThreadPercentage and pinnedMemoryLimit bound MPS clients only; time-slicing has no bounds (set strategy: mps)"))
+			errs = append(errs, field.Forbidden(at, "activeThreadPercentage and pinnedMemoryLimit bound MPS clients only (time-slicing's holders are bounded by the driver's memory limits; set strategy: mps)"))
 		}
 	case StrategyMPS:
 		if s.ActiveThreadPercentage < 0 || s.ActiveThreadPercentage > 100 {
@@ -390,7 +390,7 @@ func (p *Policy) validate(at *field.Path) field.ErrorList {
 	for i := range p.Sharing {
 		errs = append(errs, p.Sharing[i].validate(at.Child("sharing").Index(i))...)
 	}
-	return errs
+	return append(errs, oneOf(at.Child("memoryLimits"), p.MemoryLimits, MemoryLimitsEnforced, MemoryLimitsAgreement)...)
 }
 
 // ParseKind splits a CDI kind ("vendor/class") and validates both parts.

@@ -20,6 +20,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 	"github.com/nri-gpu/nri-gpu/pkg/specs/nvidia"
@@ -48,6 +49,14 @@ type Inventory struct {
 	// present are the host device nodes found there, by path, and
 	// when (nodesGone).
 	present sync.Map
+
+	// cgroups is where containers' cgroups are found.
+	cgroups    memlimit.Cgroups
+	limitsOnce sync.Once
+	// limits is whether the driver can bound GPU memory per cgroup,
+	// asked once (support); nil, and limitsErr why, without NVML.
+	limits    *memlimit.Support
+	limitsErr error
 }
 
 // presentFor is how long a host device node found there is taken to be
@@ -60,7 +69,7 @@ const presentFor = time.Second
 // lib where it is set (tests) and else the driver's NVML; say is told
 // what NVML could not tell (logged by the caller).
 func New(driverRoot string, lib nvml.Interface, say func(format string, args ...any)) *Inventory {
-	return &Inventory{nvml: lib, driverRoot: driverRoot, say: say}
+	return &Inventory{nvml: lib, driverRoot: driverRoot, say: say, cgroups: memlimit.Cgroups{Proc: "/proc", Root: "/sys/fs/cgroup"}}
 }
 
 // Lib returns the NVML spec generation, health, topology and compute
@@ -128,10 +137,11 @@ func (inv *Inventory) Memory(snap *specs.Snapshot, d specs.Device) int64 {
 }
 
 // PolicyIn returns pol as snap shows the hardware: the names each device
-// goes by there, and each GPU's memory (NVML): what a decision reads,
-// from that snapshot alone.
+// goes by there, each GPU's memory (NVML) and whether the driver can
+// bound its holders' memory: what a decision reads, from that snapshot
+// alone.
 func (inv *Inventory) PolicyIn(pol *policy.Policy, snap *specs.Snapshot) *policy.Policy {
-	return pol.WithAliases(snap.Aliases).WithMemory(func(d specs.Device) int64 { return inv.Memory(snap, d) })
+	return pol.WithAliases(snap.Aliases).WithMemory(func(d specs.Device) int64 { return inv.Memory(snap, d) }).WithBounding(inv.Bounding(snap))
 }
 
 // Unhealthy says why a device of snap is unhealthy (its device nodes

@@ -15,12 +15,24 @@ import (
 // TestOffers: the DRA driver is offered one name per piece of hardware
 // of the kinds asked, matching the globs, that a pod does not hold
 // through another door; one whose nodes are gone stays, tainted; a
-// shared one says what it offers.
+// shared one says what it offers; one time-slicing shares with its
+// memory counted is not offered where the driver cannot bound its
+// holders' memory, unless policy.memoryLimits: agreement.
 func TestOffers(t *testing.T) {
 	snap := node(t, "nic0")
 	inv := inventory.New("/", testutil.NVML(2), func(string, ...any) {})
-	pol := inv.PolicyIn(policy.New(config.Policy{Devices: []string{"*/*"}, Namespaces: []string{"*"},
-		Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=1"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}}), snap)
+	cfg := config.Policy{Devices: []string{"*/*"}, Namespaces: []string{"*"}, MemoryLimits: config.MemoryLimitsEnforced,
+		Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=1"}, Replicas: 2, Strategy: config.StrategyTimeSlicing}}}
+	enforced := inv.PolicyIn(policy.New(cfg), snap)
+	var unbounded []string
+	for _, d := range inv.Offers(snap, enforced, policy.NewAllocations(), []string{"nvidia.com/gpu"}, []string{"*"}, policy.Choice{Hooks: snap.Hooks}) {
+		unbounded = append(unbounded, d.CDI)
+	}
+	if !slices.Equal(unbounded, []string{"nvidia.com/gpu=0"}) {
+		t.Errorf("the driver without per-cgroup limits, memoryLimits: enforced: offered %v, want GPU 0 alone", unbounded)
+	}
+	cfg.MemoryLimits = config.MemoryLimitsAgreement
+	pol := inv.PolicyIn(policy.New(cfg), snap)
 	kinds := []string{"nvidia.com/gpu", "example.com/nic"}
 	offered := func(pool *policy.Allocations, globs ...string) map[string]link.Device {
 		out := map[string]link.Device{}

@@ -63,8 +63,10 @@ func TestClaimsByCapacity(t *testing.T) {
 			if tc.quota {
 				quota = ", memoryQuota: true"
 			}
+			// No NVML here: the driver bounds no holder's memory.
 			p := inProcess(t, `policy:
   exclusive: true
+  memoryLimits: agreement
   sharing: [{devices: ["nvidia.com/gpu=*"], replicas: 4, memory: 80Gi, memoryRequest: {step: 1Gi}`+quota+`}]
 `, gpuSpecDir(t, 1))
 			view := p.DRAView(config.Default().Start.DRA)

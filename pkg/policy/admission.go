@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -24,6 +25,7 @@ import (
 //	resolve        the device is in the trusted specs (not a rule)
 //	hookPaths      policy.hookPaths: the hooks its spec injects
 //	allowUnhealthy health: NVML's and its device nodes'
+//	memoryLimits   whether the driver can bound a holder's memory
 //	parameters     what a claim asked of the device's sharing
 //	kubelet        devices kubelet allocated another pod
 //	coexistence    who else holds the hardware (policy.exclusive, sharing)
@@ -41,6 +43,7 @@ func admission() []step {
 		{"resolve", ofDevices, (*question).resolved},
 		{RuleHookPaths, ofDevices, (*question).hooks},
 		{RuleUnhealthy, ofDevices, (*question).healthy},
+		{RuleMemoryLimits, ofDevices, (*question).bounded},
 		{"parameters", ofDevices, (*question).parameters},
 		{"kubelet", ofPool, (*question).kubeletFree},
 		{"coexistence", ofPool, (*question).coexists},
@@ -368,13 +371,17 @@ func (q *question) coexists() []error {
 }
 
 // fits refuses a shared device with no room left for what the asker
-// would consume, and memory asked of a device time-slicing shares (it
-// cannot bound it) unless the entry makes it a scheduling quota.
+// would consume, and memory asked of a device time-slicing shares where
+// the driver cannot bound it, unless the entry makes it a scheduling
+// quota.
 func (q *question) fits() []error {
 	return q.each(unheld, func(d Asked) error {
-		if s := q.p.Sharing(d.Device); d.Claim != nil && d.Claim.MemoryAsked && s != nil && s.Strategy == config.StrategyTimeSlicing && !s.MemoryQuota {
-			return deny(RuleSharing, fmt.Errorf("%s: %w: device %q: the claim asks for an amount of memory, which %s cannot bound; ask for none, or set its memoryQuota: true to allocate memory as a scheduling quota only",
-				q.claim, ErrDenied, d.Name, s))
+		s := q.p.Sharing(d.Device)
+		if d.Claim != nil && d.Claim.MemoryAsked && s != nil && s.Strategy == config.StrategyTimeSlicing && !s.MemoryQuota {
+			if counted, why := q.p.MemoryBound(d.Device); !counted || why != nil {
+				return deny(RuleSharing, fmt.Errorf("%s: %w: device %q: the claim asks for an amount of memory, which %s cannot bound here (%w); ask for none, or set its memoryQuota: true to allocate memory as a scheduling quota only",
+					q.claim, ErrDenied, d.Name, s, cmp.Or(why, errNotCounted)))
+			}
 		}
 		return q.claimed(q.a.judge(q.p, q.who(d), d.Device).capacityErr(d.Device))
 	})

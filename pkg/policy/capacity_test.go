@@ -228,13 +228,14 @@ func TestAsked(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			// GPU 3's memory is not known.
+			// GPU 3's memory is not known; the driver bounds every
+			// holder's (memoryLimits' own test: TestClaimMemoryAsked).
 			p := gpuPolicy(cfg).WithMemory(func(d specs.Device) int64 {
 				if d.Nodes[0] == "/dev/nvidia3" {
 					return 0
 				}
 				return 80 * gi
-			})
+			}).WithBounding(func(specs.Device) error { return nil })
 			a := policy.NewAllocations()
 			_, err := a.AdmitClaim(p, policy.Claim{UID: "u", Namespace: "ns", Name: "c"},
 				claimAsked([]policy.ClaimDevice{{Device: byName[tc.device], Use: tc.use, GpuConfig: tc.asked}}), policy.Choice{})

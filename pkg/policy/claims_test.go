@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -547,31 +548,43 @@ func TestPodNameText(t *testing.T) {
 // shares it (which bounds each client's memory) it is admitted.
 func TestClaimMemoryAsked(t *testing.T) {
 	_, byName := gpus()
+	cgroupV1 := errors.New("/sys/fs/cgroup is not cgroup v2")
 	for _, tc := range []struct {
 		name     string
 		strategy config.Strategy
 		quota    bool
 		asked    bool
-		want     string // "": admitted
+		cannot   error // why the driver cannot bound memory; nil: it can
+		mode     config.MemoryLimits
+		rule     string // "": admitted
+		want     []string
 	}{
-		{name: "time-slicing", strategy: config.StrategyTimeSlicing, asked: true, want: "the claim asks for an amount of memory, which policy.sharing[0] (replicas 4, timeSlicing) cannot bound"},
-		{name: "time-slicing, memory a quota", strategy: config.StrategyTimeSlicing, quota: true, asked: true},
-		{name: "time-slicing, no memory asked", strategy: config.StrategyTimeSlicing},
-		{name: "MPS", strategy: config.StrategyMPS, asked: true},
+		{name: "time-slicing, the driver bounds it", strategy: config.StrategyTimeSlicing, asked: true},
+		{name: "time-slicing, no memory asked, the driver bounds it", strategy: config.StrategyTimeSlicing},
+		{name: "time-slicing, the driver cannot", strategy: config.StrategyTimeSlicing, asked: true, cannot: cgroupV1,
+			rule: policy.RuleMemoryLimits, want: []string{"policy.sharing[0] (replicas 4, timeSlicing) counts each holder's memory, which the driver cannot bound here: /sys/fs/cgroup is not cgroup v2", "policy.memoryLimits: agreement"}},
+		{name: "time-slicing, no memory asked, the driver cannot", strategy: config.StrategyTimeSlicing, cannot: cgroupV1,
+			rule: policy.RuleMemoryLimits, want: []string{"which the driver cannot bound here"}},
+		{name: "time-slicing, the driver cannot, by agreement", strategy: config.StrategyTimeSlicing, asked: true, cannot: cgroupV1, mode: config.MemoryLimitsAgreement,
+			rule: policy.RuleSharing, want: []string{"the claim asks for an amount of memory, which policy.sharing[0] (replicas 4, timeSlicing) cannot bound here (/sys/fs/cgroup is not cgroup v2)", "memoryQuota: true"}},
+		{name: "time-slicing, no memory asked, the driver cannot, by agreement", strategy: config.StrategyTimeSlicing, cannot: cgroupV1, mode: config.MemoryLimitsAgreement},
+		{name: "time-slicing, the driver cannot, memory a quota", strategy: config.StrategyTimeSlicing, quota: true, asked: true, cannot: cgroupV1},
+		{name: "MPS, the driver cannot", strategy: config.StrategyMPS, asked: true, cannot: cgroupV1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := gpuPolicy(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices,
+			p := gpuPolicy(config.Policy{Namespaces: []string{"*"}, Devices: config.DefaultDevices, MemoryLimits: cmp.Or(tc.mode, config.MemoryLimitsEnforced),
 				Sharing: []config.Sharing{{Devices: []string{"nvidia.com/gpu=0"}, Replicas: 4, Strategy: tc.strategy, Memory: "80Gi", MemoryQuota: tc.quota}}})
+			p = p.WithBounding(func(specs.Device) error { return tc.cannot })
 			c, devs := claimOf("c", byName, "0")
 			devs[0].Use, devs[0].MemoryAsked = policy.Use{Shares: 1, Memory: 8 << 30}, tc.asked
 			_, err := policy.NewAllocations().AdmitClaim(p, c, claimAsked(devs), policy.Choice{})
-			if tc.want == "" {
+			if tc.rule == "" {
 				if err != nil {
 					t.Errorf("refused: %v", err)
 				}
 				return
 			}
-			wantDenied(t, err, policy.RuleSharing, "claim ns/c", tc.want, "memoryQuota: true")
+			wantDenied(t, err, tc.rule, append([]string{"claim ns/c"}, tc.want...)...)
 		})
 	}
 }

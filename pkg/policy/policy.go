@@ -116,6 +116,11 @@ type Policy struct {
 	// memory returns a device's memory in bytes (0: unknown); nil: none
 	// known.
 	memory func(specs.Device) int64
+	// memoryLimits is policy.memoryLimits; bounding says why the driver
+	// cannot bound a device's holders' memory here (nil: unknown, so it
+	// cannot).
+	memoryLimits config.MemoryLimits
+	bounding     func(specs.Device) error
 }
 
 // SharingEntry is a policy.sharing entry: how its devices are shared.
@@ -224,6 +229,7 @@ func New(p config.Policy) *Policy {
 
 		allowUnhealthy: p.AllowUnhealthy,
 		sharing:        shares(p.Sharing),
+		memoryLimits:   p.MemoryLimits,
 	}
 }
 
