@@ -45,6 +45,10 @@ type Holder struct {
 	// its clients to, where MPS shares the device.
 	MPSCompute int
 	MPSMemory  int64
+	// MemoryLimit (bytes) is the hard limit the driver holds its
+	// containers' memory to (the largest of them), where nri-gpu set one:
+	// 0 where it set none.
+	MemoryLimit int64
 }
 
 // Doors a holder got its device through.
@@ -79,6 +83,7 @@ type nodeCollector struct {
 	shares, sharesUsed, memory, memoryUsed         *prometheus.Desc
 	holder, holderShares, holderMemory             *prometheus.Desc
 	mpsReady, mpsClients, mpsCompute, mpsPinnedMem *prometheus.Desc
+	memoryLimit                                    *prometheus.Desc
 }
 
 func newNodeCollector(read func() Node) *nodeCollector {
@@ -98,12 +103,13 @@ func newNodeCollector(read func() Node) *nodeCollector {
 		mpsClients:   d("nri_gpu_mps_clients", "Holders of an MPS-shared device, each a client of its daemon.", deviceLabels),
 		mpsCompute:   d("nri_gpu_mps_client_compute_percent", "The share of compute (active threads) MPS holds a holder's clients to.", holderLabels),
 		mpsPinnedMem: d("nri_gpu_mps_client_pinned_memory_bytes", "The device memory MPS holds a holder's clients to.", holderLabels),
+		memoryLimit:  d("nri_gpu_device_holder_memory_limit_bytes", "The GPU memory the driver holds a holder's containers to (its per-cgroup hard limit), where nri-gpu set one.", holderLabels),
 	}
 }
 
 // Describe sends the descriptions of every metric.
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.shares, c.sharesUsed, c.memory, c.memoryUsed, c.holder, c.holderShares, c.holderMemory, c.mpsReady, c.mpsClients, c.mpsCompute, c.mpsPinnedMem} {
+	for _, d := range []*prometheus.Desc{c.shares, c.sharesUsed, c.memory, c.memoryUsed, c.holder, c.holderShares, c.holderMemory, c.mpsReady, c.mpsClients, c.mpsCompute, c.mpsPinnedMem, c.memoryLimit} {
 		ch <- d
 	}
 }
@@ -132,6 +138,9 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 			if dev.Memory > 0 {
 				gauge(c.holderMemory, float64(h.Memory), hl...)
 			}
+			if h.MemoryLimit > 0 {
+				gauge(c.memoryLimit, float64(h.MemoryLimit), hl...)
+			}
 			if dev.MPS != nil {
 				gauge(c.mpsCompute, float64(h.MPSCompute), hl...)
 				gauge(c.mpsPinnedMem, float64(h.MPSMemory), hl...)
@@ -159,6 +168,7 @@ func holders(hs []Holder) []Holder {
 		out[i].Memory += h.Memory
 		out[i].MPSCompute = max(out[i].MPSCompute, h.MPSCompute)
 		out[i].MPSMemory = max(out[i].MPSMemory, h.MPSMemory)
+		out[i].MemoryLimit = max(out[i].MemoryLimit, h.MemoryLimit)
 	}
 	return out
 }

@@ -135,6 +135,9 @@ func (p *Plugin) serve(ctx context.Context, r *creation, log logrus.FieldLogger)
 	if ask.Empty() && len(held) == 0 {
 		return adjust.Scrub(r.Ctr), policy.Grant{}, nil
 	}
+	if err := askedBounds(r.Ctr); err != nil {
+		return nil, policy.Grant{}, err
+	}
 	pod := adjust.PodOf(r.pod)
 	a := r.Decide(ask, held)
 	for _, d := range a.ByRuntimeCDI {
@@ -175,6 +178,7 @@ func (p *Plugin) serve(ctx context.Context, r *creation, log logrus.FieldLogger)
 			return nil, policy.Grant{}, err
 		}
 		grant.Devices = append(grant.Devices, a.Claimed...)
+		p.limits.keep(r.pod, r.Ctr, p.boundsOf(r.pol, r.Snap, r.pod, r.Ctr, append(plan.Devices(), a.Claimed...), claims, log))
 		return adj, grant, nil
 	}
 }

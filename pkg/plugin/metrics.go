@@ -62,6 +62,9 @@ func (p *Plugin) metricsDevice(ctx context.Context, pol *policy.Policy, snap *sp
 	for _, user := range u.Users {
 		if piece.HeldAs(user.Device).Name == x.Name {
 			holders := metrics.HoldersOf(user)
+			for i := range holders {
+				holders[i].MemoryLimit = int64(p.limits.ofHolder(holders[i].Namespace, holders[i].Pod, x.Name))
+			}
 			if s != nil {
 				limits := sh.UserLimits(s, x, user)
 				for i := range holders {

@@ -40,13 +40,16 @@ var (
 	_ stub.ConfigureInterface       = (*Plugin)(nil)
 	_ stub.SynchronizeInterface     = (*Plugin)(nil)
 	_ stub.CreateContainerInterface = (*Plugin)(nil)
+	_ stub.StartContainerInterface  = (*Plugin)(nil)
+	_ stub.StopContainerInterface   = (*Plugin)(nil)
 	_ stub.StopPodInterface         = (*Plugin)(nil)
 	_ stub.RemovePodInterface       = (*Plugin)(nil)
 	_ stub.RemoveContainerInterface = (*Plugin)(nil)
 )
 
 // Plugin is nri-gpu's NRI plugin. It handles Configure, Synchronize,
-// CreateContainer, RemoveContainer, StopPodSandbox and RemovePodSandbox,
+// CreateContainer, StartContainer, StopContainer, RemoveContainer,
+// StopPodSandbox and RemovePodSandbox,
 // all of which every NRI-enabled containerd (1.7 on) knows, and ValidateContainerAdjustment
 // where the runtime asks validators (NRI v0.10 on: containerd 2.2).
 //
@@ -73,7 +76,9 @@ type Plugin struct {
 	recovered *recovery.Pods
 	// stopper stops a running container (killer: its process killed).
 	stopper stopper
-	life    life
+	// limits are the driver's bounds of the containers' GPU memory.
+	limits bounds
+	life   life
 	// logged are the problems logged once, not at every reload.
 	logged struct {
 		// problems are the spec problems, by spec file; sharing the

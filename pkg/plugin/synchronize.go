@@ -58,6 +58,7 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, contai
 			found.Others = slices.DeleteFunc(found.Others, func(o recovery.Stopping) bool { return o.Ctr == s.Ctr })
 		}
 	}
+	found.Stop = append(found.Stop, p.boundRestored(pol, snap, reported, containers)...)
 	p.recovered.Reset(slices.Collect(maps.Keys(reported.Live)), containers)
 	p.watchSandboxes(reported)
 	// The access files of pods the runtime no longer has.
@@ -124,6 +125,7 @@ func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error 
 // Synchronize once its last container is removed: after the runtime
 // restarted, that is all it tells of the pod's end (see pkg/recovery).
 func (p *Plugin) RemoveContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	p.liftBounds(pod, ctr)
 	p.forgetAccess(pod, ctr)
 	p.recovered.Remove(pod.GetId(), ctr.GetId(), func(ended func() bool) { p.releaseIf(pod, ended) })
 	return nil

@@ -111,7 +111,11 @@ func (p *Plugin) admitRunning(ctx context.Context, s recovery.Stopping, claims [
 		if err != nil {
 			return err
 		}
-		if _, err = p.commit(pol, plan); !errors.Is(err, policy.ErrStale) || attempt >= maxPlans {
+		_, err = p.commit(pol, plan)
+		if err == nil {
+			return p.boundRunning(pol, snap, s.Pod, s.Ctr, append(plan.Devices(), a.Claimed...))
+		}
+		if !errors.Is(err, policy.ErrStale) || attempt >= maxPlans {
 			return err
 		}
 	}

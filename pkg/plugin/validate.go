@@ -23,7 +23,7 @@ var validationSince = semver.MustParse("0.10.0")
 // whose NRI version is nriVersion: those every NRI-enabled containerd
 // knows, and ValidateContainerAdjustment where the runtime asks validators.
 func events(nriVersion string) api.EventMask {
-	m := api.MustParseEventMask("CreateContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox")
+	m := api.MustParseEventMask("CreateContainer", "StartContainer", "StopContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox")
 	if v, err := semver.NewVersion(nriVersion); err == nil && !v.LessThan(validationSince) {
 		m.Set(api.Event_VALIDATE_CONTAINER_ADJUSTMENT)
 	}

@@ -29,12 +29,12 @@ func TestEvents(t *testing.T) {
 		if got := ev.IsSet(api.Event_VALIDATE_CONTAINER_ADJUSTMENT); got != tc.validate {
 			t.Errorf("NRI %q: validation subscribed %v, want %v", tc.nri, got, tc.validate)
 		}
-		for _, e := range []api.Event{api.Event_CREATE_CONTAINER, api.Event_REMOVE_CONTAINER, api.Event_STOP_POD_SANDBOX, api.Event_REMOVE_POD_SANDBOX} {
+		for _, e := range []api.Event{api.Event_CREATE_CONTAINER, api.Event_START_CONTAINER, api.Event_STOP_CONTAINER, api.Event_REMOVE_CONTAINER, api.Event_STOP_POD_SANDBOX, api.Event_REMOVE_POD_SANDBOX} {
 			if !ev.IsSet(e) {
 				t.Errorf("NRI %q: %s not subscribed", tc.nri, e)
 			}
 		}
-		if extra := ev &^ api.MustParseEventMask("CreateContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox", "ValidateContainerAdjustment"); extra != 0 {
+		if extra := ev &^ api.MustParseEventMask("CreateContainer", "StartContainer", "StopContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox", "ValidateContainerAdjustment"); extra != 0 {
 			t.Errorf("NRI %q: subscribed to events nri-gpu does not handle: %s", tc.nri, extra.PrettyString())
 		}
 	}
