@@ -4,8 +4,10 @@ package testutil
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -95,6 +97,7 @@ func NVML(n int) *dgxa100.Server {
 		dev.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 		dev.GetTopologyCommonAncestorFunc = func(nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 		dev.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.ERROR_NOT_SUPPORTED }
+		dev.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
 		// A compute mode, as the driver keeps it: Default until set.
 		var (
 			mu   sync.Mutex
@@ -235,4 +238,66 @@ func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// Limit is one nvmlDeviceSetMemoryLimits_v1 call a mock driver saw.
+type Limit struct {
+	UUID, Cgroup string
+	Soft, Hard   uint64
+}
+
+// Limits are the per-cgroup memory limits of a mock driver
+// (MemoryLimits): the calls it saw, and what they answer.
+type Limits struct {
+	mu     sync.Mutex
+	calls  []Limit
+	answer nvml.Return
+}
+
+// Calls returns the set calls seen so far, in order.
+func (l *Limits) Calls() []Limit {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.calls)
+}
+
+// Answer makes ret what the calls answer from now on (SUCCESS at first).
+func (l *Limits) Answer(ret nvml.Return) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.answer = ret
+}
+
+// MemoryLimits gives the driver of s (testutil.NVML's) per-cgroup
+// memory limits: the symbol is there, each GPU records each set call,
+// and a read answers what was last set for that cgroup (no limit before).
+func MemoryLimits(s *dgxa100.Server) *Limits {
+	l := &Limits{answer: nvml.SUCCESS}
+	s.ExtensionsFunc = func() nvml.ExtendedInterface {
+		return &mock.ExtendedInterface{LookupSymbolFunc: func(string) error { return nil }}
+	}
+	for _, d := range s.Devices {
+		dev := d.(*dgxa100.Device)
+		uuid, _ := dev.GetUUID()
+		dev.SetMemoryLimits_v1Func = func(cgroup string, soft, hard uint64) nvml.Return {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			if l.answer == nvml.SUCCESS {
+				l.calls = append(l.calls, Limit{UUID: uuid, Cgroup: cgroup, Soft: soft, Hard: hard})
+			}
+			return l.answer
+		}
+		dev.GetMemoryLimits_v1Func = func(cgroup string) (nvml.MemoryLimits_v1, nvml.Return) {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			got := nvml.MemoryLimits_v1{NameSpace: cgroup, HardLimit: math.MaxUint64}
+			for _, c := range l.calls {
+				if c.UUID == uuid && c.Cgroup == cgroup {
+					got.SoftLimit, got.HardLimit = c.Soft, c.Hard
+				}
+			}
+			return got, l.answer
+		}
+	}
+	return l
 }

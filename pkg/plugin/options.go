@@ -8,6 +8,7 @@ import (
 
 	"github.com/nri-gpu/nri-gpu/pkg/access"
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
@@ -35,6 +36,11 @@ func WithMetrics(m *metrics.Metrics) Option { return func(p *Plugin) { p.metrics
 // WithNVML has the plugin use lib for spec generation instead of the
 // driver's NVML (tests use go-nvml's mock servers).
 func WithNVML(lib nvml.Interface) Option { return func(p *Plugin) { p.flags.nvml = lib } }
+
+// WithCgroups has the plugin find the containers' cgroups, whose GPU
+// memory the driver bounds, under c (its proc filesystem and cgroup v2
+// mount) instead of /proc and /sys/fs/cgroup (tests).
+func WithCgroups(c memlimit.Cgroups) Option { return func(p *Plugin) { p.flags.cgroups = &c } }
 
 // WithPartMajors has the plugin take the device nodes of these character
 // majors for the parts of a GPU (a MIG device's capability nodes) instead

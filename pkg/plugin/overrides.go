@@ -6,6 +6,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
 	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/record"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
@@ -19,6 +20,9 @@ type overrides struct {
 	config config.Overrides
 	// nvml, when set, replaces the driver's NVML (tests).
 	nvml nvml.Interface
+	// cgroups, when set, replaces where the containers' cgroups are
+	// found (tests).
+	cgroups *memlimit.Cgroups
 	// parts, when set, replaces the capability major the host's
 	// /proc/devices lists (tests).
 	parts specs.PartMajors

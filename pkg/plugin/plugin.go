@@ -163,6 +163,9 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 		start = p.flags.mpsStart
 	}
 	p.node.hw = inventory.New(cfg.Start.DriverRoot, p.flags.nvml, log.Infof)
+	if p.flags.cgroups != nil {
+		p.node.hw.SetCgroups(*p.flags.cgroups)
+	}
 	p.node.rec = record.NewKeeper(p.flags.record, p.node.alloc)
 	mgr := mps.NewManager(start, mps.NVMLModes{Lib: p.node.hw.Lib}, p.node.rec)
 	p.node.mps = &mpsSharing{cfg: cfg.Start.MPS, mgr: mgr, alloc: p.node.alloc, hw: p.node.hw, log: log, current: p}

@@ -1,0 +1,280 @@
+package plugin_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/containerd/nri/pkg/api"
+	"golang.org/x/sys/unix"
+
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/config"
+	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
+	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
+	"github.com/nri-gpu/nri-gpu/pkg/metrics"
+	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+)
+
+// sharedMemory shares GPUs 0 and 1 by time-slicing, two pods each, 40Gi
+// of memory counted: 20Gi for a pod that asks no amount.
+const sharedMemory = `policy:
+  exclusive: true
+  sharing: [{devices: ["nvidia.com/gpu=0", "nvidia.com/gpu=1"], replicas: 2, memory: 40Gi}]
+`
+
+// cgroupNode is where a node's containers' cgroups are found: a proc
+// directory whose processes place puts in a cgroup, and a cgroup v2
+// mount (the unified hierarchy, mounted for the test: the driver limits
+// cgroup v2 only).
+func cgroupNode(t *testing.T) (c memlimit.Cgroups, place func(ctr *api.Container, pid int, cgroup string)) {
+	t.Helper()
+	c = memlimit.Cgroups{Proc: t.TempDir(), Root: testutil.ShortDir(t)}
+	if err := unix.Mount("nri-gpu-test", c.Root, "cgroup2", 0, ""); err != nil {
+		t.Fatalf("mounting cgroup v2 at %s: %v", c.Root, err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(c.Root, unix.MNT_DETACH) })
+	return c, func(ctr *api.Container, pid int, cgroup string) {
+		t.Helper()
+		ctr.Pid = uint32(pid)
+		dir := filepath.Join(c.Proc, fmt.Sprint(pid))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte("0::"+cgroup+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// boundsNode is a plugin of cfg over four GPUs whose driver has
+// per-cgroup memory limits (limits records the calls), its containers'
+// cgroups as place puts them.
+type boundsNode struct {
+	p      *plugin.Plugin
+	lib    *dgxa100.Server
+	limits *testutil.Limits
+	cg     memlimit.Cgroups
+	place  func(ctr *api.Container, pid int, cgroup string)
+	m      *metrics.Metrics
+	// specs is the spec directory.
+	specs string
+}
+
+func newBoundsNode(t *testing.T, cfg string, opts ...plugin.Option) *boundsNode {
+	t.Helper()
+	n := &boundsNode{lib: testutil.NVML(4), m: metrics.New(), specs: fourGPUs(t)}
+	n.limits = testutil.MemoryLimits(n.lib)
+	n.cg, n.place = cgroupNode(t)
+	n.p = inProcess(t, cfg, n.specs, append([]plugin.Option{plugin.WithNVML(n.lib), plugin.WithCgroups(n.cg), plugin.WithMetrics(n.m)}, opts...)...)
+	return n
+}
+
+// uuid returns GPU i's UUID.
+func (n *boundsNode) uuid(i int) string {
+	u, _ := n.lib.Devices[i].GetUUID()
+	return u
+}
+
+// run creates and starts a container of pod name asking for GPU gpu, its
+// process pid in its own cgroup; it returns the container.
+func (n *boundsNode) run(t *testing.T, name, gpu string, pid int, env ...string) *api.Container {
+	t.Helper()
+	pod := gpuPod(name, map[string]string{"gpus.nri-gpu.io": gpu})
+	ctr := ctrOf(pod, nil)
+	ctr.Env = env
+	n.place(ctr, pid, "/kubepods/"+name+"/"+ctr.Id)
+	if _, _, err := n.p.CreateContainer(context.Background(), pod, ctr); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.p.StartContainer(context.Background(), pod, ctr); err != nil {
+		t.Fatal(err)
+	}
+	return ctr
+}
+
+// TestMemoryBounds: a container holding a GPU that time-slicing shares
+// with its memory counted is bounded by the driver, on its own cgroup,
+// when it starts, to what the pool gave its pod (soft and hard), lower
+// where its environment asks less (NVIDIA_GPU_MEMORY_REQUEST and _LIMIT,
+// MiB), never higher; the metrics tell each holder's limit; its stop
+// lifts them. A GPU held whole gets none; an environment that asks a
+// malformed limit is refused, naming it.
+func TestMemoryBounds(t *testing.T) {
+	n := newBoundsNode(t, sharedMemory)
+	a := n.run(t, "a", "0", 1001)
+	b := n.run(t, "b", "0", 1002, "NVIDIA_GPU_MEMORY_REQUEST=512", "NVIDIA_GPU_MEMORY_LIMIT=1024")
+	c := n.run(t, "c", "1", 1003, "NVIDIA_GPU_MEMORY_LIMIT=999999")
+	n.run(t, "d", "2", 1004) // not shared: held whole
+	cgroup := func(name string, ctr *api.Container) string { return n.cg.Root + "/kubepods/" + name + "/" + ctr.Id }
+	want := []testutil.Limit{
+		{UUID: n.uuid(0), Cgroup: cgroup("a", a), Soft: 20 << 30, Hard: 20 << 30},
+		{UUID: n.uuid(0), Cgroup: cgroup("b", b), Soft: 512 << 20, Hard: 1 << 30},
+		{UUID: n.uuid(1), Cgroup: cgroup("c", c), Soft: 20 << 30, Hard: 20 << 30},
+	}
+	if got := n.limits.Calls(); !slices.Equal(got, want) {
+		t.Errorf("the driver was asked\n%v\nwant\n%v", got, want)
+	}
+	body := scrape(t, n.m)
+	for pod, limit := range map[string]string{"a": "2.147483648e+10", "b": "1.073741824e+09", "c": "2.147483648e+10"} {
+		if !strings.Contains(body, fmt.Sprintf(`pod=%q} %s`, pod, limit)) || !strings.Contains(body, "nri_gpu_device_holder_memory_limit_bytes") {
+			t.Errorf("no memory limit %s of pod %s in the metrics:\n%s", limit, pod, body)
+		}
+	}
+	if strings.Contains(body, `nri_gpu_device_holder_memory_limit_bytes{GPU_I_ID="",UUID="`+n.uuid(2)) {
+		t.Errorf("a limit of GPU 2, held whole:\n%s", body)
+	}
+
+	if _, err := n.p.StopContainer(context.Background(), gpuPod("a", nil), a); err != nil {
+		t.Fatal(err)
+	}
+	lift := testutil.Limit{UUID: n.uuid(0), Cgroup: cgroup("a", a), Soft: 0, Hard: math.MaxUint64}
+	if got := n.limits.Calls(); len(got) != 4 || got[3] != lift {
+		t.Errorf("after a's stop the driver was asked %v, want the lift %v last", got, lift)
+	}
+	if strings.Contains(scrape(t, n.m), `nri_gpu_device_holder_memory_limit_bytes{GPU_I_ID="",UUID="`+n.uuid(0)+`",cdi_device="nvidia.com/gpu=0",claim="",door="annotation",gpu="0",namespace="tenant",pod="a"}`) {
+		t.Error("a's limit still in the metrics after its stop")
+	}
+
+	e := gpuPod("e", map[string]string{"gpus.nri-gpu.io": "1"})
+	ctr := ctrOf(e, nil)
+	ctr.Env = []string{"NVIDIA_GPU_MEMORY_LIMIT=lots"}
+	_, _, err := n.p.CreateContainer(context.Background(), e, ctr)
+	testutil.ErrorSays(t, err, `NVIDIA_GPU_MEMORY_LIMIT="lots": not a whole number of MiB`)
+}
+
+// TestMemoryBoundsFailClosed: a container whose bounds cannot be set
+// when it starts (its process is not in its cgroup, the driver fails) is
+// stopped and its start fails, saying why.
+func TestMemoryBoundsFailClosed(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		cgroup string
+		answer nvml.Return
+		want   string
+	}{
+		{"the process is another container's", "/kubepods/other/ctr", nvml.SUCCESS, "is not in container"},
+		{"the driver fails", "", nvml.ERROR_UNKNOWN, "setting the memory limits of GPU-"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newBoundsNode(t, sharedMemory)
+			var stopped []string
+			n.p.StopWith(func(c *api.Container) error { stopped = append(stopped, c.Id); return nil })
+			pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+			ctr := ctrOf(pod, nil)
+			n.place(ctr, 1001, cmpOr(tc.cgroup, "/kubepods/a/"+ctr.Id))
+			if _, _, err := n.p.CreateContainer(context.Background(), pod, ctr); err != nil {
+				t.Fatal(err)
+			}
+			n.limits.Answer(tc.answer)
+			err := n.p.StartContainer(context.Background(), pod, ctr)
+			testutil.ErrorSays(t, err, `container "c" of pod tenant/a: its GPU memory cannot be bounded`, tc.want)
+			if !slices.Equal(stopped, []string{ctr.Id}) {
+				t.Errorf("stopped %v, want the container", stopped)
+			}
+		})
+	}
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// TestMemoryBoundsUnenforceable: where the driver cannot bound memory (it
+// lacks the call), a pod asking a GPU time-slicing shares with its
+// memory counted is refused under policy.memoryLimits: enforced (the
+// default), naming why and the key; under agreement it runs, said in
+// its pod's events, with no bound set; a GPU held whole is served.
+func TestMemoryBoundsUnenforceable(t *testing.T) {
+	for _, mode := range []string{"", "agreement"} {
+		t.Run("memoryLimits "+mode, func(t *testing.T) {
+			var events []link.Event
+			cfg := sharedMemory
+			if mode != "" {
+				cfg = strings.Replace(cfg, "policy:\n", "policy:\n  memoryLimits: "+mode+"\n", 1)
+			}
+			lib := testutil.NVML(4) // no per-cgroup limits
+			cg, place := cgroupNode(t)
+			p := inProcess(t, cfg, fourGPUs(t), plugin.WithNVML(lib), plugin.WithCgroups(cg), plugin.WithEvents(eventsTo(&events)))
+			pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+			ctr := ctrOf(pod, nil)
+			place(ctr, 1001, "/kubepods/a/"+ctr.Id)
+			_, _, err := p.CreateContainer(context.Background(), pod, ctr)
+			if mode == "" {
+				testutil.ErrorSays(t, err, `device "nvidia.com/gpu=0": policy.sharing[0] (replicas 2, timeSlicing) counts each holder's memory, which the driver cannot bound here`,
+					"the driver's NVML has no nvmlDeviceSetMemoryLimits_v1", "set policy.memoryLimits: agreement")
+			} else {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := p.StartContainer(context.Background(), pod, ctr); err != nil {
+					t.Errorf("start: %v", err)
+				}
+				if len(events) != 1 || events[0].Reason != plugin.MemoryByAgreementReason || !strings.Contains(events[0].Note, "bounded by agreement only") || events[0].Pod != "a" {
+					t.Errorf("events %+v, want one saying a's GPU memory is bounded by agreement only", events)
+				}
+			}
+			whole := gpuPod("b", map[string]string{"gpus.nri-gpu.io": "2"})
+			if _, _, err := p.CreateContainer(context.Background(), whole, ctrOf(whole, nil)); err != nil {
+				t.Errorf("GPU 2, held whole: %v", err)
+			}
+		})
+	}
+}
+
+// TestMemoryBoundsRestored: a restarted nri-gpu sets again, at
+// Synchronize, the bounds of each running container it gave a GPU whose
+// holders' memory is counted (the driver keeps a cgroup's; it learns
+// them again, to lift them at the container's stop), and none of a
+// container that no longer runs.
+func TestMemoryBoundsRestored(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state.json")
+	n := newBoundsNode(t, sharedMemory, plugin.WithStateFile(state))
+	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+	running, exited := ctrOf(pod, nil), ctrOf(pod, nil)
+	exited.Id, exited.Name, exited.State = "a-exited", "exited", api.ContainerState_CONTAINER_STOPPED
+	for i, c := range []*api.Container{running, exited} {
+		n.place(c, 1001+i, "/kubepods/a/"+c.Id)
+		adj, _, err := n.p.CreateContainer(context.Background(), pod, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Annotations = map[string]string{}
+		for k, v := range adj.GetAnnotations() {
+			c.Annotations[k] = v
+		}
+	}
+	n.p.Close()
+	cfg, err := config.Parse([]byte(sharedMemory))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := plugin.New(cfg, quiet(), plugin.WithSpecDirs([]string{n.specs}), plugin.WithNVML(n.lib), plugin.WithCgroups(n.cg), plugin.WithStateFile(state))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(second.Close)
+	if _, err := second.Synchronize(context.Background(), []*api.PodSandbox{pod}, []*api.Container{running, exited}); err != nil {
+		t.Fatal(err)
+	}
+	want := []testutil.Limit{{UUID: n.uuid(0), Cgroup: n.cg.Root + "/kubepods/a/" + running.Id, Soft: 20 << 30, Hard: 20 << 30}}
+	if got := n.limits.Calls(); !slices.Equal(got, want) {
+		t.Errorf("after the restart the driver was asked %v, want %v", got, want)
+	}
+	if _, err := second.StopContainer(context.Background(), pod, running); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.limits.Calls(); len(got) != 2 || got[1].Hard != math.MaxUint64 {
+		t.Errorf("the restarted nri-gpu's lift at the stop: %v", got)
+	}
+}
