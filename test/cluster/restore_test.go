@@ -71,7 +71,7 @@ func TestDoorsBeforeRestore(t *testing.T) {
 				testutil.Within(t, podWait, n.Name+": the next nri-gpu restored", func() bool {
 					return strings.Contains(next[n.Name](), restoredSaid)
 				})
-				ordered(t, n, next[n.Name]())
+				ordered(t, n, next[n.Name])
 				for _, door := range doorsOn(n) {
 					name := fmt.Sprintf("window-%s-%s-%s", door, edge, n.Name)
 					p := waitAllRunning(t, "default", name)
@@ -161,13 +161,23 @@ func windowPods(t *testing.T, edge string, nodes []*harness.Node, next map[strin
 
 // ordered checks that the next nri-gpu told kubelet its devices only
 // once it had restored what pods hold.
-func ordered(t *testing.T, n *harness.Node, log string) {
+func ordered(t *testing.T, n *harness.Node, log func() string) {
 	t.Helper()
-	restored, told := strings.Index(log, restoredSaid), strings.Index(log, "told kubelet the devices")
+	// The device plugin tells kubelet once the pool is restored, in its
+	// own time: what is checked is the order, once both are said.
+	testutil.Within(t, podWait, n.Name+": the next nri-gpu told kubelet its devices", func() bool {
+		return strings.Contains(log(), toldSaid)
+	})
+	said := log()
+	restored, told := strings.Index(said, restoredSaid), strings.Index(said, toldSaid)
 	if restored < 0 || told < restored {
-		t.Errorf("%s: the next nri-gpu restored at %d, told kubelet its devices at %d; want it told after:\n%s", n.Name, restored, told, log)
+		t.Errorf("%s: the next nri-gpu restored at %d, told kubelet its devices at %d; want it told after:\n%s", n.Name, restored, told, said)
 	}
 }
+
+// toldSaid is what nri-gpu's device plugin logs when it tells kubelet
+// its device list.
+const toldSaid = "told kubelet the devices"
 
 // hideNRISocket moves node n's NRI socket out of nri-gpu's reach (the
 // runtime's listener stays; connections to the path fail) until
