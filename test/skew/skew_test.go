@@ -35,12 +35,14 @@ const (
 )
 
 // values install nri-gpu with DRA on, the first GPU shared two ways with
-// 80Gi (which a 1.37 control plane offers to two claims at once).
+// 80Gi (which a 1.37 control plane offers to two claims at once), bounded
+// by agreement (no driver here bounds its holders' memory).
 const values = `image: {pullPolicy: Never}
 config:
   cdiSpecDirs: [%s]
   policy:
     exclusive: true
+    memoryLimits: agreement
     sharing: [{devices: ["nvidia.com/gpu=0"], replicas: 2, memory: 80Gi}]
   dra: {enabled: true, unhealthyTaint: NoSchedule}
 dra:
