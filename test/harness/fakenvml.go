@@ -32,6 +32,24 @@ type FakeDriver struct {
 	// UUIDPrefix begins each GPU's UUID: "GPU-" and 24 characters
 	// ("GPU-7f3e9c2a-1b4d-4e8f-a6c5-").
 	UUIDPrefix string
+	// LimitsFile, when set, gives the driver per-cgroup memory limits
+	// (nvmlDeviceSetMemoryLimits_v1, nvmlDeviceGetMemoryLimits_v1): each
+	// set is a line appended to it, "UUID CGROUP SOFT HARD" (a lift: soft
+	// 0, hard NVML_DEVICE_MEMORY_LIMIT_MAX), and a read answers the last
+	// set of that GPU and cgroup. While LimitsFile+".not-supported"
+	// exists, both answer NVML_ERROR_NOT_SUPPORTED, as a driver without
+	// them does; without LimitsFile they always do.
+	LimitsFile string
+}
+
+// ReadLimits returns the lines of a fake driver's LimitsFile: each set,
+// "UUID CGROUP SOFT HARD", in order (none before the first).
+func ReadLimits(file string) ([]string, error) {
+	data, err := os.ReadFile(file)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return strings.Split(strings.TrimSuffix(string(data), "\n"), "\n"), err
 }
 
 // fakeNVMLImpl is the part of the fake NVML that answers; every other
@@ -44,6 +62,7 @@ const fakeNVMLImpl = `#include <stdio.h>
 static const char *version = %q;
 static const char *kernel_file = %q;
 static const char *uuid_prefix = %q;
+static const char *limits_file = %q;
 
 static int kernel_matches(void) {
 	FILE *f = fopen(kernel_file, "r");
@@ -158,6 +177,45 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned in
 }
 nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is) { DEVICE(d); *is = 0; return NVML_SUCCESS; }
 nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *n) { DEVICE(d); *n = 0; return NVML_SUCCESS; }
+
+/* Per-cgroup memory limits, where limits_file is set and no
+   limits_file.not-supported exists: sets are lines appended to it. */
+static int limits_supported(void) {
+	if (!limits_file[0]) return 0;
+	char off[4200];
+	snprintf(off, sizeof off, "%%s.not-supported", limits_file);
+	FILE *f = fopen(off, "r");
+	if (f) { fclose(f); return 0; }
+	return 1;
+}
+nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t d, nvmlSetMemoryLimits_v1_t *l) {
+	DEVICE(d);
+	if (!limits_supported()) return NVML_ERROR_NOT_SUPPORTED;
+	if (!l || !l->nameSpace || !l->nameSpace[0]) return NVML_ERROR_INVALID_ARGUMENT;
+	FILE *f = fopen(limits_file, "a");
+	if (!f) return NVML_ERROR_UNKNOWN;
+	char u[96];
+	uuid_of(i, u);
+	fprintf(f, "%%s %%s %%llu %%llu\n", u, l->nameSpace, l->softLimit, l->hardLimit);
+	fclose(f);
+	return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t d, nvmlGetMemoryLimits_v1_t *l) {
+	DEVICE(d);
+	if (!limits_supported()) return NVML_ERROR_NOT_SUPPORTED;
+	if (!l || !l->nameSpace) return NVML_ERROR_INVALID_ARGUMENT;
+	char u[96], lu[96], ns[4096];
+	unsigned long long soft, hard;
+	uuid_of(i, u);
+	l->softLimit = 0; l->hardLimit = NVML_DEVICE_MEMORY_LIMIT_MAX; l->currentUsed = 0;
+	FILE *f = fopen(limits_file, "r");
+	if (!f) return NVML_SUCCESS;
+	while (fscanf(f, "%%95s %%4095s %%llu %%llu", lu, ns, &soft, &hard) == 4) {
+		if (strcmp(lu, u) == 0 && strcmp(ns, l->nameSpace) == 0) { l->softLimit = soft; l->hardLimit = hard; }
+	}
+	fclose(f);
+	return NVML_SUCCESS;
+}
 `
 
 // declared matches a function declaration of nvml.h.
@@ -219,7 +277,7 @@ func (d FakeDriver) BuildNVML(dir string) (string, error) {
 	}
 	src := filepath.Join(dir, "fake-nvml-"+d.Version)
 	impl, stubs := src+".c", src+"-stubs.c"
-	if err := os.WriteFile(impl, fmt.Appendf(nil, fakeNVMLImpl, d.GPUs, d.Version, d.KernelVersionFile, d.UUIDPrefix), 0o644); err != nil {
+	if err := os.WriteFile(impl, fmt.Appendf(nil, fakeNVMLImpl, d.GPUs, d.Version, d.KernelVersionFile, d.UUIDPrefix, d.LimitsFile), 0o644); err != nil {
 		return "", err
 	}
 	if err := os.WriteFile(stubs, []byte(fakeNVMLStubs(string(h))), 0o644); err != nil {
@@ -231,6 +289,39 @@ func (d FakeDriver) BuildNVML(dir string) (string, error) {
 		return "", fmt.Errorf("building the fake NVML: %w\n%s", err, out)
 	}
 	return lib, nil
+}
+
+// FakeDriverEnv names a directory holding a fake driver built ahead
+// (BuildFakeDriver of GuestFakeDriver), for a node that has no compiler:
+// the VM's.
+const FakeDriverEnv = "NRI_GPU_FAKE_DRIVER"
+
+// GuestFakeDriver is the fake driver built ahead for the VM's node: the
+// suite host's four GPUs, its files under /run/nri-gpu-fake-driver.
+func GuestFakeDriver() FakeDriver {
+	const dir = "/run/nri-gpu-fake-driver"
+	return FakeDriver{Version: "600.10.01", KernelVersionFile: dir + "/nvidia-module-version", GPUs: 4,
+		UUIDPrefix: strings.TrimSuffix(UUID(0), "000000000000"), LimitsFile: dir + "/limits"}
+}
+
+// BuildFakeDriver builds the libraries of fake driver d into build: its
+// NVML (BuildNVML) and a libcuda.so.<Version> whose cuInit succeeds.
+func BuildFakeDriver(d FakeDriver, build string) error {
+	if err := os.MkdirAll(build, 0o755); err != nil {
+		return err
+	}
+	if _, err := d.BuildNVML(build); err != nil {
+		return err
+	}
+	src := filepath.Join(build, "cuda-"+d.Version+".c")
+	if err := os.WriteFile(src, []byte("int cuInit(unsigned f) { (void)f; return 0; }\n"), 0o644); err != nil {
+		return err
+	}
+	cmd := exec.Command("cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", filepath.Join(build, "libcuda.so."+d.Version), src)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building the fake libcuda: %w\n%s", err, out)
+	}
+	return nil
 }
 
 // InstallFakeDriver installs version of a fake driver built in build

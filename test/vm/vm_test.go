@@ -32,9 +32,9 @@ const (
 // e2eOnTheNode are the end-to-end tests that also run on the node, under
 // runc's systemd cgroup driver: where nri-gpu reads cgroups (a container
 // created while it was away and stopped by its cgroup, a pod's sandbox
-// found by its cgroup, the record rebuilt from running containers) and
-// MPS clients.
-var e2eOnTheNode = []string{"TestPodAnnotationInjectsDevice", "TestUnservedStopped", "TestRebuiltRecord", "TestExclusiveUntilTheHolderIsRemoved", "TestSharingWithMPS"}
+// found by its cgroup, the record rebuilt from running containers), MPS
+// clients, and the driver's GPU memory bounds (cgroup v2 only).
+var e2eOnTheNode = []string{"TestPodAnnotationInjectsDevice", "TestUnservedStopped", "TestRebuiltRecord", "TestExclusiveUntilTheHolderIsRemoved", "TestSharingWithMPS", "TestDriverBoundsMemory"}
 
 // clusterOnTheNode are the cluster tests that run on the node, its one
 // GPU node with kubelet's defaults: the node's shape, nri-gpu installed by
@@ -64,6 +64,7 @@ const runScript = `#!/bin/sh
 # runc's systemd cgroup driver.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/tmp
 export NRI_GPU_TOOLS=/payload/bin NRI_GPU_CONTAINERD=/payload/containerd NRI_GPU_REFERENCE_CONTAINERD=/payload/containerd
+export NRI_GPU_FAKE_DRIVER=/payload/fake-driver
 export NRI_GPU_IMAGE=/payload/nri-gpu-image.tar NRI_GPU_KUBERNETES=/payload/kubernetes NRI_GPU_HELM=/payload/bin/helm NRI_GPU_CNI=/payload/cni
 export NRI_GPU_SYSTEMD_CGROUP=1 NRI_GPU_E2E_REQUIRED=1
 echo "node: $(uname -r), $(stat -f -c %T /sys/fs/cgroup) at /sys/fs/cgroup, PID 1 $(cat /proc/1/comm), $(nproc) CPUs, $(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo) MiB"
@@ -192,6 +193,10 @@ func buildPayload(t *testing.T, tools harness.Tools, crio harness.CRIOTools, dir
 		if err := os.CopyFS(filepath.Join(dir, tree), os.DirFS(filepath.Join("..", "..", tree))); err != nil {
 			return err
 		}
+	}
+	// The node has no compiler: the fake driver is built here.
+	if err := harness.BuildFakeDriver(harness.GuestFakeDriver(), filepath.Join(dir, "fake-driver")); err != nil {
+		return err
 	}
 	for _, pkg := range []string{"vm", "e2e", "cluster"} {
 		out := filepath.Join(dir, "test", pkg, pkg+".test")

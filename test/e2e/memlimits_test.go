@@ -1,0 +1,158 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
+	"github.com/nri-gpu/nri-gpu/test/harness"
+)
+
+// boundedSharing shares GPU 0 two ways by time-slicing, with 40Gi of
+// memory counted: 20Gi for each pod.
+const boundedSharing = `sharing: [{devices: ["nvidia.com/gpu=0"], replicas: 2, memory: 40Gi}]`
+
+// boundsDriver installs, under a new driver root, a fake NVIDIA driver of
+// the suite host's GPUs (their UUIDs) that records the per-cgroup memory
+// limits it is asked to set in limits (built here, or ahead where
+// harness.FakeDriverEnv says: the VM's node has no compiler), and returns
+// the root.
+func boundsDriver(t *testing.T) (root, limits string) {
+	t.Helper()
+	dir := t.TempDir()
+	root = filepath.Join(dir, "root")
+	d, build := harness.GuestFakeDriver(), os.Getenv(harness.FakeDriverEnv)
+	if build == "" {
+		build = filepath.Join(dir, "build")
+		d.KernelVersionFile, d.LimitsFile = filepath.Join(dir, "nvidia-module-version"), filepath.Join(dir, "limits")
+		if err := harness.BuildFakeDriver(d, build); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Built ahead, its files are at fixed paths: none left of another
+	// test.
+	files := filepath.Dir(d.LimitsFile)
+	if err := os.MkdirAll(files, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{d.LimitsFile, d.LimitsFile + ".not-supported"} {
+		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
+	if err := harness.InstallFakeDriver(build, filepath.Join(root, "usr", "lib64"), d.KernelVersionFile, d.Version, ""); err != nil {
+		t.Fatal(err)
+	}
+	return root, d.LimitsFile
+}
+
+// TestDriverBoundsMemory: a pod given GPU 0, which time-slicing shares
+// with its memory counted, is bounded by the driver (a fake NVML, loaded
+// by nri-gpu through go-nvml's dlopen, recording each call). On a cgroup
+// v2 node (the VM's): at the container's start, on its own cgroup (the
+// one its process is in), soft and hard at the pod's 20Gi (lower where
+// its environment asks); set again on the same cgroup by an nri-gpu
+// killed and started again; lifted at its stop. On cgroup v1 (this
+// workplace's hosts): refused under policy.memoryLimits: enforced,
+// saying why; run under agreement, no limit set, said in nri-gpu's log.
+// A driver that answers NOT_SUPPORTED refuses it too.
+func TestDriverBoundsMemory(t *testing.T) {
+	needEnv(t)
+	v2 := memlimit.Cgroups{Root: "/sys/fs/cgroup"}.V2() == nil
+	for _, mode := range []string{"enforced", "agreement"} {
+		t.Run(mode, func(t *testing.T) {
+			root, limits := boundsDriver(t)
+			ctd := extraContainerd(t, "ctd-bounds-"+mode, harness.Options{})
+			config := "version: v1\n" + env.host.PluginConfig(nil, "exclusive: true", "memoryLimits: "+mode, boundedSharing) + "start:\n  driverRoot: " + root + "\n"
+			start := func() *harness.Plugin {
+				t.Helper()
+				file := filepath.Join(ctd.Dir, "nri-gpu.yaml")
+				if err := os.WriteFile(file, []byte(config), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				p, err := ctd.StartPlugin("--config", file)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return p
+			}
+			p := start()
+			podID, pod := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "0"})
+			ctr := harness.Container{Name: "c", Env: map[string]string{"NVIDIA_GPU_MEMORY_LIMIT": "999999"}}
+			if !v2 {
+				if mode == "enforced" {
+					createFailsOn(t, ctd, podID, pod, ctr, `device "nvidia.com/gpu=0": policy.sharing[0] (replicas 2, timeSlicing) counts each holder's memory, which the driver cannot bound here`,
+						"is not cgroup v2", "policy.memoryLimits: agreement")
+					return
+				}
+				runContainer(t, ctd, podID, pod, ctr)
+				if got, _ := harness.ReadLimits(limits); len(got) != 0 {
+					t.Errorf("limits set on cgroup v1: %v", got)
+				}
+				if !strings.Contains(p.Log(), "GPU memory bounded by agreement only") {
+					t.Errorf("nri-gpu's log does not say the pod runs by agreement:\n%s", p.Log())
+				}
+				return
+			}
+			id, _ := runContainer(t, ctd, podID, pod, ctr)
+			cgroup := containerCgroup(t, ctd, id)
+			set := fmt.Sprintf("%s %s %d %d", harness.UUID(0), cgroup, uint64(20<<30), uint64(20<<30))
+			wantLimits(t, limits, set)
+			p.Kill()
+			p = start()
+			wantLimits(t, limits, set, set)
+			if out, err := ctd.Crictl("stop", id); err != nil {
+				t.Fatalf("stopping the container: %v\n%s", err, out)
+			}
+			wantLimits(t, limits, set, set, fmt.Sprintf("%s %s 0 %d", harness.UUID(0), cgroup, memlimit.Unlimited))
+			// A driver that answers NOT_SUPPORTED (another GPU's pod,
+			// asked of a newly started nri-gpu: the node is asked once).
+			if err := os.WriteFile(limits+".not-supported", nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			p.Kill()
+			start()
+			otherID, other := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "0"})
+			if mode == "enforced" {
+				createFailsOn(t, ctd, otherID, other, harness.Container{Name: "c"}, "which the driver cannot bound here", "Not Supported")
+			} else {
+				runContainer(t, ctd, otherID, other, harness.Container{Name: "c"})
+			}
+		})
+	}
+}
+
+// containerCgroup returns the full path of the cgroup v2 directory of
+// container id's process.
+func containerCgroup(t *testing.T, ctd *harness.Containerd, id string) string {
+	t.Helper()
+	out, err := ctd.Crictl("inspect", "-o", "go-template", "--template", "{{.info.pid}}", id)
+	if err != nil {
+		t.Fatalf("the container's pid: %v\n%s", err, out)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("the container's pid %q: %v", out, err)
+	}
+	dir, err := memlimit.Cgroups{Proc: "/proc", Root: "/sys/fs/cgroup"}.Of(pid, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// wantLimits checks the fake driver's calls so far.
+func wantLimits(t *testing.T, file string, want ...string) {
+	t.Helper()
+	got, err := harness.ReadLimits(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("the driver was asked\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
