@@ -28,8 +28,13 @@ const (
 	hookCUDACompat         = "enable-cuda-compat"
 	hookNoNodeModification = "disable-device-node-modification"
 	hookAppProfile         = "update-application-profile"
-	hookMemoryLimits       = "apply-cuda-memory-limits"
+	hookMemoryLimits       = HookMemoryLimits
 )
+
+// HookMemoryLimits is the command of NVIDIA's hook that sets the GPU
+// memory limits a container asks in its environment: hook-free injection
+// leaves it out, and nri-gpu sets them itself.
+const HookMemoryLimits = "apply-cuda-memory-limits"
 
 // LeftOut is a hook that hook-free injection left out, as its work
 // cannot be done without it, and what the container then lacks.
@@ -49,7 +54,7 @@ var leftOutLacks = map[string]string{
 		"a CUDA program may try to create a missing device node, which the container's device rules refuse",
 	hookAppProfile: "the driver's application profile naming the container's GPUs for EGL and Vulkan (EGLVisibleDGPUDevices): " +
 		"they enumerate by the device nodes the container has, which are its GPUs' alone",
-	hookMemoryLimits: "the GPU memory limits a container asks with NVIDIA_GPU_MEMORY_REQUEST and NVIDIA_GPU_MEMORY_LIMIT (set in its cgroup through NVML)",
+	hookMemoryLimits: "the hook's GPU memory limits: those a container asks with NVIDIA_GPU_MEMORY_REQUEST and NVIDIA_GPU_MEMORY_LIMIT, which nri-gpu sets itself on the containers it serves (its plugin's StartContainer)",
 }
 
 // hookCommand returns the NVIDIA hook command a hook runs and its

@@ -84,6 +84,14 @@ func Asked(granted uint64, env []string) (Bounds, error) {
 	return b, nil
 }
 
+// AsksAny reports whether env asks for a limit at all (RequestEnv or
+// LimitEnv).
+func AsksAny(env []string) bool {
+	_, req := lookup(env, RequestEnv)
+	_, lim := lookup(env, LimitEnv)
+	return req || lim
+}
+
 // lookup returns the last value of name in env, as a process sees it.
 func lookup(env []string, name string) (string, bool) {
 	for i := len(env) - 1; i >= 0; i-- {

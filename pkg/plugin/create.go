@@ -109,6 +109,9 @@ type creation struct {
 	st  *state
 	pol *policy.Policy
 	pod *api.PodSandbox
+	// hookless are the devices (or kinds) whose apply-cuda-memory-limits
+	// hook the adjustment left out (hook-free): nri-gpu sets the limits.
+	hookless []string
 }
 
 // maxPlans bounds how often a request plans again when the pool changed
@@ -178,7 +181,8 @@ func (p *Plugin) serve(ctx context.Context, r *creation, log logrus.FieldLogger)
 			return nil, policy.Grant{}, err
 		}
 		grant.Devices = append(grant.Devices, a.Claimed...)
-		p.limits.keep(r.pod, r.Ctr, p.boundsOf(r.pol, r.Snap, r.pod, r.Ctr, append(plan.Devices(), a.Claimed...), claims, log))
+		h := holding{pod: r.pod, ctr: r.Ctr, devs: append(plan.Devices(), a.Claimed...), claims: claims, hookless: r.hookless}
+		p.limits.keep(r.pod, r.Ctr, p.boundsOf(r.pol, r.Snap, h, log))
 		return adj, grant, nil
 	}
 }
@@ -212,7 +216,12 @@ func (p *Plugin) build(ctx context.Context, r *creation, a adjust.Resolved, plan
 		log.WithFields(logrus.Fields{"device": s.Device, "edit": s.Edit, "spec": s.Spec}).
 			Warn("skipped a CDI edit the runtime cannot apply (unsupportedEdits: warn)")
 	}
+	r.hookless = nil
 	for _, l := range res.LeftOut {
+		if l.Hook == adjust.HookMemoryLimits {
+			r.hookless = append(r.hookless, l.Device) // nri-gpu sets them (boundsOf)
+			continue
+		}
 		log.WithFields(logrus.Fields{"device": l.Device, "hook": l.Hook}).Debugf("hookFree: left the hook out; the container lacks %s", l.Lacks)
 	}
 	for _, s := range res.Unneeded {

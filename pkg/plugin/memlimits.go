@@ -113,25 +113,50 @@ func (b *bounds) ofHolder(namespace, pod, device string) uint64 {
 	return most
 }
 
-// boundsOf returns what container ctr of pod, given devs (claims: the
-// UIDs of the prepared claims it uses) under pol, is to be bounded to on
-// each GPU whose holders' memory is counted; a GPU the driver cannot
-// bound here (the policy lets it run by agreement) is said in the log and
-// in its pod's events instead. What its environment asks was checked
-// (askedBounds).
-func (p *Plugin) boundsOf(pol *policy.Policy, snap *specs.Snapshot, pod *api.PodSandbox, ctr *api.Container, devs []specs.Device, claims []string, log logrus.FieldLogger) []gpuBound {
+// holding is what a container holds, for its bounds: its pod, itself,
+// the devices it is given, the UIDs of the prepared claims it uses, and
+// the devices (or kinds) whose spec's apply-cuda-memory-limits hook
+// hook-free injection left out (the limits it asks of them are nri-gpu's
+// to set).
+type holding struct {
+	pod      *api.PodSandbox
+	ctr      *api.Container
+	devs     []specs.Device
+	claims   []string
+	hookless []string
+}
+
+// selfLimited reports whether the limits the container asks of d are
+// nri-gpu's to set (hook-free, its spec's hook left out).
+func (h holding) selfLimited(d specs.Device) bool {
+	kind, _, _ := strings.Cut(d.Name, "=")
+	return slices.Contains(h.hookless, d.Name) || slices.Contains(h.hookless, kind)
+}
+
+// boundsOf returns what a container is to be bounded to under pol on
+// each GPU whose holders' memory is counted (what the pool gave its
+// holder), and on each whose hook hook-free injection left out where it
+// asks a limit of its own (as the hook would set it); a GPU the driver
+// cannot bound here is said in the log (and, counted, the pod's events)
+// instead. What its environment asks was checked (askedBounds).
+func (p *Plugin) boundsOf(pol *policy.Policy, snap *specs.Snapshot, h holding, log logrus.FieldLogger) []gpuBound {
 	var out []gpuBound
-	for _, d := range devs {
-		counted, why := pol.MemoryBound(d)
-		if !counted {
+	env := h.ctr.GetEnv()
+	for _, d := range h.devs {
+		granted := memlimit.Unlimited
+		switch counted, why := pol.MemoryBound(d); {
+		case counted && why != nil:
+			p.byAgreement(h.pod, h.ctr, d, why, log)
+			continue
+		case counted:
+			granted = uint64(holderMemory(p.node.alloc.Usage(pol, d), h.pod.GetId(), h.claims))
+		case !h.selfLimited(d) || !memlimit.AsksAny(env):
+			continue
+		case pol.DriverBounds(d) != nil:
+			log.WithField("device", d.Name).Warnf("the GPU memory limits the container asks are not set: %v", pol.DriverBounds(d))
 			continue
 		}
-		if why != nil {
-			p.byAgreement(pod, ctr, d, why, log)
-			continue
-		}
-		granted := holderMemory(p.node.alloc.Usage(pol, d), pod.GetId(), claims)
-		b, _ := memlimit.Asked(uint64(granted), ctr.GetEnv()) // checked by askedBounds
+		b, _ := memlimit.Asked(granted, env) // checked by askedBounds
 		out = append(out, gpuBound{Device: d.Name, UUID: p.node.hw.UUID(snap, d), Bounds: b})
 	}
 	return out
@@ -260,7 +285,8 @@ func (p *Plugin) boundRunning(pol *policy.Policy, snap *specs.Snapshot, pod *api
 			claims = append(claims, h.Claim.UID)
 		}
 	}
-	p.limits.keep(pod, ctr, p.boundsOf(pol, snap, pod, ctr, devs, claims, logTo(p.log, recovery.Stopping{Pod: pod, Ctr: ctr})))
+	h := holding{pod: pod, ctr: ctr, devs: devs, claims: claims}
+	p.limits.keep(pod, ctr, p.boundsOf(pol, snap, h, logTo(p.log, recovery.Stopping{Pod: pod, Ctr: ctr})))
 	return p.setBounds(ctr)
 }
 

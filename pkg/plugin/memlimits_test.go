@@ -278,3 +278,72 @@ func TestMemoryBoundsRestored(t *testing.T) {
 		t.Errorf("the restarted nri-gpu's lift at the stop: %v", got)
 	}
 }
+
+// limitsHookSpecDir writes fourGPUs' spec with NVIDIA's
+// apply-cuda-memory-limits hook on each GPU (as nvidia-ctk writes it),
+// and returns its directory.
+func limitsHookSpecDir(t *testing.T, uuid func(int) string) string {
+	t.Helper()
+	dir := fourGPUs(t)
+	file := filepath.Join(dir, "gpu.yaml")
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := string(data)
+	for i := range 2 {
+		node := fmt.Sprintf("deviceNodes: [{path: /dev/nvidia%d,", i)
+		hook := fmt.Sprintf("hooks: [{hookName: createRuntime, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, apply-cuda-memory-limits, --gpu-id, %s]}]\n      %s", uuid(i), node)
+		spec = strings.Replace(spec, node, hook, 1)
+	}
+	if err := os.WriteFile(file, []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestMemoryBoundsHookFree: hook-free, NVIDIA's apply-cuda-memory-limits
+// hook is left out and nri-gpu sets what it would: the limits a
+// container asks in its environment, on a GPU it holds whole, and on a
+// shared one the lower of those and the pool's; a container that asks
+// none, on a GPU held whole, gets none.
+func TestMemoryBoundsHookFree(t *testing.T) {
+	lib := testutil.NVML(4)
+	limits := testutil.MemoryLimits(lib)
+	cg, place := cgroupNode(t)
+	uuid := func(i int) string { u, _ := lib.Devices[i].GetUUID(); return u }
+	cfg := "hookFree: true\npolicy:\n  exclusive: true\n  sharing: [{devices: [\"nvidia.com/gpu=1\"], replicas: 2, memory: 40Gi}]\n"
+	p := inProcess(t, cfg, limitsHookSpecDir(t, uuid), plugin.WithNVML(lib), plugin.WithCgroups(cg))
+	run := func(name, gpu string, pid int, env ...string) string {
+		t.Helper()
+		pod := gpuPod(name, map[string]string{"gpus.nri-gpu.io": gpu})
+		ctr := ctrOf(pod, nil)
+		ctr.Env = env
+		place(ctr, pid, "/kubepods/"+name+"/"+ctr.Id)
+		adj, _, err := p.CreateContainer(context.Background(), pod, ctr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if adj.GetHooks() != nil {
+			t.Errorf("hook-free, %s got hooks %v", name, adj.GetHooks())
+		}
+		if err := p.StartContainer(context.Background(), pod, ctr); err != nil {
+			t.Fatal(err)
+		}
+		return cg.Root + "/kubepods/" + name + "/" + ctr.Id
+	}
+	a := run("a", "0", 1001, "NVIDIA_GPU_MEMORY_LIMIT=2048")
+	run("b", "2", 1002, "NVIDIA_GPU_MEMORY_LIMIT=2048") // its spec has no such hook
+	c := run("c", "1", 1003, "NVIDIA_GPU_MEMORY_REQUEST=1024")
+	want := []testutil.Limit{
+		{UUID: uuid(0), Cgroup: a, Soft: 2 << 30, Hard: 2 << 30},
+		{UUID: uuid(1), Cgroup: c, Soft: 1 << 30, Hard: 20 << 30},
+	}
+	if got := limits.Calls(); !slices.Equal(got, want) {
+		t.Errorf("the driver was asked\n%v\nwant\n%v", got, want)
+	}
+	run("d", "3", 1004)
+	if got := limits.Calls(); len(got) != len(want) {
+		t.Errorf("a container that asks no limit, on a GPU held whole: %v", got[len(want):])
+	}
+}

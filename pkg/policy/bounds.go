@@ -38,10 +38,17 @@ func (p *Policy) MemoryBound(d specs.Device) (counted bool, why error) {
 	if s == nil || s.Strategy != config.StrategyTimeSlicing || p.Capacity(s, d).Memory == 0 {
 		return false, nil
 	}
+	return true, p.DriverBounds(d)
+}
+
+// DriverBounds returns why the driver cannot bound the memory of a
+// holder of d here, nil where it can, whether or not the policy counts
+// d's memory (a container may ask limits of its own).
+func (p *Policy) DriverBounds(d specs.Device) error {
 	if p.bounding == nil {
-		return true, errBoundsUnknown
+		return errBoundsUnknown
 	}
-	return true, p.bounding(d)
+	return p.bounding(d)
 }
 
 // Agreement reports whether holders the driver cannot bound run bounded
