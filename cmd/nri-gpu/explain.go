@@ -76,12 +76,17 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitError
 	}
+	bounds := p.MemoryBounds("explain")
 	if *output == "json" {
-		printExplainJSON(stdout, adj, grant, keptLines, shared)
+		printExplainJSON(stdout, adj, grant, keptLines, shared, bounds)
 		return exitOK
 	}
 	printCount(stdout, grant)
 	printAdjustment(stdout, adj)
+	for _, b := range bounds {
+		fmt.Fprintf(stdout, "memory   %s (%s): bounded by the driver to %s (soft %s) when the container starts\n",
+			b.Device, b.UUID, policy.Quantity(int64(b.Hard)), policy.Quantity(int64(b.Soft)))
+	}
 	return exitOK
 }
 
@@ -100,7 +105,7 @@ func keptAgainstPolicy(p *plugin.Plugin) []string {
 }
 
 // printExplainJSON prints what explain found, as JSON.
-func printExplainJSON(w io.Writer, adj *api.ContainerAdjustment, grant policy.Grant, kept []string, shared []mps.Shared) {
+func printExplainJSON(w io.Writer, adj *api.ContainerAdjustment, grant policy.Grant, kept []string, shared []mps.Shared, bounds []plugin.MemoryBound) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	out := map[string]any{"adjustment": adj}
@@ -109,6 +114,9 @@ func printExplainJSON(w io.Writer, adj *api.ContainerAdjustment, grant policy.Gr
 	}
 	if len(shared) > 0 {
 		out["shared"] = shared
+	}
+	if len(bounds) > 0 {
+		out["memoryBounds"] = bounds
 	}
 	if len(grant.Counted) > 0 {
 		out["count"] = map[string]any{"chosen": specs.Names(grant.Counted), "topologyScore": grant.Score, "free": grant.Considered.Free, "passedOver": grant.Considered.Passed}

@@ -122,6 +122,14 @@ func TestMemoryBounds(t *testing.T) {
 	if got := n.limits.Calls(); !slices.Equal(got, want) {
 		t.Errorf("the driver was asked\n%v\nwant\n%v", got, want)
 	}
+	// What explain shows of a container created and not yet started.
+	x := gpuPod("x", map[string]string{"gpus.nri-gpu.io": "1"})
+	if _, _, err := n.p.Create(context.Background(), x, ctrOf(x, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := n.p.MemoryBounds("x-c"), []plugin.MemoryBound{{Device: "nvidia.com/gpu=1", UUID: n.uuid(1), Soft: 20 << 30, Hard: 20 << 30}}; !slices.Equal(got, want) {
+		t.Errorf("explain's bounds %v, want %v", got, want)
+	}
 	body := scrape(t, n.m)
 	for pod, limit := range map[string]string{"a": "2.147483648e+10", "b": "1.073741824e+09", "c": "2.147483648e+10"} {
 		if !strings.Contains(body, fmt.Sprintf(`pod=%q} %s`, pod, limit)) || !strings.Contains(body, "nri_gpu_device_holder_memory_limit_bytes") {
