@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
 	"github.com/nri-gpu/nri-gpu/test/harness"
@@ -145,12 +146,21 @@ func containerCgroup(t *testing.T, ctd *harness.Containerd, id string) string {
 	return dir
 }
 
-// wantLimits checks the fake driver's calls so far.
+// wantLimits checks the fake driver's calls, waiting a while for them
+// (a restarted nri-gpu sets its bounds again once it has synchronized).
 func wantLimits(t *testing.T, file string, want ...string) {
 	t.Helper()
-	got, err := harness.ReadLimits(file)
-	if err != nil {
-		t.Fatal(err)
+	var got []string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var err error
+		if got, err = harness.ReadLimits(file); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(got, "\n") == strings.Join(want, "\n") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("the driver was asked\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
