@@ -21,6 +21,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
+	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
 
 // sharedMemory shares GPUs 0 and 1 by time-slicing, two pods each, 40Gi
@@ -353,5 +354,42 @@ func TestMemoryBoundsHookFree(t *testing.T) {
 	run("d", "3", 1004)
 	if got := limits.Calls(); len(got) != len(want) {
 		t.Errorf("a container that asks no limit, on a GPU held whole: %v", got[len(want):])
+	}
+}
+
+// TestMemoryBoundsEveryDoor: the bound follows what the pool gave the
+// holder, whichever door it came through: a DRA claim's container is
+// bounded to the claim's allocation (kube-scheduler's consumable memory:
+// 8Gi), a device-plugin pod's (kubelet's CDI device) to the entry's
+// default (20Gi).
+func TestMemoryBoundsEveryDoor(t *testing.T) {
+	f := &finder{uses: map[string][]link.ClaimUse{"a/gpu": {{UID: "uid-c", Namespace: "tenant", Name: "c"}}}}
+	n := newBoundsNode(t, sharedMemory, claimsOf(f))
+	if err := n.p.DRAView(config.Default().Start.DRA).Prepare(context.Background(),
+		policy.Claim{UID: "uid-c", Namespace: "tenant", Name: "c", Pods: []policy.PodName{{Namespace: "tenant", Name: "a"}}},
+		[]link.Allocated{{CDI: "nvidia.com/gpu=0", Requests: []string{"gpu"}, Use: policy.Use{Shares: 1, Memory: 8 << 30}, MemoryAsked: true}}); err != nil {
+		t.Fatal(err)
+	}
+	start := func(pod *api.PodSandbox, ctr *api.Container, pid int) string {
+		t.Helper()
+		n.place(ctr, pid, "/kubepods/"+pod.Name+"/"+ctr.Id)
+		if _, _, err := n.p.CreateContainer(context.Background(), pod, ctr); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.p.StartContainer(context.Background(), pod, ctr); err != nil {
+			t.Fatal(err)
+		}
+		return n.cg.Root + "/kubepods/" + pod.Name + "/" + ctr.Id
+	}
+	a := &api.PodSandbox{Id: "id-a", Name: "a", Namespace: "tenant", Uid: "uid-a"}
+	claimed := start(a, container(a, "gpu"), 1001)
+	b := gpuPod("b", nil)
+	kubelet := start(b, container(b, "c", "nvidia.com/gpu=1"), 1002)
+	want := []testutil.Limit{
+		{UUID: n.uuid(0), Cgroup: claimed, Soft: 8 << 30, Hard: 8 << 30},
+		{UUID: n.uuid(1), Cgroup: kubelet, Soft: 20 << 30, Hard: 20 << 30},
+	}
+	if got := n.limits.Calls(); !slices.Equal(got, want) {
+		t.Errorf("the driver was asked\n%v\nwant\n%v", got, want)
 	}
 }
