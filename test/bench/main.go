@@ -24,7 +24,7 @@ func main() {
 		out     = flag.String("out", "BENCHMARKS.md", "file to write")
 		e2eRuns = flag.Int("e2e-runs", 40, "crictl create runs per setup")
 		rounds  = flag.Int("cluster-rounds", 20, "batches of pods of each kind on the cluster")
-		only    = flag.String("only", "", "run only this section (request, protocol, specs, memory, metrics, e2e, away, cluster) and print it; for profiling")
+		only    = flag.String("only", "", "run only this section (request, protocol, specs, memory, metrics, bounds, e2e, away, cluster) and print it; for profiling")
 	)
 	flag.Parse()
 	r := &report{}
@@ -37,6 +37,7 @@ func main() {
 		{"specs", func() { r.specs(*goBench) }},
 		{"memory", r.memory},
 		{"metrics", r.metricsCost},
+		{"bounds", r.memoryBounds},
 		{"e2e", func() { r.endToEnd(*e2eRuns) }},
 		{"away", func() { r.away(10) }},
 		{"cluster", func() { r.cluster(*rounds) }},

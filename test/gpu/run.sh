@@ -20,7 +20,12 @@
 # pods at once: the one allocating past its 2 GiB limit fails there, the
 # other keeps running; the clients' pipe directory is read-only, and what
 # a client does when its control socket is a tenant's listener instead of
-# the daemon is measured (the line starting MEASURED).
+# the daemon is measured (the line starting MEASURED); and
+# (TestRealMemoryBounds) shares GPU 0 two ways by time-slicing with 4 GiB
+# counted: the driver bounds each pod to its 2 GiB (nri-gpu sets the
+# per-cgroup limit at the container's start), a pod allocating 1.5 GiB
+# succeeds and one asking 3 GiB fails near 2 GiB (where the node cannot
+# bound GPU memory, it checks nri-gpu refuses the pod and says why).
 # It writes nothing outside temp dirs, and exits non-zero with the reason
 # on any miss.
 set -euo pipefail
@@ -61,7 +66,7 @@ while read -r path; do
 done < <(sed -n 's/^ *hostPath: *//p' "$spec" | sort -u)
 [ "$missing" -eq 0 ] || { echo "FAIL: the spec names host paths that do not exist" >&2; exit 1; }
 
-echo "== a container given GPU 0: CUDA loads, nvidia-smi -L, with hooks and hook-free; the DRA driver's attributes from NVML (TestRealGPUAttributes); two pods on GPU 0 under MPS (TestRealMPS)"
+echo "== a container given GPU 0: CUDA loads, nvidia-smi -L, with hooks and hook-free; the DRA driver's attributes from NVML (TestRealGPUAttributes); two pods on GPU 0 under MPS (TestRealMPS); two time-sliced pods bounded by the driver (TestRealMemoryBounds)"
 cd "$(dirname "$0")/../.."
-NRI_GPU_REAL=1 NRI_GPU_TOOLS="$(dirname "$bin")" NRI_GPU_CONTAINERD2="${NRI_GPU_CONTAINERD2:-$(dirname "$bin")/../containerd-2.3.7}" go test -count=1 -v -run "TestRealGPU|TestRealMPS" ./test/gpu/
+NRI_GPU_REAL=1 NRI_GPU_TOOLS="$(dirname "$bin")" NRI_GPU_CONTAINERD2="${NRI_GPU_CONTAINERD2:-$(dirname "$bin")/../containerd-2.3.7}" go test -count=1 -v -run "TestRealGPU|TestRealMPS|TestRealMemoryBounds" ./test/gpu/
 echo "PASS"
