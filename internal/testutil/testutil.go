@@ -17,6 +17,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -32,6 +33,20 @@ func ShortDir(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// Cgroup2 returns a new mount of the cgroup v2 hierarchy (the unified
+// one, on a machine whose controllers are all cgroup v1's), under /tmp,
+// unmounted when the test ends: where the driver's memory limits are
+// set, whatever the machine's cgroup version.
+func Cgroup2(t testing.TB) string {
+	t.Helper()
+	dir := ShortDir(t)
+	if err := unix.Mount("nri-gpu-test", dir, "cgroup2", 0, ""); err != nil {
+		t.Fatalf("mounting cgroup v2 at %s: %v", dir, err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	return dir
 }
 

@@ -24,6 +24,7 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/opencontainers/cgroups/systemd"
 	"golang.org/x/sys/unix"
 )
 
@@ -143,6 +144,41 @@ func (c Cgroups) Of(pid int, id string) (string, error) {
 		return "", fmt.Errorf("process %d is not in container %.12s's cgroup (%s)", pid, id, path)
 	}
 	return filepath.Join(c.Root, filepath.Clean("/"+path)), nil
+}
+
+// OfContainer returns the cgroup v2 directory of container id: its
+// process's (Of) where the runtime tells its pid, else the one the
+// runtime's cgroupsPath for it names (CRI-O tells NRI no pid):
+// "slice:prefix:name" under systemd's cgroup driver (the slice expanded
+// as systemd does, the container's unit prefix-name.scope), an absolute
+// path under cgroupfs. The directory must name id and exist under Root.
+func (c Cgroups) OfContainer(pid int, id, cgroupsPath string) (string, error) {
+	if pid > 0 {
+		return c.Of(pid, id)
+	}
+	if err := c.V2(); err != nil {
+		return "", err
+	}
+	rel := cgroupsPath
+	if slice, unit, ok := strings.Cut(cgroupsPath, ":"); ok {
+		prefix, name, _ := strings.Cut(unit, ":")
+		dir, err := systemd.ExpandSlice(slice)
+		if err != nil {
+			return "", fmt.Errorf("container %.12s's cgroupsPath %q: %w", id, cgroupsPath, err)
+		}
+		if !strings.HasSuffix(name, ".slice") {
+			name = prefix + "-" + name + ".scope"
+		}
+		rel = dir + "/" + name
+	}
+	if id == "" || !strings.Contains(rel, id) || !strings.HasPrefix(rel, "/") {
+		return "", fmt.Errorf("the runtime tells no process of container %.12s, and its cgroupsPath %q does not name it", id, cgroupsPath)
+	}
+	dir := filepath.Join(c.Root, filepath.Clean(rel))
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("container %.12s's cgroup %s: not a directory (%v)", id, dir, err)
+	}
+	return dir, nil
 }
 
 // Driver sets, reads and lifts limits through NVML, which must be open

@@ -1,7 +1,6 @@
 package memlimit_test
 
 import (
-	"bufio"
 	"errors"
 	"os"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
 )
 
@@ -98,28 +98,9 @@ func TestCgroupV2(t *testing.T) {
 	if err := (memlimit.Cgroups{Root: t.TempDir()}).V2(); !errors.Is(err, memlimit.ErrUnenforceable) || !strings.Contains(err.Error(), "is not cgroup v2") {
 		t.Fatalf("V2 of a plain directory: %v, want ErrUnenforceable", err)
 	}
-	if err := (memlimit.Cgroups{Root: cgroup2Mount(t)}).V2(); err != nil {
+	if err := (memlimit.Cgroups{Root: testutil.Cgroup2(t)}).V2(); err != nil {
 		t.Fatalf("V2 of a cgroup v2 mount: %v", err)
 	}
-}
-
-// cgroup2Mount returns a cgroup v2 mount of this machine (the unified
-// hierarchy on a hybrid one).
-func cgroup2Mount(t *testing.T) string {
-	t.Helper()
-	f, err := os.Open("/proc/self/mounts")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if fields := strings.Fields(s.Text()); len(fields) > 2 && fields[2] == "cgroup2" {
-			return fields[1]
-		}
-	}
-	t.Skip("no cgroup v2 hierarchy is mounted on this machine")
-	return ""
 }
 
 // set is one SetMemoryLimits_v1 call the mock driver saw.
@@ -242,7 +223,7 @@ func TestProbe(t *testing.T) {
 			},
 		}
 	}
-	v2 := memlimit.Cgroups{Root: cgroup2Mount(t)}
+	v2 := memlimit.Cgroups{Root: testutil.Cgroup2(t)}
 	for _, tc := range []struct {
 		name     string
 		lib      nvml.Interface
@@ -266,5 +247,63 @@ func TestProbe(t *testing.T) {
 				t.Errorf("Probe says %q, want %q", said, tc.says)
 			}
 		})
+	}
+}
+
+// TestOfContainer: where the runtime tells no pid (CRI-O), a container's
+// cgroup is the one its cgroupsPath names: systemd's "slice:prefix:name"
+// (the slice expanded as systemd does, the unit prefix-name.scope) or
+// cgroupfs' absolute path, under the cgroup v2 root, existing, naming the
+// container; with a pid, its process's.
+func TestOfContainer(t *testing.T) {
+	const id = "0123456789abcdef"
+	root := testutil.Cgroup2(t)
+	scope := "/nrigputest.slice/nrigputest-pod_x.slice/crio-" + id + ".scope"
+	plain := "/nri-gpu-test-" + id
+	for _, dir := range []string{"/nrigputest.slice", "/nrigputest.slice/nrigputest-pod_x.slice", scope, plain} {
+		if err := os.Mkdir(root+dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, dir := range []string{plain, scope, "/nrigputest.slice/nrigputest-pod_x.slice", "/nrigputest.slice"} {
+			_ = os.Remove(root + dir)
+		}
+	})
+	proc := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(proc, "7"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, "7", "cgroup"), []byte("0::/kubepods/"+id+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := memlimit.Cgroups{Proc: proc, Root: root}
+	for _, tc := range []struct {
+		name, path string
+		pid        int
+		want, err  string
+	}{
+		{name: "systemd", path: "nrigputest-pod_x.slice:crio:" + id, want: root + scope},
+		{name: "cgroupfs", path: plain, want: root + plain},
+		{name: "the process's", pid: 7, path: "ignored", want: root + "/kubepods/" + id},
+		{name: "another container's", path: "nrigputest-pod_x.slice:crio:fedcba9876543210", err: "does not name it"},
+		{name: "not there", path: "nrigputest-pod_x.slice:cri-containerd:" + id, err: "not a directory"},
+		{name: "a bad slice", path: "pod/x.slice:crio:" + id, err: "invalid slice name"},
+		{name: "relative", path: "kubepods/" + id, err: "does not name it"},
+		{name: "none", err: "does not name it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := c.OfContainer(tc.pid, id, tc.path)
+			if tc.err != "" {
+				testutil.ErrorSays(t, err, tc.err)
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Errorf("%q: %q, %v; want %q", tc.path, got, err, tc.want)
+			}
+		})
+	}
+	if _, err := (memlimit.Cgroups{Proc: proc, Root: t.TempDir()}).OfContainer(0, id, plain); !errors.Is(err, memlimit.ErrUnenforceable) {
+		t.Errorf("not cgroup v2: %v, want ErrUnenforceable", err)
 	}
 }

@@ -215,7 +215,7 @@ func (p *Plugin) setBounds(ctr *api.Container) error {
 	if c == nil {
 		return nil
 	}
-	cgroup, err := p.node.hw.Cgroups().Of(int(ctr.GetPid()), ctr.GetId())
+	cgroup, err := p.node.hw.Cgroups().OfContainer(int(ctr.GetPid()), ctr.GetId(), ctr.GetLinux().GetCgroupsPath())
 	if err != nil {
 		return err
 	}

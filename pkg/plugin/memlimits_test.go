@@ -13,7 +13,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/containerd/nri/pkg/api"
-	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu/nri-gpu/internal/testutil"
 	"github.com/nri-gpu/nri-gpu/pkg/config"
@@ -37,11 +36,7 @@ const sharedMemory = `policy:
 // cgroup v2 only).
 func cgroupNode(t *testing.T) (c memlimit.Cgroups, place func(ctr *api.Container, pid int, cgroup string)) {
 	t.Helper()
-	c = memlimit.Cgroups{Proc: t.TempDir(), Root: testutil.ShortDir(t)}
-	if err := unix.Mount("nri-gpu-test", c.Root, "cgroup2", 0, ""); err != nil {
-		t.Fatalf("mounting cgroup v2 at %s: %v", c.Root, err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(c.Root, unix.MNT_DETACH) })
+	c = memlimit.Cgroups{Proc: t.TempDir(), Root: testutil.Cgroup2(t)}
 	return c, func(ctr *api.Container, pid int, cgroup string) {
 		t.Helper()
 		ctr.Pid = uint32(pid)
