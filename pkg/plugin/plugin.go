@@ -147,7 +147,7 @@ type state struct {
 
 // New returns a plugin serving cfg.
 func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, error) {
-	p := &Plugin{log: log, node: node{alloc: policy.NewAllocations()}, stopper: recovery.Killer{Proc: "/proc"}}
+	p := &Plugin{log: log, node: node{alloc: policy.NewAllocations()}}
 	p.life.closed, p.life.cancel = context.WithCancel(context.Background())
 	p.life.restore = newRestoration()
 	p.recovered = recovery.New(p.life.closed.Done(), nil)
@@ -165,6 +165,9 @@ func New(cfg *config.Config, log logrus.FieldLogger, opts ...Option) (*Plugin, e
 	p.node.hw = inventory.New(cfg.Start.DriverRoot, p.flags.nvml, log.Infof)
 	if p.flags.cgroups != nil {
 		p.node.hw.SetCgroups(*p.flags.cgroups)
+	}
+	if p.stopper == nil {
+		p.stopper = recovery.Killer{Proc: "/proc", Cgroups: p.node.hw.Cgroups()}
 	}
 	p.node.rec = record.NewKeeper(p.flags.record, p.node.alloc)
 	mgr := mps.NewManager(start, mps.NVMLModes{Lib: p.node.hw.Lib}, p.node.rec)

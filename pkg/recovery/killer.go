@@ -10,12 +10,20 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"golang.org/x/sys/unix"
+
+	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
 )
 
 // Killer stops a running container as the runtime's own eviction does
 // (containerd stops it with no grace period): its process, which the
-// runtime reports, is killed. Proc is the proc filesystem ("/proc").
-type Killer struct{ Proc string }
+// runtime reports, is killed; where the runtime reports none (CRI-O tells
+// NRI no pid), every process of its cgroup (cgroup v2's cgroup.kill), the
+// one its cgroupsPath names under Cgroups. Proc is the proc filesystem
+// ("/proc").
+type Killer struct {
+	Proc    string
+	Cgroups memlimit.Cgroups
+}
 
 // Stop kills the container's process. The process is first opened (a
 // pidfd, so that the signal cannot reach a process that took its pid
@@ -23,6 +31,13 @@ type Killer struct{ Proc string }
 // container's ID.
 func (k Killer) Stop(ctr *api.Container) error {
 	pid := int(ctr.GetPid())
+	if pid <= 0 && k.Cgroups.Root != "" {
+		dir, err := k.Cgroups.OfContainer(0, ctr.GetId(), ctr.GetLinux().GetCgroupsPath())
+		if err != nil {
+			return fmt.Errorf("%w: the runtime reports no process of it: %w", ErrNotStopped, err)
+		}
+		return KillCgroup(dir)
+	}
 	if pid <= 0 {
 		return fmt.Errorf("%w: the runtime reports no process of it", ErrNotStopped)
 	}
@@ -47,3 +62,12 @@ func (k Killer) Stop(ctr *api.Container) error {
 // ErrNotStopped is wrapped by the error of a container that could not be
 // stopped.
 var ErrNotStopped = errors.New("container not stopped")
+
+// KillCgroup kills every process of the cgroup v2 directory dir at once
+// (its cgroup.kill).
+func KillCgroup(dir string) error {
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotStopped, err)
+	}
+	return nil
+}

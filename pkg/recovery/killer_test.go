@@ -9,9 +9,12 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 
+	"github.com/nri-gpu/nri-gpu/internal/testutil"
+	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
 	"github.com/nri-gpu/nri-gpu/pkg/recovery"
 )
 
@@ -76,5 +79,49 @@ func TestKiller(t *testing.T) {
 				t.Errorf("the process ended (%v) by %v; want %v (killed by Stop: %v)", err, st.Signal(), want, tc.killed)
 			}
 		})
+	}
+}
+
+// TestKillerByCgroup: a container the runtime reports no process of
+// (CRI-O tells NRI no pid) is killed by its cgroup, the one its
+// cgroupsPath names (cgroup v2's cgroup.kill): every process in it dies;
+// one whose cgroupsPath does not name it is not, saying why.
+func TestKillerByCgroup(t *testing.T) {
+	const id = "0123456789abcdef"
+	root := testutil.Cgroup2(t)
+	dir := filepath.Join(root, "nrigputest-"+id)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		_ = os.Remove(dir)
+	})
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	k := recovery.Killer{Proc: "/proc", Cgroups: memlimit.Cgroups{Proc: "/proc", Root: root}}
+	other := &api.Container{Id: "fedcba9876543210", Linux: &api.LinuxContainer{CgroupsPath: "/nrigputest-" + id}}
+	if err := k.Stop(other); !errors.Is(err, recovery.ErrNotStopped) || !strings.Contains(err.Error(), "does not name it") {
+		t.Errorf("another container's cgroup: %v, want it not stopped", err)
+	}
+	if err := k.Stop(&api.Container{Id: id, Linux: &api.LinuxContainer{CgroupsPath: "/nrigputest-" + id}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+		exited <- nil
+		if st, _ := cmd.ProcessState.Sys().(syscall.WaitStatus); st.Signal() != syscall.SIGKILL {
+			t.Errorf("the process ended by %v, want SIGKILL", st.Signal())
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the container's process still runs 10 s after its cgroup was killed")
 	}
 }
