@@ -193,10 +193,15 @@ func (p *Plugin) byAgreement(pod *api.PodSandbox, ctr *api.Container, d specs.De
 
 // StartContainer sets the driver's bounds of a container that holds a
 // GPU whose holders' memory is counted, on its cgroup, before its
-// program runs. Where they cannot be set, the container is stopped and
+// program runs (not before the record is restored). Where they cannot be set, the container is stopped and
 // its start fails (containerd fails it on the error; CRI-O only logs the
 // error, so the container is stopped too).
-func (p *Plugin) StartContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+func (p *Plugin) StartContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	// What a container created before a restart is to be bounded to is
+	// known once the record is restored.
+	if err := p.life.restore.await(ctx, p.waitBound(ctx)); err != nil {
+		return err
+	}
 	err := p.setBounds(ctr)
 	if err == nil {
 		return nil
@@ -271,10 +276,10 @@ func (p *Plugin) withDriver(f func(memlimit.Driver) error) error {
 	return f(memlimit.Driver{Lib: lib})
 }
 
-// boundRunning bounds a running container (one a restart finds, or one
-// created while nri-gpu was away and admitted now) on the GPUs of devs it
-// holds whose holders' memory is counted, at once: no StartContainer will
-// come for it.
+// boundRunning bounds a container a restart finds (or one created while
+// nri-gpu was away and admitted now) on the GPUs of devs it holds whose
+// holders' memory is counted: at once where it runs (no StartContainer
+// will come for it), at its StartContainer where it is created only.
 func (p *Plugin) boundRunning(pol *policy.Policy, snap *specs.Snapshot, pod *api.PodSandbox, ctr *api.Container, devs []specs.Device) error {
 	if err := askedBounds(ctr); err != nil {
 		return err
@@ -287,20 +292,26 @@ func (p *Plugin) boundRunning(pol *policy.Policy, snap *specs.Snapshot, pod *api
 	}
 	h := holding{pod: pod, ctr: ctr, devs: devs, claims: claims}
 	p.limits.keep(pod, ctr, p.boundsOf(pol, snap, h, logTo(p.log, recovery.Stopping{Pod: pod, Ctr: ctr})))
+	if ctr.GetState() == api.ContainerState_CONTAINER_CREATED {
+		return nil
+	}
 	return p.setBounds(ctr)
 }
 
 // boundRestored bounds again each running container of reported that
 // nri-gpu gave devices (its annotation says which): the driver keeps the
 // bounds of a cgroup while it lives, and a restarted nri-gpu learns them
-// again, for their lift and the metrics. One whose bounds cannot be set
-// is to be stopped: it is returned, with why.
+// again, for their lift and the metrics; and learns those of each one
+// created and not yet started (by the nri-gpu before it), to set at its
+// start. One whose bounds cannot be set is to be stopped: it is
+// returned, with why.
 func (p *Plugin) boundRestored(pol *policy.Policy, snap *specs.Snapshot, reported recovery.Reported, containers []*api.Container) []recovery.Stopping {
 	var stop []recovery.Stopping
 	for _, c := range containers {
 		names := c.GetAnnotations()[DevicesAnnotation]
 		pod := reported.Sandboxes[c.GetPodSandboxId()]
-		if names == "" || pod == nil || c.GetState() != api.ContainerState_CONTAINER_RUNNING {
+		state := c.GetState()
+		if names == "" || pod == nil || state != api.ContainerState_CONTAINER_RUNNING && state != api.ContainerState_CONTAINER_CREATED {
 			continue
 		}
 		if err := p.boundRunning(pol, snap, pod, c, snap.Footprints(strings.Split(names, ","))); err != nil {

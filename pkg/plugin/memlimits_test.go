@@ -239,15 +239,17 @@ func TestMemoryBoundsUnenforceable(t *testing.T) {
 // TestMemoryBoundsRestored: a restarted nri-gpu sets again, at
 // Synchronize, the bounds of each running container it gave a GPU whose
 // holders' memory is counted (the driver keeps a cgroup's; it learns
-// them again, to lift them at the container's stop), and none of a
-// container that no longer runs.
+// them again, to lift them at the container's stop); sets those of a
+// container created before the restart and started after it, at its
+// start; and none of a container that no longer runs.
 func TestMemoryBoundsRestored(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "state.json")
 	n := newBoundsNode(t, sharedMemory, plugin.WithStateFile(state))
 	pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
-	running, exited := ctrOf(pod, nil), ctrOf(pod, nil)
+	running, created, exited := ctrOf(pod, nil), ctrOf(pod, nil), ctrOf(pod, nil)
+	created.Id, created.Name, created.State = "a-created", "created", api.ContainerState_CONTAINER_CREATED
 	exited.Id, exited.Name, exited.State = "a-exited", "exited", api.ContainerState_CONTAINER_STOPPED
-	for i, c := range []*api.Container{running, exited} {
+	for i, c := range []*api.Container{running, created, exited} {
 		n.place(c, 1001+i, "/kubepods/a/"+c.Id)
 		adj, _, err := n.p.CreateContainer(context.Background(), pod, c)
 		if err != nil {
@@ -268,17 +270,26 @@ func TestMemoryBoundsRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(second.Close)
-	if _, err := second.Synchronize(context.Background(), []*api.PodSandbox{pod}, []*api.Container{running, exited}); err != nil {
+	if _, err := second.Synchronize(context.Background(), []*api.PodSandbox{pod}, []*api.Container{running, created, exited}); err != nil {
 		t.Fatal(err)
 	}
-	want := []testutil.Limit{{UUID: n.uuid(0), Cgroup: n.cg.Root + "/kubepods/a/" + running.Id, Soft: 20 << 30, Hard: 20 << 30}}
-	if got := n.limits.Calls(); !slices.Equal(got, want) {
+	bound := func(c *api.Container) testutil.Limit {
+		return testutil.Limit{UUID: n.uuid(0), Cgroup: n.cg.Root + "/kubepods/a/" + c.Id, Soft: 20 << 30, Hard: 20 << 30}
+	}
+	if got, want := n.limits.Calls(), []testutil.Limit{bound(running)}; !slices.Equal(got, want) {
 		t.Errorf("after the restart the driver was asked %v, want %v", got, want)
+	}
+	created.State = api.ContainerState_CONTAINER_RUNNING
+	if err := second.StartContainer(context.Background(), pod, created); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := n.limits.Calls(), []testutil.Limit{bound(running), bound(created)}; !slices.Equal(got, want) {
+		t.Errorf("at the start of the container created before the restart the driver was asked %v, want %v", got, want)
 	}
 	if _, err := second.StopContainer(context.Background(), pod, running); err != nil {
 		t.Fatal(err)
 	}
-	if got := n.limits.Calls(); len(got) != 2 || got[1].Hard != math.MaxUint64 {
+	if got := n.limits.Calls(); len(got) != 3 || got[2].Hard != math.MaxUint64 || got[2].Cgroup != bound(running).Cgroup {
 		t.Errorf("the restarted nri-gpu's lift at the stop: %v", got)
 	}
 }
