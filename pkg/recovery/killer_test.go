@@ -37,18 +37,7 @@ func TestKiller(t *testing.T) {
 		{name: "no such process", cgroup: "0::/" + id + "\n", pid: func(int) uint32 { return 1 << 30 }, err: "no such process"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command("sleep", "60")
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
-			t.Cleanup(func() {
-				_ = cmd.Process.Kill()
-				if exited != nil {
-					<-exited
-				}
-			})
+			cmd, exited := sleeping(t)
 			pid := uint32(cmd.Process.Pid)
 			if tc.pid != nil {
 				pid = tc.pid(cmd.Process.Pid)
@@ -73,7 +62,6 @@ func TestKiller(t *testing.T) {
 				_ = cmd.Process.Signal(syscall.SIGTERM)
 			}
 			err = <-exited
-			exited = nil // waited for
 			want := map[bool]syscall.Signal{true: syscall.SIGKILL, false: syscall.SIGTERM}[tc.killed]
 			if st, _ := cmd.ProcessState.Sys().(syscall.WaitStatus); st.Signal() != want {
 				t.Errorf("the process ended (%v) by %v; want %v (killed by Stop: %v)", err, st.Signal(), want, tc.killed)
@@ -93,17 +81,8 @@ func TestKillerByCgroup(t *testing.T) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("sleep", "60")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		_ = os.Remove(dir)
-	})
+	t.Cleanup(func() { _ = os.Remove(dir) }) // after the process is gone
+	cmd, exited := sleeping(t)
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -117,11 +96,27 @@ func TestKillerByCgroup(t *testing.T) {
 	}
 	select {
 	case <-exited:
-		exited <- nil
 		if st, _ := cmd.ProcessState.Sys().(syscall.WaitStatus); st.Signal() != syscall.SIGKILL {
 			t.Errorf("the process ended by %v, want SIGKILL", st.Signal())
 		}
 	case <-time.After(10 * time.Second):
 		t.Error("the container's process still runs 10 s after its cgroup was killed")
 	}
+}
+
+// sleeping starts a process that sleeps a minute, killed and waited for
+// when the test ends; exited says how it ended.
+func sleeping(t *testing.T) (*exec.Cmd, <-chan error) {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited, done := make(chan error, 1), make(chan struct{})
+	go func() { exited <- cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	return cmd, exited
 }
