@@ -118,8 +118,12 @@ func checkMemoryLimits(in Input) Finding {
 	if len(why) == 0 {
 		return Finding{OK, check, fmt.Sprintf("the driver can bound each holder's memory on its %d GPUs (cgroup v2, NVML's per-cgroup limits)", len(s.GPUs)), ""}
 	}
+	then := "a GPU time-slicing shares with its memory counted is refused here (policy.memoryLimits: enforced)"
+	if in.Config != nil && in.Config.Policy.MemoryLimits == config.MemoryLimitsAgreement {
+		then = "the holders of a GPU time-slicing shares with its memory counted run bounded by agreement only (policy.memoryLimits: agreement)"
+	}
 	return Finding{Warn, check, "the driver cannot bound GPU memory per container here: " + strings.Join(why, "; "),
-		"until then the holders of a shared GPU are bounded by agreement only; the driver enforces limits on cgroup v2 with a driver of CUDA 13.4 or later, on whole GPUs"}
+		"until then " + then + "; the driver enforces limits on cgroup v2 with a driver of CUDA 13.4 or later, on whole GPUs"}
 }
 
 // checkDRADriver says whether nri-gpu, with DRA on, finds the program of

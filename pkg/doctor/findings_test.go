@@ -171,3 +171,21 @@ func TestFindings(t *testing.T) {
 		})
 	}
 }
+
+// TestMemoryLimitsFix: where the driver cannot bound GPU memory, the fix
+// says what policy.memoryLimits then does with a shared GPU whose memory
+// is counted: refuses it (enforced, the default) or runs it by agreement.
+func TestMemoryLimitsFix(t *testing.T) {
+	cannot := &memlimit.Support{Cgroup: errors.New("/sys/fs/cgroup is not cgroup v2")}
+	for mode, want := range map[config.MemoryLimits]string{
+		config.MemoryLimitsEnforced:  "is refused here (policy.memoryLimits: enforced)",
+		config.MemoryLimitsAgreement: "run bounded by agreement only (policy.memoryLimits: agreement)",
+	} {
+		cfg := config.Default()
+		cfg.Policy.MemoryLimits = mode
+		f := find(doctor.Run(doctor.Input{Config: cfg, MemoryLimits: cannot}), "GPU memory limits")
+		if len(f) != 1 || !strings.Contains(f[0].Fix, want) {
+			t.Errorf("%s: %+v, want a fix saying %q", mode, f, want)
+		}
+	}
+}
