@@ -13,9 +13,9 @@ import (
 	"github.com/nri-gpu/nri-gpu/test/harness"
 )
 
-// boundedSharing shares GPU 0 two ways by time-slicing, with 40Gi of
-// memory counted: 20Gi for each pod.
-const boundedSharing = `sharing: [{devices: ["nvidia.com/gpu=0"], replicas: 2, memory: 40Gi}]`
+// boundedSharing shares GPU 0 four ways by time-slicing, with 40Gi of
+// memory counted: 10Gi for each pod.
+const boundedSharing = `sharing: [{devices: ["nvidia.com/gpu=0"], replicas: 4, memory: 40Gi}]`
 
 // boundsDriver installs, under a new driver root, a fake NVIDIA driver of
 // the suite host's GPUs (their UUIDs) that records the per-cgroup memory
@@ -53,77 +53,104 @@ func boundsDriver(t *testing.T) (root, limits string) {
 
 // TestDriverBoundsMemory: a pod given GPU 0, which time-slicing shares
 // with its memory counted, is bounded by the driver (a fake NVML, loaded
-// by nri-gpu through go-nvml's dlopen, recording each call). On a cgroup
-// v2 node (the VM's): at the container's start, on its own cgroup (the
-// one its process is in), soft and hard at the pod's 20Gi (lower where
-// its environment asks); set again on the same cgroup by an nri-gpu
-// killed and started again; lifted at its stop. On cgroup v1 (this
-// workplace's hosts): refused under policy.memoryLimits: enforced,
-// saying why; run under agreement, no limit set, said in nri-gpu's log.
-// A driver that answers NOT_SUPPORTED refuses it too.
+// by nri-gpu through go-nvml's dlopen, recording each call), whether it
+// asks by annotation or as kubelet asks a device plugin's allocation (its
+// CRI request's CDI device). On a cgroup v2 node (the VM's): at the
+// container's start, on its own cgroup (the one its process is in), soft
+// and hard at the pod's 10Gi (its environment asking more gets no more);
+// set again on the same cgroup by an nri-gpu killed and started again;
+// lifted at its stop. On cgroup v1 (this workplace's hosts): refused
+// under policy.memoryLimits: enforced, saying why; run under agreement,
+// no limit set, said in nri-gpu's log. A driver that answers
+// NOT_SUPPORTED refuses it too, or runs it by agreement.
 func TestDriverBoundsMemory(t *testing.T) {
 	needEnv(t)
 	v2 := memlimit.Cgroups{Root: "/sys/fs/cgroup"}.V2() == nil
+	// kubelet's allocation reaches the runtime as a device plugin's
+	// cdi.k8s.io annotation on containerd 1.7, as CRI CDI devices that
+	// containerd's own CDI injects on 2.x (TestDevicePlugin).
+	kubelet, opts := harness.Container{Name: "c", Annotations: map[string]string{"cdi.k8s.io/nri-gpu_nvidia.com_gpu": "nvidia.com/gpu=0"}}, harness.Options{}
+	if env.tools.Containerd2() {
+		kubelet = harness.Container{Name: "c", CDIDevices: []string{"nvidia.com/gpu=0"}}
+		opts = harness.Options{EnableCDI: true, CDISpecDirs: []string{env.host.SpecDir}}
+	}
+	doors := map[string]harness.Container{
+		"annotation":    {Name: "c", Env: map[string]string{"NVIDIA_GPU_MEMORY_LIMIT": "999999"}},
+		"device plugin": kubelet,
+	}
+	asks := map[string]map[string]string{"annotation": {"gpus.nri-gpu.io": "0"}}
 	for _, mode := range []string{"enforced", "agreement"} {
-		t.Run(mode, func(t *testing.T) {
-			root, limits := boundsDriver(t)
-			ctd := extraContainerd(t, "ctd-bounds-"+mode, harness.Options{})
-			config := "version: v1\n" + env.host.PluginConfig(nil, "exclusive: true", "memoryLimits: "+mode, boundedSharing) + "start:\n  driverRoot: " + root + "\n"
-			start := func() *harness.Plugin {
-				t.Helper()
-				file := filepath.Join(ctd.Dir, "nri-gpu.yaml")
-				if err := os.WriteFile(file, []byte(config), 0o644); err != nil {
-					t.Fatal(err)
+		for door, ctr := range doors {
+			t.Run(mode+", "+door, func(t *testing.T) {
+				o := harness.Options{}
+				if door == "device plugin" {
+					o = opts
 				}
-				p, err := ctd.StartPlugin("--config", file)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return p
-			}
-			p := start()
-			podID, pod := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "0"})
-			ctr := harness.Container{Name: "c", Env: map[string]string{"NVIDIA_GPU_MEMORY_LIMIT": "999999"}}
-			if !v2 {
-				if mode == "enforced" {
-					createFailsOn(t, ctd, podID, pod, ctr, `device "nvidia.com/gpu=0": policy.sharing[0] (replicas 2, timeSlicing) counts each holder's memory, which the driver cannot bound here`,
-						"is not cgroup v2", "policy.memoryLimits: agreement")
-					return
-				}
-				runContainer(t, ctd, podID, pod, ctr)
-				if got, _ := harness.ReadLimits(limits); len(got) != 0 {
-					t.Errorf("limits set on cgroup v1: %v", got)
-				}
-				if !strings.Contains(p.Log(), "GPU memory bounded by agreement only") {
-					t.Errorf("nri-gpu's log does not say the pod runs by agreement:\n%s", p.Log())
-				}
-				return
-			}
-			id, _ := runContainer(t, ctd, podID, pod, ctr)
-			cgroup := containerCgroup(t, ctd, id)
-			set := fmt.Sprintf("%s %s %d %d", harness.UUID(0), cgroup, uint64(20<<30), uint64(20<<30))
-			wantLimits(t, limits, set)
-			p.Kill()
-			p = start()
-			wantLimits(t, limits, set, set)
-			if out, err := ctd.Crictl("stop", id); err != nil {
-				t.Fatalf("stopping the container: %v\n%s", err, out)
-			}
-			wantLimits(t, limits, set, set, fmt.Sprintf("%s %s 0 %d", harness.UUID(0), cgroup, memlimit.Unlimited))
-			// A driver that answers NOT_SUPPORTED (another GPU's pod,
-			// asked of a newly started nri-gpu: the node is asked once).
-			if err := os.WriteFile(limits+".not-supported", nil, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			p.Kill()
-			start()
-			otherID, other := newPod(t, ctd, map[string]string{"gpus.nri-gpu.io": "0"})
-			if mode == "enforced" {
-				createFailsOn(t, ctd, otherID, other, harness.Container{Name: "c"}, "which the driver cannot bound here", "Not Supported")
-			} else {
-				runContainer(t, ctd, otherID, other, harness.Container{Name: "c"})
-			}
-		})
+				boundsByDoor(t, mode, v2, asks[door], ctr, o)
+			})
+		}
+	}
+}
+
+// boundsByDoor runs TestDriverBoundsMemory's pod on a containerd of
+// opts: asking by its pod's annotations ann, or as ctr asks.
+func boundsByDoor(t *testing.T, mode string, v2 bool, ann map[string]string, ctr harness.Container, opts harness.Options) {
+	t.Helper()
+	root, limits := boundsDriver(t)
+	ctd := extraContainerd(t, "ctd-bounds", opts)
+	config := "version: v1\n" + env.host.PluginConfig(nil, "exclusive: true", "memoryLimits: "+mode, boundedSharing) + "start:\n  driverRoot: " + root + "\n"
+	start := func() *harness.Plugin {
+		t.Helper()
+		file := filepath.Join(ctd.Dir, "nri-gpu.yaml")
+		if err := os.WriteFile(file, []byte(config), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p, err := ctd.StartPlugin("--config", file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	p := start()
+	podID, pod := newPod(t, ctd, ann)
+	if !v2 {
+		if mode == "enforced" {
+			createFailsOn(t, ctd, podID, pod, ctr, `device "nvidia.com/gpu=0": policy.sharing[0] (replicas 4, timeSlicing) counts each holder's memory, which the driver cannot bound here`,
+				"is not cgroup v2", "policy.memoryLimits: agreement")
+			return
+		}
+		runContainer(t, ctd, podID, pod, ctr)
+		if got, _ := harness.ReadLimits(limits); len(got) != 0 {
+			t.Errorf("limits set on cgroup v1: %v", got)
+		}
+		if !strings.Contains(p.Log(), "GPU memory bounded by agreement only") {
+			t.Errorf("nri-gpu's log does not say the pod runs by agreement:\n%s", p.Log())
+		}
+		return
+	}
+	id, _ := runContainer(t, ctd, podID, pod, ctr)
+	cgroup := containerCgroup(t, ctd, id)
+	set := fmt.Sprintf("%s %s %d %d", harness.UUID(0), cgroup, uint64(10<<30), uint64(10<<30))
+	wantLimits(t, limits, set)
+	p.Kill()
+	p = start()
+	wantLimits(t, limits, set, set)
+	if out, err := ctd.Crictl("stop", id); err != nil {
+		t.Fatalf("stopping the container: %v\n%s", err, out)
+	}
+	wantLimits(t, limits, set, set, fmt.Sprintf("%s %s 0 %d", harness.UUID(0), cgroup, memlimit.Unlimited))
+	// A driver that answers NOT_SUPPORTED (another pod, asked of a newly
+	// started nri-gpu: the node is asked once).
+	if err := os.WriteFile(limits+".not-supported", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.Kill()
+	start()
+	otherID, other := newPod(t, ctd, ann)
+	if mode == "enforced" {
+		createFailsOn(t, ctd, otherID, other, ctr, "which the driver cannot bound here", "Not Supported")
+	} else {
+		runContainer(t, ctd, otherID, other, ctr)
 	}
 }
 

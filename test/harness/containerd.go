@@ -565,6 +565,9 @@ type Container struct {
 	Annotations map[string]string
 	Command     []string
 	Env         map[string]string
+	// CDIDevices are the CDI devices of its CRI request, as kubelet asks
+	// them for a device plugin's allocation.
+	CDIDevices []string
 	// Mounts are host paths bound into the container, as a pod's
 	// volumes are.
 	Mounts []Mount
@@ -675,7 +678,12 @@ func (c *Containerd) CreateContainer(podID string, p Pod, ctr Container) (string
 	for _, m := range ctr.Mounts {
 		mounts = append(mounts, map[string]any{"host_path": m.HostPath, "container_path": m.ContainerPath, "readonly": m.ReadOnly})
 	}
+	var cdi []map[string]string
+	for _, d := range ctr.CDIDevices {
+		cdi = append(cdi, map[string]string{"name": d})
+	}
 	ctrPath, err := c.writeJSON("container", map[string]any{
+		"CDI_devices": cdi,
 		"envs":        envs,
 		"mounts":      mounts,
 		"metadata":    map[string]any{"name": ctr.Name},
