@@ -399,3 +399,28 @@ func TestMemoryBoundsEveryDoor(t *testing.T) {
 		t.Errorf("the driver was asked\n%v\nwant\n%v", got, want)
 	}
 }
+
+// TestMemoryBoundsCount: a count request's GPU is bounded as one asked
+// by name: the least-used shared GPU it was given, to the entry's
+// default (40Gi four ways: 10Gi).
+func TestMemoryBoundsCount(t *testing.T) {
+	n := newBoundsNode(t, "policy:\n  sharing: [{devices: [\"nvidia.com/gpu=0\", \"nvidia.com/gpu=1\"], replicas: 4, memory: 40Gi}]\n  devices: [\"nvidia.com/gpu=0\", \"nvidia.com/gpu=1\"]\n")
+	n.run(t, "a", "0", 1001)
+	pod := gpuPod("counted", map[string]string{"gpu-count.nri-gpu.io": "1"})
+	ctr := ctrOf(pod, nil)
+	n.place(ctr, 1002, "/kubepods/counted/"+ctr.Id)
+	adj, _, err := n.p.CreateContainer(context.Background(), pod, ctr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := devicePaths(adj); !slices.Contains(got, "/dev/nvidia1") {
+		t.Fatalf("the count request got %v, want GPU 1, the least used", got)
+	}
+	if err := n.p.StartContainer(context.Background(), pod, ctr); err != nil {
+		t.Fatal(err)
+	}
+	want := testutil.Limit{UUID: n.uuid(1), Cgroup: n.cg.Root + "/kubepods/counted/" + ctr.Id, Soft: 10 << 30, Hard: 10 << 30}
+	if got := n.limits.Calls(); len(got) != 2 || got[1] != want {
+		t.Errorf("the driver was asked %v, want %v last", got, want)
+	}
+}
