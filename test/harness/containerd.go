@@ -678,12 +678,7 @@ func (c *Containerd) CreateContainer(podID string, p Pod, ctr Container) (string
 	for _, m := range ctr.Mounts {
 		mounts = append(mounts, map[string]any{"host_path": m.HostPath, "container_path": m.ContainerPath, "readonly": m.ReadOnly})
 	}
-	var cdi []map[string]string
-	for _, d := range ctr.CDIDevices {
-		cdi = append(cdi, map[string]string{"name": d})
-	}
-	ctrPath, err := c.writeJSON("container", map[string]any{
-		"CDI_devices": cdi,
+	config := map[string]any{
 		"envs":        envs,
 		"mounts":      mounts,
 		"metadata":    map[string]any{"name": ctr.Name},
@@ -693,7 +688,15 @@ func (c *Containerd) CreateContainer(podID string, p Pod, ctr Container) (string
 		"labels":      c.labels(ctr),
 		"log_path":    ctr.Name + ".log",
 		"linux":       p.containerLinux(ctr),
-	})
+	}
+	if len(ctr.CDIDevices) > 0 {
+		var cdi []map[string]string
+		for _, d := range ctr.CDIDevices {
+			cdi = append(cdi, map[string]string{"name": d})
+		}
+		config["CDI_devices"] = cdi
+	}
+	ctrPath, err := c.writeJSON("container", config)
 	if err != nil {
 		return "", err
 	}
