@@ -271,11 +271,13 @@ func TestOfContainer(t *testing.T) {
 		}
 	})
 	proc := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(proc, "7"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(proc, "7", "cgroup"), []byte("0::/kubepods/"+id+"\n"), 0o644); err != nil {
-		t.Fatal(err)
+	for _, pid := range []string{"1", "7"} {
+		if err := os.MkdirAll(filepath.Join(proc, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(proc, pid, "cgroup"), []byte("0::/kubepods/"+id+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c := memlimit.Cgroups{Proc: proc, Root: root}
 	for _, tc := range []struct {
@@ -286,6 +288,7 @@ func TestOfContainer(t *testing.T) {
 		{name: "systemd", path: "nrigputest-pod_x.slice:crio:" + id, want: root + scope},
 		{name: "cgroupfs", path: plain, want: root + plain},
 		{name: "the process's", pid: 7, path: "ignored", want: root + "/kubepods/" + id},
+		{name: "process 1's (a container's init in the host's pid namespace)", pid: 1, path: "ignored", want: root + "/kubepods/" + id},
 		{name: "another container's", path: "nrigputest-pod_x.slice:crio:fedcba9876543210", err: "does not name it"},
 		{name: "not there", path: "nrigputest-pod_x.slice:cri-containerd:" + id, err: "not a directory"},
 		{name: "a bad slice", path: "pod/x.slice:crio:" + id, err: "invalid slice name"},
