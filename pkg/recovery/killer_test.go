@@ -86,7 +86,21 @@ func TestKillerByCgroup(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
 		t.Fatal(err)
 	}
-	k := recovery.Killer{Proc: "/proc", Cgroups: memlimit.Cgroups{Proc: "/proc", Root: root}}
+	// A container whose pid the runtime tells is killed by its process,
+	// as without Cgroups: its cgroupsPath (none here) is not needed.
+	told, toldExited := sleeping(t)
+	proc := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(proc, strconv.Itoa(told.Process.Pid)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, strconv.Itoa(told.Process.Pid), "cgroup"), []byte("0::/kubepods/"+id+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k := recovery.Killer{Proc: proc, Cgroups: memlimit.Cgroups{Proc: proc, Root: root}}
+	if err := k.Stop(&api.Container{Id: id, Pid: uint32(told.Process.Pid)}); err != nil {
+		t.Fatalf("a container whose pid is told: %v", err)
+	}
+	<-toldExited
 	other := &api.Container{Id: "fedcba9876543210", Linux: &api.LinuxContainer{CgroupsPath: "/nrigputest-" + id}}
 	if err := k.Stop(other); !errors.Is(err, recovery.ErrNotStopped) || !strings.Contains(err.Error(), "does not name it") {
 		t.Errorf("another container's cgroup: %v, want it not stopped", err)
