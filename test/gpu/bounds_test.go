@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -74,14 +75,22 @@ func TestRealMemoryBounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := ctd.Exec(within, "/mpsclient", "alloc", "1536")
-	t.Logf("a pod 0.5 GiB under its 2 GiB bound, 1.5 GiB: %s", out)
-	if err != nil || !strings.Contains(out, "allocated 1536 MiB") {
-		t.Errorf("1.5 GiB under the bound: %v", err)
+	withinAndPast(t, ctd, within, past, 1536, "a pod's 2 GiB bound")
+}
+
+// withinAndPast has container within allocate mib MiB, under a 2 GiB
+// bound (what), and past 3 GiB: the first succeeds, the second fails
+// near 2 GiB.
+func withinAndPast(t *testing.T, ctd *harness.Containerd, within, past string, mib int, what string) {
+	t.Helper()
+	out, err := ctd.Exec(within, "/mpsclient", "alloc", strconv.Itoa(mib))
+	t.Logf("%d MiB under %s: %s", mib, what, out)
+	if err != nil || !strings.Contains(out, fmt.Sprintf("allocated %d MiB", mib)) {
+		t.Errorf("%d MiB under %s: %v", mib, what, err)
 	}
 	out, err = ctd.Exec(past, "/mpsclient", "alloc", "3072")
-	t.Logf("a pod asking 3 GiB past its 2 GiB bound: %s", out)
+	t.Logf("3 GiB past %s: %s", what, out)
 	if err == nil || !regexp.MustCompile(`failed at (1[0-9]{3}|20[0-9]{2}) MiB`).MatchString(out) {
-		t.Errorf("3 GiB past the bound did not fail near 2 GiB: %v", err)
+		t.Errorf("3 GiB past %s did not fail near 2 GiB: %v", what, err)
 	}
 }

@@ -149,16 +149,7 @@ mps: {daemon: managed, controlCommand: %s, root: %s}
 	if log := holdSays("allocated 1024 MiB", time.Minute); !strings.Contains(log, "allocated 1024 MiB") {
 		t.Fatalf("the holder did not allocate its 1 GiB: %s", log)
 	}
-	out, err := ctd.Exec(other, "/mpsclient", "alloc", "1024")
-	t.Logf("the other pod, 1 GiB under its 2 GiB limit: %s", out)
-	if err != nil || !strings.Contains(out, "allocated 1024 MiB") {
-		t.Errorf("1 GiB under the limit: %v", err)
-	}
-	out, err = ctd.Exec(other, "/mpsclient", "alloc", "3072")
-	t.Logf("the other pod, 3 GiB past its 2 GiB limit: %s", out)
-	if err == nil || !regexp.MustCompile(`failed at (1[0-9]{3}|20[0-9]{2}) MiB`).MatchString(out) {
-		t.Errorf("3 GiB past the limit did not fail near 2 GiB: %v", err)
-	}
+	withinAndPast(t, ctd, other, other, 1024, "the other pod's 2 GiB MPS limit")
 	// The pipe directory is read-only in the container, and CUDA's
 	// client still reaches the daemon there (the allocations above):
 	// a tenant cannot put a socket of its own in the daemon's place.
@@ -168,7 +159,7 @@ mps: {daemon: managed, controlCommand: %s, root: %s}
 	// A claim's clients are bound by their environment to what the claim
 	// was allocated: 1 GiB here, below the daemon's 2 GiB default, fails
 	// past 1 GiB.
-	out, err = ctd.Exec(other, "sh", "-c", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M /mpsclient alloc 1536")
+	out, err := ctd.Exec(other, "sh", "-c", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M /mpsclient alloc 1536")
 	t.Logf("a client bound to 1 GiB (a claim's allocation), 1.5 GiB: %s", out)
 	if err == nil || !regexp.MustCompile(`failed at ([0-9]{3}|10[0-9]{2}) MiB`).MatchString(out) {
 		t.Errorf("1.5 GiB past a claim's 1 GiB did not fail near 1 GiB: %v", err)
