@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/nri/pkg/api"
 
 	"github.com/nri-gpu/nri-gpu/pkg/doctor"
@@ -66,11 +65,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 // GPU memory per cgroup on this node; nil and why where NVML does not
 // open.
 func probeMemoryLimits(driverRoot string) (*memlimit.Support, error) {
-	lib := nvidia.Library(driverRoot)
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("NVML: %w", ret)
+	s, err := memlimit.Probe(nvidia.Library(driverRoot), memlimit.Cgroups{Proc: "/proc", Root: "/sys/fs/cgroup"})
+	if err != nil {
+		return nil, err
 	}
-	defer lib.Shutdown()
-	s := memlimit.Probe(lib, memlimit.Cgroups{Proc: "/proc", Root: "/sys/fs/cgroup"})
 	return &s, nil
 }

@@ -3,8 +3,6 @@ package inventory
 import (
 	"fmt"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
 	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
 	"github.com/nri-gpu/nri-gpu/pkg/specs"
 )
@@ -22,13 +20,11 @@ func (inv *Inventory) SetCgroups(c memlimit.Cgroups) { inv.cgroups = c }
 // open (then why says why).
 func (inv *Inventory) support() (*memlimit.Support, error) {
 	inv.limitsOnce.Do(func() {
-		lib := inv.Lib()
-		if ret := lib.Init(); ret != nvml.SUCCESS {
-			inv.limitsErr = fmt.Errorf("%w: NVML: %w", memlimit.ErrUnenforceable, ret)
+		s, err := memlimit.Probe(inv.Lib(), inv.cgroups)
+		if err != nil {
+			inv.limitsErr = fmt.Errorf("%w: %w", memlimit.ErrUnenforceable, err)
 			return
 		}
-		defer lib.Shutdown()
-		s := memlimit.Probe(lib, inv.cgroups)
 		inv.limits = &s
 		if why := s.Why(); len(why) > 0 {
 			inv.say("GPU memory limits: the driver cannot bound holders' memory here: %v", why)

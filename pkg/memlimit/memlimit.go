@@ -294,12 +294,32 @@ func (s Support) Why() []string {
 	return why
 }
 
+// Open runs f with lib's NVML open, and shuts it once f returns; an
+// NVML that does not open is the error.
+func Open(lib nvml.Interface, f func(Driver) error) error {
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return fmt.Errorf("NVML: %w", ret)
+	}
+	defer lib.Shutdown()
+	return f(Driver{Lib: lib})
+}
+
 // Probe asks whether the driver can limit GPU memory here: c's root is
-// cgroup v2, lib (open) has the call, and each GPU answers a read of the
-// limits of c's root (NOT_SUPPORTED where the driver or the GPU lacks
-// them).
-func Probe(lib nvml.Interface, c Cgroups) Support {
-	d := Driver{Lib: lib}
+// cgroup v2, lib (opened here) has the call, and each GPU answers a read
+// of the limits of c's root (NOT_SUPPORTED where the driver or the GPU
+// lacks them). The error is an NVML that does not open.
+func Probe(lib nvml.Interface, c Cgroups) (Support, error) {
+	var s Support
+	err := Open(lib, func(d Driver) error {
+		s = probe(d, c)
+		return nil
+	})
+	return s, err
+}
+
+// probe is Probe with d's NVML open.
+func probe(d Driver, c Cgroups) Support {
+	lib := d.Lib
 	s := Support{Cgroup: c.V2(), Driver: d.Has()}
 	if s.Driver != nil {
 		return s

@@ -113,6 +113,8 @@ type set struct {
 // MIG says which are MIG devices); missing leaves out the symbol.
 func driver(ret nvml.Return, mig map[string]bool, missing bool, calls *[]set) memlimit.Driver {
 	lib := &mock.Interface{
+		InitFunc:     func() nvml.Return { return nvml.SUCCESS },
+		ShutdownFunc: func() nvml.Return { return nvml.SUCCESS },
 		ExtensionsFunc: func() nvml.ExtendedInterface {
 			return &mock.ExtendedInterface{LookupSymbolFunc: func(name string) error {
 				if missing || name != "nvmlDeviceSetMemoryLimits_v1" {
@@ -207,6 +209,8 @@ func TestBoundsNone(t *testing.T) {
 func TestProbe(t *testing.T) {
 	gpus := func(rets ...nvml.Return) *mock.Interface {
 		return &mock.Interface{
+			InitFunc:     func() nvml.Return { return nvml.SUCCESS },
+			ShutdownFunc: func() nvml.Return { return nvml.SUCCESS },
 			ExtensionsFunc: func() nvml.ExtendedInterface {
 				return &mock.ExtendedInterface{LookupSymbolFunc: func(string) error { return nil }}
 			},
@@ -238,7 +242,10 @@ func TestProbe(t *testing.T) {
 		{"older driver", driver(nvml.SUCCESS, nil, true, nil).Lib, v2, false, "has no nvmlDeviceSetMemoryLimits_v1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := memlimit.Probe(tc.lib, tc.c)
+			s, err := memlimit.Probe(tc.lib, tc.c)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if s.Enforced() != tc.enforced {
 				t.Fatalf("Probe = %+v, enforced %v, want %v", s, !tc.enforced, tc.enforced)
 			}
@@ -247,6 +254,19 @@ func TestProbe(t *testing.T) {
 				t.Errorf("Probe says %q, want %q", said, tc.says)
 			}
 		})
+	}
+}
+
+// TestProbeWithoutNVML: an NVML that does not open is Probe's error,
+// naming NVML and its code, and nothing is asked of it.
+func TestProbeWithoutNVML(t *testing.T) {
+	lib := &mock.Interface{InitFunc: func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }}
+	_, err := memlimit.Probe(lib, memlimit.Cgroups{Root: testutil.Cgroup2(t)})
+	if !errors.Is(err, nvml.ERROR_LIBRARY_NOT_FOUND) || !strings.Contains(err.Error(), "NVML") {
+		t.Fatalf("Probe = %v, want NVML's ERROR_LIBRARY_NOT_FOUND", err)
+	}
+	if n := len(lib.ShutdownCalls()); n != 0 {
+		t.Errorf("an NVML that did not open was shut %d times", n)
 	}
 }
 

@@ -268,12 +268,7 @@ func (p *Plugin) liftBounds(pod *api.PodSandbox, ctr *api.Container) {
 
 // withDriver runs f with the driver's NVML open.
 func (p *Plugin) withDriver(f func(memlimit.Driver) error) error {
-	lib := p.node.hw.Lib()
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		return fmt.Errorf("NVML: %w", ret)
-	}
-	defer lib.Shutdown()
-	return f(memlimit.Driver{Lib: lib})
+	return memlimit.Open(p.node.hw.Lib(), f)
 }
 
 // boundRunning bounds a container a restart finds (or one created while

@@ -27,12 +27,10 @@ func TestRealMemoryBounds(t *testing.T) {
 	if os.Getenv(RealEnv) != "1" {
 		t.Skipf("needs an NVIDIA GPU and root: run test/gpu/run.sh on a GPU node (it sets %s=1)", RealEnv)
 	}
-	lib := nvml.New()
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		t.Fatalf("NVML: %v", ret)
+	support, err := memlimit.Probe(nvml.New(), memlimit.Cgroups{Proc: "/proc", Root: "/sys/fs/cgroup"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	support := memlimit.Probe(lib, memlimit.Cgroups{Proc: "/proc", Root: "/sys/fs/cgroup"})
-	lib.Shutdown()
 	dir := t.TempDir()
 	specDir, ctd := realNode(t, dir, program(t, dir, "mpsclient", mpsClient), false)
 	config := filepath.Join(dir, "nri-gpu.yaml")
