@@ -317,7 +317,7 @@ func (k *Kubelet) RunningContainer(name string, timeout time.Duration) (string, 
 			return "", fmt.Errorf("kubelet exited; log:\n%s", k.LogTail(40))
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("no running container of pod %s after %s; kubelet log:\n%s", k.PodName(name), timeout, k.LogTail(30))
+			return "", fmt.Errorf("no running container of pod %s after %s; %s", k.PodName(name), timeout, k.report())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -349,10 +349,22 @@ func (k *Kubelet) WaitLog(since int, timeout time.Duration, want ...string) (str
 			}
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("kubelet logged no line with %q in %s; its log ends:\n%s", want, timeout, k.LogTail(30))
+			return "", fmt.Errorf("kubelet logged no line with %q in %s; %s", want, timeout, k.report())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// report is what a failed wait says of the node: the end of kubelet's
+// log, the containers the runtime has, what the runtime logged of its NRI
+// plugins' failures, and the end of the log of the nri-gpu last started.
+func (k *Kubelet) report() string {
+	ps, err := k.ctd.Crictl("ps", "-a")
+	if err != nil {
+		ps = fmt.Sprintf("crictl ps: %v: %s", err, ps)
+	}
+	return fmt.Sprintf("kubelet's log ends:\n%s\nthe runtime's containers:\n%s\nthe runtime's NRI failures:\n%s\nnri-gpu's log ends:\n%s",
+		k.LogTail(30), ps, k.ctd.NRIFailures(10), k.ctd.PluginLogTail(15))
 }
 
 // WaitDevices waits up to timeout for kubelet to have taken in, after the

@@ -45,6 +45,29 @@ func (c *Containerd) StartStandby(args ...string) (*Plugin, error) {
 	return c.startPlugin("waiting for it to stop, to take over", append([]string{"--take-over"}, args...))
 }
 
+// PluginLogTail returns the last n lines of the log of the nri-gpu last
+// started on c ("" before any).
+func (c *Containerd) PluginLogTail(n int) string {
+	if len(c.plugins) == 0 {
+		return ""
+	}
+	return tail(c.plugins[len(c.plugins)-1].LogPath, n)
+}
+
+// NRIFailures returns the last n lines of the runtime's log that say an
+// NRI plugin failed or was closed (a request past the runtime's timeout
+// closes the plugin, and the container is created without it).
+func (c *Containerd) NRIFailures(n int) string {
+	data, _ := os.ReadFile(c.LogPath)
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.Contains(line, "closing plugin") || strings.Contains(line, "plugin") && strings.Contains(line, "level=error") {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out[max(0, len(out)-n):], "\n")
+}
+
 func (c *Containerd) startPlugin(started string, args []string) (*Plugin, error) {
 	p := &Plugin{LogPath: filepath.Join(c.Dir, fmt.Sprintf("nri-gpu-%d.log", len(c.plugins)))}
 	logFile, err := os.Create(p.LogPath)
