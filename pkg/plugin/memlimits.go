@@ -20,7 +20,8 @@ import (
 )
 
 // The driver's memory limits (pkg/memlimit) of the containers that hold
-// a GPU time-slicing shares with its memory counted: on each such GPU, a
+// a GPU shared with its memory counted (time-slicing; MPS, as a second
+// bound beside its own, where the driver can): on each such GPU, a
 // container is bounded to what the pool gave its holder (its pod, or the
 // claim it uses), lowered where its own environment asks less. The
 // bounds are decided with the grant (CreateContainer), set on the

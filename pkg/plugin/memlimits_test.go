@@ -19,6 +19,7 @@ import (
 	"github.com/nri-gpu/nri-gpu/pkg/dra/link"
 	"github.com/nri-gpu/nri-gpu/pkg/memlimit"
 	"github.com/nri-gpu/nri-gpu/pkg/metrics"
+	"github.com/nri-gpu/nri-gpu/pkg/mps"
 	"github.com/nri-gpu/nri-gpu/pkg/plugin"
 	"github.com/nri-gpu/nri-gpu/pkg/policy"
 )
@@ -422,5 +423,60 @@ func TestMemoryBoundsCount(t *testing.T) {
 	want := testutil.Limit{UUID: n.uuid(1), Cgroup: n.cg.Root + "/kubepods/counted/" + ctr.Id, Soft: 10 << 30, Hard: 10 << 30}
 	if got := n.limits.Calls(); len(got) != 2 || got[1] != want {
 		t.Errorf("the driver was asked %v, want %v last", got, want)
+	}
+}
+
+// TestMemoryBoundsMPS: an MPS client, which MPS bounds to its pinned
+// memory, is bounded by the driver to the same where the driver can (a
+// second bound, on its own cgroup, lifted at its stop); where the driver
+// cannot (it lacks the call), it runs bounded by MPS alone: not refused
+// under policy.memoryLimits: enforced, and nothing said of agreement.
+func TestMemoryBoundsMPS(t *testing.T) {
+	for _, driver := range []bool{true, false} {
+		t.Run(fmt.Sprintf("driver bounds %v", driver), func(t *testing.T) {
+			ctl, root := standin(t), testutil.ShortDir(t)
+			t.Cleanup(func() { quitAll(root) })
+			var events []link.Event
+			lib := testutil.NVML(4)
+			var limits *testutil.Limits
+			if driver {
+				limits = testutil.MemoryLimits(lib)
+			}
+			cg, place := cgroupNode(t)
+			cfg := fmt.Sprintf("policy:\n  sharing: [{devices: [\"nvidia.com/gpu=0\"], replicas: 2, strategy: mps, pinnedMemoryLimit: 8Gi}]\n"+
+				"mps: {daemon: external, controlCommand: %s, root: %s}\n", ctl, root)
+			p := inProcess(t, cfg, fourGPUs(t), plugin.WithNVML(lib), plugin.WithCgroups(cg), plugin.WithEvents(eventsTo(&events)))
+			uuid, _ := lib.Devices[0].GetUUID()
+			d := mps.Daemon{Control: ctl, Dir: filepath.Join(root, uuid)}
+			if err := d.Start(context.Background(), mps.Limits{ActiveThreadPercentage: 50, PinnedMemoryMiB: 8 << 10}, startedInDir); err != nil {
+				t.Fatal(err)
+			}
+			pod := gpuPod("a", map[string]string{"gpus.nri-gpu.io": "0"})
+			ctr := ctrOf(pod, nil)
+			place(ctr, 1001, "/kubepods/a/"+ctr.Id)
+			if _, _, err := p.CreateContainer(context.Background(), pod, ctr); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.StartContainer(context.Background(), pod, ctr); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.StopContainer(context.Background(), pod, ctr); err != nil {
+				t.Fatal(err)
+			}
+			if len(events) != 0 {
+				t.Errorf("events %+v, want none (MPS bounds its clients)", events)
+			}
+			if !driver {
+				return
+			}
+			cgroup := cg.Root + "/kubepods/a/" + ctr.Id
+			want := []testutil.Limit{
+				{UUID: uuid, Cgroup: cgroup, Soft: 8 << 30, Hard: 8 << 30},
+				{UUID: uuid, Cgroup: cgroup, Soft: 0, Hard: math.MaxUint64},
+			}
+			if got := limits.Calls(); !slices.Equal(got, want) {
+				t.Errorf("the driver was asked\n%v\nwant\n%v", got, want)
+			}
+		})
 	}
 }

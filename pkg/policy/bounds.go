@@ -29,16 +29,22 @@ func (p *Policy) WithBounding(why func(specs.Device) error) *Policy {
 }
 
 // MemoryBound says whether each holder of device d is to be bounded by
-// the driver to the memory the pool gave it (counted: a timeSlicing
-// entry shares d with its memory counted; MPS bounds its clients itself,
-// and a device held whole needs no bound), and, where it is, why the
-// driver cannot bound it here (nil where it can).
+// the driver to the memory the pool gave it (counted: an entry shares d
+// with its memory counted; a device held whole needs no bound), and,
+// where it is, why the driver cannot bound it here (nil where it can).
+// MPS bounds its clients itself (their pinned-memory limit): the
+// driver's bound is a second one, counted only where the driver can set
+// it, and never a reason to refuse.
 func (p *Policy) MemoryBound(d specs.Device) (counted bool, why error) {
 	s := p.Sharing(d)
-	if s == nil || s.Strategy != config.StrategyTimeSlicing || p.Capacity(s, d).Memory == 0 {
+	if s == nil || p.Capacity(s, d).Memory == 0 {
 		return false, nil
 	}
-	return true, p.DriverBounds(d)
+	why = p.DriverBounds(d)
+	if s.Strategy == config.StrategyMPS {
+		return why == nil, nil
+	}
+	return true, why
 }
 
 // DriverBounds returns why the driver cannot bound the memory of a

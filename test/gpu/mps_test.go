@@ -62,7 +62,10 @@ int main(int argc, char **argv) {
 // a pinned-memory limit of 2 GiB per client, on a throwaway containerd.
 // Two pods' containers run a small CUDA program on GPU 0 at once: one
 // holds 1 GiB; the other's 1 GiB fits, its 3 GiB fails at the limit; the
-// first still runs and writes to its memory after that. A client bound
+// first still runs and writes to its memory after that (where the driver
+// bounds GPU memory per cgroup, nri-gpu bounds each client there to its
+// 2 GiB too: the two bounds agree, and this run tells whether MPS
+// clients run under it). A client bound
 // lower by its environment (a claim's allocation) fails at that bound;
 // the GPU is in Exclusive_Process, and a client that leaves MPS gets no
 // unbounded context beside the server. The clients' pipe directory is
