@@ -140,20 +140,26 @@ func (c Cgroups) Of(pid int, id string) (string, error) {
 	if len(lines) != 1 || !ok {
 		return "", fmt.Errorf("%w: process %d is in cgroup v1 hierarchies (the driver limits cgroup v2 only)", ErrUnenforceable, pid)
 	}
+	if strings.HasPrefix(path, "/..") {
+		return "", fmt.Errorf("process %d's cgroup %s is outside this process's cgroup namespace, whose view of the hierarchy is not the driver's", pid, path)
+	}
 	if id == "" || !strings.Contains(path, id) {
 		return "", fmt.Errorf("process %d is not in container %.12s's cgroup (%s)", pid, id, path)
 	}
 	return filepath.Join(c.Root, filepath.Clean("/"+path)), nil
 }
 
-// OfContainer returns the cgroup v2 directory of container id: its
-// process's (Of) where the runtime tells its pid, else the one the
-// runtime's cgroupsPath for it names (CRI-O tells NRI no pid):
-// "slice:prefix:name" under systemd's cgroup driver (the slice expanded
-// as systemd does, the container's unit prefix-name.scope), an absolute
-// path under cgroupfs. The directory must name id and exist under Root.
+// OfContainer returns the cgroup v2 directory of container id: the one
+// the runtime's cgroupsPath for it names, where the runtime tells it
+// (containerd and CRI-O do): "slice:prefix:name" under systemd's cgroup
+// driver (the slice expanded as systemd does, the container's unit
+// prefix-name.scope), an absolute path under cgroupfs; it must name id
+// and exist under Root. It does not depend on the cgroup namespace
+// nri-gpu runs in (a container's, under the chart, sees other
+// containers' /proc/<pid>/cgroup relative to its own), only on Root
+// being the host's hierarchy. Without a cgroupsPath, its process's (Of).
 func (c Cgroups) OfContainer(pid int, id, cgroupsPath string) (string, error) {
-	if pid > 0 {
+	if cgroupsPath == "" && pid > 0 {
 		return c.Of(pid, id)
 	}
 	if err := c.V2(); err != nil {

@@ -53,8 +53,9 @@ func TestAsked(t *testing.T) {
 }
 
 // TestCgroupOf: a container's process is found in its cgroup v2
-// directory; cgroup v1, another container's process or a missing one are
-// not taken.
+// directory; cgroup v1, another container's process, one whose cgroup
+// this process's cgroup namespace shows only relative to its own, or a
+// missing one are not taken.
 func TestCgroupOf(t *testing.T) {
 	const id = "4f1c9a0e2b7d"
 	for _, tc := range []struct {
@@ -63,7 +64,7 @@ func TestCgroupOf(t *testing.T) {
 	}{
 		{"systemd", "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-" + id + ".scope\n", "/sys/fs/cgroup/kubepods.slice/kubepods-pod1.slice/cri-containerd-" + id + ".scope", "", false},
 		{"cgroupfs", "0::/kubepods/besteffort/pod1/" + id + "\n", "/sys/fs/cgroup/kubepods/besteffort/pod1/" + id, "", false},
-		{"no escape", "0::/../../etc/" + id + "\n", "/sys/fs/cgroup/etc/" + id, "", false},
+		{"outside this cgroup namespace (never taken for a path of the root's)", "0::/../../etc/" + id + "\n", "", "outside this process's cgroup namespace", false},
 		{"cgroup v1", "12:devices:/kubepods/pod1/" + id + "\n0::/\n", "", "cgroup v1", true},
 		{"hybrid's v1 line first", "1:name=systemd:/x/" + id + "\n", "", "cgroup v1", true},
 		{"another container", "0::/kubepods/pod1/0123456789ab\n", "", "is not in container " + id, false},
@@ -291,11 +292,11 @@ func TestOfContainer(t *testing.T) {
 		}
 	})
 	proc := t.TempDir()
-	for _, pid := range []string{"1", "7"} {
+	for pid, cgroup := range map[string]string{"1": "/kubepods/" + id, "7": "/kubepods/" + id, "9": "/../../kubepods/" + id} {
 		if err := os.MkdirAll(filepath.Join(proc, pid), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(proc, pid, "cgroup"), []byte("0::/kubepods/"+id+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(proc, pid, "cgroup"), []byte("0::"+cgroup+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -307,8 +308,10 @@ func TestOfContainer(t *testing.T) {
 	}{
 		{name: "systemd", path: "nrigputest-pod_x.slice:crio:" + id, want: root + scope},
 		{name: "cgroupfs", path: plain, want: root + plain},
-		{name: "the process's", pid: 7, path: "ignored", want: root + "/kubepods/" + id},
-		{name: "process 1's (a container's init in the host's pid namespace)", pid: 1, path: "ignored", want: root + "/kubepods/" + id},
+		{name: "the cgroupsPath before the process's", pid: 7, path: plain, want: root + plain},
+		{name: "the process's, without a cgroupsPath", pid: 7, want: root + "/kubepods/" + id},
+		{name: "process 1's (a container's init in the host's pid namespace)", pid: 1, want: root + "/kubepods/" + id},
+		{name: "a process outside nri-gpu's cgroup namespace", pid: 9, err: "outside this process's cgroup namespace"},
 		{name: "another container's", path: "nrigputest-pod_x.slice:crio:fedcba9876543210", err: "does not name it"},
 		{name: "not there", path: "nrigputest-pod_x.slice:cri-containerd:" + id, err: "not a directory"},
 		{name: "a bad slice", path: "pod/x.slice:crio:" + id, err: "invalid slice name"},

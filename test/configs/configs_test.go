@@ -246,7 +246,7 @@ func TestDaemonSet(t *testing.T) {
 		}
 	}
 	// path -> read-only; the state dir, where the plugin looks for it.
-	want := map[string]bool{"/var/run/nri": false, "/etc/cdi": true, "/var/run/cdi": true, "/dev": true, filepath.Dir(record.DefaultPath): false}
+	want := map[string]bool{"/var/run/nri": false, "/etc/cdi": true, "/var/run/cdi": true, "/dev": true, filepath.Dir(record.DefaultPath): false, "/sys/fs/cgroup": false}
 	var got []string
 	for _, m := range c.VolumeMounts {
 		path, ok := hostPaths[m.Name]

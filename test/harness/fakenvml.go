@@ -292,9 +292,23 @@ func (d FakeDriver) BuildNVML(dir string) (string, error) {
 }
 
 // FakeDriverEnv names a directory holding a fake driver built ahead
-// (BuildFakeDriver of GuestFakeDriver), for a node that has no compiler:
-// the VM's.
+// (BuildFakeDriver of GuestFakeDriver; of ClusterFakeDriver in its
+// ClusterFakeDriverDir), for a node that has no compiler: the VM's.
 const FakeDriverEnv = "NRI_GPU_FAKE_DRIVER"
+
+// ClusterFakeDriverDir is where, under FakeDriverEnv's directory,
+// ClusterFakeDriver is built ahead.
+const ClusterFakeDriverDir = "cluster"
+
+// ClusterFakeDriver is the fake driver of a cluster's nodes as the
+// chart's nri-gpu sees it from its container: its kernel module's
+// version under the driver root the chart mounts (/run/nvidia/driver,
+// where the GPU Operator puts a containerized driver's), its limits file
+// in nri-gpu's state directory (hostPaths.stateDir, which it writes).
+func ClusterFakeDriver() FakeDriver {
+	return FakeDriver{Version: "600.10.01", KernelVersionFile: "/run/nvidia/driver/nvidia-module-version", GPUs: 4,
+		UUIDPrefix: strings.TrimSuffix(UUID(0), "000000000000"), LimitsFile: "/run/nri-gpu/fake-driver-limits"}
+}
 
 // GuestFakeDriver is the fake driver built ahead for the VM's node: the
 // suite host's four GPUs, its files under /run/nri-gpu-fake-driver.

@@ -40,14 +40,14 @@ var e2eOnTheNode = []string{"TestPodAnnotationInjectsDevice", "TestUnservedStopp
 // GPU node with kubelet's defaults: the node's shape, nri-gpu installed by
 // the chart, a pod of each door resized in place, and the crash and
 // upgrade streams (pods of every door created throughout).
-var clusterOnTheNode = []string{"TestNodeShape", "TestInstalled", "TestInPlaceResize", "TestCrashStream", "TestUpgradeStream"}
+var clusterOnTheNode = []string{"TestNodeShape", "TestInstalled", "TestInPlaceResize", "TestCrashStream", "TestUpgradeStream", "TestDriverBoundsClaims"}
 
 // clusterOnCRIO are the cluster tests that run again with CRI-O as the
 // node's runtime (systemd's cgroup manager): the node's shape, the chart,
 // a pod of each door resized in place. (The crash stream passed there
 // too, but costs minutes CI's limit cannot spare; test/crio restarts
 // nri-gpu on CRI-O.)
-var clusterOnCRIO = []string{"TestNodeShape", "TestInstalled", "TestInPlaceResize"}
+var clusterOnCRIO = []string{"TestNodeShape", "TestInstalled", "TestInPlaceResize", "TestDriverBoundsClaims"}
 
 // crioMarker starts the CRI-O run's output.
 const crioMarker = "== the cluster again, its node on CRI-O"
@@ -196,6 +196,9 @@ func buildPayload(t *testing.T, tools harness.Tools, crio harness.CRIOTools, dir
 	}
 	// The node has no compiler: the fake driver is built here.
 	if err := harness.BuildFakeDriver(harness.GuestFakeDriver(), filepath.Join(dir, "fake-driver")); err != nil {
+		return err
+	}
+	if err := harness.BuildFakeDriver(harness.ClusterFakeDriver(), filepath.Join(dir, "fake-driver", harness.ClusterFakeDriverDir)); err != nil {
 		return err
 	}
 	for _, pkg := range []string{"vm", "e2e", "cluster"} {
