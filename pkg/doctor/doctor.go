@@ -115,7 +115,11 @@ func checkMemoryLimits(in Input) Finding {
 		return Finding{OK, check, fmt.Sprintf("no NVIDIA driver to ask (%v): nothing to limit", in.NoNVML), ""}
 	}
 	why := s.Why()
-	if len(why) == 0 {
+	switch {
+	case len(why) == 0 && s.Dmem != nil:
+		return Finding{Warn, check, fmt.Sprintf("the driver has per-cgroup limits on its %d GPUs, but %v", len(s.GPUs), s.Dmem),
+			"enable dmem for the containers' cgroups (" + memlimit.DmemHint + "), or the driver refuses each container's limit and nri-gpu stops the container"}
+	case len(why) == 0:
 		return Finding{OK, check, fmt.Sprintf("the driver can bound each holder's memory on its %d GPUs (cgroup v2, NVML's per-cgroup limits)", len(s.GPUs)), ""}
 	}
 	then := "a GPU time-slicing shares with its memory counted is refused here (policy.memoryLimits: enforced)"

@@ -125,6 +125,12 @@ func TestFindings(t *testing.T) {
 			want: []want{{"GPU memory limits", doctor.Warn, "the driver cannot bound GPU memory per container here: /sys/fs/cgroup is not cgroup v2; GPU-1: not supported"}},
 		},
 		{
+			name: "the driver has the limits, the kernel's dmem controller is not enabled below the root",
+			in: doctor.Input{Config: cfg, MemoryLimits: &memlimit.Support{GPUs: []memlimit.GPUSupport{{UUID: "GPU-0"}},
+				Dmem: errors.New("the kernel's dmem controller ... is not enabled below /sys/fs/cgroup")}},
+			want: []want{{"GPU memory limits", doctor.Warn, "the driver has per-cgroup limits on its 1 GPUs, but the kernel's dmem controller ... is not enabled below /sys/fs/cgroup"}},
+		},
+		{
 			name: "NVML lists no GPU",
 			in:   doctor.Input{Config: cfg, MemoryLimits: &memlimit.Support{}},
 			want: []want{{"GPU memory limits", doctor.Warn, "the driver cannot bound GPU memory per container here: NVML lists no GPU"}},

@@ -28,6 +28,8 @@ func (inv *Inventory) support() (*memlimit.Support, error) {
 		inv.limits = &s
 		if why := s.Why(); len(why) > 0 {
 			inv.say("GPU memory limits: the driver cannot bound holders' memory here: %v", why)
+		} else if s.Dmem != nil {
+			inv.say("GPU memory limits: %v (%s)", s.Dmem, memlimit.DmemHint)
 		}
 	})
 	return inv.limits, inv.limitsErr

@@ -20,6 +20,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -198,11 +199,21 @@ func (d Driver) Set(uuid, cgroup string, b Bounds) error {
 	if err != nil {
 		return err
 	}
-	if ret := dev.SetMemoryLimits_v1(cgroup, b.Soft, b.Hard); ret != nvml.SUCCESS {
-		return d.failed("setting the memory limits of "+uuid, ret)
+	ret := dev.SetMemoryLimits_v1(cgroup, b.Soft, b.Hard)
+	switch ret {
+	case nvml.SUCCESS:
+		return nil
+	case nvml.ERROR_NOT_FOUND:
+		// Under the kernel's dmem controller, a cgroup without dmem.*
+		// files (NVIDIA's MPS v3 memory partitioning documentation).
+		return fmt.Errorf("setting the memory limits of %s on %s: %w (the cgroup is gone, or has no dmem controller: %s)", uuid, cgroup, ret, DmemHint)
 	}
-	return nil
+	return d.failed("setting the memory limits of "+uuid, ret)
 }
+
+// DmemHint says how a container's cgroup gets the kernel's dmem
+// controller, where the driver bounds GPU memory through it.
+const DmemHint = "each of its parents' cgroup.subtree_control needs +dmem, from the root down"
 
 // Lift removes the cgroup's limits on the GPU of that UUID.
 func (d Driver) Lift(uuid, cgroup string) error {
@@ -268,6 +279,12 @@ func (d Driver) failed(what string, ret nvml.Return) error {
 type Support struct {
 	Cgroup, Driver error
 	GPUs           []GPUSupport
+	// Dmem says the kernel's dmem controller is there but not enabled
+	// below the cgroup root (Cgroups.Dmem): where the driver bounds
+	// memory through it, no container's cgroup can be bounded. A
+	// warning, not a reason the driver cannot (it may use its own
+	// accounting instead).
+	Dmem error
 }
 
 // GPUSupport is one GPU's answer to Probe.
@@ -346,8 +363,34 @@ func probe(d Driver, c Cgroups) Support {
 			s.GPUs = append(s.GPUs, GPUSupport{UUID: fmt.Sprintf("GPU %d", i), Err: fmt.Errorf("GPU %d's UUID: %w", i, ret)})
 			continue
 		}
-		_, _, err := d.Get(uuid, c.Root)
-		s.GPUs = append(s.GPUs, GPUSupport{UUID: uuid, Err: err})
+		// Only a driver that lacks the limits says the GPU cannot: the
+		// root itself may have none to read (under the dmem controller
+		// it has no dmem files), which is not the GPU's lack.
+		if _, _, err := d.Get(uuid, c.Root); errors.Is(err, ErrUnenforceable) {
+			s.GPUs = append(s.GPUs, GPUSupport{UUID: uuid, Err: err})
+		} else {
+			s.GPUs = append(s.GPUs, GPUSupport{UUID: uuid})
+		}
+	}
+	if s.Cgroup == nil {
+		s.Dmem = c.Dmem()
 	}
 	return s
+}
+
+// Dmem returns why the cgroups below Root cannot have the kernel's dmem
+// controller, through which the driver bounds GPU memory where the
+// kernel has it (Linux 6.14 and later): the root's cgroup.controllers
+// lists it, and its cgroup.subtree_control does not enable it. nil where
+// the kernel has no dmem controller, or the root enables it.
+func (c Cgroups) Dmem() error {
+	controllers, err := os.ReadFile(filepath.Join(c.Root, "cgroup.controllers"))
+	if err != nil || !slices.Contains(strings.Fields(string(controllers)), "dmem") {
+		return nil
+	}
+	enabled, err := os.ReadFile(filepath.Join(c.Root, "cgroup.subtree_control"))
+	if err == nil && slices.Contains(strings.Fields(string(enabled)), "dmem") {
+		return nil
+	}
+	return fmt.Errorf("the kernel's dmem controller, through which the driver bounds GPU memory, is not enabled below %s (its cgroup.subtree_control): a container's cgroup then has no dmem files, and the driver cannot bound it", c.Root)
 }

@@ -163,6 +163,7 @@ func TestDriver(t *testing.T) {
 		{"MIG device", "MIG-1", nvml.SUCCESS, false, "MIG-1 is a MIG device", true, nil},
 		{"no such GPU", "gpu0", nvml.SUCCESS, false, "GPU gpu0: ", false, nil},
 		{"no cgroup", "GPU-1", nvml.ERROR_OPERATING_SYSTEM, false, "setting the memory limits of GPU-1", false, []set{{"GPU-1", cg, 1 * mib, 2 * mib}}},
+		{"a cgroup without dmem", "GPU-1", nvml.ERROR_NOT_FOUND, false, "on " + cg + ": ERROR_NOT_FOUND (the cgroup is gone, or has no dmem controller: each of its parents' cgroup.subtree_control needs +dmem", false, []set{{"GPU-1", cg, 1 * mib, 2 * mib}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var calls []set
@@ -238,6 +239,7 @@ func TestProbe(t *testing.T) {
 	}{
 		{"every GPU", gpus(nvml.SUCCESS, nvml.SUCCESS), v2, true, ""},
 		{"a GPU without", gpus(nvml.SUCCESS, nvml.ERROR_NOT_SUPPORTED), v2, false, "GPU-1: the driver cannot enforce"},
+		{"the root has no limits to read (dmem)", gpus(nvml.ERROR_NOT_FOUND), v2, true, ""},
 		{"cgroup v1", gpus(nvml.SUCCESS), memlimit.Cgroups{Root: t.TempDir()}, false, "is not cgroup v2"},
 		{"no GPU", gpus(), v2, false, "NVML lists no GPU"},
 		{"older driver", driver(nvml.SUCCESS, nil, true, nil).Lib, v2, false, "has no nvmlDeviceSetMemoryLimits_v1"},
@@ -253,6 +255,34 @@ func TestProbe(t *testing.T) {
 			said := s.Why()
 			if !strings.Contains(strings.Join(said, "; "), tc.says) {
 				t.Errorf("Probe says %q, want %q", said, tc.says)
+			}
+		})
+	}
+}
+
+// TestDmem: where the kernel has the dmem controller (the root's
+// cgroup.controllers), the root must enable it for its children
+// (cgroup.subtree_control), or no container's cgroup can be bounded
+// through it; a kernel without it needs nothing.
+func TestDmem(t *testing.T) {
+	for _, tc := range []struct {
+		name, controllers, enabled string
+		warns                      bool
+	}{
+		{"no dmem in the kernel", "cpu memory pids", "cpu memory pids", false},
+		{"dmem enabled below the root", "cpu dmem memory", "cpu dmem memory", false},
+		{"dmem not enabled below the root", "cpu dmem memory", "cpu memory", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			for name, text := range map[string]string{"cgroup.controllers": tc.controllers, "cgroup.subtree_control": tc.enabled} {
+				if err := os.WriteFile(filepath.Join(root, name), []byte(text+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := memlimit.Cgroups{Root: root}.Dmem()
+			if (err != nil) != tc.warns || err != nil && !strings.Contains(err.Error(), "dmem controller") {
+				t.Errorf("Dmem = %v, want a warning %v", err, tc.warns)
 			}
 		})
 	}
