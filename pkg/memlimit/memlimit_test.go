@@ -114,8 +114,9 @@ type set struct {
 // MIG says which are MIG devices); missing leaves out the symbol.
 func driver(ret nvml.Return, mig map[string]bool, missing bool, calls *[]set) memlimit.Driver {
 	lib := &mock.Interface{
-		InitFunc:     func() nvml.Return { return nvml.SUCCESS },
-		ShutdownFunc: func() nvml.Return { return nvml.SUCCESS },
+		InitFunc:           func() nvml.Return { return nvml.SUCCESS },
+		ShutdownFunc:       func() nvml.Return { return nvml.SUCCESS },
+		DeviceGetCountFunc: func() (int, nvml.Return) { return 0, nvml.SUCCESS },
 		ExtensionsFunc: func() nvml.ExtendedInterface {
 			return &mock.ExtendedInterface{LookupSymbolFunc: func(name string) error {
 				if missing || name != "nvmlDeviceSetMemoryLimits_v1" {
@@ -283,6 +284,12 @@ func TestDmem(t *testing.T) {
 			err := memlimit.Cgroups{Root: root}.Dmem()
 			if (err != nil) != tc.warns || err != nil && !strings.Contains(err.Error(), "dmem controller") {
 				t.Errorf("Dmem = %v, want a warning %v", err, tc.warns)
+			}
+			// Not cgroup v2 (a plain directory): that says it all, and
+			// nothing of dmem is said beside it.
+			s, err := memlimit.Probe(driver(nvml.SUCCESS, nil, false, nil).Lib, memlimit.Cgroups{Root: root})
+			if err != nil || s.Cgroup == nil || s.Dmem != nil {
+				t.Errorf("Probe of a root that is not cgroup v2: %+v, %v; want its Cgroup only", s, err)
 			}
 		})
 	}
