@@ -37,17 +37,18 @@ const boundedValues = `config:
 // pod asking it by annotation is refused, saying why.
 func TestDriverBoundsClaims(t *testing.T) {
 	needCluster(t)
-	d := harness.ClusterFakeDriver()
-	build := os.Getenv(harness.FakeDriverEnv)
-	if build != "" {
-		build = filepath.Join(build, harness.ClusterFakeDriverDir)
-	} else {
-		build = filepath.Join(env.dir, "fake-driver-bounds")
-		if err := harness.BuildFakeDriver(d, build); err != nil {
-			t.Fatal(err)
+	// Each node's driver has that node's GPUs: built here, or ahead
+	// for the first node where harness.FakeDriverEnv says (the VM's node
+	// has no compiler, and its cluster that one node).
+	d := env.nodes[0].FakeDriver()
+	for i, n := range env.nodes {
+		build := filepath.Join(os.Getenv(harness.FakeDriverEnv), harness.ClusterFakeDriverDir)
+		if os.Getenv(harness.FakeDriverEnv) == "" || i > 0 {
+			build = filepath.Join(env.dir, "fake-driver-bounds", n.Name)
+			if err := harness.BuildFakeDriver(n.FakeDriver(), build); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	for _, n := range env.nodes {
 		root := onNode(n, nodeDriverRoot)
 		if err := harness.InstallFakeDriver(build, filepath.Join(root, "usr", "lib64"), filepath.Join(root, "nvidia-module-version"), d.Version, ""); err != nil {
 			t.Fatal(err)
@@ -82,6 +83,19 @@ func TestDriverBoundsClaims(t *testing.T) {
 	}
 
 	n := env.a
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, l := range strings.Split(nriLog(t, n), "\n") {
+				if strings.Contains(l, "GPU memory") {
+					t.Log(l)
+				}
+			}
+		}
+	})
+	testutil.Within(t, podWait, n.Name+"'s slice offers gpu-0's memory to claims", func() bool {
+		_, ok := slice(t, n)["gpu-0"].Capacity["memory"]
+		return ok
+	})
 	createClass(t, "bounded-gpu-zero", `device.attributes["`+driverName+`"].index == 0`)
 	createTemplate(t, "default", "bounded-10gi", memoryClaimSpec("bounded-gpu-zero", "10Gi"))
 	createPod(t, claimPod("default", "bounded", n, "bounded-10gi", ""))
@@ -97,7 +111,7 @@ func TestDriverBoundsClaims(t *testing.T) {
 		}
 		for _, l := range lines {
 			f := strings.Fields(l)
-			if len(f) == 4 && f[0] == harness.UUID(0) && strings.HasSuffix(f[1], id+".scope") {
+			if len(f) == 4 && f[0] == n.UUID(0) && strings.HasSuffix(f[1], id+".scope") {
 				sets, cgroup = append(sets, f[2]+" "+f[3]), f[1]
 			}
 		}

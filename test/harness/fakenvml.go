@@ -297,17 +297,18 @@ func (d FakeDriver) BuildNVML(dir string) (string, error) {
 const FakeDriverEnv = "NRI_GPU_FAKE_DRIVER"
 
 // ClusterFakeDriverDir is where, under FakeDriverEnv's directory,
-// ClusterFakeDriver is built ahead.
+// ClusterFakeDriver of a cluster's first node is built ahead.
 const ClusterFakeDriverDir = "cluster"
 
-// ClusterFakeDriver is the fake driver of a cluster's nodes as the
-// chart's nri-gpu sees it from its container: its kernel module's
-// version under the driver root the chart mounts (/run/nvidia/driver,
-// where the GPU Operator puts a containerized driver's), its limits file
-// in nri-gpu's state directory (hostPaths.stateDir, which it writes).
-func ClusterFakeDriver() FakeDriver {
+// ClusterFakeDriver is the fake driver of the cluster node numbered node
+// (from 1: its GPUs' UUIDs, Node.UUID's) as the chart's nri-gpu sees it
+// from its container: its kernel module's version under the driver root
+// the chart mounts (/run/nvidia/driver, where the GPU Operator puts a
+// containerized driver's), its limits file in nri-gpu's state directory
+// (hostPaths.stateDir, which it writes).
+func ClusterFakeDriver(node int) FakeDriver {
 	return FakeDriver{Version: "600.10.01", KernelVersionFile: "/run/nvidia/driver/nvidia-module-version", GPUs: 4,
-		UUIDPrefix: strings.TrimSuffix(UUID(0), "000000000000"), LimitsFile: "/run/nri-gpu/fake-driver-limits"}
+		UUIDPrefix: nodeUUIDPrefix(node), LimitsFile: "/run/nri-gpu/fake-driver-limits"}
 }
 
 // GuestFakeDriver is the fake driver built ahead for the VM's node: the

@@ -250,8 +250,14 @@ func (n *Node) enter() []string {
 // UUID is the UUID of the node's fake GPU i: its own, as a real GPU's is
 // unique across a cluster.
 func (n *Node) UUID(i int) string {
-	return fmt.Sprintf("GPU-00000000-0000-0000-%04d-%012d", n.index, i)
+	return fmt.Sprintf("%s%012d", nodeUUIDPrefix(n.index), i)
 }
+
+// nodeUUIDPrefix begins the UUIDs of the GPUs of the node numbered index.
+func nodeUUIDPrefix(index int) string { return fmt.Sprintf("GPU-00000000-0000-0000-%04d-", index) }
+
+// FakeDriver is ClusterFakeDriver of the node: one whose GPUs are its.
+func (n *Node) FakeDriver() FakeDriver { return ClusterFakeDriver(n.index) }
 
 // writeGPUs makes the node's fake GPUs (device nodes with NVIDIA's
 // numbers, seen at NodeDevDir) and their CDI spec in its spec directory.

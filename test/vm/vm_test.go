@@ -198,7 +198,7 @@ func buildPayload(t *testing.T, tools harness.Tools, crio harness.CRIOTools, dir
 	if err := harness.BuildFakeDriver(harness.GuestFakeDriver(), filepath.Join(dir, "fake-driver")); err != nil {
 		return err
 	}
-	if err := harness.BuildFakeDriver(harness.ClusterFakeDriver(), filepath.Join(dir, "fake-driver", harness.ClusterFakeDriverDir)); err != nil {
+	if err := harness.BuildFakeDriver(harness.ClusterFakeDriver(1), filepath.Join(dir, "fake-driver", harness.ClusterFakeDriverDir)); err != nil {
 		return err
 	}
 	for _, pkg := range []string{"vm", "e2e", "cluster"} {
