@@ -114,6 +114,9 @@ func TestDaemonSet(t *testing.T) {
 		"/var/run/cdi": empty,
 		"/dev":         "/dev",
 		"/run/nri-gpu": state,
+		// The machine's cgroup hierarchy, as on a node (nri-gpu writes
+		// none of it here: no container's GPU memory is bounded).
+		"/sys/fs/cgroup": "/sys/fs/cgroup",
 	}, cfg)
 	// The fake GPUs' nodes are under the test's dir, where the spec says.
 	spec0 := pod["spec"].(map[string]any)
