@@ -65,7 +65,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 // GPU memory per cgroup on this node; nil and why where NVML does not
 // open.
 func probeMemoryLimits(driverRoot string) (*memlimit.Support, error) {
-	s, err := memlimit.Probe(nvidia.Library(driverRoot), memlimit.Cgroups{Proc: "/proc", Root: "/sys/fs/cgroup"})
+	s, err := memlimit.Probe(nvidia.Library(driverRoot), memlimit.Host)
 	if err != nil {
 		return nil, err
 	}

@@ -69,7 +69,7 @@ const presentFor = time.Second
 // lib where it is set (tests) and else the driver's NVML; say is told
 // what NVML could not tell (logged by the caller).
 func New(driverRoot string, lib nvml.Interface, say func(format string, args ...any)) *Inventory {
-	return &Inventory{nvml: lib, driverRoot: driverRoot, say: say, cgroups: memlimit.Cgroups{Proc: "/proc", Root: "/sys/fs/cgroup"}}
+	return &Inventory{nvml: lib, driverRoot: driverRoot, say: say, cgroups: memlimit.Host}
 }
 
 // Lib returns the NVML spec generation, health, topology and compute

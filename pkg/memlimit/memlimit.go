@@ -109,6 +109,10 @@ func lookup(env []string, name string) (string, bool) {
 // ("/sys/fs/cgroup").
 type Cgroups struct{ Proc, Root string }
 
+// Host is the host's proc filesystem and cgroup v2 mount, where nri-gpu
+// finds containers' cgroups on a node.
+var Host = Cgroups{Proc: "/proc", Root: "/sys/fs/cgroup"}
+
 // cgroup2Magic is CGROUP2_SUPER_MAGIC, statfs' type of a cgroup v2 mount.
 const cgroup2Magic = 0x63677270
 
@@ -186,6 +190,13 @@ func (c Cgroups) OfContainer(pid int, id, cgroupsPath string) (string, error) {
 		return "", fmt.Errorf("container %.12s's cgroup %s: not a directory (%v)", id, dir, err)
 	}
 	return dir, nil
+}
+
+// lists reports whether Root's file (a list of controllers) names
+// controller; a file that cannot be read names none.
+func (c Cgroups) lists(file, controller string) bool {
+	data, err := os.ReadFile(filepath.Join(c.Root, file))
+	return err == nil && slices.Contains(strings.Fields(string(data)), controller)
 }
 
 // Driver sets, reads and lifts limits through NVML, which must be open
@@ -366,11 +377,11 @@ func probe(d Driver, c Cgroups) Support {
 		// Only a driver that lacks the limits says the GPU cannot: the
 		// root itself may have none to read (under the dmem controller
 		// it has no dmem files), which is not the GPU's lack.
-		if _, _, err := d.Get(uuid, c.Root); errors.Is(err, ErrUnenforceable) {
-			s.GPUs = append(s.GPUs, GPUSupport{UUID: uuid, Err: err})
-		} else {
-			s.GPUs = append(s.GPUs, GPUSupport{UUID: uuid})
+		_, _, err := d.Get(uuid, c.Root)
+		if !errors.Is(err, ErrUnenforceable) {
+			err = nil
 		}
+		s.GPUs = append(s.GPUs, GPUSupport{UUID: uuid, Err: err})
 	}
 	if s.Cgroup == nil {
 		s.Dmem = c.Dmem()
@@ -384,12 +395,7 @@ func probe(d Driver, c Cgroups) Support {
 // lists it, and its cgroup.subtree_control does not enable it. nil where
 // the kernel has no dmem controller, or the root enables it.
 func (c Cgroups) Dmem() error {
-	controllers, err := os.ReadFile(filepath.Join(c.Root, "cgroup.controllers"))
-	if err != nil || !slices.Contains(strings.Fields(string(controllers)), "dmem") {
-		return nil
-	}
-	enabled, err := os.ReadFile(filepath.Join(c.Root, "cgroup.subtree_control"))
-	if err == nil && slices.Contains(strings.Fields(string(enabled)), "dmem") {
+	if !c.lists("cgroup.controllers", "dmem") || c.lists("cgroup.subtree_control", "dmem") {
 		return nil
 	}
 	return fmt.Errorf("the kernel's dmem controller, through which the driver bounds GPU memory, is not enabled below %s (its cgroup.subtree_control): a container's cgroup then has no dmem files, and the driver cannot bound it", c.Root)

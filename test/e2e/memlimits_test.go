@@ -166,7 +166,7 @@ func containerCgroup(t *testing.T, ctd *harness.Containerd, id string) string {
 	if err != nil {
 		t.Fatalf("the container's pid %q: %v", out, err)
 	}
-	dir, err := memlimit.Cgroups{Proc: "/proc", Root: "/sys/fs/cgroup"}.Of(pid, id)
+	dir, err := memlimit.Host.Of(pid, id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func TestRealMemoryBounds(t *testing.T) {
 	if os.Getenv(RealEnv) != "1" {
 		t.Skipf("needs an NVIDIA GPU and root: run test/gpu/run.sh on a GPU node (it sets %s=1)", RealEnv)
 	}
-	support, err := memlimit.Probe(nvml.New(), memlimit.Cgroups{Proc: "/proc", Root: "/sys/fs/cgroup"})
+	support, err := memlimit.Probe(nvml.New(), memlimit.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
